@@ -1,0 +1,41 @@
+# mv_assets — the two commands of the quick start are `make demo` and `make test`.
+PYTHON ?= python3
+VENV ?= .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+PYTEST_ARGS ?=
+export LANCE_LOG ?= error
+export SPARK_LOCAL_IP ?= 127.0.0.1
+
+.PHONY: install test test-fast test-spark demo bench clean
+
+$(STAMP): pyproject.toml
+	@command -v java >/dev/null 2>&1 || { echo "Java 17+ is required for Spark (apt-get install openjdk-17-jre-headless)"; exit 1; }
+	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test]"
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+install: $(STAMP)
+
+## Full suite: pure planning, real Lance, real Spark, property tests.
+test: install
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+## Quick loop: everything that does not start a JVM.
+test-fast: install
+	$(PY) -m pytest -m "not spark and not e2e" $(PYTEST_ARGS)
+
+## Only the Spark tests.
+test-spark: install
+	$(PY) -m pytest -m spark $(PYTEST_ARGS)
+
+demo: install
+	$(PY) -m mv_assets.demo
+
+bench: install
+	$(PY) bench/bench_refresh.py
+
+clean:
+	rm -rf $(VENV) .demo .pytest_cache .hypothesis

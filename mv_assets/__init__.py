@@ -1,0 +1,46 @@
+"""mv_assets: incrementally maintained materialized views with Python UDF
+columns over Lance datasets, computed on Spark.
+
+The engine (this package minus :mod:`mv_assets.dagster`) never imports
+dagster, and nothing here starts a JVM until a refresh has work to do.
+"""
+
+from .catalog import Connection as Connection
+from .catalog import connect as connect
+from .errors import ConcurrentRefreshError as ConcurrentRefreshError
+from .errors import MvAssetsError as MvAssetsError
+from .errors import SourceBehindError as SourceBehindError
+from .errors import TableExistsError as TableExistsError
+from .errors import TableNotFoundError as TableNotFoundError
+from .query import Query as Query
+from .query import SOURCE_ROW_ID as SOURCE_ROW_ID
+from .refresh import RefreshPlan as RefreshPlan
+from .refresh import RefreshResult as RefreshResult
+from .spark import InlineRunner as InlineRunner
+from .spark import SparkRunner as SparkRunner
+from .table import MaterializedView as MaterializedView
+from .table import Table as Table
+from .udf import UDF as UDF
+from .udf import udf as udf
+
+__all__ = [
+    "Connection",
+    "connect",
+    "ConcurrentRefreshError",
+    "MvAssetsError",
+    "SourceBehindError",
+    "TableExistsError",
+    "TableNotFoundError",
+    "Query",
+    "SOURCE_ROW_ID",
+    "RefreshPlan",
+    "RefreshResult",
+    "InlineRunner",
+    "SparkRunner",
+    "MaterializedView",
+    "Table",
+    "UDF",
+    "udf",
+]
+
+__version__ = "0.1.0"

@@ -1,0 +1,288 @@
+"""The catalog: a directory of Lance datasets, one per table or view."""
+
+import os
+import re
+import shutil
+from typing import Any
+
+import lance
+import pyarrow as pa
+
+from .errors import SourceBehindError, TableExistsError, TableNotFoundError
+from .query import VIEW_METADATA_KEY, Query, output_schema
+from .refresh import RefreshResult, read_refresh_state
+from .spark import Runner, default_runner
+from .table import PRIMARY_KEY_METADATA_KEY, MaterializedView, Table, check_primary_key, to_arrow_table
+
+__all__ = ["Connection", "connect", "validate_name"]
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,127}$")
+STATE_DIR = "_mv_assets"
+
+
+def validate_name(name: str) -> str:
+    """Table names are plain identifiers: no path separators, no ``..``."""
+    if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
+        raise ValueError(
+            f"invalid table name {name!r}: use letters, digits, '_' and '-' (at most 128), "
+            "no path separators"
+        )
+    return name
+
+
+def _is_local(uri: str) -> bool:
+    return "://" not in uri or uri.startswith("file://")
+
+
+class Connection:
+    """A catalog of tables and materialized views rooted at ``uri``.
+
+    Every table and view is the Lance dataset ``<uri>/<name>.lance`` created
+    with stable row ids, so ``lance.dataset(...)`` opens it directly.
+    """
+
+    def __init__(self, uri: str, *, runner: Runner | None = None) -> None:
+        if not isinstance(uri, str) or not uri:
+            raise ValueError("connect() needs a catalog URI")
+        if uri.startswith("file://"):
+            uri = uri[len("file://") :]
+        if _is_local(uri):
+            uri = os.path.abspath(uri)
+            os.makedirs(uri, exist_ok=True)
+        else:
+            raise ValueError(f"only local catalogs are supported for now, got {uri!r}")
+        self.uri = uri
+        self._runner = runner
+
+    def __repr__(self) -> str:
+        return f"Connection({self.uri!r})"
+
+    @property
+    def runner(self) -> Runner:
+        """Where refresh tasks run: the lazily started Spark runner unless set."""
+        return self._runner or default_runner()
+
+    @runner.setter
+    def runner(self, runner: Runner | None) -> None:
+        self._runner = runner
+
+    # -- paths -----------------------------------------------------------
+    def _table_uri(self, name: str) -> str:
+        return os.path.join(self.uri, f"{validate_name(name)}.lance")
+
+    def _state_dir(self, *parts: str) -> str:
+        return os.path.join(self.uri, STATE_DIR, *parts)
+
+    def _clear_stale_checkpoints(self, view: str, keep: str | None) -> None:
+        root = self._state_dir("checkpoints", view)
+        if not os.path.isdir(root):
+            return
+        for entry in os.listdir(root):
+            path = os.path.join(root, entry)
+            if path != keep:
+                shutil.rmtree(path, ignore_errors=True)
+
+    # -- catalog ---------------------------------------------------------
+    def table_names(self) -> list[str]:
+        if not os.path.isdir(self.uri):
+            return []
+        return sorted(
+            e[: -len(".lance")]
+            for e in os.listdir(self.uri)
+            if e.endswith(".lance") and os.path.isdir(os.path.join(self.uri, e, "_versions"))
+        )
+
+    def __contains__(self, name: str) -> bool:
+        return name in self.table_names()
+
+    def open_table(self, name: str) -> Table:
+        """Open a table or view by name (views come back as MaterializedView)."""
+        uri = self._table_uri(name)
+        if not os.path.isdir(os.path.join(uri, "_versions")):
+            raise TableNotFoundError(f"no table or view named {name!r} in {self.uri}")
+        md = lance.dataset(uri).schema.metadata or {}
+        if VIEW_METADATA_KEY.encode() in md:
+            return MaterializedView(self, name)
+        return Table(self, name)
+
+    def create_table(
+        self,
+        name: str,
+        data: Any = None,
+        *,
+        schema: pa.Schema | None = None,
+        primary_key: str | None = None,
+        mode: str = "create",
+    ) -> Table:
+        """Create a table from data and/or a schema.
+
+        ``mode="create"`` fails if the name exists; ``"overwrite"`` replaces it.
+        """
+        validate_name(name)
+        if mode not in ("create", "overwrite"):
+            raise ValueError(f"mode must be 'create' or 'overwrite', got {mode!r}")
+        if data is None and schema is None:
+            raise ValueError("create_table() needs data or a schema")
+        if name in self and mode == "create":
+            raise TableExistsError(f"{name!r} already exists in {self.uri}; pass mode='overwrite' to replace it")
+        if name in self and mode == "overwrite":
+            for view in self.dependents(name):
+                raise ValueError(f"cannot overwrite {name!r}: view {view!r} is defined over it; drop the view first")
+        table = to_arrow_table(data if data is not None else [], schema)
+        schema = table.schema
+        if primary_key is not None:
+            if primary_key not in schema.names:
+                raise ValueError(f"primary key {primary_key!r} is not a column of {schema.names}")
+            md = dict(schema.metadata or {})
+            md[PRIMARY_KEY_METADATA_KEY.encode()] = primary_key.encode()
+            schema = schema.with_metadata(md)
+            table = table.replace_schema_metadata(md)
+        if VIEW_METADATA_KEY.encode() in (schema.metadata or {}):
+            raise ValueError("schema metadata key 'mv_assets.view' is reserved for views")
+        check_primary_key(table, primary_key)
+        uri = self._table_uri(name)
+        if mode == "overwrite" and os.path.isdir(uri):
+            shutil.rmtree(uri)
+        lance.write_dataset(table, uri, schema=schema, mode="create", enable_stable_row_ids=True)
+        return Table(self, name)
+
+    def drop_table(self, name: str) -> None:
+        """Drop a table or view. Fails while views are defined over it."""
+        self.open_table(name)  # raises if missing
+        deps = self.dependents(name)
+        if deps:
+            raise ValueError(f"cannot drop {name!r}: views {deps} are defined over it; drop them first")
+        shutil.rmtree(self._table_uri(name))
+        shutil.rmtree(self._state_dir("checkpoints", name), ignore_errors=True)
+
+    def views(self) -> list[MaterializedView]:
+        out = []
+        for n in self.table_names():
+            t = self.open_table(n)
+            if isinstance(t, MaterializedView):
+                out.append(t)
+        return out
+
+    def dependents(self, name: str) -> list[str]:
+        """Views defined directly over ``name``."""
+        return [v.name for v in self.views() if v.definition.source == name]
+
+    def lineage_order(self, names: list[str] | None = None) -> list[str]:
+        """Views in an order where each comes after the view it reads."""
+        views = {v.name: v.definition.source for v in self.views()}
+        wanted = set(views) if names is None else set(names)
+        for n in wanted:
+            if n not in views:
+                raise ValueError(f"{n!r} is not a materialized view")
+        order: list[str] = []
+        seen: set[str] = set()
+
+        def visit(n: str, stack: tuple[str, ...]) -> None:
+            if n in seen or n not in views:
+                return
+            if n in stack:
+                raise ValueError(f"view lineage has a cycle through {n!r}")
+            visit(views[n], stack + (n,))
+            seen.add(n)
+            if n in wanted:
+                order.append(n)
+
+        for n in sorted(wanted):
+            visit(n, ())
+        return order
+
+    def upstream(self, name: str) -> list[str]:
+        """The views ``name`` reads from, nearest last (excluding base tables)."""
+        chain = []
+        t = self.open_table(name)
+        while isinstance(t, MaterializedView):
+            src = self.open_table(t.definition.source)
+            if isinstance(src, MaterializedView):
+                chain.append(src.name)
+            t = src
+        return list(reversed(chain))
+
+    # -- views -----------------------------------------------------------
+    def create_materialized_view(self, name: str, query: Query, with_no_data: bool = True) -> MaterializedView:
+        """Create a view from a query. Validates everything before writing.
+
+        With ``with_no_data=True`` (the default) the view is created empty and
+        filled by the first :meth:`refresh`; with ``False`` it is populated now.
+        """
+        validate_name(name)
+        if not isinstance(query, Query):
+            raise ValueError("create_materialized_view() needs a query: table.search(None)...")
+        if query.table.connection.uri != self.uri:
+            raise ValueError("the query's table belongs to another catalog")
+        if name in self:
+            raise TableExistsError(f"{name!r} already exists in {self.uri}")
+        if name == query.table.name:
+            raise ValueError("a view cannot have the same name as its source")
+        definition = query.to_definition()
+        schema = output_schema(definition, query.table._dataset())
+        empty = pa.Table.from_batches([], schema=schema)
+        lance.write_dataset(empty, self._table_uri(name), schema=schema, mode="create", enable_stable_row_ids=True)
+        view = MaterializedView(self, name, definition)
+        if not with_no_data:
+            view.refresh()
+        return view
+
+    def _check_source_current(self, view: MaterializedView) -> None:
+        src = self.open_table(view.definition.source)
+        if isinstance(src, MaterializedView):
+            behind = self._versions_behind(src)
+            if behind:
+                raise SourceBehindError(
+                    f"view {view.name!r} reads view {src.name!r}, which is {behind} version(s) behind its "
+                    f"source {src.definition.source!r}; refresh {src.name!r} first, or call "
+                    f"db.refresh({view.name!r}, upstream=True) to refresh the chain in lineage order"
+                )
+
+    def _versions_behind(self, view: MaterializedView) -> int:
+        state = read_refresh_state(view._dataset())
+        src_version = self.open_table(view.definition.source).version
+        if state.source_version is None:
+            return src_version
+        return max(0, src_version - state.source_version)
+
+    def refresh(
+        self,
+        name: str | list[str],
+        *,
+        src_version: int | None = None,
+        upstream: bool = False,
+        mode: str = "auto",
+        runner: Runner | None = None,
+    ) -> RefreshResult | list[RefreshResult]:
+        """Refresh one view, or several in lineage order.
+
+        ``upstream=True`` first refreshes the views this one reads, in order.
+        A view whose source view is behind is not refreshed silently: it raises
+        :class:`SourceBehindError` unless ``upstream=True``.
+        """
+        names = [name] if isinstance(name, str) else list(name)
+        if src_version is not None and len(names) != 1:
+            raise ValueError("src_version applies to a single view")
+        todo = list(names)
+        if upstream:
+            for n in names:
+                todo = self.upstream(n) + todo
+        order = self.lineage_order(list(dict.fromkeys(todo)))
+        results = []
+        for n in order:
+            view = self.open_table(n)
+            assert isinstance(view, MaterializedView)
+            pinned = src_version if (n in names and len(names) == 1) else None
+            results.append(view.refresh(src_version=pinned, mode=mode, runner=runner))
+        return results[0] if isinstance(name, str) and len(results) == 1 else results
+
+
+def connect(uri: str, *, runner: Runner | None = None) -> Connection:
+    """Open (creating if needed) the catalog at ``uri``.
+
+    >>> import tempfile
+    >>> db = connect(tempfile.mkdtemp())
+    >>> db.table_names()
+    []
+    """
+    return Connection(uri, runner=runner)

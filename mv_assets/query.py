@@ -1,0 +1,285 @@
+"""The query builder (``table.search(None).where(...).select(...)``) and the
+stored, serialisable definition of a materialized view.
+
+Validation happens against the source schema before anything is written:
+unknown columns, bad SQL, UDF parameters naming no column, type mismatches and
+duplicate output names all raise ``ValueError``.
+"""
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import lance
+import pyarrow as pa
+
+from .udf import UDF
+
+if TYPE_CHECKING:
+    from .table import Table
+
+__all__ = ["Query", "ColumnSpec", "ViewDefinition", "SOURCE_ROW_ID", "VIEW_METADATA_KEY"]
+
+SOURCE_ROW_ID = "__source_row_id"
+VIEW_METADATA_KEY = "mv_assets.view"
+FORMAT_VERSION = 1
+
+_SYSTEM_COLUMNS = {"_rowid", "_rowaddr", "_rowoffset", "_row_created_at_version", "_row_last_updated_at_version"}
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """One output column of a view: a source column, a SQL expression or a UDF."""
+
+    name: str
+    kind: str  # "column" | "sql" | "udf"
+    expr: str | None = None
+    udf: UDF | None = None
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = {"name": self.name, "kind": self.kind}
+        if self.expr is not None:
+            out["expr"] = self.expr
+        if self.udf is not None:
+            out["udf"] = self.udf.to_spec()
+        return out
+
+    @staticmethod
+    def from_json(d: dict) -> "ColumnSpec":
+        udf = UDF.from_spec(d["udf"]) if "udf" in d else None
+        return ColumnSpec(d["name"], d["kind"], d.get("expr"), udf)
+
+
+@dataclass(frozen=True)
+class ViewDefinition:
+    """Everything needed to (re)compute a view, stored in the view's schema metadata."""
+
+    source: str
+    columns: tuple[ColumnSpec, ...]
+    filter: str | None = None
+    shuffle: bool = False
+    seed: int | None = None
+    limit: int | None = None
+
+    @property
+    def udf_columns(self) -> list[ColumnSpec]:
+        return [c for c in self.columns if c.kind == "udf"]
+
+    @property
+    def projection(self) -> dict[str, str]:
+        """Non-UDF output columns as ``{name: SQL expression}`` for Lance's scanner."""
+        out = {}
+        for c in self.columns:
+            if c.kind == "column":
+                out[c.name] = _quote_ident(c.expr or c.name)
+            elif c.kind == "sql":
+                out[c.name] = c.expr or ""
+        return out
+
+    def udf_input_columns(self, source_schema: pa.Schema) -> list[str]:
+        cols: list[str] = []
+        for c in self.udf_columns:
+            assert c.udf is not None
+            needed = c.udf.input_columns or [n for n in source_schema.names if n != SOURCE_ROW_ID]
+            for n in needed:
+                if n not in cols:
+                    cols.append(n)
+        return cols
+
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT_VERSION,
+            "source": self.source,
+            "columns": [c.to_json() for c in self.columns],
+            "filter": self.filter,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "limit": self.limit,
+        }
+
+    @staticmethod
+    def from_json(d: dict) -> "ViewDefinition":
+        if d.get("format") != FORMAT_VERSION:
+            raise ValueError(f"unsupported view definition format {d.get('format')!r}")
+        return ViewDefinition(
+            source=d["source"],
+            columns=tuple(ColumnSpec.from_json(c) for c in d["columns"]),
+            filter=d.get("filter"),
+            shuffle=bool(d.get("shuffle")),
+            seed=d.get("seed"),
+            limit=d.get("limit"),
+        )
+
+    def fingerprint(self) -> str:
+        """Hash of the definition; UDFs count by their code fingerprint."""
+        d = self.to_json()
+        for c in d["columns"]:
+            if "udf" in c:
+                c["udf"] = {k: v for k, v in c["udf"].items() if k != "pickle"}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    def encode(self) -> bytes:
+        return json.dumps(self.to_json()).encode()
+
+    @staticmethod
+    def decode(raw: bytes | str) -> "ViewDefinition":
+        return ViewDefinition.from_json(json.loads(raw))
+
+
+def _quote_ident(name: str) -> str:
+    if name.isidentifier() and name.lower() == name:
+        return name
+    return "`" + name.replace("`", "``") + "`"
+
+
+class Query:
+    """A lazy query over a table: filter, projection (with UDFs), shuffle, limit.
+
+    Builder methods return new queries; nothing is read until the query is
+    materialized (:meth:`Connection.create_materialized_view`) or executed
+    (:meth:`to_arrow`).
+    """
+
+    def __init__(self, table: "Table") -> None:
+        self._table = table
+        self._filter: str | None = None
+        self._select: list[tuple[str, Any]] | None = None
+        self._shuffle = False
+        self._seed: int | None = None
+        self._limit: int | None = None
+
+    def _copy(self, **changes: Any) -> "Query":
+        q = Query(self._table)
+        q.__dict__.update(self.__dict__)
+        q.__dict__.update(changes)
+        return q
+
+    def where(self, sql: str | None) -> "Query":
+        """Keep source rows for which the SQL predicate is true."""
+        if sql is not None and (not isinstance(sql, str) or not sql.strip()):
+            raise ValueError("where() takes a non-empty SQL predicate string")
+        return self._copy(_filter=sql)
+
+    def select(self, columns: dict[str, Any] | list[Any]) -> "Query":
+        """Output columns: a list of names (or UDFs), or ``{name: column | SQL | UDF}``."""
+        items: list[tuple[str, Any]] = []
+        if isinstance(columns, dict):
+            items = list(columns.items())
+        elif isinstance(columns, (list, tuple)):
+            for c in columns:
+                if isinstance(c, str):
+                    items.append((c, c))
+                elif isinstance(c, UDF):
+                    items.append((c.name, c))
+                else:
+                    raise ValueError(f"select() list entries must be column names or UDFs, got {c!r}")
+        else:
+            raise ValueError("select() takes a dict or a list")
+        if not items:
+            raise ValueError("select() needs at least one column")
+        return self._copy(_select=items)
+
+    def shuffle(self, seed: int | None = None) -> "Query":
+        """Order rows by a seeded hash of their stable source row id (see docs)."""
+        if seed is not None and not isinstance(seed, int):
+            raise ValueError("shuffle seed must be an int")
+        return self._copy(_shuffle=True, _seed=0 if seed is None else seed)
+
+    def limit(self, n: int) -> "Query":
+        """Keep at most ``n`` rows: the first ``n`` by (shuffled) order."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError("limit must be a non-negative int")
+        return self._copy(_limit=n)
+
+    @property
+    def table(self) -> "Table":
+        return self._table
+
+    def to_definition(self) -> ViewDefinition:
+        """Validate against the source schema and return the view definition."""
+        source_schema = self._table.schema
+        ds = self._table._dataset()
+        columns: list[ColumnSpec] = []
+        if self._select is None:
+            for name in source_schema.names:
+                if name != SOURCE_ROW_ID:
+                    columns.append(ColumnSpec(name, "column", name))
+        else:
+            seen: set[str] = set()
+            for name, value in self._select:
+                if not isinstance(name, str) or not name:
+                    raise ValueError(f"output column names must be non-empty strings, got {name!r}")
+                if name in seen:
+                    raise ValueError(f"duplicate output column name {name!r}")
+                seen.add(name)
+                if isinstance(value, UDF):
+                    value.validate_inputs(source_schema, name)
+                    columns.append(ColumnSpec(name, "udf", None, value))
+                elif isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], UDF):
+                    u = value[0].with_inputs(list(value[1]))
+                    u.validate_inputs(source_schema, name)
+                    columns.append(ColumnSpec(name, "udf", None, u))
+                elif isinstance(value, str):
+                    if value in source_schema.names:
+                        columns.append(ColumnSpec(name, "column", value))
+                    else:
+                        columns.append(ColumnSpec(name, "sql", value))
+                else:
+                    raise ValueError(
+                        f"column {name!r}: select() values must be a column name, a SQL "
+                        f"expression or a UDF, got {type(value).__name__}"
+                    )
+        for c in columns:
+            if c.name == SOURCE_ROW_ID or c.name in _SYSTEM_COLUMNS:
+                raise ValueError(f"output column name {c.name!r} is reserved")
+        definition = ViewDefinition(
+            source=self._table.name,
+            columns=tuple(columns),
+            filter=self._filter,
+            shuffle=self._shuffle,
+            seed=self._seed,
+            limit=self._limit,
+        )
+        output_schema(definition, ds)  # raises ValueError on bad SQL / columns
+        return definition
+
+    def to_arrow(self) -> pa.Table:
+        """Evaluate the query in this process (no Spark) and return the rows."""
+        from .tasks import compute_rows
+
+        definition = self.to_definition()
+        ds = self._table._dataset()
+        return compute_rows(ds, definition, output_schema(definition, ds), filter_sql=definition.filter)
+
+    def __repr__(self) -> str:
+        return (
+            f"Query(table={self._table.name!r}, where={self._filter!r}, "
+            f"select={[n for n, _ in self._select] if self._select else '*'}, "
+            f"shuffle={self._seed if self._shuffle else None}, limit={self._limit})"
+        )
+
+
+def output_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Schema:
+    """The view's Arrow schema; validates filter and SQL against the source."""
+    projection = definition.projection
+    try:
+        scanner = ds.scanner(columns=projection or [], filter=definition.filter, limit=0)
+        projected = scanner.projected_schema
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"invalid view query over {definition.source!r}: {_short(exc)}") from exc
+    fields = [pa.field(SOURCE_ROW_ID, pa.int64(), nullable=False)]
+    for c in definition.columns:
+        if c.kind == "udf":
+            assert c.udf is not None
+            fields.append(pa.field(c.name, c.udf.data_type, nullable=True))
+        else:
+            f = projected.field(c.name)
+            fields.append(pa.field(c.name, f.type, nullable=True))
+    return pa.schema(fields, metadata={VIEW_METADATA_KEY: definition.encode()})
+
+
+def _short(exc: Exception) -> str:
+    msg = str(exc).replace("Invalid user input: ", "")
+    return msg.split(", /home/")[0].split(", /rust")[0]
+

@@ -1,0 +1,441 @@
+"""Incremental refresh of a materialized view: plan, execute, commit.
+
+1. **Plan** (driver, no Spark): read the view's refresh state (the source
+   version it reflects, stored in the properties of the view's last refresh
+   commit). Ask the source what changed since then using Lance's row-version
+   columns (``_row_last_updated_at_version > v0``, filter pushed down) and its
+   change feed (``dataset.delta(...).get_deleted_row_ids()``). Turn that into
+   inserts / updates / deletes keyed by stable row id (:mod:`.planning`), and
+   cut the rows to compute into tasks per source fragment.
+2. **Execute** (Spark executors): each task reads its rows, computes columns
+   and UDFs, writes Lance files into the view and returns fragment metadata.
+   Finished tasks are checkpointed; a re-run of the same refresh skips them.
+3. **Commit** (driver): one Lance ``Update`` transaction removes the old rows
+   (deletion vectors), adds the new fragments and records the source version
+   in the transaction's properties. Readers see the old view or the new one.
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import socket
+import time
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import lance
+import numpy as np
+import pyarrow as pa
+from lance import LanceOperation, Transaction
+from lance.fragment import FragmentMetadata
+
+from .errors import ConcurrentRefreshError
+from .planning import ChangeSet, KeyPlan, plan_keys, split_ranges
+from .query import SOURCE_ROW_ID, ViewDefinition
+from .tasks import TaskResult, TaskSpec, and_filters
+
+if TYPE_CHECKING:
+    from .spark import Runner
+    from .table import MaterializedView
+
+__all__ = ["RefreshState", "RefreshPlan", "RefreshResult", "read_refresh_state", "plan_refresh", "execute_refresh"]
+
+STATE_KEY = "mv_assets.refresh"
+MODES = ("auto", "full", "incremental_strict")
+_FULL_OPS = ("Overwrite", "Restore", "Clone")
+_IN_LIST_CHUNK = 50_000
+
+
+@dataclass(frozen=True)
+class RefreshState:
+    """What the view's last refresh recorded (None fields: never refreshed)."""
+
+    source_version: int | None = None
+    view_version: int | None = None  # the view version that recorded it
+    definition: str | None = None
+    load_number: int = 0
+    refreshed_at: float | None = None
+
+    @property
+    def refreshed(self) -> bool:
+        return self.source_version is not None
+
+
+def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
+    """Find the newest refresh commit at or below the dataset's version."""
+    v = view_ds.version
+    while v >= 1:
+        try:
+            txn = view_ds.read_transaction(v)
+        except Exception:  # transaction file cleaned up: nothing older is readable either
+            break
+        props = (txn.transaction_properties or {}) if txn is not None else {}
+        raw = props.get(STATE_KEY)
+        if raw:
+            d = json.loads(raw)
+            return RefreshState(
+                source_version=int(d["source_version"]),
+                view_version=v,
+                definition=d.get("definition"),
+                load_number=int(d.get("load_number", 0)),
+                refreshed_at=d.get("refreshed_at"),
+            )
+        v -= 1
+    return RefreshState()
+
+
+@dataclass
+class RefreshPlan:
+    """An exact dry run of a refresh. ``udf_rows`` counts rows each UDF will compute."""
+
+    view: str
+    source: str
+    from_version: int | None
+    to_version: int
+    view_version: int
+    full: bool
+    reason: str
+    rows_to_insert: int
+    rows_to_update: int
+    rows_to_delete: int
+    udf_rows: dict[str, int]
+    tasks: list[TaskSpec] = field(default_factory=list, repr=False)
+    keys: KeyPlan = field(default_factory=KeyPlan, repr=False)
+    view_key_addrs: tuple[np.ndarray, np.ndarray] | None = field(default=None, repr=False)
+    checkpoint_dir: str | None = field(default=None, repr=False)
+    definition_raw: bytes = field(default=b"", repr=False)
+    load_number: int = field(default=0, repr=False)
+
+    @property
+    def is_noop(self) -> bool:
+        """True when the refresh would only record the new source version."""
+        return not (self.rows_to_insert or self.rows_to_update or self.rows_to_delete)
+
+    def summary(self) -> dict:
+        return {
+            "view": self.view,
+            "source": self.source,
+            "from_version": self.from_version,
+            "to_version": self.to_version,
+            "full": self.full,
+            "reason": self.reason,
+            "rows_to_insert": self.rows_to_insert,
+            "rows_to_update": self.rows_to_update,
+            "rows_to_delete": self.rows_to_delete,
+            "udf_rows": dict(self.udf_rows),
+            "tasks": len(self.tasks),
+        }
+
+
+@dataclass
+class RefreshResult:
+    """What a refresh did. ``udf_rows_computed`` is counted by the executors."""
+
+    view: str
+    from_version: int | None
+    to_version: int
+    view_version: int
+    full: bool
+    rows_inserted: int
+    rows_updated: int
+    rows_deleted: int
+    udf_rows_computed: dict[str, int]
+    tasks: int
+    tasks_resumed: int
+    seconds: float
+    runner: str
+
+    def summary(self) -> dict:
+        return dict(self.__dict__)
+
+
+def _ids(table: pa.Table, col: str = "_rowid") -> np.ndarray:
+    if table.num_rows == 0:
+        return np.empty(0, np.int64)
+    return table.column(col).to_numpy().astype(np.int64)
+
+
+def _in_list(ids: np.ndarray) -> str:
+    return ", ".join(str(int(i)) for i in ids)
+
+
+def _needs_full(src: lance.LanceDataset, v0: int, v1: int) -> str | None:
+    """A reason to recompute everything, or None if the change feed is usable."""
+    if v1 < v0:
+        return f"source version {v1} is older than the reflected version {v0}"
+    for v in range(v0 + 1, v1 + 1):
+        try:
+            txn = src.read_transaction(v)
+        except Exception as exc:
+            return f"source transaction {v} is unreadable ({exc})"
+        if txn is None:
+            continue
+        op = type(txn.operation).__name__
+        if op in _FULL_OPS:
+            return f"source version {v} is an {op}"
+    return None
+
+
+def plan_refresh(
+    view: "MaterializedView",
+    src_version: int | None = None,
+    *,
+    mode: str = "auto",
+    max_rows_per_task: int = 131_072,
+) -> RefreshPlan:
+    """Plan a refresh of ``view`` to source version ``src_version`` (default latest)."""
+    if mode not in MODES:
+        raise ValueError(f"refresh mode must be one of {MODES}, got {mode!r}")
+    if not isinstance(max_rows_per_task, int) or max_rows_per_task <= 0:
+        raise ValueError("max_rows_per_task must be a positive int")
+    definition: ViewDefinition = view.definition
+    source = view.connection.open_table(definition.source)
+    src_latest = source._dataset()
+    if src_version is None:
+        src_version = src_latest.version
+    if not isinstance(src_version, int) or src_version < 1 or src_version > src_latest.version:
+        raise ValueError(
+            f"src_version must be between 1 and {src_latest.version} (latest of {definition.source!r}), got {src_version!r}"
+        )
+    src = src_latest if src_version == src_latest.version else lance.dataset(source.uri, version=src_version)
+    if not src.has_stable_row_ids:
+        raise ValueError(f"source {definition.source!r} was not created with stable row ids")
+    view_ds = view._dataset()
+    state = read_refresh_state(view_ds)
+    v0 = state.source_version
+    def_fp = definition.fingerprint()
+
+    reason = None
+    if mode == "full":
+        reason = "full refresh requested"
+    elif v0 is None:
+        reason = "first refresh"
+    elif state.definition not in (None, def_fp):
+        reason = "view definition changed"
+    else:
+        reason = _needs_full(src, v0, src_version)
+    full = reason is not None
+    if full and mode == "incremental_strict" and v0 is not None:
+        raise ValueError(f"refresh of {view.name!r} cannot be incremental: {reason}")
+
+    # Current view keys and where they live (for deletions at commit).
+    vk = view_ds.to_table(columns=[SOURCE_ROW_ID], with_row_address=True)
+    view_keys = _ids(vk, SOURCE_ROW_ID)
+    view_addrs = _ids(vk, "_rowaddr")
+
+    base_filter = definition.filter
+    if full:
+        passing = src.to_table(columns=[], filter=base_filter, with_row_id=True, with_row_address=True)
+        pass_ids = _ids(passing)
+        # Every current view row is either replaced (update) or removed (delete).
+        changes = ChangeSet(pass_ids, [], np.setdiff1d(view_keys, pass_ids), pass_ids)
+        keys = plan_keys(view_keys, changes, definition.limit, definition.seed)
+        compute_filter = base_filter
+    else:
+        version_filter = f"_row_last_updated_at_version > {v0}"
+        compute_filter = and_filters(version_filter, base_filter)
+        passing = src.to_table(columns=[], filter=compute_filter, with_row_id=True, with_row_address=True)
+        pass_ids = _ids(passing)
+        if base_filter:
+            changed_all = _ids(src.to_table(columns=[], filter=version_filter, with_row_id=True))
+            changed_fail = np.setdiff1d(changed_all, pass_ids)
+        else:
+            changed_fail = np.empty(0, np.int64)
+        if src_version > v0:
+            deleted = _ids(src.delta(begin_version=v0, end_version=src_version).get_deleted_row_ids().read_all())
+        else:
+            deleted = np.empty(0, np.int64)
+        candidates = None
+        if definition.limit is not None:
+            candidates = _ids(src.to_table(columns=[], filter=base_filter, with_row_id=True))
+        keys = plan_keys(view_keys, ChangeSet(pass_ids, changed_fail, deleted, candidates), definition.limit, definition.seed)
+
+    compute = keys.compute
+    if definition.limit is not None:
+        # Limited views compute an explicit id set (it is not filter-shaped).
+        located = src.to_table(
+            columns=[], filter=f"_rowid IN ({_in_list(compute)})" if len(compute) else "false",
+            with_row_id=True, with_row_address=True,
+        ) if len(compute) else passing.slice(0, 0)
+        rows = located
+        use_ids = True
+    else:
+        rows = passing
+        use_ids = False
+
+    plan_key = hashlib.sha256(
+        f"{view.uri}|{view_ds.version}|{v0}|{src_version}|{def_fp}|{full}|{max_rows_per_task}".encode()
+    ).hexdigest()[:16]
+    checkpoint_dir = os.path.join(view.connection._state_dir("checkpoints", view.name), plan_key)
+    tasks = _make_tasks(
+        rows, use_ids, compute_filter, src_version, source.uri, view.uri, checkpoint_dir, max_rows_per_task, plan_key
+    )
+    n_compute = int(sum(t.rows for t in tasks))
+    return RefreshPlan(
+        view=view.name,
+        source=definition.source,
+        from_version=v0,
+        to_version=src_version,
+        view_version=view_ds.version,
+        full=full,
+        reason=reason or "incremental",
+        rows_to_insert=int(len(keys.insert)),
+        rows_to_update=int(len(keys.update)),
+        rows_to_delete=int(len(keys.delete)),
+        udf_rows={c.name: n_compute for c in definition.udf_columns},
+        tasks=tasks,
+        keys=keys,
+        view_key_addrs=(view_keys, view_addrs),
+        checkpoint_dir=checkpoint_dir,
+        definition_raw=definition.encode(),
+        load_number=state.load_number,
+    )
+
+
+def _make_tasks(
+    rows: pa.Table,
+    use_ids: bool,
+    compute_filter: str | None,
+    src_version: int,
+    src_uri: str,
+    view_uri: str,
+    checkpoint_dir: str,
+    max_rows_per_task: int,
+    plan_key: str,
+) -> list[TaskSpec]:
+    if rows.num_rows == 0:
+        return []
+    addrs = _ids(rows, "_rowaddr")
+    ids = _ids(rows)
+    frag_ids = addrs >> 32
+    order = np.lexsort((addrs,))
+    addrs, ids, frag_ids = addrs[order], ids[order], frag_ids[order]
+    tasks: list[TaskSpec] = []
+    for fid in np.unique(frag_ids):
+        sel = frag_ids == fid
+        f_addrs, f_ids = addrs[sel], ids[sel]
+        ranges = split_ranges(len(f_addrs), max_rows_per_task)
+        for lo, hi in ranges:
+            if use_ids:
+                predicate = f"_rowid IN ({_in_list(f_ids[lo:hi])})"
+            elif len(ranges) == 1:
+                predicate = compute_filter
+            else:
+                upper = f" AND _rowaddr <= {int(f_addrs[hi - 1])}"
+                predicate = and_filters(compute_filter, f"_rowaddr >= {int(f_addrs[lo])}{upper}")
+            task_id = hashlib.sha256(f"{plan_key}|{fid}|{predicate}".encode()).hexdigest()[:16]
+            tasks.append(
+                TaskSpec(
+                    task_id=task_id,
+                    src_uri=src_uri,
+                    src_version=src_version,
+                    fragment_id=int(fid),
+                    predicate=predicate,
+                    view_uri=view_uri,
+                    rows=int(hi - lo),
+                    checkpoint_dir=checkpoint_dir,
+                )
+            )
+    return tasks
+
+
+def _deletions(view_ds: lance.LanceDataset, keys: np.ndarray, addrs: np.ndarray, remove: np.ndarray):
+    """Deletion vectors for view rows whose key is in ``remove``."""
+    removed_ids: list[int] = []
+    updated: list[FragmentMetadata] = []
+    if len(remove) == 0 or len(keys) == 0:
+        return removed_ids, updated
+    mask = np.isin(keys, remove)
+    hit_keys, hit_frags = keys[mask], addrs[mask] >> 32
+    for fid in np.unique(hit_frags):
+        frag = view_ds.get_fragment(int(fid))
+        doomed = hit_keys[hit_frags == fid]
+        if len(doomed) >= frag.count_rows():
+            removed_ids.append(int(fid))
+            continue
+        meta = frag.metadata
+        for start in range(0, len(doomed), _IN_LIST_CHUNK):
+            chunk = doomed[start : start + _IN_LIST_CHUNK]
+            frag = lance.fragment.LanceFragment(view_ds, int(fid), fragment=meta) if start else frag
+            meta = frag.delete(f"{SOURCE_ROW_ID} IN ({_in_list(chunk)})")
+            if meta is None:
+                break
+        if meta is None:
+            removed_ids.append(int(fid))
+        else:
+            updated.append(meta)
+    return removed_ids, updated
+
+
+def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner") -> RefreshResult:
+    """Run the plan's tasks and commit the result as one Lance transaction."""
+    start = time.perf_counter()
+    if plan.is_noop and plan.from_version == plan.to_version and not plan.full:
+        return RefreshResult(
+            view=view.name, from_version=plan.from_version, to_version=plan.to_version,
+            view_version=plan.view_version, full=False, rows_inserted=0, rows_updated=0,
+            rows_deleted=0, udf_rows_computed={}, tasks=0, tasks_resumed=0,
+            seconds=time.perf_counter() - start, runner="none",
+        )
+    view.connection._clear_stale_checkpoints(view.name, keep=plan.checkpoint_dir)
+    results: list[TaskResult] = runner.run(plan.tasks, plan.definition_raw) if plan.tasks else []
+    view_ds = lance.dataset(view.uri)
+    if view_ds.version != plan.view_version:
+        raise ConcurrentRefreshError(
+            f"view {view.name!r} moved from version {plan.view_version} to {view_ds.version} during the "
+            "refresh; nothing was committed. Refresh again."
+        )
+    view_ds = lance.dataset(view.uri, version=plan.view_version)
+    keys, addrs = plan.view_key_addrs or (np.empty(0, np.int64), np.empty(0, np.int64))
+    removed, updated = _deletions(view_ds, keys, addrs, plan.keys.remove_from_view)
+    new_fragments = [FragmentMetadata.from_json(json.dumps(f)) for r in results for f in r.fragments]
+    udf_rows: dict[str, int] = {}
+    for r in results:
+        for k, v in r.udf_rows.items():
+            udf_rows[k] = udf_rows.get(k, 0) + v
+    state = {
+        "source_version": plan.to_version,
+        "from_version": plan.from_version,
+        "definition": view.definition.fingerprint(),
+        "load_number": plan.load_number + 1,
+        "refreshed_at": time.time(),
+        "node": socket.gethostname(),
+        "full": plan.full,
+        "rows_inserted": plan.rows_to_insert,
+        "rows_updated": plan.rows_to_update,
+        "rows_deleted": plan.rows_to_delete,
+        "udf_rows_computed": udf_rows,
+    }
+    txn = Transaction(
+        read_version=plan.view_version,
+        operation=LanceOperation.Update(
+            removed_fragment_ids=removed, updated_fragments=updated, new_fragments=new_fragments
+        ),
+        transaction_properties={STATE_KEY: json.dumps(state)},
+    )
+    try:
+        committed = lance.LanceDataset.commit(view.uri, txn, read_version=plan.view_version, max_retries=0)
+    except Exception as exc:
+        if "conflict" in str(exc).lower() or "retry" in str(exc).lower():
+            raise ConcurrentRefreshError(
+                f"view {view.name!r} was changed by another writer during the refresh; nothing was committed"
+            ) from exc
+        raise
+    if plan.checkpoint_dir:
+        shutil.rmtree(plan.checkpoint_dir, ignore_errors=True)
+    return RefreshResult(
+        view=view.name,
+        from_version=plan.from_version,
+        to_version=plan.to_version,
+        view_version=committed.version,
+        full=plan.full,
+        rows_inserted=plan.rows_to_insert,
+        rows_updated=plan.rows_to_update,
+        rows_deleted=plan.rows_to_delete,
+        udf_rows_computed=udf_rows,
+        tasks=len(plan.tasks),
+        tasks_resumed=sum(1 for r in results if r.resumed),
+        seconds=time.perf_counter() - start,
+        runner=getattr(runner, "name", type(runner).__name__),
+    )

@@ -1,0 +1,158 @@
+"""Running refresh tasks: on Spark (default) or inline in this process.
+
+The Spark session starts lazily, the first time a refresh has work to do:
+importing this module, connecting to a catalog or planning never starts a JVM.
+
+Configuration (constructor arguments win over the environment):
+
+* ``MV_ASSETS_SPARK_REMOTE`` (or ``SPARK_REMOTE``): a Spark Connect URL such as
+  ``sc://127.0.0.1:15002``; no local JVM is started at all.
+* ``MV_ASSETS_SPARK_MASTER``: a master URL (``local[*]`` by default,
+  ``spark://host:7077`` for a standalone cluster).
+"""
+
+import os
+import sys
+import threading
+from dataclasses import dataclass, field
+from typing import Any, Callable, Protocol
+
+from .tasks import TaskResult, TaskSpec, run_task
+
+__all__ = ["Runner", "SparkRunner", "InlineRunner", "default_runner", "set_default_runner"]
+
+
+class Runner(Protocol):
+    """Executes task specs and returns their results (order not significant)."""
+
+    def run(self, tasks: list[TaskSpec], definition_raw: bytes) -> list[TaskResult]: ...
+
+
+class InlineRunner:
+    """Runs tasks one after another in this process. For debugging and tiny views."""
+
+    name = "inline"
+
+    def run(self, tasks: list[TaskSpec], definition_raw: bytes) -> list[TaskResult]:
+        return [run_task(t, definition_raw) for t in tasks]
+
+
+def _task_partition_fn(tasks_json: list[str], definition_raw: bytes) -> Callable:
+    """The mapInArrow function: partition ``i`` holds the single id ``i``."""
+
+    def fn(batches):  # runs on a Spark Python worker
+        import os as _os
+
+        _os.environ.setdefault("LANCE_LOG", "error")
+        import pyarrow as _pa
+
+        from mv_assets.tasks import TaskSpec as _TaskSpec
+        from mv_assets.tasks import run_task as _run_task
+
+        out = []
+        for batch in batches:
+            for i in batch.column(0).to_pylist():
+                result = _run_task(_TaskSpec.from_json(tasks_json[i]), definition_raw)
+                out.append(result.to_json())
+        yield _pa.RecordBatch.from_pydict({"result": _pa.array(out, _pa.string())})
+
+    return fn
+
+
+@dataclass
+class SparkRunner:
+    """Runs each task as one Spark partition through ``mapInArrow``.
+
+    Executors open Lance themselves and return only fragment metadata, so
+    data never passes through the JVM or the driver.
+    """
+
+    master: str | None = None
+    remote: str | None = None
+    conf: dict[str, str] = field(default_factory=dict)
+    app_name: str = "mv_assets"
+    _session: Any = field(default=None, init=False, repr=False)
+    _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
+
+    name = "spark"
+
+    def resolved_remote(self) -> str | None:
+        return self.remote or os.environ.get("MV_ASSETS_SPARK_REMOTE") or os.environ.get("SPARK_REMOTE") or None
+
+    def resolved_master(self) -> str:
+        return self.master or os.environ.get("MV_ASSETS_SPARK_MASTER") or "local[*]"
+
+    @property
+    def started(self) -> bool:
+        return self._session is not None
+
+    def session(self):
+        """The SparkSession, created on first use."""
+        with self._lock:
+            if self._session is None:
+                self._session = self._build()
+            return self._session
+
+    def _build(self):
+        # Workers must run this interpreter (it has pyarrow, lance, mv_assets).
+        os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+        os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
+        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        from pyspark.sql import SparkSession
+
+        builder = SparkSession.builder.appName(self.app_name)
+        remote = self.resolved_remote()
+        if remote:
+            builder = builder.remote(remote)
+        else:
+            builder = (
+                builder.master(self.resolved_master())
+                .config("spark.ui.enabled", "false")
+                .config("spark.ui.showConsoleProgress", "false")
+                .config("spark.driver.bindAddress", "127.0.0.1")
+                .config("spark.driver.host", "127.0.0.1")
+                .config("spark.python.worker.reuse", "true")
+                .config("spark.executorEnv.LANCE_LOG", "error")
+                .config("spark.sql.shuffle.partitions", "8")
+            )
+        for k, v in self.conf.items():
+            builder = builder.config(k, v)
+        session = builder.getOrCreate()
+        if not remote:
+            session.sparkContext.setLogLevel("ERROR")
+        return session
+
+    def run(self, tasks: list[TaskSpec], definition_raw: bytes) -> list[TaskResult]:
+        if not tasks:
+            return []
+        spark = self.session()
+        payload = [t.to_json() for t in tasks]
+        n = len(payload)
+        df = spark.range(0, n, 1, n).selectExpr("cast(id as int) as i")
+        rows = df.mapInArrow(_task_partition_fn(payload, definition_raw), "result string").collect()
+        return [TaskResult.from_json(r["result"]) for r in rows]
+
+    def stop(self) -> None:
+        with self._lock:
+            if self._session is not None:
+                self._session.stop()
+                self._session = None
+
+
+_default: Runner | None = None
+_default_lock = threading.Lock()
+
+
+def default_runner() -> Runner:
+    """The process-wide runner: a lazily started :class:`SparkRunner`."""
+    global _default
+    with _default_lock:
+        if _default is None:
+            _default = SparkRunner()
+        return _default
+
+
+def set_default_runner(runner: Runner | None) -> None:
+    global _default
+    with _default_lock:
+        _default = runner

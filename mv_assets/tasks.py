@@ -1,0 +1,226 @@
+"""Executor-side work: read source rows of one fragment, compute the view's
+columns and UDFs, write Lance data files into the view, return small metadata.
+
+Everything here runs inside a Spark Python worker (or in-process with the
+inline runner). It receives only plain data (URIs, versions, fragment ids, the
+encoded view definition) and opens Lance itself; nothing Lance- or JVM-side is
+shipped from the driver.
+"""
+
+import hashlib
+import json
+import os
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+
+import lance
+import numpy as np
+import pyarrow as pa
+from lance.fragment import write_fragments
+
+from .planning import shuffle_keys
+from .query import SOURCE_ROW_ID, ViewDefinition
+
+__all__ = ["TaskSpec", "TaskResult", "run_task", "compute_rows", "and_filters"]
+
+
+@dataclass
+class TaskSpec:
+    """One unit of work: rows of one source fragment matching ``predicate``."""
+
+    task_id: str
+    src_uri: str
+    src_version: int
+    fragment_id: int
+    predicate: str | None
+    view_uri: str
+    rows: int  # rows the planner expects this task to compute
+    checkpoint_dir: str | None = None
+    max_rows_per_file: int = 1 << 20
+    batch_size: int = 8192
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @staticmethod
+    def from_json(raw: str) -> "TaskSpec":
+        return TaskSpec(**json.loads(raw))
+
+
+@dataclass
+class TaskResult:
+    task_id: str
+    fragments: list[dict] = field(default_factory=list)  # FragmentMetadata JSON
+    rows_written: int = 0
+    udf_rows: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    resumed: bool = False
+    worker_pid: int = 0
+
+    def to_json(self) -> str:
+        return json.dumps(asdict(self))
+
+    @staticmethod
+    def from_json(raw: str) -> "TaskResult":
+        return TaskResult(**json.loads(raw))
+
+
+def and_filters(*parts: str | None) -> str | None:
+    """AND together the non-empty SQL predicates, each parenthesised."""
+    kept = [p for p in parts if p]
+    if not kept:
+        return None
+    if len(kept) == 1:
+        return kept[0]
+    return " AND ".join(f"({p})" for p in kept)
+
+
+_DEFINITIONS: dict[str, ViewDefinition] = {}
+
+
+def decode_definition(raw: bytes) -> ViewDefinition:
+    """Decode (and cache per process) a view definition with its UDFs."""
+    key = hashlib.sha256(raw).hexdigest()
+    d = _DEFINITIONS.get(key)
+    if d is None:
+        d = ViewDefinition.decode(raw)
+        _DEFINITIONS[key] = d
+    return d
+
+
+def _in_name(col: str) -> str:
+    return f"__in__{col}"
+
+
+def _compute_batches(
+    scanner_source: lance.LanceDataset | lance.LanceFragment,
+    definition: ViewDefinition,
+    schema: pa.Schema,
+    source_schema: pa.Schema,
+    predicate: str | None,
+    batch_size: int,
+    udf_rows: dict[str, int],
+):
+    projection = dict(definition.projection)
+    inputs = definition.udf_input_columns(source_schema)
+    for col in inputs:
+        projection[_in_name(col)] = f"`{col}`"
+    scanner = scanner_source.scanner(
+        columns=projection if projection else [],
+        filter=predicate,
+        with_row_id=True,
+        batch_size=batch_size,
+    )
+    for batch in scanner.to_batches():
+        if batch.num_rows == 0:
+            continue
+        arrays = []
+        input_batch = None
+        if inputs:
+            input_batch = pa.RecordBatch.from_arrays(
+                [batch.column(_in_name(c)) for c in inputs], names=inputs
+            )
+        for f in schema:
+            if f.name == SOURCE_ROW_ID:
+                arrays.append(batch.column("_rowid").cast(pa.int64()))
+                continue
+            spec = next(c for c in definition.columns if c.name == f.name)
+            if spec.kind == "udf":
+                assert spec.udf is not None and input_batch is not None
+                values, computed = spec.udf.apply(input_batch)
+                udf_rows[f.name] = udf_rows.get(f.name, 0) + computed
+                arrays.append(values)
+            else:
+                arrays.append(batch.column(f.name).cast(f.type))
+        yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def compute_rows(
+    ds: lance.LanceDataset,
+    definition: ViewDefinition,
+    schema: pa.Schema,
+    filter_sql: str | None,
+) -> pa.Table:
+    """Compute view rows over a whole dataset in this process (no Spark)."""
+    udf_rows: dict[str, int] = {}
+    batches = list(_compute_batches(ds, definition, schema, ds.schema, filter_sql, 8192, udf_rows))
+    table = pa.Table.from_batches(batches, schema=schema)
+    if definition.shuffle or definition.limit is not None:
+        keys = shuffle_keys(table.column(SOURCE_ROW_ID).to_numpy(), definition.seed if definition.shuffle else None)
+        order = np.lexsort((table.column(SOURCE_ROW_ID).to_numpy(), keys))
+        table = table.take(pa.array(order))
+        if definition.limit is not None:
+            table = table.slice(0, definition.limit)
+    return table
+
+
+def _checkpoint_path(spec: TaskSpec) -> str | None:
+    if not spec.checkpoint_dir:
+        return None
+    return os.path.join(spec.checkpoint_dir, f"{spec.task_id}.json")
+
+
+def load_checkpoint(spec: TaskSpec) -> TaskResult | None:
+    path = _checkpoint_path(spec)
+    if path and os.path.exists(path):
+        with open(path) as fh:
+            result = TaskResult.from_json(fh.read())
+        result.resumed = True
+        return result
+    return None
+
+
+def _save_checkpoint(spec: TaskSpec, result: TaskResult) -> None:
+    path = _checkpoint_path(spec)
+    if not path:
+        return
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        fh.write(result.to_json())
+        fh.flush()
+        os.fsync(fh.fileno())
+    os.replace(tmp, path)  # atomic: a checkpoint is either whole or absent
+
+
+def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
+    """Compute one task and write its rows as new (uncommitted) view fragments.
+
+    Idempotent: a task whose checkpoint exists returns the checkpointed result
+    without recomputing anything.
+    """
+    done = load_checkpoint(spec)
+    if done is not None:
+        return done
+    start = time.perf_counter()
+    definition = decode_definition(definition_raw)
+    ds = lance.dataset(spec.src_uri, version=spec.src_version)
+    view_schema = lance.dataset(spec.view_uri).schema
+    udf_rows: dict[str, int] = {c.name: 0 for c in definition.udf_columns}
+    fragment = ds.get_fragment(spec.fragment_id)
+    if fragment is None:
+        raise RuntimeError(
+            f"source fragment {spec.fragment_id} does not exist at version {spec.src_version} of {spec.src_uri}"
+        )
+    batches = list(
+        _compute_batches(fragment, definition, view_schema, ds.schema, spec.predicate, spec.batch_size, udf_rows)
+    )
+    table = pa.Table.from_batches(batches, schema=view_schema)
+    if definition.shuffle and table.num_rows:
+        ids = table.column(SOURCE_ROW_ID).to_numpy()
+        table = table.take(pa.array(np.lexsort((ids, shuffle_keys(ids, definition.seed)))))
+    fragments = []
+    if table.num_rows:
+        metas = write_fragments(table, spec.view_uri, schema=view_schema, max_rows_per_file=spec.max_rows_per_file)
+        fragments = [json.loads(m.to_json()) if isinstance(m.to_json(), str) else m.to_json() for m in metas]
+    result = TaskResult(
+        task_id=spec.task_id,
+        fragments=fragments,
+        rows_written=table.num_rows,
+        udf_rows=udf_rows,
+        seconds=time.perf_counter() - start,
+        worker_pid=os.getpid(),
+    )
+    _save_checkpoint(spec, result)
+    return result
