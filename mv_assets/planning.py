@@ -126,7 +126,7 @@ def split_ranges(num_rows: int, max_rows: int) -> list[tuple[int, int]]:
     """Cut ``[0, num_rows)`` into near-equal half-open ranges of at most ``max_rows``.
 
     >>> split_ranges(10, 4)
-    [(0, 4), (4, 7), (7, 10)]
+    [(0, 3), (3, 7), (7, 10)]
     >>> split_ranges(0, 4)
     []
     """

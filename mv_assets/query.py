@@ -264,10 +264,9 @@ def output_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sche
     """The view's Arrow schema; validates filter and SQL against the source."""
     projection = definition.projection
     try:
-        scanner = ds.scanner(columns=projection or [], filter=definition.filter, limit=0)
-        projected = scanner.projected_schema
+        projected = check_sql(ds, filter=definition.filter, columns=projection)
     except (ValueError, OSError) as exc:
-        raise ValueError(f"invalid view query over {definition.source!r}: {_short(exc)}") from exc
+        raise ValueError(f"invalid view query over {definition.source!r}: {short_error(exc)}") from exc
     fields = [pa.field(SOURCE_ROW_ID, pa.int64(), nullable=False)]
     for c in definition.columns:
         if c.kind == "udf":
@@ -279,7 +278,17 @@ def output_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sche
     return pa.schema(fields, metadata={VIEW_METADATA_KEY: definition.encode()})
 
 
-def _short(exc: Exception) -> str:
+def check_sql(ds: lance.LanceDataset, *, filter: str | None = None, columns: dict[str, str] | None = None) -> pa.Schema:
+    """Plan (without running) a scan so bad SQL fails here; return its schema."""
+    if columns:  # a real column keeps Lance from refusing literal-only projections
+        columns = {**columns, "__mv_assets_probe": _quote_ident(ds.schema.names[0])}
+    scanner = ds.scanner(columns=columns or None, filter=filter)
+    scanner.explain_plan()
+    return scanner.projected_schema
+
+
+def short_error(exc: Exception) -> str:
+    """Lance's error message without the Rust source locations."""
     msg = str(exc).replace("Invalid user input: ", "")
     return msg.split(", /home/")[0].split(", /rust")[0]
 

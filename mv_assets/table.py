@@ -9,7 +9,7 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .query import VIEW_METADATA_KEY, Query, ViewDefinition
+from .query import VIEW_METADATA_KEY, Query, ViewDefinition, check_sql, short_error
 from .refresh import RefreshPlan, RefreshResult, RefreshState, execute_refresh, plan_refresh, read_refresh_state
 
 if TYPE_CHECKING:
@@ -59,6 +59,10 @@ def to_arrow_table(data: Any, schema: pa.Schema | None = None) -> pa.Table:
     elif isinstance(data, list):
         if data and not all(isinstance(r, dict) for r in data):
             raise ValueError("a list of rows must hold dicts")
+        if schema is not None:
+            extra = sorted({k for r in data for k in r} - set(schema.names))
+            if extra:
+                raise ValueError(f"columns {extra} are not in the table schema {schema.names}")
         try:
             table = pa.Table.from_pylist(data, schema=schema)
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
@@ -166,10 +170,10 @@ class Table:
             raise ValueError("delete() needs a SQL predicate; use delete('true') to delete every row")
         ds = self._dataset()
         try:
-            ds.scanner(filter=where, columns=[], limit=0)
-            ds.delete(where)
-        except ValueError as exc:
-            raise ValueError(f"invalid delete predicate {where!r}: {exc}") from exc
+            check_sql(ds, filter=where)
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"invalid delete predicate {where!r}: {short_error(exc)}") from exc
+        ds.delete(where)
         return self.version
 
     def update(
@@ -201,10 +205,10 @@ class Table:
         if pk in updates:
             raise ValueError(f"the primary key {pk!r} cannot be updated")
         try:
-            ds.scanner(columns=updates, filter=where, limit=0)
-            ds.update(updates, where=where)
-        except ValueError as exc:
-            raise ValueError(f"invalid update: {exc}") from exc
+            check_sql(ds, filter=where, columns=updates)
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"invalid update: {short_error(exc)}") from exc
+        ds.update(updates, where=where)
         return self.version
 
     def optimize(self, *, cleanup_older_than: timedelta | None = None, target_rows_per_fragment: int | None = None) -> int:

@@ -106,8 +106,10 @@ def _compute_batches(
     inputs = definition.udf_input_columns(source_schema)
     for col in inputs:
         projection[_in_name(col)] = f"`{col}`"
+    # A real column keeps Lance from refusing literal-only projections.
+    projection["__mv_assets_probe"] = f"`{source_schema.names[0]}`"
     scanner = scanner_source.scanner(
-        columns=projection if projection else [],
+        columns=projection,
         filter=predicate,
         with_row_id=True,
         batch_size=batch_size,

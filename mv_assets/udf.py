@@ -349,24 +349,28 @@ def _module_is_installed(module_name: str) -> bool:
 def dumps_by_value(obj: UDF) -> bytes:
     """cloudpickle a UDF so that workers which cannot import its module run it.
 
-    Functions from a script, a notebook or a test file are pickled by value
-    (code and globals travel with the pickle); functions from installed packages
-    stay references, as the package is installed where the job runs.
+    Code from scripts, notebooks, test files and any other module that is not
+    installed (not in site-packages or the standard library) is pickled by
+    value: its code and globals travel with the pickle, including helpers it
+    calls from other local modules. Installed packages stay references.
     """
-    modules = {getattr(obj.func, "__module__", "__main__")}
     registered = []
-    for name in modules:
-        if not _module_is_installed(name) and name != "__main__" and name in sys.modules:
-            try:
-                cloudpickle.register_pickle_by_value(sys.modules[name])
-                registered.append(name)
-            except ValueError:
-                pass
+    for name, module in list(sys.modules.items()):
+        if module is None or name == "__main__" or _module_is_installed(name):
+            continue
+        try:
+            cloudpickle.register_pickle_by_value(module)
+            registered.append(module)
+        except (ValueError, TypeError):
+            pass
     try:
         return cloudpickle.dumps(obj)
     finally:
-        for name in registered:
-            cloudpickle.unregister_pickle_by_value(sys.modules[name])
+        for module in registered:
+            try:
+                cloudpickle.unregister_pickle_by_value(module)
+            except ValueError:
+                pass
 
 
 @dataclass

@@ -1,0 +1,47 @@
+import os
+import sys
+
+import pytest
+
+os.environ.setdefault("LANCE_LOG", "error")
+os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+sys.path.insert(0, os.path.dirname(__file__))
+
+import mv_assets  # noqa: E402
+from mv_assets.spark import SparkRunner, set_default_runner  # noqa: E402
+
+
+@pytest.fixture(scope="session")
+def spark_runner():
+    """One local Spark (2 cores) for the whole run; started on first use."""
+    runner = SparkRunner(master=os.environ.get("MV_ASSETS_SPARK_MASTER", "local[2]"))
+    yield runner
+    runner.stop()
+
+
+@pytest.fixture(autouse=True)
+def _no_global_runner():
+    """Tests pick their runner explicitly; nothing leaks between tests."""
+    set_default_runner(None)
+    yield
+    set_default_runner(None)
+
+
+@pytest.fixture
+def db(tmp_path):
+    """A catalog whose refreshes run inline (no JVM): for engine semantics."""
+    return mv_assets.connect(str(tmp_path / "catalog"), runner=mv_assets.InlineRunner())
+
+
+@pytest.fixture
+def spark_db(tmp_path, spark_runner):
+    """A catalog whose refreshes run on real Spark."""
+    return mv_assets.connect(str(tmp_path / "catalog"), runner=spark_runner)
+
+
+@pytest.fixture
+def call_log(tmp_path):
+    """A directory where UDFs record each call, one file per worker process."""
+    d = tmp_path / "calls"
+    d.mkdir()
+    return str(d)

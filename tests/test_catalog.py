@@ -1,0 +1,287 @@
+"""Catalog, tables, query validation and refresh semantics with the inline
+runner (no JVM). Spark runs the same code paths in test_spark_*.py."""
+
+import os
+
+import lance
+import pyarrow as pa
+import pytest
+
+import mv_assets as mv
+from mv_assets.errors import SourceBehindError, TableExistsError, TableNotFoundError
+
+
+@mv.udf
+def sq(x: float) -> float:
+    return x * x
+
+
+def _rows(n, start=0):
+    return [{"id": i, "x": float(i), "s": f"s{i}"} for i in range(start, start + n)]
+
+
+def _snapshot(db):
+    out = {}
+    for name in sorted(os.listdir(db.uri)):
+        if name.endswith(".lance"):
+            out[name] = lance.dataset(os.path.join(db.uri, name)).version
+    return out
+
+
+def test_tables_are_plain_lance_with_stable_row_ids(db):
+    t = db.create_table("raw", _rows(3), primary_key="id")
+    ds = lance.dataset(os.path.join(db.uri, "raw.lance"))
+    assert ds.has_stable_row_ids
+    assert ds.count_rows() == 3
+    assert t.primary_key == "id"
+    assert db.table_names() == ["raw"]
+
+
+@pytest.mark.parametrize("name", ["../x", "a/b", "", "..", "a b", ".hidden", "x" * 200])
+def test_bad_names_rejected(db, name):
+    with pytest.raises(ValueError, match="invalid table name"):
+        db.create_table(name, _rows(1))
+    assert db.table_names() == []
+
+
+def test_create_modes(db):
+    db.create_table("raw", _rows(2))
+    with pytest.raises(TableExistsError, match="already exists"):
+        db.create_table("raw", _rows(5))
+    assert db.open_table("raw").count_rows() == 2
+    db.create_table("raw", _rows(5), mode="overwrite")
+    assert db.open_table("raw").count_rows() == 5
+    with pytest.raises(ValueError, match="mode must be"):
+        db.create_table("raw", _rows(1), mode="append")
+
+
+def test_create_from_schema_and_open_drop(db):
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("v", pa.string())])
+    t = db.create_table("e", schema=schema)
+    assert t.count_rows() == 0 and t.schema.field("id").type == pa.int64()
+    t.add(pa.table({"id": [1], "v": ["a"]}, schema=schema))
+    t.add([{"id": 2}])
+    assert t.to_arrow().column("v").to_pylist() == ["a", None]
+    db.drop_table("e")
+    with pytest.raises(TableNotFoundError):
+        db.open_table("e")
+
+
+def test_add_validation(db):
+    t = db.create_table("raw", _rows(2), primary_key="id")
+    v = t.version
+    with pytest.raises(ValueError, match="not in the table schema"):
+        t.add([{"id": 9, "nope": 1}])
+    with pytest.raises(ValueError, match="duplicate values for primary key"):
+        t.add([{"id": 9, "x": 1.0, "s": "a"}, {"id": 9, "x": 2.0, "s": "b"}])
+    with pytest.raises(ValueError, match="cannot convert|do not match"):
+        t.add([{"id": "abc", "x": 1.0, "s": "a"}])
+    assert t.version == v
+
+
+def test_update_and_delete(db):
+    t = db.create_table("raw", _rows(4), primary_key="id")
+    t.update("id = 1", {"s": "it's"})
+    t.update("id >= 2", values_sql={"x": "x * 10"})
+    t.delete("id = 0")
+    rows = {r["id"]: r for r in t.to_arrow().to_pylist()}
+    assert rows[1]["s"] == "it's" and rows[2]["x"] == 20.0 and 0 not in rows
+    v = t.version
+    with pytest.raises(ValueError, match="unknown columns"):
+        t.update("id = 1", {"nope": 1})
+    with pytest.raises(ValueError, match="primary key"):
+        t.update("id = 1", {"id": 5})
+    with pytest.raises(ValueError, match="invalid delete predicate"):
+        t.delete("nope > 1")
+    with pytest.raises(ValueError, match="needs values"):
+        t.update("id = 1")
+    assert t.version == v
+
+
+@pytest.mark.parametrize(
+    "build, match",
+    [
+        (lambda q: q.select({"y": "nope + 1"}), "No field named nope"),
+        (lambda q: q.where("nope > 1"), "No field named nope"),
+        (lambda q: q.where("id >"), "invalid view query"),
+        (lambda q: q.select({"y": sq.with_inputs(["nope"])}), "does not have"),
+        (lambda q: q.select({"y": sq.with_inputs(["s"])}), "expects float but column 's' is string"),
+        (lambda q: q.select(["id", "id"]), "duplicate output column"),
+        (lambda q: q.select({"__source_row_id": "id"}), "reserved"),
+        (lambda q: q.select({"y": 3}), "must be a column name"),
+    ],
+)
+def test_bad_queries_raise_before_writing(db, build, match):
+    t = db.create_table("raw", _rows(3))
+    before = _snapshot(db)
+    with pytest.raises(ValueError, match=match):
+        db.create_materialized_view("v", build(t.search(None)))
+    assert _snapshot(db) == before
+    assert db.table_names() == ["raw"]
+
+
+def test_query_builder_validation(db):
+    q = db.create_table("raw", _rows(1)).search(None)
+    with pytest.raises(ValueError):
+        q.limit(-1)
+    with pytest.raises(ValueError):
+        q.shuffle(seed="x")
+    with pytest.raises(ValueError):
+        q.where("")
+    with pytest.raises(ValueError):
+        db.open_table("raw").search([1.0, 2.0])
+
+
+def test_view_definition_stored_with_view_and_usable_by_name(db, tmp_path):
+    t = db.create_table("raw", _rows(5))
+    db.create_materialized_view("v", t.search(None).where("id > 1").select({"id": "id", "y": sq}))
+    # A fresh connection (no UDF objects in hand) refreshes by name.
+    db2 = mv.connect(db.uri, runner=mv.InlineRunner())
+    view = db2.open_table("v")
+    assert isinstance(view, mv.MaterializedView)
+    assert view.definition.filter == "id > 1"
+    db2.refresh("v")
+    assert sorted(view.to_arrow().column("y").to_pylist()) == [4.0, 9.0, 16.0]
+
+
+def test_views_are_read_only(db):
+    t = db.create_table("raw", _rows(2))
+    v = db.create_materialized_view("v", t.search(None))
+    for call in (lambda: v.add(_rows(1)), lambda: v.delete("true"), lambda: v.update(values={"x": 1.0})):
+        with pytest.raises(ValueError, match="maintained by refresh"):
+            call()
+
+
+def test_with_no_data_false_populates(db):
+    t = db.create_table("raw", _rows(4))
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": sq}), with_no_data=False)
+    assert v.count_rows() == 4 and v.source_version == t.version
+    v2 = db.create_materialized_view("v2", t.search(None))
+    assert v2.count_rows() == 0 and v2.source_version is None
+
+
+def test_noop_refresh_commits_nothing(db):
+    t = db.create_table("raw", _rows(4))
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": sq}))
+    v.refresh()
+    version = v.version
+    r = v.refresh()
+    assert r.udf_rows_computed == {} and v.version == version
+
+
+def test_refresh_to_pinned_source_version(db):
+    t = db.create_table("raw", _rows(3))
+    v1 = t.version
+    t.add(_rows(3, start=3))
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id"}))
+    v.refresh(src_version=v1)
+    assert v.count_rows() == 3 and v.source_version == v1
+    v.refresh()
+    assert v.count_rows() == 6
+    with pytest.raises(ValueError, match="src_version must be between"):
+        v.refresh(src_version=99)
+
+
+def test_incremental_strict_and_full_modes(db):
+    t = db.create_table("raw", _rows(3))
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": sq}))
+    v.refresh()
+    t.add(_rows(1, start=3))
+    r = v.refresh(mode="incremental_strict")
+    assert r.udf_rows_computed == {"y": 1} and not r.full
+    r = v.refresh(mode="full")
+    assert r.full and r.udf_rows_computed == {"y": 4} and v.count_rows() == 4
+    db.create_table("raw", _rows(2), mode="overwrite") if False else None
+    with pytest.raises(ValueError, match="refresh mode"):
+        v.refresh(mode="sometimes")
+
+
+def test_overwritten_source_forces_full_and_strict_refuses(db):
+    t = db.create_table("raw", _rows(3))
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id"}))
+    v.refresh()
+    lance.write_dataset(pa.Table.from_pylist(_rows(2, start=10)), t.uri, mode="overwrite")
+    with pytest.raises(ValueError, match="cannot be incremental.*Overwrite"):
+        v.refresh(mode="incremental_strict")
+    r = v.refresh()
+    assert r.full and sorted(v.to_arrow().column("id").to_pylist()) == [10, 11]
+
+
+def test_view_over_view_lineage_and_behind_check(db):
+    t = db.create_table("raw", _rows(6))
+    a = db.create_materialized_view("a", t.search(None).where("id >= 2").select({"id": "id", "y": sq}))
+    b = db.create_materialized_view("b", a.search(None).where("y > 10").select({"id": "id", "y": "y"}))
+    assert db.lineage_order() == ["a", "b"]
+    with pytest.raises(SourceBehindError, match="refresh 'a' first"):
+        db.refresh("b")
+    assert b.count_rows() == 0
+    db.refresh("b", upstream=True)
+    assert sorted(b.to_arrow().column("id").to_pylist()) == [4, 5]
+    t.add(_rows(2, start=6))
+    results = db.refresh(["b", "a"])  # any order in, lineage order out
+    assert [r.view for r in results] == ["a", "b"]
+    assert sorted(b.to_arrow().column("id").to_pylist()) == [4, 5, 6, 7]
+    with pytest.raises(ValueError, match="views \\['b'\\] are defined over it"):
+        db.drop_table("a")
+
+
+def test_plan_is_exact_dry_run(db):
+    t = db.create_table("raw", _rows(10))
+    v = db.create_materialized_view("v", t.search(None).where("id % 2 = 0").select({"id": "id", "y": sq}))
+    v.refresh()
+    t.add(_rows(3, start=10))  # 10, 12 pass
+    t.delete("id = 4")
+    t.update("id = 6", {"x": 0.5})
+    t.update("id = 3", {"x": 0.5})  # fails the filter, never in the view
+    plan = v.plan_refresh()
+    version = v.version
+    assert v.version == version  # planning writes nothing
+    r = v.refresh()
+    assert (plan.rows_to_insert, plan.rows_to_update, plan.rows_to_delete) == (2, 1, 1)
+    assert (r.rows_inserted, r.rows_updated, r.rows_deleted) == (2, 1, 1)
+    assert plan.udf_rows == {"y": 3} == r.udf_rows_computed
+
+
+def test_limit_and_shuffle_hold_on_every_refresh(db):
+    t = db.create_table("raw", _rows(20))
+    v = db.create_materialized_view("v", t.search(None).shuffle(seed=5).limit(5).select({"id": "id", "y": sq}))
+    fresh = db.create_materialized_view("fresh", t.search(None).shuffle(seed=5).limit(5).select({"id": "id"}))
+    v.refresh()
+    for step in range(3):
+        t.delete(f"id IN ({','.join(str(i) for i in sorted(v.to_arrow().column('id').to_pylist())[:2])})")
+        t.add(_rows(5, start=100 + 10 * step))
+        v.refresh()
+        db.drop_table("fresh")
+        fresh = db.create_materialized_view(
+            "fresh", t.search(None).shuffle(seed=5).limit(5).select({"id": "id"}), with_no_data=False
+        )
+        # incremental maintenance == computing from scratch at this version
+        assert sorted(v.to_arrow().column("id").to_pylist()) == sorted(fresh.to_arrow().column("id").to_pylist())
+        assert v.count_rows() == 5
+
+
+def test_checkpointed_tasks_are_not_recomputed_after_a_crash(db, tmp_path):
+    t = db.create_table("raw", _rows(4))
+    for i in range(3):
+        t.add(_rows(4, start=10 * (i + 1)))  # 4 fragments
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": sq}))
+
+    class CrashAfter(mv.InlineRunner):
+        def __init__(self, n):
+            self.n = n
+
+        def run(self, tasks, definition_raw):
+            from mv_assets.tasks import run_task
+
+            for task in tasks[: self.n]:
+                run_task(task, definition_raw)
+            raise RuntimeError("driver died")
+
+    with pytest.raises(RuntimeError, match="driver died"):
+        v.refresh(runner=CrashAfter(2))
+    assert v.count_rows() == 0 and v.source_version is None  # nothing half-visible
+    r = v.refresh()
+    assert r.tasks == 4 and r.tasks_resumed == 2
+    assert r.udf_rows_computed == {"y": 16}  # checkpointed results are counted, not recomputed
+    assert v.count_rows() == 16
+    assert not os.listdir(db._state_dir("checkpoints", "v"))

@@ -1,0 +1,115 @@
+"""Pure planning logic: no Lance, no Spark."""
+
+import numpy as np
+import pytest
+
+from mv_assets.planning import ChangeSet, plan_keys, select_limited, shuffle_keys, split_ranges
+
+
+def _p(view, changed_pass, changed_fail, deleted, candidates=None, limit=None, seed=None):
+    p = plan_keys(np.array(view, np.int64), ChangeSet(changed_pass, changed_fail, deleted, candidates), limit, seed)
+    return p.insert.tolist(), p.update.tolist(), p.delete.tolist()
+
+
+@pytest.mark.parametrize(
+    "view, changed_pass, changed_fail, deleted, expected",
+    [
+        # nothing changed
+        ([1, 2, 3], [], [], [], ([], [], [])),
+        # plain append
+        ([1, 2], [3, 4], [], [], ([3, 4], [], [])),
+        # append of rows failing the filter
+        ([1, 2], [], [3, 4], [], ([], [], [])),
+        # delete of a view row and of a row never in the view
+        ([1, 2], [], [], [2, 9], ([], [], [2])),
+        # update that stays in the filter: recompute
+        ([1, 2], [2], [], [], ([], [2], [])),
+        # update that moves a row out of the filter
+        ([1, 2], [], [2], [], ([], [], [2])),
+        # update that moves a row into the filter
+        ([1, 2], [5], [], [], ([5], [], [])),
+        # everything at once
+        ([1, 2, 3, 4], [4, 7], [3], [1, 8], ([7], [4], [1, 3])),
+        # first refresh
+        ([], [1, 2, 3], [4], [], ([1, 2, 3], [], [])),
+    ],
+)
+def test_plan_keys_table(view, changed_pass, changed_fail, deleted, expected):
+    assert _p(view, changed_pass, changed_fail, deleted) == expected
+
+
+def test_compute_and_remove_sets():
+    p = plan_keys(np.array([1, 2, 3]), ChangeSet([2, 4], [3], [1]))
+    assert p.compute.tolist() == [2, 4]
+    assert p.remove_from_view.tolist() == [1, 2, 3]
+
+
+def test_limit_without_seed_keeps_first_rows_by_row_id():
+    # candidates 1..10 pass, limit 3 -> 1,2,3; view has 1,2,5
+    assert _p([1, 2, 5], [], [], [], candidates=list(range(1, 11)), limit=3) == ([3], [], [5])
+
+
+def test_limit_refills_after_delete():
+    # 2 was deleted: next candidate enters
+    assert _p([1, 2, 3], [], [], [2], candidates=[1, 3, 4, 5], limit=3) == ([4], [], [2])
+
+
+def test_limit_updates_only_kept_changed_rows():
+    assert _p([1, 2, 3], [2, 9], [], [], candidates=[1, 2, 3, 9], limit=3) == ([], [2], [])
+
+
+def test_limit_requires_candidates():
+    with pytest.raises(ValueError, match="candidate"):
+        plan_keys(np.array([1]), ChangeSet([], [], []), limit=3)
+
+
+def test_shuffle_keys_deterministic_and_seed_dependent():
+    ids = np.arange(1000)
+    a = shuffle_keys(ids, 42)
+    assert np.array_equal(a, shuffle_keys(ids, 42))
+    assert not np.array_equal(a, shuffle_keys(ids, 43))
+    assert len(np.unique(a)) == 1000
+    # order really is shuffled: far from sorted
+    assert abs(np.corrcoef(np.argsort(a), ids)[0, 1]) < 0.1
+    assert np.array_equal(shuffle_keys(ids, None), ids.astype(np.uint64))
+
+
+def test_select_limited_is_history_independent():
+    cand = np.arange(100)
+    chosen = select_limited(cand, 10, 7)
+    # adding unrelated candidates with larger keys never evicts chosen ones
+    keys = shuffle_keys(cand, 7)
+    threshold = np.sort(keys)[9]
+    assert all(shuffle_keys(np.array([c]), 7)[0] <= threshold for c in chosen)
+    # order of input does not matter
+    assert np.array_equal(select_limited(cand[::-1], 10, 7), chosen)
+    assert select_limited(cand, None, 7).tolist() == cand.tolist()
+    assert select_limited(cand, 0, 7).tolist() == []
+
+
+@pytest.mark.parametrize(
+    "n, m, expected",
+    [
+        (0, 4, []),
+        (3, 4, [(0, 3)]),
+        (4, 4, [(0, 4)]),
+        (10, 4, [(0, 3), (3, 7), (7, 10)]),
+        (8, 4, [(0, 4), (4, 8)]),
+    ],
+)
+def test_split_ranges(n, m, expected):
+    assert split_ranges(n, m) == expected
+
+
+def test_split_ranges_covers_everything():
+    for n in range(0, 50):
+        for m in range(1, 12):
+            r = split_ranges(n, m)
+            assert sum(b - a for a, b in r) == n
+            assert all(0 < b - a <= m for a, b in r)
+            assert all(r[i][1] == r[i + 1][0] for i in range(len(r) - 1))
+
+
+def test_split_ranges_rejects_bad_size():
+    with pytest.raises(ValueError):
+        split_ranges(3, 0)

@@ -1,0 +1,180 @@
+"""The UDF model: forms, type inference, the checked call path, pickling."""
+
+import subprocess
+import sys
+
+import cloudpickle
+import pyarrow as pa
+import pytest
+
+from mv_assets.udf import UDF, dumps_by_value, udf
+
+
+@udf
+def plus_one(x: int) -> int:
+    return x + 1
+
+
+@udf(data_type=pa.float32())
+def halve(x: pa.Array) -> pa.Array:
+    import pyarrow.compute as pc
+
+    return pc.divide(pc.cast(x, pa.float32()), 2)
+
+
+@udf(data_type=pa.int64())
+def width(batch: pa.RecordBatch) -> pa.Array:
+    return pa.array([batch.num_columns] * batch.num_rows)
+
+
+@udf(data_type=pa.string())
+class Greeter:
+    setups = 0
+
+    def __init__(self):
+        type(self).setups += 1
+        self.prefix = "hi "
+
+    def __call__(self, name: str) -> str:
+        return self.prefix + name
+
+
+def test_forms_are_detected():
+    assert plus_one.kind == "scalar" and plus_one.data_type == pa.int64()
+    assert halve.kind == "array" and halve.data_type == pa.float32()
+    assert width.kind == "batch" and width.input_columns == []
+    assert Greeter.stateful and Greeter.kind == "scalar" and Greeter.input_columns == ["name"]
+
+
+def test_udf_stays_a_plain_callable():
+    assert plus_one(41) == 42
+    assert Greeter("bo") == "hi bo"
+
+
+def test_return_annotation_inference():
+    @udf
+    def f(x: float) -> float:
+        return x
+
+    @udf
+    def g(x: str) -> list[float]:
+        return [1.0]
+
+    assert f.data_type == pa.float64()
+    assert g.data_type == pa.list_(pa.float64())
+
+
+def test_missing_output_type_is_an_error():
+    with pytest.raises(ValueError, match="cannot infer the output type"):
+
+        @udf
+        def f(x):
+            return x
+
+
+def test_batched_udf_needs_data_type():
+    with pytest.raises(ValueError, match="cannot infer"):
+
+        @udf
+        def f(x: pa.Array) -> pa.Array:
+            return x
+
+
+def test_mixed_annotations_rejected():
+    with pytest.raises(ValueError, match="mix of Arrow and Python"):
+
+        @udf(data_type=pa.int64())
+        def f(x: pa.Array, y: int) -> pa.Array:
+            return x
+
+
+def test_input_columns_length_checked():
+    with pytest.raises(ValueError, match="2 parameters"):
+        udf(lambda a, b: a, data_type=pa.int64(), input_columns=["x"])
+
+
+def test_apply_scalar_skips_nulls_and_counts():
+    batch = pa.RecordBatch.from_pydict({"x": [1, None, 3]})
+    out, computed = plus_one.apply(batch)
+    assert out.to_pylist() == [2, None, 4]
+    assert computed == 2
+
+
+def test_apply_validates_output_type():
+    @udf
+    def bad(x: int) -> float:
+        return "nope"
+
+    with pytest.raises(TypeError, match="expected double"):
+        bad.apply(pa.RecordBatch.from_pydict({"x": [1]}))
+
+
+def test_apply_validates_length():
+    @udf(data_type=pa.int64())
+    def short(x: pa.Array) -> pa.Array:
+        return x[:1]
+
+    with pytest.raises(ValueError, match="returned 1 values for a batch of 3"):
+        short.apply(pa.RecordBatch.from_pydict({"x": [1, 2, 3]}))
+
+
+def test_array_and_batch_apply():
+    b = pa.RecordBatch.from_pydict({"x": [2, 4], "y": ["a", "b"]})
+    assert halve.apply(b)[0].to_pylist() == [1.0, 2.0]
+    assert width.apply(b)[0].to_pylist() == [2, 2]
+
+
+def test_stateful_set_up_once_per_process():
+    before = Greeter.func.setups
+    b = pa.RecordBatch.from_pydict({"name": ["a", "b"]})
+    Greeter.apply(b)
+    Greeter.apply(b)
+    assert Greeter.func.setups - before <= 1
+    assert Greeter.apply(b)[0].to_pylist() == ["hi a", "hi b"]
+
+
+def test_validate_inputs():
+    schema = pa.schema([("x", pa.string())])
+    with pytest.raises(ValueError, match="expects int but column 'x' is string"):
+        plus_one.validate_inputs(schema, "out")
+    with pytest.raises(ValueError, match="reads column 'x', which the source does not have"):
+        plus_one.validate_inputs(pa.schema([("y", pa.int64())]), "out")
+    plus_one.validate_inputs(pa.schema([("x", pa.int32())]), "out")
+
+
+def test_fingerprint_tracks_code():
+    @udf
+    def f(x: int) -> int:
+        return x + 1
+
+    g = UDF(f.func, version=None)
+    assert f.fingerprint == g.fingerprint
+
+    @udf
+    def f(x: int) -> int:  # noqa: F811 - same name, new code
+        return x + 2
+
+    assert f.fingerprint != g.fingerprint
+    assert udf(f.func, version="v1").fingerprint == udf(f.func, version="v1").fingerprint
+
+
+def test_pickle_by_value_runs_in_a_process_that_cannot_import_this_file(tmp_path):
+    blob = dumps_by_value(plus_one)
+    path = tmp_path / "udf.pkl"
+    path.write_bytes(blob)
+    code = (
+        "import cloudpickle, sys; u = cloudpickle.loads(open(sys.argv[1], 'rb').read()); "
+        "print(u(1), u.fingerprint)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(path)], capture_output=True, text=True, cwd=str(tmp_path), check=True
+    )
+    assert out.stdout.split() == ["2", plus_one.fingerprint]
+
+
+def test_spec_round_trip():
+    spec = Greeter.to_spec()
+    back = UDF.from_spec(spec)
+    assert back.fingerprint == Greeter.fingerprint
+    assert back("x") == "hi x"
+    assert cloudpickle.loads(cloudpickle.dumps(back)).name == "Greeter"
