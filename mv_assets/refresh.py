@@ -31,7 +31,7 @@ from lance import LanceOperation, Transaction
 from lance.fragment import FragmentMetadata
 
 from .errors import ConcurrentRefreshError
-from .planning import ChangeSet, KeyPlan, plan_keys, split_ranges
+from .planning import ChangeSet, KeyPlan, isin, plan_keys, split_ranges
 from .query import SOURCE_ROW_ID, ViewDefinition
 from .tasks import TaskResult, TaskSpec, and_filters
 
@@ -229,7 +229,7 @@ def plan_refresh(
         passing = src.to_table(columns=[], filter=base_filter, with_row_id=True, with_row_address=True)
         pass_ids = _ids(passing)
         # Every current view row is either replaced (update) or removed (delete).
-        changes = ChangeSet(pass_ids, [], np.setdiff1d(view_keys, pass_ids), pass_ids)
+        changes = ChangeSet(pass_ids, [], view_keys[~isin(view_keys, pass_ids)], pass_ids)
         keys = plan_keys(view_keys, changes, definition.limit, definition.seed)
         compute_filter = base_filter
     else:
@@ -239,7 +239,7 @@ def plan_refresh(
         pass_ids = _ids(passing)
         if base_filter:
             changed_all = _ids(src.to_table(columns=[], filter=version_filter, with_row_id=True))
-            changed_fail = np.setdiff1d(changed_all, pass_ids)
+            changed_fail = changed_all[~isin(changed_all, pass_ids)]
         else:
             changed_fail = np.empty(0, np.int64)
         if src_version > v0:
@@ -346,7 +346,7 @@ def _deletions(view_ds: lance.LanceDataset, keys: np.ndarray, addrs: np.ndarray,
     updated: list[FragmentMetadata] = []
     if len(remove) == 0 or len(keys) == 0:
         return removed_ids, updated
-    mask = np.isin(keys, remove)
+    mask = isin(keys, remove)
     hit_keys, hit_frags = keys[mask], addrs[mask] >> 32
     for fid in np.unique(hit_frags):
         frag = view_ds.get_fragment(int(fid))

@@ -20,6 +20,7 @@ Forms (as in Geneva):
 """
 
 import base64
+import functools
 import hashlib
 import inspect
 import os
@@ -333,6 +334,11 @@ _SITE_DIRS = tuple(
 )
 
 
+@functools.lru_cache(maxsize=None)
+def _path_is_installed(path: str) -> bool:
+    return os.path.realpath(path).startswith(_SITE_DIRS)
+
+
 def _module_is_installed(module_name: str) -> bool:
     """True for stdlib / site-packages modules that every worker can import."""
     if module_name == "__main__":
@@ -343,7 +349,7 @@ def _module_is_installed(module_name: str) -> bool:
     path = getattr(mod, "__file__", None)
     if not path:
         return True  # builtins
-    return os.path.realpath(path).startswith(_SITE_DIRS)
+    return _path_is_installed(path)
 
 
 def dumps_by_value(obj: UDF) -> bytes:

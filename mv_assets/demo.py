@@ -1,0 +1,118 @@
+"""Seed a demo catalog and keep its views fresh: ``python -m mv_assets.demo``.
+
+The catalog (``$MV_ASSETS_DB``, default ``.demo/catalog``) holds a ``documents``
+source table and two views: ``doc_features`` (a filter, SQL columns and UDF
+columns doing real text work) and ``long_docs`` (a view over that view). The
+demo refreshes them on Spark, appends, updates and deletes source rows, and
+refreshes again to show that only changed rows are computed.
+"""
+
+import os
+import sys
+import zlib
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+import mv_assets as mv
+
+WORDS = (
+    "lance spark dagster arrow view column refresh fragment version row delta "
+    "model embed token sensor asset lineage partition checkpoint commit"
+).split()
+
+
+def _documents(start: int, n: int) -> list[dict]:
+    rows = []
+    for i in range(start, start + n):
+        words = [WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(5 + i % 40)]
+        rows.append({"doc_id": i, "lang": "en" if i % 5 else "de", "body": " ".join(words)})
+    return rows
+
+
+@mv.udf
+def word_count(body: str) -> int:
+    """Scalar UDF: one Python call per row."""
+    return len(body.split())
+
+
+@mv.udf(data_type=pa.list_(pa.float32()))
+def embedding(body: pa.Array) -> pa.Array:
+    """Batched UDF: a tiny deterministic hashing 'embedding' (8 dims)."""
+    out = []
+    for text in body.to_pylist():
+        vec = [0.0] * 8
+        for w in text.split():
+            vec[zlib.crc32(w.encode()) % 8] += 1.0
+        norm = sum(v * v for v in vec) ** 0.5 or 1.0
+        out.append([v / norm for v in vec])
+    return pa.array(out, pa.list_(pa.float32()))
+
+
+@mv.udf(data_type=pa.string())
+def summary(body: pa.Array) -> pa.Array:
+    return pc.utf8_slice_codeunits(body, 0, 24)
+
+
+def seed(uri: str) -> mv.Connection:
+    """Create the demo catalog at ``uri`` (idempotent)."""
+    db = mv.connect(uri)
+    if "documents" not in db:
+        schema = pa.schema(
+            [
+                pa.field("doc_id", pa.int64(), nullable=False),
+                pa.field("lang", pa.string()),
+                pa.field("body", pa.string()),
+            ]
+        )
+        docs = db.create_table("documents", schema=schema, primary_key="doc_id")
+        for start in range(0, 2000, 500):  # four appends -> four source fragments
+            docs.add(_documents(start, 500))
+    docs = db.open_table("documents")
+    if "doc_features" not in db:
+        q = (
+            docs.search(None)
+            .where("lang = 'en'")
+            .select(
+                {
+                    "doc_id": "doc_id",
+                    "chars": "length(body)",
+                    "words": word_count,
+                    "embedding": embedding,
+                    "summary": summary,
+                }
+            )
+        )
+        db.create_materialized_view("doc_features", q)
+    if "long_docs" not in db:
+        feats = db.open_table("doc_features")
+        db.create_materialized_view(
+            "long_docs", feats.search(None).where("words >= 30").select({"doc_id": "doc_id", "words": "words"})
+        )
+    return db
+
+
+def main() -> int:
+    uri = os.environ.get("MV_ASSETS_DB", os.path.join(".demo", "catalog"))
+    db = seed(uri)
+    print(f"demo catalog: {db.uri}  tables: {db.table_names()}")
+    print("refreshing in lineage order on Spark (first run starts the JVM)...")
+    for r in db.refresh(["doc_features", "long_docs"]):
+        print(f"  {r.view:<13} src v{r.from_version}->v{r.to_version}: +{r.rows_inserted} ~{r.rows_updated} -{r.rows_deleted}  UDF rows {r.udf_rows_computed}  {r.seconds:.1f}s")
+    docs = db.open_table("documents")
+    next_id = docs.count_rows() + 10_000
+    docs.add(_documents(next_id, 20))
+    docs.update("doc_id < 3", values_sql={"body": "concat(body, ' refresh')"})
+    docs.delete("doc_id >= 100 AND doc_id < 110")
+    print("appended 20, updated 3, deleted 10 source rows; refreshing again...")
+    for r in db.refresh(["doc_features", "long_docs"]):
+        print(f"  {r.view:<13} src v{r.from_version}->v{r.to_version}: +{r.rows_inserted} ~{r.rows_updated} -{r.rows_deleted}  UDF rows {r.udf_rows_computed}  {r.seconds:.1f}s")
+    feats = db.open_table("doc_features")
+    print(f"doc_features: {feats.count_rows()} rows; sample: {feats.to_arrow().slice(0, 1).to_pylist()[0]}")
+    print("The Dagster UI for this catalog arrives with the Dagster asset layer; "
+          "until then this demo drives the engine from Python.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
