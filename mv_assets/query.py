@@ -19,12 +19,14 @@ from .udf import UDF
 if TYPE_CHECKING:
     from .table import Table
 
-__all__ = ["Query", "ColumnSpec", "ViewDefinition", "SOURCE_ROW_ID", "VIEW_METADATA_KEY"]
+__all__ = ["Query", "ColumnSpec", "ViewDefinition", "SOURCE_ROW_ID", "SOURCE_ROW_VERSION", "VIEW_METADATA_KEY"]
 
 SOURCE_ROW_ID = "__source_row_id"
+SOURCE_ROW_VERSION = "__source_row_version"  # the source row's version when computed
 VIEW_METADATA_KEY = "mv_assets.view"
 FORMAT_VERSION = 1
 
+_VIEW_COLUMNS = {SOURCE_ROW_ID, SOURCE_ROW_VERSION}
 _SYSTEM_COLUMNS = {"_rowid", "_rowaddr", "_rowoffset", "_row_created_at_version", "_row_last_updated_at_version"}
 
 
@@ -81,7 +83,7 @@ class ViewDefinition:
         cols: list[str] = []
         for c in self.udf_columns:
             assert c.udf is not None
-            needed = c.udf.input_columns or [n for n in source_schema.names if n != SOURCE_ROW_ID]
+            needed = c.udf.input_columns or [n for n in source_schema.names if n not in _VIEW_COLUMNS]
             for n in needed:
                 if n not in cols:
                     cols.append(n)
@@ -203,7 +205,7 @@ class Query:
         columns: list[ColumnSpec] = []
         if self._select is None:
             for name in source_schema.names:
-                if name != SOURCE_ROW_ID:
+                if name not in _VIEW_COLUMNS:
                     columns.append(ColumnSpec(name, "column", name))
         else:
             seen: set[str] = set()
@@ -231,7 +233,7 @@ class Query:
                         f"expression or a UDF, got {type(value).__name__}"
                     )
         for c in columns:
-            if c.name == SOURCE_ROW_ID or c.name in _SYSTEM_COLUMNS:
+            if c.name in _VIEW_COLUMNS or c.name in _SYSTEM_COLUMNS:
                 raise ValueError(f"output column name {c.name!r} is reserved")
         definition = ViewDefinition(
             source=self._table.name,
@@ -267,7 +269,10 @@ def output_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sche
         projected = check_sql(ds, filter=definition.filter, columns=projection)
     except (ValueError, OSError) as exc:
         raise ValueError(f"invalid view query over {definition.source!r}: {short_error(exc)}") from exc
-    fields = [pa.field(SOURCE_ROW_ID, pa.int64(), nullable=False)]
+    fields = [
+        pa.field(SOURCE_ROW_ID, pa.int64(), nullable=False),
+        pa.field(SOURCE_ROW_VERSION, pa.int64(), nullable=False),
+    ]
     for c in definition.columns:
         if c.kind == "udf":
             assert c.udf is not None

@@ -27,12 +27,13 @@ from typing import TYPE_CHECKING
 import lance
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from lance import LanceOperation, Transaction
 from lance.fragment import FragmentMetadata
 
 from .errors import ConcurrentRefreshError
 from .planning import ChangeSet, KeyPlan, isin, plan_keys, split_ranges
-from .query import SOURCE_ROW_ID, ViewDefinition
+from .query import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ViewDefinition
 from .tasks import TaskResult, TaskSpec, and_filters
 
 if TYPE_CHECKING:
@@ -45,6 +46,7 @@ STATE_KEY = "mv_assets.refresh"
 MODES = ("auto", "full", "incremental_strict")
 _FULL_OPS = ("Overwrite", "Restore", "Clone")
 _IN_LIST_CHUNK = 50_000
+ROW_VERSION_ALIAS = "__row_version"
 
 
 @dataclass(frozen=True)
@@ -63,7 +65,13 @@ class RefreshState:
 
 
 def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
-    """Find the newest refresh commit at or below the dataset's version."""
+    """The view's refresh state, read from its commits' transaction properties.
+
+    ``source_version`` comes from the newest refresh of the whole view (a
+    fragment-scoped refresh does not make the whole view reflect a version);
+    the load number, time and definition from the newest refresh of any kind.
+    """
+    latest: dict | None = None
     v = view_ds.version
     while v >= 1:
         try:
@@ -74,15 +82,26 @@ def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
         raw = props.get(STATE_KEY)
         if raw:
             d = json.loads(raw)
-            return RefreshState(
-                source_version=int(d["source_version"]),
-                view_version=v,
-                definition=d.get("definition"),
-                load_number=int(d.get("load_number", 0)),
-                refreshed_at=d.get("refreshed_at"),
-            )
+            if latest is None:
+                latest = {**d, "view_version": v}
+            if d.get("scope") is None:
+                return RefreshState(
+                    source_version=int(d["source_version"]),
+                    view_version=latest["view_version"],
+                    definition=latest.get("definition"),
+                    load_number=int(latest.get("load_number", 0)),
+                    refreshed_at=latest.get("refreshed_at"),
+                )
         v -= 1
-    return RefreshState()
+    if latest is None:
+        return RefreshState()
+    return RefreshState(
+        source_version=None,
+        view_version=latest["view_version"],
+        definition=latest.get("definition"),
+        load_number=int(latest.get("load_number", 0)),
+        refreshed_at=latest.get("refreshed_at"),
+    )
 
 
 @dataclass
@@ -106,6 +125,7 @@ class RefreshPlan:
     checkpoint_dir: str | None = field(default=None, repr=False)
     definition_raw: bytes = field(default=b"", repr=False)
     load_number: int = field(default=0, repr=False)
+    scope: list[int] | None = None
 
     @property
     def is_noop(self) -> bool:
@@ -125,6 +145,7 @@ class RefreshPlan:
             "rows_to_delete": self.rows_to_delete,
             "udf_rows": dict(self.udf_rows),
             "tasks": len(self.tasks),
+            "scope": self.scope,
         }
 
 
@@ -145,6 +166,7 @@ class RefreshResult:
     tasks_resumed: int
     seconds: float
     runner: str
+    timings: dict[str, float] = field(default_factory=dict)
 
     def summary(self) -> dict:
         return dict(self.__dict__)
@@ -160,11 +182,9 @@ def _in_list(ids: np.ndarray) -> str:
     return ", ".join(str(int(i)) for i in ids)
 
 
-def _needs_full(src: lance.LanceDataset, v0: int, v1: int) -> str | None:
-    """A reason to recompute everything, or None if the change feed is usable."""
-    if v1 < v0:
-        return f"source version {v1} is older than the reflected version {v0}"
-    for v in range(v0 + 1, v1 + 1):
+def _history_breaks_row_ids(src: lance.LanceDataset, v0: int, v1: int) -> str | None:
+    """A reason row ids no longer mean the same rows between v0 and v1, or None."""
+    for v in range(min(v0, v1) + 1, max(v0, v1) + 1):
         try:
             txn = src.read_transaction(v)
         except Exception as exc:
@@ -177,14 +197,30 @@ def _needs_full(src: lance.LanceDataset, v0: int, v1: int) -> str | None:
     return None
 
 
+def _scan(
+    src: lance.LanceDataset, filter_sql: str | None, fragments: list | None = None, with_version: bool = True
+) -> pa.Table:
+    """Row ids, addresses (and row versions) of source rows matching a filter."""
+    columns = {ROW_VERSION_ALIAS: "_row_last_updated_at_version"} if with_version else []
+    return src.scanner(
+        columns=columns, filter=filter_sql, with_row_id=True, with_row_address=True, fragments=fragments
+    ).to_table()
+
+
 def plan_refresh(
     view: "MaterializedView",
     src_version: int | None = None,
     *,
     mode: str = "auto",
+    fragments: list[int] | None = None,
     max_rows_per_task: int = 131_072,
 ) -> RefreshPlan:
-    """Plan a refresh of ``view`` to source version ``src_version`` (default latest)."""
+    """Plan a refresh of ``view`` to source version ``src_version`` (default latest).
+
+    ``fragments`` scopes the refresh to rows currently in those source
+    fragments (a Dagster partition each); deletions of source rows are always
+    applied in full, as they are cheap and never wrong.
+    """
     if mode not in MODES:
         raise ValueError(f"refresh mode must be one of {MODES}, got {mode!r}")
     if not isinstance(max_rows_per_task, int) or max_rows_per_task <= 0:
@@ -201,76 +237,90 @@ def plan_refresh(
     src = src_latest if src_version == src_latest.version else lance.dataset(source.uri, version=src_version)
     if not src.has_stable_row_ids:
         raise ValueError(f"source {definition.source!r} was not created with stable row ids")
+    scope: list[int] | None = None
+    scope_frags = None
+    if fragments is not None:
+        if definition.limit is not None:
+            raise ValueError(f"view {view.name!r} has a limit: it refreshes as a whole, not by fragment")
+        existing = {f.fragment_id: f for f in src.get_fragments()}
+        scope = sorted({int(f) for f in fragments})
+        scope_frags = [existing[f] for f in scope if f in existing]
     view_ds = view._dataset()
     state = read_refresh_state(view_ds)
     v0 = state.source_version
     def_fp = definition.fingerprint()
 
-    reason = None
+    # How to find the rows to look at:
+    #   full        -> every row, recomputed
+    #   sync        -> every row (in scope), skipping rows the view has at their current version
+    #   incremental -> rows the change feed reports since v0, skipping current ones
     if mode == "full":
-        reason = "full refresh requested"
-    elif v0 is None:
-        reason = "first refresh"
+        how, reason = "full", "full refresh requested"
     elif state.definition not in (None, def_fp):
-        reason = "view definition changed"
+        how, reason = "full", "view definition changed"
+    elif v0 is not None and (broken := _history_breaks_row_ids(src, v0, src_version)):
+        how, reason = "full", broken
+    elif scope is not None:
+        how, reason = "sync", f"source fragments {scope}"
+    elif v0 is None:
+        how, reason = "sync", "first refresh"
+    elif src_version < v0:
+        how, reason = "sync", f"source version {src_version} is older than the reflected version {v0}"
     else:
-        reason = _needs_full(src, v0, src_version)
-    full = reason is not None
-    if full and mode == "incremental_strict" and v0 is not None:
+        how, reason = "incremental", "incremental"
+    if how == "full" and mode == "incremental_strict" and v0 is not None:
         raise ValueError(f"refresh of {view.name!r} cannot be incremental: {reason}")
 
-    # Current view keys and where they live (for deletions at commit).
-    vk = view_ds.to_table(columns=[SOURCE_ROW_ID], with_row_address=True)
+    vk = view_ds.to_table(columns=[SOURCE_ROW_ID, SOURCE_ROW_VERSION], with_row_address=True)
     view_keys = _ids(vk, SOURCE_ROW_ID)
+    view_vers = _ids(vk, SOURCE_ROW_VERSION)
     view_addrs = _ids(vk, "_rowaddr")
 
     base_filter = definition.filter
-    if full:
-        passing = src.to_table(columns=[], filter=base_filter, with_row_id=True, with_row_address=True)
-        pass_ids = _ids(passing)
-        # Every current view row is either replaced (update) or removed (delete).
-        changes = ChangeSet(pass_ids, [], view_keys[~isin(view_keys, pass_ids)], pass_ids)
-        keys = plan_keys(view_keys, changes, definition.limit, definition.seed)
-        compute_filter = base_filter
-    else:
+    candidates = None
+    if how == "incremental":
         version_filter = f"_row_last_updated_at_version > {v0}"
-        compute_filter = and_filters(version_filter, base_filter)
-        passing = src.to_table(columns=[], filter=compute_filter, with_row_id=True, with_row_address=True)
-        pass_ids = _ids(passing)
+        passing = _scan(src, and_filters(version_filter, base_filter))
         if base_filter:
-            changed_all = _ids(src.to_table(columns=[], filter=version_filter, with_row_id=True))
-            changed_fail = changed_all[~isin(changed_all, pass_ids)]
+            changed_all = _ids(_scan(src, version_filter, with_version=False))
+            fail = changed_all[~isin(changed_all, _ids(passing))]
         else:
-            changed_fail = np.empty(0, np.int64)
-        if src_version > v0:
-            deleted = _ids(src.delta(begin_version=v0, end_version=src_version).get_deleted_row_ids().read_all())
+            fail = np.empty(0, np.int64)
+        deleted = (
+            _ids(src.delta(begin_version=v0, end_version=src_version).get_deleted_row_ids().read_all())
+            if src_version > v0
+            else np.empty(0, np.int64)
+        )
+    else:
+        passing = _scan(src, base_filter, scope_frags)
+        pass_ids = _ids(passing)
+        if scope is None:
+            fail = np.empty(0, np.int64)
+            deleted = view_keys[~isin(view_keys, pass_ids)]  # gone or no longer passing
         else:
-            deleted = np.empty(0, np.int64)
-        candidates = None
-        if definition.limit is not None:
-            candidates = _ids(src.to_table(columns=[], filter=base_filter, with_row_id=True))
-        keys = plan_keys(view_keys, ChangeSet(pass_ids, changed_fail, deleted, candidates), definition.limit, definition.seed)
-
-    compute = keys.compute
+            in_scope = _ids(_scan(src, None, scope_frags, with_version=False)) if base_filter else pass_ids
+            fail = in_scope[~isin(in_scope, pass_ids)]
+            all_ids = _ids(src.to_table(columns=[], with_row_id=True))
+            deleted = view_keys[~isin(view_keys, all_ids)]
+    if how != "full":
+        passing = passing.filter(pa.array(~_current(passing, view_keys, view_vers)))
     if definition.limit is not None:
-        # Limited views compute an explicit id set (it is not filter-shaped).
-        located = src.to_table(
-            columns=[], filter=f"_rowid IN ({_in_list(compute)})" if len(compute) else "false",
-            with_row_id=True, with_row_address=True,
-        ) if len(compute) else passing.slice(0, 0)
-        rows = located
-        use_ids = True
+        candidates = _ids(src.to_table(columns=[], filter=base_filter, with_row_id=True))
+    keys = plan_keys(view_keys, ChangeSet(_ids(passing), fail, deleted, candidates), definition.limit, definition.seed)
+
+    if definition.limit is not None:
+        compute = keys.compute
+        rows = (
+            _scan(src, f"_rowid IN ({_in_list(compute)})", with_version=False) if len(compute) else passing.slice(0, 0)
+        )
     else:
         rows = passing
-        use_ids = False
 
     plan_key = hashlib.sha256(
-        f"{view.uri}|{view_ds.version}|{v0}|{src_version}|{def_fp}|{full}|{max_rows_per_task}".encode()
+        f"{view.uri}|{view_ds.version}|{v0}|{src_version}|{def_fp}|{how}|{scope}|{max_rows_per_task}".encode()
     ).hexdigest()[:16]
     checkpoint_dir = os.path.join(view.connection._state_dir("checkpoints", view.name), plan_key)
-    tasks = _make_tasks(
-        rows, use_ids, compute_filter, src_version, source.uri, view.uri, checkpoint_dir, max_rows_per_task, plan_key
-    )
+    tasks = _make_tasks(rows, src_version, source.uri, view.uri, checkpoint_dir, max_rows_per_task, plan_key)
     n_compute = int(sum(t.rows for t in tasks))
     return RefreshPlan(
         view=view.name,
@@ -278,8 +328,8 @@ def plan_refresh(
         from_version=v0,
         to_version=src_version,
         view_version=view_ds.version,
-        full=full,
-        reason=reason or "incremental",
+        full=how == "full",
+        reason=reason,
         rows_to_insert=int(len(keys.insert)),
         rows_to_update=int(len(keys.update)),
         rows_to_delete=int(len(keys.delete)),
@@ -290,13 +340,35 @@ def plan_refresh(
         checkpoint_dir=checkpoint_dir,
         definition_raw=definition.encode(),
         load_number=state.load_number,
+        scope=scope,
     )
+
+
+def _current(rows: pa.Table, view_keys: np.ndarray, view_vers: np.ndarray) -> np.ndarray:
+    """Mask of source rows the view already holds at their current row version."""
+    if rows.num_rows == 0 or len(view_keys) == 0:
+        return np.zeros(rows.num_rows, dtype=bool)
+    pos = pc.index_in(pa.array(_ids(rows)), value_set=pa.array(view_keys))
+    found = pos.is_valid().to_numpy(zero_copy_only=False)
+    idx = pos.fill_null(0).to_numpy(zero_copy_only=False)
+    return found & (view_vers[idx] == _ids(rows, ROW_VERSION_ALIAS))
+
+
+def _ranges_predicate(addrs: np.ndarray, max_runs: int = 64) -> str:
+    """SQL selecting exactly these row addresses: address ranges, or ids if scattered."""
+    breaks = np.nonzero(np.diff(addrs) != 1)[0]
+    starts = np.concatenate([[0], breaks + 1])
+    ends = np.concatenate([breaks, [len(addrs) - 1]])
+    if len(starts) > max_runs:
+        return ""
+    parts = [
+        f"(_rowaddr >= {int(addrs[a])} AND _rowaddr <= {int(addrs[b])})" for a, b in zip(starts, ends)
+    ]
+    return parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"
 
 
 def _make_tasks(
     rows: pa.Table,
-    use_ids: bool,
-    compute_filter: str | None,
     src_version: int,
     src_uri: str,
     view_uri: str,
@@ -304,26 +376,24 @@ def _make_tasks(
     max_rows_per_task: int,
     plan_key: str,
 ) -> list[TaskSpec]:
+    """Group the rows to compute by source fragment and cut them into tasks.
+
+    Each task selects exactly its rows: by row-address ranges when they are
+    contiguous runs (appends, whole fragments), else by row id.
+    """
     if rows.num_rows == 0:
         return []
     addrs = _ids(rows, "_rowaddr")
     ids = _ids(rows)
+    order = np.argsort(addrs, kind="stable")
+    addrs, ids = addrs[order], ids[order]
     frag_ids = addrs >> 32
-    order = np.lexsort((addrs,))
-    addrs, ids, frag_ids = addrs[order], ids[order], frag_ids[order]
     tasks: list[TaskSpec] = []
     for fid in np.unique(frag_ids):
         sel = frag_ids == fid
         f_addrs, f_ids = addrs[sel], ids[sel]
-        ranges = split_ranges(len(f_addrs), max_rows_per_task)
-        for lo, hi in ranges:
-            if use_ids:
-                predicate = f"_rowid IN ({_in_list(f_ids[lo:hi])})"
-            elif len(ranges) == 1:
-                predicate = compute_filter
-            else:
-                upper = f" AND _rowaddr <= {int(f_addrs[hi - 1])}"
-                predicate = and_filters(compute_filter, f"_rowaddr >= {int(f_addrs[lo])}{upper}")
+        for lo, hi in split_ranges(len(f_addrs), max_rows_per_task):
+            predicate = _ranges_predicate(f_addrs[lo:hi]) or f"_rowid IN ({_in_list(f_ids[lo:hi])})"
             task_id = hashlib.sha256(f"{plan_key}|{fid}|{predicate}".encode()).hexdigest()[:16]
             tasks.append(
                 TaskSpec(
@@ -371,7 +441,7 @@ def _deletions(view_ds: lance.LanceDataset, keys: np.ndarray, addrs: np.ndarray,
 def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner") -> RefreshResult:
     """Run the plan's tasks and commit the result as one Lance transaction."""
     start = time.perf_counter()
-    if plan.is_noop and plan.from_version == plan.to_version and not plan.full:
+    if plan.is_noop and plan.from_version == plan.to_version and not plan.full and plan.scope is None:
         return RefreshResult(
             view=view.name, from_version=plan.from_version, to_version=plan.to_version,
             view_version=plan.view_version, full=False, rows_inserted=0, rows_updated=0,
@@ -380,6 +450,7 @@ def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner
         )
     view.connection._clear_stale_checkpoints(view.name, keep=plan.checkpoint_dir)
     results: list[TaskResult] = runner.run(plan.tasks, plan.definition_raw) if plan.tasks else []
+    executed = time.perf_counter()
     view_ds = lance.dataset(view.uri)
     if view_ds.version != plan.view_version:
         raise ConcurrentRefreshError(
@@ -402,6 +473,7 @@ def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner
         "refreshed_at": time.time(),
         "node": socket.gethostname(),
         "full": plan.full,
+        "scope": plan.scope,
         "rows_inserted": plan.rows_to_insert,
         "rows_updated": plan.rows_to_update,
         "rows_deleted": plan.rows_to_delete,
@@ -424,6 +496,7 @@ def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner
         raise
     if plan.checkpoint_dir:
         shutil.rmtree(plan.checkpoint_dir, ignore_errors=True)
+    done = time.perf_counter()
     return RefreshResult(
         view=view.name,
         from_version=plan.from_version,
@@ -436,6 +509,11 @@ def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner
         udf_rows_computed=udf_rows,
         tasks=len(plan.tasks),
         tasks_resumed=sum(1 for r in results if r.resumed),
-        seconds=time.perf_counter() - start,
+        seconds=done - start,
         runner=getattr(runner, "name", type(runner).__name__),
+        timings={
+            "execute_s": executed - start,
+            "commit_s": done - executed,
+            "task_s_total": sum(r.seconds for r in results),
+        },
     )

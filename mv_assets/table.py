@@ -257,9 +257,11 @@ class MaterializedView(Table):
         """The source version the view reflects (None before the first refresh)."""
         return self.refresh_state().source_version
 
-    def plan_refresh(self, *, src_version: int | None = None, mode: str = "auto") -> RefreshPlan:
+    def plan_refresh(
+        self, *, src_version: int | None = None, mode: str = "auto", fragments: list[int] | None = None
+    ) -> RefreshPlan:
         """An exact dry run: rows to insert, update and delete, UDF rows to compute."""
-        return plan_refresh(self, src_version, mode=mode)
+        return plan_refresh(self, src_version, mode=mode, fragments=fragments)
 
     def refresh(
         self,
@@ -267,14 +269,16 @@ class MaterializedView(Table):
         src_version: int | None = None,
         mode: str = "auto",
         runner: "Runner | None" = None,
+        fragments: list[int] | None = None,
         max_rows_per_task: int = 131_072,
     ) -> RefreshResult:
         """Bring the view up to ``src_version`` of its source (default: latest).
 
         ``mode``: ``"auto"`` (incremental when the change feed allows, else full),
         ``"full"`` (recompute everything) or ``"incremental_strict"`` (fail rather
-        than recompute everything).
+        than recompute everything). ``fragments`` limits the work to rows in
+        those source fragments (deletions are always applied in full).
         """
         self.connection._check_source_current(self)
-        plan = plan_refresh(self, src_version, mode=mode, max_rows_per_task=max_rows_per_task)
+        plan = plan_refresh(self, src_version, mode=mode, fragments=fragments, max_rows_per_task=max_rows_per_task)
         return execute_refresh(self, plan, runner or self.connection.runner)

@@ -20,7 +20,7 @@ import pyarrow as pa
 from lance.fragment import write_fragments
 
 from .planning import shuffle_keys
-from .query import SOURCE_ROW_ID, ViewDefinition
+from .query import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ViewDefinition
 
 __all__ = ["TaskSpec", "TaskResult", "run_task", "compute_rows", "and_filters"]
 
@@ -89,6 +89,9 @@ def decode_definition(raw: bytes) -> ViewDefinition:
     return d
 
 
+_ROW_VERSION = "__mv_assets_row_version"
+
+
 def _in_name(col: str) -> str:
     return f"__in__{col}"
 
@@ -106,8 +109,7 @@ def _compute_batches(
     inputs = definition.udf_input_columns(source_schema)
     for col in inputs:
         projection[_in_name(col)] = f"`{col}`"
-    # A real column keeps Lance from refusing literal-only projections.
-    projection["__mv_assets_probe"] = f"`{source_schema.names[0]}`"
+    projection[_ROW_VERSION] = "_row_last_updated_at_version"
     scanner = scanner_source.scanner(
         columns=projection,
         filter=predicate,
@@ -126,6 +128,9 @@ def _compute_batches(
         for f in schema:
             if f.name == SOURCE_ROW_ID:
                 arrays.append(batch.column("_rowid").cast(pa.int64()))
+                continue
+            if f.name == SOURCE_ROW_VERSION:
+                arrays.append(batch.column(_ROW_VERSION).cast(pa.int64()))
                 continue
             spec = next(c for c in definition.columns if c.name == f.name)
             if spec.kind == "udf":

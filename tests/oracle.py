@@ -35,6 +35,7 @@ def actual_view(table, key: str = "__source_row_id") -> dict[int, dict]:
     rows = t.to_pylist()
     out = {}
     for r in rows:
+        r.pop("__source_row_version", None)  # bookkeeping, not view content
         k = r.pop(key)
         assert k not in out, f"duplicate view key {k}"
         out[k] = r

@@ -285,3 +285,41 @@ def test_checkpointed_tasks_are_not_recomputed_after_a_crash(db, tmp_path):
     assert r.udf_rows_computed == {"y": 16}  # checkpointed results are counted, not recomputed
     assert v.count_rows() == 16
     assert not os.listdir(db._state_dir("checkpoints", "v"))
+
+
+def test_fragment_scoped_refresh_then_global_computes_each_row_once(db):
+    t = db.create_table("raw", _rows(5))
+    t.add(_rows(5, start=5))
+    t.add(_rows(5, start=10))
+    frags = [f.fragment_id for f in lance.dataset(t.uri).get_fragments()]
+    assert len(frags) == 3
+    v = db.create_materialized_view("v", t.search(None).where("id != 7").select({"id": "id", "y": sq}))
+    r = v.refresh(fragments=[frags[1]])
+    assert r.udf_rows_computed == {"y": 4}
+    assert sorted(v.to_arrow().column("id").to_pylist()) == [5, 6, 8, 9]
+    assert v.source_version is None  # the whole view does not reflect a version yet
+    r = v.refresh(fragments=[frags[1]])  # idempotent: nothing to compute
+    assert r.udf_rows_computed == {}
+    t.delete("id = 0")
+    r = v.refresh()
+    assert r.udf_rows_computed == {"y": 9}  # 14 passing rows - 4 already current - 1 deleted
+    assert sorted(v.to_arrow().column("id").to_pylist()) == [i for i in range(1, 15) if i != 7]
+    with pytest.raises(ValueError, match="limit"):
+        db.create_materialized_view("lim", t.search(None).limit(2)).refresh(fragments=[frags[0]])
+
+
+def test_refresh_back_to_an_older_source_version(db):
+    t = db.create_table("raw", _rows(4))
+    old = t.version
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "x": "x", "y": sq}))
+    v.refresh()
+    t.add(_rows(2, start=4))
+    t.delete("id = 1")
+    t.update("id = 2", {"x": 20.0})
+    t.optimize()
+    v.refresh()
+    r = v.refresh(src_version=old)
+    assert not r.full and r.udf_rows_computed == {"y": 2}  # row 1 comes back, row 2 reverts
+    got = {row["id"]: (row["x"], row["y"]) for row in v.to_arrow().to_pylist()}
+    assert got == {i: (float(i), float(i * i)) for i in range(4)}
+    assert v.source_version == old
