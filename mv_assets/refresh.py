@@ -245,6 +245,8 @@ def plan_refresh(
         existing = {f.fragment_id: f for f in src.get_fragments()}
         scope = sorted({int(f) for f in fragments})
         scope_frags = [existing[f] for f in scope if f in existing]
+        if set(existing) <= set(scope):  # covers the whole source: a whole-view refresh
+            scope, scope_frags = None, None
     view_ds = view._dataset()
     state = read_refresh_state(view_ds)
     v0 = state.source_version

@@ -1,0 +1,23 @@
+"""Dagster entry point: the asset graph of the catalog at $MV_ASSETS_DB.
+
+Defaults to the demo catalog (seeded on first load). Loading this module reads
+catalog metadata only; no JVM starts until a run refreshes a view.
+"""
+
+import os
+
+from mv_assets.dagster import build_definitions
+
+_DEFAULT_DB = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".demo", "catalog")
+
+
+def _catalog() -> str:
+    uri = os.environ.get("MV_ASSETS_DB") or _DEFAULT_DB
+    if uri == _DEFAULT_DB:
+        from mv_assets.demo import seed
+
+        seed(uri)
+    return uri
+
+
+defs = build_definitions(_catalog())

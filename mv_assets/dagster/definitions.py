@@ -1,0 +1,321 @@
+"""Build Dagster definitions from a catalog: wiring only, the engine does the work.
+
+* every base table -> an observable source asset (data version = Lance version);
+* every view -> an asset partitioned by source fragment (one dynamic
+  partitions definition per source), materialized together with its UDF
+  columns, which are downstream assets with the same partitions;
+* views over views -> the upstream view and its columns feed the derived view;
+* one sensor per table that views read: cursor = Lance version; it adds
+  partitions for new fragments, retires partitions of fragments that are gone,
+  and requests one run for what changed with the source version pinned.
+
+Loading these definitions reads view metadata only: no UDF is unpickled and
+no JVM starts.
+"""
+
+import json
+import re
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import dagster as dg
+import lance
+
+from ..catalog import Connection, connect
+from ..changes import fragment_changes
+from ..checks import check_view
+from ..query import VIEW_METADATA_KEY
+from .resource import MvAssetsResource
+
+__all__ = ["build_definitions", "TableInfo", "catalog_tables", "TAG_SOURCE_VERSION", "TAG_SCOPE", "RESOURCE_KEY"]
+
+RESOURCE_KEY = "mv_assets"
+TAG_SOURCE_VERSION = "mv_assets/source_version"
+TAG_SCOPE = "mv_assets/scope"
+CHECK_NAMES = ("matches_source_query", "no_orphan_rows", "udf_values_present")
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_]", "_", name)
+
+
+def partitions_def_name(source: str) -> str:
+    return f"{_safe(source)}__fragments"
+
+
+@dataclass
+class TableInfo:
+    """What the wiring needs to know of a table, read without unpickling UDFs."""
+
+    name: str
+    uri: str
+    is_view: bool
+    source: str | None = None
+    filter: str | None = None
+    limit: int | None = None
+    columns: list[dict] = field(default_factory=list)
+
+    @property
+    def udf_columns(self) -> list[dict]:
+        return [c for c in self.columns if c["kind"] == "udf"]
+
+    @property
+    def partitioned(self) -> bool:
+        return self.is_view and self.limit is None
+
+
+def catalog_tables(db: Connection) -> dict[str, TableInfo]:
+    out = {}
+    for name in db.table_names():
+        uri = db._table_uri(name)
+        md = lance.dataset(uri).schema.metadata or {}
+        raw = md.get(VIEW_METADATA_KEY.encode())
+        if raw is None:
+            out[name] = TableInfo(name, uri, False)
+        else:
+            d = json.loads(raw)
+            out[name] = TableInfo(name, uri, True, d["source"], d.get("filter"), d.get("limit"), d["columns"])
+    return out
+
+
+def _view_description(info: TableInfo) -> str:
+    cols = ", ".join(c["name"] for c in info.columns)
+    where = f" where `{info.filter}`" if info.filter else ""
+    lim = f", limited to {info.limit} rows" if info.limit is not None else ""
+    return (
+        f"Materialized view over `{info.source}`{where}{lim}: {cols}. "
+        "One partition per source fragment; refreshed incrementally on Spark."
+    )
+
+
+def _udf_description(view: str, col: dict) -> str:
+    u = col["udf"]
+    inputs = ", ".join(u.get("input_columns") or ["<all columns>"])
+    return f"UDF column `{col['name']}` of `{view}`: `{u['name']}`({inputs}) -> {u['data_type']}. Code fingerprint {u['fingerprint']}."
+
+
+def _source_observation(name: str, uri: str) -> dg.AssetObservation:
+    ds = lance.dataset(uri)
+    return dg.AssetObservation(
+        asset_key=dg.AssetKey([name]),
+        metadata={"lance_version": ds.version, "fragments": len(ds.get_fragments())},
+        tags={"dagster/data_version": str(ds.version)},
+    )
+
+
+def _make_source_asset(info: TableInfo):
+    @dg.observable_source_asset(
+        key=dg.AssetKey([info.name]),
+        group_name="sources",
+        description=f"Lance table `{info.name}` ({info.uri}). Its data version is the Lance version.",
+        required_resource_keys={RESOURCE_KEY},
+        tags={"dagster/kind/lance": ""},
+    )
+    def _observe(context) -> dg.DataVersion:
+        ds = lance.dataset(info.uri)
+        return dg.DataVersion(str(ds.version))
+
+    return _observe
+
+
+def _view_asset(info: TableInfo, tables: dict[str, TableInfo], pdefs: dict[str, Any]):
+    view_key = dg.AssetKey([info.name])
+    src = tables[info.source]
+    pdef = pdefs.get(info.source) if info.partitioned else None
+    if src.is_view:
+        mapping = dg.AllPartitionMapping() if (pdef is not None or src.partitioned) else None
+        deps = [dg.AssetDep(dg.AssetKey([src.name]), partition_mapping=mapping)] + [
+            dg.AssetDep(dg.AssetKey([src.name, c["name"]]), partition_mapping=mapping) for c in src.udf_columns
+        ]
+    else:
+        deps = [dg.AssetDep(dg.AssetKey([src.name]))]
+    common = {"group_name": _safe(info.name)}
+    specs = [
+        dg.AssetSpec(
+            view_key,
+            deps=deps,
+            description=_view_description(info),
+            kinds={"lance", "spark"},
+            metadata={"uri": info.uri, "source": info.source, "filter": info.filter or ""},
+            **common,
+        )
+    ]
+    col_keys = {}
+    for col in info.udf_columns:
+        key = dg.AssetKey([info.name, col["name"]])
+        col_keys[col["name"]] = key
+        specs.append(
+            dg.AssetSpec(
+                key,
+                deps=[view_key],
+                description=_udf_description(info.name, col),
+                kinds={"python", "spark"},
+                code_version=col["udf"]["fingerprint"],
+                metadata={"udf": col["udf"]["name"], "data_type": col["udf"]["data_type"]},
+                **common,
+            )
+        )
+    check_specs = [dg.AssetCheckSpec(name, asset=view_key) for name in CHECK_NAMES]
+
+    @dg.multi_asset(
+        name=f"refresh_{_safe(info.name)}",
+        specs=specs,
+        check_specs=check_specs,
+        can_subset=True,
+        partitions_def=pdef,
+        backfill_policy=dg.BackfillPolicy.single_run() if pdef is not None else None,
+        required_resource_keys={RESOURCE_KEY},
+        op_tags={"dagster/kind/spark": ""},
+    )
+    def _refresh(context: dg.AssetExecutionContext):
+        resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
+        db = resource.connection()
+        view = db.open_table(info.name)
+        tags = context.run.tags
+        pinned = int(tags[TAG_SOURCE_VERSION]) if TAG_SOURCE_VERSION in tags else None
+        partitions = list(context.partition_keys) if pdef is not None else []
+        whole = pdef is None or tags.get(TAG_SCOPE) == "changes"
+        selected = context.selected_asset_keys
+        # Only UDF columns selected (say their code changed): recompute the rows in scope.
+        mode = "auto" if view_key in selected else "full"
+        fragments = None if whole else [int(k) for k in partitions]
+        started = time.perf_counter()
+        result = view.refresh(src_version=pinned, fragments=fragments, mode=mode)
+        duration = time.perf_counter() - started
+        context.log.info(
+            f"{info.name}: source v{result.from_version}->v{result.to_version}, +{result.rows_inserted} "
+            f"~{result.rows_updated} -{result.rows_deleted}, UDF rows {result.udf_rows_computed}, "
+            f"{result.tasks} tasks ({result.tasks_resumed} resumed) in {duration:.2f}s"
+        )
+        base = {
+            "source_version": result.to_version,
+            "view_version": result.view_version,
+            "duration_s": round(duration, 3),
+            "partitions": dg.MetadataValue.json(partitions),
+            "scope": "changes since last refresh" if whole else "selected fragments",
+        }
+        if view_key in selected:
+            yield dg.MaterializeResult(
+                asset_key=view_key,
+                data_version=dg.DataVersion(str(result.view_version)),
+                metadata={
+                    **base,
+                    "rows_inserted": result.rows_inserted,
+                    "rows_updated": result.rows_updated,
+                    "rows_deleted": result.rows_deleted,
+                    "rows_total": view.count_rows(),
+                    "udf_rows_computed": sum(result.udf_rows_computed.values()),
+                    "tasks": result.tasks,
+                    "tasks_resumed": result.tasks_resumed,
+                },
+            )
+        for name, key in col_keys.items():
+            if key in selected:
+                yield dg.MaterializeResult(
+                    asset_key=key,
+                    metadata={**base, "udf_rows_computed": result.udf_rows_computed.get(name, 0)},
+                )
+        wanted_checks = {k.name for k in context.selected_asset_check_keys}
+        if wanted_checks:
+            for outcome in check_view(view):
+                if outcome.name in wanted_checks:
+                    yield dg.AssetCheckResult(
+                        asset_key=view_key,
+                        check_name=outcome.name,
+                        passed=outcome.passed,
+                        description=outcome.description,
+                        metadata={k: dg.MetadataValue.json(v) if isinstance(v, (dict, list)) else v for k, v in outcome.metadata.items()},
+                    )
+
+    return _refresh, [view_key, *col_keys.values()]
+
+
+def _make_sensor(source: TableInfo, views: list[TableInfo], pdef, view_assets: dict, interval: int, status):
+    partitioned = [v for v in views if v.partitioned]
+    unpartitioned = [v for v in views if not v.partitioned]
+    part_keys = [k for v in partitioned for k in view_assets[v.name]]
+    flat_keys = [k for v in unpartitioned for k in view_assets[v.name]]
+
+    @dg.sensor(
+        name=f"{_safe(source.name)}_changes",
+        minimum_interval_seconds=interval,
+        default_status=status,
+        asset_selection=part_keys + flat_keys,
+        description=(
+            f"Watches Lance table `{source.name}`; on a new version it adds partitions for new fragments, "
+            f"retires partitions of fragments that are gone, and refreshes {', '.join(v.name for v in views)}."
+        ),
+    )
+    def _sensor(context: dg.SensorEvaluationContext):
+        since = int(context.cursor) if context.cursor else None
+        known = set()
+        if pdef is not None:
+            known = {int(k) for k in context.instance.get_dynamic_partitions(pdef.name)}
+        ch = fragment_changes(source.uri, since, known)
+        if since == ch.version and not ch.added and not ch.retired:
+            return dg.SkipReason(f"{source.name} is still at version {ch.version}")
+        part_requests = []
+        if pdef is not None and ch.added:
+            part_requests.append(pdef.build_add_request([str(f) for f in ch.added]))
+        if pdef is not None and ch.retired:
+            part_requests.append(pdef.build_delete_request([str(f) for f in ch.retired]))
+        runs = []
+        tags = {TAG_SOURCE_VERSION: str(ch.version), TAG_SCOPE: "changes"}
+        todo = ch.to_refresh
+        if since != ch.version and todo and part_keys:
+            runs.append(
+                dg.RunRequest(
+                    run_key=f"{source.name}@{ch.version}:fragments",
+                    asset_selection=part_keys,
+                    tags={
+                        **tags,
+                        "dagster/asset_partition_range_start": str(todo[0]),
+                        "dagster/asset_partition_range_end": str(todo[-1]),
+                    },
+                )
+            )
+        if since != ch.version and flat_keys:
+            runs.append(dg.RunRequest(run_key=f"{source.name}@{ch.version}", asset_selection=flat_keys, tags=tags))
+        events = [] if source.is_view else [_source_observation(source.name, source.uri)]
+        return dg.SensorResult(
+            run_requests=runs, dynamic_partitions_requests=part_requests, cursor=str(ch.version), asset_events=events
+        )
+
+    return _sensor
+
+
+def build_definitions(
+    db: Connection | str,
+    *,
+    resource: MvAssetsResource | None = None,
+    sensor_interval_seconds: int = 15,
+    sensors_running: bool = True,
+) -> dg.Definitions:
+    """Definitions for every table and view of the catalog ``db`` (a Connection or URI).
+
+    Runs execute in process (one Spark session per run, shared by its assets).
+    """
+    conn = db if isinstance(db, Connection) else connect(db)
+    tables = catalog_tables(conn)
+    resource = resource or MvAssetsResource(catalog_uri=conn.uri)
+    status = dg.DefaultSensorStatus.RUNNING if sensors_running else dg.DefaultSensorStatus.STOPPED
+    sources_read = sorted({t.source for t in tables.values() if t.is_view and t.source in tables})
+    pdefs = {s: dg.DynamicPartitionsDefinition(name=partitions_def_name(s)) for s in sources_read}
+    assets: list[Any] = [_make_source_asset(t) for t in tables.values() if not t.is_view]
+    view_assets: dict[str, list[dg.AssetKey]] = {}
+    for t in tables.values():
+        if t.is_view and t.source in tables:
+            asset, keys = _view_asset(t, tables, pdefs)
+            assets.append(asset)
+            view_assets[t.name] = keys
+    sensors = []
+    for s in sources_read:
+        views = [t for t in tables.values() if t.is_view and t.source == s]
+        sensors.append(_make_sensor(tables[s], views, pdefs[s], view_assets, sensor_interval_seconds, status))
+    return dg.Definitions(
+        assets=assets,
+        sensors=sensors,
+        resources={RESOURCE_KEY: resource},
+        executor=dg.in_process_executor,
+    )

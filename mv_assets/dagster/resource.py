@@ -1,0 +1,48 @@
+"""The Dagster resource: a catalog connection whose Spark starts lazily."""
+
+from typing import Optional
+
+import dagster as dg
+from pydantic import Field, PrivateAttr
+
+from ..catalog import Connection, connect
+from ..spark import InlineRunner, Runner, SparkRunner
+
+
+class MvAssetsResource(dg.ConfigurableResource):
+    """Opens the catalog and runs refreshes on Spark.
+
+    Nothing starts at definition load or resource construction: the Spark
+    session (a local JVM, or a Spark Connect client) is created by the first
+    refresh that has work to do, and shared by every asset in the run.
+    """
+
+    catalog_uri: str = Field(description="Catalog directory holding <name>.lance datasets.")
+    spark_master: Optional[str] = Field(
+        default=None, description="Spark master URL; default local[*] (or $MV_ASSETS_SPARK_MASTER)."
+    )
+    spark_remote: Optional[str] = Field(
+        default=None, description="Spark Connect URL such as sc://127.0.0.1:15002; overrides spark_master."
+    )
+    runner: str = Field(
+        default="spark", description="'spark' (default) or 'inline' (run tasks in the run process, no JVM)."
+    )
+
+    _runner: Optional[Runner] = PrivateAttr(default=None)
+
+    def get_runner(self) -> Runner:
+        if self._runner is None:
+            if self.runner == "inline":
+                self._runner = InlineRunner()
+            elif self.runner == "spark":
+                self._runner = SparkRunner(master=self.spark_master or None, remote=self.spark_remote or None)
+            else:
+                raise ValueError(f"runner must be 'spark' or 'inline', got {self.runner!r}")
+        return self._runner
+
+    def connection(self) -> Connection:
+        return connect(self.catalog_uri, runner=self.get_runner())
+
+    def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
+        if isinstance(self._runner, SparkRunner):
+            self._runner.stop()

@@ -1,0 +1,195 @@
+"""The Dagster layer with Dagster's own testing tools and a real instance."""
+
+import os
+import subprocess
+import sys
+
+import dagster as dg
+import lance
+import pytest
+
+import mv_assets as mv
+from mv_assets.dagster import MvAssetsResource, TAG_SCOPE, TAG_SOURCE_VERSION, build_definitions
+from mv_assets.dagster.definitions import partitions_def_name
+from oracle import actual_view, expected_view
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+@mv.udf
+def double(x: int) -> int:
+    return 2 * x
+
+
+def _catalog(path):
+    db = mv.connect(str(path), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(6)], primary_key="id")
+    src.add([{"id": i, "x": i} for i in range(6, 10)])
+    view = db.create_materialized_view("v", src.search(None).where("x != 3").select({"id": "id", "x": "x", "y": double}))
+    db.create_materialized_view("w", view.search(None).where("y > 4").select({"id": "id", "y": "y"}))
+    return db
+
+
+def _sensor(defs, name):
+    return defs.get_repository_def().get_sensor_def(name)
+
+
+def _apply(instance, result):
+    for req in result.dynamic_partitions_requests or []:
+        if isinstance(req, dg.AddDynamicPartitionsRequest):
+            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        else:
+            for key in req.partition_keys:
+                instance.delete_dynamic_partition(req.partitions_def_name, key)
+
+
+def test_definitions_load_without_a_jvm(tmp_path):
+    _catalog(tmp_path / "cat")
+    code = (
+        "import sys; from mv_assets.dagster import build_definitions; "
+        f"d = build_definitions({str(tmp_path / 'cat')!r}); d.get_repository_def().asset_graph; "
+        "print('pyspark' in sys.modules)"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"
+
+
+def test_top_level_definitions_module_loads(tmp_path):
+    _catalog(tmp_path / "cat")
+    env = {**os.environ, "MV_ASSETS_DB": str(tmp_path / "cat")}
+    code = "import definitions; print(len(list(definitions.defs.get_repository_def().asset_graph.get_all_asset_keys())))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT, env=env)
+    assert out.stdout.strip() == "4"  # src, v, v/y, w
+
+
+def test_asset_graph_and_lineage(tmp_path):
+    db = _catalog(tmp_path / "cat")
+    defs = build_definitions(db)
+    graph = defs.get_repository_def().asset_graph
+    K = dg.AssetKey
+    assert set(graph.get_all_asset_keys()) == {K(["src"]), K(["v"]), K(["v", "y"]), K(["w"])}
+    # source -> view -> column -> derived view
+    assert graph.get(K(["v"])).parent_keys == {K(["src"])}
+    assert graph.get(K(["v", "y"])).parent_keys == {K(["v"])}
+    assert graph.get(K(["w"])).parent_keys == {K(["v"]), K(["v", "y"])}
+    # partitioned by source fragment; the derived view by the upstream view's fragments
+    assert graph.get(K(["v"])).partitions_def.name == partitions_def_name("src")
+    assert graph.get(K(["v", "y"])).partitions_def.name == partitions_def_name("src")
+    assert graph.get(K(["w"])).partitions_def.name == partitions_def_name("v")
+    # UDF fingerprint is the column's code version; descriptions and groups for the UI
+    assert graph.get(K(["v", "y"])).code_version == double.fingerprint
+    assert "Materialized view over `src`" in graph.get(K(["v"])).description
+    assert graph.get(K(["v"])).group_name == "v"
+    assert graph.get(K(["src"])).is_observable
+    assert {s.name for s in defs.sensors} == {"src_changes", "v_changes"}
+
+
+def test_sensor_over_append_delete_update_compaction(tmp_path):
+    db = _catalog(tmp_path / "cat")
+    src = db.open_table("src")
+    defs = build_definitions(db)
+    sensor = _sensor(defs, "src_changes")
+    pname = partitions_def_name("src")
+    with dg.instance_for_test() as instance:
+        def tick(cursor):
+            ctx = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs)
+            result = sensor(ctx)
+            if isinstance(result, dg.SkipReason):
+                return result, cursor
+            _apply(instance, result)
+            return result, result.cursor
+
+        def frags():
+            return sorted(f.fragment_id for f in lance.dataset(src.uri).get_fragments())
+
+        # first tick: every fragment becomes a partition; one run covers them
+        r, cursor = tick(None)
+        assert sorted(instance.get_dynamic_partitions(pname)) == [str(f) for f in frags()]
+        (run,) = r.run_requests
+        assert run.tags[TAG_SOURCE_VERSION] == str(src.version) and run.tags[TAG_SCOPE] == "changes"
+        assert run.tags["dagster/asset_partition_range_start"] == "0"
+        assert run.tags["dagster/asset_partition_range_end"] == str(frags()[-1])
+        assert cursor == str(src.version)
+        # nothing new: skip
+        r, cursor = tick(cursor)
+        assert isinstance(r, dg.SkipReason)
+        # append: one new fragment, one run for it
+        src.add([{"id": 100, "x": 100}])
+        r, cursor = tick(cursor)
+        new = str(frags()[-1])
+        assert new in instance.get_dynamic_partitions(pname)
+        (run,) = r.run_requests
+        assert (run.tags["dagster/asset_partition_range_start"], run.tags["dagster/asset_partition_range_end"]) == (new, new)
+        # delete in the first fragment: that partition is refreshed
+        src.delete("id = 1")
+        r, cursor = tick(cursor)
+        (run,) = r.run_requests
+        assert run.tags["dagster/asset_partition_range_start"] == "0"
+        # update: the row moves to a new fragment
+        src.update("id = 2", {"x": 20})
+        r, cursor = tick(cursor)
+        assert str(frags()[-1]) in instance.get_dynamic_partitions(pname)
+        assert len(r.run_requests) == 1
+        # compaction: old partitions retired, the new fragment added, no rows to compute
+        before = set(instance.get_dynamic_partitions(pname))
+        src.optimize()
+        r, cursor = tick(cursor)
+        after = set(instance.get_dynamic_partitions(pname))
+        assert after == {str(f) for f in frags()} and not (after & before)
+        assert cursor == str(src.version)
+
+
+@pytest.mark.spark
+def test_materializing_requested_partitions_gives_the_oracle_view(tmp_path, spark_runner):
+    db = _catalog(tmp_path / "cat")
+    src = db.open_table("src")
+    resource = MvAssetsResource(catalog_uri=db.uri, spark_master="local[2]")
+    defs = build_definitions(db, resource=resource)
+    sensor = _sensor(defs, "src_changes")
+    job_assets = defs.get_repository_def().assets_defs_by_key
+    view_assets = [job_assets[dg.AssetKey(["v"])]]
+    with dg.instance_for_test() as instance:
+        cursor = None
+        for change in (None, lambda: src.add([{"id": 50, "x": 50}]), lambda: src.delete("id = 4"),
+                       lambda: src.update("id = 5", {"x": 3}), lambda: src.optimize()):
+            if change:
+                change()
+            result = sensor(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
+            _apply(instance, result)
+            cursor = result.cursor
+            for run in result.run_requests:
+                out = dg.materialize(
+                    view_assets, instance=instance, tags=run.tags,
+                    selection=run.asset_selection,
+                )
+                assert out.success
+            view = db.open_table("v")
+            keep = lambda r: r["x"] != 3  # noqa: E731
+            project = lambda r: {"id": r["id"], "x": r["x"], "y": 2 * r["x"]}  # noqa: E731
+            assert actual_view(view) == expected_view(src.uri, src.version, keep, project)
+        # one materialization per asset and partition, with engine metadata
+        mats = instance.fetch_materializations(dg.AssetKey(["v"]), limit=100).records
+        assert mats and "udf_rows_computed" in mats[0].asset_materialization.metadata
+        checks = instance.event_log_storage.get_asset_check_execution_history(
+            dg.AssetCheckKey(dg.AssetKey(["v"]), "matches_source_query"), limit=1
+        )
+        assert checks and checks[0].status.value == "SUCCEEDED"
+
+
+@pytest.mark.spark
+def test_ui_partition_materialization_is_idempotent(tmp_path):
+    db = _catalog(tmp_path / "cat")
+    src = db.open_table("src")
+    resource = MvAssetsResource(catalog_uri=db.uri, spark_master="local[2]")
+    defs = build_definitions(db, resource=resource)
+    assets = [defs.get_repository_def().assets_defs_by_key[dg.AssetKey(["v"])]]
+    frag = str(lance.dataset(src.uri).get_fragments()[1].fragment_id)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(partitions_def_name("src"), [frag])
+        for attempt in range(2):
+            out = dg.materialize(assets, instance=instance, partition_key=frag)
+            assert out.success
+            mat = out.asset_materializations_for_node("refresh_v")[0]
+            computed = mat.metadata["udf_rows_computed"].value
+            assert computed == (4 if attempt == 0 else 0)
+        assert sorted(db.open_table("v").to_arrow().column("id").to_pylist()) == [6, 7, 8, 9]
