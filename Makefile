@@ -7,7 +7,7 @@ PYTEST_ARGS ?=
 export LANCE_LOG ?= error
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
-.PHONY: install test test-fast test-spark demo bench clean
+.PHONY: install test test-fast test-spark demo demo-append demo-python bench clean
 
 $(STAMP): pyproject.toml
 	@command -v java >/dev/null 2>&1 || { echo "Java 17+ is required for Spark (apt-get install openjdk-17-jre-headless)"; exit 1; }
@@ -31,7 +31,24 @@ test-fast: install
 test-spark: install
 	$(PY) -m pytest -m spark $(PYTEST_ARGS)
 
+DEMO_PORT ?= 3000
+## Seed the demo catalog and start the Dagster UI (webserver + daemon, sensors on).
 demo: install
+	$(PY) -m mv_assets.demo seed
+	@mkdir -p .demo/dagster_home
+	@echo ""
+	@echo "  mv_assets demo: Dagster UI at http://127.0.0.1:$(DEMO_PORT)"
+	@echo "  (the documents_changes sensor refreshes the views; append rows with 'make demo-append')"
+	@echo ""
+	DAGSTER_HOME=$(CURDIR)/.demo/dagster_home MV_ASSETS_DB=$(CURDIR)/.demo/catalog \
+		$(VENV)/bin/dagster dev -h 127.0.0.1 -p $(DEMO_PORT) -w workspace.yaml
+
+## Append, update and delete demo source rows (the running sensor picks them up).
+demo-append: install
+	MV_ASSETS_DB=$(CURDIR)/.demo/catalog $(PY) -m mv_assets.demo change
+
+## The engine walkthrough from Python, without Dagster.
+demo-python: install
 	$(PY) -m mv_assets.demo
 
 bench: install

@@ -20,4 +20,8 @@ def _catalog() -> str:
     return uri
 
 
-defs = build_definitions(_catalog())
+defs = build_definitions(
+    _catalog(),
+    sensor_interval_seconds=int(os.environ.get("MV_ASSETS_SENSOR_INTERVAL", "15")),
+    sensors_running=os.environ.get("MV_ASSETS_SENSORS", "running") != "stopped",
+)

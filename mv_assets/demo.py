@@ -2,9 +2,13 @@
 
 The catalog (``$MV_ASSETS_DB``, default ``.demo/catalog``) holds a ``documents``
 source table and two views: ``doc_features`` (a filter, SQL columns and UDF
-columns doing real text work) and ``long_docs`` (a view over that view). The
-demo refreshes them on Spark, appends, updates and deletes source rows, and
-refreshes again to show that only changed rows are computed.
+columns doing real text work) and ``long_docs`` (a view over that view).
+
+``python -m mv_assets.demo seed`` only creates the catalog (``make demo`` does
+this, then starts the Dagster UI, whose sensors refresh the views). Without
+arguments the demo refreshes from Python on Spark, appends, updates and
+deletes source rows, and refreshes again to show that only changed rows are
+computed.
 """
 
 import os
@@ -94,6 +98,19 @@ def seed(uri: str) -> mv.Connection:
 
 def main() -> int:
     uri = os.environ.get("MV_ASSETS_DB", os.path.join(".demo", "catalog"))
+    if sys.argv[1:] == ["change"]:
+        db = seed(uri)
+        docs = db.open_table("documents")
+        start = int(docs.to_arrow().column("doc_id").to_numpy().max()) + 1
+        docs.add(_documents(start, 50))
+        docs.update(f"doc_id = {start - 1}", values_sql={"body": "concat(body, ' edited')"})
+        docs.delete("doc_id % 97 = 0")
+        print(f"documents is now at version {docs.version}: appended 50 rows, edited 1, deleted some")
+        return 0
+    if sys.argv[1:] == ["seed"]:
+        db = seed(uri)
+        print(f"demo catalog ready at {db.uri}: {db.table_names()}")
+        return 0
     db = seed(uri)
     print(f"demo catalog: {db.uri}  tables: {db.table_names()}")
     print("refreshing in lineage order on Spark (first run starts the JVM)...")
@@ -109,8 +126,6 @@ def main() -> int:
         print(f"  {r.view:<13} src v{r.from_version}->v{r.to_version}: +{r.rows_inserted} ~{r.rows_updated} -{r.rows_deleted}  UDF rows {r.udf_rows_computed}  {r.seconds:.1f}s")
     feats = db.open_table("doc_features")
     print(f"doc_features: {feats.count_rows()} rows; sample: {feats.to_arrow().slice(0, 1).to_pylist()[0]}")
-    print("The Dagster UI for this catalog arrives with the Dagster asset layer; "
-          "until then this demo drives the engine from Python.")
     return 0
 
 

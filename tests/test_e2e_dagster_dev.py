@@ -1,0 +1,158 @@
+"""End to end: a real `dagster dev` (webserver + daemon) on 127.0.0.1.
+
+1. Launch a materialization of the missing partitions through GraphQL the way
+   the UI's Materialize button does (a partition backfill), check the view.
+2. Start the sensor, append to the source, wait for the sensor-driven run to
+   bring the view up to date.
+"""
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import dagster as dg
+import lance
+import pytest
+import requests
+
+import mv_assets as mv
+from mv_assets.dagster.definitions import partitions_def_name
+from oracle import actual_view, expected_view
+
+pytestmark = [pytest.mark.e2e, pytest.mark.spark]
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+DAGSTER = os.path.join(os.path.dirname(sys.executable), "dagster")
+
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class GraphQL:
+    def __init__(self, url):
+        self.url = url
+
+    def __call__(self, query, **variables):
+        r = requests.post(self.url, json={"query": query, "variables": variables}, timeout=30)
+        r.raise_for_status()
+        body = r.json()
+        assert "errors" not in body, body
+        return body["data"]
+
+
+def _wait(predicate, timeout, what, interval=1.0):
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+@mv.udf
+def triple(x: int) -> int:
+    return 3 * x
+
+
+def _keep(r):
+    return r["x"] % 4 != 0
+
+
+def _project(r):
+    return {"id": r["id"], "t": 3 * r["x"]}
+
+
+def test_dagster_dev_materialize_then_sensor_refresh(tmp_path):
+    catalog = str(tmp_path / "catalog")
+    home = tmp_path / "dagster_home"
+    home.mkdir()
+    db = mv.connect(catalog, runner=mv.InlineRunner())
+    src = db.create_table("events", [{"id": i, "x": i} for i in range(20)], primary_key="id")
+    src.add([{"id": i, "x": i} for i in range(20, 30)])
+    db.create_materialized_view("ev", src.search(None).where("x % 4 != 0").select({"id": "id", "t": triple}))
+    partitions = [str(f.fragment_id) for f in lance.dataset(src.uri).get_fragments()]
+    with dg.DagsterInstance.from_config(str(home)) as instance:
+        instance.add_dynamic_partitions(partitions_def_name("events"), partitions)
+
+    port = _free_port()
+    env = {
+        **os.environ,
+        "DAGSTER_HOME": str(home),
+        "MV_ASSETS_DB": catalog,
+        "MV_ASSETS_SENSORS": "stopped",
+        "MV_ASSETS_SENSOR_INTERVAL": "1",
+        "MV_ASSETS_SPARK_MASTER": "local[2]",
+        "LANCE_LOG": "error",
+    }
+    log = open(tmp_path / "dagster_dev.log", "w")
+    proc = subprocess.Popen(
+        [DAGSTER, "dev", "-h", "127.0.0.1", "-p", str(port), "-w", os.path.join(ROOT, "workspace.yaml")],
+        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+    )
+    base = f"http://127.0.0.1:{port}"
+    try:
+        def up():
+            try:
+                return requests.get(f"{base}/server_info", timeout=2).ok
+            except requests.RequestException:
+                return False
+
+        _wait(up, 120, "the webserver")
+        gql = GraphQL(f"{base}/graphql")
+        repo = _wait(
+            lambda: (gql("{ repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }")
+                     ["repositoriesOrError"].get("nodes") or [None])[0],
+            60, "the code location",
+        )
+        selector = {"repositoryName": repo["name"], "repositoryLocationName": repo["location"]["name"]}
+
+        # 1. The UI's "Materialize" on missing partitions: a partition backfill of the view and its column.
+        launched = gql(
+            """mutation($params: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $params) {
+                 __typename ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }""",
+            params={
+                "partitionNames": partitions,
+                "assetSelection": [{"path": ["ev"]}, {"path": ["ev", "t"]}],
+                "fromFailure": False,
+            },
+        )["launchPartitionBackfill"]
+        assert launched["__typename"] == "LaunchBackfillSuccess", launched
+
+        def backfill_done():
+            status = gql(
+                "query($id: String!) { partitionBackfillOrError(backfillId: $id) { ... on PartitionBackfill { status } } }",
+                id=launched["backfillId"],
+            )["partitionBackfillOrError"]["status"]
+            assert status not in ("FAILED", "CANCELED", "COMPLETED_FAILED"), status
+            return status in ("COMPLETED", "COMPLETED_SUCCESS")
+
+        _wait(backfill_done, 240, "the backfill")
+        view = db.open_table("ev")
+        assert actual_view(view) == expected_view(src.uri, src.version, _keep, _project)
+
+        # 2. Sensor-driven refresh after an append.
+        started = gql(
+            """mutation($s: SensorSelector!) { startSensor(sensorSelector: $s) { __typename } }""",
+            s={**selector, "sensorName": "events_changes"},
+        )["startSensor"]
+        assert started["__typename"] == "Sensor", started
+        src.add([{"id": i, "x": i} for i in range(100, 110)])
+        target = src.version
+        _wait(lambda: view.refresh_state().source_version == target, 240, "the sensor-driven refresh", 2.0)
+        assert actual_view(view) == expected_view(src.uri, target, _keep, _project)
+        runs = gql("{ runsOrError { ... on Runs { results { status tags { key value } } } } }")["runsOrError"]["results"]
+        sensor_runs = [r for r in runs if any(t["key"] == "dagster/sensor_name" for t in r["tags"])]
+        assert sensor_runs and all(r["status"] in ("SUCCESS", "STARTED", "STARTING", "QUEUED") for r in sensor_runs)
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+        log.close()
