@@ -7,13 +7,13 @@ PYTEST_ARGS ?=
 export LANCE_LOG ?= error
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
-.PHONY: install test test-fast test-spark demo demo-append demo-python bench clean
+.PHONY: install test test-fast test-spark demo demo-append demo-python demo-stop bench clean
 
 $(STAMP): pyproject.toml
 	@command -v java >/dev/null 2>&1 || { echo "Java 17+ is required for Spark (apt-get install openjdk-17-jre-headless)"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test]"
+	$(PY) -m pip install --quiet -e ".[test,connect]"
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
@@ -36,11 +36,13 @@ DEMO_PORT ?= 3000
 demo: install
 	$(PY) -m mv_assets.demo seed
 	@mkdir -p .demo/dagster_home
-	@echo ""
-	@echo "  mv_assets demo: Dagster UI at http://127.0.0.1:$(DEMO_PORT)"
-	@echo "  (the documents_changes sensor refreshes the views; append rows with 'make demo-append')"
-	@echo ""
-	DAGSTER_HOME=$(CURDIR)/.demo/dagster_home MV_ASSETS_DB=$(CURDIR)/.demo/catalog \
+	@REMOTE=$$($(PY) -m mv_assets.connect_server start --state-dir .demo/spark-connect || true); \
+	echo ""; \
+	echo "  mv_assets demo: Dagster UI at http://127.0.0.1:$(DEMO_PORT)"; \
+	echo "  Spark: $${REMOTE:-local JVM per run}"; \
+	echo "  The documents_changes sensor refreshes the views; change the source with 'make demo-append'."; \
+	echo ""; \
+	DAGSTER_HOME=$(CURDIR)/.demo/dagster_home MV_ASSETS_DB=$(CURDIR)/.demo/catalog MV_ASSETS_SPARK_REMOTE=$$REMOTE \
 		$(VENV)/bin/dagster dev -h 127.0.0.1 -p $(DEMO_PORT) -w workspace.yaml
 
 ## Append, update and delete demo source rows (the running sensor picks them up).
@@ -53,6 +55,10 @@ demo-python: install
 
 bench: install
 	$(PY) bench/bench_refresh.py
+	$(PY) bench/bench_dagster.py
+
+demo-stop:
+	$(PY) -m mv_assets.connect_server stop --state-dir .demo/spark-connect
 
 clean:
-	rm -rf $(VENV) .demo .pytest_cache .hypothesis
+	rm -rf $(VENV) .demo .pytest_cache .hypothesis .spark-connect

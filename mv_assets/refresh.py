@@ -443,7 +443,9 @@ def _deletions(view_ds: lance.LanceDataset, keys: np.ndarray, addrs: np.ndarray,
 def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner") -> RefreshResult:
     """Run the plan's tasks and commit the result as one Lance transaction."""
     start = time.perf_counter()
-    if plan.is_noop and plan.from_version == plan.to_version and not plan.full and plan.scope is None:
+    # Nothing to write and nothing new to record: commit nothing (a fragment-scoped
+    # refresh never records the whole-view source version).
+    if plan.is_noop and not plan.full and (plan.scope is not None or plan.from_version == plan.to_version):
         return RefreshResult(
             view=view.name, from_version=plan.from_version, to_version=plan.to_version,
             view_version=plan.view_version, full=False, rows_inserted=0, rows_updated=0,

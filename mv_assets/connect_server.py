@@ -1,0 +1,94 @@
+"""Start / stop a local Spark Connect server from the pyspark wheel.
+
+Small, frequent Dagster runs each start a fresh process; with a local JVM each
+run pays Spark's start-up, while a long-lived Connect server makes a run's
+Spark session a ~0.2 s gRPC client (see bench/bench_dagster.py).
+
+    python -m mv_assets.connect_server start [--port 15002] [--master local[*]]
+    python -m mv_assets.connect_server stop
+    export MV_ASSETS_SPARK_REMOTE=sc://127.0.0.1:15002
+"""
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import time
+
+__all__ = ["start", "stop", "is_listening"]
+
+
+def _spark_home() -> str:
+    import pyspark
+
+    return os.path.dirname(pyspark.__file__)
+
+
+def _env(state_dir: str) -> dict:
+    env = dict(os.environ)
+    env.update(
+        SPARK_HOME=_spark_home(),
+        PYSPARK_PYTHON=sys.executable,
+        SPARK_LOCAL_IP="127.0.0.1",
+        SPARK_LOG_DIR=os.path.join(state_dir, "logs"),
+        SPARK_PID_DIR=state_dir,
+        LANCE_LOG=env.get("LANCE_LOG", "error"),
+    )
+    return env
+
+
+def is_listening(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
+
+
+def start(port: int = 15002, master: str = "local[*]", state_dir: str = ".spark-connect", wait_s: float = 90) -> str:
+    """Start the server (if not already listening) and return its sc:// URL."""
+    url = f"sc://127.0.0.1:{port}"
+    if is_listening(port):
+        return url
+    state_dir = os.path.abspath(state_dir)
+    os.makedirs(state_dir, exist_ok=True)
+    script = os.path.join(_spark_home(), "sbin", "start-connect-server.sh")
+    subprocess.run(
+        [
+            "bash", script, "--master", master,
+            "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
+            "--conf", f"spark.connect.grpc.binding.port={port}",
+            "--conf", "spark.ui.enabled=false",
+            "--conf", "spark.python.worker.reuse=true",
+        ],
+        env=_env(state_dir), check=True, capture_output=True,
+    )
+    deadline = time.time() + wait_s
+    while time.time() < deadline:
+        if is_listening(port):
+            return url
+        time.sleep(0.5)
+    raise RuntimeError(f"Spark Connect server did not listen on {port} within {wait_s}s; logs in {state_dir}/logs")
+
+
+def stop(state_dir: str = ".spark-connect") -> None:
+    state_dir = os.path.abspath(state_dir)
+    script = os.path.join(_spark_home(), "sbin", "stop-connect-server.sh")
+    subprocess.run(["bash", script], env=_env(state_dir), check=False, capture_output=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("action", choices=["start", "stop"])
+    ap.add_argument("--port", type=int, default=15002)
+    ap.add_argument("--master", default="local[*]")
+    ap.add_argument("--state-dir", default=".spark-connect")
+    args = ap.parse_args()
+    if args.action == "start":
+        print(start(args.port, args.master, args.state_dir))
+    else:
+        stop(args.state_dir)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
