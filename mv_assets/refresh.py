@@ -213,6 +213,7 @@ def plan_refresh(
     *,
     mode: str = "auto",
     fragments: list[int] | None = None,
+    recompute: list[str] | None = None,
     max_rows_per_task: int = 131_072,
 ) -> RefreshPlan:
     """Plan a refresh of ``view`` to source version ``src_version`` (default latest).
@@ -220,6 +221,10 @@ def plan_refresh(
     ``fragments`` scopes the refresh to rows currently in those source
     fragments (a Dagster partition each); deletions of source rows are always
     applied in full, as they are cheap and never wrong.
+
+    ``recompute`` names UDF columns to compute again for rows the view already
+    holds at their current version (say after the UDF's code changed); their
+    other columns are copied, not recomputed. Changed rows are refreshed as usual.
     """
     if mode not in MODES:
         raise ValueError(f"refresh mode must be one of {MODES}, got {mode!r}")
@@ -247,6 +252,13 @@ def plan_refresh(
         scope_frags = [existing[f] for f in scope if f in existing]
         if set(existing) <= set(scope):  # covers the whole source: a whole-view refresh
             scope, scope_frags = None, None
+    udf_names = [c.name for c in definition.udf_columns]
+    if recompute is not None:
+        unknown = [c for c in recompute if c not in udf_names]
+        if unknown or not recompute:
+            raise ValueError(f"recompute takes UDF columns of {view.name!r} ({udf_names}), got {recompute!r}")
+        if definition.limit is not None:
+            raise ValueError(f"view {view.name!r} has a limit: recompute it with mode='full'")
     view_ds = view._dataset()
     state = read_refresh_state(view_ds)
     v0 = state.source_version
@@ -264,6 +276,8 @@ def plan_refresh(
         how, reason = "full", broken
     elif scope is not None:
         how, reason = "sync", f"source fragments {scope}"
+    elif recompute is not None:
+        how, reason = "sync", f"recompute {recompute}"
     elif v0 is None:
         how, reason = "sync", "first refresh"
     elif src_version < v0:
@@ -304,11 +318,17 @@ def plan_refresh(
             fail = in_scope[~isin(in_scope, pass_ids)]
             all_ids = _ids(src.to_table(columns=[], with_row_id=True))
             deleted = view_keys[~isin(view_keys, all_ids)]
+    current_rows = passing.slice(0, 0)
     if how != "full":
-        passing = passing.filter(pa.array(~_current(passing, view_keys, view_vers)))
+        current = _current(passing, view_keys, view_vers)
+        if recompute is not None:
+            current_rows = passing.filter(pa.array(current))
+        passing = passing.filter(pa.array(~current))
     if definition.limit is not None:
         candidates = _ids(src.to_table(columns=[], filter=base_filter, with_row_id=True))
     keys = plan_keys(view_keys, ChangeSet(_ids(passing), fail, deleted, candidates), definition.limit, definition.seed)
+    if current_rows.num_rows:  # rewritten in place: the old rows go, rewritten rows come
+        keys = KeyPlan(keys.insert, np.sort(np.concatenate([keys.update, _ids(current_rows)])), keys.delete)
 
     if definition.limit is not None:
         compute = keys.compute
@@ -319,11 +339,20 @@ def plan_refresh(
         rows = passing
 
     plan_key = hashlib.sha256(
-        f"{view.uri}|{view_ds.version}|{v0}|{src_version}|{def_fp}|{how}|{scope}|{max_rows_per_task}".encode()
+        f"{view.uri}|{view_ds.version}|{v0}|{src_version}|{def_fp}|{how}|{scope}|{recompute}|{max_rows_per_task}".encode()
     ).hexdigest()[:16]
     checkpoint_dir = os.path.join(view.connection._state_dir("checkpoints", view.name), plan_key)
     tasks = _make_tasks(rows, src_version, source.uri, view.uri, checkpoint_dir, max_rows_per_task, plan_key)
     n_compute = int(sum(t.rows for t in tasks))
+    udf_rows = {name: n_compute for name in udf_names}
+    if current_rows.num_rows:
+        rewrite = _make_tasks(
+            current_rows, src_version, source.uri, view.uri, checkpoint_dir, max_rows_per_task, plan_key,
+            recompute=list(recompute or []), view_version=view_ds.version,
+        )
+        tasks += rewrite
+        for name in recompute or []:
+            udf_rows[name] += int(sum(t.rows for t in rewrite))
     return RefreshPlan(
         view=view.name,
         source=definition.source,
@@ -335,7 +364,7 @@ def plan_refresh(
         rows_to_insert=int(len(keys.insert)),
         rows_to_update=int(len(keys.update)),
         rows_to_delete=int(len(keys.delete)),
-        udf_rows={c.name: n_compute for c in definition.udf_columns},
+        udf_rows=udf_rows,
         tasks=tasks,
         keys=keys,
         view_key_addrs=(view_keys, view_addrs),
@@ -377,6 +406,8 @@ def _make_tasks(
     checkpoint_dir: str,
     max_rows_per_task: int,
     plan_key: str,
+    recompute: list[str] | None = None,
+    view_version: int | None = None,
 ) -> list[TaskSpec]:
     """Group the rows to compute by source fragment and cut them into tasks.
 
@@ -396,7 +427,7 @@ def _make_tasks(
         f_addrs, f_ids = addrs[sel], ids[sel]
         for lo, hi in split_ranges(len(f_addrs), max_rows_per_task):
             predicate = _ranges_predicate(f_addrs[lo:hi]) or f"_rowid IN ({_in_list(f_ids[lo:hi])})"
-            task_id = hashlib.sha256(f"{plan_key}|{fid}|{predicate}".encode()).hexdigest()[:16]
+            task_id = hashlib.sha256(f"{plan_key}|{fid}|{predicate}|{recompute}".encode()).hexdigest()[:16]
             tasks.append(
                 TaskSpec(
                     task_id=task_id,
@@ -407,6 +438,8 @@ def _make_tasks(
                     view_uri=view_uri,
                     rows=int(hi - lo),
                     checkpoint_dir=checkpoint_dir,
+                    recompute=recompute,
+                    view_version=view_version,
                 )
             )
     return tasks

@@ -270,6 +270,7 @@ class MaterializedView(Table):
         mode: str = "auto",
         runner: "Runner | None" = None,
         fragments: list[int] | None = None,
+        recompute: list[str] | None = None,
         max_rows_per_task: int = 131_072,
     ) -> RefreshResult:
         """Bring the view up to ``src_version`` of its source (default: latest).
@@ -278,7 +279,11 @@ class MaterializedView(Table):
         ``"full"`` (recompute everything) or ``"incremental_strict"`` (fail rather
         than recompute everything). ``fragments`` limits the work to rows in
         those source fragments (deletions are always applied in full).
+        ``recompute`` names UDF columns to compute again for rows that are
+        otherwise current; their other values are copied, not recomputed.
         """
         self.connection._check_source_current(self)
-        plan = plan_refresh(self, src_version, mode=mode, fragments=fragments, max_rows_per_task=max_rows_per_task)
+        plan = plan_refresh(
+            self, src_version, mode=mode, fragments=fragments, recompute=recompute, max_rows_per_task=max_rows_per_task
+        )
         return execute_refresh(self, plan, runner or self.connection.runner)

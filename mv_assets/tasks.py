@@ -39,6 +39,10 @@ class TaskSpec:
     checkpoint_dir: str | None = None
     max_rows_per_file: int = 1 << 20
     batch_size: int = 8192
+    # Set for tasks that rewrite rows the view already holds: only these UDF
+    # columns are computed, the other values are copied from ``view_version``.
+    recompute: list[str] | None = None
+    view_version: int | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -104,8 +108,15 @@ def _compute_batches(
     predicate: str | None,
     batch_size: int,
     udf_rows: dict[str, int],
+    only: list[str] | None = None,
 ):
-    projection = dict(definition.projection)
+    """Yield view batches; with ``only``, just the key, version and those UDF columns."""
+    projection = dict(definition.projection) if only is None else {}
+    if only is not None:
+        definition = ViewDefinition(
+            definition.source, tuple(c for c in definition.columns if c.name in only), definition.filter
+        )
+        schema = pa.schema([f for f in schema if f.name in (SOURCE_ROW_ID, SOURCE_ROW_VERSION) or f.name in only])
     inputs = definition.udf_input_columns(source_schema)
     for col in inputs:
         projection[_in_name(col)] = f"`{col}`"
@@ -191,6 +202,27 @@ def _save_checkpoint(spec: TaskSpec, result: TaskResult) -> None:
     os.replace(tmp, path)  # atomic: a checkpoint is either whole or absent
 
 
+def _merge_with_view(spec: TaskSpec, view_schema: pa.Schema, batches: list[pa.RecordBatch]) -> pa.Table:
+    """Rows with freshly computed ``spec.recompute`` columns and every other
+    column copied from the view at ``spec.view_version``."""
+    fresh = pa.Table.from_batches(batches) if batches else None
+    if fresh is None or fresh.num_rows == 0:
+        return view_schema.empty_table()
+    keys = fresh.column(SOURCE_ROW_ID)
+    view = lance.dataset(spec.view_uri, version=spec.view_version)
+    keep = [n for n in view_schema.names if n not in (spec.recompute or [])]
+    parts = []
+    ids = keys.to_pylist()
+    for start in range(0, len(ids), 50_000):
+        chunk = ", ".join(str(i) for i in ids[start : start + 50_000])
+        parts.append(view.to_table(columns=keep, filter=f"{SOURCE_ROW_ID} IN ({chunk})"))
+    old = pa.concat_tables(parts)
+    joined = old.join(fresh.drop_columns([SOURCE_ROW_VERSION]), SOURCE_ROW_ID, join_type="inner")
+    if joined.num_rows != fresh.num_rows:
+        raise RuntimeError(f"{fresh.num_rows - joined.num_rows} rows to recompute are missing from the view")
+    return joined.select(view_schema.names).cast(view_schema)
+
+
 def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
     """Compute one task and write its rows as new (uncommitted) view fragments.
 
@@ -211,9 +243,14 @@ def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
             f"source fragment {spec.fragment_id} does not exist at version {spec.src_version} of {spec.src_uri}"
         )
     batches = list(
-        _compute_batches(fragment, definition, view_schema, ds.schema, spec.predicate, spec.batch_size, udf_rows)
+        _compute_batches(
+            fragment, definition, view_schema, ds.schema, spec.predicate, spec.batch_size, udf_rows, spec.recompute
+        )
     )
-    table = pa.Table.from_batches(batches, schema=view_schema)
+    if spec.recompute is None:
+        table = pa.Table.from_batches(batches, schema=view_schema)
+    else:
+        table = _merge_with_view(spec, view_schema, batches)
     if definition.shuffle and table.num_rows:
         ids = table.column(SOURCE_ROW_ID).to_numpy()
         table = table.take(pa.array(np.lexsort((ids, shuffle_keys(ids, definition.seed)))))

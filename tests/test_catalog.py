@@ -9,6 +9,7 @@ import pytest
 
 import mv_assets as mv
 from mv_assets.errors import SourceBehindError, TableExistsError, TableNotFoundError
+from oracle import count_calls, record_call
 
 
 @mv.udf
@@ -323,3 +324,40 @@ def test_refresh_back_to_an_older_source_version(db):
     got = {row["id"]: (row["x"], row["y"]) for row in v.to_arrow().to_pylist()}
     assert got == {i: (float(i), float(i * i)) for i in range(4)}
     assert v.source_version == old
+
+
+def test_recompute_one_udf_column_only(db, tmp_path):
+    log = str(tmp_path)
+
+    @mv.udf
+    def a(x: float) -> float:
+        record_call(log, "a", x)
+        return x + 1
+
+    @mv.udf
+    def b(x: float) -> float:
+        record_call(log, "b", x)
+        return x + 2
+
+    def calls():
+        return {"a": count_calls(log, "a"), "b": count_calls(log, "b")}
+
+    t = db.create_table("raw", _rows(6))
+    t.add(_rows(4, start=6))
+    v = db.create_materialized_view("v", t.search(None).where("id != 2").select({"id": "id", "s": "s", "a": a, "b": b}))
+    v.refresh()
+    before = {r["id"]: r for r in v.to_arrow().to_pylist()}
+    assert calls() == {"a": 9, "b": 9}
+    t.add(_rows(1, start=10))  # one changed row is refreshed as usual (both UDFs)
+    r = v.refresh(recompute=["b"])
+    assert calls() == {"a": 10, "b": 19}  # 'a' only for the new row; 'b' for all 10 rows
+    assert r.udf_rows_computed == {"a": 1, "b": 10}
+    actual = {r["id"]: r for r in v.to_arrow().to_pylist()}
+    assert len(actual) == 10 and actual[10]["b"] == 12.0
+    for k, row in before.items():  # other columns copied unchanged, including the source row version
+        assert actual[k] == row
+    with pytest.raises(ValueError, match="recompute takes UDF columns"):
+        v.refresh(recompute=["s"])
+    frag = lance.dataset(t.uri).get_fragments()[0].fragment_id
+    v.refresh(fragments=[frag], recompute=["a"])
+    assert calls() == {"a": 15, "b": 19} and v.count_rows() == 10

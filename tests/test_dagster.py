@@ -11,7 +11,7 @@ import pytest
 import mv_assets as mv
 from mv_assets.dagster import MvAssetsResource, TAG_SCOPE, TAG_SOURCE_VERSION, build_definitions
 from mv_assets.dagster.definitions import partitions_def_name
-from oracle import actual_view, expected_view
+from oracle import actual_view, count_calls, expected_view, record_call
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -193,3 +193,34 @@ def test_ui_partition_materialization_is_idempotent(tmp_path):
             computed = mat.metadata["udf_rows_computed"].value
             assert computed == (4 if attempt == 0 else 0)
         assert sorted(db.open_table("v").to_arrow().column("id").to_pylist()) == [6, 7, 8, 9]
+
+
+def test_selecting_only_a_column_recomputes_only_that_column(tmp_path):
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    log = str(tmp_path)
+
+    @mv.udf
+    def a(x: int) -> int:
+        record_call(log, "a", x)
+        return x + 1
+
+    @mv.udf
+    def b(x: int) -> int:
+        record_call(log, "b", x)
+        return x + 2
+
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(5)])
+    db.create_materialized_view("v", src.search(None).select({"id": "id", "a": a, "b": b}))
+    resource = MvAssetsResource(catalog_uri=db.uri, runner="inline")
+    defs = build_definitions(db, resource=resource)
+    assets = [defs.get_repository_def().assets_defs_by_key[dg.AssetKey(["v"])]]
+    frag = str(lance.dataset(src.uri).get_fragments()[0].fragment_id)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(partitions_def_name("src"), [frag])
+        assert dg.materialize(assets, instance=instance, partition_key=frag).success
+        assert (count_calls(log, "a"), count_calls(log, "b")) == (5, 5)
+        out = dg.materialize(assets, instance=instance, partition_key=frag, selection=[dg.AssetKey(["v", "b"])])
+        assert out.success
+        assert (count_calls(log, "a"), count_calls(log, "b")) == (5, 10)
+        mats = out.get_asset_materialization_events()
+        assert [m.asset_key for m in mats] == [dg.AssetKey(["v", "b"])]

@@ -177,11 +177,14 @@ def _view_asset(info: TableInfo, tables: dict[str, TableInfo], pdefs: dict[str, 
         partitions = list(context.partition_keys) if pdef is not None else []
         whole = pdef is None or tags.get(TAG_SCOPE) == "changes"
         selected = context.selected_asset_keys
-        # Only UDF columns selected (say their code changed): recompute the rows in scope.
-        mode = "auto" if view_key in selected else "full"
+        # Only UDF columns selected (say their code changed): recompute just those
+        # columns for the rows in scope; changed rows are refreshed as usual.
+        recompute = None
+        if view_key not in selected:
+            recompute = [name for name, key in col_keys.items() if key in selected]
         fragments = None if whole else [int(k) for k in partitions]
         started = time.perf_counter()
-        result = view.refresh(src_version=pinned, fragments=fragments, mode=mode)
+        result = view.refresh(src_version=pinned, fragments=fragments, recompute=recompute)
         duration = time.perf_counter() - started
         context.log.info(
             f"{info.name}: source v{result.from_version}->v{result.to_version}, +{result.rows_inserted} "
