@@ -12,6 +12,7 @@ from .errors import MvAssetsError as MvAssetsError
 from .errors import SourceBehindError as SourceBehindError
 from .errors import TableExistsError as TableExistsError
 from .errors import TableNotFoundError as TableNotFoundError
+from .policy import RefreshPolicy as RefreshPolicy
 from .query import Query as Query
 from .query import SOURCE_ROW_ID as SOURCE_ROW_ID
 from .refresh import RefreshPlan as RefreshPlan
@@ -32,6 +33,7 @@ __all__ = [
     "TableExistsError",
     "TableNotFoundError",
     "Query",
+    "RefreshPolicy",
     "SOURCE_ROW_ID",
     "RefreshPlan",
     "RefreshResult",

@@ -1,17 +1,21 @@
 """The catalog: a directory of Lance datasets, one per table or view."""
 
+import contextlib
 import os
 import re
 import shutil
 from typing import Any
 
+import filelock
 import lance
 import pyarrow as pa
 
-from .errors import SourceBehindError, TableExistsError, TableNotFoundError
+from .errors import ConcurrentRefreshError, SourceBehindError, TableExistsError, TableNotFoundError
+from .policy import POLICY_METADATA_KEY, RefreshPolicy
 from .query import VIEW_METADATA_KEY, Query, output_schema
 from .refresh import RefreshResult, read_refresh_state
 from .spark import Runner, default_runner
+from .status import status_table, view_status
 from .table import PRIMARY_KEY_METADATA_KEY, MaterializedView, Table, check_primary_key, to_arrow_table
 
 __all__ = ["Connection", "connect", "validate_name"]
@@ -203,13 +207,23 @@ class Connection:
         return list(reversed(chain))
 
     # -- views -----------------------------------------------------------
-    def create_materialized_view(self, name: str, query: Query, with_no_data: bool = True) -> MaterializedView:
+    def create_materialized_view(
+        self,
+        name: str,
+        query: Query,
+        with_no_data: bool = True,
+        *,
+        refresh_policy: RefreshPolicy | None = None,
+    ) -> MaterializedView:
         """Create a view from a query. Validates everything before writing.
 
         With ``with_no_data=True`` (the default) the view is created empty and
         filled by the first :meth:`refresh`; with ``False`` it is populated now.
+        ``refresh_policy`` (default eager) says when automation refreshes it.
         """
         validate_name(name)
+        if refresh_policy is not None and not isinstance(refresh_policy, RefreshPolicy):
+            raise ValueError("refresh_policy must be a RefreshPolicy, e.g. RefreshPolicy.ttl(3600)")
         if not isinstance(query, Query):
             raise ValueError("create_materialized_view() needs a query: table.search(None)...")
         if query.table.connection.uri != self.uri:
@@ -220,12 +234,43 @@ class Connection:
             raise ValueError("a view cannot have the same name as its source")
         definition = query.to_definition()
         schema = output_schema(definition, query.table._dataset())
+        policy = refresh_policy or RefreshPolicy.eager()
+        schema = schema.with_metadata({**schema.metadata, POLICY_METADATA_KEY.encode(): policy.to_json().encode()})
         empty = pa.Table.from_batches([], schema=schema)
         lance.write_dataset(empty, self._table_uri(name), schema=schema, mode="create", enable_stable_row_ids=True)
         view = MaterializedView(self, name, definition)
         if not with_no_data:
             view.refresh()
         return view
+
+    def _refresh_lock(self, view: str, timeout: float | None):
+        """An inter-process lock serialising refreshes of one view."""
+        path = self._state_dir("locks", f"{view}.lock")
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        lock = filelock.FileLock(path, timeout=-1 if timeout is None else timeout)
+
+        @contextlib.contextmanager
+        def held():
+            try:
+                lock.acquire()
+            except filelock.Timeout as exc:
+                raise ConcurrentRefreshError(
+                    f"another refresh of {view!r} is running (waited {timeout}s for {path}); try again later"
+                ) from exc
+            try:
+                yield
+            finally:
+                lock.release()
+
+        return held()
+
+    def status(self, name: str | None = None) -> pa.Table:
+        """The status table: one row per view (or just ``name``), as an Arrow table."""
+        views = [self.open_table(name)] if name else self.views()
+        for v in views:
+            if not isinstance(v, MaterializedView):
+                raise ValueError(f"{v.name!r} is a table, not a materialized view")
+        return status_table([view_status(v) for v in views])
 
     def _check_source_current(self, view: MaterializedView) -> None:
         src = self.open_table(view.definition.source)

@@ -10,7 +10,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from .query import VIEW_METADATA_KEY, Query, ViewDefinition, check_sql, short_error
+from .policy import POLICY_METADATA_KEY, RefreshPolicy
 from .refresh import RefreshPlan, RefreshResult, RefreshState, execute_refresh, plan_refresh, read_refresh_state
+from .status import FAILED_LOAD, LOADED, LOADING, ViewStatus, record_load_state, view_status
 
 if TYPE_CHECKING:
     from .catalog import Connection
@@ -263,6 +265,20 @@ class MaterializedView(Table):
         """An exact dry run: rows to insert, update and delete, UDF rows to compute."""
         return plan_refresh(self, src_version, mode=mode, fragments=fragments)
 
+    @property
+    def refresh_policy(self) -> RefreshPolicy:
+        return RefreshPolicy.from_json((self.schema.metadata or {}).get(POLICY_METADATA_KEY.encode()))
+
+    def set_refresh_policy(self, policy: RefreshPolicy) -> None:
+        """Change how the view is kept fresh (shown and acted on by Dagster)."""
+        if not isinstance(policy, RefreshPolicy):
+            raise ValueError("set_refresh_policy() takes a RefreshPolicy")
+        self._dataset().update_schema_metadata({POLICY_METADATA_KEY: policy.to_json()})
+
+    def status(self) -> ViewStatus:
+        """This view's record of the status table (load state, staleness, ...)."""
+        return view_status(self)
+
     def refresh(
         self,
         *,
@@ -272,6 +288,7 @@ class MaterializedView(Table):
         fragments: list[int] | None = None,
         recompute: list[str] | None = None,
         max_rows_per_task: int = 131_072,
+        lock_timeout: float | None = 600.0,
     ) -> RefreshResult:
         """Bring the view up to ``src_version`` of its source (default: latest).
 
@@ -281,9 +298,25 @@ class MaterializedView(Table):
         those source fragments (deletions are always applied in full).
         ``recompute`` names UDF columns to compute again for rows that are
         otherwise current; their other values are copied, not recomputed.
+
+        Two refreshes of one view never run at once: the second waits for the
+        first (up to ``lock_timeout`` seconds, then ConcurrentRefreshError).
+        Every refresh updates the view's status record (LOADING, then LOADED
+        or FAILED_LOAD with the error).
         """
         self.connection._check_source_current(self)
-        plan = plan_refresh(
-            self, src_version, mode=mode, fragments=fragments, recompute=recompute, max_rows_per_task=max_rows_per_task
-        )
-        return execute_refresh(self, plan, runner or self.connection.runner)
+        with self.connection._refresh_lock(self.name, lock_timeout):
+            plan = plan_refresh(
+                self, src_version, mode=mode, fragments=fragments, recompute=recompute,
+                max_rows_per_task=max_rows_per_task,
+            )
+            if plan.is_noop and not plan.full and plan.from_version == plan.to_version:
+                return execute_refresh(self, plan, runner or self.connection.runner)
+            record_load_state(self.connection, self.name, LOADING)
+            try:
+                result = execute_refresh(self, plan, runner or self.connection.runner)
+            except BaseException as exc:
+                record_load_state(self.connection, self.name, FAILED_LOAD, f"{type(exc).__name__}: {exc}")
+                raise
+            record_load_state(self.connection, self.name, LOADED)
+            return result

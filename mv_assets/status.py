@@ -1,0 +1,154 @@
+"""The status table: one record per view, as Teiid's MatView status table.
+
+The durable facts (what the view reflects, load number, cardinality) live in
+the view's own Lance commits; the load state (LOADING / LOADED / FAILED_LOAD)
+and the last error are kept in ``<catalog>/_mv_assets/status/<view>.json``,
+written atomically by every refresh. Staleness is measured live from the
+source's change feed when the status is read.
+"""
+
+import datetime as dt
+import json
+import os
+import socket
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING
+
+import lance
+import pyarrow as pa
+
+from .policy import POLICY_METADATA_KEY, RefreshPolicy
+
+if TYPE_CHECKING:
+    from .catalog import Connection
+    from .table import MaterializedView
+
+__all__ = ["ViewStatus", "LOADING", "LOADED", "FAILED_LOAD", "NEVER_LOADED", "view_status", "record_load_state"]
+
+LOADING = "LOADING"
+LOADED = "LOADED"
+FAILED_LOAD = "FAILED_LOAD"
+NEVER_LOADED = "NEVER_LOADED"
+
+STATUS_SCHEMA = pa.schema(
+    [
+        ("name", pa.string()),
+        ("source", pa.string()),
+        ("load_state", pa.string()),
+        ("valid", pa.bool_()),
+        ("cardinality", pa.int64()),
+        ("load_number", pa.int64()),
+        ("updated", pa.timestamp("us", tz="UTC")),
+        ("node", pa.string()),
+        ("source_version", pa.int64()),
+        ("source_latest_version", pa.int64()),
+        ("versions_behind", pa.int64()),
+        ("stale_count", pa.int64()),
+        ("stale_pct", pa.float64()),
+        ("policy", pa.string()),
+        ("last_error", pa.string()),
+    ]
+)
+
+
+@dataclass
+class ViewStatus:
+    name: str
+    source: str
+    load_state: str
+    valid: bool
+    cardinality: int
+    load_number: int
+    updated: dt.datetime | None
+    node: str | None
+    source_version: int | None
+    source_latest_version: int
+    versions_behind: int
+    stale_count: int
+    stale_pct: float
+    policy: str
+    last_error: str | None
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["updated"] = self.updated.isoformat() if self.updated else None
+        return d
+
+
+def _status_path(conn: "Connection", view: str) -> str:
+    return conn._state_dir("status", f"{view}.json")
+
+
+def _read_file(conn: "Connection", view: str) -> dict:
+    try:
+        with open(_status_path(conn, view)) as fh:
+            return json.load(fh)
+    except (FileNotFoundError, json.JSONDecodeError):
+        return {}
+
+
+def record_load_state(conn: "Connection", view: str, state: str, error: str | None = None) -> None:
+    """Atomically record a view's load state (and error, for FAILED_LOAD)."""
+    path = _status_path(conn, view)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    current = _read_file(conn, view)
+    current.update(load_state=state, state_since=time.time(), node=socket.gethostname())
+    if state == FAILED_LOAD:
+        current["last_error"] = error
+    elif state == LOADED:
+        current["last_error"] = None
+    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+    with os.fdopen(fd, "w") as fh:
+        json.dump(current, fh)
+    os.replace(tmp, path)
+
+
+def stale_count(src_uri: str, since: int | None, latest: int) -> int:
+    """Source rows inserted, updated or deleted after version ``since``."""
+    ds = lance.dataset(src_uri, version=latest)
+    if since is None:
+        return ds.count_rows()
+    if since >= latest:
+        return 0
+    changed = ds.count_rows(filter=f"_row_last_updated_at_version > {int(since)}")
+    deleted = ds.delta(begin_version=since, end_version=latest).get_deleted_row_ids().read_all().num_rows
+    return changed + deleted
+
+
+def view_status(view: "MaterializedView") -> ViewStatus:
+    conn = view.connection
+    definition = view.definition
+    source = conn.open_table(definition.source)
+    ds = view._dataset()
+    state = view.refresh_state()
+    file = _read_file(conn, view.name)
+    latest = source.version
+    stale = stale_count(source.uri, state.source_version, latest)
+    cardinality = ds.count_rows()
+    load_state = file.get("load_state") or (LOADED if state.load_number else NEVER_LOADED)
+    updated = state.refreshed_at
+    policy = RefreshPolicy.from_json((ds.schema.metadata or {}).get(POLICY_METADATA_KEY.encode()))
+    return ViewStatus(
+        name=view.name,
+        source=definition.source,
+        load_state=load_state,
+        valid=state.source_version is not None,
+        cardinality=cardinality,
+        load_number=state.load_number,
+        updated=dt.datetime.fromtimestamp(updated, tz=dt.timezone.utc) if updated else None,
+        node=file.get("node"),
+        source_version=state.source_version,
+        source_latest_version=latest,
+        versions_behind=latest - state.source_version if state.source_version is not None else latest,
+        stale_count=stale,
+        stale_pct=round(100.0 * stale / max(cardinality, 1), 3),
+        policy=policy.kind,
+        last_error=file.get("last_error"),
+    )
+
+
+def status_table(statuses: list[ViewStatus]) -> pa.Table:
+    rows = [asdict(s) for s in statuses]
+    return pa.Table.from_pylist(rows, schema=STATUS_SCHEMA)

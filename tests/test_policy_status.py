@@ -1,0 +1,172 @@
+"""Refresh policies (pure decisions), the status table, and concurrency."""
+
+import os
+import threading
+import time
+
+import lance
+import pytest
+
+import mv_assets as mv
+from mv_assets.errors import ConcurrentRefreshError
+from mv_assets.policy import RefreshPolicy, decide
+from oracle import actual_view, expected_view
+
+NOW = 10_000.0
+
+
+def _d(policy, reflected=4, source=5, last=NOW - 100, changed=10, card=100, scheduled=False):
+    return decide(
+        policy, source_version=source, reflected_version=reflected, last_refreshed_at=last, now=NOW,
+        rows_changed=changed, cardinality=card, scheduled=scheduled,
+    ).refresh
+
+
+@pytest.mark.parametrize(
+    "policy, kwargs, expected",
+    [
+        (RefreshPolicy.eager(), {}, True),
+        (RefreshPolicy.eager(), {"source": 4}, False),
+        (RefreshPolicy.eager(), {"reflected": None}, True),
+        (RefreshPolicy.ttl(60), {}, True),  # 100 s old, ttl 60 s
+        (RefreshPolicy.ttl(600), {}, False),
+        (RefreshPolicy.ttl(60), {"source": 4}, False),  # old but nothing moved
+        (RefreshPolicy.staleness(10), {"changed": 10}, True),
+        (RefreshPolicy.staleness(10), {"changed": 9}, False),
+        (RefreshPolicy.staleness(0), {"changed": 0}, False),
+        (RefreshPolicy.staleness(50), {"changed": 1, "card": 0}, True),  # empty view: all stale
+        (RefreshPolicy.staleness(50), {"changed": 1, "card": 1}, True),
+        (RefreshPolicy.cron_schedule("*/5 * * * *"), {}, False),
+        (RefreshPolicy.cron_schedule("*/5 * * * *"), {"scheduled": True}, True),
+        (RefreshPolicy.cron_schedule("*/5 * * * *"), {"scheduled": True, "source": 4}, False),
+        (RefreshPolicy.manual(), {}, False),
+        (RefreshPolicy.manual(), {"reflected": None}, False),
+    ],
+)
+def test_policy_decisions(policy, kwargs, expected):
+    assert _d(policy, **kwargs) is expected
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda: RefreshPolicy("sometimes"), "must be one of"),
+        (lambda: RefreshPolicy.ttl(0), "positive ttl"),
+        (lambda: RefreshPolicy.cron_schedule("every minute"), "5-field cron"),
+        (lambda: RefreshPolicy.staleness(150), "between 0 and 100"),
+    ],
+)
+def test_bad_policies(make, match):
+    with pytest.raises(ValueError, match=match):
+        make()
+
+
+def test_policy_round_trip_and_change(db):
+    t = db.create_table("raw", [{"id": i} for i in range(3)])
+    v = db.create_materialized_view("v", t.search(None), refresh_policy=RefreshPolicy.staleness(5))
+    assert db.open_table("v").refresh_policy == RefreshPolicy.staleness(5)
+    v.set_refresh_policy(RefreshPolicy.ttl(3600))
+    assert db.open_table("v").refresh_policy == RefreshPolicy.ttl(3600)
+    v.refresh()  # a policy change is not a definition change: no full recompute
+    t.add([{"id": 9}])
+    assert not v.refresh().full
+    with pytest.raises(ValueError, match="RefreshPolicy"):
+        db.create_materialized_view("w", t.search(None), refresh_policy="eager")
+
+
+def test_status_transitions_including_a_failed_load(db):
+    t = db.create_table("raw", [{"id": i, "x": i} for i in range(10)])
+
+    @mv.udf
+    def fragile(x: int) -> int:
+        if x == 13:
+            raise RuntimeError("model crashed on 13")
+        return x
+
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": fragile}))
+    s = v.status()
+    assert (s.load_state, s.valid, s.load_number, s.stale_count) == ("NEVER_LOADED", False, 0, 10)
+    v.refresh()
+    s = v.status()
+    assert (s.load_state, s.valid, s.cardinality, s.load_number) == ("LOADED", True, 10, 1)
+    assert (s.source_version, s.versions_behind, s.stale_count, s.last_error) == (t.version, 0, 0, None)
+    t.add([{"id": 13, "x": 13}])
+    t.delete("id = 0")
+    s = v.status()
+    assert (s.versions_behind, s.stale_count, s.stale_pct) == (2, 2, 20.0)
+    with pytest.raises(RuntimeError, match="model crashed"):
+        v.refresh()
+    s = v.status()
+    assert s.load_state == "FAILED_LOAD" and "model crashed on 13" in s.last_error
+    assert s.valid and s.load_number == 1 and s.cardinality == 10  # old contents stay readable
+    t.delete("id = 13")
+    v.refresh()
+    s = v.status()
+    assert (s.load_state, s.load_number, s.last_error, s.cardinality) == ("LOADED", 2, None, 9)
+    table = db.status()
+    assert table.num_rows == 1 and table.column("load_state").to_pylist() == ["LOADED"]
+    assert set(table.column_names) >= {"valid", "cardinality", "load_number", "updated", "node", "stale_count"}
+
+
+def test_two_refreshes_at_once_never_corrupt_the_view(db):
+    t = db.create_table("raw", [{"id": i, "x": i} for i in range(40)])
+    for k in range(3):
+        t.add([{"id": 100 + 10 * k + i, "x": i} for i in range(10)])
+
+    @mv.udf
+    def slow(x: int) -> int:
+        time.sleep(0.01)
+        return x * 2
+
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": slow}))
+    results, errors = [], []
+
+    def go():
+        try:
+            results.append(db.open_table("v").refresh())
+        except Exception as exc:  # pragma: no cover - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=go) for _ in range(2)]
+    [th.start() for th in threads]
+    [th.join() for th in threads]
+    assert not errors
+    assert sorted(sum(r.udf_rows_computed.values()) for r in results) == [0, 70]  # the second found nothing to do
+    assert actual_view(v) == expected_view(t.uri, t.version, lambda r: True, lambda r: {"id": r["id"], "y": 2 * r["x"]})
+
+
+def test_a_held_lock_fails_fast_with_a_clear_error(db):
+    t = db.create_table("raw", [{"id": 1}])
+    v = db.create_materialized_view("v", t.search(None))
+    with db._refresh_lock("v", 1):
+        with pytest.raises(ConcurrentRefreshError, match="another refresh of 'v' is running"):
+            v.refresh(lock_timeout=0.1)
+    v.refresh()
+    assert v.count_rows() == 1
+
+
+def test_source_write_during_refresh_leaves_the_view_consistent(db, tmp_path):
+    t = db.create_table("raw", [{"id": i, "x": i} for i in range(30)])
+    marker = str(tmp_path / "started")
+
+    @mv.udf
+    def slow(x: int) -> int:
+        open(marker, "w").close()
+        time.sleep(0.02)
+        return x
+
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": slow}))
+    th = threading.Thread(target=v.refresh)
+    th.start()
+    deadline = time.time() + 10
+    while not os.path.exists(marker) and time.time() < deadline:
+        time.sleep(0.005)
+    t.add([{"id": 999, "x": 999}])  # lands while the refresh computes
+    t.delete("id = 3")
+    th.join()
+    reflected = v.source_version
+    assert reflected < t.version
+    assert actual_view(v) == expected_view(t.uri, reflected, lambda r: True, lambda r: {"id": r["id"], "y": r["x"]})
+    v.refresh()
+    assert actual_view(v) == expected_view(t.uri, t.version, lambda r: True, lambda r: {"id": r["id"], "y": r["x"]})
+    assert lance.dataset(v.uri).count_rows() == 30
