@@ -19,13 +19,23 @@ from typing import TYPE_CHECKING
 import lance
 import pyarrow as pa
 
-from .policy import POLICY_METADATA_KEY, RefreshPolicy
+from .policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
 
 if TYPE_CHECKING:
     from .catalog import Connection
     from .table import MaterializedView
 
-__all__ = ["ViewStatus", "LOADING", "LOADED", "FAILED_LOAD", "NEVER_LOADED", "view_status", "record_load_state"]
+__all__ = [
+    "ViewStatus",
+    "LOADING",
+    "LOADED",
+    "FAILED_LOAD",
+    "NEVER_LOADED",
+    "view_status",
+    "record_load_state",
+    "refresh_decision",
+    "status_table",
+]
 
 LOADING = "LOADING"
 LOADED = "LOADED"
@@ -146,6 +156,25 @@ def view_status(view: "MaterializedView") -> ViewStatus:
         stale_pct=round(100.0 * stale / max(cardinality, 1), 3),
         policy=policy.kind,
         last_error=file.get("last_error"),
+    )
+
+
+def refresh_decision(view: "MaterializedView", now: float | None = None, scheduled: bool = False) -> Decision:
+    """What the view's refresh policy says right now (reads the status, then decides)."""
+    policy = view.refresh_policy
+    source = view.connection.open_table(view.definition.source)
+    state = view.refresh_state()
+    latest = source.version
+    needs_rows = policy.kind == "staleness" and state.source_version not in (None, latest)
+    return decide(
+        policy,
+        source_version=latest,
+        reflected_version=state.source_version,
+        last_refreshed_at=state.refreshed_at,
+        now=time.time() if now is None else now,
+        rows_changed=stale_count(source.uri, state.source_version, latest) if needs_rows else 0,
+        cardinality=view.count_rows() if needs_rows else 0,
+        scheduled=scheduled,
     )
 
 

@@ -224,3 +224,51 @@ def test_selecting_only_a_column_recomputes_only_that_column(tmp_path):
         assert (count_calls(log, "a"), count_calls(log, "b")) == (5, 10)
         mats = out.get_asset_materialization_events()
         assert [m.asset_key for m in mats] == [dg.AssetKey(["v", "b"])]
+
+
+def test_policies_are_wired_to_sensors_and_schedules(tmp_path):
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(10)])
+    P = mv.RefreshPolicy
+    views = {
+        "eager_v": P.eager(),
+        "ttl_v": P.ttl(3600),
+        "stale_v": P.staleness(25),
+        "cron_v": P.cron_schedule("*/5 * * * *"),
+        "manual_v": P.manual(),
+    }
+    for name, policy in views.items():
+        db.create_materialized_view(name, src.search(None).select({"id": "id", "y": double}), refresh_policy=policy)
+        db.open_table(name).refresh()
+    defs = build_definitions(db)
+    repo = defs.get_repository_def()
+    assert "Policy: ttl" in repo.asset_graph.get(dg.AssetKey(["ttl_v"])).description
+    assert {s.name for s in defs.schedules} == {"cron_v_schedule"}
+    assert repo.get_schedule_def("cron_v_schedule").cron_schedule == "*/5 * * * *"
+    sensor = repo.get_sensor_def("src_changes")
+
+    def requested(instance, cursor):
+        r = sensor(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
+        if isinstance(r, dg.SkipReason):
+            return set(), cursor
+        _apply(instance, r)
+        return {k.path[0] for run in r.run_requests for k in run.asset_selection}, r.cursor
+
+    with dg.instance_for_test() as instance:
+        got, cursor = requested(instance, None)
+        src.add([{"id": 100, "x": 1}])  # 1 of 10 rows changed: 10% < 25%
+        got, cursor = requested(instance, cursor)
+        assert got == {"eager_v"}
+        src.add([{"id": 101 + i, "x": 1} for i in range(2)])  # 3 of 10 changed: 30% >= 25%
+        got, cursor = requested(instance, cursor)
+        assert got == {"eager_v", "stale_v"}
+        db.open_table("stale_v").refresh()
+        db.open_table("ttl_v").set_refresh_policy(P.ttl(0.001))  # now overdue
+        got, cursor = requested(instance, cursor)
+        assert got == {"ttl_v"}  # no new source version, but the ttl expired
+        schedule = repo.get_schedule_def("cron_v_schedule")
+        run = schedule.evaluate_tick(dg.build_schedule_context(instance=instance)).run_requests
+        assert len(run) == 1 and dg.AssetKey(["cron_v"]) in run[0].asset_selection
+        db.open_table("cron_v").refresh()
+        skip = schedule.evaluate_tick(dg.build_schedule_context(instance=instance))
+        assert not skip.run_requests

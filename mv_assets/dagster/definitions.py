@@ -14,6 +14,7 @@ no JVM starts.
 """
 
 import json
+import os
 import re
 import time
 from dataclasses import dataclass, field
@@ -25,7 +26,10 @@ import lance
 from ..catalog import Connection, connect
 from ..changes import fragment_changes
 from ..checks import check_view
+from ..policy import POLICY_METADATA_KEY, RefreshPolicy
 from ..query import VIEW_METADATA_KEY
+from ..spark import InlineRunner
+from ..status import refresh_decision, view_status
 from .resource import MvAssetsResource
 
 __all__ = ["build_definitions", "TableInfo", "catalog_tables", "TAG_SOURCE_VERSION", "TAG_SCOPE", "RESOURCE_KEY"]
@@ -55,6 +59,7 @@ class TableInfo:
     filter: str | None = None
     limit: int | None = None
     columns: list[dict] = field(default_factory=list)
+    policy: RefreshPolicy = field(default_factory=RefreshPolicy)
 
     @property
     def udf_columns(self) -> list[dict]:
@@ -75,7 +80,8 @@ def catalog_tables(db: Connection) -> dict[str, TableInfo]:
             out[name] = TableInfo(name, uri, False)
         else:
             d = json.loads(raw)
-            out[name] = TableInfo(name, uri, True, d["source"], d.get("filter"), d.get("limit"), d["columns"])
+            policy = RefreshPolicy.from_json(md.get(POLICY_METADATA_KEY.encode()))
+            out[name] = TableInfo(name, uri, True, d["source"], d.get("filter"), d.get("limit"), d["columns"], policy)
     return out
 
 
@@ -85,7 +91,7 @@ def _view_description(info: TableInfo) -> str:
     lim = f", limited to {info.limit} rows" if info.limit is not None else ""
     return (
         f"Materialized view over `{info.source}`{where}{lim}: {cols}. "
-        "One partition per source fragment; refreshed incrementally on Spark."
+        f"One partition per source fragment; refreshed incrementally on Spark. Policy: {info.policy.describe()}."
     )
 
 
@@ -137,7 +143,13 @@ def _view_asset(info: TableInfo, tables: dict[str, TableInfo], pdefs: dict[str, 
             deps=deps,
             description=_view_description(info),
             kinds={"lance", "spark"},
-            metadata={"uri": info.uri, "source": info.source, "filter": info.filter or ""},
+            metadata={
+                "uri": info.uri,
+                "source": info.source,
+                "filter": info.filter or "",
+                "refresh_policy": info.policy.describe(),
+            },
+            tags={"mv_assets/policy": info.policy.kind},
             **common,
         )
     ]
@@ -211,6 +223,7 @@ def _view_asset(info: TableInfo, tables: dict[str, TableInfo], pdefs: dict[str, 
                     "udf_rows_computed": sum(result.udf_rows_computed.values()),
                     "tasks": result.tasks,
                     "tasks_resumed": result.tasks_resumed,
+                    **_status_metadata(view),
                 },
             )
         for name, key in col_keys.items():
@@ -234,20 +247,41 @@ def _view_asset(info: TableInfo, tables: dict[str, TableInfo], pdefs: dict[str, 
     return _refresh, [view_key, *col_keys.values()]
 
 
+def _status_metadata(view) -> dict:
+    s = view_status(view)
+    return {
+        "load_state": s.load_state,
+        "valid": s.valid,
+        "cardinality": s.cardinality,
+        "load_number": s.load_number,
+        "node": s.node or "",
+        "versions_behind": s.versions_behind,
+        "stale_count": s.stale_count,
+        "refresh_policy": s.policy,
+    }
+
+
+def _range_tags(keys: list[str]) -> dict:
+    return {"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]}
+
+
 def _make_sensor(source: TableInfo, views: list[TableInfo], pdef, view_assets: dict, interval: int, status):
-    partitioned = [v for v in views if v.partitioned]
-    unpartitioned = [v for v in views if not v.partitioned]
-    part_keys = [k for v in partitioned for k in view_assets[v.name]]
-    flat_keys = [k for v in unpartitioned for k in view_assets[v.name]]
+    eager = [v for v in views if v.policy.kind == "eager"]
+    deferred = [v for v in views if v.policy.kind in ("ttl", "staleness")]
+    part_keys = [k for v in eager if v.partitioned for k in view_assets[v.name]]
+    flat_keys = [k for v in eager if not v.partitioned for k in view_assets[v.name]]
+    watched = [k for v in eager + deferred for k in view_assets[v.name]]
 
     @dg.sensor(
         name=f"{_safe(source.name)}_changes",
         minimum_interval_seconds=interval,
         default_status=status,
-        asset_selection=part_keys + flat_keys,
+        asset_selection=watched or [k for v in views for k in view_assets[v.name]],
         description=(
-            f"Watches Lance table `{source.name}`; on a new version it adds partitions for new fragments, "
-            f"retires partitions of fragments that are gone, and refreshes {', '.join(v.name for v in views)}."
+            f"Watches Lance table `{source.name}`; on a new version it adds partitions for new fragments and "
+            f"retires partitions of fragments that are gone. Refreshes eagerly: "
+            f"{', '.join(v.name for v in eager) or 'none'}; when their ttl / staleness policy says so: "
+            f"{', '.join(v.name for v in deferred) or 'none'}."
         ),
     )
     def _sensor(context: dg.SensorEvaluationContext):
@@ -256,7 +290,15 @@ def _make_sensor(source: TableInfo, views: list[TableInfo], pdef, view_assets: d
         if pdef is not None:
             known = {int(k) for k in context.instance.get_dynamic_partitions(pdef.name)}
         ch = fragment_changes(source.uri, since, known)
-        if since == ch.version and not ch.added and not ch.retired:
+        due = []
+        if deferred:
+            db = connect(os.path.dirname(source.uri), runner=InlineRunner())
+            for v in deferred:
+                decision = refresh_decision(db.open_table(v.name))
+                context.log.info(f"{v.name}: {decision.reason}")
+                if decision.refresh:
+                    due.append(v)
+        if since == ch.version and not ch.added and not ch.retired and not due:
             return dg.SkipReason(f"{source.name} is still at version {ch.version}")
         part_requests = []
         if pdef is not None and ch.added:
@@ -271,21 +313,53 @@ def _make_sensor(source: TableInfo, views: list[TableInfo], pdef, view_assets: d
                 dg.RunRequest(
                     run_key=f"{source.name}@{ch.version}:fragments",
                     asset_selection=part_keys,
-                    tags={
-                        **tags,
-                        "dagster/asset_partition_range_start": str(todo[0]),
-                        "dagster/asset_partition_range_end": str(todo[-1]),
-                    },
+                    tags={**tags, **_range_tags([str(todo[0]), str(todo[-1])])},
                 )
             )
         if since != ch.version and flat_keys:
             runs.append(dg.RunRequest(run_key=f"{source.name}@{ch.version}", asset_selection=flat_keys, tags=tags))
+        all_parts = [str(f) for f in ch.fragments]
+        for v in due:  # deferred policies refresh everything changed since the view's own version
+            extra = _range_tags(all_parts) if v.partitioned and all_parts else {}
+            if v.partitioned and not all_parts:
+                continue
+            runs.append(
+                dg.RunRequest(
+                    run_key=f"{source.name}@{ch.version}:{v.name}",
+                    asset_selection=view_assets[v.name],
+                    tags={**tags, **extra, "mv_assets/policy": v.policy.kind},
+                )
+            )
         events = [] if source.is_view else [_source_observation(source.name, source.uri)]
         return dg.SensorResult(
             run_requests=runs, dynamic_partitions_requests=part_requests, cursor=str(ch.version), asset_events=events
         )
 
     return _sensor
+
+
+def _make_schedule(view: TableInfo, pdef, keys: list[dg.AssetKey], status):
+    @dg.schedule(
+        name=f"{_safe(view.name)}_schedule",
+        cron_schedule=view.policy.cron,
+        target=keys,
+        default_status=status,
+        description=f"Refreshes `{view.name}` on its cron policy '{view.policy.cron}' when its source moved.",
+    )
+    def _schedule(context: dg.ScheduleEvaluationContext):
+        db = connect(os.path.dirname(view.uri), runner=InlineRunner())
+        decision = refresh_decision(db.open_table(view.name), scheduled=True)
+        if not decision.refresh:
+            return dg.SkipReason(decision.reason)
+        tags = {TAG_SCOPE: "changes", "mv_assets/policy": "cron"}
+        if pdef is not None:
+            parts = context.instance.get_dynamic_partitions(pdef.name)
+            if not parts:
+                return dg.SkipReason("no partitions yet: the source sensor adds them")
+            tags.update(_range_tags(list(parts)))
+        return dg.RunRequest(asset_selection=keys, tags=tags)
+
+    return _schedule
 
 
 def build_definitions(
@@ -316,9 +390,20 @@ def build_definitions(
     for s in sources_read:
         views = [t for t in tables.values() if t.is_view and t.source == s]
         sensors.append(_make_sensor(tables[s], views, pdefs[s], view_assets, sensor_interval_seconds, status))
+    schedules = [
+        _make_schedule(
+            t,
+            pdefs.get(t.source) if t.partitioned else None,
+            view_assets[t.name],
+            dg.DefaultScheduleStatus.RUNNING if sensors_running else dg.DefaultScheduleStatus.STOPPED,
+        )
+        for t in tables.values()
+        if t.is_view and t.name in view_assets and t.policy.kind == "cron"
+    ]
     return dg.Definitions(
         assets=assets,
         sensors=sensors,
+        schedules=schedules,
         resources={RESOURCE_KEY: resource},
         executor=dg.in_process_executor,
     )

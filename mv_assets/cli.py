@@ -1,0 +1,207 @@
+"""``mv-assets``: the command line for a catalog.
+
+Exit codes: 0 success, 1 a refresh failed, 2 bad input (unknown view, bad
+option, invalid request), 3 refused because of another refresh or a stale
+upstream view.
+"""
+
+import json
+import sys
+from typing import Any
+
+import click
+from rich.console import Console
+from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
+from rich.table import Table as RichTable
+
+from .catalog import Connection, connect
+from .errors import MvAssetsError
+from .spark import InlineRunner, SparkRunner
+from .table import MaterializedView
+
+EXIT_FAILED = 1
+EXIT_BAD_INPUT = 2
+EXIT_REFUSED = 3
+
+
+def _print_json(obj: Any) -> None:
+    click.echo(json.dumps(obj, indent=2, default=str))
+
+
+def _print_rows(rows: list[dict], title: str) -> None:
+    if not rows:
+        click.echo(f"{title}: none")
+        return
+    table = RichTable(title=title)
+    for col in rows[0]:
+        table.add_column(col)
+    for r in rows:
+        table.add_row(*["" if v is None else str(v) for v in r.values()])
+    Console().print(table)
+
+
+class _Ctx:
+    def __init__(self, db_uri: str, runner: str, master: str | None, remote: str | None):
+        self.db_uri = db_uri
+        self.runner_name = runner
+        self.master = master
+        self.remote = remote
+        self._db: Connection | None = None
+
+    @property
+    def db(self) -> Connection:
+        if self._db is None:
+            runner = InlineRunner() if self.runner_name == "inline" else SparkRunner(master=self.master, remote=self.remote)
+            self._db = connect(self.db_uri, runner=runner)
+        return self._db
+
+    def view(self, name: str) -> MaterializedView:
+        t = self.db.open_table(name)
+        if not isinstance(t, MaterializedView):
+            raise click.BadParameter(f"{name!r} is a table, not a materialized view", param_hint="VIEW")
+        return t
+
+
+def _guard(fn):
+    """Map engine errors to exit codes with a one-line message."""
+
+    def wrapper(*args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except click.ClickException:
+            raise
+        except ValueError as exc:  # bad input, including unknown names
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
+        except MvAssetsError as exc:  # refused: another refresh, stale upstream view
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(EXIT_REFUSED)
+
+    wrapper.__name__ = fn.__name__
+    wrapper.__doc__ = fn.__doc__
+    return wrapper
+
+
+@click.group()
+@click.option("--db", "db_uri", envvar="MV_ASSETS_DB", default=".demo/catalog", show_default=True,
+              help="Catalog directory ($MV_ASSETS_DB).")
+@click.option("--runner", type=click.Choice(["spark", "inline"]), default="spark", show_default=True,
+              help="Where refresh tasks run.")
+@click.option("--master", envvar="MV_ASSETS_SPARK_MASTER", default=None, help="Spark master URL.")
+@click.option("--remote", envvar="MV_ASSETS_SPARK_REMOTE", default=None, help="Spark Connect URL.")
+@click.pass_context
+def main(ctx: click.Context, db_uri: str, runner: str, master: str | None, remote: str | None) -> None:
+    """Materialized views with UDF columns over Lance, refreshed incrementally."""
+    ctx.obj = _Ctx(db_uri, runner, master, remote)
+
+
+@main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+@_guard
+def tables(obj: _Ctx, as_json: bool) -> None:
+    """List tables and views."""
+    rows = []
+    for name in obj.db.table_names():
+        t = obj.db.open_table(name)
+        is_view = isinstance(t, MaterializedView)
+        rows.append(
+            {
+                "name": name,
+                "kind": "view" if is_view else "table",
+                "source": t.definition.source if is_view else None,
+                "version": t.version,
+                "rows": t.count_rows(),
+            }
+        )
+    _print_json(rows) if as_json else _print_rows(rows, f"tables in {obj.db.uri}")
+
+
+@main.command()
+@click.argument("view", required=False)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+@_guard
+def status(obj: _Ctx, view: str | None, as_json: bool) -> None:
+    """The status table: load state, staleness, load number per view."""
+    views = [obj.view(view)] if view else obj.db.views()
+    rows = [v.status().to_dict() for v in views]
+    if as_json:
+        _print_json(rows[0] if view else rows)
+        return
+    keep = ("name", "load_state", "valid", "cardinality", "load_number", "source_version",
+            "versions_behind", "stale_count", "policy", "updated", "last_error")
+    _print_rows([{k: r[k] for k in keep} for r in rows], "view status")
+
+
+@main.command()
+@click.argument("view")
+@click.option("--src-version", type=int, default=None, help="Source version to plan for (default latest).")
+@click.option("--mode", type=click.Choice(["auto", "full", "incremental_strict"]), default="auto", show_default=True)
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+@_guard
+def plan(obj: _Ctx, view: str, src_version: int | None, mode: str, as_json: bool) -> None:
+    """Dry run: rows to insert, update, delete and UDF rows to compute."""
+    p = obj.view(view).plan_refresh(src_version=src_version, mode=mode)
+    s = p.summary()
+    if as_json:
+        _print_json(s)
+        return
+    click.echo(
+        f"{s['view']}: source {s['source']} v{s['from_version']} -> v{s['to_version']} ({s['reason']})\n"
+        f"  insert {s['rows_to_insert']}, update {s['rows_to_update']}, delete {s['rows_to_delete']}\n"
+        f"  UDF rows {s['udf_rows']} in {s['tasks']} tasks"
+    )
+
+
+@main.command()
+@click.argument("views", nargs=-1, required=True)
+@click.option("--src-version", type=int, default=None, help="Refresh to this source version (one view only).")
+@click.option("--mode", type=click.Choice(["auto", "full", "incremental_strict"]), default="auto", show_default=True)
+@click.option("--upstream", is_flag=True, help="Refresh the views these read first, in lineage order.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+@_guard
+def refresh(obj: _Ctx, views: tuple[str, ...], src_version: int | None, mode: str, upstream: bool, as_json: bool) -> None:
+    """Refresh views (in lineage order), with a progress bar."""
+    for v in views:
+        obj.view(v)
+    if src_version is not None and len(views) != 1:
+        raise click.BadParameter("--src-version applies to a single view", param_hint="--src-version")
+    todo = list(views)
+    if upstream:
+        for v in views:
+            todo = obj.db.upstream(v) + todo
+    order = obj.db.lineage_order(list(dict.fromkeys(todo)))
+    results = []
+    with Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+        TimeElapsedColumn(), disable=as_json or not sys.stderr.isatty(), console=Console(stderr=True),
+    ) as progress:
+        bar = progress.add_task("refreshing", total=len(order))
+        for name in order:
+            progress.update(bar, description=f"refreshing {name}")
+            try:
+                r = obj.view(name).refresh(src_version=src_version if name in views else None, mode=mode)
+            except (MvAssetsError, ValueError):
+                raise
+            except Exception as exc:
+                click.echo(f"error: refresh of {name!r} failed: {type(exc).__name__}: {exc}", err=True)
+                if as_json:
+                    _print_json([r.summary() for r in results])
+                sys.exit(EXIT_FAILED)
+            results.append(r)
+            progress.advance(bar)
+    if as_json:
+        _print_json([r.summary() for r in results])
+        return
+    for r in results:
+        click.echo(
+            f"{r.view}: v{r.from_version} -> v{r.to_version}  +{r.rows_inserted} ~{r.rows_updated} "
+            f"-{r.rows_deleted}  UDF rows {r.udf_rows_computed}  {r.seconds:.2f}s"
+        )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,81 @@
+"""The mv-assets CLI through click's runner (inline runner: no JVM)."""
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+import mv_assets as mv
+from mv_assets.cli import main
+
+
+@mv.udf
+def neg(x: int) -> int:
+    return -x
+
+
+@mv.udf
+def boom(x: int) -> int:
+    raise RuntimeError("no model today")
+
+
+@pytest.fixture
+def catalog(tmp_path):
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(5)])
+    a = db.create_materialized_view("a", src.search(None).select({"id": "id", "n": neg}))
+    db.create_materialized_view("b", a.search(None).where("n < -1").select({"id": "id"}))
+    db.create_materialized_view("bad", src.search(None).select({"id": "id", "z": boom}))
+    return db
+
+
+def run(db, *args):
+    return CliRunner().invoke(main, ["--db", db.uri, "--runner", "inline", *args], catch_exceptions=False)
+
+
+def test_tables(catalog):
+    r = run(catalog, "tables", "--json")
+    assert r.exit_code == 0
+    rows = {t["name"]: t for t in json.loads(r.output)}
+    assert rows["src"]["kind"] == "table" and rows["a"]["source"] == "src" and rows["src"]["rows"] == 5
+    assert "tables in" in run(catalog, "tables").output
+
+
+def test_plan_and_refresh_in_lineage_order(catalog):
+    r = run(catalog, "plan", "a", "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["rows_to_insert"] == 5
+    r = run(catalog, "refresh", "b")
+    assert r.exit_code == 3 and "refresh 'a' first" in r.output
+    r = run(catalog, "refresh", "b", "--upstream", "--json")
+    assert r.exit_code == 0, r.output
+    assert [x["view"] for x in json.loads(r.output)] == ["a", "b"]
+    assert catalog.open_table("b").count_rows() == 3
+    r = run(catalog, "refresh", "a", "b")
+    assert r.exit_code == 0 and "a: v1 -> v1" in r.output
+
+
+def test_status_json_and_failed_load(catalog):
+    r = run(catalog, "refresh", "bad")
+    assert r.exit_code == 1 and "no model today" in r.output
+    r = run(catalog, "status", "bad", "--json")
+    assert r.exit_code == 0
+    s = json.loads(r.output)
+    assert s["load_state"] == "FAILED_LOAD" and "no model today" in s["last_error"]
+    r = run(catalog, "status", "--json")
+    assert {x["name"] for x in json.loads(r.output)} == {"a", "b", "bad"}
+    assert "view status" in run(catalog, "status").output
+
+
+@pytest.mark.parametrize(
+    "args, code, message",
+    [
+        (["plan", "nope"], 2, "no table or view named 'nope'"),
+        (["plan", "src"], 2, "is a table, not a materialized view"),
+        (["refresh", "a", "--src-version", "99"], 2, "src_version must be between"),
+        (["refresh", "a", "b", "--src-version", "1"], 2, "single view"),
+        (["refresh", "a", "--mode", "sometimes"], 2, "Invalid value"),
+    ],
+)
+def test_bad_input_exit_codes(catalog, args, code, message):
+    r = run(catalog, *args)
+    assert r.exit_code == code and message in r.output
