@@ -18,6 +18,7 @@ import os
 import re
 import time
 from dataclasses import dataclass, field
+from datetime import timedelta
 from typing import Any
 
 import dagster as dg
@@ -150,6 +151,7 @@ def _view_asset(info: TableInfo, tables: dict[str, TableInfo], pdefs: dict[str, 
                 "refresh_policy": info.policy.describe(),
             },
             tags={"mv_assets/policy": info.policy.kind},
+            freshness_policy=_freshness(info.policy),
             **common,
         )
     ]
@@ -245,6 +247,16 @@ def _view_asset(info: TableInfo, tables: dict[str, TableInfo], pdefs: dict[str, 
                     )
 
     return _refresh, [view_key, *col_keys.values()]
+
+
+def _freshness(policy: RefreshPolicy):
+    """A ttl view is expected to be refreshed within its ttl: the UI shows it as
+    warning after one ttl plus a sensor margin, failing after two."""
+    if policy.kind != "ttl" or policy.ttl_seconds is None:
+        return None
+    ttl = timedelta(seconds=policy.ttl_seconds)
+    margin = timedelta(minutes=1)
+    return dg.FreshnessPolicy.time_window(fail_window=2 * ttl + margin, warn_window=ttl + margin)
 
 
 def _status_metadata(view) -> dict:
