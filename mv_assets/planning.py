@@ -27,6 +27,7 @@ __all__ = [
     "select_limited",
     "split_ranges",
     "isin",
+    "positions",
 ]
 
 _U64 = np.uint64
@@ -80,14 +81,43 @@ class ChangeSet:
             self.candidates = np.asarray(self.candidates, dtype=np.int64)
 
 
+def _mask(values: np.ndarray, members: np.ndarray) -> np.ndarray:
+    mask = pc.is_in(pa.array(values), value_set=pa.array(members))
+    return mask.to_numpy(zero_copy_only=False).astype(bool)
+
+
 def isin(values: np.ndarray, members: np.ndarray) -> np.ndarray:
-    """Boolean mask of ``values`` found in ``members`` (hash-based, O(n + m))."""
+    """Boolean mask of ``values`` found in ``members`` (hash-based, O(n + m)).
+
+    The hash table is always built on the smaller side: an incremental refresh
+    checks a few changed ids against a large view without hashing the view.
+    """
     values = np.asarray(values, dtype=np.int64)
     members = np.asarray(members, dtype=np.int64)
     if len(values) == 0 or len(members) == 0:
         return np.zeros(len(values), dtype=bool)
-    mask = pc.is_in(pa.array(values), value_set=pa.array(members))
-    return mask.to_numpy(zero_copy_only=False).astype(bool)
+    if len(members) > 4 * len(values):
+        members = members[_mask(members, values)]  # hash the small side only
+        if len(members) == 0:
+            return np.zeros(len(values), dtype=bool)
+    return _mask(values, members)
+
+
+def positions(values: np.ndarray, members: np.ndarray) -> np.ndarray:
+    """For each of ``values``, its index in ``members`` (distinct ids), or -1.
+
+    Hashes ``values`` (the small side in an incremental refresh) and scans
+    ``members`` once.
+    """
+    values = np.asarray(values, dtype=np.int64)
+    members = np.asarray(members, dtype=np.int64)
+    out = np.full(len(values), -1, dtype=np.int64)
+    if len(values) == 0 or len(members) == 0:
+        return out
+    idx = pc.index_in(pa.array(members), value_set=pa.array(values))
+    found = idx.is_valid().to_numpy(zero_copy_only=False)
+    out[idx.filter(idx.is_valid()).to_numpy().astype(np.int64)] = np.nonzero(found)[0]
+    return out
 
 
 def _sorted(a: np.ndarray) -> np.ndarray:

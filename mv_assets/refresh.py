@@ -27,12 +27,11 @@ from typing import TYPE_CHECKING
 import lance
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from lance import LanceOperation, Transaction
 from lance.fragment import FragmentMetadata
 
 from .errors import ConcurrentRefreshError
-from .planning import ChangeSet, KeyPlan, isin, plan_keys, split_ranges
+from .planning import ChangeSet, KeyPlan, isin, plan_keys, positions, split_ranges
 from .query import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ViewDefinition
 from .tasks import TaskResult, TaskSpec, and_filters
 
@@ -379,10 +378,9 @@ def _current(rows: pa.Table, view_keys: np.ndarray, view_vers: np.ndarray) -> np
     """Mask of source rows the view already holds at their current row version."""
     if rows.num_rows == 0 or len(view_keys) == 0:
         return np.zeros(rows.num_rows, dtype=bool)
-    pos = pc.index_in(pa.array(_ids(rows)), value_set=pa.array(view_keys))
-    found = pos.is_valid().to_numpy(zero_copy_only=False)
-    idx = pos.fill_null(0).to_numpy(zero_copy_only=False)
-    return found & (view_vers[idx] == _ids(rows, ROW_VERSION_ALIAS))
+    pos = positions(_ids(rows), view_keys)
+    found = pos >= 0
+    return found & (view_vers[np.where(found, pos, 0)] == _ids(rows, ROW_VERSION_ALIAS))
 
 
 def _ranges_predicate(addrs: np.ndarray, max_runs: int = 64) -> str:

@@ -113,3 +113,15 @@ def test_split_ranges_covers_everything():
 def test_split_ranges_rejects_bad_size():
     with pytest.raises(ValueError):
         split_ranges(3, 0)
+
+
+@pytest.mark.parametrize("n_values, n_members", [(0, 5), (5, 0), (3, 100), (100, 3), (50, 50)])
+def test_isin_and_positions_match_numpy(n_values, n_members):
+    from mv_assets.planning import isin, positions
+
+    rng = np.random.default_rng(n_values * 1000 + n_members)
+    members = rng.choice(1000, size=n_members, replace=False)
+    values = rng.choice(1000, size=n_values, replace=False)
+    assert isin(values, members).tolist() == np.isin(values, members).tolist()
+    expected = [int(np.nonzero(members == v)[0][0]) if v in members else -1 for v in values]
+    assert positions(values, members).tolist() == expected
