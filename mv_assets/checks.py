@@ -38,7 +38,7 @@ def check_view(view: "MaterializedView") -> list[CheckOutcome]:
     state = view.refresh_state()
     version = state.source_version or source.version
     src = lance.dataset(source.uri, version=version)
-    view_tbl = view.to_arrow()
+    view_tbl = view._dataset().to_table(columns=[SOURCE_ROW_ID] + [c.name for c in definition.udf_columns])
     keys = _ids(view_tbl, SOURCE_ROW_ID)
     out: list[CheckOutcome] = []
 

@@ -545,7 +545,9 @@ def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner
         tasks=len(plan.tasks),
         tasks_resumed=sum(1 for r in results if r.resumed),
         seconds=done - start,
-        runner=getattr(runner, "name", type(runner).__name__),
+        runner=(
+            "spark-driver-local" if getattr(runner, "last_run_local", False) else getattr(runner, "name", type(runner).__name__)
+        ),
         timings={
             "execute_s": executed - start,
             "commit_s": done - executed,

@@ -71,6 +71,11 @@ class SparkRunner:
     remote: str | None = None
     conf: dict[str, str] = field(default_factory=dict)
     app_name: str = "mv_assets"
+    # Refreshes computing at most this many rows run on the driver instead of
+    # starting a Spark job (0 = always Spark). Saves the per-job start-up of
+    # small, frequent refreshes; also $MV_ASSETS_LOCAL_BELOW_ROWS.
+    local_below_rows: int | None = None
+    last_run_local: bool = field(default=False, init=False, repr=False)
     _session: Any = field(default=None, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
@@ -122,9 +127,18 @@ class SparkRunner:
             session.sparkContext.setLogLevel("ERROR")
         return session
 
+    def resolved_local_below_rows(self) -> int:
+        if self.local_below_rows is not None:
+            return self.local_below_rows
+        return int(os.environ.get("MV_ASSETS_LOCAL_BELOW_ROWS") or 0)
+
     def run(self, tasks: list[TaskSpec], definition_raw: bytes) -> list[TaskResult]:
         if not tasks:
             return []
+        if sum(t.rows for t in tasks) <= self.resolved_local_below_rows():
+            self.last_run_local = True
+            return InlineRunner().run(tasks, definition_raw)
+        self.last_run_local = False
         spark = self.session()
         payload = [t.to_json() for t in tasks]
         n = len(payload)

@@ -361,3 +361,14 @@ def test_recompute_one_udf_column_only(db, tmp_path):
     frag = lance.dataset(t.uri).get_fragments()[0].fragment_id
     v.refresh(fragments=[frag], recompute=["a"])
     assert calls() == {"a": 15, "b": 19} and v.count_rows() == 10
+
+
+def test_small_refreshes_can_skip_the_spark_job(tmp_path):
+    runner = mv.SparkRunner(master="local[1]", local_below_rows=100)
+    db = mv.connect(str(tmp_path / "cat"), runner=runner)
+    t = db.create_table("raw", _rows(5))
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": sq}))
+    r = v.refresh()
+    assert r.runner == "spark-driver-local" and r.udf_rows_computed == {"y": 5}
+    assert not runner.started  # no JVM for 5 rows
+    assert sorted(v.to_arrow().column("y").to_pylist()) == [0.0, 1.0, 4.0, 9.0, 16.0]

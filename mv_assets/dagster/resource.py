@@ -27,6 +27,11 @@ class MvAssetsResource(dg.ConfigurableResource):
     runner: str = Field(
         default="spark", description="'spark' (default) or 'inline' (run tasks in the run process, no JVM)."
     )
+    local_below_rows: Optional[int] = Field(
+        default=None,
+        description="Refreshes computing at most this many rows run in the run process instead of a Spark job "
+        "(default $MV_ASSETS_LOCAL_BELOW_ROWS or 0: always Spark).",
+    )
 
     _runner: Optional[Runner] = PrivateAttr(default=None)
 
@@ -35,7 +40,11 @@ class MvAssetsResource(dg.ConfigurableResource):
             if self.runner == "inline":
                 self._runner = InlineRunner()
             elif self.runner == "spark":
-                self._runner = SparkRunner(master=self.spark_master or None, remote=self.spark_remote or None)
+                self._runner = SparkRunner(
+                    master=self.spark_master or None,
+                    remote=self.spark_remote or None,
+                    local_below_rows=self.local_below_rows,
+                )
             else:
                 raise ValueError(f"runner must be 'spark' or 'inline', got {self.runner!r}")
         return self._runner
