@@ -44,7 +44,6 @@ __all__ = ["RefreshState", "RefreshPlan", "RefreshResult", "read_refresh_state",
 STATE_KEY = "mv_assets.refresh"
 MODES = ("auto", "full", "incremental_strict")
 _FULL_OPS = ("Overwrite", "Restore", "Clone")
-_IN_LIST_CHUNK = 50_000
 ROW_VERSION_ALIAS = "__row_version"
 
 
@@ -444,26 +443,25 @@ def _make_tasks(
 
 
 def _deletions(view_ds: lance.LanceDataset, keys: np.ndarray, addrs: np.ndarray, remove: np.ndarray):
-    """Deletion vectors for view rows whose key is in ``remove``."""
+    """Deletion vectors for view rows whose key is in ``remove`` (no data rewritten)."""
     removed_ids: list[int] = []
     updated: list[FragmentMetadata] = []
     if len(remove) == 0 or len(keys) == 0:
         return removed_ids, updated
     mask = isin(keys, remove)
-    hit_keys, hit_frags = keys[mask], addrs[mask] >> 32
+    hit_keys, hit_addrs = keys[mask], addrs[mask]
+    hit_frags = hit_addrs >> 32
     for fid in np.unique(hit_frags):
         frag = view_ds.get_fragment(int(fid))
-        doomed = hit_keys[hit_frags == fid]
-        if len(doomed) >= frag.count_rows():
+        sel = hit_frags == fid
+        if int(sel.sum()) >= frag.count_rows():
             removed_ids.append(int(fid))
             continue
-        meta = frag.metadata
-        for start in range(0, len(doomed), _IN_LIST_CHUNK):
-            chunk = doomed[start : start + _IN_LIST_CHUNK]
-            frag = lance.fragment.LanceFragment(view_ds, int(fid), fragment=meta) if start else frag
-            meta = frag.delete(f"{SOURCE_ROW_ID} IN ({_in_list(chunk)})")
-            if meta is None:
-                break
+        doomed_addrs = np.sort(hit_addrs[sel])
+        predicate = _ranges_predicate(doomed_addrs, max_runs=256) or (
+            f"{SOURCE_ROW_ID} IN ({_in_list(hit_keys[sel])})"
+        )
+        meta = frag.delete(predicate)
         if meta is None:
             removed_ids.append(int(fid))
         else:

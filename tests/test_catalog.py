@@ -372,3 +372,17 @@ def test_small_refreshes_can_skip_the_spark_job(tmp_path):
     assert r.runner == "spark-driver-local" and r.udf_rows_computed == {"y": 5}
     assert not runner.started  # no JVM for 5 rows
     assert sorted(v.to_arrow().column("y").to_pylist()) == [0.0, 1.0, 4.0, 9.0, 16.0]
+
+
+def test_many_scattered_and_ranged_deletes(db):
+    import numpy as np
+
+    n = 20_000
+    t = db.create_table("t", pa.table({"id": pa.array(np.arange(n)), "x": pa.array(np.arange(n))}))
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id"}))
+    v.refresh()
+    t.delete("id % 2 = 0")  # 10k scattered rows: deleted by id list
+    assert v.refresh().rows_deleted == n // 2
+    t.delete("id >= 10000 AND id < 15000")  # contiguous: deleted by address ranges
+    assert v.refresh().rows_deleted == 2500
+    assert sorted(v.to_arrow().column("id").to_pylist()) == [i for i in range(n) if i % 2 and not 10000 <= i < 15000]
