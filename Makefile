@@ -32,17 +32,21 @@ test-spark: install
 	$(PY) -m pytest -m spark $(PYTEST_ARGS)
 
 DEMO_PORT ?= 3000
+DEMO_LOCAL_BELOW_ROWS ?= 1000
 ## Seed the demo catalog and start the Dagster UI (webserver + daemon, sensors on).
 demo: install
 	$(PY) -m mv_assets.demo seed
 	@mkdir -p .demo/dagster_home
+	@# Launch sensor runs at once (no run queue): the fastest append -> view path.
+	@printf 'run_coordinator:\n  module: dagster._core.run_coordinator\n  class: DefaultRunCoordinator\n' > .demo/dagster_home/dagster.yaml
 	@REMOTE=$$($(PY) -m mv_assets.connect_server start --state-dir .demo/spark-connect || true); \
 	echo ""; \
 	echo "  mv_assets demo: Dagster UI at http://127.0.0.1:$(DEMO_PORT)"; \
-	echo "  Spark: $${REMOTE:-local JVM per run}"; \
+	echo "  Spark: $${REMOTE:-local JVM per run} (refreshes of <= $(DEMO_LOCAL_BELOW_ROWS) rows run in the run process)"; \
 	echo "  The documents_changes sensor refreshes the views; change the source with 'make demo-append'."; \
 	echo ""; \
 	DAGSTER_HOME=$(CURDIR)/.demo/dagster_home MV_ASSETS_DB=$(CURDIR)/.demo/catalog MV_ASSETS_SPARK_REMOTE=$$REMOTE \
+		MV_ASSETS_LOCAL_BELOW_ROWS=$(DEMO_LOCAL_BELOW_ROWS) \
 		$(VENV)/bin/dagster dev -h 127.0.0.1 -p $(DEMO_PORT) -w workspace.yaml
 
 ## Append, update and delete demo source rows (the running sensor picks them up).
