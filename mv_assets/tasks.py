@@ -257,7 +257,7 @@ def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
     fragments = []
     if table.num_rows:
         metas = write_fragments(table, spec.view_uri, schema=view_schema, max_rows_per_file=spec.max_rows_per_file)
-        fragments = [json.loads(m.to_json()) if isinstance(m.to_json(), str) else m.to_json() for m in metas]
+        fragments = [m.to_json() for m in metas]  # plain dicts
     result = TaskResult(
         task_id=spec.task_id,
         fragments=fragments,

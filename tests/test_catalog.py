@@ -386,3 +386,13 @@ def test_many_scattered_and_ranged_deletes(db):
     t.delete("id >= 10000 AND id < 15000")  # contiguous: deleted by address ranges
     assert v.refresh().rows_deleted == 2500
     assert sorted(v.to_arrow().column("id").to_pylist()) == [i for i in range(n) if i % 2 and not 10000 <= i < 15000]
+
+
+def test_query_to_arrow_runs_the_query_in_process(db):
+    t = db.create_table("raw", _rows(12))
+    q = t.search(None).where("id > 2").shuffle(seed=3).limit(4).select({"id": "id", "y": sq})
+    direct = q.to_arrow()
+    v = db.create_materialized_view("v", q, with_no_data=False)
+    assert direct.num_rows == 4
+    assert sorted(direct.column("id").to_pylist()) == sorted(v.to_arrow().column("id").to_pylist())
+    assert all(r["y"] == float(r["id"]) ** 2 for r in direct.to_pylist())
