@@ -14,8 +14,6 @@ Usage: python bench/bench_dagster.py [--fragments 10000] [--skip-dev]
 
 import argparse
 import os
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -32,9 +30,9 @@ import mv_assets as mv  # noqa: E402
 from mv_assets import connect_server  # noqa: E402
 from mv_assets.dagster import build_definitions  # noqa: E402
 from mv_assets.dagster.definitions import partitions_def_name  # noqa: E402
+from mv_assets.dagster.devserver import dagster_dev  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-BIN = os.path.dirname(sys.executable)
 
 
 @mv.udf
@@ -103,27 +101,12 @@ def run_overhead(root: str, mode: str, remote: str | None, label: str = "") -> f
     return time.perf_counter() - t0
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def sensor_latency(root: str, mode: str, remote: str | None, interval: int = 2, immediate: bool = True) -> float:
     """Append one fragment; seconds until the view reflects it, minus the interval."""
-    import requests
-
     label = mode.replace("+", "_") + ("" if immediate else "_queued")
     db = small_catalog(os.path.join(root, f"dev_{label}"))
     src, view = db.open_table("events"), db.open_table("ev")
-    home = os.path.join(root, f"home_{label}")
-    os.makedirs(home)
-    if immediate:  # launch sensor runs at once instead of through the run queue
-        with open(os.path.join(home, "dagster.yaml"), "w") as fh:
-            fh.write("run_coordinator:\n  module: dagster._core.run_coordinator\n  class: DefaultRunCoordinator\n")
     env = {
-        **os.environ,
-        "DAGSTER_HOME": home,
         "MV_ASSETS_DB": db.uri,
         "MV_ASSETS_SENSOR_INTERVAL": str(interval),
         "MV_ASSETS_SPARK_MASTER": "local[2]",
@@ -132,13 +115,10 @@ def sensor_latency(root: str, mode: str, remote: str | None, interval: int = 2, 
         env["MV_ASSETS_SPARK_REMOTE"] = remote
     if mode.endswith("small-local"):
         env["MV_ASSETS_LOCAL_BELOW_ROWS"] = "100000"
-    port = _free_port()
-    log = open(os.path.join(root, f"dev_{label}.log"), "w")
-    proc = subprocess.Popen(
-        [os.path.join(BIN, "dagster"), "dev", "-h", "127.0.0.1", "-p", str(port), "-w", os.path.join(ROOT, "workspace.yaml")],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    try:
+    with dagster_dev(
+        os.path.join(ROOT, "workspace.yaml"), os.path.join(root, f"home_{label}"), env,
+        os.path.join(root, f"dev_{label}.log"), immediate_runs=immediate,
+    ):
         deadline = time.time() + 300
         while view.refresh_state().source_version != src.version:  # the first sensor run catches up
             if time.time() > deadline:
@@ -152,14 +132,6 @@ def sensor_latency(root: str, mode: str, remote: str | None, interval: int = 2, 
                 raise RuntimeError("the sensor-driven refresh did not happen")
             time.sleep(0.2)
         return time.perf_counter() - t0 - interval
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()
-        _ = requests
 
 
 def main() -> int:

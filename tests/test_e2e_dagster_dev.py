@@ -7,10 +7,6 @@
 """
 
 import os
-import signal
-import socket
-import subprocess
-import sys
 import time
 
 import dagster as dg
@@ -20,17 +16,11 @@ import requests
 
 import mv_assets as mv
 from mv_assets.dagster.definitions import partitions_def_name
+from mv_assets.dagster.devserver import dagster_dev
 from oracle import actual_view, expected_view
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DAGSTER = os.path.join(os.path.dirname(sys.executable), "dagster")
-
-
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class GraphQL:
@@ -80,30 +70,15 @@ def test_dagster_dev_materialize_then_sensor_refresh(tmp_path):
     with dg.DagsterInstance.from_config(str(home)) as instance:
         instance.add_dynamic_partitions(partitions_def_name("events"), partitions)
 
-    port = _free_port()
     env = {
-        **os.environ,
-        "DAGSTER_HOME": str(home),
         "MV_ASSETS_DB": catalog,
         "MV_ASSETS_SENSORS": "stopped",
         "MV_ASSETS_SENSOR_INTERVAL": "1",
         "MV_ASSETS_SPARK_MASTER": "local[2]",
         "LANCE_LOG": "error",
     }
-    log = open(tmp_path / "dagster_dev.log", "w")
-    proc = subprocess.Popen(
-        [DAGSTER, "dev", "-h", "127.0.0.1", "-p", str(port), "-w", os.path.join(ROOT, "workspace.yaml")],
-        cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-    )
-    base = f"http://127.0.0.1:{port}"
-    try:
-        def up():
-            try:
-                return requests.get(f"{base}/server_info", timeout=2).ok
-            except requests.RequestException:
-                return False
-
-        _wait(up, 120, "the webserver")
+    workspace = os.path.join(ROOT, "workspace.yaml")
+    with dagster_dev(workspace, str(home), env, str(tmp_path / "dagster_dev.log")) as base:
         gql = GraphQL(f"{base}/graphql")
         repo = _wait(
             lambda: (gql("{ repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }")
@@ -149,10 +124,3 @@ def test_dagster_dev_materialize_then_sensor_refresh(tmp_path):
         runs = gql("{ runsOrError { ... on Runs { results { status tags { key value } } } } }")["runsOrError"]["results"]
         sensor_runs = [r for r in runs if any(t["key"] == "dagster/sensor_name" for t in r["tags"])]
         assert sensor_runs and all(r["status"] in ("SUCCESS", "STARTED", "STARTING", "QUEUED") for r in sensor_runs)
-    finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
-        log.close()

@@ -6,7 +6,6 @@ import json
 import os
 
 import pyarrow as pa
-import pyarrow.compute as pc
 import pytest
 
 import mv_assets as mv
