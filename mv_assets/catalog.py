@@ -130,8 +130,9 @@ class Connection:
         if name in self and mode == "create":
             raise TableExistsError(f"{name!r} already exists in {self.uri}; pass mode='overwrite' to replace it")
         if name in self and mode == "overwrite":
-            for view in self.dependents(name):
-                raise ValueError(f"cannot overwrite {name!r}: view {view!r} is defined over it; drop the view first")
+            deps = self.dependents(name)
+            if deps:
+                raise ValueError(f"cannot overwrite {name!r}: views {deps} are defined over it; drop them first")
         table = to_arrow_table(data if data is not None else [], schema)
         schema = table.schema
         if primary_key is not None:

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import lance
 import numpy as np
 
+from .planning import column_ids as _ids
 from .planning import isin, select_limited
 from .query import SOURCE_ROW_ID
 
@@ -25,10 +26,6 @@ class CheckOutcome:
     passed: bool
     description: str
     metadata: dict = field(default_factory=dict)
-
-
-def _ids(table, col):
-    return table.column(col).to_numpy().astype(np.int64) if table.num_rows else np.empty(0, np.int64)
 
 
 def check_view(view: "MaterializedView") -> list[CheckOutcome]:

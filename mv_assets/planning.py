@@ -28,6 +28,7 @@ __all__ = [
     "split_ranges",
     "isin",
     "positions",
+    "column_ids",
 ]
 
 _U64 = np.uint64
@@ -84,6 +85,13 @@ class ChangeSet:
 def _mask(values: np.ndarray, members: np.ndarray) -> np.ndarray:
     mask = pc.is_in(pa.array(values), value_set=pa.array(members))
     return mask.to_numpy(zero_copy_only=False).astype(bool)
+
+
+def column_ids(table: pa.Table, col: str = "_rowid") -> np.ndarray:
+    """An id column (uint64 row ids included) as an int64 numpy array."""
+    if table.num_rows == 0:
+        return np.empty(0, np.int64)
+    return table.column(col).to_numpy().astype(np.int64)
 
 
 def isin(values: np.ndarray, members: np.ndarray) -> np.ndarray:

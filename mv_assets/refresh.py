@@ -32,6 +32,7 @@ from lance.fragment import FragmentMetadata
 
 from .errors import ConcurrentRefreshError
 from .planning import ChangeSet, KeyPlan, isin, plan_keys, positions, split_ranges
+from .planning import column_ids as _ids
 from .query import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ViewDefinition
 from .tasks import TaskResult, TaskSpec, and_filters
 
@@ -168,12 +169,6 @@ class RefreshResult:
 
     def summary(self) -> dict:
         return dict(self.__dict__)
-
-
-def _ids(table: pa.Table, col: str = "_rowid") -> np.ndarray:
-    if table.num_rows == 0:
-        return np.empty(0, np.int64)
-    return table.column(col).to_numpy().astype(np.int64)
 
 
 def _in_list(ids: np.ndarray) -> str:

@@ -9,9 +9,7 @@ source's change feed when the status is read.
 
 import datetime as dt
 import json
-import os
 import socket
-import tempfile
 import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
@@ -19,6 +17,7 @@ from typing import TYPE_CHECKING
 import lance
 import pyarrow as pa
 
+from ._files import atomic_write_text
 from .policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
 
 if TYPE_CHECKING:
@@ -101,18 +100,13 @@ def _read_file(conn: "Connection", view: str) -> dict:
 
 def record_load_state(conn: "Connection", view: str, state: str, error: str | None = None) -> None:
     """Atomically record a view's load state (and error, for FAILED_LOAD)."""
-    path = _status_path(conn, view)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
     current = _read_file(conn, view)
     current.update(load_state=state, state_since=time.time(), node=socket.gethostname())
     if state == FAILED_LOAD:
         current["last_error"] = error
     elif state == LOADED:
         current["last_error"] = None
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(current, fh)
-    os.replace(tmp, path)
+    atomic_write_text(_status_path(conn, view), json.dumps(current))
 
 
 def stale_count(src_uri: str, since: int | None, latest: int) -> int:

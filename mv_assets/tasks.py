@@ -10,7 +10,6 @@ shipped from the driver.
 import hashlib
 import json
 import os
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 
@@ -19,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 from lance.fragment import write_fragments
 
+from ._files import atomic_write_text
 from .planning import shuffle_keys
 from .query import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ViewDefinition
 
@@ -193,13 +193,7 @@ def _save_checkpoint(spec: TaskSpec, result: TaskResult) -> None:
     path = _checkpoint_path(spec)
     if not path:
         return
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
-    with os.fdopen(fd, "w") as fh:
-        fh.write(result.to_json())
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)  # atomic: a checkpoint is either whole or absent
+    atomic_write_text(path, result.to_json())  # a checkpoint is either whole or absent
 
 
 def _merge_with_view(spec: TaskSpec, view_schema: pa.Schema, batches: list[pa.RecordBatch]) -> pa.Table:

@@ -28,7 +28,6 @@ import sys
 import sysconfig
 import textwrap
 import typing
-from dataclasses import dataclass
 from typing import Any, Callable
 
 import cloudpickle
@@ -312,10 +311,6 @@ class UDF:
             raise ValueError("stored UDF does not unpickle to a UDF")
         return obj
 
-    def __getstate__(self) -> dict:
-        state = dict(self.__dict__)
-        return state
-
 
 def _code_identity(func: Callable) -> bytes:
     try:
@@ -379,15 +374,6 @@ def dumps_by_value(obj: UDF) -> bytes:
                 pass
 
 
-@dataclass
-class _UdfOptions:
-    data_type: pa.DataType | None = None
-    input_columns: list[str] | None = None
-    name: str | None = None
-    version: str | None = None
-    skip_nulls: bool = True
-
-
 def udf(
     func: Callable | None = None,
     *,
@@ -425,16 +411,10 @@ def udf(
     >>> double.data_type
     DataType(int64)
     """
-    opts = _UdfOptions(data_type, input_columns, name, version, skip_nulls)
 
     def wrap(f: Callable) -> UDF:
         return UDF(
-            f,
-            name=opts.name,
-            data_type=opts.data_type,
-            input_columns=opts.input_columns,
-            version=opts.version,
-            skip_nulls=opts.skip_nulls,
+            f, name=name, data_type=data_type, input_columns=input_columns, version=version, skip_nulls=skip_nulls
         )
 
     if func is not None:

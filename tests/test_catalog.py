@@ -192,7 +192,6 @@ def test_incremental_strict_and_full_modes(db):
     assert r.udf_rows_computed == {"y": 1} and not r.full
     r = v.refresh(mode="full")
     assert r.full and r.udf_rows_computed == {"y": 4} and v.count_rows() == 4
-    db.create_table("raw", _rows(2), mode="overwrite") if False else None
     with pytest.raises(ValueError, match="refresh mode"):
         v.refresh(mode="sometimes")
 
@@ -396,3 +395,11 @@ def test_query_to_arrow_runs_the_query_in_process(db):
     assert direct.num_rows == 4
     assert sorted(direct.column("id").to_pylist()) == sorted(v.to_arrow().column("id").to_pylist())
     assert all(r["y"] == float(r["id"]) ** 2 for r in direct.to_pylist())
+
+
+def test_overwriting_a_table_that_views_read_is_refused(db):
+    t = db.create_table("raw", _rows(3))
+    db.create_materialized_view("v", t.search(None))
+    with pytest.raises(ValueError, match=r"views \['v'\] are defined over it"):
+        db.create_table("raw", _rows(1), mode="overwrite")
+    assert db.open_table("raw").count_rows() == 3
