@@ -5,6 +5,9 @@ The engine (this package minus :mod:`mv_assets.dagster`) never imports
 dagster, and nothing here starts a JVM until a refresh has work to do.
 """
 
+from .backfill import BackfillJob as BackfillJob
+from .backfill import BackfillPlan as BackfillPlan
+from .backfill import BackfillResult as BackfillResult
 from .catalog import Connection as Connection
 from .catalog import connect as connect
 from .errors import ConcurrentRefreshError as ConcurrentRefreshError
@@ -12,6 +15,7 @@ from .errors import MvAssetsError as MvAssetsError
 from .errors import SourceBehindError as SourceBehindError
 from .errors import TableExistsError as TableExistsError
 from .errors import TableNotFoundError as TableNotFoundError
+from .error_log import ErrorRecord as ErrorRecord
 from .policy import RefreshPolicy as RefreshPolicy
 from .query import Query as Query
 from .query import SOURCE_ROW_ID as SOURCE_ROW_ID
@@ -22,9 +26,19 @@ from .spark import SparkRunner as SparkRunner
 from .table import MaterializedView as MaterializedView
 from .table import Table as Table
 from .udf import UDF as UDF
+from .udf import Columns as Columns
+from .udf import OnError as OnError
+from .udf import UnpackedUDF as UnpackedUDF
 from .udf import udf as udf
 
 __all__ = [
+    "BackfillJob",
+    "BackfillPlan",
+    "BackfillResult",
+    "Columns",
+    "ErrorRecord",
+    "OnError",
+    "UnpackedUDF",
     "Connection",
     "connect",
     "ConcurrentRefreshError",

@@ -19,7 +19,23 @@ from .udf import UDF
 if TYPE_CHECKING:
     from .table import Table
 
-__all__ = ["Query", "ColumnSpec", "ViewDefinition", "SOURCE_ROW_ID", "SOURCE_ROW_VERSION", "VIEW_METADATA_KEY"]
+__all__ = [
+    "Query", "ColumnSpec", "ViewDefinition", "SOURCE_ROW_ID", "SOURCE_ROW_VERSION", "VIEW_METADATA_KEY",
+    "computed_marker", "is_marker",
+]
+
+COMPUTED_PREFIX = "__computed__"
+
+
+def computed_marker(column: str) -> str:
+    """The hidden column recording, per row, the fingerprint that computed
+    ``column`` (NULL: never computed, or the UDF failed on the row)."""
+    return f"{COMPUTED_PREFIX}{column}"
+
+
+def is_marker(name: str) -> bool:
+    return name.startswith(COMPUTED_PREFIX)
+
 
 SOURCE_ROW_ID = "__source_row_id"
 SOURCE_ROW_VERSION = "__source_row_version"  # the source row's version when computed
@@ -38,6 +54,15 @@ class ColumnSpec:
     kind: str  # "column" | "sql" | "udf"
     expr: str | None = None
     udf: UDF | None = None
+    field: str | None = None  # multi-column UDF: the struct field this column holds
+    added: bool = False  # added after creation (add_columns): existing rows are backfilled
+
+    @property
+    def fingerprint(self) -> str:
+        """What computed this column's values: the UDF's code or the SQL text."""
+        if self.udf is not None:
+            return self.udf.fingerprint
+        return hashlib.sha256(f"{self.kind}|{self.expr}".encode()).hexdigest()[:16]
 
     def to_json(self) -> dict:
         out: dict[str, Any] = {"name": self.name, "kind": self.kind}
@@ -45,12 +70,16 @@ class ColumnSpec:
             out["expr"] = self.expr
         if self.udf is not None:
             out["udf"] = self.udf.to_spec()
+        if self.field is not None:
+            out["field"] = self.field
+        if self.added:
+            out["added"] = True
         return out
 
     @staticmethod
     def from_json(d: dict) -> "ColumnSpec":
         udf = UDF.from_spec(d["udf"]) if "udf" in d else None
-        return ColumnSpec(d["name"], d["kind"], d.get("expr"), udf)
+        return ColumnSpec(d["name"], d["kind"], d.get("expr"), udf, d.get("field"), bool(d.get("added")))
 
 
 @dataclass(frozen=True)
@@ -83,7 +112,9 @@ class ViewDefinition:
         cols: list[str] = []
         for c in self.udf_columns:
             assert c.udf is not None
-            needed = c.udf.input_columns or [n for n in source_schema.names if n not in _VIEW_COLUMNS]
+            needed = c.udf.input_columns or [
+                n for n in source_schema.names if n not in _VIEW_COLUMNS and not is_marker(n)
+            ]
             for n in needed:
                 if n not in cols:
                     cols.append(n)
@@ -112,6 +143,17 @@ class ViewDefinition:
             seed=d.get("seed"),
             limit=d.get("limit"),
         )
+
+    def shape_fingerprint(self) -> str:
+        """Hash of what decides which rows the view holds and its original columns.
+
+        UDF columns and columns added later are left out: a changed UDF makes
+        its column stale row by row (see ``computed_marker``), it does not
+        make the view recompute everything.
+        """
+        d = self.to_json()
+        d["columns"] = [c for c in d["columns"] if c["kind"] != "udf" and not c.get("added")]
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     def fingerprint(self) -> str:
         """Hash of the definition; UDFs count by their code fingerprint."""
@@ -205,7 +247,7 @@ class Query:
         columns: list[ColumnSpec] = []
         if self._select is None:
             for name in source_schema.names:
-                if name not in _VIEW_COLUMNS:
+                if name not in _VIEW_COLUMNS and not is_marker(name):
                     columns.append(ColumnSpec(name, "column", name))
         else:
             seen: set[str] = set()
@@ -233,7 +275,7 @@ class Query:
                         f"expression or a UDF, got {type(value).__name__}"
                     )
         for c in columns:
-            if c.name in _VIEW_COLUMNS or c.name in _SYSTEM_COLUMNS:
+            if c.name in _VIEW_COLUMNS or c.name in _SYSTEM_COLUMNS or is_marker(c.name):
                 raise ValueError(f"output column name {c.name!r} is reserved")
         definition = ViewDefinition(
             source=self._table.name,
@@ -276,11 +318,22 @@ def output_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sche
     for c in definition.columns:
         if c.kind == "udf":
             assert c.udf is not None
-            fields.append(pa.field(c.name, c.udf.data_type, nullable=True))
+            fields.append(pa.field(c.name, udf_column_type(c), nullable=True))
         else:
             f = projected.field(c.name)
             fields.append(pa.field(c.name, f.type, nullable=True))
+    for c in definition.columns:
+        if c.kind == "udf":
+            fields.append(pa.field(computed_marker(c.name), pa.string(), nullable=True))
     return pa.schema(fields, metadata={VIEW_METADATA_KEY: definition.encode()})
+
+
+def udf_column_type(c: ColumnSpec) -> pa.DataType:
+    """The Arrow type of a UDF column (a struct field for multi-column UDFs)."""
+    assert c.udf is not None
+    if c.field is not None:
+        return c.udf.data_type.field(c.field).type
+    return c.udf.data_type
 
 
 def check_sql(ds: lance.LanceDataset, *, filter: str | None = None, columns: dict[str, str] | None = None) -> pa.Schema:

@@ -255,7 +255,7 @@ def plan_refresh(
     view_ds = view._dataset()
     state = read_refresh_state(view_ds)
     v0 = state.source_version
-    def_fp = definition.fingerprint()
+    def_fp = definition.shape_fingerprint()
 
     # How to find the rows to look at:
     #   full        -> every row, recomputed
@@ -496,7 +496,7 @@ def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner
     state = {
         "source_version": plan.to_version,
         "from_version": plan.from_version,
-        "definition": view.definition.fingerprint(),
+        "definition": view.definition.shape_fingerprint(),
         "load_number": plan.load_number + 1,
         "refreshed_at": time.time(),
         "node": socket.gethostname(),

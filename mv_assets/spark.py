@@ -27,6 +27,23 @@ class Runner(Protocol):
 
     def run(self, tasks: list[TaskSpec], definition_raw: bytes) -> list[TaskResult]: ...
 
+    def map(self, func_ref: str, payloads: list[str], shared: bytes, rows: int) -> list[str]: ...
+
+
+def resolve(func_ref: str) -> Callable[[str, bytes], str]:
+    """``"package.module:function"`` -> the function (imported on the worker)."""
+    import importlib
+
+    module, _, name = func_ref.partition(":")
+    return getattr(importlib.import_module(module), name)
+
+
+def _run_task_json(payload: str, shared: bytes) -> str:
+    return run_task(TaskSpec.from_json(payload), shared).to_json()
+
+
+_RUN_TASK = "mv_assets.spark:_run_task_json"
+
 
 class InlineRunner:
     """Runs tasks one after another in this process. For debugging and tiny views."""
@@ -36,8 +53,12 @@ class InlineRunner:
     def run(self, tasks: list[TaskSpec], definition_raw: bytes) -> list[TaskResult]:
         return [run_task(t, definition_raw) for t in tasks]
 
+    def map(self, func_ref: str, payloads: list[str], shared: bytes, rows: int = 0) -> list[str]:
+        fn = resolve(func_ref)
+        return [fn(p, shared) for p in payloads]
 
-def _task_partition_fn(tasks_json: list[str], definition_raw: bytes) -> Callable:
+
+def _task_partition_fn(func_ref: str, payloads: list[str], shared: bytes) -> Callable:
     """The mapInArrow function: partition ``i`` holds the single id ``i``."""
 
     def fn(batches):  # runs on a Spark Python worker
@@ -46,14 +67,13 @@ def _task_partition_fn(tasks_json: list[str], definition_raw: bytes) -> Callable
         _os.environ.setdefault("LANCE_LOG", "error")
         import pyarrow as _pa
 
-        from mv_assets.tasks import TaskSpec as _TaskSpec
-        from mv_assets.tasks import run_task as _run_task
+        from mv_assets.spark import resolve as _resolve
 
+        work = _resolve(func_ref)
         out = []
         for batch in batches:
             for i in batch.column(0).to_pylist():
-                result = _run_task(_TaskSpec.from_json(tasks_json[i]), definition_raw)
-                out.append(result.to_json())
+                out.append(work(payloads[i], shared))
         yield _pa.RecordBatch.from_pydict({"result": _pa.array(out, _pa.string())})
 
     return fn
@@ -133,18 +153,22 @@ class SparkRunner:
         return int(os.environ.get("MV_ASSETS_LOCAL_BELOW_ROWS") or 0)
 
     def run(self, tasks: list[TaskSpec], definition_raw: bytes) -> list[TaskResult]:
-        if not tasks:
+        out = self.map(_RUN_TASK, [t.to_json() for t in tasks], definition_raw, sum(t.rows for t in tasks))
+        return [TaskResult.from_json(r) for r in out]
+
+    def map(self, func_ref: str, payloads: list[str], shared: bytes, rows: int = 0) -> list[str]:
+        """Run ``func_ref(payload, shared)`` for each payload, one Spark partition each."""
+        if not payloads:
             return []
-        if sum(t.rows for t in tasks) <= self.resolved_local_below_rows():
+        if rows <= self.resolved_local_below_rows():
             self.last_run_local = True
-            return InlineRunner().run(tasks, definition_raw)
+            return InlineRunner().map(func_ref, payloads, shared)
         self.last_run_local = False
         spark = self.session()
-        payload = [t.to_json() for t in tasks]
-        n = len(payload)
+        n = len(payloads)
         df = spark.range(0, n, 1, n).selectExpr("cast(id as int) as i")
-        rows = df.mapInArrow(_task_partition_fn(payload, definition_raw), "result string").collect()
-        return [TaskResult.from_json(r["result"]) for r in rows]
+        rows_out = df.mapInArrow(_task_partition_fn(func_ref, payloads, shared), "result string").collect()
+        return [r["result"] for r in rows_out]
 
     def stop(self) -> None:
         with self._lock:

@@ -9,13 +9,25 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .query import VIEW_METADATA_KEY, Query, ViewDefinition, check_sql, short_error
+from .query import (
+    SOURCE_ROW_ID,
+    VIEW_METADATA_KEY,
+    ColumnSpec,
+    Query,
+    ViewDefinition,
+    check_sql,
+    computed_marker,
+    is_marker,
+    short_error,
+)
 from .policy import POLICY_METADATA_KEY, RefreshPolicy
 from .refresh import RefreshPlan, RefreshResult, RefreshState, execute_refresh, plan_refresh, read_refresh_state
 from .status import FAILED_LOAD, LOADED, LOADING, ViewStatus, record_load_state, view_status
 
 if TYPE_CHECKING:
+    from .backfill import BackfillJob, BackfillPlan, BackfillResult
     from .catalog import Connection
+    from .error_log import ErrorRecord
     from .spark import Runner
 
 __all__ = ["Table", "MaterializedView", "sql_literal", "to_arrow_table"]
@@ -139,8 +151,12 @@ class Table:
     def count_rows(self, filter: str | None = None) -> int:
         return self._dataset().count_rows(filter=filter)
 
-    def to_arrow(self, version: int | None = None) -> pa.Table:
-        return self._dataset(version).to_table()
+    def to_arrow(self, version: int | None = None, *, with_markers: bool = False) -> pa.Table:
+        """The rows; the hidden per-row computed markers only with ``with_markers``."""
+        ds = self._dataset(version)
+        if with_markers:
+            return ds.to_table()
+        return ds.to_table(columns=[n for n in ds.schema.names if not is_marker(n)])
 
     def search(self, query: Any = None) -> Query:
         """A query builder over this table (``None``: no vector / text query)."""
@@ -150,6 +166,161 @@ class Table:
 
     def list_versions(self) -> list[dict]:
         return self._dataset().versions()
+
+    # -- computed columns ------------------------------------------------
+    def _input_dataset(self) -> lance.LanceDataset:
+        """Where computed columns read their inputs (a view: its source)."""
+        return self._dataset()
+
+    def input_schema(self) -> pa.Schema:
+        return self._input_dataset().schema
+
+    def computed_columns(self) -> list[ColumnSpec]:
+        """Columns computed by a UDF or SQL expression (see :meth:`add_columns`)."""
+        from .columns import stored_columns
+
+        return stored_columns(self.schema)
+
+    def _column_lock(self, timeout: float | None = 600.0):
+        return self.connection._refresh_lock(self.name, timeout)
+
+    def add_columns(self, transforms: Any) -> list[str]:
+        """Add computed columns; returns their names.
+
+        Forms (as in Geneva): ``{"name": "<SQL expression>"}``, ``{"name": udf}``
+        (inputs from the UDF's parameter names), ``{"name": (udf, ["col_a",
+        "col_b"])}``, a ``Columns[NamedTuple]`` UDF passed directly (one
+        sibling column per field), ``UnpackedUDF(udf, prefix="img_")``.
+        Everything is validated before anything is written (``ValueError``).
+        SQL columns are filled right away; UDF columns start NULL and are
+        filled by :meth:`backfill`. On a view, the column belongs to the view:
+        later refreshes compute it for new and changed rows.
+        """
+        from .columns import add_columns
+
+        return add_columns(self, transforms)
+
+    def alter_columns(self, *alterations: dict) -> None:
+        """Swap computed columns' UDFs: ``alter_columns({"path": "col", "udf": new_udf})``.
+
+        Values are not touched: every row computed by the old code becomes
+        stale and the next :meth:`backfill` recomputes it.
+        """
+        from .columns import alter_columns
+
+        alter_columns(self, alterations)
+
+    def plan_backfill(
+        self, column: str, *, udf: Any = None, where: str | None = None, row_ids: list[int] | None = None,
+        checkpoint_size: int = 1024, max_rows_per_task: int = 65_536,
+    ) -> "BackfillPlan":
+        """An exact dry run of :meth:`backfill`: rows, batches, checkpoints already done."""
+        from .backfill import plan_backfill
+
+        return plan_backfill(self, column, udf=udf, where=where, row_ids=row_ids,
+                             checkpoint_size=checkpoint_size, max_rows_per_task=max_rows_per_task)
+
+    def backfill(
+        self,
+        column: str | list[str],
+        *,
+        udf: Any = None,
+        where: str | None = None,
+        row_ids: list[int] | None = None,
+        runner: "Runner | None" = None,
+        checkpoint_size: int = 1024,
+        max_rows_per_task: int = 65_536,
+        job_id: str | None = None,
+    ) -> "BackfillResult":
+        """Compute ``column`` for the rows that need it, checkpointed and resumable.
+
+        By default only rows whose value was never computed by the column's
+        current UDF (tracked per row: a UDF that returns NULL is not computed
+        again; after :meth:`alter_columns` every old row is). ``where`` (SQL)
+        picks rows to (re)compute instead; ``row_ids`` limits to stable row
+        ids. ``udf`` computes with another UDF of the same type (recorded as
+        such per row). Results are checkpointed every ``checkpoint_size`` rows
+        (keyed by UDF fingerprint and input identity): a killed backfill run
+        again redoes at most one batch per task. All results are committed in
+        one Lance transaction at the end. Rows a UDF fails on under
+        ``on_error="skip"`` stay NULL and are recorded (:meth:`get_errors`).
+        """
+        import uuid
+
+        from .backfill import execute_backfill, plan_backfill
+
+        if isinstance(column, list):
+            if len(column) != 1:
+                raise ValueError("backfill one column at a time (siblings of a multi-column UDF come along)")
+            column = column[0]
+        plan = plan_backfill(self, column, udf=udf, where=where, row_ids=row_ids,
+                             checkpoint_size=checkpoint_size, max_rows_per_task=max_rows_per_task)
+        job_id = job_id or uuid.uuid4().hex[:12]
+        return execute_backfill(self, plan, runner or self.connection.runner, job_id)
+
+    def backfill_async(self, column: str | list[str], **kwargs: Any) -> "BackfillJob":
+        """Start :meth:`backfill` in a background thread; returns a job handle
+        whose ``result(timeout)`` blocks. Validation errors raise here."""
+        import uuid
+
+        from .backfill import BackfillJob, plan_backfill
+
+        col = column[0] if isinstance(column, list) and len(column) == 1 else column
+        plan_kwargs = {k: kwargs[k] for k in ("udf", "where", "row_ids") if k in kwargs}
+        plan_backfill(self, col, **plan_kwargs)  # raise bad input now, not in the thread
+        job_id = kwargs.pop("job_id", None) or uuid.uuid4().hex[:12]
+        return BackfillJob(job_id, self.backfill, (column,), {**kwargs, "job_id": job_id})
+
+    def load_columns(
+        self,
+        source: str | list[str],
+        pk: str,
+        columns: list[str],
+        *,
+        source_format: str | None = None,
+        on_missing: str = "carry",
+    ) -> int | None:
+        """Load columns from Parquet, Lance or Arrow IPC joined by primary key.
+
+        ``on_missing``: ``"carry"`` keeps the value of rows with no match
+        (NULL for a new column), ``"null"`` sets it NULL, ``"error"`` raises
+        before writing. New columns are added. One commit; returns the version.
+        """
+        from .columns import load_columns
+
+        return load_columns(self, source, pk, columns, source_format=source_format, on_missing=on_missing)
+
+    def get_errors(
+        self, job_id: str | None = None, column_name: str | None = None, error_type: str | None = None
+    ) -> list["ErrorRecord"]:
+        """Error records of this table's UDF rows, filtered by job, column, exception type."""
+        from .error_log import read_errors
+
+        return read_errors(self.connection, self.name, job_id=job_id, column=column_name, error_type=error_type)
+
+    def get_failed_row_ids(self, column: str, job_id: str | None = None) -> list[int]:
+        """Stable row ids whose ``column`` failed and is still not computed.
+
+        Ids stay valid across compaction (for a view: its source row ids).
+        """
+        from .backfill import _group_specs
+
+        spec = _group_specs(self, column)[0]
+        ids = sorted({e.row_id for e in self.get_errors(job_id=job_id, column_name=column)})
+        if not ids:
+            return []
+        id_col = SOURCE_ROW_ID if isinstance(self, MaterializedView) else "_rowid"
+        marker = computed_marker(column)
+        still = self._dataset().scanner(
+            columns={"__id": id_col} if id_col != "_rowid" else [],
+            filter=f"({id_col} IN ({', '.join(map(str, ids))})) AND (`{marker}` IS NULL OR `{marker}` != '{spec.fingerprint}')",
+            with_row_id=id_col == "_rowid",
+        ).to_table()
+        return sorted(int(i) for i in still.column("__id" if id_col != "_rowid" else "_rowid").to_pylist())
+
+    def retry_errors(self, column: str, job_id: str | None = None, **kwargs: Any) -> "BackfillResult":
+        """Backfill just the rows whose ``column`` failed (one call; works after compaction)."""
+        return self.backfill(column, row_ids=self.get_failed_row_ids(column, job_id), **kwargs)
 
     # -- writing ---------------------------------------------------------
     def _check_writable(self) -> None:
@@ -162,8 +333,34 @@ class Table:
         table = to_arrow_table(data, ds.schema)
         if table.num_rows == 0:
             return ds.version
+        given = [n for n in table.column_names if is_marker(n) and table.column(n).null_count < table.num_rows]
+        if given:
+            raise ValueError(f"columns {given} are maintained by mv_assets; leave them out")
         check_primary_key(table, self.primary_key)
-        return lance.write_dataset(table, self.uri, mode="append").version
+        version = lance.write_dataset(table, self.uri, mode="append").version
+        return self._fill_sql_columns() or version
+
+    def _fill_sql_columns(self) -> int | None:
+        """Compute SQL computed columns for rows that lack them (after add/update)."""
+        from .spark import InlineRunner
+
+        version = None
+        for c in self.computed_columns():
+            if c.kind == "sql":
+                result = self.backfill(c.name, runner=InlineRunner())
+                version = result.version or version
+        return version
+
+    def _stale_markers(self, updated: set[str]) -> dict[str, str]:
+        """Markers to clear when ``updated`` columns change: computed columns reading them."""
+        out = {}
+        for c in self.computed_columns():
+            if c.name in updated:
+                continue
+            reads = set(c.udf.input_columns) if c.udf is not None and c.udf.input_columns else None
+            if reads is None or reads & updated:  # SQL and RecordBatch UDFs: any change
+                out[computed_marker(c.name)] = "CAST(NULL AS STRING)"
+        return out
 
     def delete(self, where: str) -> int:
         """Delete rows matching the SQL predicate; returns the new version."""
@@ -206,12 +403,14 @@ class Table:
         pk = self.primary_key
         if pk in updates:
             raise ValueError(f"the primary key {pk!r} cannot be updated")
+        if any(is_marker(k) for k in updates):
+            raise ValueError("computed markers are maintained by mv_assets and cannot be updated")
         try:
             check_sql(ds, filter=where, columns=updates)
         except (ValueError, OSError) as exc:
             raise ValueError(f"invalid update: {short_error(exc)}") from exc
-        ds.update(updates, where=where)
-        return self.version
+        ds.update({**updates, **self._stale_markers(set(updates))}, where=where)
+        return self._fill_sql_columns() or self.version
 
     def optimize(self, *, cleanup_older_than: timedelta | None = None, target_rows_per_fragment: int | None = None) -> int:
         """Compact small fragments (row ids and row versions are kept). Returns the new version."""
@@ -244,6 +443,13 @@ class MaterializedView(Table):
     @property
     def source(self) -> str:
         return self.definition.source
+
+    def _input_dataset(self) -> lance.LanceDataset:
+        return self.connection.open_table(self.definition.source)._dataset()
+
+    def computed_columns(self) -> list[ColumnSpec]:
+        """UDF columns and columns added with :meth:`add_columns`."""
+        return [c for c in self.definition.columns if c.kind == "udf" or c.added]
 
     def _check_writable(self) -> None:
         raise ValueError(

@@ -16,11 +16,13 @@ from dataclasses import asdict, dataclass, field
 import lance
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 from lance.fragment import write_fragments
 
 from ._files import atomic_write_text
 from .planning import shuffle_keys
-from .query import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ViewDefinition
+from .query import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ColumnSpec, ViewDefinition, computed_marker
+from .udf import RowError
 
 __all__ = ["TaskSpec", "TaskResult", "run_task", "compute_rows", "and_filters"]
 
@@ -61,6 +63,7 @@ class TaskResult:
     seconds: float = 0.0
     resumed: bool = False
     worker_pid: int = 0
+    errors: list[dict] = field(default_factory=list)  # rows a UDF failed on (on_error="skip")
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -109,6 +112,7 @@ def _compute_batches(
     batch_size: int,
     udf_rows: dict[str, int],
     only: list[str] | None = None,
+    errors: list[dict] | None = None,
 ):
     """Yield view batches; with ``only``, just the key, version and those UDF columns."""
     projection = dict(definition.projection) if only is None else {}
@@ -116,7 +120,8 @@ def _compute_batches(
         definition = ViewDefinition(
             definition.source, tuple(c for c in definition.columns if c.name in only), definition.filter
         )
-        schema = pa.schema([f for f in schema if f.name in (SOURCE_ROW_ID, SOURCE_ROW_VERSION) or f.name in only])
+        keep = {SOURCE_ROW_ID, SOURCE_ROW_VERSION, *only, *(computed_marker(c) for c in only)}
+        schema = pa.schema([f for f in schema if f.name in keep])
     inputs = definition.udf_input_columns(source_schema)
     for col in inputs:
         projection[_in_name(col)] = f"`{col}`"
@@ -136,22 +141,71 @@ def _compute_batches(
             input_batch = pa.RecordBatch.from_arrays(
                 [batch.column(_in_name(c)) for c in inputs], names=inputs
             )
+        row_ids = batch.column("_rowid").cast(pa.int64())
+        row_versions = batch.column(_ROW_VERSION).cast(pa.int64())
+        udf_values = compute_udf_columns(
+            [c for c in definition.udf_columns if c.name in schema.names], input_batch, row_ids, row_versions,
+            udf_rows, errors,
+        )
         for f in schema:
             if f.name == SOURCE_ROW_ID:
-                arrays.append(batch.column("_rowid").cast(pa.int64()))
-                continue
-            if f.name == SOURCE_ROW_VERSION:
-                arrays.append(batch.column(_ROW_VERSION).cast(pa.int64()))
-                continue
-            spec = next(c for c in definition.columns if c.name == f.name)
-            if spec.kind == "udf":
-                assert spec.udf is not None and input_batch is not None
-                values, computed = spec.udf.apply(input_batch)
-                udf_rows[f.name] = udf_rows.get(f.name, 0) + computed
-                arrays.append(values)
+                arrays.append(row_ids)
+            elif f.name == SOURCE_ROW_VERSION:
+                arrays.append(row_versions)
+            elif f.name in udf_values:
+                arrays.append(udf_values[f.name].cast(f.type))
             else:
                 arrays.append(batch.column(f.name).cast(f.type))
         yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def compute_udf_columns(
+    specs: list[ColumnSpec],
+    inputs: pa.RecordBatch | None,
+    row_ids: pa.Array,
+    row_versions: pa.Array,
+    udf_rows: dict[str, int],
+    errors: list[dict] | None,
+) -> dict[str, pa.Array]:
+    """Values of UDF columns and of their computed markers for one batch.
+
+    A multi-column UDF runs once for all its sibling columns. Rows a UDF
+    failed on under ``on_error="skip"`` get NULL values and NULL markers, and
+    an error record (keyed by stable row id) in ``errors``.
+    """
+    out: dict[str, pa.Array] = {}
+    runs: dict[tuple, tuple[pa.Array, np.ndarray]] = {}
+    n = len(row_ids)
+    for spec in specs:
+        u = spec.udf
+        assert u is not None and inputs is not None
+        key = (u.fingerprint, tuple(u.input_columns))
+        if key not in runs:
+            row_errors: list[RowError] = []
+            values, computed = u.apply(inputs, row_errors)
+            udf_rows[spec.name] = udf_rows.get(spec.name, 0) + computed
+            failed = np.zeros(n, dtype=bool)
+            for e in row_errors:
+                failed[e.index] = True
+                if errors is not None:
+                    errors.append({
+                        "column": spec.name, "udf_name": u.name, "udf_fingerprint": u.fingerprint,
+                        "row_id": int(row_ids[e.index].as_py()), "row_version": int(row_versions[e.index].as_py()),
+                        "error_type": e.error_type, "message": e.message, "traceback": e.traceback,
+                        "attempts": e.attempts,
+                    })
+            runs[key] = (values, failed)
+        else:
+            udf_rows[spec.name] = udf_rows.get(spec.name, 0)
+        values, failed = runs[key]
+        if spec.field is not None:
+            values = values.flatten()[values.type.get_field_index(spec.field)]  # flatten keeps parent NULLs
+        out[spec.name] = values
+        marker = pa.array(np.full(n, spec.fingerprint, dtype=object), pa.string())
+        if failed.any():
+            marker = pc.if_else(pa.array(failed), pa.scalar(None, pa.string()), marker)
+        out[computed_marker(spec.name)] = marker
+    return out
 
 
 def compute_rows(
@@ -204,7 +258,8 @@ def _merge_with_view(spec: TaskSpec, view_schema: pa.Schema, batches: list[pa.Re
         return view_schema.empty_table()
     keys = fresh.column(SOURCE_ROW_ID)
     view = lance.dataset(spec.view_uri, version=spec.view_version)
-    keep = [n for n in view_schema.names if n not in (spec.recompute or [])]
+    rewritten = {*(spec.recompute or []), *(computed_marker(c) for c in spec.recompute or [])}
+    keep = [n for n in view_schema.names if n not in rewritten]
     parts = []
     ids = keys.to_pylist()
     for start in range(0, len(ids), 50_000):
@@ -236,9 +291,11 @@ def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
         raise RuntimeError(
             f"source fragment {spec.fragment_id} does not exist at version {spec.src_version} of {spec.src_uri}"
         )
+    errors: list[dict] = []
     batches = list(
         _compute_batches(
-            fragment, definition, view_schema, ds.schema, spec.predicate, spec.batch_size, udf_rows, spec.recompute
+            fragment, definition, view_schema, ds.schema, spec.predicate, spec.batch_size, udf_rows, spec.recompute,
+            errors,
         )
     )
     if spec.recompute is None:
@@ -259,6 +316,7 @@ def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
         udf_rows=udf_rows,
         seconds=time.perf_counter() - start,
         worker_pid=os.getpid(),
+        errors=errors,
     )
     _save_checkpoint(spec, result)
     return result

@@ -20,7 +20,10 @@ Forms (as in Geneva):
 """
 
 import base64
+import copy
 import functools
+import time
+import traceback as _traceback
 import hashlib
 import inspect
 import os
@@ -28,12 +31,95 @@ import sys
 import sysconfig
 import textwrap
 import typing
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import cloudpickle
 import pyarrow as pa
 
-__all__ = ["UDF", "udf", "python_type_to_arrow"]
+__all__ = ["UDF", "udf", "python_type_to_arrow", "Columns", "UnpackedUDF", "OnError"]
+
+T = typing.TypeVar("T")
+
+
+class Columns(typing.Generic[T]):
+    """Return annotation of a multi-column UDF: ``-> Columns[MyNamedTuple]``.
+
+    The UDF returns one NamedTuple per row; each field becomes a sibling
+    column (``table.add_columns(udf)`` adds them all, computed together).
+    """
+
+
+class UnpackedUDF:
+    """A :class:`Columns` UDF whose output columns get a name ``prefix``.
+
+    >>> # table.add_columns(UnpackedUDF(dimensions, prefix="img_"))  # img_height, img_width
+    """
+
+    def __init__(self, udf: "UDF", prefix: str = "") -> None:
+        if not isinstance(udf, UDF) or not udf.output_fields:
+            raise ValueError("UnpackedUDF wraps a multi-column UDF (one annotated -> Columns[NamedTuple])")
+        if not isinstance(prefix, str):
+            raise ValueError("UnpackedUDF prefix must be a string")
+        self.udf = udf
+        self.prefix = prefix
+
+    def columns(self) -> dict[str, str]:
+        """``{output column: struct field}``."""
+        return {f"{self.prefix}{f}": f for f in self.udf.output_fields or []}
+
+
+@dataclass(frozen=True)
+class OnError:
+    """What a UDF does when it raises on a row.
+
+    ``retry_on`` exceptions are retried up to ``attempts`` times in all, waiting
+    ``backoff_s`` then ``backoff_s * backoff_factor``, ...; a row that still
+    fails (or fails with another exception) is then skipped (``then="skip"``:
+    the value stays NULL, an error record is written, the rest of the job
+    goes on) or fails the job (``then="fail"``).
+    """
+
+    retry_on: tuple[type, ...] = ()
+    attempts: int = 1
+    backoff_s: float = 0.1
+    backoff_factor: float = 2.0
+    then: str = "fail"
+
+    def __post_init__(self) -> None:
+        if self.then not in ("skip", "fail"):
+            raise ValueError(f"OnError(then=...) must be 'skip' or 'fail', got {self.then!r}")
+        if not isinstance(self.attempts, int) or self.attempts < 1:
+            raise ValueError("OnError attempts must be an int >= 1")
+        if self.backoff_s < 0 or self.backoff_factor < 1:
+            raise ValueError("OnError backoff_s must be >= 0 and backoff_factor >= 1")
+        for exc in self.retry_on:
+            if not (isinstance(exc, type) and issubclass(exc, BaseException)):
+                raise ValueError(f"OnError retry_on takes exception classes, got {exc!r}")
+
+    @staticmethod
+    def coerce(value: "OnError | str | None") -> "OnError":
+        if value is None or value == "fail":
+            return OnError()
+        if value == "skip":
+            return OnError(then="skip")
+        if isinstance(value, OnError):
+            return value
+        raise ValueError(f"on_error must be 'fail', 'skip' or an OnError(...), got {value!r}")
+
+    def retries(self, exc: BaseException) -> bool:
+        return bool(self.retry_on) and isinstance(exc, self.retry_on)
+
+
+@dataclass
+class RowError:
+    """One row a UDF failed on (``index`` is the position in the batch)."""
+
+    index: int
+    error_type: str
+    message: str
+    traceback: str
+    attempts: int
 
 SCALAR = "scalar"
 ARRAY = "array"
@@ -48,10 +134,31 @@ _PY_TO_ARROW = {
 }
 
 
+def _columns_struct(tp: Any) -> pa.DataType | None:
+    """The struct type of a ``Columns[NamedTuple]`` annotation, else None."""
+    if typing.get_origin(tp) is not Columns:
+        return None
+    (inner,) = typing.get_args(tp) or (None,)
+    fields = getattr(inner, "_fields", None)
+    if not fields:
+        raise ValueError(f"Columns[...] takes a NamedTuple class, got {inner!r}")
+    hints = typing.get_type_hints(inner)
+    out = []
+    for name in fields:
+        t = python_type_to_arrow(hints.get(name))
+        if t is None:
+            raise ValueError(f"Columns[{inner.__name__}]: field {name!r} needs a type annotation (int, float, str, ...)")
+        out.append(pa.field(name, t))
+    return pa.struct(out)
+
+
 def python_type_to_arrow(tp: Any) -> pa.DataType | None:
     """Arrow type for a Python annotation (``float`` is float64), or None."""
     if isinstance(tp, pa.DataType):
         return tp
+    struct = _columns_struct(tp)
+    if struct is not None:
+        return struct
     if tp in _PY_TO_ARROW:
         return _PY_TO_ARROW[tp]
     origin = typing.get_origin(tp)
@@ -118,6 +225,7 @@ class UDF:
         input_columns: list[str] | None = None,
         version: str | None = None,
         skip_nulls: bool = True,
+        on_error: "OnError | str | None" = None,
     ) -> None:
         if not callable(func):
             raise ValueError(f"@udf needs a function or class, got {func!r}")
@@ -126,6 +234,7 @@ class UDF:
         self.stateful = inspect.isclass(func)
         self.version = version
         self.skip_nulls = skip_nulls
+        self.on_error = OnError.coerce(on_error)
         sig = _signature(func)
         hints = _type_hints(func)
         params = [
@@ -173,6 +282,11 @@ class UDF:
         if not isinstance(data_type, pa.DataType):
             raise ValueError(f"UDF {self.name!r}: data_type must be a pyarrow DataType")
         self.data_type = data_type
+        ret = hints.get("return")
+        # Multi-column UDF: annotated -> Columns[NamedTuple]; one sibling column per field.
+        self.output_fields: list[str] | None = (
+            [f.name for f in data_type] if typing.get_origin(ret) is Columns and pa.types.is_struct(data_type) else None
+        )
         self._fingerprint: str | None = None
 
     # -- plain callable -------------------------------------------------
@@ -193,7 +307,14 @@ class UDF:
             input_columns=input_columns,
             version=self.version,
             skip_nulls=self.skip_nulls,
+            on_error=self.on_error,
         )
+
+    def with_on_error(self, on_error: "OnError | str") -> "UDF":
+        """A copy of this UDF with another error policy (same fingerprint)."""
+        u = copy.copy(self)
+        u.on_error = OnError.coerce(on_error)
+        return u
 
     # -- checked call path ----------------------------------------------
     _instances: dict[str, Any] = {}
@@ -226,31 +347,65 @@ class UDF:
                         f"expects {getattr(ann, '__name__', ann)} but column {col!r} is {col_type}"
                     )
 
-    def apply(self, batch: pa.RecordBatch) -> tuple[pa.Array, int]:
+    def _call(self, call: Callable[[], Any]) -> tuple[Any, int]:
+        """Run ``call`` under the retry policy; return (result, attempts)."""
+        policy = self.on_error
+        attempt = 1
+        delay = policy.backoff_s
+        while True:
+            try:
+                return call(), attempt
+            except Exception as exc:
+                if attempt < policy.attempts and policy.retries(exc):
+                    time.sleep(delay)
+                    delay *= policy.backoff_factor
+                    attempt += 1
+                    continue
+                exc.__mv_attempts__ = attempt  # type: ignore[attr-defined]
+                raise
+
+    def _row_error(self, index: int, exc: BaseException) -> RowError:
+        return RowError(
+            index=index,
+            error_type=type(exc).__name__,
+            message=str(exc)[:2000],
+            traceback="".join(_traceback.format_exception(type(exc), exc, exc.__traceback__))[-8000:],
+            attempts=getattr(exc, "__mv_attempts__", 1),
+        )
+
+    def apply(self, batch: pa.RecordBatch, errors: list[RowError] | None = None) -> tuple[pa.Array, int]:
         """Compute the UDF over ``batch``; return (values, rows computed).
 
         ``batch`` holds the input columns under their source names (for a
         RecordBatch UDF: all source columns). The result is validated against
-        ``data_type`` and the batch length.
+        ``data_type`` and the batch length. Under ``on_error`` "skip", rows
+        the function raises on get NULL and a :class:`RowError` in ``errors``
+        (a batched UDF that raises is re-run row by row to find them).
         """
         n = batch.num_rows
         fn = self._target()
-        if self.kind == BATCH:
-            out = fn(batch)
-            computed = n
-        elif self.kind == ARRAY:
-            out = fn(*[batch.column(c) for c in self.input_columns])
-            computed = n
-        else:
+        skip = self.on_error.then == "skip"
+        if errors is None:
+            errors = []
+        if self.kind == SCALAR:
             cols = [batch.column(c).to_pylist() for c in self.input_columns]
             values: list[Any] = []
             computed = 0
-            for row in zip(*cols) if cols else ([()] * n):
+            for i, row in enumerate(zip(*cols) if cols else ([()] * n)):
                 if self.skip_nulls and any(v is None for v in row):
                     values.append(None)
                     continue
-                values.append(fn(*row))
                 computed += 1
+                try:
+                    value, _ = self._call(lambda: fn(*row))
+                except Exception as exc:
+                    if not skip:
+                        raise
+                    errors.append(self._row_error(i, exc))
+                    value = None
+                if self.output_fields is not None and hasattr(value, "_asdict"):
+                    value = value._asdict()
+                values.append(value)
             try:
                 out = pa.array(values, type=self.data_type)
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
@@ -259,28 +414,58 @@ class UDF:
                     f"UDF {self.name!r} returned {', '.join(got)} values; expected "
                     f"{self.data_type}: {exc}"
                 ) from exc
+            return self._check_output(out, n), computed
+        try:
+            out, _ = self._call(lambda: self._call_batch(fn, batch))
+            return self._check_output(out, n), n
+        except Exception as exc:
+            if getattr(exc, "__mv_output_error__", False) or not skip:
+                raise
+        # The batch failed: find the failing rows one by one.
+        parts = []
+        for i in range(n):
+            row = batch.slice(i, 1)
+            try:
+                value, _ = self._call(lambda: self._call_batch(fn, row))
+                parts.append(self._check_output(value, 1))
+            except Exception as exc:
+                if getattr(exc, "__mv_output_error__", False):
+                    raise
+                errors.append(self._row_error(i, exc))
+                parts.append(pa.nulls(1, self.data_type))
+        out = pa.concat_arrays(parts) if parts else pa.array([], self.data_type)
+        return out, n
+
+    def _call_batch(self, fn: Callable, batch: pa.RecordBatch) -> Any:
+        if self.kind == BATCH:
+            return fn(batch)
+        return fn(*[batch.column(c) for c in self.input_columns])
+
+    def _check_output(self, out: Any, n: int) -> pa.Array:
+        def fail(exc: Exception) -> Exception:
+            exc.__mv_output_error__ = True  # type: ignore[attr-defined]
+            return exc
+
         if isinstance(out, pa.ChunkedArray):
             out = out.combine_chunks()
+        if isinstance(out, pa.RecordBatch) and pa.types.is_struct(self.data_type):
+            out = pa.StructArray.from_arrays(out.columns, names=out.schema.names)
         if not isinstance(out, pa.Array):
             try:
                 out = pa.array(out, type=self.data_type)
             except Exception as exc:
-                raise TypeError(
+                raise fail(TypeError(
                     f"UDF {self.name!r} returned {type(out).__name__}; expected a pyarrow "
                     f"Array of {self.data_type}"
-                ) from exc
+                )) from exc
         if len(out) != n:
-            raise ValueError(
-                f"UDF {self.name!r} returned {len(out)} values for a batch of {n} rows"
-            )
+            raise fail(ValueError(f"UDF {self.name!r} returned {len(out)} values for a batch of {n} rows"))
         if out.type != self.data_type:
             try:
                 out = out.cast(self.data_type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
-                raise TypeError(
-                    f"UDF {self.name!r} returned {out.type}; expected {self.data_type}"
-                ) from exc
-        return out, computed
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                raise fail(TypeError(f"UDF {self.name!r} returned {out.type}; expected {self.data_type}")) from exc
+        return out
 
     # -- identity and serialization -------------------------------------
     @property
@@ -382,6 +567,7 @@ def udf(
     name: str | None = None,
     version: str | None = None,
     skip_nulls: bool = True,
+    on_error: "OnError | str | None" = None,
 ) -> Any:
     """Declare a UDF; usable as ``@udf`` or ``@udf(data_type=...)``.
 
@@ -399,6 +585,11 @@ def udf(
     skip_nulls:
         Scalar UDFs only: rows with a NULL input get a NULL output without
         calling the function (the default).
+    on_error:
+        ``"fail"`` (default: an exception fails the job), ``"skip"`` (the
+        row's value stays NULL and an error record is written) or an
+        :class:`OnError` with retries and backoff for chosen exceptions.
+        Not part of the fingerprint.
 
     Examples
     --------
@@ -414,7 +605,8 @@ def udf(
 
     def wrap(f: Callable) -> UDF:
         return UDF(
-            f, name=name, data_type=data_type, input_columns=input_columns, version=version, skip_nulls=skip_nulls
+            f, name=name, data_type=data_type, input_columns=input_columns, version=version,
+            skip_nulls=skip_nulls, on_error=on_error,
         )
 
     if func is not None:

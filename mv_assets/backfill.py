@@ -1,0 +1,631 @@
+"""Backfill: compute a computed column for chosen rows of a table or view.
+
+A computed column (``add_columns``) has a hidden marker column recording, per
+row, the fingerprint of the UDF (or SQL text) that computed the value: NULL
+when it was never computed or the UDF failed on the row. So the default
+backfill computes exactly the rows whose marker is not the current
+fingerprint — a UDF that legitimately returns NULL is not computed again, and
+after ``alter_columns`` every row computed by the old code is.
+
+1. **Plan** (driver, no Spark): scan the target for the rows to compute, with
+   their *input identity*: the stable id and row version of the row the inputs
+   come from (the table's own ``_rowid`` / ``_row_last_updated_at_version``;
+   for a view, ``__source_row_id`` / ``__source_row_version``). Sorted by id
+   and cut into checkpoint batches; a batch's key hashes the fingerprint and
+   the identities, so it does not depend on physical addresses: a compaction
+   between a crash and the retry keeps every checkpoint valid.
+2. **Compute** (Spark tasks, a run of batches each): a batch whose checkpoint
+   file exists is skipped; otherwise its input rows are taken by stable id, the
+   UDF runs (with its error policy) and the results go to one checkpoint file,
+   written atomically. A killed task redoes at most the batch it was in.
+3. **Write and commit** (driver): per fragment of the target's latest version,
+   one new data file holding the column (and its marker) for every physical
+   row; committed as ONE Lance ``Update`` in ``rewrite_columns`` mode: row ids
+   and other columns stay, and the row versions of the written rows move on,
+   so views over the table see them as changed. Rows whose identity changed
+   since the plan (updated, deleted) are left for the next backfill. A commit
+   conflict re-runs this step against the new version (no UDF re-runs).
+"""
+
+import hashlib
+import json
+import os
+import shutil
+import threading
+import time
+import uuid
+from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+from lance import LanceOperation, Transaction
+from lance.file import LanceFileWriter
+from lance.fragment import Bitmap, DataFile, FragmentMetadata
+
+from .planning import column_ids as _ids
+from .planning import split_ranges
+from .query import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ColumnSpec, computed_marker
+from .tasks import compute_udf_columns
+
+if TYPE_CHECKING:
+    from .spark import Runner
+    from .table import Table
+
+__all__ = [
+    "BackfillPlan", "BackfillResult", "BackfillJob", "plan_backfill", "execute_backfill", "commit_column_values",
+    "BACKFILL_KEY",
+]
+
+BACKFILL_KEY = "mv_assets.backfill"
+_IN_ID = "__in_id"
+_IN_VER = "__in_ver"
+_TARGET_ID = "__target_id"
+_MATCHED = "__matched"
+
+
+@dataclass
+class BackfillPlan:
+    """An exact dry run of a backfill: the rows it computes and how."""
+
+    table: str
+    columns: list[str]
+    udf: str | None
+    fingerprint: str
+    read_version: int
+    where: str | None
+    rows: int
+    batches: int
+    batches_checkpointed: int
+    rows_checkpointed: int
+    tasks: int
+    checkpoint_size: int
+    # internals
+    specs: list[ColumnSpec] = field(default_factory=list, repr=False)
+    plan_rows: pa.Table | None = field(default=None, repr=False)
+    batch_keys: list[str] = field(default_factory=list, repr=False)
+    task_ranges: list[tuple[int, int]] = field(default_factory=list, repr=False)
+    checkpoint_dir: str = field(default="", repr=False)
+    input_uri: str = field(default="", repr=False)
+    input_version: int = field(default=0, repr=False)
+    is_view: bool = field(default=False, repr=False)
+
+    @property
+    def rows_to_compute(self) -> int:
+        return self.rows - self.rows_checkpointed
+
+    def summary(self) -> dict:
+        return {
+            "table": self.table,
+            "columns": self.columns,
+            "udf": self.udf,
+            "fingerprint": self.fingerprint,
+            "read_version": self.read_version,
+            "where": self.where,
+            "rows": self.rows,
+            "rows_to_compute": self.rows_to_compute,
+            "batches": self.batches,
+            "batches_checkpointed": self.batches_checkpointed,
+            "tasks": self.tasks,
+            "checkpoint_size": self.checkpoint_size,
+        }
+
+
+@dataclass
+class BackfillResult:
+    """What a backfill did. ``udf_rows_computed`` is counted by the executors."""
+
+    job_id: str
+    table: str
+    columns: list[str]
+    rows_planned: int
+    rows_written: int
+    rows_failed: int
+    rows_skipped: int  # changed or deleted since the plan: left for the next backfill
+    udf_rows_computed: int
+    batches: int
+    batches_resumed: int
+    version: int | None
+    seconds: float
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def summary(self) -> dict:
+        return asdict(self)
+
+
+# -- planning -------------------------------------------------------------
+
+
+def _group_specs(table: "Table", column: str) -> list[ColumnSpec]:
+    """The computed column ``column`` and its siblings (a multi-column UDF's)."""
+    specs = table.computed_columns()
+    by_name = {c.name: c for c in specs}
+    if column not in by_name:
+        names = sorted(by_name)
+        raise ValueError(f"{column!r} is not a computed column of {table.name!r} (computed columns: {names})")
+    spec = by_name[column]
+    if spec.field is None:
+        return [spec]
+    return [c for c in specs if c.udf is not None and c.field is not None and c.udf.fingerprint == spec.udf.fingerprint
+            and c.udf.input_columns == spec.udf.input_columns]
+
+
+def plan_backfill(
+    table: "Table",
+    column: str,
+    *,
+    udf: Any = None,
+    where: str | None = None,
+    row_ids: list[int] | None = None,
+    checkpoint_size: int = 1024,
+    max_rows_per_task: int = 65_536,
+) -> BackfillPlan:
+    """Plan a backfill of ``column`` (see :meth:`Table.backfill`)."""
+    from .table import MaterializedView, check_sql, short_error
+    from .udf import UDF
+
+    if not isinstance(checkpoint_size, int) or checkpoint_size <= 0:
+        raise ValueError("checkpoint_size must be a positive int")
+    if not isinstance(max_rows_per_task, int) or max_rows_per_task <= 0:
+        raise ValueError("max_rows_per_task must be a positive int")
+    specs = _group_specs(table, column)
+    if udf is not None:
+        if not isinstance(udf, UDF):
+            raise ValueError(f"backfill(udf=...) takes a UDF, got {type(udf).__name__}")
+        if len(specs) > 1 or specs[0].kind != "udf":
+            raise ValueError("backfill(udf=...) overrides a single UDF column; use alter_columns for others")
+        udf = udf.with_inputs(specs[0].udf.input_columns) if udf.kind != "batch" else udf
+        _check_replacement(table, specs[0], udf)
+        specs = [ColumnSpec(specs[0].name, "udf", None, udf, None, specs[0].added)]
+    ds = table._dataset()
+    is_view = isinstance(table, MaterializedView)
+    fingerprint = specs[0].fingerprint
+    stale = " OR ".join(
+        f"`{computed_marker(c.name)}` IS NULL OR `{computed_marker(c.name)}` != '{c.fingerprint}'" for c in specs
+    )
+    parts = []
+    if where is not None:
+        if not isinstance(where, str) or not where.strip():
+            raise ValueError("backfill where= takes a non-empty SQL predicate")
+        try:
+            check_sql(ds, filter=where)
+        except (ValueError, OSError) as exc:
+            raise ValueError(f"invalid backfill predicate {where!r}: {short_error(exc)}") from exc
+        parts.append(f"({where})")
+    else:
+        parts.append(f"({stale})")
+    if row_ids is not None:
+        id_col = SOURCE_ROW_ID if is_view else "_rowid"
+        if not row_ids:
+            parts.append("false")
+        else:
+            parts.append(f"{id_col} IN ({', '.join(str(int(i)) for i in row_ids)})")
+    predicate = " AND ".join(parts)
+    if is_view:
+        cols = {_IN_ID: SOURCE_ROW_ID, _IN_VER: SOURCE_ROW_VERSION}
+        source = table.connection.open_table(table.definition.source)
+        input_uri, input_version = source.uri, source.version
+    else:
+        cols = {_IN_VER: "_row_last_updated_at_version"}
+        input_uri, input_version = table.uri, ds.version
+    scanned = ds.scanner(columns=cols, filter=predicate, with_row_id=True).to_table()
+    target_ids = _ids(scanned)
+    in_ids = _ids(scanned, _IN_ID) if is_view else target_ids
+    in_vers = _ids(scanned, _IN_VER)
+    order = np.argsort(in_ids, kind="stable")
+    plan_rows = pa.table(
+        {_IN_ID: in_ids[order], _IN_VER: in_vers[order], _TARGET_ID: target_ids[order]}
+    )
+    key_base = f"{table.uri}|{[c.name for c in specs]}|{fingerprint}"
+    ckpt_dir = table.connection._state_dir("checkpoints", table.name, "columns", fingerprint)
+    batch_keys = []
+    n = plan_rows.num_rows
+    ids_np, vers_np = plan_rows.column(_IN_ID).to_numpy(), plan_rows.column(_IN_VER).to_numpy()
+    done_batches = done_rows = 0
+    for lo in range(0, n, checkpoint_size):
+        hi = min(n, lo + checkpoint_size)
+        h = hashlib.sha256(key_base.encode())
+        h.update(ids_np[lo:hi].tobytes())
+        h.update(vers_np[lo:hi].tobytes())
+        key = h.hexdigest()[:24]
+        batch_keys.append(key)
+        if os.path.exists(os.path.join(ckpt_dir, f"{key}.arrow")):
+            done_batches += 1
+            done_rows += hi - lo
+    per_task = max(1, max_rows_per_task // checkpoint_size)
+    task_ranges = [(lo, hi) for lo, hi in split_ranges(len(batch_keys), per_task)]
+    return BackfillPlan(
+        table=table.name,
+        columns=[c.name for c in specs],
+        udf=specs[0].udf.name if specs[0].udf is not None else None,
+        fingerprint=fingerprint,
+        read_version=ds.version,
+        where=where,
+        rows=n,
+        batches=len(batch_keys),
+        batches_checkpointed=done_batches,
+        rows_checkpointed=done_rows,
+        tasks=len(task_ranges),
+        checkpoint_size=checkpoint_size,
+        specs=specs,
+        plan_rows=plan_rows,
+        batch_keys=batch_keys,
+        task_ranges=task_ranges,
+        checkpoint_dir=ckpt_dir,
+        input_uri=input_uri,
+        input_version=input_version,
+        is_view=is_view,
+    )
+
+
+def _check_replacement(table: "Table", spec: ColumnSpec, udf: Any) -> None:
+    from .query import udf_column_type
+
+    if spec.kind != "udf" or spec.field is not None:
+        raise ValueError(f"column {spec.name!r} is not a single-output UDF column")
+    old_type = udf_column_type(spec)
+    if udf.output_fields is not None or udf.data_type != old_type:
+        raise ValueError(
+            f"the new UDF for {spec.name!r} returns {udf.data_type}; the column holds {old_type}"
+        )
+    schema = table.input_schema()
+    udf.validate_inputs(schema, spec.name)
+
+
+# -- compute stage (executors) ---------------------------------------------
+
+
+def _checkpoint_file(ckpt_dir: str, key: str) -> str:
+    return os.path.join(ckpt_dir, f"{key}.arrow")
+
+
+def _write_checkpoint(path: str, data: pa.Table, errors: list[dict]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    data = data.replace_schema_metadata({b"errors": json.dumps(errors).encode()})
+    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
+    with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, data.schema) as writer:
+        writer.write_table(data)
+    os.replace(tmp, path)  # whole or absent
+
+
+def _read_checkpoint(path: str) -> tuple[pa.Table, list[dict]]:
+    with pa.memory_map(path) as source:
+        data = pa.ipc.open_file(source).read_all()
+    errors = json.loads((data.schema.metadata or {}).get(b"errors", b"[]"))
+    return data, errors
+
+
+def run_compute_task(payload: str, shared: bytes) -> str:
+    """Executor side: compute the batches of one task (skipping checkpointed ones)."""
+    start = time.perf_counter()
+    task = json.loads(payload)
+    job = json.loads(shared)
+    specs = [ColumnSpec.from_json(c) for c in job["specs"]]
+    ckpt_dir = job["checkpoint_dir"]
+    with pa.memory_map(job["plan_path"]) as source:
+        plan_rows = pa.ipc.open_file(source).read_all()
+    ds = lance.dataset(job["input_uri"], version=job["input_version"])
+    inputs = _input_columns(specs, ds.schema)
+    udf_rows: dict[str, int] = {}
+    errors: list[dict] = []
+    resumed = computed = 0
+    for key, lo, hi in task["batches"]:
+        path = _checkpoint_file(ckpt_dir, key)
+        if os.path.exists(path):
+            _, errs = _read_checkpoint(path)
+            errors.extend(errs)
+            resumed += 1
+            continue
+        batch_rows = plan_rows.slice(lo, hi - lo)
+        data, errs = _compute_batch(ds, specs, inputs, batch_rows, udf_rows)
+        _write_checkpoint(path, data, errs)
+        errors.extend(errs)
+        computed += 1
+    return json.dumps(
+        {
+            "udf_rows": sum(udf_rows.get(c.name, 0) for c in specs[:1]),
+            "errors": errors,
+            "resumed": resumed,
+            "computed": computed,
+            "seconds": time.perf_counter() - start,
+            "pid": os.getpid(),
+        }
+    )
+
+
+def _input_columns(specs: list[ColumnSpec], schema: pa.Schema) -> list[str]:
+    from .query import is_marker
+
+    cols: list[str] = []
+    for c in specs:
+        if c.udf is None:
+            continue
+        needed = c.udf.input_columns or [
+            n for n in schema.names if not is_marker(n) and n not in (SOURCE_ROW_ID, SOURCE_ROW_VERSION)
+        ]
+        for n in needed:
+            if n not in cols:
+                cols.append(n)
+    return cols
+
+
+def _compute_batch(
+    ds: lance.LanceDataset, specs: list[ColumnSpec], inputs: list[str], batch_rows: pa.Table, udf_rows: dict
+) -> tuple[pa.Table, list[dict]]:
+    """Results of one checkpoint batch: input identity, matched flag, values, markers."""
+    ids = batch_rows.column(_IN_ID)
+    vers = batch_rows.column(_IN_VER)
+    if specs[0].kind == "sql":
+        id_list = ", ".join(str(i) for i in ids.to_pylist())
+        taken = ds.scanner(
+            columns={specs[0].name: specs[0].expr, "__v": "_row_last_updated_at_version"},
+            filter=f"_rowid IN ({id_list})", with_row_id=True,
+        ).to_table()
+        taken = taken.rename_columns([c if c != "__v" else "_row_last_updated_at_version" for c in taken.column_names])
+    else:
+        taken = ds._take_rows(ids, columns=inputs + ["_rowid", "_row_last_updated_at_version"])
+    taken_ids = _ids(taken, "_rowid")
+    taken_vers = _ids(taken, "_row_last_updated_at_version")
+    want_ids, want_vers = ids.to_numpy(), vers.to_numpy()
+    # Match the planned identities: a row updated or deleted since the plan is not computed.
+    lookup = {int(i): k for k, i in enumerate(taken_ids)}
+    pos = np.array([lookup.get(int(i), -1) for i in want_ids], dtype=np.int64)
+    matched = pos >= 0
+    matched[matched] = taken_vers[pos[matched]] == want_vers[matched]
+    take_idx = pa.array(pos[matched])
+    errors: list[dict] = []
+    columns: dict[str, pa.Array] = {
+        _IN_ID: ids.filter(pa.array(matched)),
+        _IN_VER: vers.filter(pa.array(matched)),
+    }
+    m_ids = columns[_IN_ID]
+    if specs[0].kind == "sql":
+        spec = specs[0]
+        columns[spec.name] = taken.column(spec.name).take(take_idx).combine_chunks()
+        columns[computed_marker(spec.name)] = pa.array(np.full(len(m_ids), spec.fingerprint, dtype=object), pa.string())
+    else:
+        input_batch = pa.RecordBatch.from_arrays(
+            [taken.column(c).take(take_idx).combine_chunks() for c in inputs], names=inputs
+        ) if inputs else pa.RecordBatch.from_pydict({})
+        values = compute_udf_columns(specs, input_batch, m_ids, columns[_IN_VER], udf_rows, errors)
+        columns.update(values)
+    return pa.table(columns), errors
+
+
+# -- write stage (driver) ---------------------------------------------------
+
+
+def _field_ids(ds: lance.LanceDataset, names: list[str]) -> tuple[list[int], set[int]]:
+    """Leaf field ids of ``names`` (what a data file lists) and all their ids."""
+    leaves: list[int] = []
+    every: set[int] = set()
+
+    def walk(f, top: bool) -> None:
+        every.add(f.id())
+        children = f.children()
+        if not children:
+            leaves.append(f.id())
+        for c in children:
+            walk(c, False)
+
+    by_name = {f.name(): f for f in ds.lance_schema.fields()}
+    for n in names:
+        walk(by_name[n], True)
+    return leaves, every
+
+
+def _write_fragment_file(
+    ds: lance.LanceDataset, fragment_id: int, names: list[str], offsets: np.ndarray, values: pa.Table
+) -> FragmentMetadata:
+    """A new data file with ``names`` for every physical row of the fragment:
+    ``values`` at ``offsets``, current values elsewhere (deleted rows NULL)."""
+    frag = ds.get_fragment(fragment_id)
+    meta = frag.metadata
+    physical = meta.physical_rows
+    current = frag.to_table(columns=names, with_row_address=True)
+    cur_off = (_ids(current, "_rowaddr") & 0xFFFFFFFF).astype(np.int64)
+    idx = np.full(physical, -1, dtype=np.int64)
+    idx[cur_off] = np.arange(len(cur_off))
+    idx[offsets] = len(cur_off) + np.arange(len(offsets))
+    schema = pa.schema([ds.schema.field(n) for n in names])
+    combined = pa.concat_tables([current.select(names).cast(schema), values.select(names).cast(schema)])
+    full = combined.take(pa.array(idx, mask=idx < 0))
+    name = f"{uuid.uuid4().hex}.lance"
+    path = os.path.join(ds.uri, "data", name)
+    version = ds.data_storage_version
+    with LanceFileWriter(path, schema, version=version) as writer:
+        for b in full.to_batches(max_chunksize=65_536):
+            writer.write_batch(b)
+    leaves, every = _field_ids(ds, names)
+    major, minor = (int(x) for x in version.split("."))
+    files = []
+    for d in meta.files:
+        fields = [(-2 if f in every else f) for f in d.fields]
+        if all(f == -2 for f in fields):
+            continue  # every column of this file is replaced
+        files.append(DataFile(d.path, fields, d.column_indices, d.file_major_version, d.file_minor_version,
+                              d.file_size_bytes, d.base_id))
+    files.append(DataFile(name, leaves, list(range(len(leaves))), major, minor, os.path.getsize(path)))
+    meta.files = files
+    return meta
+
+
+def _commit_results(table: "Table", plan: BackfillPlan, job_id: str, stats: dict) -> tuple[int | None, int, int]:
+    """Write every checkpointed result into the latest version; one commit."""
+    names = [n for c in plan.specs for n in (c.name, computed_marker(c.name))]
+    results = []
+    for key in plan.batch_keys:
+        data, _ = _read_checkpoint(_checkpoint_file(plan.checkpoint_dir, key))
+        results.append(data.select([_IN_ID, _IN_VER, *names]))
+    if not results:
+        return None, 0, 0
+    props = {"job_id": job_id, "columns": plan.columns, "fingerprint": plan.fingerprint, **stats}
+    return commit_column_values(table, names, pa.concat_tables(results), is_view=plan.is_view, props=props)
+
+
+def commit_column_values(
+    table: "Table", names: list[str], res: pa.Table, *, is_view: bool, props: dict
+) -> tuple[int | None, int, int]:
+    """Write ``names`` for the rows of ``res`` (identified by ``__in_id`` /
+    ``__in_ver``) into the latest version of ``table``: one new data file per
+    touched fragment, one ``rewrite_columns`` commit. Rows whose identity no
+    longer matches (changed or deleted meanwhile) are skipped. A commit
+    conflict redoes the write against the newer version.
+
+    Returns (new version or None, rows written, rows skipped)."""
+    res = res.combine_chunks()
+    res_ids, res_vers = _ids(res, _IN_ID), _ids(res, _IN_VER)
+    for attempt in range(5):
+        ds = table._dataset()
+        cols = {"__ver": SOURCE_ROW_VERSION if is_view else "_row_last_updated_at_version"}
+        if is_view:
+            cols["__key"] = SOURCE_ROW_ID
+        cur = ds.scanner(columns=cols, with_row_id=True, with_row_address=True).to_table()
+        cur_keys = _ids(cur, "__key") if is_view else _ids(cur)
+        cur_vers = _ids(cur, "__ver")
+        cur_addrs = _ids(cur, "_rowaddr")
+        order = np.argsort(cur_keys, kind="stable")
+        sorted_keys = cur_keys[order]
+        if len(sorted_keys) == 0:
+            return None, 0, len(res_ids)
+        p = np.minimum(np.searchsorted(sorted_keys, res_ids), len(sorted_keys) - 1)
+        rows_pos = order[p]
+        ok = (sorted_keys[p] == res_ids) & (cur_vers[rows_pos] == res_vers)
+        skipped = int(len(res_ids) - ok.sum())
+        if not ok.any():
+            return None, 0, skipped
+        addrs = cur_addrs[rows_pos[ok]]
+        kept = res.filter(pa.array(ok))
+        frag_ids = addrs >> 32
+        offsets = (addrs & 0xFFFFFFFF).astype(np.int64)
+        updated, offset_maps = [], {}
+        for fid in np.unique(frag_ids):
+            sel = np.nonzero(frag_ids == fid)[0]
+            o = offsets[sel]
+            srt = np.argsort(o)
+            updated.append(_write_fragment_file(ds, int(fid), names, o[srt], kept.take(pa.array(sel[srt]))))
+            offset_maps[int(fid)] = Bitmap(o.tolist()).__reduce__()[1][0]  # portable RoaringBitmap bytes
+        leaves, every = _field_ids(ds, names)
+        txn = Transaction(
+            read_version=ds.version,
+            operation=LanceOperation.Update(
+                updated_fragments=updated,
+                fields_modified=sorted(every),
+                update_mode="rewrite_columns",
+                updated_fragment_offsets=offset_maps,
+            ),
+            transaction_properties={BACKFILL_KEY: json.dumps({**props, "rows": int(ok.sum())})},
+        )
+        try:
+            committed = lance.LanceDataset.commit(table.uri, txn, read_version=ds.version, max_retries=0)
+            return committed.version, int(ok.sum()), skipped
+        except Exception as exc:  # a concurrent writer won: redo the write against its version
+            if "conflict" not in str(exc).lower() and "retry" not in str(exc).lower():
+                raise
+            time.sleep(0.05 * (attempt + 1))
+    raise RuntimeError(f"writing {names} into {table.name!r}: five commit conflicts in a row; run it again")
+
+
+def execute_backfill(table: "Table", plan: BackfillPlan, runner: "Runner", job_id: str) -> BackfillResult:
+    """Run the plan's compute tasks, record errors, write and commit the results."""
+    from .error_log import append_errors
+
+    start = time.perf_counter()
+    if plan.rows == 0:
+        return BackfillResult(job_id, table.name, plan.columns, 0, 0, 0, 0, 0, 0, 0, None,
+                              time.perf_counter() - start)
+    os.makedirs(plan.checkpoint_dir, exist_ok=True)
+    plan_path = os.path.join(plan.checkpoint_dir, f"plan-{job_id}.arrow")
+    _write_checkpoint(plan_path, plan.plan_rows, [])
+    shared = json.dumps({
+        "specs": [c.to_json() for c in plan.specs],
+        "checkpoint_dir": plan.checkpoint_dir,
+        "plan_path": plan_path,
+        "input_uri": plan.input_uri,
+        "input_version": plan.input_version,
+    }).encode()
+    payloads = []
+    n = plan.plan_rows.num_rows
+    for lo, hi in plan.task_ranges:
+        batches = [
+            [plan.batch_keys[b], b * plan.checkpoint_size, min(n, (b + 1) * plan.checkpoint_size)]
+            for b in range(lo, hi)
+        ]
+        payloads.append(json.dumps({"batches": batches}))
+    try:
+        outs = [json.loads(o) for o in runner.map("mv_assets.backfill:run_compute_task", payloads, shared,
+                                                  plan.rows_to_compute)]
+        computed_at = time.perf_counter()
+        errors = [e for o in outs for e in o["errors"]]
+        for e in errors:  # a view's rows are keyed by source row id, a table's by its own
+            e["column"] = e.get("column") or plan.columns[0]
+        append_errors(table.connection, table.name, job_id, errors)
+        stats = {"udf_rows_computed": sum(o["udf_rows"] for o in outs), "errors": len(errors)}
+        version, written, skipped = _commit_results(table, plan, job_id, stats)
+    finally:
+        if os.path.exists(plan_path):
+            os.remove(plan_path)
+    for key in plan.batch_keys:  # committed: the checkpoints are spent
+        path = _checkpoint_file(plan.checkpoint_dir, key)
+        if os.path.exists(path):
+            os.remove(path)
+    done = time.perf_counter()
+    failed_ids = {e["row_id"] for e in errors}
+    return BackfillResult(
+        job_id=job_id,
+        table=table.name,
+        columns=plan.columns,
+        rows_planned=plan.rows,
+        rows_written=written - len(failed_ids),
+        rows_failed=len(failed_ids),
+        rows_skipped=skipped,
+        udf_rows_computed=stats["udf_rows_computed"],
+        batches=plan.batches,
+        batches_resumed=sum(o["resumed"] for o in outs),
+        version=version,
+        seconds=done - start,
+        timings={"compute_s": computed_at - start, "commit_s": done - computed_at},
+    )
+
+
+class BackfillJob:
+    """A backfill running in a background (non-daemon) thread.
+
+    ``result(timeout)`` blocks and returns the :class:`BackfillResult` (or
+    raises the job's exception). The thread is not a daemon: the interpreter
+    waits for it before exiting, so a job is never cut off half-committed.
+    """
+
+    def __init__(self, job_id: str, target, args: tuple, kwargs: dict) -> None:
+        self.job_id = job_id
+        self._result: BackfillResult | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(target, args, kwargs), name=f"backfill-{job_id}")
+        self._thread.start()
+
+    def _run(self, target, args, kwargs) -> None:
+        try:
+            self._result = target(*args, **kwargs)
+        except BaseException as exc:  # handed to result()
+            self._error = exc
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self, timeout: float | None = None) -> BackfillResult:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"backfill job {self.job_id} still running after {timeout}s")
+        if self._error is not None:
+            raise self._error
+        assert self._result is not None
+        return self._result
+
+    def __repr__(self) -> str:
+        return f"BackfillJob({self.job_id!r}, done={self.done()})"
+
+
+def clear_checkpoints(table: "Table") -> None:
+    shutil.rmtree(table.connection._state_dir("checkpoints", table.name, "columns"), ignore_errors=True)

@@ -1,0 +1,340 @@
+"""Computed columns added after the fact: parsing and validating
+``add_columns`` transforms, storing column definitions, ``alter_columns``
+and ``load_columns``.
+
+A table's computed columns are stored as JSON in its schema metadata
+(``mv_assets.columns``); a view's are part of its definition (added columns
+are flagged ``added`` so they do not count as a change of what the view
+holds). Every computed column has a hidden marker column (see
+:func:`~mv_assets.query.computed_marker`).
+"""
+
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.dataset as pads
+
+from .planning import column_ids as _ids
+from .query import (
+    _SYSTEM_COLUMNS,
+    _VIEW_COLUMNS,
+    VIEW_METADATA_KEY,
+    ColumnSpec,
+    ViewDefinition,
+    check_sql,
+    computed_marker,
+    is_marker,
+    short_error,
+    udf_column_type,
+)
+from .udf import UDF, UnpackedUDF
+
+if TYPE_CHECKING:
+    from .table import Table
+
+__all__ = ["COLUMNS_METADATA_KEY", "parse_transforms", "stored_columns", "add_columns", "alter_columns", "load_columns"]
+
+COLUMNS_METADATA_KEY = "mv_assets.columns"
+
+
+def stored_columns(schema: pa.Schema) -> list[ColumnSpec]:
+    """A table's computed columns (those whose data column exists)."""
+    raw = (schema.metadata or {}).get(COLUMNS_METADATA_KEY.encode())
+    if not raw:
+        return []
+    return [c for c in (ColumnSpec.from_json(d) for d in json.loads(raw)) if c.name in schema.names]
+
+
+def _encode(specs: list[ColumnSpec]) -> str:
+    return json.dumps([c.to_json() for c in specs])
+
+
+def _single(name: str, u: UDF, input_schema: pa.Schema) -> ColumnSpec:
+    if u.output_fields is not None:
+        raise ValueError(
+            f"column {name!r}: UDF {u.name!r} returns several columns (Columns[...]); pass it directly, "
+            "add_columns(udf), or wrapped, add_columns(UnpackedUDF(udf, prefix=...)), not inside a dict"
+        )
+    u.validate_inputs(input_schema, name)
+    return ColumnSpec(name, "udf", None, u, None, True)
+
+
+def parse_transforms(transforms: Any, input_schema: pa.Schema, input_ds: lance.LanceDataset) -> list[ColumnSpec]:
+    """Turn every accepted ``add_columns`` form into column specs, validating
+    inputs and types against ``input_schema``. Raises ValueError."""
+    specs: list[ColumnSpec] = []
+    if isinstance(transforms, UnpackedUDF):
+        u = transforms.udf
+        u.validate_inputs(input_schema, u.name)
+        specs = [ColumnSpec(col, "udf", None, u, f, True) for col, f in transforms.columns().items()]
+    elif isinstance(transforms, UDF):
+        if transforms.output_fields is None:
+            raise ValueError(
+                f"UDF {transforms.name!r} returns one column: name it, add_columns({{'name': udf}}); "
+                "only a Columns[...] UDF is passed directly"
+            )
+        transforms.validate_inputs(input_schema, transforms.name)
+        specs = [ColumnSpec(f, "udf", None, transforms, f, True) for f in transforms.output_fields]
+    elif isinstance(transforms, dict):
+        if not transforms:
+            raise ValueError("add_columns() needs at least one column")
+        for name, value in transforms.items():
+            if not isinstance(name, str) or not name:
+                raise ValueError(f"column names must be non-empty strings, got {name!r}")
+            if isinstance(value, str):
+                if not value.strip():
+                    raise ValueError(f"column {name!r}: empty SQL expression")
+                try:
+                    check_sql(input_ds, columns={name: value})
+                except (ValueError, OSError) as exc:
+                    raise ValueError(f"column {name!r}: invalid SQL expression {value!r}: {short_error(exc)}") from exc
+                specs.append(ColumnSpec(name, "sql", value, None, None, True))
+            elif isinstance(value, UDF):
+                specs.append(_single(name, value, input_schema))
+            elif isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], UDF):
+                cols = value[1]
+                if not isinstance(cols, (list, tuple)) or not all(isinstance(c, str) for c in cols):
+                    raise ValueError(f"column {name!r}: (udf, [input columns]) takes a list of column names")
+                if value[0].kind == "batch":
+                    raise ValueError(f"column {name!r}: a RecordBatch UDF reads every column; no input list")
+                if len(cols) != len(value[0].param_names):
+                    raise ValueError(
+                        f"column {name!r}: UDF {value[0].name!r} has {len(value[0].param_names)} parameters "
+                        f"{value[0].param_names} but {len(cols)} input columns {list(cols)} were given"
+                    )
+                specs.append(_single(name, value[0].with_inputs(list(cols)), input_schema))
+            else:
+                raise ValueError(
+                    f"column {name!r}: expected a SQL expression, a UDF or (udf, [columns]), got {type(value).__name__}"
+                )
+    else:
+        raise ValueError(
+            "add_columns() takes {name: SQL | udf | (udf, [columns])}, a Columns[...] UDF or an UnpackedUDF, "
+            f"got {type(transforms).__name__}"
+        )
+    seen: set[str] = set()
+    for c in specs:
+        if c.name in seen:
+            raise ValueError(f"duplicate column name {c.name!r}")
+        seen.add(c.name)
+        if c.name in _VIEW_COLUMNS or c.name in _SYSTEM_COLUMNS or is_marker(c.name) or c.name.startswith("__in"):
+            raise ValueError(f"column name {c.name!r} is reserved")
+    return specs
+
+
+def _column_type(spec: ColumnSpec, input_ds: lance.LanceDataset) -> pa.DataType:
+    if spec.kind == "sql":
+        return check_sql(input_ds, columns={spec.name: spec.expr}).field(spec.name).type
+    return udf_column_type(spec)
+
+
+def add_columns(table: "Table", transforms: Any) -> list[str]:
+    """Validate, then add the columns (all NULL, markers NULL) and store their
+    definitions. SQL columns are filled right away; UDF columns by backfill."""
+    from .table import MaterializedView
+
+    is_view = isinstance(table, MaterializedView)
+    input_ds = table._input_dataset()
+    specs = parse_transforms(transforms, input_ds.schema, input_ds)
+    ds = table._dataset()
+    clash = [c.name for c in specs if c.name in ds.schema.names or computed_marker(c.name) in ds.schema.names]
+    if clash:
+        raise ValueError(f"columns {clash} already exist in {table.name!r}")
+    if is_view and any(c.kind == "udf" and c.udf is not None and c.udf.kind == "batch" for c in specs):
+        raise ValueError("a RecordBatch UDF cannot be added to a view; name its input columns")
+    fields = []
+    for c in specs:
+        fields.append(pa.field(c.name, _column_type(c, input_ds), nullable=True))
+        fields.append(pa.field(computed_marker(c.name), pa.string(), nullable=True))
+    with table._column_lock():
+        ds = table._dataset()
+        md = {k.decode(): v.decode() for k, v in (ds.schema.metadata or {}).items()}
+        ds.add_columns(fields)
+        ds = table._dataset()
+        if is_view:
+            definition = ViewDefinition.decode(md[VIEW_METADATA_KEY])
+            new = ViewDefinition(
+                definition.source, definition.columns + tuple(specs), definition.filter,
+                definition.shuffle, definition.seed, definition.limit,
+            )
+            ds.update_schema_metadata({VIEW_METADATA_KEY: new.encode().decode()})
+            table._definition = None
+        else:
+            existing = stored_columns(ds.schema)
+            ds.update_schema_metadata({COLUMNS_METADATA_KEY: _encode(existing + specs)})
+    for c in specs:
+        if c.kind == "sql":
+            table.backfill(c.name, runner=_inline())
+    return [c.name for c in specs]
+
+
+def _inline():
+    from .spark import InlineRunner
+
+    return InlineRunner()
+
+
+def alter_columns(table: "Table", alterations: tuple[dict, ...]) -> None:
+    """Swap the UDF of computed columns; their rows become stale (marker
+    fingerprint differs) until a backfill recomputes them."""
+    from .table import MaterializedView
+
+    if not alterations:
+        raise ValueError("alter_columns() needs at least one {'path': column, 'udf': new_udf}")
+    input_schema = table._input_dataset().schema
+    current = {c.name: c for c in table.computed_columns()}
+    replaced: dict[str, ColumnSpec] = {}
+    for alt in alterations:
+        if not isinstance(alt, dict) or set(alt) - {"path", "udf"} or "path" not in alt or "udf" not in alt:
+            raise ValueError(f"an alteration is {{'path': column, 'udf': new_udf}}, got {alt!r}")
+        name, new = alt["path"], alt["udf"]
+        if name not in current:
+            raise ValueError(f"{name!r} is not a computed column of {table.name!r} (computed: {sorted(current)})")
+        old = current[name]
+        if not isinstance(new, UDF):
+            raise ValueError(f"alter_columns: 'udf' for {name!r} must be a UDF, got {type(new).__name__}")
+        if old.kind != "udf" or old.field is not None:
+            raise ValueError(f"alter_columns: {name!r} is not a single-output UDF column")
+        if new.kind != "batch" and not all(c in input_schema.names for c in new.input_columns):
+            if len(new.param_names) == len(old.udf.input_columns):
+                new = new.with_inputs(list(old.udf.input_columns))  # keep the column's input mapping
+        if new.output_fields is not None or new.data_type != udf_column_type(old):
+            raise ValueError(f"the new UDF for {name!r} returns {new.data_type}; the column holds {udf_column_type(old)}")
+        new.validate_inputs(input_schema, name)
+        replaced[name] = ColumnSpec(name, "udf", None, new, None, old.added)
+    with table._column_lock():
+        ds = table._dataset()
+        if isinstance(table, MaterializedView):
+            d = table.definition
+            cols = tuple(replaced.get(c.name, c) for c in d.columns)
+            new_def = ViewDefinition(d.source, cols, d.filter, d.shuffle, d.seed, d.limit)
+            ds.update_schema_metadata({VIEW_METADATA_KEY: new_def.encode().decode()})
+            table._definition = None
+        else:
+            specs = [replaced.get(c.name, c) for c in stored_columns(ds.schema)]
+            ds.update_schema_metadata({COLUMNS_METADATA_KEY: _encode(specs)})
+
+
+# -- load_columns -----------------------------------------------------------
+
+_FORMATS = ("parquet", "lance", "ipc")
+
+
+def _detect_format(source: str | list[str], source_format: str | None) -> str:
+    if source_format is not None:
+        if source_format not in _FORMATS:
+            raise ValueError(f"source_format must be one of {_FORMATS}, got {source_format!r}")
+        return source_format
+    first = source[0] if isinstance(source, list) else source
+    first = first.rstrip("/")
+    if first.endswith(".lance") or os.path.isdir(os.path.join(first, "_versions")):
+        return "lance"
+    if first.endswith((".arrow", ".ipc", ".feather", ".arrows")):
+        return "ipc"
+    if first.endswith((".parquet", ".pq")) or os.path.isdir(first):
+        return "parquet"
+    raise ValueError(f"cannot tell the format of {first!r}; pass source_format='parquet' | 'lance' | 'ipc'")
+
+
+def _read_source(source: str | list[str], fmt: str, columns: list[str]) -> pa.Table:
+    if isinstance(source, list) and not source:
+        raise ValueError("load_columns: empty list of source files")
+    if fmt == "lance":
+        if isinstance(source, list):
+            raise ValueError("a Lance source is a single dataset URI, not a list")
+        ds = lance.dataset(source)
+        missing = [c for c in columns if c not in ds.schema.names]
+        if missing:
+            raise ValueError(f"load_columns: columns {missing} are not in {source!r} (columns: {ds.schema.names})")
+        return ds.to_table(columns=columns)
+    dataset = pads.dataset(source, format="ipc" if fmt == "ipc" else "parquet")
+    missing = [c for c in columns if c not in dataset.schema.names]
+    if missing:
+        raise ValueError(f"load_columns: columns {missing} are not in the source (columns: {dataset.schema.names})")
+    return dataset.to_table(columns=columns)
+
+
+def load_columns(
+    table: "Table",
+    source: str | list[str],
+    pk: str,
+    columns: list[str],
+    *,
+    source_format: str | None = None,
+    on_missing: str = "carry",
+) -> int | None:
+    """Join ``columns`` from an external Parquet / Lance / Arrow IPC dataset
+    into ``table`` by primary key ``pk``; one commit. Returns the new version
+    (None when nothing changed). All checks run before anything is written."""
+    from .backfill import commit_column_values
+    from .table import MaterializedView
+
+    if isinstance(table, MaterializedView):
+        raise ValueError(f"{table.name!r} is a materialized view: load columns into its source table instead")
+    if on_missing not in ("carry", "null", "error"):
+        raise ValueError(f"on_missing must be 'carry', 'null' or 'error', got {on_missing!r}")
+    if isinstance(columns, str) or not columns or not all(isinstance(c, str) for c in columns):
+        raise ValueError("load_columns: columns is a non-empty list of column names")
+    if pk in columns:
+        raise ValueError(f"the primary key {pk!r} cannot be loaded into itself")
+    ds = table._dataset()
+    if pk not in ds.schema.names:
+        raise ValueError(f"primary key {pk!r} is not a column of {table.name!r}")
+    computed = {c.name for c in table.computed_columns()}
+    bad = [c for c in columns if c in computed or is_marker(c) or c in _SYSTEM_COLUMNS]
+    if bad:
+        raise ValueError(f"columns {bad} are computed or reserved; they cannot be loaded")
+    fmt = _detect_format(source, source_format)
+    src = _read_source(source, fmt, [pk, *columns])
+    if src.column(pk).null_count:
+        raise ValueError(f"the source has NULL primary keys in {pk!r}")
+    if len(pc.unique(src.column(pk))) != src.num_rows:
+        raise ValueError(f"the source has duplicate primary keys in {pk!r}")
+    new_fields = []
+    for c in columns:
+        st = src.schema.field(c).type
+        if c in ds.schema.names:
+            tt = ds.schema.field(c).type
+            try:
+                src = src.set_column(src.schema.get_field_index(c), c, src.column(c).cast(tt))
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+                raise ValueError(f"column {c!r}: source type {st} does not convert to the table's {tt}") from exc
+        else:
+            new_fields.append(pa.field(c, st, nullable=True))
+    target = ds.to_table(columns=[pk, "_row_last_updated_at_version"], with_row_id=True)
+    tk = target.column(pk)
+    try:
+        sk = src.column(pk).cast(tk.type)
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
+        raise ValueError(f"primary key types differ: source {src.schema.field(pk).type}, table {tk.type}") from exc
+    idx_arr = pc.index_in(tk, value_set=sk)
+    matched = idx_arr.is_valid().to_numpy(zero_copy_only=False)
+    if on_missing == "error" and not matched.all():
+        missing = tk.filter(pa.array(~matched)).slice(0, 5).to_pylist()
+        raise ValueError(f"{int((~matched).sum())} rows of {table.name!r} have no match in the source (e.g. {pk} = {missing})")
+    if on_missing == "carry":
+        rows = target.filter(pa.array(matched))
+        take = idx_arr.filter(pa.array(matched))
+    else:
+        rows = target
+        take = idx_arr
+    values = {c: src.column(c).take(take) for c in columns}
+    res = pa.table({
+        "__in_id": _ids(rows),
+        "__in_ver": _ids(rows, "_row_last_updated_at_version"),
+        **{c: values[c] for c in columns},
+    })
+    if new_fields:
+        with table._column_lock():
+            ds.add_columns(new_fields)
+    if res.num_rows == 0:
+        return None
+    version, _, _ = commit_column_values(table, list(columns), res, is_view=False, props={"load_columns": {
+        "source": source if isinstance(source, str) else f"{len(source)} files", "pk": pk, "columns": columns,
+        "on_missing": on_missing, "rows": res.num_rows}})
+    return version

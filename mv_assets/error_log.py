@@ -1,0 +1,112 @@
+"""The catalog's errors table: one record per row a UDF failed on.
+
+Records are keyed by the *stable* row id (for a view: the source row id the
+view row is keyed by), never by a physical address, so they stay meaningful
+after compaction. The table is a Lance dataset at
+``<catalog>/_mv_assets/errors.lance``; appends from concurrent jobs commit
+independently.
+"""
+
+import os
+import time
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import lance
+import pyarrow as pa
+
+from .table import sql_literal
+
+if TYPE_CHECKING:
+    from .catalog import Connection
+
+__all__ = ["ErrorRecord", "ERRORS_SCHEMA", "append_errors", "read_errors"]
+
+ERRORS_SCHEMA = pa.schema(
+    [
+        pa.field("job_id", pa.string(), nullable=False),
+        pa.field("table", pa.string(), nullable=False),
+        pa.field("column", pa.string(), nullable=False),
+        pa.field("udf_name", pa.string()),
+        pa.field("udf_fingerprint", pa.string()),
+        pa.field("row_id", pa.int64(), nullable=False),
+        pa.field("row_version", pa.int64()),
+        pa.field("error_type", pa.string()),
+        pa.field("message", pa.string()),
+        pa.field("traceback", pa.string()),
+        pa.field("attempts", pa.int32()),
+        pa.field("created_at", pa.timestamp("us", tz="UTC")),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class ErrorRecord:
+    """A row a UDF failed on: which job, column, UDF version and stable row id."""
+
+    job_id: str
+    table: str
+    column: str
+    udf_name: str | None
+    udf_fingerprint: str | None
+    row_id: int
+    row_version: int | None
+    error_type: str | None
+    message: str | None
+    traceback: str | None
+    attempts: int | None
+    created_at: object
+
+
+def errors_uri(conn: "Connection") -> str:
+    return conn._state_dir("errors.lance")
+
+
+def append_errors(conn: "Connection", table: str, job_id: str, records: list[dict]) -> int:
+    """Append error records (dicts from the executors); returns how many."""
+    if not records:
+        return 0
+    now = pa.scalar(int(time.time() * 1_000_000), pa.timestamp("us", tz="UTC"))
+    rows = {name: [] for name in ERRORS_SCHEMA.names}
+    for r in records:
+        for name in ERRORS_SCHEMA.names:
+            if name == "job_id":
+                rows[name].append(job_id)
+            elif name == "table":
+                rows[name].append(table)
+            elif name == "created_at":
+                rows[name].append(now.as_py())
+            else:
+                rows[name].append(r.get(name))
+    data = pa.table(rows, schema=ERRORS_SCHEMA)
+    uri = errors_uri(conn)
+    os.makedirs(os.path.dirname(uri), exist_ok=True)
+    mode = "append" if os.path.isdir(os.path.join(uri, "_versions")) else "create"
+    try:
+        lance.write_dataset(data, uri, schema=ERRORS_SCHEMA, mode=mode)
+    except OSError:
+        if mode != "create":
+            raise
+        lance.write_dataset(data, uri, schema=ERRORS_SCHEMA, mode="append")  # created concurrently
+    return data.num_rows
+
+
+def read_errors(
+    conn: "Connection",
+    table: str | None = None,
+    *,
+    job_id: str | None = None,
+    column: str | None = None,
+    error_type: str | None = None,
+) -> list[ErrorRecord]:
+    """Error records matching every given filter, oldest first."""
+    uri = errors_uri(conn)
+    if not os.path.isdir(os.path.join(uri, "_versions")):
+        return []
+    parts = []
+    for name, value in (("table", table), ("job_id", job_id), ("column", column), ("error_type", error_type)):
+        if value is not None:
+            parts.append(f"`{name}` = {sql_literal(value)}")
+    data = lance.dataset(uri).to_table(filter=" AND ".join(parts) or None)
+    data = data.sort_by([("created_at", "ascending"), ("row_id", "ascending")])
+    return [ErrorRecord(**r) for r in data.to_pylist()]

@@ -1,0 +1,416 @@
+"""Column lifecycle with the inline runner (no JVM): add_columns in every form,
+validation, backfill semantics, alter_columns, load_columns, error capture and
+retry. Spark runs the same code in test_spark_columns.py."""
+
+import os
+from typing import NamedTuple
+
+import lance
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+import mv_assets as mv
+from oracle import count_calls, record_call
+
+
+def _rows(n, start=0):
+    return [{"id": i, "x": float(i), "n": i % 7, "s": f"s{i}"} for i in range(start, start + n)]
+
+
+class Dims(NamedTuple):
+    height: int
+    width: int
+
+
+def _values(table, *cols):
+    t = table.to_arrow()
+    return {r["id"]: tuple(r[c] for c in cols) for r in t.select(["id", *cols]).to_pylist()}
+
+
+def test_every_add_columns_form_matches_python(db):
+    t = db.create_table("t", _rows(50))
+
+    @mv.udf
+    def double(x: float) -> float:
+        return 2 * x
+
+    @mv.udf
+    def add(a: float, b: int) -> float:
+        return a + b
+
+    @mv.udf
+    def dims(n: int) -> mv.Columns[Dims]:
+        return Dims(n + 10, n + 20)
+
+    assert t.add_columns({"twice": double}) == ["twice"]
+    assert t.add_columns({"total": (add, ["x", "n"])}) == ["total"]
+    assert t.add_columns({"upper": "upper(s)"}) == ["upper"]
+    assert t.add_columns(dims) == ["height", "width"]
+    assert t.add_columns(mv.UnpackedUDF(dims, prefix="img_")) == ["img_height", "img_width"]
+    # SQL columns are filled right away; UDF columns wait for a backfill
+    assert _values(t, "upper")[3] == ("S3",)
+    assert _values(t, "twice")[3] == (None,)
+    assert t.backfill("twice").rows_written == 50
+    assert t.backfill("total").rows_written == 50
+    r = t.backfill("height")  # siblings come along, the UDF runs once per row
+    assert r.columns == ["height", "width", "img_height", "img_width"] and r.udf_rows_computed == 50
+    got = _values(t, "twice", "total", "upper", "height", "width", "img_height", "img_width")
+    want = {
+        i: (2.0 * i, float(i) + i % 7, f"S{i}", i % 7 + 10, i % 7 + 20, i % 7 + 10, i % 7 + 20) for i in range(50)
+    }
+    assert got == want
+    assert {c.name for c in t.computed_columns()} == set(want[0] and [
+        "twice", "total", "upper", "height", "width", "img_height", "img_width"])
+    # the hidden markers are not part of what readers see
+    assert not [n for n in t.to_arrow().column_names if n.startswith("__")]
+
+
+@mv.udf
+def _plain(x: float) -> float:
+    return x
+
+
+@mv.udf
+def _typed(s: str) -> float:
+    return 1.0
+
+
+@mv.udf
+def _multi(n: int) -> mv.Columns[Dims]:
+    return Dims(1, 2)
+
+
+@pytest.mark.parametrize(
+    "transforms, message",
+    [
+        ({"y": mv.udf(lambda missing: 1.0, data_type=pa.float64())}, "reads column 'missing'"),
+        ({"y": (_typed, ["x"])}, "expects str but column 'x' is double"),
+        ({"y": _multi}, "returns several columns"),
+        ({"x": _plain}, "already exist"),
+        (_plain, "returns one column: name it"),
+        ({"__computed__y": _plain}, "reserved"),
+        ({"_rowid": _plain}, "reserved"),
+        ({"y": "no_such_column + 1"}, "invalid SQL expression"),
+        ({"y": (_plain, ["x", "n"])}, "has 1 parameters"),
+        ({"y": 42}, "expected a SQL expression, a UDF"),
+        ({}, "at least one column"),
+        (["y"], "add_columns\\(\\) takes"),
+        (mv.UnpackedUDF(_multi, prefix="x"), None),  # 'xheight' is fine: a control case
+    ],
+)
+def test_add_columns_validation_fails_before_writing(db, transforms, message):
+    t = db.create_table("t", _rows(5))
+    before = t.version
+    if message is None:
+        t.add_columns(transforms)
+        assert t.version > before
+        return
+    with pytest.raises(ValueError, match=message):
+        t.add_columns(transforms)
+    assert t.version == before
+    assert t.schema.names == ["id", "x", "n", "s"]
+
+
+def test_unpacked_udf_needs_a_multi_column_udf():
+    with pytest.raises(ValueError, match="multi-column UDF"):
+        mv.UnpackedUDF(_plain, prefix="p_")
+
+
+def test_backfill_computes_each_row_once_even_when_the_udf_returns_null(db, call_log):
+    t = db.create_table("t", _rows(30))
+
+    @mv.udf
+    def maybe(x: float) -> float:
+        record_call(call_log, "maybe", x)
+        return None if int(x) % 3 == 0 else x
+
+    t.add_columns({"m": maybe})
+    plan = t.plan_backfill("m")
+    assert (plan.rows, plan.rows_to_compute) == (30, 30)
+    r = t.backfill("m", checkpoint_size=8)
+    assert count_calls(call_log, "maybe") == 30 == r.udf_rows_computed
+    assert t.plan_backfill("m").rows == 0  # NULL results count as computed
+    assert t.backfill("m").udf_rows_computed == 0
+    assert count_calls(call_log, "maybe") == 30
+    # new rows: only they are computed
+    t.add(_rows(5, start=100))
+    assert t.plan_backfill("m").rows == 5
+    t.backfill("m")
+    assert count_calls(call_log, "maybe") == 35
+    # an update of an input makes just those rows stale; an unrelated column does not
+    t.update("id < 4", values_sql={"x": "x + 1000"})
+    t.update("id >= 20", values={"s": "changed"})
+    assert t.plan_backfill("m").rows == 4
+    t.backfill("m")
+    assert count_calls(call_log, "maybe") == 39
+    assert _values(t, "m")[1] == (1001.0,)
+    # where= recomputes the rows it selects, computed or not
+    plan = t.plan_backfill("m", where="id >= 100")
+    assert plan.rows == 5
+    t.backfill("m", where="id >= 100")
+    assert count_calls(call_log, "maybe") == 44
+
+
+def test_alter_columns_makes_the_column_stale_and_backfill_recomputes(db, call_log):
+    t = db.create_table("t", _rows(12))
+
+    @mv.udf
+    def f(x: float) -> float:
+        return x + 1
+
+    @mv.udf(version="2")
+    def f2(x: float) -> float:
+        record_call(call_log, "f2", x)
+        return x + 2
+
+    t.add_columns({"y": f})
+    t.backfill("y")
+    before = t.version
+    t.alter_columns({"path": "y", "udf": f2})
+    assert _values(t, "y")[5] == (6.0,)  # values untouched until the backfill
+    assert t.plan_backfill("y").rows == 12
+    t.backfill("y")
+    assert _values(t, "y") == {i: (i + 2.0,) for i in range(12)}
+    assert count_calls(call_log, "f2") == 12
+    assert t.version > before
+
+    @mv.udf
+    def wrong(x: float) -> str:
+        return "a"
+
+    with pytest.raises(ValueError, match="returns string; the column holds double"):
+        t.alter_columns({"path": "y", "udf": wrong})
+    with pytest.raises(ValueError, match="not a computed column"):
+        t.alter_columns({"path": "x", "udf": f})
+    with pytest.raises(ValueError, match="an alteration is"):
+        t.alter_columns({"column": "y", "udf": f})
+
+
+def test_backfill_with_an_override_udf_and_bad_arguments(db):
+    t = db.create_table("t", _rows(6))
+    t.add_columns({"y": _plain})
+
+    @mv.udf
+    def neg(x: float) -> float:
+        return -x
+
+    t.backfill("y", udf=neg)
+    assert _values(t, "y")[2] == (-2.0,)
+    assert t.plan_backfill("y").rows == 6  # computed by another UDF than the column's
+    with pytest.raises(ValueError, match="not a computed column"):
+        t.backfill("x")
+    with pytest.raises(ValueError, match="invalid backfill predicate"):
+        t.backfill("y", where="nope > 1")
+    with pytest.raises(ValueError, match="one column at a time"):
+        t.backfill(["y", "x"])
+
+
+def test_failed_rows_are_recorded_and_a_retry_fixes_them_after_compaction(db, tmp_path):
+    t = db.create_table("t", _rows(40))
+    for i in range(40, 80, 10):  # several fragments, so compaction has work
+        t.add(_rows(10, start=i))
+    broken = tmp_path / "broken"
+    broken.write_text("1")
+
+    @mv.udf(on_error="skip")
+    def fragile(x: float) -> float:
+        if int(x) % 9 == 0 and os.path.exists(str(broken)):
+            raise RuntimeError(f"model crashed on {x}")
+        return x * 10
+
+    t.add_columns({"y": fragile})
+    r = t.backfill("y", checkpoint_size=16)
+    bad = {i for i in range(80) if i % 9 == 0}
+    assert r.rows_failed == len(bad) and r.rows_written == 80 - len(bad)
+    vals = _values(t, "y")
+    assert {i for i, (v,) in vals.items() if v is None} == bad
+    errors = t.get_errors(job_id=r.job_id)
+    assert len(errors) == len(bad)
+    e = errors[0]
+    assert (e.column, e.udf_name, e.error_type, e.table) == ("y", "fragile", "RuntimeError", "t")
+    assert "model crashed" in e.message and "Traceback" in e.traceback and e.attempts == 1
+    ids = t.to_arrow().to_pydict()
+    rid = dict(zip(lance.dataset(t.uri).to_table(columns=["id"], with_row_id=True).column("id").to_pylist(),
+                   lance.dataset(t.uri).to_table(columns=["id"], with_row_id=True).column("_rowid").to_pylist()))
+    assert t.get_failed_row_ids("y") == sorted(rid[i] for i in bad)
+    assert t.get_errors(error_type="KeyError") == [] and ids
+    # compaction moves every row: addresses change, stable row ids do not
+    t.optimize()
+    assert len(lance.dataset(t.uri).get_fragments()) == 1
+    broken.unlink()
+    fixed = t.retry_errors("y")
+    assert fixed.rows_planned == len(bad) and fixed.rows_failed == 0 and fixed.udf_rows_computed == len(bad)
+    assert _values(t, "y") == {i: (i * 10.0,) for i in range(80)}
+    assert t.get_failed_row_ids("y") == []
+    assert len(t.get_errors()) == len(bad)  # history is kept
+
+
+def test_retry_with_backoff_then_fail_policy(db, tmp_path):
+    t = db.create_table("t", _rows(4))
+    tries = tmp_path / "tries"
+    tries.mkdir()
+
+    @mv.udf(on_error=mv.OnError(retry_on=(ConnectionError,), attempts=3, backoff_s=0.001))
+    def flaky(x: float) -> float:
+        marker = tries / f"{int(x)}"
+        n = int(marker.read_text()) if marker.exists() else 0
+        marker.write_text(str(n + 1))
+        if n < 2:
+            raise ConnectionError("try again")
+        return x
+
+    t.add_columns({"y": flaky})
+    r = t.backfill("y")
+    assert r.rows_failed == 0 and _values(t, "y") == {i: (float(i),) for i in range(4)}
+    assert sorted(int(p.read_text()) for p in tries.iterdir()) == [3, 3, 3, 3]
+
+    @mv.udf(on_error=mv.OnError(retry_on=(ConnectionError,), attempts=2, backoff_s=0.001))
+    def hopeless(x: float) -> float:
+        raise ValueError("bad input")
+
+    t.add_columns({"z": hopeless})
+    before = t.version
+    with pytest.raises(ValueError, match="bad input"):
+        t.backfill("z")
+    assert t.version == before  # nothing committed
+    with pytest.raises(ValueError, match="then="):
+        mv.OnError(then="ignore")
+
+
+def test_batched_udf_skip_isolates_the_failing_rows(db):
+    t = db.create_table("t", _rows(10))
+
+    @mv.udf(data_type=pa.float64(), on_error="skip")
+    def batched(x: pa.Array) -> pa.Array:
+        if any(v == 7.0 for v in x.to_pylist()):
+            raise ZeroDivisionError("seven")
+        return x
+
+    t.add_columns({"y": batched})
+    r = t.backfill("y")
+    assert r.rows_failed == 1
+    assert _values(t, "y") == {i: (None if i == 7 else float(i),) for i in range(10)}
+
+
+def test_a_failed_job_resumes_from_its_checkpoints_even_after_compaction(db, tmp_path, call_log):
+    t = db.create_table("t", _rows(20))
+    t.add(_rows(20, start=20))
+    stop = tmp_path / "stop"
+    stop.write_text("1")
+
+    @mv.udf
+    def slow(x: float) -> float:
+        record_call(call_log, "slow", x)
+        if x >= 30 and stop.exists():
+            raise RuntimeError("killed")
+        return x + 0.5
+
+    t.add_columns({"y": slow})
+    with pytest.raises(RuntimeError, match="killed"):
+        t.backfill("y", checkpoint_size=10)
+    first = count_calls(call_log, "slow")
+    assert first == 31  # three batches finished, the fourth died on its first row
+    t.optimize()
+    stop.unlink()
+    plan = t.plan_backfill("y", checkpoint_size=10)
+    assert (plan.batches, plan.batches_checkpointed) == (4, 3)  # compaction kept the checkpoints
+    r = t.backfill("y", checkpoint_size=10)
+    assert r.batches_resumed == 3 and r.udf_rows_computed == 10
+    assert count_calls(call_log, "slow") == first + 10
+    assert _values(t, "y") == {i: (i + 0.5,) for i in range(40)}
+
+
+def test_backfill_async_returns_a_job(db):
+    t = db.create_table("t", _rows(10))
+    t.add_columns({"y": _plain})
+    job = t.backfill_async("y")
+    result = job.result(timeout=60)
+    assert job.done() and result.rows_written == 10 and result.job_id == job.job_id
+    with pytest.raises(ValueError, match="not a computed column"):
+        t.backfill_async("nope")
+
+
+def test_load_columns_from_parquet_lance_and_ipc(db, tmp_path):
+    t = db.create_table("t", _rows(10), primary_key="id")
+    ext = pa.table({"id": [1, 2, 3, 42], "emb": [[1.0], [2.0], [3.0], [42.0]], "label": ["a", "b", "c", "z"]})
+    pq.write_table(ext, tmp_path / "ext.parquet")
+    lance.write_dataset(ext, str(tmp_path / "ext.lance"))
+    with pa.OSFile(str(tmp_path / "ext.arrow"), "wb") as sink, pa.ipc.new_file(sink, ext.schema) as w:
+        w.write_table(ext)
+
+    v = t.load_columns(str(tmp_path / "ext.parquet"), "id", ["label"])
+    assert v == t.version
+    assert _values(t, "label") == {i: ({1: "a", 2: "b", 3: "c"}.get(i),) for i in range(10)}
+    # carry keeps values of unmatched rows; null clears them
+    upd = pa.table({"id": [2, 5], "label": ["B", "F"]})
+    pq.write_table(upd, tmp_path / "upd.parquet")
+    t.load_columns(str(tmp_path / "upd.parquet"), "id", ["label"], on_missing="carry")
+    assert _values(t, "label") == {i: ({1: "a", 2: "B", 3: "c", 5: "F"}.get(i),) for i in range(10)}
+    t.load_columns(str(tmp_path / "ext.lance"), "id", ["emb", "label"], on_missing="null")
+    assert _values(t, "emb", "label") == {
+        i: ({1: ([1.0], "a"), 2: ([2.0], "b"), 3: ([3.0], "c")}.get(i, (None, None))) for i in range(10)
+    }
+    before = t.version
+    with pytest.raises(ValueError, match="have no match"):
+        t.load_columns(str(tmp_path / "ext.arrow"), "id", ["label"], on_missing="error")
+    assert t.version == before
+    t.load_columns([str(tmp_path / "ext.arrow")], "id", ["label"], source_format="ipc")
+    dup = pa.table({"id": [1, 1], "label": ["x", "y"]})
+    pq.write_table(dup, tmp_path / "dup.parquet")
+    for args, message in [
+        ((str(tmp_path / "dup.parquet"), "id", ["label"]), "duplicate primary keys"),
+        ((str(tmp_path / "ext.parquet"), "id", ["nope"]), "not in the source"),
+        ((str(tmp_path / "ext.parquet"), "nope", ["label"]), "primary key 'nope'"),
+        ((str(tmp_path / "ext.parquet"), "id", "label"), "non-empty list"),
+        ((str(tmp_path / "ext.csv"), "id", ["label"]), "cannot tell the format"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            t.load_columns(*args)
+    with pytest.raises(ValueError, match="on_missing"):
+        t.load_columns(str(tmp_path / "ext.parquet"), "id", ["label"], on_missing="skip")
+    assert t.version == before + 1
+
+
+def test_udf_columns_on_a_view_follow_refreshes(db, call_log):
+    t = db.create_table("t", _rows(20))
+    v = db.create_materialized_view("v", t.search(None).where("n < 5").select(["id", "x"]), with_no_data=False)
+
+    @mv.udf
+    def cube(x: float) -> float:
+        record_call(call_log, "cube", x)
+        return x ** 3
+
+    v.add_columns({"c": cube})
+    assert v.refresh_state().definition == v.definition.shape_fingerprint()
+    assert {c.name for c in v.computed_columns()} == {"c"}
+    r = v.backfill("c")
+    passing = [i for i in range(20) if i % 7 < 5]
+    assert r.rows_written == len(passing) and count_calls(call_log, "cube") == len(passing)
+    t.add(_rows(10, start=20))
+    res = v.refresh()
+    assert not res.full and res.udf_rows_computed == {"c": sum(1 for i in range(20, 30) if i % 7 < 5)}
+    want = {i: (i ** 3.0,) for i in range(30) if i % 7 < 5}
+    assert _values(v, "c") == want
+    assert v.plan_backfill("c").rows == 0
+    # a new UDF version: stale rows, no full refresh
+    v.alter_columns({"path": "c", "udf": mv.udf(lambda x: -x, data_type=pa.float64(), name="neg", input_columns=["x"])})
+    assert not v.refresh().full
+    assert v.plan_backfill("c").rows == len(want)
+    v.backfill("c")
+    assert _values(v, "c") == {i: (-float(i),) for i in want}
+    with pytest.raises(ValueError, match="reads column 'nope'"):
+        v.add_columns({"d": mv.udf(lambda nope: 1.0, data_type=pa.float64())})
+    with pytest.raises(ValueError, match="materialized view"):
+        v.load_columns("x.parquet", "id", ["y"])
+
+
+def test_views_see_a_backfilled_column_of_their_source(db):
+    t = db.create_table("t", _rows(8))
+    t.add_columns({"y": _plain})
+    v = db.create_materialized_view("v", t.search(None).select(["id", "y"]), with_no_data=False)
+    assert _values(v, "y") == {i: (None,) for i in range(8)}
+    t.backfill("y")
+    r = v.refresh()
+    assert not r.full and r.rows_updated == 8
+    assert _values(v, "y") == {i: (float(i),) for i in range(8)}
