@@ -489,6 +489,11 @@ def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner
     keys, addrs = plan.view_key_addrs or (np.empty(0, np.int64), np.empty(0, np.int64))
     removed, updated = _deletions(view_ds, keys, addrs, plan.keys.remove_from_view)
     new_fragments = [FragmentMetadata.from_json(json.dumps(f)) for r in results for f in r.fragments]
+    errors = [e for r in results for e in r.errors]
+    if errors:  # rows a UDF skipped (on_error="skip"): NULL values, recorded before the commit
+        from .error_log import append_errors
+
+        append_errors(view.connection, view.name, f"refresh-{plan.load_number + 1}-{plan.checkpoint_dir[-8:] if plan.checkpoint_dir else ''}", errors)
     udf_rows: dict[str, int] = {}
     for r in results:
         for k, v in r.udf_rows.items():
@@ -506,6 +511,7 @@ def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner
         "rows_updated": plan.rows_to_update,
         "rows_deleted": plan.rows_to_delete,
         "udf_rows_computed": udf_rows,
+        "udf_errors": len(errors),
     }
     txn = Transaction(
         read_version=plan.view_version,

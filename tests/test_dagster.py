@@ -274,3 +274,32 @@ def test_policies_are_wired_to_sensors_and_schedules(tmp_path):
         db.open_table("cron_v").refresh()
         skip = schedule.evaluate_tick(dg.build_schedule_context(instance=instance))
         assert not skip.run_requests
+
+
+def test_table_computed_columns_are_assets_filled_by_backfill(tmp_path):
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(5)])
+    src.add_columns({"y": double, "z": "x + 100"})
+    db.create_materialized_view("v", src.search(None).select(["id", "y"]))
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    graph = defs.get_repository_def().asset_graph
+    ykey, zkey = dg.AssetKey(["src", "y"]), dg.AssetKey(["src", "z"])
+    assert graph.get(ykey).parent_keys == {dg.AssetKey(["src"])}
+    assert graph.get(ykey).code_version == src.computed_columns()[0].udf.fingerprint
+    assert {ykey, zkey} <= graph.get(dg.AssetKey(["v"])).parent_keys  # lineage: columns feed the view
+    with dg.instance_for_test() as instance:
+        sensor = _sensor(defs, "src_columns")
+        result = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=None, definitions=defs))
+        assert [r.asset_selection for r in result.run_requests] == [[ykey]]  # z (SQL) is already filled
+        assert result.cursor == str(src.version)
+        job = defs.resolve_implicit_global_asset_job_def()
+        run = job.execute_in_process(instance=instance, asset_selection=[ykey], resources={})
+        assert run.success
+        mat = instance.get_latest_materialization_event(ykey).asset_materialization
+        assert mat.metadata["rows_written"].value == 5
+        assert [r["y"] for r in src.to_arrow().to_pylist()] == [0, 2, 4, 6, 8]
+        again = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=None, definitions=defs))
+        assert again.run_requests == []  # nothing stale any more
+        src.add([{"id": 9, "x": 9}])
+        later = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=result.cursor, definitions=defs))
+        assert [r.asset_selection for r in later.run_requests] == [[ykey]]

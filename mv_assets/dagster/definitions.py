@@ -7,7 +7,11 @@
 * views over views -> the upstream view and its columns feed the derived view;
 * one sensor per table that views read: cursor = Lance version; it adds
   partitions for new fragments, retires partitions of fragments that are gone,
-  and requests one run for what changed with the source version pinned.
+  and requests one run for what changed with the source version pinned;
+* computed columns added to a base table (``add_columns``) -> downstream
+  assets of the table (code version = UDF fingerprint) materialized by a
+  checkpointed backfill of the rows that need it; a ``<table>_columns``
+  sensor requests them when new or changed rows lack values.
 
 Loading these definitions reads view metadata only: no UDF is unpickled and
 no JVM starts.
@@ -28,6 +32,7 @@ from ..catalog import Connection, connect
 from ..changes import fragment_changes
 from ..checks import check_view
 from ..policy import POLICY_METADATA_KEY, RefreshPolicy
+from ..columns import COLUMNS_METADATA_KEY
 from ..query import VIEW_METADATA_KEY
 from ..spark import InlineRunner
 from ..status import refresh_decision, view_status
@@ -78,7 +83,8 @@ def catalog_tables(db: Connection) -> dict[str, TableInfo]:
         md = lance.dataset(uri).schema.metadata or {}
         raw = md.get(VIEW_METADATA_KEY.encode())
         if raw is None:
-            out[name] = TableInfo(name, uri, False)
+            cols = json.loads(md.get(COLUMNS_METADATA_KEY.encode(), b"[]"))
+            out[name] = TableInfo(name, uri, False, columns=cols)
         else:
             d = json.loads(raw)
             policy = RefreshPolicy.from_json(md.get(POLICY_METADATA_KEY.encode()))
@@ -136,7 +142,9 @@ def _view_asset(info: TableInfo, tables: dict[str, TableInfo], pdefs: dict[str, 
             dg.AssetDep(dg.AssetKey([src.name, c["name"]]), partition_mapping=mapping) for c in src.udf_columns
         ]
     else:
-        deps = [dg.AssetDep(dg.AssetKey([src.name]))]
+        deps = [dg.AssetDep(dg.AssetKey([src.name]))] + [
+            dg.AssetDep(dg.AssetKey([src.name, c["name"]])) for c in src.columns
+        ]
     common = {"group_name": _safe(info.name)}
     specs = [
         dg.AssetSpec(
@@ -247,6 +255,98 @@ def _view_asset(info: TableInfo, tables: dict[str, TableInfo], pdefs: dict[str, 
                     )
 
     return _refresh, [view_key, *col_keys.values()]
+
+
+def _column_description(table: str, col: dict) -> str:
+    if col["kind"] == "sql":
+        return f"SQL column `{col['name']}` of `{table}`: `{col['expr']}`, computed for new rows as they arrive."
+    return _udf_description(table, col).replace("UDF column", "Computed column", 1) + (
+        " Materializing backfills the rows that lack a value from this code (checkpointed, resumable)."
+    )
+
+
+def _table_columns_asset(info: TableInfo):
+    """The computed columns of a base table: materializing one backfills it."""
+    table_key = dg.AssetKey([info.name])
+    specs, keys = [], {}
+    for col in info.columns:
+        key = dg.AssetKey([info.name, col["name"]])
+        keys[col["name"]] = key
+        fingerprint = col["udf"]["fingerprint"] if "udf" in col else None
+        specs.append(
+            dg.AssetSpec(
+                key,
+                deps=[table_key],
+                description=_column_description(info.name, col),
+                kinds={"python", "spark"} if "udf" in col else {"sql"},
+                code_version=fingerprint,
+                metadata={"udf": col["udf"]["name"], "data_type": col["udf"]["data_type"]} if "udf" in col else {
+                    "expression": col.get("expr", "")},
+                group_name="sources",
+            )
+        )
+
+    @dg.multi_asset(
+        name=f"backfill_{_safe(info.name)}_columns",
+        specs=specs,
+        can_subset=True,
+        required_resource_keys={RESOURCE_KEY},
+        op_tags={"dagster/kind/spark": ""},
+    )
+    def _backfill(context: dg.AssetExecutionContext):
+        resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
+        table = resource.connection().open_table(info.name)
+        done: dict[str, Any] = {}
+        for name, key in keys.items():
+            if key not in context.selected_asset_keys:
+                continue
+            if name not in done:
+                result = table.backfill(name)
+                for c in result.columns:  # a multi-column UDF fills its siblings too
+                    done[c] = result
+                context.log.info(
+                    f"{info.name}.{name}: {result.rows_written} rows written, {result.rows_failed} failed, "
+                    f"{result.rows_skipped} changed meanwhile, {result.batches_resumed}/{result.batches} batches "
+                    f"resumed, job {result.job_id}"
+                )
+            r = done[name]
+            yield dg.MaterializeResult(
+                asset_key=key,
+                metadata={
+                    "job_id": r.job_id,
+                    "rows_written": r.rows_written,
+                    "rows_failed": r.rows_failed,
+                    "rows_skipped": r.rows_skipped,
+                    "udf_rows_computed": r.udf_rows_computed,
+                    "batches_resumed": r.batches_resumed,
+                    "table_version": r.version if r.version is not None else table.version,
+                },
+            )
+
+    return _backfill, list(keys.values())
+
+
+def _make_columns_sensor(info: TableInfo, keys: list[dg.AssetKey], interval: int, status):
+    @dg.sensor(
+        name=f"{_safe(info.name)}_columns",
+        minimum_interval_seconds=interval,
+        default_status=status,
+        asset_selection=keys,
+        description=(
+            f"Watches Lance table `{info.name}`; on a new version it requests a backfill of the computed columns "
+            f"({', '.join(c['name'] for c in info.columns)}) that have rows without a current value."
+        ),
+    )
+    def _sensor(context: dg.SensorEvaluationContext):
+        version = lance.dataset(info.uri).version
+        if context.cursor and int(context.cursor) == version:
+            return dg.SkipReason(f"{info.name} is still at version {version}")
+        table = connect(os.path.dirname(info.uri), runner=InlineRunner()).open_table(info.name)
+        stale = [k for k, c in zip(keys, info.columns) if table.plan_backfill(c["name"]).rows > 0]
+        runs = [dg.RunRequest(run_key=f"{info.name}@{version}:columns", asset_selection=stale)] if stale else []
+        return dg.SensorResult(run_requests=runs, cursor=str(version))
+
+    return _sensor
 
 
 def _freshness(policy: RefreshPolicy):
@@ -399,6 +499,11 @@ def build_definitions(
             assets.append(asset)
             view_assets[t.name] = keys
     sensors = []
+    for t in tables.values():
+        if not t.is_view and t.columns:
+            asset, keys = _table_columns_asset(t)
+            assets.append(asset)
+            sensors.append(_make_columns_sensor(t, keys, sensor_interval_seconds, status))
     for s in sources_read:
         views = [t for t in tables.values() if t.is_view and t.source == s]
         sensors.append(_make_sensor(tables[s], views, pdefs[s], view_assets, sensor_interval_seconds, status))
