@@ -214,6 +214,18 @@ def plan_backfill(
     target_ids = _ids(scanned)
     in_ids = _ids(scanned, _IN_ID) if is_view else target_ids
     in_vers = _ids(scanned, _IN_VER)
+    if is_view and len(in_ids):
+        # Only rows whose source row still has the version the view holds: the
+        # others changed in the source and the next refresh recomputes them.
+        src = lance.dataset(input_uri, version=input_version).scanner(
+            columns={"__v": "_row_last_updated_at_version"}, with_row_id=True
+        ).to_table()
+        s_ids, s_vers = _ids(src), _ids(src, "__v")
+        order_s = np.argsort(s_ids)
+        s_ids, s_vers = s_ids[order_s], s_vers[order_s]
+        p = np.minimum(np.searchsorted(s_ids, in_ids), max(len(s_ids) - 1, 0))
+        keep = (len(s_ids) > 0) & (s_ids[p] == in_ids) & (s_vers[p] == in_vers) if len(s_ids) else np.zeros(len(in_ids), bool)
+        target_ids, in_ids, in_vers = target_ids[keep], in_ids[keep], in_vers[keep]
     order = np.argsort(in_ids, kind="stable")
     plan_rows = pa.table(
         {_IN_ID: in_ids[order], _IN_VER: in_vers[order], _TARGET_ID: target_ids[order]}
@@ -357,23 +369,18 @@ def _compute_batch(
     """Results of one checkpoint batch: input identity, matched flag, values, markers."""
     ids = batch_rows.column(_IN_ID)
     vers = batch_rows.column(_IN_VER)
+    # The input dataset is pinned at the version the plan checked identities
+    # against, so a row id found there has the planned row version. (Taking
+    # _row_last_updated_at_version trips a Lance projection bug after updates.)
     if specs[0].kind == "sql":
-        id_list = ", ".join(str(i) for i in ids.to_pylist())
-        taken = ds.scanner(
-            columns={specs[0].name: specs[0].expr, "__v": "_row_last_updated_at_version"},
-            filter=f"_rowid IN ({id_list})", with_row_id=True,
-        ).to_table()
-        taken = taken.rename_columns([c if c != "__v" else "_row_last_updated_at_version" for c in taken.column_names])
+        taken = ds._take_rows(ids, columns={specs[0].name: specs[0].expr, "_rowid": "_rowid"})
     else:
-        taken = ds._take_rows(ids, columns=inputs + ["_rowid", "_row_last_updated_at_version"])
+        taken = ds._take_rows(ids, columns=inputs + ["_rowid"])
     taken_ids = _ids(taken, "_rowid")
-    taken_vers = _ids(taken, "_row_last_updated_at_version")
-    want_ids, want_vers = ids.to_numpy(), vers.to_numpy()
-    # Match the planned identities: a row updated or deleted since the plan is not computed.
+    want_ids = ids.to_numpy()
     lookup = {int(i): k for k, i in enumerate(taken_ids)}
     pos = np.array([lookup.get(int(i), -1) for i in want_ids], dtype=np.int64)
     matched = pos >= 0
-    matched[matched] = taken_vers[pos[matched]] == want_vers[matched]
     take_idx = pa.array(pos[matched])
     errors: list[dict] = []
     columns: dict[str, pa.Array] = {

@@ -430,3 +430,73 @@ def test_refresh_records_rows_a_view_udf_skipped(db):
     assert errors[0].job_id.startswith("refresh-1")
     assert v.get_failed_row_ids("r") == [errors[0].row_id]
     assert v.plan_backfill("r").rows == 1  # the failed row is not computed: a backfill retries it
+
+
+# -- property test: random histories of table writes and backfills -------------
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_STEP = st.one_of(
+    st.tuples(st.just("add"), st.integers(1, 15)),
+    st.tuples(st.just("delete"), st.integers(0, 6)),
+    st.tuples(st.just("update_input"), st.integers(0, 6)),
+    st.tuples(st.just("update_other"), st.integers(0, 6)),
+    st.tuples(st.just("optimize"), st.just(0)),
+    st.tuples(st.just("backfill"), st.integers(1, 12)),
+    st.tuples(st.just("alter"), st.integers(1, 3)),
+    st.tuples(st.just("partial"), st.integers(0, 6)),
+)
+
+
+@settings(max_examples=int(os.environ.get("MV_ASSETS_HYPOTHESIS_EXAMPLES", "12")), deadline=None,
+          suppress_health_check=list(HealthCheck), derandomize=True)
+@given(steps=st.lists(_STEP, min_size=1, max_size=10))
+def test_random_histories_keep_computed_columns_exact(tmp_path_factory, steps):
+    """After every backfill each row holds f(x) for the column's current UDF;
+    a backfill computes exactly the rows that are stale (oracle: plain Python
+    over the rows, tracking which rows changed since they were computed)."""
+    db = mv.connect(str(tmp_path_factory.mktemp("h") / "cat"), runner=mv.InlineRunner())
+    t = db.create_table("t", _rows(10))
+    k = {"v": 1}
+
+    def make(kk):
+        return mv.udf(lambda x: x * 10 + kk, data_type=pa.float64(), name="f", input_columns=["x"], version=str(kk))
+
+    t.add_columns({"y": make(1)})
+    computed_with: dict[int, tuple] = {}  # id -> (x, k) the value was computed from
+    next_id = 10
+    for op, arg in steps:
+        if op == "add":
+            t.add(_rows(arg, start=next_id))
+            next_id += arg
+        elif op == "delete":
+            t.delete(f"n = {arg}")
+        elif op == "update_input":
+            t.update(f"n = {arg}", values_sql={"x": "x + 0.5"})
+        elif op == "update_other":
+            t.update(f"n = {arg}", values={"s": "changed"})
+        elif op == "optimize":
+            t.optimize()
+        elif op == "alter":
+            k["v"] += arg
+            t.alter_columns({"path": "y", "udf": make(k["v"])})
+        current = {r["id"]: r for r in t.to_arrow().to_pylist()}
+        stale = {i for i, r in current.items() if computed_with.get(i) != (r["x"], k["v"])}
+        if op == "partial":
+            sel = {i for i in stale if current[i]["n"] == arg}
+            plan = t.plan_backfill("y", where=f"n = {arg}")
+            assert plan.rows == sum(1 for r in current.values() if r["n"] == arg)
+            t.backfill("y", where=f"n = {arg}")
+            for i in {i for i, r in current.items() if r["n"] == arg}:
+                computed_with[i] = (current[i]["x"], k["v"])
+            assert sel <= {i for i in current if current[i]["n"] == arg}
+        elif op == "backfill":
+            assert t.plan_backfill("y").rows == len(stale)
+            r = t.backfill("y", checkpoint_size=arg)
+            assert r.udf_rows_computed == len(stale) == r.rows_written
+            for i in stale:
+                computed_with[i] = (current[i]["x"], k["v"])
+            got = {i: row["y"] for i, row in ((r_["id"], r_) for r_ in t.to_arrow().to_pylist())}
+            assert got == {i: current[i]["x"] * 10 + k["v"] for i in current}
+    assert t.count_rows() == len({r["id"] for r in t.to_arrow().to_pylist()})
