@@ -363,6 +363,16 @@ def _input_columns(specs: list[ColumnSpec], schema: pa.Schema) -> list[str]:
     return cols
 
 
+def _positions(want: np.ndarray, have: np.ndarray) -> np.ndarray:
+    """For each id in ``want`` its index in ``have`` (-1 when absent)."""
+    if len(have) == 0:
+        return np.full(len(want), -1, dtype=np.int64)
+    order = np.argsort(have, kind="stable")
+    p = np.minimum(np.searchsorted(have, want, sorter=order), len(have) - 1)
+    idx = order[p]
+    return np.where(have[idx] == want, idx, -1).astype(np.int64)
+
+
 def _compute_batch(
     ds: lance.LanceDataset, specs: list[ColumnSpec], inputs: list[str], batch_rows: pa.Table, udf_rows: dict
 ) -> tuple[pa.Table, list[dict]]:
@@ -378,8 +388,7 @@ def _compute_batch(
         taken = ds._take_rows(ids, columns=inputs + ["_rowid"])
     taken_ids = _ids(taken, "_rowid")
     want_ids = ids.to_numpy()
-    lookup = {int(i): k for k, i in enumerate(taken_ids)}
-    pos = np.array([lookup.get(int(i), -1) for i in want_ids], dtype=np.int64)
+    pos = _positions(want_ids, taken_ids)
     matched = pos >= 0
     take_idx = pa.array(pos[matched])
     errors: list[dict] = []
@@ -593,7 +602,8 @@ def execute_backfill(table: "Table", plan: BackfillPlan, runner: "Runner", job_i
         batches_resumed=sum(o["resumed"] for o in outs),
         version=version,
         seconds=done - start,
-        timings={"compute_s": computed_at - start, "commit_s": done - computed_at},
+        timings={"compute_s": computed_at - start, "commit_s": done - computed_at,
+                 "task_s_total": sum(o["seconds"] for o in outs), "tasks": len(outs)},
     )
 
 

@@ -203,5 +203,84 @@ def refresh(obj: _Ctx, views: tuple[str, ...], src_version: int | None, mode: st
         )
 
 
+@main.command()
+@click.argument("table")
+@click.argument("column")
+@click.option("--where", default=None, help="SQL predicate: (re)compute these rows instead of the stale ones.")
+@click.option("--retry-failed", is_flag=True, help="Only the rows whose COLUMN failed (see `errors`).")
+@click.option("--checkpoint-size", type=int, default=1024, show_default=True, help="Rows per checkpoint batch.")
+@click.option("--max-rows-per-task", type=int, default=65_536, show_default=True, help="Rows per Spark task.")
+@click.option("--dry-run", is_flag=True, help="Print the plan (rows, batches, checkpoints done) and stop.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+@_guard
+def backfill(obj: _Ctx, table: str, column: str, where: str | None, retry_failed: bool, checkpoint_size: int,
+             max_rows_per_task: int, dry_run: bool, as_json: bool) -> None:
+    """Compute a computed COLUMN of TABLE (or view) for the rows that need it.
+
+    Checkpointed: run it again after a crash and finished batches are kept.
+    Exit code 1 when the job fails; rows skipped by a UDF's error policy are
+    reported, not fatal.
+    """
+    t = obj.db.open_table(table)
+    if retry_failed and where is not None:
+        raise click.BadParameter("--retry-failed and --where do not combine", param_hint="--retry-failed")
+    row_ids = t.get_failed_row_ids(column) if retry_failed else None
+    kwargs = {"where": where, "row_ids": row_ids, "checkpoint_size": checkpoint_size,
+              "max_rows_per_task": max_rows_per_task}
+    plan = t.plan_backfill(column, **kwargs)
+    if dry_run:
+        s = plan.summary()
+        if as_json:
+            _print_json(s)
+        else:
+            click.echo(
+                f"{table}.{','.join(s['columns'])}: {s['rows']} rows in {s['batches']} batches, {s['tasks']} tasks; "
+                f"{s['batches_checkpointed']} batches already checkpointed -> {s['rows_to_compute']} rows to compute"
+            )
+        return
+    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
+                  disable=as_json or not sys.stderr.isatty(), console=Console(stderr=True)) as progress:
+        progress.add_task(f"backfilling {table}.{column}: {plan.rows_to_compute} rows to compute", total=None)
+        try:
+            r = t.backfill(column, **kwargs)
+        except (MvAssetsError, ValueError):
+            raise
+        except Exception as exc:
+            click.echo(f"error: backfill of {table}.{column} failed: {type(exc).__name__}: {exc}\n"
+                       "finished batches are checkpointed: run the same command again to resume", err=True)
+            sys.exit(EXIT_FAILED)
+    if as_json:
+        _print_json(r.summary())
+        return
+    click.echo(
+        f"{table}.{','.join(r.columns)}: {r.rows_written} rows written, {r.rows_failed} failed, "
+        f"{r.rows_skipped} changed meanwhile; UDF rows {r.udf_rows_computed}; "
+        f"{r.batches_resumed}/{r.batches} batches resumed; job {r.job_id}; {r.seconds:.2f}s"
+    )
+    if r.rows_failed:
+        click.echo(f"  see `mv-assets errors {table} --column {column}`; retry with --retry-failed")
+
+
+@main.command()
+@click.argument("table")
+@click.option("--column", default=None, help="Only this column.")
+@click.option("--job", "job_id", default=None, help="Only this job.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON (with tracebacks).")
+@click.pass_obj
+@_guard
+def errors(obj: _Ctx, table: str, column: str | None, job_id: str | None, as_json: bool) -> None:
+    """Rows a UDF failed on: job, column, stable row id, exception."""
+    records = obj.db.open_table(table).get_errors(job_id=job_id, column_name=column)
+    if as_json:
+        _print_json([r.__dict__ for r in records])
+        return
+    _print_rows(
+        [{"job": r.job_id, "column": r.column, "row_id": r.row_id, "error": r.error_type,
+          "message": (r.message or "")[:80], "attempts": r.attempts, "at": r.created_at} for r in records],
+        f"errors in {table}",
+    )
+
+
 if __name__ == "__main__":
     main()

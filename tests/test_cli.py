@@ -79,3 +79,31 @@ def test_status_json_and_failed_load(catalog):
 def test_bad_input_exit_codes(catalog, args, code, message):
     r = run(catalog, *args)
     assert r.exit_code == code and message in r.output
+
+
+def test_backfill_dry_run_errors_and_retry(tmp_path):
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(10)])
+    flag = tmp_path / "broken"
+    flag.write_text("1")
+
+    @mv.udf(on_error="skip")
+    def fragile(x: int) -> int:
+        if x % 4 == 0 and flag.exists():
+            raise KeyError(x)
+        return x + 1
+
+    t.add_columns({"y": fragile})
+    r = run(db, "backfill", "t", "y", "--dry-run", "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["rows_to_compute"] == 10
+    r = run(db, "backfill", "t", "y", "--json")
+    out = json.loads(r.output)
+    assert r.exit_code == 0 and out["rows_failed"] == 3 and out["rows_written"] == 7
+    r = run(db, "errors", "t", "--column", "y", "--json")
+    assert sorted(e["error_type"] for e in json.loads(r.output)) == ["KeyError"] * 3
+    flag.unlink()
+    r = run(db, "backfill", "t", "y", "--retry-failed")
+    assert r.exit_code == 0 and "3 rows written, 0 failed" in r.output
+    assert [row["y"] for row in t.to_arrow().to_pylist()] == [i + 1 for i in range(10)]
+    assert run(db, "backfill", "t", "nope").exit_code == 2
+    assert run(db, "backfill", "t", "y", "--where", "bad syntax (").exit_code == 2

@@ -1,0 +1,184 @@
+"""Backfill benchmark: prints ratios measured side by side in one run.
+
+1. Backfill throughput of a new UDF column over N rows (default 1M): mv_assets
+   inline and on Spark, against plain pylance ``LanceDataset.add_columns`` with
+   the same batch function (single process, no checkpoints, no markers).
+   Reported as rows/s and as time ratio to pylance. Spark start-up is measured
+   apart and excluded.
+2. The same with a model-like scalar UDF (~20 us of Python per row).
+3. Incremental: after appending 1% of rows, UDF rows computed / rows appended
+   (goal 1.00) and its time against the full backfill.
+4. Resume: a backfill failing after ~half its batches, then run again: UDF rows
+   computed by the second run / rows not yet checkpointed (goal 1.00).
+
+Usage: python bench/bench_backfill.py [--rows 1000000] [--master local[*]]
+"""
+
+import argparse
+import os
+import shutil
+import sys
+import tempfile
+import time
+
+os.environ.setdefault("LANCE_LOG", "error")
+
+import lance  # noqa: E402
+import numpy as np  # noqa: E402
+import pyarrow as pa  # noqa: E402
+import pyarrow.compute as pc  # noqa: E402
+
+import mv_assets as mv  # noqa: E402
+
+
+@mv.udf(data_type=pa.float64())
+def scaled(x: pa.Array) -> pa.Array:
+    return pc.add(pc.multiply(x, 2.0), 1.0)
+
+
+def _model(x: float) -> float:
+    acc = x
+    for k in range(60):
+        acc = (acc * 1.0001 + k) % 997.0
+    return acc
+
+
+@mv.udf
+def model_score(x: float) -> float:
+    """Stands in for a model call: ~20 microseconds of Python per row."""
+    return _model(x)
+
+
+def make_rows(start: int, n: int) -> pa.Table:
+    rng = np.random.default_rng(start)
+    return pa.table({"id": np.arange(start, start + n, dtype=np.int64), "x": rng.random(n)})
+
+
+def pylance_add_columns(uri: str, name: str, vectorized: bool) -> float:
+    """The plain pylance way: ``add_columns`` with a batch function, one process."""
+
+    def fn(batch: pa.RecordBatch) -> pa.RecordBatch:
+        x = batch.column("x")
+        if vectorized:
+            out = pc.add(pc.multiply(x, 2.0), 1.0)
+        else:
+            out = pa.array([_model(v) for v in x.to_pylist()], pa.float64())
+        return pa.RecordBatch.from_arrays([out], names=[name])
+
+    ds = lance.dataset(uri)
+    t0 = time.perf_counter()
+    ds.add_columns(fn, read_columns=["x"])
+    return time.perf_counter() - t0
+
+
+def timed_backfill(t, *args, **kwargs):
+    """Backfill and its wall-clock time, planning included."""
+    t0 = time.perf_counter()
+    r = t.backfill(*args, **kwargs)
+    r.seconds = time.perf_counter() - t0
+    return r
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--rows", type=int, default=1_000_000)
+    ap.add_argument("--model-rows", type=int, default=200_000, help="rows for the model-like UDF runs")
+    ap.add_argument("--master", default="local[*]")
+    args = ap.parse_args()
+    n = args.rows
+    work = tempfile.mkdtemp(prefix="mv_bench_backfill_")
+    try:
+        runner = mv.SparkRunner(master=args.master)
+        t0 = time.perf_counter()
+        runner.session().range(1).count()
+        print(f"spark start-up (excluded): {time.perf_counter() - t0:.1f}s", flush=True)
+
+        def fresh(rows: int, tag: str):
+            db = mv.connect(os.path.join(work, tag), runner=runner)
+            per_frag = max(rows // 8, 1)
+            t = db.create_table("t", make_rows(0, per_frag))
+            for start in range(per_frag, rows, per_frag):
+                t.add(make_rows(start, min(per_frag, rows - start)))
+            return db, t
+
+        # 1. vectorized UDF
+        db, t = fresh(n, "base_vec")
+        base_vec = pylance_add_columns(t.uri, "y_plain", vectorized=True)
+        db, t = fresh(n, "inline_vec")
+        t.add_columns({"y": scaled})
+        r_inline = timed_backfill(t, "y", runner=mv.InlineRunner(), checkpoint_size=65_536, max_rows_per_task=262_144)
+        db, t = fresh(n, "spark_vec")
+        t.add_columns({"y": scaled})
+        r_spark_warm = t.backfill("y", where="id < 1000")  # warm the Python workers
+        r_spark = timed_backfill(t, "y", checkpoint_size=65_536, max_rows_per_task=262_144)
+        assert r_spark.rows_written == n - 1000 and r_inline.rows_written == n
+        print(f"\n1. vectorized UDF over {n:,} rows")
+        print(f"   pylance add_columns        {base_vec:6.2f}s  {n / base_vec:12,.0f} rows/s")
+        print(f"   mv_assets backfill inline  {r_inline.seconds:6.2f}s  {n / r_inline.seconds:12,.0f} rows/s"
+              f"  ratio {r_inline.seconds / base_vec:.2f}  (compute {r_inline.timings['compute_s']:.2f}s,"
+              f" write+commit {r_inline.timings['commit_s']:.2f}s)")
+        print(f"   mv_assets backfill spark   {r_spark.seconds:6.2f}s  {n / r_spark.seconds:12,.0f} rows/s"
+              f"  ratio {r_spark.seconds / base_vec:.2f}  (compute {r_spark.timings['compute_s']:.2f}s,"
+              f" write+commit {r_spark.timings['commit_s']:.2f}s)  [warm-up {r_spark_warm.seconds:.1f}s]")
+
+        # 2. model-like scalar UDF
+        m = args.model_rows
+        db, t = fresh(m, "base_model")
+        base_model = pylance_add_columns(t.uri, "y_plain", vectorized=False)
+        db, t = fresh(m, "inline_model")
+        t.add_columns({"y": model_score})
+        rm_inline = timed_backfill(t, "y", runner=mv.InlineRunner(), checkpoint_size=8192, max_rows_per_task=m)
+        db, t = fresh(m, "spark_model")
+        t.add_columns({"y": model_score})
+        rm_spark = timed_backfill(t, "y", checkpoint_size=8192, max_rows_per_task=m // 8)
+        print(f"\n2. model-like scalar UDF (~20 us/row) over {m:,} rows")
+        print(f"   pylance add_columns        {base_model:6.2f}s  {m / base_model:12,.0f} rows/s")
+        print(f"   mv_assets backfill inline  {rm_inline.seconds:6.2f}s  {m / rm_inline.seconds:12,.0f} rows/s"
+              f"  ratio {rm_inline.seconds / base_model:.2f}")
+        print(f"   mv_assets backfill spark   {rm_spark.seconds:6.2f}s  {m / rm_spark.seconds:12,.0f} rows/s"
+              f"  ratio {rm_spark.seconds / base_model:.2f}  ({rm_spark.batches} batches)")
+
+        # 3. incremental after +1%
+        db, t = fresh(n, "incr")
+        t.add_columns({"y": scaled})
+        full = timed_backfill(t, "y", checkpoint_size=65_536, max_rows_per_task=262_144)
+        extra = max(n // 100, 1)
+        t.add(make_rows(n, extra))
+        inc = timed_backfill(t, "y", checkpoint_size=65_536, max_rows_per_task=262_144)
+        print(f"\n3. incremental after +1% ({extra:,} rows appended)")
+        print(f"   UDF rows computed / rows appended: {inc.udf_rows_computed / extra:.2f}"
+              f"  ({inc.udf_rows_computed:,} / {extra:,})")
+        print(f"   incremental / full backfill time: {inc.seconds / full.seconds:.3f}"
+              f"  ({inc.seconds:.2f}s / {full.seconds:.2f}s)")
+
+        # 4. resume after a failure half-way
+        db, t = fresh(n // 10, "resume")
+        flag = os.path.join(work, "fail")
+        open(flag, "w").close()
+        half = n // 20
+
+        @mv.udf
+        def stops_halfway(id: int) -> int:
+            if id >= half and os.path.exists(flag):
+                raise RuntimeError("stop")
+            return id
+
+        t.add_columns({"y": stops_halfway})
+        try:
+            t.backfill("y", runner=mv.InlineRunner(), checkpoint_size=1000)
+        except RuntimeError:
+            pass
+        os.remove(flag)
+        plan = t.plan_backfill("y", checkpoint_size=1000)
+        again = t.backfill("y", runner=mv.InlineRunner(), checkpoint_size=1000)
+        print("\n4. resume after a failure half-way")
+        print(f"   UDF rows computed on resume / rows not checkpointed: "
+              f"{again.udf_rows_computed / plan.rows_to_compute:.2f}"
+              f"  ({again.udf_rows_computed:,} / {plan.rows_to_compute:,}; {again.batches_resumed} batches resumed)")
+        runner.stop()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
