@@ -59,6 +59,7 @@ demo-python: install
 
 bench: install
 	$(PY) bench/bench_refresh.py
+	$(PY) bench/bench_backfill.py
 	$(PY) bench/bench_dagster.py
 
 demo-stop:

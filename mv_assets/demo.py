@@ -58,6 +58,12 @@ def summary(body: pa.Array) -> pa.Array:
     return pc.utf8_slice_codeunits(body, 0, 24)
 
 
+@mv.udf(on_error="skip")
+def checksum(body: str) -> int:
+    """A computed column of the source table, filled by backfill."""
+    return zlib.crc32(body.encode())
+
+
 def seed(uri: str) -> mv.Connection:
     """Create the demo catalog at ``uri`` (idempotent)."""
     db = mv.connect(uri)
@@ -73,6 +79,8 @@ def seed(uri: str) -> mv.Connection:
         for start in range(0, 2000, 500):  # four appends -> four source fragments
             docs.add(_documents(start, 500))
     docs = db.open_table("documents")
+    if "checksum" not in docs.schema.names:  # filled by the documents_columns sensor's backfill
+        docs.add_columns({"checksum": checksum})
     if "doc_features" not in db:
         q = (
             docs.search(None)

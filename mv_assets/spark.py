@@ -97,6 +97,7 @@ class SparkRunner:
     local_below_rows: int | None = None
     last_run_local: bool = field(default=False, init=False, repr=False)
     _session: Any = field(default=None, init=False, repr=False)
+    _owns_session: bool = field(default=True, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
 
     name = "spark"
@@ -112,8 +113,12 @@ class SparkRunner:
         return self._session is not None
 
     def session(self):
-        """The SparkSession, created on first use."""
+        """The SparkSession, created on first use (again if someone stopped it)."""
         with self._lock:
+            if self._session is not None and not self.resolved_remote():
+                sc = getattr(self._session, "_sc", None)
+                if sc is None or getattr(sc, "_jsc", None) is None:  # stopped elsewhere
+                    self._session = None
             if self._session is None:
                 self._session = self._build()
             return self._session
@@ -142,7 +147,10 @@ class SparkRunner:
             )
         for k, v in self.conf.items():
             builder = builder.config(k, v)
+        existing = None if remote else SparkSession.getActiveSession()
         session = builder.getOrCreate()
+        # getOrCreate hands back a session another runner started: never stop that one.
+        self._owns_session = existing is None or existing is not session
         if not remote:
             session.sparkContext.setLogLevel("ERROR")
         return session
@@ -171,10 +179,11 @@ class SparkRunner:
         return [r["result"] for r in rows_out]
 
     def stop(self) -> None:
+        """Stop the session if this runner started it; forget it either way."""
         with self._lock:
-            if self._session is not None:
+            if self._session is not None and self._owns_session:
                 self._session.stop()
-                self._session = None
+            self._session = None
 
 
 _default: Runner | None = None
