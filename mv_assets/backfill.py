@@ -48,6 +48,7 @@ from lance.fragment import Bitmap, DataFile, FragmentMetadata
 from .planning import column_ids as _ids
 from .planning import split_ranges
 from .query import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ColumnSpec, computed_marker
+from .refresh import BACKFILL_KEY
 from .tasks import compute_udf_columns
 
 if TYPE_CHECKING:
@@ -56,10 +57,8 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BackfillPlan", "BackfillResult", "BackfillJob", "plan_backfill", "execute_backfill", "commit_column_values",
-    "BACKFILL_KEY",
 ]
 
-BACKFILL_KEY = "mv_assets.backfill"
 _IN_ID = "__in_id"
 _IN_VER = "__in_ver"
 _TARGET_ID = "__target_id"
@@ -482,13 +481,18 @@ def _commit_results(table: "Table", plan: BackfillPlan, job_id: str, stats: dict
 
 
 def commit_column_values(
-    table: "Table", names: list[str], res: pa.Table, *, is_view: bool, props: dict
+    table: "Table", names: list[str], res: pa.Table, *, is_view: bool, props: dict, bump_versions: bool = False
 ) -> tuple[int | None, int, int]:
     """Write ``names`` for the rows of ``res`` (identified by ``__in_id`` /
     ``__in_ver``) into the latest version of ``table``: one new data file per
     touched fragment, one ``rewrite_columns`` commit. Rows whose identity no
     longer matches (changed or deleted meanwhile) are skipped. A commit
     conflict redoes the write against the newer version.
+
+    Computed columns are written without moving row versions (``bump_versions``
+    False): views that read them see the change through the markers, views
+    that do not read them see no change at all. Loaded data columns move the
+    versions of the rows written, like any update.
 
     Returns (new version or None, rows written, rows skipped)."""
     res = res.combine_chunks()
@@ -530,9 +534,13 @@ def commit_column_values(
                 updated_fragments=updated,
                 fields_modified=sorted(every),
                 update_mode="rewrite_columns",
-                updated_fragment_offsets=offset_maps,
+                updated_fragment_offsets=offset_maps if bump_versions else None,
             ),
-            transaction_properties={BACKFILL_KEY: json.dumps({**props, "rows": int(ok.sum())})},
+            transaction_properties={
+                (BACKFILL_KEY if not bump_versions else "mv_assets.load_columns"): json.dumps(
+                    {**props, "rows": int(ok.sum())}
+                )
+            },
         )
         try:
             committed = lance.LanceDataset.commit(table.uri, txn, read_version=ds.version, max_retries=0)

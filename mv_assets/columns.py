@@ -334,7 +334,7 @@ def load_columns(
             ds.add_columns(new_fields)
     if res.num_rows == 0:
         return None
-    version, _, _ = commit_column_values(table, list(columns), res, is_view=False, props={"load_columns": {
+    version, _, _ = commit_column_values(table, list(columns), res, is_view=False, bump_versions=True, props={"load_columns": {
         "source": source if isinstance(source, str) else f"{len(source)} files", "pk": pk, "columns": columns,
         "on_missing": on_missing, "rows": res.num_rows}})
     return version

@@ -8,6 +8,7 @@ duplicate output names all raise ``ValueError``.
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
@@ -25,6 +26,7 @@ __all__ = [
 ]
 
 COMPUTED_PREFIX = "__computed__"
+SOURCE_MARKER_PREFIX = "__source_computed__"
 
 
 def computed_marker(column: str) -> str:
@@ -33,8 +35,20 @@ def computed_marker(column: str) -> str:
     return f"{COMPUTED_PREFIX}{column}"
 
 
+def source_marker(column: str) -> str:
+    """The hidden view column holding the source's marker of computed column
+    ``column`` as of when the view row was computed (views that read it)."""
+    return f"{SOURCE_MARKER_PREFIX}{column}"
+
+
 def is_marker(name: str) -> bool:
-    return name.startswith(COMPUTED_PREFIX)
+    """Hidden bookkeeping columns: computed markers and their copies in views."""
+    return name.startswith(COMPUTED_PREFIX) or name.startswith(SOURCE_MARKER_PREFIX)
+
+
+def computed_column_names(schema: pa.Schema) -> list[str]:
+    """Columns of a table or view that have a computed marker."""
+    return [n[len(COMPUTED_PREFIX):] for n in schema.names if n.startswith(COMPUTED_PREFIX)]
 
 
 SOURCE_ROW_ID = "__source_row_id"
@@ -106,6 +120,20 @@ class ViewDefinition:
                 out[c.name] = _quote_ident(c.expr or c.name)
             elif c.kind == "sql":
                 out[c.name] = c.expr or ""
+        return out
+
+    def reads(self, columns: list[str], source_schema: pa.Schema) -> list[str]:
+        """Which of ``columns`` (of the source) this view reads, conservatively:
+        selected, fed to a UDF, or named in a SQL expression or the filter."""
+        texts = [self.filter or ""] + [c.expr or "" for c in self.columns if c.kind == "sql"]
+        direct = {c.expr or c.name for c in self.columns if c.kind == "column"}
+        for c in self.udf_columns:
+            direct.update(c.udf.input_columns or source_schema.names)
+        out = []
+        for name in columns:
+            pattern = re.compile(r"(?<![A-Za-z0-9_])" + re.escape(name) + r"(?![A-Za-z0-9_])")
+            if name in direct or any(pattern.search(t) for t in texts):
+                out.append(name)
         return out
 
     def udf_input_columns(self, source_schema: pa.Schema) -> list[str]:
@@ -294,7 +322,8 @@ class Query:
 
         definition = self.to_definition()
         ds = self._table._dataset()
-        return compute_rows(ds, definition, output_schema(definition, ds), filter_sql=definition.filter)
+        rows = compute_rows(ds, definition, output_schema(definition, ds), filter_sql=definition.filter)
+        return rows.select([n for n in rows.column_names if not is_marker(n)])
 
     def __repr__(self) -> str:
         return (
@@ -325,6 +354,10 @@ def output_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sche
     for c in definition.columns:
         if c.kind == "udf":
             fields.append(pa.field(computed_marker(c.name), pa.string(), nullable=True))
+    # Computed columns of the source this view reads: keep a copy of their markers,
+    # so a backfill of the source (which moves no row versions) is seen as a change.
+    for name in definition.reads(computed_column_names(ds.schema), ds.schema):
+        fields.append(pa.field(source_marker(name), pa.string(), nullable=True))
     return pa.schema(fields, metadata={VIEW_METADATA_KEY: definition.encode()})
 
 

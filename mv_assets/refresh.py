@@ -33,7 +33,7 @@ from lance.fragment import FragmentMetadata
 from .errors import ConcurrentRefreshError
 from .planning import ChangeSet, KeyPlan, isin, plan_keys, positions, split_ranges
 from .planning import column_ids as _ids
-from .query import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ViewDefinition
+from .query import SOURCE_MARKER_PREFIX, SOURCE_ROW_ID, SOURCE_ROW_VERSION, ViewDefinition, computed_marker, source_marker
 from .tasks import TaskResult, TaskSpec, and_filters
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ if TYPE_CHECKING:
 __all__ = ["RefreshState", "RefreshPlan", "RefreshResult", "read_refresh_state", "plan_refresh", "execute_refresh"]
 
 STATE_KEY = "mv_assets.refresh"
+BACKFILL_KEY = "mv_assets.backfill"  # transaction property of column backfills (see backfill.py)
 MODES = ("auto", "full", "incremental_strict")
 _FULL_OPS = ("Overwrite", "Restore", "Clone")
 ROW_VERSION_ALIAS = "__row_version"
@@ -191,13 +192,54 @@ def _history_breaks_row_ids(src: lance.LanceDataset, v0: int, v1: int) -> str | 
 
 
 def _scan(
-    src: lance.LanceDataset, filter_sql: str | None, fragments: list | None = None, with_version: bool = True
+    src: lance.LanceDataset,
+    filter_sql: str | None,
+    fragments: list | None = None,
+    with_version: bool = True,
+    markers: list[str] | None = None,
 ) -> pa.Table:
-    """Row ids, addresses (and row versions) of source rows matching a filter."""
-    columns = {ROW_VERSION_ALIAS: "_row_last_updated_at_version"} if with_version else []
+    """Row ids, addresses (and row versions, and computed markers) of source rows matching a filter."""
+    columns: dict | list = {ROW_VERSION_ALIAS: "_row_last_updated_at_version"} if with_version else {}
+    for m in markers or []:
+        columns[source_marker(m)] = f"`{computed_marker(m)}`"
     return src.scanner(
-        columns=columns, filter=filter_sql, with_row_id=True, with_row_address=True, fragments=fragments
+        columns=columns or [], filter=filter_sql, with_row_id=True, with_row_address=True, fragments=fragments
     ).to_table()
+
+
+def _backfill_versions(src: lance.LanceDataset, v0: int, v1: int) -> list[int]:
+    """Source versions in (v0, v1] that are column backfills (they move no row versions)."""
+    out = []
+    for v in range(v0 + 1, v1 + 1):
+        try:
+            txn = src.read_transaction(v)
+        except Exception:
+            continue
+        if txn is not None and BACKFILL_KEY in (txn.transaction_properties or {}):
+            out.append(v)
+    return out
+
+
+def _marker_changes(src_uri: str, v0: int, v1: int, markers: list[str]) -> np.ndarray:
+    """Ids of rows whose computed markers differ between source versions v0 and v1."""
+    def read(v: int) -> tuple[np.ndarray, list[np.ndarray]]:
+        t = lance.dataset(src_uri, version=v).scanner(
+            columns={f"m{i}": f"`{computed_marker(m)}`" for i, m in enumerate(markers)}, with_row_id=True
+        ).to_table()
+        cols = []
+        for i in range(len(markers)):
+            col = t.column(f"m{i}") if f"m{i}" in t.column_names else pa.nulls(t.num_rows, pa.string())
+            cols.append(np.asarray(col.fill_null("").to_pylist(), dtype=object))
+        return _ids(t), cols
+
+    ids1, m1 = read(v1)
+    ids0, m0 = read(v0)
+    pos = positions(ids1, ids0)
+    found = pos >= 0
+    changed = np.zeros(len(ids1), dtype=bool)
+    for a, b in zip(m1, m0):
+        changed[found] |= a[found] != b[pos[found]]
+    return ids1[changed]
 
 
 def plan_refresh(
@@ -280,7 +322,11 @@ def plan_refresh(
     if how == "full" and mode == "incremental_strict" and v0 is not None:
         raise ValueError(f"refresh of {view.name!r} cannot be incremental: {reason}")
 
-    vk = view_ds.to_table(columns=[SOURCE_ROW_ID, SOURCE_ROW_VERSION], with_row_address=True)
+    # Computed columns of the source the view reads: their markers are compared too.
+    tracked = [n[len(SOURCE_MARKER_PREFIX):] for n in view_ds.schema.names if n.startswith(SOURCE_MARKER_PREFIX)]
+    vk = view_ds.to_table(
+        columns=[SOURCE_ROW_ID, SOURCE_ROW_VERSION, *(source_marker(m) for m in tracked)], with_row_address=True
+    )
     view_keys = _ids(vk, SOURCE_ROW_ID)
     view_vers = _ids(vk, SOURCE_ROW_VERSION)
     view_addrs = _ids(vk, "_rowaddr")
@@ -289,19 +335,31 @@ def plan_refresh(
     candidates = None
     if how == "incremental":
         version_filter = f"_row_last_updated_at_version > {v0}"
-        passing = _scan(src, and_filters(version_filter, base_filter))
+        passing = _scan(src, and_filters(version_filter, base_filter), markers=tracked)
+        changed_all = None
         if base_filter:
             changed_all = _ids(_scan(src, version_filter, with_version=False))
             fail = changed_all[~isin(changed_all, _ids(passing))]
         else:
             fail = np.empty(0, np.int64)
+        if tracked and src_version > v0 and _backfill_versions(src, v0, src_version):
+            # A backfill of a column the view reads rewrote values without moving
+            # row versions: rows whose markers changed are changed rows too.
+            moved = _marker_changes(source.uri, v0, src_version, tracked)
+            moved = moved[~isin(moved, _ids(passing))]
+            if len(moved):
+                every = _scan(src, base_filter, markers=tracked)
+                extra = every.filter(pa.array(isin(_ids(every), moved)))
+                passing = pa.concat_tables([passing, extra])
+                if base_filter:
+                    fail = np.concatenate([fail, moved[~isin(moved, _ids(extra))]])
         deleted = (
             _ids(src.delta(begin_version=v0, end_version=src_version).get_deleted_row_ids().read_all())
             if src_version > v0
             else np.empty(0, np.int64)
         )
     else:
-        passing = _scan(src, base_filter, scope_frags)
+        passing = _scan(src, base_filter, scope_frags, markers=tracked)
         pass_ids = _ids(passing)
         if scope is None:
             fail = np.empty(0, np.int64)
@@ -313,7 +371,7 @@ def plan_refresh(
             deleted = view_keys[~isin(view_keys, all_ids)]
     current_rows = passing.slice(0, 0)
     if how != "full":
-        current = _current(passing, view_keys, view_vers)
+        current = _current(passing, view_keys, view_vers, vk, tracked)
         if recompute is not None:
             current_rows = passing.filter(pa.array(current))
         passing = passing.filter(pa.array(~current))
@@ -368,13 +426,23 @@ def plan_refresh(
     )
 
 
-def _current(rows: pa.Table, view_keys: np.ndarray, view_vers: np.ndarray) -> np.ndarray:
-    """Mask of source rows the view already holds at their current row version."""
+def _current(
+    rows: pa.Table, view_keys: np.ndarray, view_vers: np.ndarray, vk: pa.Table | None = None,
+    tracked: list[str] | None = None,
+) -> np.ndarray:
+    """Mask of source rows the view already holds at their current row version
+    (and, for computed source columns the view reads, their current markers)."""
     if rows.num_rows == 0 or len(view_keys) == 0:
         return np.zeros(rows.num_rows, dtype=bool)
     pos = positions(_ids(rows), view_keys)
     found = pos >= 0
-    return found & (view_vers[np.where(found, pos, 0)] == _ids(rows, ROW_VERSION_ALIAS))
+    safe = np.where(found, pos, 0)
+    current = found & (view_vers[safe] == _ids(rows, ROW_VERSION_ALIAS))
+    for m in tracked or []:
+        have = np.asarray(vk.column(source_marker(m)).fill_null("").to_pylist(), dtype=object)
+        now = np.asarray(rows.column(source_marker(m)).fill_null("").to_pylist(), dtype=object)
+        current &= have[safe] == now
+    return current
 
 
 def _ranges_predicate(addrs: np.ndarray, max_runs: int = 64) -> str:

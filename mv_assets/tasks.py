@@ -21,7 +21,14 @@ from lance.fragment import write_fragments
 
 from ._files import atomic_write_text
 from .planning import shuffle_keys
-from .query import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ColumnSpec, ViewDefinition, computed_marker
+from .query import (
+    SOURCE_MARKER_PREFIX,
+    SOURCE_ROW_ID,
+    SOURCE_ROW_VERSION,
+    ColumnSpec,
+    ViewDefinition,
+    computed_marker,
+)
 from .udf import RowError
 
 __all__ = ["TaskSpec", "TaskResult", "run_task", "compute_rows", "and_filters"]
@@ -123,6 +130,10 @@ def _compute_batches(
         keep = {SOURCE_ROW_ID, SOURCE_ROW_VERSION, *only, *(computed_marker(c) for c in only)}
         schema = pa.schema([f for f in schema if f.name in keep])
     inputs = definition.udf_input_columns(source_schema)
+    if only is None:
+        for f in schema:
+            if f.name.startswith(SOURCE_MARKER_PREFIX):
+                projection[f.name] = f"`{computed_marker(f.name[len(SOURCE_MARKER_PREFIX):])}`"
     for col in inputs:
         projection[_in_name(col)] = f"`{col}`"
     projection[_ROW_VERSION] = "_row_last_updated_at_version"

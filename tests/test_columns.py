@@ -500,3 +500,33 @@ def test_random_histories_keep_computed_columns_exact(tmp_path_factory, steps):
             got = {i: row["y"] for i, row in ((r_["id"], r_) for r_ in t.to_arrow().to_pylist())}
             assert got == {i: current[i]["x"] * 10 + k["v"] for i in current}
     assert t.count_rows() == len({r["id"] for r in t.to_arrow().to_pylist()})
+
+
+def test_backfill_of_a_column_a_view_does_not_read_costs_the_view_nothing(db, call_log):
+    t = db.create_table("t", _rows(20))
+
+    @mv.udf
+    def tagged(x: float) -> float:
+        record_call(call_log, "view_udf", x)
+        return x
+
+    t.add_columns({"y": _plain, "s2": "concat(s, '!')"})
+    blind = db.create_materialized_view("blind", t.search(None).select({"id": "id", "z": tagged}), with_no_data=False)
+    reads = db.create_materialized_view("reads", t.search(None).where("y > 5").select({"id": "id", "y": "y"}),
+                                        with_no_data=False)
+    assert reads.count_rows() == 0  # y is NULL everywhere until the backfill
+    assert count_calls(call_log, "view_udf") == 20
+    t.backfill("y")
+    r = blind.refresh()
+    assert (r.rows_inserted, r.rows_updated, r.rows_deleted, r.udf_rows_computed) == (0, 0, 0, {})
+    assert count_calls(call_log, "view_udf") == 20
+    r2 = reads.refresh()
+    assert not r2.full and r2.rows_inserted == 14  # the backfill made rows pass the filter
+    assert _values(reads, "y") == {i: (float(i),) for i in range(6, 20)}
+    # a new UDF version changes values: the reading view follows, the blind one does not care
+    t.alter_columns({"path": "y", "udf": mv.udf(lambda x: -x, data_type=pa.float64(), name="neg", input_columns=["x"])})
+    t.backfill("y")
+    assert reads.refresh().rows_deleted == 14 and reads.count_rows() == 0
+    assert blind.refresh().udf_rows_computed == {} and count_calls(call_log, "view_udf") == 20
+    # sync-mode refreshes (by fragment) agree: nothing left to do
+    assert reads.plan_refresh(fragments=[0]).is_noop and blind.plan_refresh(fragments=[0]).is_noop
