@@ -434,7 +434,7 @@ def test_refresh_records_rows_a_view_udf_skipped(db):
 
 # -- property test: random histories of table writes and backfills -------------
 
-from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import HealthCheck, example, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 _STEP = st.one_of(
@@ -446,12 +446,16 @@ _STEP = st.one_of(
     st.tuples(st.just("backfill"), st.integers(1, 12)),
     st.tuples(st.just("alter"), st.integers(1, 3)),
     st.tuples(st.just("partial"), st.integers(0, 6)),
+    st.tuples(st.just("refresh"), st.integers(0, 1)),
 )
 
 
 @settings(max_examples=int(os.environ.get("MV_ASSETS_HYPOTHESIS_EXAMPLES", "12")), deadline=None,
           suppress_health_check=list(HealthCheck), derandomize=True)
 @given(steps=st.lists(_STEP, min_size=1, max_size=10))
+@example(steps=[("refresh", 0), ("backfill", 3), ("refresh", 0), ("alter", 1), ("backfill", 2), ("refresh", 1)])
+@example(steps=[("backfill", 4), ("refresh", 0), ("update_input", 1), ("optimize", 0), ("backfill", 5),
+                ("update_other", 2), ("refresh", 0)])
 def test_random_histories_keep_computed_columns_exact(tmp_path_factory, steps):
     """After every backfill each row holds f(x) for the column's current UDF;
     a backfill computes exactly the rows that are stale (oracle: plain Python
@@ -464,18 +468,31 @@ def test_random_histories_keep_computed_columns_exact(tmp_path_factory, steps):
         return mv.udf(lambda x: x * 10 + kk, data_type=pa.float64(), name="f", input_columns=["x"], version=str(kk))
 
     t.add_columns({"y": make(1)})
+    calls = str(tmp_path_factory.mktemp("calls"))
+
+    @mv.udf
+    def blind_udf(s: str) -> str:
+        record_call(calls, "blind", s)
+        return s.upper()
+
+    reads = db.create_materialized_view("reads", t.search(None).where("y > 40").select(["id", "y"]))
+    blind = db.create_materialized_view("blind", t.search(None).select({"id": "id", "u": blind_udf}))
+    dirty: set[int] = set(range(10))  # rows user writes touched since the blind view's last refresh
     computed_with: dict[int, tuple] = {}  # id -> (x, k) the value was computed from
     next_id = 10
     for op, arg in steps:
         if op == "add":
             t.add(_rows(arg, start=next_id))
+            dirty.update(range(next_id, next_id + arg))
             next_id += arg
         elif op == "delete":
             t.delete(f"n = {arg}")
         elif op == "update_input":
             t.update(f"n = {arg}", values_sql={"x": "x + 0.5"})
+            dirty.update(r["id"] for r in t.to_arrow().to_pylist() if r["n"] == arg)
         elif op == "update_other":
             t.update(f"n = {arg}", values={"s": "changed"})
+            dirty.update(r["id"] for r in t.to_arrow().to_pylist() if r["n"] == arg)
         elif op == "optimize":
             t.optimize()
         elif op == "alter":
@@ -491,6 +508,19 @@ def test_random_histories_keep_computed_columns_exact(tmp_path_factory, steps):
             for i in {i for i, r in current.items() if r["n"] == arg}:
                 computed_with[i] = (current[i]["x"], k["v"])
             assert sel <= {i for i in current if current[i]["n"] == arg}
+        elif op == "refresh":
+            before = count_calls(calls, "blind")
+            reads.refresh(mode="full" if arg else "auto")
+            blind.refresh()
+            src_now = {r["id"]: r for r in lance.dataset(t.uri).to_table(
+                columns=["id", "s", "y", "_row_last_updated_at_version"]).to_pylist()}
+            assert _values(reads, "y") == {
+                i: (r["y"],) for i, r in src_now.items() if r["y"] is not None and r["y"] > 40
+            }
+            assert _values(blind, "u") == {i: (r["s"].upper(),) for i, r in src_now.items()}
+            # the blind view computed exactly the rows user writes touched: backfills are invisible to it
+            assert count_calls(calls, "blind") - before == len(dirty & set(src_now))
+            dirty = set()
         elif op == "backfill":
             assert t.plan_backfill("y").rows == len(stale)
             r = t.backfill("y", checkpoint_size=arg)
