@@ -90,6 +90,7 @@ class BackfillPlan:
     input_uri: str = field(default="", repr=False)
     input_version: int = field(default=0, repr=False)
     is_view: bool = field(default=False, repr=False)
+    targeted: bool = field(default=False, repr=False)  # where= or row_ids= picked the rows
 
     @property
     def rows_to_compute(self) -> int:
@@ -268,6 +269,7 @@ def plan_backfill(
         input_uri=input_uri,
         input_version=input_version,
         is_view=is_view,
+        targeted=where is not None or row_ids is not None,
     )
 
 
@@ -558,6 +560,8 @@ def execute_backfill(table: "Table", plan: BackfillPlan, runner: "Runner", job_i
 
     start = time.perf_counter()
     if plan.rows == 0:
+        if not plan.targeted and os.path.isdir(plan.checkpoint_dir):
+            shutil.rmtree(plan.checkpoint_dir, ignore_errors=True)  # left by a job killed after its commit
         return BackfillResult(job_id, table.name, plan.columns, 0, 0, 0, 0, 0, 0, 0, None,
                               time.perf_counter() - start)
     os.makedirs(plan.checkpoint_dir, exist_ok=True)
@@ -587,7 +591,8 @@ def execute_backfill(table: "Table", plan: BackfillPlan, runner: "Runner", job_i
             e["column"] = e.get("column") or plan.columns[0]
         append_errors(table.connection, table.name, job_id, errors)
         stats = {"udf_rows_computed": sum(o["udf_rows"] for o in outs), "errors": len(errors)}
-        version, written, skipped = _commit_results(table, plan, job_id, stats)
+        with table._column_lock(None):  # never between a view refresh's plan and its commit
+            version, written, skipped = _commit_results(table, plan, job_id, stats)
     finally:
         if os.path.exists(plan_path):
             os.remove(plan_path)

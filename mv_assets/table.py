@@ -253,10 +253,13 @@ class Table:
             if len(column) != 1:
                 raise ValueError("backfill one column at a time (siblings of a multi-column UDF come along)")
             column = column[0]
-        plan = plan_backfill(self, column, udf=udf, where=where, row_ids=row_ids,
-                             checkpoint_size=checkpoint_size, max_rows_per_task=max_rows_per_task)
-        job_id = job_id or uuid.uuid4().hex[:12]
-        return execute_backfill(self, plan, runner or self.connection.runner, job_id)
+        spec = plan_backfill(self, column, udf=udf, where=where, row_ids=[], checkpoint_size=checkpoint_size)
+        # One backfill of a column at a time: a second one waits, then finds only what is left.
+        with self.connection._refresh_lock(f"{self.name}.backfill.{spec.fingerprint}", None):
+            plan = plan_backfill(self, column, udf=udf, where=where, row_ids=row_ids,
+                                 checkpoint_size=checkpoint_size, max_rows_per_task=max_rows_per_task)
+            job_id = job_id or uuid.uuid4().hex[:12]
+            return execute_backfill(self, plan, runner or self.connection.runner, job_id)
 
     def backfill_async(self, column: str | list[str], **kwargs: Any) -> "BackfillJob":
         """Start :meth:`backfill` in a background thread; returns a job handle

@@ -80,6 +80,9 @@ def test_sigkill_of_the_driver_at_random_points_then_resume(tmp_path, call_log, 
     # every kill loses at most the batch in flight (inline: one task at a time)
     assert N <= calls <= N + kills * BATCH, (calls, kills)
     assert result.udf_rows_computed == calls - before_final
+    t.backfill("y", checkpoint_size=BATCH)  # nothing left: leftover checkpoints are cleared
+    leftovers = [f for _, _, fs in os.walk(db._state_dir("checkpoints")) for f in fs if f.endswith(".arrow")]
+    assert leftovers == []
 
 
 @pytest.mark.spark
