@@ -40,7 +40,6 @@ from typing import TYPE_CHECKING, Any
 import lance
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 from lance import LanceOperation, Transaction
 from lance.file import LanceFileWriter
 from lance.fragment import Bitmap, DataFile, FragmentMetadata
@@ -419,17 +418,17 @@ def _field_ids(ds: lance.LanceDataset, names: list[str]) -> tuple[list[int], set
     leaves: list[int] = []
     every: set[int] = set()
 
-    def walk(f, top: bool) -> None:
+    def walk(f) -> None:
         every.add(f.id())
         children = f.children()
         if not children:
             leaves.append(f.id())
         for c in children:
-            walk(c, False)
+            walk(c)
 
     by_name = {f.name(): f for f in ds.lance_schema.fields()}
     for n in names:
-        walk(by_name[n], True)
+        walk(by_name[n])
     return leaves, every
 
 
@@ -529,7 +528,7 @@ def commit_column_values(
             srt = np.argsort(o)
             updated.append(_write_fragment_file(ds, int(fid), names, o[srt], kept.take(pa.array(sel[srt]))))
             offset_maps[int(fid)] = Bitmap(o.tolist()).__reduce__()[1][0]  # portable RoaringBitmap bytes
-        leaves, every = _field_ids(ds, names)
+        _, every = _field_ids(ds, names)
         txn = Transaction(
             read_version=ds.version,
             operation=LanceOperation.Update(

@@ -14,7 +14,6 @@ import os
 from typing import TYPE_CHECKING, Any
 
 import lance
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
