@@ -71,5 +71,22 @@ def fragment_changes(uri: str, since: int | None, known: set[int] | list[int], v
         old_dels = {}
         changed |= set(fragments)
     changed |= {f for f, n in now_dels.items() if n > old_dels.get(f, 0) and f in old_dels}
+    changed |= _backfilled_fragments(ds, since) & set(fragments)
     result.changed = sorted(changed)
     return result
+
+
+def _backfilled_fragments(ds: lance.LanceDataset, since: int) -> set[int]:
+    """Fragments whose computed columns a backfill rewrote after ``since``: it
+    moves no row versions, but views reading those columns must look."""
+    from .refresh import BACKFILL_KEY
+
+    out: set[int] = set()
+    for v in range(since + 1, ds.version + 1):
+        try:
+            txn = ds.read_transaction(v)
+        except Exception:
+            continue
+        if txn is not None and BACKFILL_KEY in (txn.transaction_properties or {}):
+            out |= {int(f.id) for f in getattr(txn.operation, "updated_fragments", [])}
+    return out

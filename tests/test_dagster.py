@@ -288,6 +288,9 @@ def test_table_computed_columns_are_assets_filled_by_backfill(tmp_path):
     assert graph.get(ykey).code_version == src.computed_columns()[0].udf.fingerprint
     assert {ykey, zkey} <= graph.get(dg.AssetKey(["v"])).parent_keys  # lineage: columns feed the view
     with dg.instance_for_test() as instance:
+        first = _sensor(defs, "src_changes").evaluate_tick(
+            dg.build_sensor_context(instance=instance, cursor=None, definitions=defs))
+        _apply(instance, first)  # partitions known, source cursor before the backfill
         sensor = _sensor(defs, "src_columns")
         result = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=None, definitions=defs))
         assert [r.asset_selection for r in result.run_requests] == [[ykey]]  # z (SQL) is already filled
@@ -300,6 +303,10 @@ def test_table_computed_columns_are_assets_filled_by_backfill(tmp_path):
         assert [r["y"] for r in src.to_arrow().to_pylist()] == [0, 2, 4, 6, 8]
         again = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=None, definitions=defs))
         assert again.run_requests == []  # nothing stale any more
+        # the backfill moved no row versions, yet the view reads y: the source sensor asks for a refresh
+        changes = _sensor(defs, "src_changes").evaluate_tick(
+            dg.build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs))
+        assert [r.asset_selection for r in changes.run_requests] == [[dg.AssetKey(["v"])]]
         src.add([{"id": 9, "x": 9}])
         later = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=result.cursor, definitions=defs))
         assert [r.asset_selection for r in later.run_requests] == [[ykey]]
