@@ -170,6 +170,15 @@ def _compute_batches(
         yield pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
+def repeat_string(value: str, n: int) -> pa.Array:
+    """``value`` ``n`` times as a string array, built from buffers (fast)."""
+    raw = value.encode()
+    offsets = np.arange(0, len(raw) * (n + 1), len(raw), dtype=np.int64 if len(raw) * n >= 2**31 else np.int32)
+    if offsets.dtype == np.int64:
+        return pa.LargeStringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(raw * n)).cast(pa.string())
+    return pa.StringArray.from_buffers(n, pa.py_buffer(offsets), pa.py_buffer(raw * n))
+
+
 def compute_udf_columns(
     specs: list[ColumnSpec],
     inputs: pa.RecordBatch | None,
@@ -212,7 +221,7 @@ def compute_udf_columns(
         if spec.field is not None:
             values = values.flatten()[values.type.get_field_index(spec.field)]  # flatten keeps parent NULLs
         out[spec.name] = values
-        marker = pa.array(np.full(n, spec.fingerprint, dtype=object), pa.string())
+        marker = repeat_string(spec.fingerprint, n)
         if failed.any():
             marker = pc.if_else(pa.array(failed), pa.scalar(None, pa.string()), marker)
         out[computed_marker(spec.name)] = marker
