@@ -83,7 +83,9 @@ class Connection:
             return
         for entry in os.listdir(root):
             path = os.path.join(root, entry)
-            if path != keep:
+            # plans' task checkpoints only: batch checkpoints are keyed by content and
+            # outlive a plan; column backfills keep their own
+            if path != keep and entry not in ("batches", "columns"):
                 shutil.rmtree(path, ignore_errors=True)
 
     # -- catalog ---------------------------------------------------------

@@ -250,6 +250,7 @@ def plan_refresh(
     fragments: list[int] | None = None,
     recompute: list[str] | None = None,
     max_rows_per_task: int = 131_072,
+    checkpoint_size: int = 8192,
 ) -> RefreshPlan:
     """Plan a refresh of ``view`` to source version ``src_version`` (default latest).
 
@@ -265,6 +266,8 @@ def plan_refresh(
         raise ValueError(f"refresh mode must be one of {MODES}, got {mode!r}")
     if not isinstance(max_rows_per_task, int) or max_rows_per_task <= 0:
         raise ValueError("max_rows_per_task must be a positive int")
+    if not isinstance(checkpoint_size, int) or checkpoint_size <= 0:
+        raise ValueError("checkpoint_size must be a positive int")
     definition: ViewDefinition = view.definition
     source = view.connection.open_table(definition.source)
     src_latest = source._dataset()
@@ -390,10 +393,13 @@ def plan_refresh(
         rows = passing
 
     plan_key = hashlib.sha256(
-        f"{view.uri}|{view_ds.version}|{v0}|{src_version}|{def_fp}|{how}|{scope}|{recompute}|{max_rows_per_task}".encode()
+        f"{view.uri}|{view_ds.version}|{v0}|{src_version}|{def_fp}|{how}|{scope}|{recompute}|{max_rows_per_task}|{checkpoint_size}".encode()
     ).hexdigest()[:16]
     checkpoint_dir = os.path.join(view.connection._state_dir("checkpoints", view.name), plan_key)
+    batch_dir = view.connection._state_dir("checkpoints", view.name, "batches")
     tasks = _make_tasks(rows, src_version, source.uri, view.uri, checkpoint_dir, max_rows_per_task, plan_key)
+    for t in tasks:
+        t.batch_size, t.batch_checkpoint_dir = checkpoint_size, batch_dir
     n_compute = int(sum(t.rows for t in tasks))
     udf_rows = {name: n_compute for name in udf_names}
     if current_rows.num_rows:
@@ -401,6 +407,8 @@ def plan_refresh(
             current_rows, src_version, source.uri, view.uri, checkpoint_dir, max_rows_per_task, plan_key,
             recompute=list(recompute or []), view_version=view_ds.version,
         )
+        for t in rewrite:
+            t.batch_size, t.batch_checkpoint_dir = checkpoint_size, batch_dir
         tasks += rewrite
         for name in recompute or []:
             udf_rows[name] += int(sum(t.rows for t in rewrite))
@@ -598,6 +606,8 @@ def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner
         raise
     if plan.checkpoint_dir:
         shutil.rmtree(plan.checkpoint_dir, ignore_errors=True)
+        # committed: the batch checkpoints are spent (refreshes of a view never overlap)
+        shutil.rmtree(os.path.join(os.path.dirname(plan.checkpoint_dir), "batches"), ignore_errors=True)
     done = time.perf_counter()
     return RefreshResult(
         view=view.name,

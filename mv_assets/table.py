@@ -497,6 +497,7 @@ class MaterializedView(Table):
         fragments: list[int] | None = None,
         recompute: list[str] | None = None,
         max_rows_per_task: int = 131_072,
+        checkpoint_size: int = 8192,
         lock_timeout: float | None = 600.0,
     ) -> RefreshResult:
         """Bring the view up to ``src_version`` of its source (default: latest).
@@ -508,6 +509,10 @@ class MaterializedView(Table):
         ``recompute`` names UDF columns to compute again for rows that are
         otherwise current; their other values are copied, not recomputed.
 
+        UDF results are checkpointed every ``checkpoint_size`` rows of a task
+        (keyed by UDF fingerprints and the rows' stable ids and versions): a
+        refresh killed and run again redoes at most one batch per task.
+
         Two refreshes of one view never run at once: the second waits for the
         first (up to ``lock_timeout`` seconds, then ConcurrentRefreshError).
         Every refresh updates the view's status record (LOADING, then LOADED
@@ -517,7 +522,7 @@ class MaterializedView(Table):
         with self.connection._refresh_lock(self.name, lock_timeout):
             plan = plan_refresh(
                 self, src_version, mode=mode, fragments=fragments, recompute=recompute,
-                max_rows_per_task=max_rows_per_task,
+                max_rows_per_task=max_rows_per_task, checkpoint_size=checkpoint_size,
             )
             if plan.is_noop and not plan.full and plan.from_version == plan.to_version:
                 return execute_refresh(self, plan, runner or self.connection.runner)

@@ -52,6 +52,10 @@ class TaskSpec:
     # columns are computed, the other values are copied from ``view_version``.
     recompute: list[str] | None = None
     view_version: int | None = None
+    # Where UDF results are checkpointed per scanner batch (keyed by the UDFs'
+    # fingerprints and the rows' stable ids and versions): a task that dies
+    # redoes at most the batch it was computing.
+    batch_checkpoint_dir: str | None = None
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -120,6 +124,7 @@ def _compute_batches(
     udf_rows: dict[str, int],
     only: list[str] | None = None,
     errors: list[dict] | None = None,
+    batch_checkpoint_dir: str | None = None,
 ):
     """Yield view batches; with ``only``, just the key, version and those UDF columns."""
     projection = dict(definition.projection) if only is None else {}
@@ -154,9 +159,9 @@ def _compute_batches(
             )
         row_ids = batch.column("_rowid").cast(pa.int64())
         row_versions = batch.column(_ROW_VERSION).cast(pa.int64())
-        udf_values = compute_udf_columns(
-            [c for c in definition.udf_columns if c.name in schema.names], input_batch, row_ids, row_versions,
-            udf_rows, errors,
+        specs = [c for c in definition.udf_columns if c.name in schema.names]
+        udf_values = _checkpointed_udf_columns(
+            specs, input_batch, row_ids, row_versions, udf_rows, errors, batch_checkpoint_dir
         )
         for f in schema:
             if f.name == SOURCE_ROW_ID:
@@ -226,6 +231,43 @@ def compute_udf_columns(
             marker = pc.if_else(pa.array(failed), pa.scalar(None, pa.string()), marker)
         out[computed_marker(spec.name)] = marker
     return out
+
+
+def _checkpointed_udf_columns(
+    specs: list[ColumnSpec],
+    inputs: pa.RecordBatch | None,
+    row_ids: pa.Array,
+    row_versions: pa.Array,
+    udf_rows: dict[str, int],
+    errors: list[dict] | None,
+    checkpoint_dir: str | None,
+) -> dict[str, pa.Array]:
+    """:func:`compute_udf_columns`, read back from / saved to a batch checkpoint."""
+    if not specs or not checkpoint_dir:
+        return compute_udf_columns(specs, inputs, row_ids, row_versions, udf_rows, errors)
+    h = hashlib.sha256(json.dumps([[c.name, c.fingerprint, c.field] for c in specs]).encode())
+    h.update(np.asarray(row_ids.to_numpy(zero_copy_only=False), dtype=np.int64).tobytes())
+    h.update(np.asarray(row_versions.to_numpy(zero_copy_only=False), dtype=np.int64).tobytes())
+    path = os.path.join(checkpoint_dir, f"{h.hexdigest()[:24]}.arrow")
+    if os.path.exists(path):
+        with pa.memory_map(path) as source:
+            saved = pa.ipc.open_file(source).read_all()
+        if errors is not None:
+            errors.extend(json.loads((saved.schema.metadata or {}).get(b"errors", b"[]")))
+        for c in specs:
+            udf_rows.setdefault(c.name, 0)
+        return {n: saved.column(n).combine_chunks() for n in saved.column_names}
+    batch_errors: list[dict] = []
+    values = compute_udf_columns(specs, inputs, row_ids, row_versions, udf_rows, batch_errors)
+    if errors is not None:
+        errors.extend(batch_errors)
+    table = pa.table(values).replace_schema_metadata({b"errors": json.dumps(batch_errors).encode()})
+    os.makedirs(checkpoint_dir, exist_ok=True)
+    tmp = f"{path}.{os.getpid()}.tmp"
+    with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    os.replace(tmp, path)  # whole or absent
+    return values
 
 
 def compute_rows(
@@ -315,7 +357,7 @@ def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
     batches = list(
         _compute_batches(
             fragment, definition, view_schema, ds.schema, spec.predicate, spec.batch_size, udf_rows, spec.recompute,
-            errors,
+            errors, spec.batch_checkpoint_dir,
         )
     )
     if spec.recompute is None:

@@ -391,13 +391,15 @@ class UDF:
             cols = [batch.column(c).to_pylist() for c in self.input_columns]
             values: list[Any] = []
             computed = 0
+            retrying = self.on_error.attempts > 1 and bool(self.on_error.retry_on)
+            skip_nulls = self.skip_nulls
             for i, row in enumerate(zip(*cols) if cols else ([()] * n)):
-                if self.skip_nulls and any(v is None for v in row):
+                if skip_nulls and None in row:
                     values.append(None)
                     continue
                 computed += 1
                 try:
-                    value, _ = self._call(lambda: fn(*row))
+                    value = self._call(lambda: fn(*row))[0] if retrying else fn(*row)
                 except Exception as exc:
                     if not skip:
                         raise

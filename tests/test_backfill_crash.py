@@ -115,3 +115,57 @@ def test_a_killed_spark_worker_fails_the_job_and_the_rerun_resumes(tmp_path, cal
     # the rerun computes only the batches that were not checkpointed
     assert result.udf_rows_computed == N - plan.rows_checkpointed
     assert count_calls(call_log, "triple") == first + N - plan.rows_checkpointed
+
+
+def test_a_failed_refresh_redoes_at_most_one_batch(tmp_path, call_log):
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(1000)])
+    flag = str(tmp_path / "fail")
+    open(flag, "w").close()
+
+    @mv.udf
+    def fragile(x: int) -> int:
+        record_call(call_log, "fragile", x)
+        if x == 549 and os.path.exists(flag):
+            raise RuntimeError("worker lost")
+        return x * 2
+
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": fragile}))
+    with pytest.raises(RuntimeError, match="worker lost"):
+        v.refresh(checkpoint_size=100)  # one task of 1000 rows, batches of 100
+    assert v.count_rows() == 0 and count_calls(call_log, "fragile") == 550
+    os.remove(flag)
+    r = v.refresh(checkpoint_size=100)
+    assert r.udf_rows_computed == {"y": 500}  # five batches were checkpointed
+    assert count_calls(call_log, "fragile") == 1050  # the batch in flight (50 calls) was redone
+    assert sorted((row["id"], row["y"]) for row in v.to_arrow().to_pylist()) == [(i, 2 * i) for i in range(1000)]
+    assert not os.path.exists(db._state_dir("checkpoints", "v", "batches"))  # spent after the commit
+
+
+def test_sigkill_of_a_refresh_then_resume(tmp_path, call_log):
+    db, t = _catalog(tmp_path / "cat", call_log)
+    db.create_materialized_view("v", t.search(None).select({"id": "id", "z": t.computed_columns()[0].udf}))
+    code = (
+        "import mv_assets as mv; "
+        f"db = mv.connect({db.uri!r}, runner=mv.InlineRunner()); "
+        "db.open_table('v').refresh(checkpoint_size=25, max_rows_per_task=200)"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+    rng = random.Random(7)
+    kills = 0
+    for _ in range(3):
+        proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+        target = count_calls(call_log, "triple") + rng.randint(1, 150)
+        while count_calls(call_log, "triple") < target and proc.poll() is None:
+            time.sleep(0.002)
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            kills += 1
+        proc.wait()
+    assert kills == 3
+    v = db.open_table("v")
+    v.refresh(checkpoint_size=25, max_rows_per_task=200)
+    rows = v.to_arrow().to_pylist()
+    assert sorted((r["id"], r["z"]) for r in rows) == [(i, 3 * i) for i in range(N)]
+    # each kill loses at most the batch in flight (inline: one task at a time)
+    assert N <= count_calls(call_log, "triple") <= N + kills * 25
