@@ -50,6 +50,11 @@ def triple(x: int) -> int:
     return 3 * x
 
 
+@mv.udf
+def square(x: int) -> int:
+    return x * x
+
+
 def _keep(r):
     return r["x"] % 4 != 0
 
@@ -65,6 +70,7 @@ def test_dagster_dev_materialize_then_sensor_refresh(tmp_path):
     db = mv.connect(catalog, runner=mv.InlineRunner())
     src = db.create_table("events", [{"id": i, "x": i} for i in range(20)], primary_key="id")
     src.add([{"id": i, "x": i} for i in range(20, 30)])
+    src.add_columns({"sq": square})  # a computed column of the table: its own asset, filled by backfill
     db.create_materialized_view("ev", src.search(None).where("x % 4 != 0").select({"id": "id", "t": triple}))
     partitions = [str(f.fragment_id) for f in lance.dataset(src.uri).get_fragments()]
     with dg.DagsterInstance.from_config(str(home)) as instance:
@@ -124,3 +130,14 @@ def test_dagster_dev_materialize_then_sensor_refresh(tmp_path):
         runs = gql("{ runsOrError { ... on Runs { results { status tags { key value } } } } }")["runsOrError"]["results"]
         sensor_runs = [r for r in runs if any(t["key"] == "dagster/sensor_name" for t in r["tags"])]
         assert sensor_runs and all(r["status"] in ("SUCCESS", "STARTED", "STARTING", "QUEUED") for r in sensor_runs)
+
+        # 3. The table's computed column: its sensor requests a backfill of the rows lacking values.
+        started = gql(
+            """mutation($s: SensorSelector!) { startSensor(sensorSelector: $s) { __typename } }""",
+            s={**selector, "sensorName": "events_columns"},
+        )["startSensor"]
+        assert started["__typename"] == "Sensor", started
+        _wait(lambda: src.plan_backfill("sq").rows == 0, 240, "the sensor-driven column backfill", 2.0)
+        assert sorted((r["id"], r["sq"]) for r in src.to_arrow().to_pylist()) == sorted(
+            (i, i * i) for i in [*range(30), *range(100, 110)]
+        )
