@@ -560,3 +560,27 @@ def test_backfill_of_a_column_a_view_does_not_read_costs_the_view_nothing(db, ca
     assert blind.refresh().udf_rows_computed == {} and count_calls(call_log, "view_udf") == 20
     # sync-mode refreshes (by fragment) agree: nothing left to do
     assert reads.plan_refresh(fragments=[0]).is_noop and blind.plan_refresh(fragments=[0]).is_noop
+
+
+def test_rows_changed_while_a_backfill_computes_are_left_stale(db, tmp_path):
+    t = db.create_table("t", _rows(30))
+    once = tmp_path / "once"
+
+    @mv.udf
+    def meddling(x: float) -> float:
+        if x == 10.0 and not once.exists():  # a concurrent writer, mid-job
+            once.write_text("1")
+            t.update("id = 20", values_sql={"x": "x + 100"})
+            t.delete("id = 25")
+            t.add([{"id": 99, "x": 99.0, "n": 1, "s": "new"}])
+        return x
+
+    t.add_columns({"y": meddling})
+    r = t.backfill("y", checkpoint_size=8)
+    assert r.rows_planned == 30 and r.rows_skipped == 2 and r.rows_written == 28  # 20 (updated), 25 (deleted)
+    vals = _values(t, "y")
+    assert vals[20] == (None,) and vals[99] == (None,) and 25 not in vals
+    assert all(vals[i] == (float(i),) for i in range(30) if i not in (20, 25))
+    assert t.plan_backfill("y").rows == 2  # the updated row and the new one
+    t.backfill("y")
+    assert _values(t, "y")[20] == (120.0,) and _values(t, "y")[99] == (99.0,)
