@@ -499,27 +499,101 @@ def _write_fragment_file(
     return meta
 
 
-def _commit_results(table: "Table", plan: BackfillPlan, job_id: str, stats: dict) -> tuple[int | None, int, int]:
-    """Write every checkpointed result into the latest version; one commit."""
+def _commit_results(
+    table: "Table", plan: BackfillPlan, job_id: str, stats: dict, runner: "Runner"
+) -> tuple[int | None, int, int]:
+    """Write every checkpointed result into the latest version; one commit.
+
+    The driver reads only the identities of the results; the column files are
+    written by tasks on the runner (one per touched fragment), each reading
+    the checkpoint batches it needs."""
     names = [n for c in plan.specs for n in (c.name, computed_marker(c.name))]
-    results = []
+    ids, vers, sizes = [], [], []
     for key in plan.batch_keys:
         data, _ = _read_checkpoint(_checkpoint_file(plan.checkpoint_dir, key))
-        results.append(data.select([_IN_ID, _IN_VER, *names]))
-    if not results:
+        ids.append(_ids(data, _IN_ID))
+        vers.append(_ids(data, _IN_VER))
+        sizes.append(data.num_rows)
+    if not sizes or sum(sizes) == 0:
         return None, 0, 0
+    starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+
+    def write(ds: lance.LanceDataset, groups: list) -> list[FragmentMetadata]:
+        payloads, assigns = [], []
+        for fid, offsets, pos in groups:
+            batch = np.searchsorted(starts, pos, side="right") - 1
+            path = os.path.join(plan.checkpoint_dir, f"write-{job_id}-{fid}.arrow")
+            _write_checkpoint(path, pa.table({"offset": offsets, "batch": batch, "row": pos - starts[batch]}), [])
+            assigns.append(path)
+            payloads.append(json.dumps({"fragment_id": int(fid), "assign": path}))
+        shared_w = json.dumps({
+            "uri": table.uri, "version": ds.version, "names": names,
+            "checkpoint_dir": plan.checkpoint_dir, "keys": plan.batch_keys,
+        }).encode()
+        try:
+            outs = runner.map("mv_assets.backfill:run_write_task", payloads, shared_w,
+                              sum(len(g[1]) for g in groups))
+        finally:
+            for path in assigns:
+                if os.path.exists(path):
+                    os.remove(path)
+        return [FragmentMetadata.from_json(o) for o in outs]
+
     props = {"job_id": job_id, "columns": plan.columns, "fingerprint": plan.fingerprint, **stats}
-    return commit_column_values(table, names, pa.concat_tables(results), is_view=plan.is_view, props=props)
+    return commit_column_values(
+        table, names, np.concatenate(ids), np.concatenate(vers), write, is_view=plan.is_view, props=props
+    )
+
+
+def run_write_task(payload: str, shared: bytes) -> str:
+    """Executor side: write one fragment's new column file from checkpoint batches."""
+    task, job = json.loads(payload), json.loads(shared)
+    ds = lance.dataset(job["uri"], version=job["version"])
+    with pa.memory_map(task["assign"]) as source:
+        assign = pa.ipc.open_file(source).read_all()
+    batch = assign.column("batch").to_numpy()
+    row = assign.column("row").to_numpy()
+    needed = np.unique(batch)
+    base = np.zeros(int(needed.max()) + 1, dtype=np.int64)
+    parts, total = [], 0
+    for b in needed:
+        data, _ = _read_checkpoint(_checkpoint_file(job["checkpoint_dir"], job["keys"][int(b)]))
+        base[b] = total
+        total += data.num_rows
+        parts.append(data.select(job["names"]))
+    values = pa.concat_tables(parts).take(pa.array(base[batch] + row))
+    meta = _write_fragment_file(ds, task["fragment_id"], job["names"], assign.column("offset").to_numpy(), values)
+    return json.dumps(meta.to_json())
+
+
+def _driver_writer(res: pa.Table, names: list[str]):
+    """Write fragment files in this process from in-memory values (load_columns)."""
+
+    def write(ds: lance.LanceDataset, groups: list) -> list[FragmentMetadata]:
+        return [_write_fragment_file(ds, int(fid), names, offsets, res.take(pa.array(pos)))
+                for fid, offsets, pos in groups]
+
+    return write
 
 
 def commit_column_values(
-    table: "Table", names: list[str], res: pa.Table, *, is_view: bool, props: dict, bump_versions: bool = False
+    table: "Table",
+    names: list[str],
+    res_ids: np.ndarray,
+    res_vers: np.ndarray,
+    write,
+    *,
+    is_view: bool,
+    props: dict,
+    bump_versions: bool = False,
 ) -> tuple[int | None, int, int]:
-    """Write ``names`` for the rows of ``res`` (identified by ``__in_id`` /
-    ``__in_ver``) into the latest version of ``table``: one new data file per
-    touched fragment, one ``rewrite_columns`` commit. Rows whose identity no
-    longer matches (changed or deleted meanwhile) are skipped. A commit
-    conflict redoes the write against the newer version.
+    """Write ``names`` for the rows identified by ``res_ids`` / ``res_vers``
+    (stable id and row version of the row the values were computed for) into
+    the latest version of ``table``: ``write(ds, groups)`` makes one new data
+    file per touched fragment (groups are ``(fragment id, offsets, positions
+    in res)``, offsets ascending); then ONE ``rewrite_columns`` commit. Rows
+    whose identity no longer matches (changed or deleted meanwhile) are
+    skipped. A commit conflict redoes the write against the newer version.
 
     Computed columns are written without moving row versions (``bump_versions``
     False): views that read them see the change through the markers, views
@@ -527,8 +601,6 @@ def commit_column_values(
     versions of the rows written, like any update.
 
     Returns (new version or None, rows written, rows skipped)."""
-    res = res.combine_chunks()
-    res_ids, res_vers = _ids(res, _IN_ID), _ids(res, _IN_VER)
     for attempt in range(5):
         ds = table._dataset()
         cols = {"__ver": SOURCE_ROW_VERSION if is_view else "_row_last_updated_at_version"}
@@ -538,32 +610,26 @@ def commit_column_values(
         cur_keys = _ids(cur, "__key") if is_view else _ids(cur)
         cur_vers = _ids(cur, "__ver")
         cur_addrs = _ids(cur, "_rowaddr")
-        order = np.argsort(cur_keys, kind="stable")
-        sorted_keys = cur_keys[order]
-        if len(sorted_keys) == 0:
-            return None, 0, len(res_ids)
-        p = np.minimum(np.searchsorted(sorted_keys, res_ids), len(sorted_keys) - 1)
-        rows_pos = order[p]
-        ok = (sorted_keys[p] == res_ids) & (cur_vers[rows_pos] == res_vers)
+        pos = _positions(res_ids, cur_keys)
+        ok = pos >= 0
+        ok[ok] = cur_vers[pos[ok]] == res_vers[ok]
         skipped = int(len(res_ids) - ok.sum())
         if not ok.any():
             return None, 0, skipped
-        addrs = cur_addrs[rows_pos[ok]]
-        kept = res if ok.all() else res.filter(pa.array(ok))
+        positions = np.flatnonzero(ok)
+        addrs = cur_addrs[pos[ok]]
         if len(addrs) > 1 and not (np.diff(addrs) > 0).all():  # group by fragment, offsets ascending
             by_addr = np.argsort(addrs, kind="stable")
-            addrs = addrs[by_addr]
-            kept = kept.take(pa.array(by_addr))
+            addrs, positions = addrs[by_addr], positions[by_addr]
         frag_ids = addrs >> 32
         offsets = (addrs & 0xFFFFFFFF).astype(np.int64)
         starts = np.concatenate([[0], np.flatnonzero(np.diff(frag_ids)) + 1])
         ends = np.concatenate([starts[1:], [len(addrs)]])
-        updated, offset_maps = [], {}
-        for a, b in zip(starts, ends):
-            fid, o = int(frag_ids[a]), offsets[a:b]
-            updated.append(_write_fragment_file(ds, fid, names, o, kept.slice(a, b - a)))
-            if bump_versions:  # the rows whose versions move: portable RoaringBitmap bytes
-                offset_maps[fid] = Bitmap(o.tolist()).__reduce__()[1][0]
+        groups = [(int(frag_ids[a]), offsets[a:b], positions[a:b]) for a, b in zip(starts, ends)]
+        updated = write(ds, groups)
+        offset_maps = {}
+        if bump_versions:  # the rows whose versions move: portable RoaringBitmap bytes
+            offset_maps = {fid: Bitmap(o.tolist()).__reduce__()[1][0] for fid, o, _ in groups}
         _, every = _field_ids(ds, names)
         txn = Transaction(
             read_version=ds.version,
@@ -627,7 +693,7 @@ def execute_backfill(table: "Table", plan: BackfillPlan, runner: "Runner", job_i
         append_errors(table.connection, table.name, job_id, errors)
         stats = {"udf_rows_computed": sum(o["udf_rows"] for o in outs), "errors": len(errors)}
         with table._column_lock(None):  # never between a view refresh's plan and its commit
-            version, written, skipped = _commit_results(table, plan, job_id, stats)
+            version, written, skipped = _commit_results(table, plan, job_id, stats, runner)
     finally:
         if os.path.exists(plan_path):
             os.remove(plan_path)

@@ -270,7 +270,7 @@ def load_columns(
     """Join ``columns`` from an external Parquet / Lance / Arrow IPC dataset
     into ``table`` by primary key ``pk``; one commit. Returns the new version
     (None when nothing changed). All checks run before anything is written."""
-    from .backfill import commit_column_values
+    from .backfill import _driver_writer, commit_column_values
     from .table import MaterializedView
 
     if isinstance(table, MaterializedView):
@@ -323,17 +323,15 @@ def load_columns(
         rows = target
         take = idx_arr
     values = {c: src.column(c).take(take) for c in columns}
-    res = pa.table({
-        "__in_id": _ids(rows),
-        "__in_ver": _ids(rows, "_row_last_updated_at_version"),
-        **{c: values[c] for c in columns},
-    })
+    res = pa.table({c: values[c] for c in columns})
     if new_fields:
         with table._column_lock():
             ds.add_columns(new_fields)
     if res.num_rows == 0:
         return None
-    version, _, _ = commit_column_values(table, list(columns), res, is_view=False, bump_versions=True, props={"load_columns": {
+    version, _, _ = commit_column_values(
+        table, list(columns), _ids(rows), _ids(rows, "_row_last_updated_at_version"),
+        _driver_writer(res, list(columns)), is_view=False, bump_versions=True, props={"load_columns": {
         "source": source if isinstance(source, str) else f"{len(source)} files", "pk": pk, "columns": columns,
         "on_missing": on_missing, "rows": res.num_rows}})
     return version
