@@ -264,6 +264,21 @@ def backfill(obj: _Ctx, table: str, column: str, where: str | None, retry_failed
 
 @main.command()
 @click.argument("table")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+@_guard
+def columns(obj: _Ctx, table: str, as_json: bool) -> None:
+    """Computed columns of TABLE: rows current, stale and failed."""
+    rows = obj.db.open_table(table).column_status()
+    if as_json:
+        _print_json(rows)
+        return
+    keep = ("column", "kind", "udf", "fingerprint", "rows", "current", "stale", "failed")
+    _print_rows([{k: r[k] for k in keep} for r in rows], f"computed columns of {table}")
+
+
+@main.command()
+@click.argument("table")
 @click.option("--column", default=None, help="Only this column.")
 @click.option("--job", "job_id", default=None, help="Only this job.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (with tracebacks).")

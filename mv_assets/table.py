@@ -321,6 +321,28 @@ class Table:
         ).to_table()
         return sorted(int(i) for i in still.column("__id" if id_col != "_rowid" else "_rowid").to_pylist())
 
+    def column_status(self) -> list[dict]:
+        """One record per computed column: kind, UDF, fingerprint, rows computed by
+        the current code, rows stale (never computed, failed or older code), rows
+        whose last attempt failed."""
+        out = []
+        total = self.count_rows()
+        for c in self.computed_columns():
+            marker = computed_marker(c.name)
+            current = self.count_rows(f"`{marker}` = '{c.fingerprint}'")
+            out.append({
+                "column": c.name,
+                "kind": c.kind,
+                "udf": c.udf.name if c.udf is not None else None,
+                "expression": c.expr,
+                "fingerprint": c.fingerprint,
+                "rows": total,
+                "current": current,
+                "stale": total - current,
+                "failed": len(self.get_failed_row_ids(c.name)) if c.kind == "udf" else 0,
+            })
+        return out
+
     def retry_errors(self, column: str, job_id: str | None = None, **kwargs: Any) -> "BackfillResult":
         """Backfill just the rows whose ``column`` failed (one call; works after compaction)."""
         return self.backfill(column, row_ids=self.get_failed_row_ids(column, job_id), **kwargs)

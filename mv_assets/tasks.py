@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from lance.fragment import write_fragments
 
 from ._files import atomic_write_text
-from .planning import shuffle_keys
+from .planning import positions, shuffle_keys
 from .query import (
     SOURCE_MARKER_PREFIX,
     SOURCE_ROW_ID,
@@ -52,9 +52,10 @@ class TaskSpec:
     # columns are computed, the other values are copied from ``view_version``.
     recompute: list[str] | None = None
     view_version: int | None = None
-    # Where UDF results are checkpointed per scanner batch (keyed by the UDFs'
-    # fingerprints and the rows' stable ids and versions): a task that dies
-    # redoes at most the batch it was computing.
+    # Where UDF results are checkpointed per scanner batch (by the UDFs'
+    # fingerprints and each row's stable id and version, see RowStore): a task
+    # that dies redoes at most the batch it was computing, even if the rows are
+    # batched differently next time (compaction, another plan).
     batch_checkpoint_dir: str | None = None
 
     def to_json(self) -> str:
@@ -148,6 +149,7 @@ def _compute_batches(
         with_row_id=True,
         batch_size=batch_size,
     )
+    store: RowStore | None = None
     for batch in scanner.to_batches():
         if batch.num_rows == 0:
             continue
@@ -160,9 +162,9 @@ def _compute_batches(
         row_ids = batch.column("_rowid").cast(pa.int64())
         row_versions = batch.column(_ROW_VERSION).cast(pa.int64())
         specs = [c for c in definition.udf_columns if c.name in schema.names]
-        udf_values = _checkpointed_udf_columns(
-            specs, input_batch, row_ids, row_versions, udf_rows, errors, batch_checkpoint_dir
-        )
+        if store is None and batch_checkpoint_dir and specs:
+            store = RowStore(batch_checkpoint_dir, specs)
+        udf_values = _checkpointed_udf_columns(specs, input_batch, row_ids, row_versions, udf_rows, errors, store)
         for f in schema:
             if f.name == SOURCE_ROW_ID:
                 arrays.append(row_ids)
@@ -233,6 +235,79 @@ def compute_udf_columns(
     return out
 
 
+_CK_ID, _CK_VER = "__ckpt_row_id", "__ckpt_row_version"
+
+
+class RowStore:
+    """UDF results checkpointed by row identity (stable row id + row version)
+    for one set of UDF columns: Arrow IPC files of ``(id, version, values...)``
+    under ``<root>/<signature of the UDFs>/``, each written atomically.
+
+    Lookups are by identity, not by batch, so the results are found however
+    the rows are batched the next time: after a source compaction, or a new
+    plan over the same rows."""
+
+    def __init__(self, root: str, specs: list[ColumnSpec]) -> None:
+        sig = hashlib.sha256(json.dumps([[c.name, c.fingerprint, c.field] for c in specs]).encode()).hexdigest()
+        self.dir = os.path.join(root, sig[:16])
+        self._ids: np.ndarray | None = None
+
+    def _load(self) -> None:
+        self._tables: list[pa.Table] = []
+        ids, vers, files, rows = [], [], [], []
+        self._errors: dict[int, list[dict]] = {}
+        names = sorted(n for n in os.listdir(self.dir) if n.endswith(".arrow")) if os.path.isdir(self.dir) else []
+        for k, name in enumerate(names):
+            with pa.memory_map(os.path.join(self.dir, name)) as source:
+                t = pa.ipc.open_file(source).read_all()
+            self._tables.append(t)
+            ids.append(t.column(_CK_ID).to_numpy())
+            vers.append(t.column(_CK_VER).to_numpy())
+            files.append(np.full(t.num_rows, k, dtype=np.int64))
+            rows.append(np.arange(t.num_rows, dtype=np.int64))
+            for e in json.loads((t.schema.metadata or {}).get(b"errors", b"[]")):
+                self._errors.setdefault(int(e["row_id"]), []).append(e)
+        cat = (lambda xs: np.concatenate(xs) if xs else np.empty(0, np.int64))  # noqa: E731
+        self._ids, self._vers, self._files, self._rows = cat(ids), cat(vers), cat(files), cat(rows)
+
+    def lookup(self, row_ids: np.ndarray, row_versions: np.ndarray) -> np.ndarray:
+        """Index of each row's saved result (-1: not saved at this version)."""
+        if self._ids is None:
+            self._load()
+        if len(self._ids) == 0:
+            return np.full(len(row_ids), -1, dtype=np.int64)
+        pos = positions(row_ids, self._ids)
+        found = pos >= 0
+        found[found] = self._vers[pos[found]] == row_versions[found]
+        return np.where(found, pos, -1)
+
+    def values(self, pos: np.ndarray, names: list[str]) -> dict[str, pa.Array]:
+        files = self._files[pos]
+        needed = np.unique(files)
+        base = np.zeros(int(needed.max()) + 1, dtype=np.int64)
+        parts, total = [], 0
+        for f in needed:
+            base[f] = total
+            total += self._tables[f].num_rows
+            parts.append(self._tables[f].select(names))
+        taken = pa.concat_tables(parts).take(pa.array(base[files] + self._rows[pos]))
+        return {n: taken.column(n).combine_chunks() for n in names}
+
+    def errors_for(self, row_ids: np.ndarray) -> list[dict]:
+        return [e for i in row_ids.tolist() for e in self._errors.get(int(i), [])]
+
+    def save(self, row_ids: np.ndarray, row_versions: np.ndarray, values: dict[str, pa.Array], errors: list[dict]) -> None:
+        table = pa.table({_CK_ID: pa.array(row_ids, pa.int64()), _CK_VER: pa.array(row_versions, pa.int64()), **values})
+        table = table.replace_schema_metadata({b"errors": json.dumps(errors).encode()})
+        os.makedirs(self.dir, exist_ok=True)
+        h = hashlib.sha256(row_ids.tobytes() + row_versions.tobytes()).hexdigest()[:24]
+        path = os.path.join(self.dir, f"{h}.arrow")
+        tmp = f"{path}.{os.getpid()}.tmp"
+        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+            writer.write_table(table)
+        os.replace(tmp, path)  # whole or absent
+
+
 def _checkpointed_udf_columns(
     specs: list[ColumnSpec],
     inputs: pa.RecordBatch | None,
@@ -240,34 +315,42 @@ def _checkpointed_udf_columns(
     row_versions: pa.Array,
     udf_rows: dict[str, int],
     errors: list[dict] | None,
-    checkpoint_dir: str | None,
+    store: "RowStore | None",
 ) -> dict[str, pa.Array]:
-    """:func:`compute_udf_columns`, read back from / saved to a batch checkpoint."""
-    if not specs or not checkpoint_dir:
+    """:func:`compute_udf_columns` for the rows whose results ``store`` lacks;
+    the others are read back. New results are saved before they are used."""
+    if not specs or store is None:
         return compute_udf_columns(specs, inputs, row_ids, row_versions, udf_rows, errors)
-    h = hashlib.sha256(json.dumps([[c.name, c.fingerprint, c.field] for c in specs]).encode())
-    h.update(np.asarray(row_ids.to_numpy(zero_copy_only=False), dtype=np.int64).tobytes())
-    h.update(np.asarray(row_versions.to_numpy(zero_copy_only=False), dtype=np.int64).tobytes())
-    path = os.path.join(checkpoint_dir, f"{h.hexdigest()[:24]}.arrow")
-    if os.path.exists(path):
-        with pa.memory_map(path) as source:
-            saved = pa.ipc.open_file(source).read_all()
+    ids = np.asarray(row_ids.to_numpy(zero_copy_only=False), dtype=np.int64)
+    vers = np.asarray(row_versions.to_numpy(zero_copy_only=False), dtype=np.int64)
+    pos = store.lookup(ids, vers)
+    found = pos >= 0
+    for c in specs:
+        udf_rows.setdefault(c.name, 0)
+    names = [n for c in specs for n in (c.name, computed_marker(c.name))]
+    if found.all():
         if errors is not None:
-            errors.extend(json.loads((saved.schema.metadata or {}).get(b"errors", b"[]")))
-        for c in specs:
-            udf_rows.setdefault(c.name, 0)
-        return {n: saved.column(n).combine_chunks() for n in saved.column_names}
+            errors.extend(store.errors_for(ids))
+        return store.values(pos, names)
+    todo = ~found
+    mask = pa.array(todo)
     batch_errors: list[dict] = []
-    values = compute_udf_columns(specs, inputs, row_ids, row_versions, udf_rows, batch_errors)
+    fresh = compute_udf_columns(
+        specs, inputs.filter(mask) if inputs is not None else None, row_ids.filter(mask), row_versions.filter(mask),
+        udf_rows, batch_errors,
+    )
+    store.save(ids[todo], vers[todo], fresh, batch_errors)
     if errors is not None:
         errors.extend(batch_errors)
-    table = pa.table(values).replace_schema_metadata({b"errors": json.dumps(batch_errors).encode()})
-    os.makedirs(checkpoint_dir, exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-        writer.write_table(table)
-    os.replace(tmp, path)  # whole or absent
-    return values
+    if not found.any():
+        return fresh
+    if errors is not None:
+        errors.extend(store.errors_for(ids[found]))
+    old = store.values(pos[found], names)
+    order = np.empty(len(ids), dtype=np.int64)
+    order[np.flatnonzero(found)] = np.arange(int(found.sum()))
+    order[np.flatnonzero(todo)] = int(found.sum()) + np.arange(int(todo.sum()))
+    return {n: pa.concat_arrays([old[n], fresh[n]]).take(pa.array(order)) for n in names}
 
 
 def compute_rows(

@@ -169,3 +169,32 @@ def test_sigkill_of_a_refresh_then_resume(tmp_path, call_log):
     assert sorted((r["id"], r["z"]) for r in rows) == [(i, 3 * i) for i in range(N)]
     # each kill loses at most the batch in flight (inline: one task at a time)
     assert N <= count_calls(call_log, "triple") <= N + kills * 25
+
+
+def test_refresh_checkpoints_survive_a_compaction_between_crash_and_retry(tmp_path, call_log):
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(300)])
+    for start in range(300, 1000, 350):
+        t.add([{"id": i, "x": i} for i in range(start, min(start + 350, 1000))])
+    flag = str(tmp_path / "fail")
+    open(flag, "w").close()
+
+    @mv.udf
+    def fragile(x: int) -> int:
+        record_call(call_log, "fragile", x)
+        if x == 800 and os.path.exists(flag):
+            raise RuntimeError("worker lost")
+        return x * 2
+
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": fragile}))
+    with pytest.raises(RuntimeError, match="worker lost"):
+        v.refresh(checkpoint_size=64)
+    first = count_calls(call_log, "fragile")
+    assert 800 < first <= 1000
+    t.optimize()  # every fragment rewritten: new addresses, new tasks, new batches
+    assert len(lance.dataset(t.uri).get_fragments()) == 1
+    os.remove(flag)
+    r = v.refresh(checkpoint_size=100)
+    assert count_calls(call_log, "fragile") - first <= 1000 - first + 64  # only what no checkpoint held
+    assert r.udf_rows_computed["y"] == count_calls(call_log, "fragile") - first
+    assert sorted((row["id"], row["y"]) for row in v.to_arrow().to_pylist()) == [(i, 2 * i) for i in range(1000)]

@@ -102,8 +102,12 @@ def test_backfill_dry_run_errors_and_retry(tmp_path):
     r = run(db, "errors", "t", "--column", "y", "--json")
     assert sorted(e["error_type"] for e in json.loads(r.output)) == ["KeyError"] * 3
     flag.unlink()
+    status = {c["column"]: c for c in json.loads(run(db, "columns", "t", "--json").output)}
+    assert (status["y"]["current"], status["y"]["stale"], status["y"]["failed"]) == (7, 3, 3)
     r = run(db, "backfill", "t", "y", "--retry-failed")
     assert r.exit_code == 0 and "3 rows written, 0 failed" in r.output
+    status = {c["column"]: c for c in json.loads(run(db, "columns", "t", "--json").output)}
+    assert (status["y"]["current"], status["y"]["stale"], status["y"]["failed"]) == (10, 0, 0)
     assert [row["y"] for row in t.to_arrow().to_pylist()] == [i + 1 for i in range(10)]
     assert run(db, "backfill", "t", "nope").exit_code == 2
     assert run(db, "backfill", "t", "y", "--where", "bad syntax (").exit_code == 2
