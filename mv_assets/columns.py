@@ -20,12 +20,14 @@ import pyarrow.dataset as pads
 
 from .planning import column_ids as _ids
 from .query import (
+    SOURCE_MARKER_PREFIX,
     _SYSTEM_COLUMNS,
     _VIEW_COLUMNS,
     VIEW_METADATA_KEY,
     ColumnSpec,
     ViewDefinition,
     check_sql,
+    computed_column_names,
     computed_marker,
     is_marker,
     short_error,
@@ -146,6 +148,18 @@ def add_columns(table: "Table", transforms: Any) -> list[str]:
         raise ValueError(f"columns {clash} already exist in {table.name!r}")
     if is_view and any(c.kind == "udf" and c.udf is not None and c.udf.kind == "batch" for c in specs):
         raise ValueError("a RecordBatch UDF cannot be added to a view; name its input columns")
+    if is_view:
+        # A view follows backfills of its source's computed columns only for the ones
+        # it read when created (it keeps copies of their markers per row).
+        tracked = {n[len(SOURCE_MARKER_PREFIX):] for n in ds.schema.names if n.startswith(SOURCE_MARKER_PREFIX)}
+        probe = ViewDefinition(table.definition.source, tuple(specs))
+        untracked = sorted(set(probe.reads(computed_column_names(input_ds.schema), input_ds.schema)) - tracked)
+        if untracked:
+            raise ValueError(
+                f"the new columns read computed columns {untracked} of {table.definition.source!r} that view "
+                f"{table.name!r} does not select; recreate the view with them selected so that their backfills "
+                "reach it"
+            )
     fields = []
     for c in specs:
         fields.append(pa.field(c.name, _column_type(c, input_ds), nullable=True))

@@ -198,3 +198,29 @@ def test_refresh_checkpoints_survive_a_compaction_between_crash_and_retry(tmp_pa
     assert count_calls(call_log, "fragile") - first <= 1000 - first + 64  # only what no checkpoint held
     assert r.udf_rows_computed["y"] == count_calls(call_log, "fragile") - first
     assert sorted((row["id"], row["y"]) for row in v.to_arrow().to_pylist()) == [(i, 2 * i) for i in range(1000)]
+
+
+@pytest.mark.spark
+def test_a_killed_spark_worker_during_a_refresh_then_resume(tmp_path, call_log, spark_runner):
+    db = mv.connect(str(tmp_path / "cat"), runner=spark_runner)
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(N)])
+    flag = str(tmp_path / "kill-once")
+    open(flag, "w").close()
+
+    @mv.udf
+    def triple(x: int) -> int:
+        record_call(call_log, "triple", x)
+        if x == 450 and os.path.exists(flag):
+            os.remove(flag)
+            os.kill(os.getpid(), signal.SIGKILL)
+        return 3 * x
+
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": triple}))
+    with pytest.raises(Exception):
+        v.refresh(checkpoint_size=BATCH, max_rows_per_task=N)  # one task: the worker dies at row 450
+    assert v.count_rows() == 0
+    first = count_calls(call_log, "triple")
+    v.refresh(checkpoint_size=BATCH, max_rows_per_task=N)
+    assert sorted((r["id"], r["y"]) for r in v.to_arrow().to_pylist()) == [(i, 3 * i) for i in range(N)]
+    # the rerun computes the rows from the batch that died on: 450 // 25 * 25 = 450 rows were checkpointed
+    assert count_calls(call_log, "triple") - first == N - 450

@@ -584,3 +584,18 @@ def test_rows_changed_while_a_backfill_computes_are_left_stale(db, tmp_path):
     assert t.plan_backfill("y").rows == 2  # the updated row and the new one
     t.backfill("y")
     assert _values(t, "y")[20] == (120.0,) and _values(t, "y")[99] == (99.0,)
+
+
+def test_a_view_column_reading_an_untracked_computed_source_column_is_refused(db):
+    t = db.create_table("t", _rows(5))
+    t.add_columns({"y": _plain})
+    v = db.create_materialized_view("v", t.search(None).select(["id", "x"]), with_no_data=False)
+
+    @mv.udf
+    def from_y(y: float) -> float:
+        return y
+
+    with pytest.raises(ValueError, match="does not select"):
+        v.add_columns({"z": from_y})
+    w = db.create_materialized_view("w", t.search(None).select(["id", "y"]), with_no_data=False)
+    assert w.add_columns({"z": from_y}) == ["z"]  # w keeps y's markers: allowed

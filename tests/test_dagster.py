@@ -310,3 +310,9 @@ def test_table_computed_columns_are_assets_filled_by_backfill(tmp_path):
         src.add([{"id": 9, "x": 9}])
         later = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=result.cursor, definitions=defs))
         assert [r.asset_selection for r in later.run_requests] == [[ykey]]
+    # a new UDF version is a new code version of the column asset
+    old_version = graph.get(ykey).code_version
+    src.alter_columns({"path": "y", "udf": mv.udf(lambda x: 3 * x, data_type=double.data_type, name="triple",
+                                                  input_columns=["x"])})
+    graph2 = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline")).get_repository_def().asset_graph
+    assert graph2.get(ykey).code_version == src.computed_columns()[0].udf.fingerprint != old_version
