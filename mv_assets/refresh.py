@@ -398,8 +398,11 @@ def plan_refresh(
     checkpoint_dir = os.path.join(view.connection._state_dir("checkpoints", view.name), plan_key)
     batch_dir = view.connection._state_dir("checkpoints", view.name, "batches")
     tasks = _make_tasks(rows, src_version, source.uri, view.uri, checkpoint_dir, max_rows_per_task, plan_key)
+    # Row checkpoints are looked up only when an earlier run left some (a resume);
+    # a fresh refresh only writes them.
+    resume = os.path.isdir(batch_dir) and any(True for _ in os.scandir(batch_dir))
     for t in tasks:
-        t.batch_size, t.batch_checkpoint_dir = checkpoint_size, batch_dir
+        t.batch_size, t.batch_checkpoint_dir, t.batch_resume = checkpoint_size, batch_dir, resume
     n_compute = int(sum(t.rows for t in tasks))
     udf_rows = {name: n_compute for name in udf_names}
     if current_rows.num_rows:
@@ -408,7 +411,7 @@ def plan_refresh(
             recompute=list(recompute or []), view_version=view_ds.version,
         )
         for t in rewrite:
-            t.batch_size, t.batch_checkpoint_dir = checkpoint_size, batch_dir
+            t.batch_size, t.batch_checkpoint_dir, t.batch_resume = checkpoint_size, batch_dir, resume
         tasks += rewrite
         for name in recompute or []:
             udf_rows[name] += int(sum(t.rows for t in rewrite))

@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from lance.fragment import write_fragments
 
 from ._files import atomic_write_text
-from .planning import positions, shuffle_keys
+from .planning import shuffle_keys
 from .query import (
     SOURCE_MARKER_PREFIX,
     SOURCE_ROW_ID,
@@ -57,6 +57,7 @@ class TaskSpec:
     # that dies redoes at most the batch it was computing, even if the rows are
     # batched differently next time (compaction, another plan).
     batch_checkpoint_dir: str | None = None
+    batch_resume: bool = False  # an earlier run left row checkpoints: look them up
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -126,6 +127,7 @@ def _compute_batches(
     only: list[str] | None = None,
     errors: list[dict] | None = None,
     batch_checkpoint_dir: str | None = None,
+    batch_resume: bool = True,
 ):
     """Yield view batches; with ``only``, just the key, version and those UDF columns."""
     projection = dict(definition.projection) if only is None else {}
@@ -163,7 +165,7 @@ def _compute_batches(
         row_versions = batch.column(_ROW_VERSION).cast(pa.int64())
         specs = [c for c in definition.udf_columns if c.name in schema.names]
         if store is None and batch_checkpoint_dir and specs:
-            store = RowStore(batch_checkpoint_dir, specs)
+            store = RowStore(batch_checkpoint_dir, specs, lookup=batch_resume)
         udf_values = _checkpointed_udf_columns(specs, input_batch, row_ids, row_versions, udf_rows, errors, store)
         for f in schema:
             if f.name == SOURCE_ROW_ID:
@@ -247,10 +249,10 @@ class RowStore:
     the rows are batched the next time: after a source compaction, or a new
     plan over the same rows."""
 
-    def __init__(self, root: str, specs: list[ColumnSpec]) -> None:
+    def __init__(self, root: str, specs: list[ColumnSpec], lookup: bool = True) -> None:
         sig = hashlib.sha256(json.dumps([[c.name, c.fingerprint, c.field] for c in specs]).encode()).hexdigest()
         self.dir = os.path.join(root, sig[:16])
-        self._ids: np.ndarray | None = None
+        self._ids: np.ndarray | None = None if lookup else np.empty(0, np.int64)
 
     def _load(self) -> None:
         self._tables: list[pa.Table] = []
@@ -269,16 +271,21 @@ class RowStore:
                 self._errors.setdefault(int(e["row_id"]), []).append(e)
         cat = (lambda xs: np.concatenate(xs) if xs else np.empty(0, np.int64))  # noqa: E731
         self._ids, self._vers, self._files, self._rows = cat(ids), cat(vers), cat(files), cat(rows)
+        self._order = np.argsort(self._ids, kind="stable")
+        self._sorted = self._ids[self._order]
 
     def lookup(self, row_ids: np.ndarray, row_versions: np.ndarray) -> np.ndarray:
-        """Index of each row's saved result (-1: not saved at this version)."""
+        """Index of each row's saved result (-1: not saved at this version).
+
+        The index holds what was saved before this store was opened (a crashed
+        run's work); rows saved since belong to this task and are not looked up."""
         if self._ids is None:
             self._load()
         if len(self._ids) == 0:
             return np.full(len(row_ids), -1, dtype=np.int64)
-        pos = positions(row_ids, self._ids)
-        found = pos >= 0
-        found[found] = self._vers[pos[found]] == row_versions[found]
+        p = np.minimum(np.searchsorted(self._sorted, row_ids), len(self._sorted) - 1)
+        pos = self._order[p]
+        found = (self._sorted[p] == row_ids) & (self._vers[pos] == row_versions)
         return np.where(found, pos, -1)
 
     def values(self, pos: np.ndarray, names: list[str]) -> dict[str, pa.Array]:
@@ -440,7 +447,7 @@ def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
     batches = list(
         _compute_batches(
             fragment, definition, view_schema, ds.schema, spec.predicate, spec.batch_size, udf_rows, spec.recompute,
-            errors, spec.batch_checkpoint_dir,
+            errors, spec.batch_checkpoint_dir, spec.batch_resume,
         )
     )
     if spec.recompute is None:
