@@ -325,18 +325,28 @@ def run_compute_task(payload: str, shared: bytes) -> str:
     udf_rows: dict[str, int] = {}
     errors: list[dict] = []
     resumed = computed = 0
+    todo = []
     for key, lo, hi in task["batches"]:
         path = _checkpoint_file(ckpt_dir, key)
         if os.path.exists(path):
             _, errs = _read_checkpoint(path)
             errors.extend(errs)
             resumed += 1
-            continue
-        batch_rows = plan_rows.slice(lo, hi - lo)
-        data, errs = _compute_batch(ds, specs, inputs, batch_rows, udf_rows)
-        _write_checkpoint(path, data, errs)
-        errors.extend(errs)
-        computed += 1
+        else:
+            todo.append((path, lo, hi))
+    if todo:
+        # Read the inputs of every batch still to do in one pass (a scan per
+        # fragment), then compute and checkpoint batch by batch.
+        columns = {specs[0].name: specs[0].expr} if specs[0].kind == "sql" else inputs
+        taken = _read_rows(ds, columns, pa.concat_tables([plan_rows.slice(lo, hi - lo) for _, lo, hi in todo]))
+        taken_ids = _ids(taken, "_rowid")
+        order = np.argsort(taken_ids, kind="stable")
+        index = (taken, taken_ids[order], order)
+        for path, lo, hi in todo:
+            data, errs = _compute_batch(ds, specs, inputs, plan_rows.slice(lo, hi - lo), udf_rows, index)
+            _write_checkpoint(path, data, errs)
+            errors.extend(errs)
+            computed += 1
     return json.dumps(
         {
             "udf_rows": sum(udf_rows.get(c.name, 0) for c in specs[:1]),
@@ -404,19 +414,25 @@ def _read_rows(ds: lance.LanceDataset, columns: list[str] | dict, batch_rows: pa
 
 
 def _compute_batch(
-    ds: lance.LanceDataset, specs: list[ColumnSpec], inputs: list[str], batch_rows: pa.Table, udf_rows: dict
+    ds: lance.LanceDataset, specs: list[ColumnSpec], inputs: list[str], batch_rows: pa.Table, udf_rows: dict,
+    index: tuple[pa.Table, np.ndarray, np.ndarray],
 ) -> tuple[pa.Table, list[dict]]:
-    """Results of one checkpoint batch: input identity, matched flag, values, markers."""
+    """Results of one checkpoint batch: input identity, values, markers.
+
+    ``index`` is the task's input rows (read once) with their ids sorted. The
+    input dataset is pinned at the version the plan checked identities
+    against, so a row id found there has the planned row version; rows not
+    found (deleted since) are left out. (Reading _row_last_updated_at_version
+    by id trips a Lance projection bug after updates.)"""
     ids = batch_rows.column(_IN_ID)
     vers = batch_rows.column(_IN_VER)
-    # The input dataset is pinned at the version the plan checked identities
-    # against, so a row id found there has the planned row version. (Taking
-    # _row_last_updated_at_version trips a Lance projection bug after updates.)
-    columns = {specs[0].name: specs[0].expr} if specs[0].kind == "sql" else inputs
-    taken = _read_rows(ds, columns, batch_rows)
-    taken_ids = _ids(taken, "_rowid")
+    taken, sorted_ids, order = index
     want_ids = ids.to_numpy()
-    pos = _positions(want_ids, taken_ids)
+    if len(sorted_ids):
+        p = np.minimum(np.searchsorted(sorted_ids, want_ids), len(sorted_ids) - 1)
+        pos = np.where(sorted_ids[p] == want_ids, order[p], -1)
+    else:
+        pos = np.full(len(want_ids), -1, dtype=np.int64)
     matched = pos >= 0
     take_idx = pa.array(pos[matched])
     errors: list[dict] = []
