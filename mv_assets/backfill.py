@@ -14,17 +14,22 @@ after ``alter_columns`` every row computed by the old code is.
    and cut into checkpoint batches; a batch's key hashes the fingerprint and
    the identities, so it does not depend on physical addresses: a compaction
    between a crash and the retry keeps every checkpoint valid.
-2. **Compute** (Spark tasks, a run of batches each): a batch whose checkpoint
-   file exists is skipped; otherwise its input rows are taken by stable id, the
-   UDF runs (with its error policy) and the results go to one checkpoint file,
-   written atomically. A killed task redoes at most the batch it was in.
-3. **Write and commit** (driver): per fragment of the target's latest version,
-   one new data file holding the column (and its marker) for every physical
-   row; committed as ONE Lance ``Update`` in ``rewrite_columns`` mode: row ids
-   and other columns stay, and the row versions of the written rows move on,
-   so views over the table see them as changed. Rows whose identity changed
-   since the plan (updated, deleted) are left for the next backfill. A commit
-   conflict re-runs this step against the new version (no UDF re-runs).
+2. **Compute** (Spark tasks, a run of batches each): batches whose checkpoint
+   file exists are skipped; the inputs of the others are read in one pass
+   (range scans of dense address runs, else takes by stable id), the UDF runs
+   batch by batch (with its error policy) and each batch's results go to one
+   checkpoint file, written atomically. A killed task redoes at most the batch
+   it was in.
+3. **Write and commit**: the driver matches the results' identities against
+   the target's latest version; one task per touched fragment writes a new
+   data file holding the column (and its marker) for every physical row, from
+   the checkpoint batches it needs; the driver commits ONE Lance ``Update`` in
+   ``rewrite_columns`` mode: row ids, row versions and other columns stay.
+   Views that read the column notice the new values through its markers
+   (they keep copies); views that do not read it see no change. Rows whose
+   identity changed since the plan (updated, deleted) are left for the next
+   backfill. A commit conflict redoes the write against the new version (no
+   UDF runs again).
 """
 
 import hashlib
@@ -772,7 +777,3 @@ class BackfillJob:
 
     def __repr__(self) -> str:
         return f"BackfillJob({self.job_id!r}, done={self.done()})"
-
-
-def clear_checkpoints(table: "Table") -> None:
-    shutil.rmtree(table.connection._state_dir("checkpoints", table.name, "columns"), ignore_errors=True)
