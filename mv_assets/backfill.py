@@ -50,7 +50,8 @@ from lance.file import LanceFileWriter
 from lance.fragment import Bitmap, DataFile, FragmentMetadata
 
 from .planning import column_ids as _ids
-from .planning import split_ranges
+from .planning import positions, split_ranges
+from ._files import atomic_write_arrow, read_arrow
 from .query import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ColumnSpec, computed_marker
 from .refresh import BACKFILL_KEY
 from .tasks import compute_udf_columns, repeat_string
@@ -227,7 +228,7 @@ def plan_backfill(
             columns={"__v": "_row_last_updated_at_version"}, with_row_id=True, with_row_address=True
         ).to_table()
         s_ids, s_vers, s_addrs = _ids(src), _ids(src, "__v"), _ids(src, "_rowaddr")
-        pos = _positions(in_ids, s_ids)
+        pos = positions(in_ids, s_ids)
         keep = pos >= 0
         keep[keep] = s_vers[pos[keep]] == in_vers[keep]
         target_ids, in_ids, in_vers = target_ids[keep], in_ids[keep], in_vers[keep]
@@ -301,17 +302,11 @@ def _checkpoint_file(ckpt_dir: str, key: str) -> str:
 
 
 def _write_checkpoint(path: str, data: pa.Table, errors: list[dict]) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    data = data.replace_schema_metadata({b"errors": json.dumps(errors).encode()})
-    tmp = f"{path}.{os.getpid()}.{uuid.uuid4().hex[:8]}.tmp"
-    with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, data.schema) as writer:
-        writer.write_table(data)
-    os.replace(tmp, path)  # whole or absent
+    atomic_write_arrow(path, data.replace_schema_metadata({b"errors": json.dumps(errors).encode()}))
 
 
 def _read_checkpoint(path: str) -> tuple[pa.Table, list[dict]]:
-    with pa.memory_map(path) as source:
-        data = pa.ipc.open_file(source).read_all()
+    data = read_arrow(path)
     errors = json.loads((data.schema.metadata or {}).get(b"errors", b"[]"))
     return data, errors
 
@@ -323,8 +318,7 @@ def run_compute_task(payload: str, shared: bytes) -> str:
     job = json.loads(shared)
     specs = [ColumnSpec.from_json(c) for c in job["specs"]]
     ckpt_dir = job["checkpoint_dir"]
-    with pa.memory_map(job["plan_path"]) as source:
-        plan_rows = pa.ipc.open_file(source).read_all()
+    plan_rows = read_arrow(job["plan_path"])
     ds = lance.dataset(job["input_uri"], version=job["input_version"])
     inputs = _input_columns(specs, ds.schema)
     udf_rows: dict[str, int] = {}
@@ -378,16 +372,6 @@ def _input_columns(specs: list[ColumnSpec], schema: pa.Schema) -> list[str]:
             if n not in cols:
                 cols.append(n)
     return cols
-
-
-def _positions(want: np.ndarray, have: np.ndarray) -> np.ndarray:
-    """For each id in ``want`` its index in ``have`` (-1 when absent)."""
-    if len(have) == 0:
-        return np.full(len(want), -1, dtype=np.int64)
-    order = np.argsort(have, kind="stable")
-    p = np.minimum(np.searchsorted(have, want, sorter=order), len(have) - 1)
-    idx = order[p]
-    return np.where(have[idx] == want, idx, -1).astype(np.int64)
 
 
 def _read_rows(ds: lance.LanceDataset, columns: list[str] | dict, batch_rows: pa.Table) -> pa.Table:
@@ -570,8 +554,7 @@ def run_write_task(payload: str, shared: bytes) -> str:
     """Executor side: write one fragment's new column file from checkpoint batches."""
     task, job = json.loads(payload), json.loads(shared)
     ds = lance.dataset(job["uri"], version=job["version"])
-    with pa.memory_map(task["assign"]) as source:
-        assign = pa.ipc.open_file(source).read_all()
+    assign = read_arrow(task["assign"])
     batch = assign.column("batch").to_numpy()
     row = assign.column("row").to_numpy()
     needed = np.unique(batch)
@@ -631,22 +614,22 @@ def commit_column_values(
         cur_keys = _ids(cur, "__key") if is_view else _ids(cur)
         cur_vers = _ids(cur, "__ver")
         cur_addrs = _ids(cur, "_rowaddr")
-        pos = _positions(res_ids, cur_keys)
+        pos = positions(res_ids, cur_keys)
         ok = pos >= 0
         ok[ok] = cur_vers[pos[ok]] == res_vers[ok]
         skipped = int(len(res_ids) - ok.sum())
         if not ok.any():
             return None, 0, skipped
-        positions = np.flatnonzero(ok)
+        where = np.flatnonzero(ok)
         addrs = cur_addrs[pos[ok]]
         if len(addrs) > 1 and not (np.diff(addrs) > 0).all():  # group by fragment, offsets ascending
             by_addr = np.argsort(addrs, kind="stable")
-            addrs, positions = addrs[by_addr], positions[by_addr]
+            addrs, where = addrs[by_addr], where[by_addr]
         frag_ids = addrs >> 32
         offsets = (addrs & 0xFFFFFFFF).astype(np.int64)
         starts = np.concatenate([[0], np.flatnonzero(np.diff(frag_ids)) + 1])
         ends = np.concatenate([starts[1:], [len(addrs)]])
-        groups = [(int(frag_ids[a]), offsets[a:b], positions[a:b]) for a, b in zip(starts, ends)]
+        groups = [(int(frag_ids[a]), offsets[a:b], where[a:b]) for a, b in zip(starts, ends)]
         updated = write(ds, groups)
         offset_maps = {}
         if bump_versions:  # the rows whose versions move: portable RoaringBitmap bytes

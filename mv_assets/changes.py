@@ -79,14 +79,9 @@ def fragment_changes(uri: str, since: int | None, known: set[int] | list[int], v
 def _backfilled_fragments(ds: lance.LanceDataset, since: int) -> set[int]:
     """Fragments whose computed columns a backfill rewrote after ``since``: it
     moves no row versions, but views reading those columns must look."""
-    from .refresh import BACKFILL_KEY
+    from .refresh import backfill_commits
 
-    out: set[int] = set()
-    for v in range(since + 1, ds.version + 1):
-        try:
-            txn = ds.read_transaction(v)
-        except Exception:
-            continue
-        if txn is not None and BACKFILL_KEY in (txn.transaction_properties or {}):
-            out |= {int(f.id) for f in getattr(txn.operation, "updated_fragments", [])}
-    return out
+    return {
+        int(f.id) for _, txn in backfill_commits(ds, since, ds.version)
+        for f in getattr(txn.operation, "updated_fragments", [])
+    }

@@ -207,16 +207,16 @@ def _scan(
     ).to_table()
 
 
-def _backfill_versions(src: lance.LanceDataset, v0: int, v1: int) -> list[int]:
-    """Source versions in (v0, v1] that are column backfills (they move no row versions)."""
+def backfill_commits(ds: lance.LanceDataset, v0: int, v1: int) -> list[tuple[int, Transaction]]:
+    """Column backfills among versions (v0, v1] of ``ds``: they move no row versions."""
     out = []
     for v in range(v0 + 1, v1 + 1):
         try:
-            txn = src.read_transaction(v)
-        except Exception:
+            txn = ds.read_transaction(v)
+        except Exception:  # cleaned up: nothing to see
             continue
         if txn is not None and BACKFILL_KEY in (txn.transaction_properties or {}):
-            out.append(v)
+            out.append((v, txn))
     return out
 
 
@@ -345,7 +345,7 @@ def plan_refresh(
             fail = changed_all[~isin(changed_all, _ids(passing))]
         else:
             fail = np.empty(0, np.int64)
-        if tracked and src_version > v0 and _backfill_versions(src, v0, src_version):
+        if tracked and src_version > v0 and backfill_commits(src, v0, src_version):
             # A backfill of a column the view reads rewrote values without moving
             # row versions: rows whose markers changed are changed rows too.
             moved = _marker_changes(source.uri, v0, src_version, tracked)

@@ -247,15 +247,16 @@ class Table:
         """
         import uuid
 
-        from .backfill import execute_backfill, plan_backfill
+        from .backfill import _group_specs, execute_backfill, plan_backfill
+        from .udf import UDF
 
         if isinstance(column, list):
             if len(column) != 1:
                 raise ValueError("backfill one column at a time (siblings of a multi-column UDF come along)")
             column = column[0]
-        spec = plan_backfill(self, column, udf=udf, where=where, row_ids=[], checkpoint_size=checkpoint_size)
+        key = udf.fingerprint if isinstance(udf, UDF) else _group_specs(self, column)[0].fingerprint
         # One backfill of a column at a time: a second one waits, then finds only what is left.
-        with self.connection._refresh_lock(f"{self.name}.backfill.{spec.fingerprint}", None):
+        with self.connection._refresh_lock(f"{self.name}.backfill.{key}", None):
             plan = plan_backfill(self, column, udf=udf, where=where, row_ids=row_ids,
                                  checkpoint_size=checkpoint_size, max_rows_per_task=max_rows_per_task)
             job_id = job_id or uuid.uuid4().hex[:12]

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lance.fragment import write_fragments
 
-from ._files import atomic_write_text
+from ._files import atomic_write_arrow, atomic_write_text, read_arrow
 from .planning import shuffle_keys
 from .query import (
     SOURCE_MARKER_PREFIX,
@@ -260,8 +260,7 @@ class RowStore:
         self._errors: dict[int, list[dict]] = {}
         names = sorted(n for n in os.listdir(self.dir) if n.endswith(".arrow")) if os.path.isdir(self.dir) else []
         for k, name in enumerate(names):
-            with pa.memory_map(os.path.join(self.dir, name)) as source:
-                t = pa.ipc.open_file(source).read_all()
+            t = read_arrow(os.path.join(self.dir, name))
             self._tables.append(t)
             ids.append(t.column(_CK_ID).to_numpy())
             vers.append(t.column(_CK_VER).to_numpy())
@@ -306,13 +305,8 @@ class RowStore:
     def save(self, row_ids: np.ndarray, row_versions: np.ndarray, values: dict[str, pa.Array], errors: list[dict]) -> None:
         table = pa.table({_CK_ID: pa.array(row_ids, pa.int64()), _CK_VER: pa.array(row_versions, pa.int64()), **values})
         table = table.replace_schema_metadata({b"errors": json.dumps(errors).encode()})
-        os.makedirs(self.dir, exist_ok=True)
         h = hashlib.sha256(row_ids.tobytes() + row_versions.tobytes()).hexdigest()[:24]
-        path = os.path.join(self.dir, f"{h}.arrow")
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with pa.OSFile(tmp, "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
-            writer.write_table(table)
-        os.replace(tmp, path)  # whole or absent
+        atomic_write_arrow(os.path.join(self.dir, f"{h}.arrow"), table)
 
 
 def _checkpointed_udf_columns(
