@@ -58,6 +58,10 @@ class RefreshState:
     definition: str | None = None
     load_number: int = 0
     refreshed_at: float | None = None
+    # A fragment-scoped refresh committed after the last whole refresh: the view
+    # may hold rows (or row versions) of other source versions than
+    # ``source_version``, so the next whole refresh compares every row (sync).
+    scoped_since_whole: bool = False
 
     @property
     def refreshed(self) -> bool:
@@ -68,8 +72,9 @@ def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
     """The view's refresh state, read from its commits' transaction properties.
 
     ``source_version`` comes from the newest refresh of the whole view (a
-    fragment-scoped refresh does not make the whole view reflect a version);
-    the load number, time and definition from the newest refresh of any kind.
+    fragment-scoped refresh does not make the whole view reflect a version;
+    it carries the last whole one forward as ``whole_source_version``); the
+    load number, time and definition from the newest refresh of any kind.
     """
     latest: dict | None = None
     v = view_ds.version
@@ -84,13 +89,16 @@ def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
             d = json.loads(raw)
             if latest is None:
                 latest = {**d, "view_version": v}
-            if d.get("scope") is None:
+            whole = d.get("scope") is None
+            if whole or "whole_source_version" in d:
+                found = d["source_version"] if whole else d["whole_source_version"]
                 return RefreshState(
-                    source_version=int(d["source_version"]),
+                    source_version=None if found is None else int(found),
                     view_version=latest["view_version"],
                     definition=latest.get("definition"),
                     load_number=int(latest.get("load_number", 0)),
                     refreshed_at=latest.get("refreshed_at"),
+                    scoped_since_whole=latest.get("scope") is not None,
                 )
         v -= 1
     if latest is None:
@@ -101,6 +109,7 @@ def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
         definition=latest.get("definition"),
         load_number=int(latest.get("load_number", 0)),
         refreshed_at=latest.get("refreshed_at"),
+        scoped_since_whole=True,
     )
 
 
@@ -126,11 +135,21 @@ class RefreshPlan:
     definition_raw: bytes = field(default=b"", repr=False)
     load_number: int = field(default=0, repr=False)
     scope: list[int] | None = None
+    scoped_since_whole: bool = field(default=False, repr=False)
 
     @property
     def is_noop(self) -> bool:
         """True when the refresh would only record the new source version."""
         return not (self.rows_to_insert or self.rows_to_update or self.rows_to_delete)
+
+    @property
+    def commits_nothing(self) -> bool:
+        """True when executing the plan writes nothing at all: no rows to change and
+        no new state to record (a fragment-scoped refresh never records the
+        whole-view source version)."""
+        if not self.is_noop or self.full:
+            return False
+        return self.scope is not None or (self.from_version == self.to_version and not self.scoped_since_whole)
 
     def summary(self) -> dict:
         return {
@@ -318,6 +337,10 @@ def plan_refresh(
         how, reason = "sync", f"recompute {recompute}"
     elif v0 is None:
         how, reason = "sync", "first refresh"
+    elif state.scoped_since_whole:
+        # rows a scoped refresh took from other source versions are only found
+        # by comparing every row with the source (the change feed since v0 misses them)
+        how, reason = "sync", "fragment-scoped refreshes since the last whole refresh"
     elif src_version < v0:
         how, reason = "sync", f"source version {src_version} is older than the reflected version {v0}"
     else:
@@ -434,6 +457,7 @@ def plan_refresh(
         definition_raw=definition.encode(),
         load_number=state.load_number,
         scope=scope,
+        scoped_since_whole=state.scoped_since_whole,
     )
 
 
@@ -546,9 +570,7 @@ def _deletions(view_ds: lance.LanceDataset, keys: np.ndarray, addrs: np.ndarray,
 def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner") -> RefreshResult:
     """Run the plan's tasks and commit the result as one Lance transaction."""
     start = time.perf_counter()
-    # Nothing to write and nothing new to record: commit nothing (a fragment-scoped
-    # refresh never records the whole-view source version).
-    if plan.is_noop and not plan.full and (plan.scope is not None or plan.from_version == plan.to_version):
+    if plan.commits_nothing:
         return RefreshResult(
             view=view.name, from_version=plan.from_version, to_version=plan.to_version,
             view_version=plan.view_version, full=False, rows_inserted=0, rows_updated=0,
@@ -586,6 +608,7 @@ def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner
         "node": socket.gethostname(),
         "full": plan.full,
         "scope": plan.scope,
+        "whole_source_version": plan.to_version if plan.scope is None else plan.from_version,
         "rows_inserted": plan.rows_to_insert,
         "rows_updated": plan.rows_to_update,
         "rows_deleted": plan.rows_to_delete,

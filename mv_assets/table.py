@@ -547,7 +547,7 @@ class MaterializedView(Table):
                 self, src_version, mode=mode, fragments=fragments, recompute=recompute,
                 max_rows_per_task=max_rows_per_task, checkpoint_size=checkpoint_size,
             )
-            if plan.is_noop and not plan.full and plan.from_version == plan.to_version:
+            if plan.commits_nothing:
                 return execute_refresh(self, plan, runner or self.connection.runner)
             record_load_state(self.connection, self.name, LOADING)
             try:
