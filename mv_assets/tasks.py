@@ -20,7 +20,7 @@ import pyarrow.compute as pc
 from lance.fragment import write_fragments
 
 from ._files import atomic_write_arrow, atomic_write_text, read_arrow
-from .planning import shuffle_keys
+from .planning import column_ids, positions, shuffle_keys
 from .query import (
     SOURCE_MARKER_PREFIX,
     SOURCE_ROW_ID,
@@ -412,10 +412,16 @@ def _merge_with_view(spec: TaskSpec, view_schema: pa.Schema, batches: list[pa.Re
         chunk = ", ".join(str(i) for i in ids[start : start + 50_000])
         parts.append(view.to_table(columns=keep, filter=f"{SOURCE_ROW_ID} IN ({chunk})"))
     old = pa.concat_tables(parts)
-    joined = old.join(fresh.drop_columns([SOURCE_ROW_VERSION]), SOURCE_ROW_ID, join_type="inner")
-    if joined.num_rows != fresh.num_rows:
-        raise RuntimeError(f"{fresh.num_rows - joined.num_rows} rows to recompute are missing from the view")
-    return joined.select(view_schema.names).cast(view_schema)
+    # Match by key with a positional take, not an Arrow join: joins cannot carry
+    # list, struct or other nested non-key columns (embeddings).
+    pos = positions(column_ids(fresh, SOURCE_ROW_ID), column_ids(old, SOURCE_ROW_ID))
+    if (pos < 0).any():
+        raise RuntimeError(f"{int((pos < 0).sum())} rows to recompute are missing from the view")
+    old = old.take(pa.array(pos))
+    fresh = fresh.drop_columns([SOURCE_ROW_ID, SOURCE_ROW_VERSION])
+    columns = {n: old.column(n) for n in keep}
+    columns.update({n: fresh.column(n) for n in fresh.column_names})
+    return pa.table({n: columns[n] for n in view_schema.names}).cast(view_schema)
 
 
 def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:

@@ -190,3 +190,21 @@ def test_scoped_refresh_validates_its_fragments(db):
     t, v = _make(db)
     with pytest.raises(ValueError, match="limit"):
         db.create_materialized_view("lim", t.search(None).limit(2)).refresh(fragments=[0])
+
+
+def test_recompute_a_column_next_to_list_columns(db):
+    """Column-only recompute copies the other columns, nested types included
+    (Dagster's "materialize only this column" path)."""
+    import pyarrow as pa
+
+    @mv.udf(data_type=pa.list_(pa.float32()))
+    def emb(x: pa.Array) -> pa.Array:
+        return pa.array([[float(v), 1.0] for v in x.to_pylist()], pa.list_(pa.float32()))
+
+    t = db.create_table("raw", [{"id": i, "x": i} for i in range(4)])
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "e": emb, "y": y}))
+    v.refresh()
+    r = v.refresh(recompute=["y"])
+    assert r.udf_rows_computed.get("y") == 4 and not r.udf_rows_computed.get("e")
+    rows = sorted(v.to_arrow().to_pylist(), key=lambda r: r["id"])
+    assert [(r["id"], r["e"], r["y"]) for r in rows] == [(i, [float(i), 1.0], i * 10 + 1) for i in range(4)]
