@@ -53,7 +53,7 @@ from .planning import column_ids as _ids
 from .planning import positions, split_ranges
 from ._files import atomic_write_arrow, read_arrow
 from .query import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ColumnSpec, computed_marker
-from .refresh import BACKFILL_KEY
+from .changes import BACKFILL_KEY
 from .tasks import compute_udf_columns, repeat_string
 
 if TYPE_CHECKING:

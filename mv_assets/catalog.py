@@ -13,9 +13,9 @@ import pyarrow as pa
 from .errors import ConcurrentRefreshError, SourceBehindError, TableExistsError, TableNotFoundError
 from .policy import POLICY_METADATA_KEY, RefreshPolicy
 from .query import VIEW_METADATA_KEY, Query, output_schema
-from .refresh import RefreshResult, read_refresh_state
+from .refresh import RefreshResult
 from .spark import Runner, default_runner
-from .status import status_table, view_status
+from .status import pending_source_versions, status_table, view_status
 from .table import PRIMARY_KEY_METADATA_KEY, MaterializedView, Table, check_primary_key, to_arrow_table
 
 __all__ = ["Connection", "connect", "validate_name"]
@@ -287,11 +287,8 @@ class Connection:
                 )
 
     def _versions_behind(self, view: MaterializedView) -> int:
-        state = read_refresh_state(view._dataset())
-        src_version = self.open_table(view.definition.source).version
-        if state.source_version is None:
-            return src_version
-        return max(0, src_version - state.source_version)
+        """Source versions that matter to ``view`` and it does not reflect yet."""
+        return len(pending_source_versions(view))
 
     def refresh(
         self,

@@ -5,12 +5,102 @@ engine code: no dagster import. Cost is proportional to the number of
 fragments (metadata) plus the rows that changed, never to the table size.
 """
 
+import json
+from collections.abc import Collection
 from dataclasses import dataclass, field
 
 import lance
 import numpy as np
 
-__all__ = ["FragmentChanges", "fragment_changes"]
+__all__ = [
+    "FragmentChanges",
+    "fragment_changes",
+    "commit_matters",
+    "pending_versions",
+    "data_version",
+    "backfill_commits",
+    "STATE_KEY",
+    "BACKFILL_KEY",
+]
+
+STATE_KEY = "mv_assets.refresh"  # transaction property of view refreshes (see refresh.py)
+BACKFILL_KEY = "mv_assets.backfill"  # transaction property of column backfills (see backfill.py)
+# Operations that never change which rows a reader sees or their values:
+# compaction (row ids and versions kept), config and schema metadata, indexes,
+# fragment id reservations (pylance reports ops without a Python class as
+# BaseOperation; every data-changing operation has one).
+NEUTRAL_OPERATIONS = frozenset({"Rewrite", "UpdateConfig", "CreateIndex", "ReserveFragments", "BaseOperation"})
+
+
+def commit_matters(txn, reads: Collection[str] | None = None) -> bool:
+    """Whether a commit can change what a reader of the table sees.
+
+    ``reads``: the computed columns the reader reads (None: all of them). A
+    column backfill matters only to readers of its columns; a view refresh
+    that recorded state without changing rows matters to nobody.
+    """
+    if txn is None:
+        return True
+    op = txn.operation
+    kind = type(op).__name__
+    if kind in NEUTRAL_OPERATIONS:
+        return False
+    props = txn.transaction_properties or {}
+    if BACKFILL_KEY in props:
+        if reads is None:
+            return True
+        columns = json.loads(props[BACKFILL_KEY]).get("columns") or []
+        return bool(set(columns) & set(reads))
+    if STATE_KEY in props and kind == "Update":
+        return bool(op.removed_fragment_ids or op.updated_fragments or op.new_fragments)
+    return True
+
+
+def _read_txn(ds: lance.LanceDataset, version: int):
+    try:
+        return True, ds.read_transaction(version)
+    except Exception:  # cleaned up: unknown, so it may matter
+        return False, None
+
+
+def pending_versions(
+    uri: str, since: int | None, reads: Collection[str] | None = None, latest: int | None = None
+) -> list[int]:
+    """Versions in ``(since, latest]`` of the table at ``uri`` whose commits
+    matter to a reader of ``reads`` (see :func:`commit_matters`)."""
+    ds = lance.dataset(uri)
+    latest = ds.version if latest is None else latest
+    start = 0 if since is None else since
+    out = []
+    for v in range(start + 1, latest + 1):
+        ok, txn = _read_txn(ds, v)
+        if not ok or commit_matters(txn, reads):
+            out.append(v)
+    return out
+
+
+def data_version(uri: str, reads: Collection[str] | None = None) -> int:
+    """The newest version of the table whose commit matters to a reader of
+    ``reads``: what a reader's data version is (compactions, backfills of
+    other columns and state-only view commits do not move it)."""
+    ds = lance.dataset(uri)
+    v = ds.version
+    while v > 1:
+        ok, txn = _read_txn(ds, v)
+        if not ok or commit_matters(txn, reads):
+            return v
+        v -= 1
+    return v
+
+
+def backfill_commits(ds: lance.LanceDataset, v0: int, v1: int) -> list:
+    """Column backfills among versions (v0, v1] of ``ds``: they move no row versions."""
+    out = []
+    for v in range(v0 + 1, v1 + 1):
+        ok, txn = _read_txn(ds, v)
+        if ok and txn is not None and BACKFILL_KEY in (txn.transaction_properties or {}):
+            out.append((v, txn))
+    return out
 
 
 @dataclass
@@ -79,8 +169,6 @@ def fragment_changes(uri: str, since: int | None, known: set[int] | list[int], v
 def _backfilled_fragments(ds: lance.LanceDataset, since: int) -> set[int]:
     """Fragments whose computed columns a backfill rewrote after ``since``: it
     moves no row versions, but views reading those columns must look."""
-    from .refresh import backfill_commits
-
     return {
         int(f.id) for _, txn in backfill_commits(ds, since, ds.version)
         for f in getattr(txn.operation, "updated_fragments", [])

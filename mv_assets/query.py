@@ -46,6 +46,11 @@ def is_marker(name: str) -> bool:
     return name.startswith(COMPUTED_PREFIX) or name.startswith(SOURCE_MARKER_PREFIX)
 
 
+def tracked_source_columns(schema: pa.Schema) -> list[str]:
+    """Computed source columns a view reads (it keeps copies of their markers)."""
+    return [n[len(SOURCE_MARKER_PREFIX):] for n in schema.names if n.startswith(SOURCE_MARKER_PREFIX)]
+
+
 def computed_column_names(schema: pa.Schema) -> list[str]:
     """Columns of a table or view that have a computed marker."""
     return [n[len(COMPUTED_PREFIX):] for n in schema.names if n.startswith(COMPUTED_PREFIX)]

@@ -30,10 +30,11 @@ import pyarrow as pa
 from lance import LanceOperation, Transaction
 from lance.fragment import FragmentMetadata
 
+from .changes import BACKFILL_KEY, STATE_KEY, backfill_commits
 from .errors import ConcurrentRefreshError
 from .planning import ChangeSet, KeyPlan, isin, plan_keys, positions, split_ranges
 from .planning import column_ids as _ids
-from .query import SOURCE_MARKER_PREFIX, SOURCE_ROW_ID, SOURCE_ROW_VERSION, ViewDefinition, computed_marker, source_marker
+from .query import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ViewDefinition, computed_marker, source_marker, tracked_source_columns
 from .tasks import TaskResult, TaskSpec, and_filters
 
 if TYPE_CHECKING:
@@ -42,8 +43,6 @@ if TYPE_CHECKING:
 
 __all__ = ["RefreshState", "RefreshPlan", "RefreshResult", "read_refresh_state", "plan_refresh", "execute_refresh"]
 
-STATE_KEY = "mv_assets.refresh"
-BACKFILL_KEY = "mv_assets.backfill"  # transaction property of column backfills (see backfill.py)
 MODES = ("auto", "full", "incremental_strict")
 _FULL_OPS = ("Overwrite", "Restore", "Clone")
 ROW_VERSION_ALIAS = "__row_version"
@@ -226,19 +225,6 @@ def _scan(
     ).to_table()
 
 
-def backfill_commits(ds: lance.LanceDataset, v0: int, v1: int) -> list[tuple[int, Transaction]]:
-    """Column backfills among versions (v0, v1] of ``ds``: they move no row versions."""
-    out = []
-    for v in range(v0 + 1, v1 + 1):
-        try:
-            txn = ds.read_transaction(v)
-        except Exception:  # cleaned up: nothing to see
-            continue
-        if txn is not None and BACKFILL_KEY in (txn.transaction_properties or {}):
-            out.append((v, txn))
-    return out
-
-
 def _marker_changes(src_uri: str, v0: int, v1: int, markers: list[str]) -> np.ndarray:
     """Ids of rows whose computed markers differ between source versions v0 and v1."""
     def read(v: int) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -349,7 +335,7 @@ def plan_refresh(
         raise ValueError(f"refresh of {view.name!r} cannot be incremental: {reason}")
 
     # Computed columns of the source the view reads: their markers are compared too.
-    tracked = [n[len(SOURCE_MARKER_PREFIX):] for n in view_ds.schema.names if n.startswith(SOURCE_MARKER_PREFIX)]
+    tracked = tracked_source_columns(view_ds.schema)
     vk = view_ds.to_table(
         columns=[SOURCE_ROW_ID, SOURCE_ROW_VERSION, *(source_marker(m) for m in tracked)], with_row_address=True
     )

@@ -18,6 +18,8 @@ import lance
 import pyarrow as pa
 
 from ._files import atomic_write_text
+from .changes import pending_versions
+from .query import tracked_source_columns
 from .policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
 
 if TYPE_CHECKING:
@@ -33,6 +35,7 @@ __all__ = [
     "view_status",
     "record_load_state",
     "refresh_decision",
+    "pending_source_versions",
     "status_table",
 ]
 
@@ -121,6 +124,18 @@ def stale_count(src_uri: str, since: int | None, latest: int) -> int:
     return changed + deleted
 
 
+def pending_source_versions(view: "MaterializedView", latest: int | None = None) -> list[int]:
+    """Source versions after the one the view reflects whose commits matter to
+    it: data changes, and backfills of computed columns it reads. Compactions,
+    backfills of other columns and state-only refreshes of an upstream view do
+    not make a view stale."""
+    state = view.refresh_state()
+    source = view.connection.open_table(view.definition.source)
+    if state.source_version is None:
+        return list(range(1, (latest or source.version) + 1))
+    return pending_versions(source.uri, state.source_version, tracked_source_columns(view.schema), latest)
+
+
 def view_status(view: "MaterializedView") -> ViewStatus:
     conn = view.connection
     definition = view.definition
@@ -145,7 +160,7 @@ def view_status(view: "MaterializedView") -> ViewStatus:
         node=file.get("node"),
         source_version=state.source_version,
         source_latest_version=latest,
-        versions_behind=latest - state.source_version if state.source_version is not None else latest,
+        versions_behind=len(pending_source_versions(view, latest)),
         stale_count=stale,
         stale_pct=round(100.0 * stale / max(cardinality, 1), 3),
         policy=policy.kind,
@@ -159,10 +174,15 @@ def refresh_decision(view: "MaterializedView", now: float | None = None, schedul
     source = view.connection.open_table(view.definition.source)
     state = view.refresh_state()
     latest = source.version
-    needs_rows = policy.kind == "staleness" and state.source_version not in (None, latest)
+    pending = pending_source_versions(view, latest) if state.source_version is not None else []
+    # the source "moved" for this view only through commits that matter to it, or
+    # when fragment-scoped refreshes left it holding rows of several versions
+    moved = bool(pending) or state.scoped_since_whole
+    effective = (pending[-1] if pending else latest) if moved else state.source_version
+    needs_rows = policy.kind == "staleness" and state.source_version is not None and moved
     return decide(
         policy,
-        source_version=latest,
+        source_version=effective,
         reflected_version=state.source_version,
         last_refreshed_at=state.refreshed_at,
         now=time.time() if now is None else now,
