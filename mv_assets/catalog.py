@@ -71,8 +71,11 @@ class Connection:
         self._runner = runner
 
     # -- paths -----------------------------------------------------------
-    def _table_uri(self, name: str) -> str:
+    def table_uri(self, name: str) -> str:
+        """Where the Lance dataset of table or view ``name`` lives."""
         return os.path.join(self.uri, f"{validate_name(name)}.lance")
+
+    _table_uri = table_uri
 
     def _state_dir(self, *parts: str) -> str:
         return os.path.join(self.uri, STATE_DIR, *parts)

@@ -130,16 +130,14 @@ class ViewDefinition:
     def reads(self, columns: list[str], source_schema: pa.Schema) -> list[str]:
         """Which of ``columns`` (of the source) this view reads, conservatively:
         selected, fed to a UDF, or named in a SQL expression or the filter."""
-        texts = [self.filter or ""] + [c.expr or "" for c in self.columns if c.kind == "sql"]
-        direct = {c.expr or c.name for c in self.columns if c.kind == "column"}
-        for c in self.udf_columns:
-            direct.update(c.udf.input_columns or source_schema.names)
-        out = []
-        for name in columns:
-            pattern = re.compile(r"(?<![A-Za-z0-9_])" + re.escape(name) + r"(?![A-Za-z0-9_])")
-            if name in direct or any(pattern.search(t) for t in texts):
-                out.append(name)
-        return out
+        light = {
+            "filter": self.filter,
+            "columns": [
+                {"name": c.name, "kind": c.kind, "expr": c.expr, "udf": {"input_columns": c.udf.input_columns if c.udf else None}}
+                for c in self.columns
+            ],
+        }
+        return definition_reads(light, columns, source_schema.names)
 
     def udf_input_columns(self, source_schema: pa.Schema) -> list[str]:
         cols: list[str] = []
@@ -202,6 +200,23 @@ class ViewDefinition:
     @staticmethod
     def decode(raw: bytes | str) -> "ViewDefinition":
         return ViewDefinition.from_json(json.loads(raw))
+
+
+def definition_reads(definition: dict, columns: list[str], source_names: list[str]) -> list[str]:
+    """:meth:`ViewDefinition.reads` on a stored definition (its JSON), without
+    unpickling any UDF: what the Dagster wiring uses for lineage."""
+    cols = definition.get("columns", [])
+    texts = [definition.get("filter") or ""] + [c.get("expr") or "" for c in cols if c["kind"] == "sql"]
+    direct = {c.get("expr") or c["name"] for c in cols if c["kind"] == "column"}
+    for c in cols:
+        if c["kind"] == "udf":
+            direct.update(c["udf"].get("input_columns") or source_names)
+    out = []
+    for name in columns:
+        pattern = re.compile(r"(?<![A-Za-z0-9_])" + re.escape(name) + r"(?![A-Za-z0-9_])")
+        if name in direct or any(pattern.search(t) for t in texts):
+            out.append(name)
+    return out
 
 
 def _quote_ident(name: str) -> str:

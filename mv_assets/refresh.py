@@ -185,6 +185,7 @@ class RefreshResult:
     seconds: float
     runner: str
     timings: dict[str, float] = field(default_factory=dict)
+    rows_by_fragment: dict[int, int] = field(default_factory=dict)  # rows computed, by source fragment
 
     def summary(self) -> dict:
         return dict(self.__dict__)
@@ -553,6 +554,30 @@ def _deletions(view_ds: lance.LanceDataset, keys: np.ndarray, addrs: np.ndarray,
     return removed_ids, updated
 
 
+def _rows_by_fragment(tasks: list[TaskSpec]) -> dict[int, int]:
+    out: dict[int, int] = {}
+    for t in tasks:
+        out[t.fragment_id] = out.get(t.fragment_id, 0) + t.rows
+    return out
+
+
+def view_rows_by_fragment(view_uri: str, src_uri: str, src_version: int, fragments: list[int]) -> dict[int, int]:
+    """How many rows of the view come from each of ``fragments`` of the source
+    at ``src_version`` (ids only are read: no data columns)."""
+    src = lance.dataset(src_uri, version=src_version)
+    present = {f.fragment_id: f for f in src.get_fragments()}
+    keys = _ids(lance.dataset(view_uri).to_table(columns=[SOURCE_ROW_ID]), SOURCE_ROW_ID)
+    out = {}
+    for fid in fragments:
+        frag = present.get(int(fid))
+        if frag is None:
+            out[int(fid)] = 0
+            continue
+        ids = _ids(frag.to_table(columns=[], with_row_id=True))
+        out[int(fid)] = int(isin(ids, keys).sum())
+    return out
+
+
 def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner") -> RefreshResult:
     """Run the plan's tasks and commit the result as one Lance transaction."""
     start = time.perf_counter()
@@ -637,6 +662,7 @@ def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner
         runner=(
             "spark-driver-local" if getattr(runner, "last_run_local", False) else getattr(runner, "name", type(runner).__name__)
         ),
+        rows_by_fragment=_rows_by_fragment(plan.tasks),
         timings={
             "execute_s": executed - start,
             "commit_s": done - executed,

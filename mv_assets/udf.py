@@ -482,7 +482,7 @@ class UDF:
         return self._fingerprint
 
     def to_spec(self) -> dict:
-        return {
+        spec = {
             "name": self.name,
             "fingerprint": self.fingerprint,
             "input_columns": self.input_columns,
@@ -490,6 +490,19 @@ class UDF:
             "kind": self.kind,
             "pickle": base64.b64encode(dumps_by_value(self)).decode("ascii"),
         }
+        where = self.code_location()
+        if where is not None:
+            spec["source_file"], spec["source_line"] = where
+        return spec
+
+    def code_location(self) -> tuple[str, int] | None:
+        """File and first line of the UDF's code, when Python knows them."""
+        try:
+            path = inspect.getsourcefile(self.func)
+            _, line = inspect.getsourcelines(self.func)
+        except (OSError, TypeError):
+            return None
+        return (os.path.abspath(path), int(line)) if path else None
 
     @staticmethod
     def from_spec(spec: dict) -> "UDF":

@@ -72,16 +72,28 @@ def test_asset_graph_and_lineage(tmp_path):
     assert graph.get(K(["v"])).parent_keys == {K(["src"])}
     assert graph.get(K(["v", "y"])).parent_keys == {K(["v"])}
     assert graph.get(K(["w"])).parent_keys == {K(["v"]), K(["v", "y"])}
-    # partitioned by source fragment; the derived view by the upstream view's fragments
+    # partitioned by source fragment; the view over a view refreshes as a whole
     assert graph.get(K(["v"])).partitions_def.name == partitions_def_name("src")
     assert graph.get(K(["v", "y"])).partitions_def.name == partitions_def_name("src")
-    assert graph.get(K(["w"])).partitions_def.name == partitions_def_name("v")
+    assert graph.get(K(["w"])).partitions_def is None
     # UDF fingerprint is the column's code version; descriptions and groups for the UI
     assert graph.get(K(["v", "y"])).code_version == double.fingerprint
     assert "Materialized view over `src`" in graph.get(K(["v"])).description
     assert graph.get(K(["v"])).group_name == "v"
     assert graph.get(K(["src"])).is_observable
-    assert {s.name for s in defs.sensors} == {"src_changes", "v_changes"}
+    assert {s.name for s in defs.sensors} == {"src_changes"}  # one sensor per base table, views over views included
+    meta = graph.get(K(["v"])).metadata
+    assert meta["dagster/table_name"] == "v" and meta["dagster/uri"].endswith("v.lance")
+    assert [c.name for c in meta["dagster/column_schema"].columns] == ["id", "x", "y"]
+    refs = graph.get(K(["v", "y"])).metadata["dagster/code_references"].code_references
+    assert refs[0].file_path == os.path.abspath(__file__) and refs[0].line_number == double.func.__code__.co_firstlineno
+
+
+def _runs(result, key):
+    """The run requests of a sensor result that materialize asset ``key``."""
+    if isinstance(result, dg.SkipReason):
+        return []
+    return [r for r in result.run_requests if dg.AssetKey(key) in r.asset_selection]
 
 
 def test_sensor_over_append_delete_update_compaction(tmp_path):
@@ -102,41 +114,74 @@ def test_sensor_over_append_delete_update_compaction(tmp_path):
         def frags():
             return sorted(f.fragment_id for f in lance.dataset(src.uri).get_fragments())
 
-        # first tick: every fragment becomes a partition; one run covers them
+        def refresh_all():  # what the requested runs do
+            db.refresh(["v", "w"])
+
+        # first tick: every fragment becomes a partition; one run for v, one for the view over it
         r, cursor = tick(None)
         assert sorted(instance.get_dynamic_partitions(pname)) == [str(f) for f in frags()]
-        (run,) = r.run_requests
+        (run,) = _runs(r, ["v"])
         assert run.tags[TAG_SOURCE_VERSION] == str(src.version) and run.tags[TAG_SCOPE] == "changes"
         assert run.tags["dagster/asset_partition_range_start"] == "0"
         assert run.tags["dagster/asset_partition_range_end"] == str(frags()[-1])
-        assert cursor == str(src.version)
-        # nothing new: skip
+        (wrun,) = _runs(r, ["w"])
+        assert "dagster/asset_partition_range_start" not in wrun.tags  # w refreshes as a whole
+        assert len(r.run_requests) == 2
+        # the same state again: the same run keys (Dagster launches each once)
+        again, _ = tick(cursor)
+        assert sorted(x.run_key for x in again.run_requests) == sorted(x.run_key for x in r.run_requests)
+        refresh_all()
         r, cursor = tick(cursor)
-        assert isinstance(r, dg.SkipReason)
-        # append: one new fragment, one run for it
+        assert isinstance(r, dg.SkipReason)  # nothing new, nothing due
+        # append: one new fragment, one run per affected view
         src.add([{"id": 100, "x": 100}])
         r, cursor = tick(cursor)
         new = str(frags()[-1])
         assert new in instance.get_dynamic_partitions(pname)
-        (run,) = r.run_requests
+        (run,) = _runs(r, ["v"])
         assert (run.tags["dagster/asset_partition_range_start"], run.tags["dagster/asset_partition_range_end"]) == (new, new)
+        assert len(_runs(r, ["w"])) == 1 and len(r.run_requests) == 2
+        refresh_all()
         # delete in the first fragment: that partition is refreshed
         src.delete("id = 1")
         r, cursor = tick(cursor)
-        (run,) = r.run_requests
+        (run,) = _runs(r, ["v"])
         assert run.tags["dagster/asset_partition_range_start"] == "0"
+        refresh_all()
+        # a delete that empties a whole fragment: the partition is retired AND the views refreshed
+        src.delete("id = 100")
+        r, cursor = tick(cursor)
+        assert new not in instance.get_dynamic_partitions(pname)
+        assert len(_runs(r, ["v"])) == 1 and len(_runs(r, ["w"])) == 1
+        refresh_all()
+        assert 100 not in db.open_table("v").to_arrow().column("id").to_pylist()
         # update: the row moves to a new fragment
         src.update("id = 2", {"x": 20})
         r, cursor = tick(cursor)
         assert str(frags()[-1]) in instance.get_dynamic_partitions(pname)
-        assert len(r.run_requests) == 1
-        # compaction: old partitions retired, the new fragment added, no rows to compute
+        assert len(_runs(r, ["v"])) == 1
+        refresh_all()
+        # compaction: old partitions retired, the new fragment added; no view is stale
         before = set(instance.get_dynamic_partitions(pname))
         src.optimize()
         r, cursor = tick(cursor)
         after = set(instance.get_dynamic_partitions(pname))
         assert after == {str(f) for f in frags()} and not (after & before)
-        assert cursor == str(src.version)
+        assert not _runs(r, ["v"]) and not _runs(r, ["w"])
+        # a partition key typed in the launch dialog that is no fragment id: retired, the sensor survives
+        instance.add_dynamic_partitions(pname, ["not-a-fragment"])
+        r, cursor = tick(cursor)
+        assert "not-a-fragment" not in instance.get_dynamic_partitions(pname)
+
+
+def test_partition_run_with_a_key_that_is_no_fragment_fails_clearly(tmp_path):
+    db = _catalog(tmp_path / "cat")
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    assets = [defs.get_repository_def().assets_defs_by_key[dg.AssetKey(["v"])]]
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(partitions_def_name("src"), ["oops"])
+        with pytest.raises(dg.Failure, match="not fragment ids of 'src'"):
+            dg.materialize(assets, instance=instance, partition_key="oops")
 
 
 @pytest.mark.spark
@@ -265,6 +310,7 @@ def test_policies_are_wired_to_sensors_and_schedules(tmp_path):
         got, cursor = requested(instance, cursor)
         assert got == {"eager_v", "stale_v"}
         db.open_table("stale_v").refresh()
+        db.open_table("eager_v").refresh()  # what the requested runs did
         db.open_table("ttl_v").set_refresh_policy(P.ttl(0.001))  # now overdue
         got, cursor = requested(instance, cursor)
         assert got == {"ttl_v"}  # no new source version, but the ttl expired
@@ -286,30 +332,34 @@ def test_table_computed_columns_are_assets_filled_by_backfill(tmp_path):
     ykey, zkey = dg.AssetKey(["src", "y"]), dg.AssetKey(["src", "z"])
     assert graph.get(ykey).parent_keys == {dg.AssetKey(["src"])}
     assert graph.get(ykey).code_version == src.computed_columns()[0].udf.fingerprint
-    assert {ykey, zkey} <= graph.get(dg.AssetKey(["v"])).parent_keys  # lineage: columns feed the view
+    parents = graph.get(dg.AssetKey(["v"])).parent_keys
+    assert ykey in parents and zkey not in parents  # lineage: only the columns the view reads feed it
+    sensor = _sensor(defs, "src_changes")
+
+    def tick(cursor):
+        result = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
+        _apply(instance, result)
+        return result
+
     with dg.instance_for_test() as instance:
-        first = _sensor(defs, "src_changes").evaluate_tick(
-            dg.build_sensor_context(instance=instance, cursor=None, definitions=defs))
-        _apply(instance, first)  # partitions known, source cursor before the backfill
-        sensor = _sensor(defs, "src_columns")
-        result = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=None, definitions=defs))
-        assert [r.asset_selection for r in result.run_requests] == [[ykey]]  # z (SQL) is already filled
-        assert result.cursor == str(src.version)
+        first = tick(None)
+        assert _runs(first, ["src", "y"])[0].asset_selection == [ykey]  # z (SQL) is already filled
+        assert len(_runs(first, ["v"])) == 1
+        db.open_table("v").refresh()  # the view's run, before the backfill's
+        assert not _runs(tick(first.cursor), ["v"])
         job = defs.resolve_implicit_global_asset_job_def()
         run = job.execute_in_process(instance=instance, asset_selection=[ykey], resources={})
         assert run.success
         mat = instance.get_latest_materialization_event(ykey).asset_materialization
         assert mat.metadata["rows_written"].value == 5
         assert [r["y"] for r in src.to_arrow().to_pylist()] == [0, 2, 4, 6, 8]
-        again = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=None, definitions=defs))
-        assert again.run_requests == []  # nothing stale any more
-        # the backfill moved no row versions, yet the view reads y: the source sensor asks for a refresh
-        changes = _sensor(defs, "src_changes").evaluate_tick(
-            dg.build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs))
-        assert [r.asset_selection for r in changes.run_requests] == [[dg.AssetKey(["v"])]]
+        # the backfill moved no row versions, yet the view reads y: it is refreshed; y itself is not stale
+        after = tick(first.cursor)
+        assert not _runs(after, ["src", "y"])
+        assert len(_runs(after, ["v"])) == 1
         src.add([{"id": 9, "x": 9}])
-        later = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=result.cursor, definitions=defs))
-        assert [r.asset_selection for r in later.run_requests] == [[ykey]]
+        later = tick(after.cursor)
+        assert _runs(later, ["src", "y"])[0].asset_selection == [ykey]
     # a new UDF version is a new code version of the column asset
     old_version = graph.get(ykey).code_version
     src.alter_columns({"path": "y", "udf": mv.udf(lambda x: 3 * x, data_type=double.data_type, name="triple",

@@ -1,0 +1,394 @@
+"""Assets: wiring only, the engine does the work.
+
+* a base table -> an observable source asset (data version: the newest Lance
+  version whose commit changes rows; compactions and column backfills do not);
+* its computed columns -> assets materialized by a checkpointed backfill;
+* a view over a base table -> an asset partitioned by source fragment,
+  materialized with its UDF columns (downstream assets, code version = UDF
+  fingerprint); a view over a view -> an unpartitioned asset that brings its
+  upstream views along.
+"""
+
+import time
+import warnings
+from datetime import timedelta
+from typing import Any
+
+import dagster as dg
+
+from ..changes import data_version
+from ..checks import check_view
+from ..policy import RefreshPolicy
+from ..refresh import view_rows_by_fragment
+from ..status import pending_source_versions, view_status
+from .catalog import TableInfo
+from .resource import MvAssetsResource
+
+__all__ = [
+    "RESOURCE_KEY", "TAG_SOURCE_VERSION", "TAG_SCOPE", "CHECK_NAMES", "safe_name", "partitions_def_name",
+    "source_asset", "view_asset", "table_columns_asset", "fragment_keys",
+]
+
+RESOURCE_KEY = "mv_assets"
+TAG_SOURCE_VERSION = "mv_assets/source_version"
+TAG_SCOPE = "mv_assets/scope"
+CHECK_NAMES = ("matches_source_query", "no_orphan_rows", "udf_values_present")
+# Per-partition metadata is computed for runs of at most this many partitions.
+PER_PARTITION_LIMIT = 2000
+
+
+def safe_name(name: str) -> str:
+    return "".join(ch if ch.isalnum() or ch == "_" else "_" for ch in name)
+
+
+def partitions_def_name(source: str) -> str:
+    return f"{safe_name(source)}__fragments"
+
+
+def fragment_keys(keys) -> tuple[list[int], list[str]]:
+    """Partition keys as fragment ids, and the keys that are not fragment ids."""
+    ids, bad = [], []
+    for k in keys:
+        try:
+            value = int(k)
+        except (TypeError, ValueError):
+            bad.append(k)
+            continue
+        if value < 0 or str(value) != str(k):
+            bad.append(k)
+        else:
+            ids.append(value)
+    return ids, bad
+
+
+def _table_metadata(info: TableInfo) -> dict:
+    """Dagster's standard keys: the catalog shows the table's columns and where it lives."""
+    return {
+        "dagster/table_name": info.name,
+        "dagster/uri": info.uri,
+        "dagster/column_schema": dg.TableSchema(
+            columns=[dg.TableColumn(name, type_) for name, type_ in info.schema]
+        ),
+    }
+
+
+def _code_references(udf: dict) -> dict:
+    """Where the UDF's code is: the UI links the column asset to it."""
+    if "source_file" not in udf:
+        return {}
+    with warnings.catch_warnings():  # code references are a beta API of Dagster
+        warnings.simplefilter("ignore")
+        ref = dg.LocalFileCodeReference(file_path=udf["source_file"], line_number=int(udf.get("source_line") or 1))
+        return {"dagster/code_references": dg.CodeReferencesMetadataValue(code_references=[ref])}
+
+
+def source_asset(info: TableInfo):
+    @dg.observable_source_asset(
+        key=dg.AssetKey([info.name]),
+        group_name="sources",
+        description=f"Lance table `{info.name}`. Its data version is the newest Lance version that changed rows.",
+        metadata=_table_metadata(info),
+        tags={"dagster/kind/lance": ""},
+    )
+    def _observe(context) -> dg.DataVersion:
+        return dg.DataVersion(str(data_version(info.uri, reads=())))
+
+    return _observe
+
+
+def source_observation(info: TableInfo, version: int) -> dg.AssetObservation:
+    return dg.AssetObservation(
+        asset_key=dg.AssetKey([info.name]),
+        metadata={"lance_version": version, "data_version": data_version(info.uri, reads=())},
+        tags={"dagster/data_version": str(data_version(info.uri, reads=()))},
+    )
+
+
+def _view_description(info: TableInfo) -> str:
+    cols = ", ".join(c["name"] for c in info.columns)
+    where = f" where `{info.filter}`" if info.filter else ""
+    lim = f", limited to {info.limit} rows" if info.limit is not None else ""
+    how = (
+        "One partition per source fragment"
+        if info.partitioned
+        else "Refreshed as a whole; its upstream views are brought up to date first"
+    )
+    return (
+        f"Materialized view over `{info.source}`{where}{lim}: {cols}. "
+        f"{how}; refreshed incrementally on Spark. Policy: {info.policy.describe()}."
+    )
+
+
+def _udf_description(owner: str, col: dict) -> str:
+    u = col["udf"]
+    inputs = ", ".join(u.get("input_columns") or ["<all columns>"])
+    return f"UDF column `{col['name']}` of `{owner}`: `{u['name']}`({inputs}) -> {u['data_type']}. Code fingerprint {u['fingerprint']}."
+
+
+def _freshness(policy: RefreshPolicy):
+    """A ttl view is expected to be refreshed within its ttl: the UI shows it as
+    warning after one ttl plus a sensor margin, failing after two."""
+    if policy.kind != "ttl" or policy.ttl_seconds is None:
+        return None
+    ttl = timedelta(seconds=policy.ttl_seconds)
+    margin = timedelta(minutes=1)
+    return dg.FreshnessPolicy.time_window(fail_window=2 * ttl + margin, warn_window=ttl + margin)
+
+
+def _status_metadata(view) -> dict:
+    s = view_status(view)
+    return {
+        "load_state": s.load_state,
+        "valid": s.valid,
+        "load_number": s.load_number,
+        "node": s.node or "",
+        "versions_behind": s.versions_behind,
+        "stale_count": s.stale_count,
+        "refresh_policy": s.policy,
+    }
+
+
+def view_asset(info: TableInfo, tables: dict[str, TableInfo], pdefs: dict[str, Any]):
+    """The multi-asset refreshing one view and its UDF columns."""
+    view_key = dg.AssetKey([info.name])
+    src = tables[info.source]  # type: ignore[index]
+    pdef = pdefs.get(info.source) if info.partitioned else None
+    deps = [dg.AssetDep(dg.AssetKey([src.name]))] + [
+        dg.AssetDep(dg.AssetKey([src.name, c])) for c in src.computed if c in info.reads
+    ]
+    group = safe_name(info.name)
+    specs = [
+        dg.AssetSpec(
+            view_key,
+            deps=deps,
+            description=_view_description(info),
+            kinds={"lance", "spark"},
+            metadata={
+                **_table_metadata(info),
+                "source": info.source,
+                "filter": info.filter or "",
+                "refresh_policy": info.policy.describe(),
+            },
+            tags={"mv_assets/policy": info.policy.kind},
+            freshness_policy=_freshness(info.policy),
+            group_name=group,
+            skippable=pdef is not None,
+        )
+    ]
+    col_keys = {}
+    for col in info.udf_columns:
+        key = dg.AssetKey([info.name, col["name"]])
+        col_keys[col["name"]] = key
+        specs.append(
+            dg.AssetSpec(
+                key,
+                deps=[view_key],
+                description=_udf_description(info.name, col),
+                kinds={"python", "spark"},
+                code_version=col["udf"]["fingerprint"],
+                metadata={"udf": col["udf"]["name"], "data_type": col["udf"]["data_type"], **_code_references(col["udf"])},
+                group_name=group,
+                skippable=pdef is not None,
+            )
+        )
+    check_specs = [dg.AssetCheckSpec(name, asset=view_key) for name in CHECK_NAMES]
+
+    @dg.multi_asset(
+        name=f"refresh_{group}",
+        specs=specs,
+        check_specs=check_specs,
+        can_subset=True,
+        partitions_def=pdef,
+        backfill_policy=dg.BackfillPolicy.single_run() if pdef is not None else None,
+        required_resource_keys={RESOURCE_KEY},
+        op_tags={"dagster/kind/spark": ""},
+    )
+    def _refresh(context: dg.AssetExecutionContext):
+        resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
+        db = resource.connection()
+        view = db.open_table(info.name)
+        selected = context.selected_asset_keys
+        wanted = [k for k in (view_key, *col_keys.values()) if k in selected]
+        if wanted:
+            yield from _materialize(context, info, view, view_key, col_keys, pdef is not None)
+        wanted_checks = {k.name for k in context.selected_asset_check_keys}
+        if wanted_checks:
+            for outcome in check_view(view):
+                if outcome.name in wanted_checks:
+                    yield dg.AssetCheckResult(
+                        asset_key=view_key,
+                        check_name=outcome.name,
+                        passed=outcome.passed,
+                        description=outcome.description,
+                        metadata={
+                            k: dg.MetadataValue.json(v) if isinstance(v, (dict, list)) else v
+                            for k, v in outcome.metadata.items()
+                        },
+                    )
+
+    return _refresh, [view_key, *col_keys.values()]
+
+
+def _run_partitions(context: dg.AssetExecutionContext) -> list[str]:
+    if context.has_partition_key_range or context.has_partition_key:
+        return list(context.partition_keys)
+    return []  # a run without partitions (say "Execute all" on the checks tab): the whole view
+
+
+def _materialize(context, info: TableInfo, view, view_key, col_keys: dict, partitioned: bool):
+    tags = context.run.tags
+    selected = context.selected_asset_keys
+    keys = _run_partitions(context) if partitioned else []
+    fragments, bad = fragment_keys(keys)
+    if bad:
+        raise dg.Failure(
+            description=(
+                f"partition keys {bad} of {info.name!r} are not fragment ids of {info.source!r}: partitions "
+                f"of this asset are source fragments (the {info.source}_changes sensor adds them and retires "
+                "others). Pick existing partitions."
+            )
+        )
+    whole = not keys or tags.get(TAG_SCOPE) == "changes"
+    # Only UDF columns selected (say their code changed): recompute just those
+    # columns for the rows in scope; changed rows are refreshed as usual.
+    recompute = None if view_key in selected else [n for n, k in col_keys.items() if k in selected]
+    started = time.perf_counter()
+    if info.over_view:
+        # A view over a view never fails because its upstream is behind: the
+        # upstream chain is brought up to date first (each refresh waits for a
+        # running refresh of the same view, so concurrent runs line up).
+        db = view.connection
+        for name in db.upstream(info.name):
+            up = db.open_table(name)
+            if pending_source_versions(up) or up.refresh_state().scoped_since_whole:
+                r = up.refresh()
+                context.log.info(f"brought upstream view {name} to source v{r.to_version} first")
+        result = view.refresh(recompute=recompute)
+    else:
+        pinned = int(tags[TAG_SOURCE_VERSION]) if TAG_SOURCE_VERSION in tags else None
+        current = view.source_version
+        if pinned is not None and current is not None and pinned < current:
+            pinned = current  # another run got further already: never go back
+        result = view.refresh(src_version=pinned, fragments=None if whole else fragments, recompute=recompute)
+    duration = time.perf_counter() - started
+    context.log.info(
+        f"{info.name}: source v{result.from_version}->v{result.to_version}, +{result.rows_inserted} "
+        f"~{result.rows_updated} -{result.rows_deleted}, UDF rows {result.udf_rows_computed}, "
+        f"{result.tasks} tasks ({result.tasks_resumed} resumed) on {result.runner} in {duration:.2f}s"
+    )
+    run_md = {
+        "source_version": result.to_version,
+        "view_version": result.view_version,
+        "scope": "changes since the last refresh" if whole else "selected fragments",
+        "runner": result.runner,
+        "run_rows_inserted": result.rows_inserted,
+        "run_rows_updated": result.rows_updated,
+        "run_rows_deleted": result.rows_deleted,
+        "run_duration_s": round(duration, 3),
+    }
+    if not partitioned or not keys:
+        md = {**run_md, "dagster/row_count": view.count_rows(), **_status_metadata(view)}
+        if view_key in selected:
+            yield dg.MaterializeResult(
+                asset_key=view_key, data_version=dg.DataVersion(str(result.view_version)), metadata=md
+            )
+        for name, key in col_keys.items():
+            if key in selected:
+                yield dg.MaterializeResult(
+                    asset_key=key, metadata={**run_md, "udf_rows_computed": result.udf_rows_computed.get(name, 0)}
+                )
+        return
+    # One materialization per partition, with that partition's own numbers.
+    per_fragment = (
+        view_rows_by_fragment(view.uri, view.connection.table_uri(info.source), result.to_version, fragments)
+        if len(fragments) <= PER_PARTITION_LIMIT
+        else {}
+    )
+    for key_str, fid in zip(keys, fragments):
+        computed = int(result.rows_by_fragment.get(fid, 0))
+        part_md = {**run_md, "rows_computed": computed, "source_fragment": fid}
+        if fid in per_fragment:
+            part_md["dagster/row_count"] = per_fragment[fid]
+        if view_key in selected:
+            context.log_event(dg.AssetMaterialization(asset_key=view_key, partition=key_str, metadata=part_md))
+        for name, key in col_keys.items():
+            if key in selected:
+                udf_rows = computed if name in result.udf_rows_computed else 0
+                context.log_event(
+                    dg.AssetMaterialization(
+                        asset_key=key, partition=key_str,
+                        metadata={**run_md, "udf_rows_computed": udf_rows, "source_fragment": fid},
+                    )
+                )
+
+
+def _column_description(table: str, col: dict) -> str:
+    if col["kind"] == "sql":
+        return f"SQL column `{col['name']}` of `{table}`: `{col['expr']}`, computed for new rows as they arrive."
+    return _udf_description(table, col).replace("UDF column", "Computed column", 1) + (
+        " Materializing backfills the rows that lack a value from this code (checkpointed, resumable)."
+    )
+
+
+def table_columns_asset(info: TableInfo):
+    """The computed columns of a base table: materializing one backfills it."""
+    table_key = dg.AssetKey([info.name])
+    specs, keys = [], {}
+    for col in info.columns:
+        key = dg.AssetKey([info.name, col["name"]])
+        keys[col["name"]] = key
+        udf = col.get("udf")
+        specs.append(
+            dg.AssetSpec(
+                key,
+                deps=[table_key],
+                description=_column_description(info.name, col),
+                kinds={"python", "spark"} if udf else {"sql"},
+                code_version=udf["fingerprint"] if udf else None,
+                metadata=(
+                    {"udf": udf["name"], "data_type": udf["data_type"], **_code_references(udf)}
+                    if udf
+                    else {"expression": col.get("expr", "")}
+                ),
+                group_name="sources",
+            )
+        )
+
+    @dg.multi_asset(
+        name=f"backfill_{safe_name(info.name)}_columns",
+        specs=specs,
+        can_subset=True,
+        required_resource_keys={RESOURCE_KEY},
+        op_tags={"dagster/kind/spark": ""},
+    )
+    def _backfill(context: dg.AssetExecutionContext):
+        resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
+        table = resource.connection().open_table(info.name)
+        done: dict[str, Any] = {}
+        for name, key in keys.items():
+            if key not in context.selected_asset_keys:
+                continue
+            if name not in done:
+                result = table.backfill(name)
+                for c in result.columns:  # a multi-column UDF fills its siblings too
+                    done[c] = result
+                context.log.info(
+                    f"{info.name}.{name}: {result.rows_written} rows written, {result.rows_failed} failed, "
+                    f"{result.rows_skipped} changed meanwhile, {result.batches_resumed}/{result.batches} batches "
+                    f"resumed, job {result.job_id}"
+                )
+            r = done[name]
+            yield dg.MaterializeResult(
+                asset_key=key,
+                metadata={
+                    "job_id": r.job_id,
+                    "rows_written": r.rows_written,
+                    "rows_failed": r.rows_failed,
+                    "rows_skipped": r.rows_skipped,
+                    "udf_rows_computed": r.udf_rows_computed,
+                    "batches_resumed": r.batches_resumed,
+                    "table_version": r.version if r.version is not None else table.version,
+                },
+            )
+
+    return _backfill, list(keys.values())

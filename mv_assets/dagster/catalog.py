@@ -1,0 +1,91 @@
+"""What the wiring knows of a catalog, read from stored metadata only: no UDF is
+unpickled and no JVM starts."""
+
+import json
+from dataclasses import dataclass, field
+
+import lance
+
+from ..catalog import Connection
+from ..columns import COLUMNS_METADATA_KEY
+from ..policy import POLICY_METADATA_KEY, RefreshPolicy
+from ..query import VIEW_METADATA_KEY, definition_reads, is_marker, tracked_source_columns
+
+__all__ = ["TableInfo", "catalog_tables"]
+
+HIDDEN = ("__source_row_id", "__source_row_version")
+
+
+@dataclass
+class TableInfo:
+    """A table or view as the Dagster wiring sees it."""
+
+    name: str
+    uri: str
+    is_view: bool
+    source: str | None = None
+    filter: str | None = None
+    limit: int | None = None
+    columns: list[dict] = field(default_factory=list)
+    policy: RefreshPolicy = field(default_factory=RefreshPolicy)
+    schema: list[tuple[str, str]] = field(default_factory=list)  # visible (name, type) pairs
+    reads: list[str] = field(default_factory=list)  # computed / UDF columns of the source it reads
+    root: str = ""  # the base table at the start of the lineage
+    over_view: bool = False  # the source is itself a view
+    definition: dict = field(default_factory=dict, repr=False)  # the stored view definition (JSON)
+
+    @property
+    def udf_columns(self) -> list[dict]:
+        return [c for c in self.columns if c["kind"] == "udf"]
+
+    @property
+    def partitioned(self) -> bool:
+        """Views over a base table are partitioned by its fragments. Views over
+        views and views with a limit refresh as a whole."""
+        return self.is_view and self.limit is None and not self.over_view
+
+    @property
+    def computed(self) -> list[str]:
+        """Columns other views can depend on as assets of their own."""
+        return [c["name"] for c in (self.udf_columns if self.is_view else self.columns)]
+
+
+def _visible(schema) -> list[tuple[str, str]]:
+    return [(f.name, str(f.type)) for f in schema if f.name not in HIDDEN and not is_marker(f.name)]
+
+
+def catalog_tables(db: Connection) -> dict[str, TableInfo]:
+    """Every table and view of ``db`` with its lineage."""
+    out: dict[str, TableInfo] = {}
+    names: dict[str, list[str]] = {}
+    for name in db.table_names():
+        uri = db.table_uri(name)
+        schema = lance.dataset(uri).schema
+        md = schema.metadata or {}
+        names[name] = schema.names
+        raw = md.get(VIEW_METADATA_KEY.encode())
+        if raw is None:
+            cols = json.loads(md.get(COLUMNS_METADATA_KEY.encode(), b"[]"))
+            out[name] = TableInfo(name, uri, False, columns=cols, schema=_visible(schema), root=name)
+            continue
+        d = json.loads(raw)
+        info = TableInfo(
+            name, uri, True, d["source"], d.get("filter"), d.get("limit"), d["columns"],
+            RefreshPolicy.from_json(md.get(POLICY_METADATA_KEY.encode())), _visible(schema),
+        )
+        info.reads = tracked_source_columns(schema)
+        info.definition = d
+        out[name] = info
+    for info in out.values():
+        if not info.is_view or info.source not in out:
+            continue
+        src = out[info.source]
+        info.over_view = src.is_view
+        if src.is_view:  # which UDF columns of the upstream view it reads
+            info.reads = definition_reads(info.definition, src.computed, names[src.name])
+        root, seen = src, {info.name}
+        while root.is_view and root.source in out and root.name not in seen:
+            seen.add(root.name)
+            root = out[root.source]
+        info.root = root.name
+    return out

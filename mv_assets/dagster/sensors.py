@@ -1,0 +1,180 @@
+"""Sensors and schedules: one sensor per base table watches it and every view
+downstream of it (views over views included), and asks the engine what is
+due; Dagster only launches the runs.
+
+Per tick of ``<table>_changes``:
+
+* partitions: new source fragments are added, fragments that are gone (and
+  keys that are not fragment ids, say typed in the launch dialog) retired;
+* computed columns of the table with rows lacking a current value: one
+  backfill run;
+* views over the table that their refresh policy says are due (a commit that
+  matters to them, or a ttl / staleness threshold): one run, partition range
+  over the changed fragments, refreshing each view incrementally to the
+  version the sensor saw;
+* views over views whose upstream is due (or that are due themselves): one
+  run, started at once; it brings the upstream along, so a derived view never
+  waits for another tick and never fails because of ordering.
+
+Run keys carry the versions and load numbers they act on, so a tick that sees
+the same state again requests nothing new.
+"""
+
+import json
+import os
+
+import dagster as dg
+
+from ..catalog import connect
+from ..changes import fragment_changes
+from ..spark import InlineRunner
+from ..status import refresh_decision
+from .assets import TAG_SCOPE, TAG_SOURCE_VERSION, fragment_keys, safe_name, source_observation
+from .catalog import TableInfo
+
+__all__ = ["table_sensor", "view_schedule", "lineage_order"]
+
+
+def lineage_order(views: list[TableInfo], tables: dict[str, TableInfo]) -> list[TableInfo]:
+    """Views ordered so each comes after the view it reads."""
+    def depth(v: TableInfo) -> int:
+        d, seen = 0, set()
+        while v.is_view and v.source in tables and v.name not in seen:
+            seen.add(v.name)
+            v = tables[v.source]  # type: ignore[index]
+            d += 1
+        return d
+
+    return sorted(views, key=lambda v: (depth(v), v.name))
+
+
+def _range_tags(keys: list[str]) -> dict:
+    return {"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]}
+
+
+def _parse_cursor(raw: str | None) -> int | None:
+    if not raw:
+        return None
+    if raw.isdigit():  # cursors of earlier releases: the bare version
+        return int(raw)
+    return json.loads(raw).get("version")
+
+
+def table_sensor(
+    table: TableInfo,
+    tables: dict[str, TableInfo],
+    pdef,
+    view_assets: dict[str, list[dg.AssetKey]],
+    column_keys: list[dg.AssetKey],
+    interval: int,
+    status,
+):
+    tree = lineage_order([t for t in tables.values() if t.is_view and t.root == table.name and t.name in view_assets], tables)
+    direct = [v for v in tree if v.partitioned]
+    flat = [v for v in tree if not v.partitioned]
+    selection = [k for v in tree for k in view_assets[v.name]] + list(column_keys)
+    columns = [c["name"] for c in table.columns]
+
+    @dg.sensor(
+        name=f"{safe_name(table.name)}_changes",
+        minimum_interval_seconds=interval,
+        default_status=status,
+        asset_selection=selection,
+        description=(
+            f"Watches Lance table `{table.name}`. On a new version it adds partitions for new fragments, retires "
+            f"partitions of fragments that are gone, backfills its computed columns "
+            f"({', '.join(columns) or 'none'}) and refreshes the views their policies say are due: "
+            f"{', '.join(v.name for v in tree) or 'none'}."
+        ),
+    )
+    def _sensor(context: dg.SensorEvaluationContext):
+        since = _parse_cursor(context.cursor)
+        part_requests = []
+        known: list[int] = []
+        if pdef is not None:
+            known, bad = fragment_keys(context.instance.get_dynamic_partitions(pdef.name))
+            if bad:
+                part_requests.append(pdef.build_delete_request(bad))
+                context.log.warning(
+                    f"retired partition keys {bad}: they are not fragment ids of {table.name!r} "
+                    "(partitions of its views are source fragments)"
+                )
+        ch = fragment_changes(table.uri, since, known)
+        if pdef is not None and ch.added:
+            part_requests.append(pdef.build_add_request([str(f) for f in ch.added]))
+        if pdef is not None and ch.retired:
+            part_requests.append(pdef.build_delete_request([str(f) for f in ch.retired]))
+        moved = since != ch.version
+        db = connect(os.path.dirname(table.uri), runner=InlineRunner())
+        runs = []
+        if column_keys and moved:
+            handle = db.open_table(table.name)
+            stale = [k for k, c in zip(column_keys, columns) if handle.plan_backfill(c).rows > 0]
+            if stale:
+                runs.append(dg.RunRequest(run_key=f"{table.name}@{ch.version}:columns", asset_selection=stale))
+        due: dict[str, str] = {}
+        loads: dict[str, int] = {}
+        for v in tree:
+            view = db.open_table(v.name)
+            decision = refresh_decision(view)
+            loads[v.name] = view.refresh_state().load_number
+            upstream_due = v.over_view and v.source in due and v.policy.kind == "eager"
+            if decision.refresh or upstream_due:
+                due[v.name] = decision.reason if decision.refresh else f"its upstream {v.source} is due"
+                context.log.info(f"{v.name}: refresh ({due[v.name]})")
+        tags = {TAG_SOURCE_VERSION: str(ch.version), TAG_SCOPE: "changes"}
+        direct_due = [v for v in direct if v.name in due]
+        if direct_due:
+            todo = [str(f) for f in (ch.to_refresh or ch.fragments)]
+            extra = _range_tags(todo) if todo else {}
+            runs.append(
+                dg.RunRequest(
+                    run_key=f"{table.name}@{ch.version}:" + ",".join(f"{v.name}#{loads[v.name]}" for v in direct_due),
+                    asset_selection=[k for v in direct_due for k in view_assets[v.name]],
+                    tags={**tags, **extra},
+                )
+            )
+        flat_due = [v for v in flat if v.name in due]
+        if flat_due:
+            runs.append(
+                dg.RunRequest(
+                    run_key=f"{table.name}@{ch.version}:" + ",".join(f"{v.name}#{loads[v.name]}" for v in flat_due),
+                    asset_selection=[k for v in flat_due for k in view_assets[v.name]],
+                    tags={TAG_SCOPE: "changes"},
+                )
+            )
+        if not runs and not part_requests and not moved:
+            return dg.SkipReason(f"{table.name} is still at version {ch.version} and no view is due")
+        events = [source_observation(table, ch.version)] if moved else []
+        return dg.SensorResult(
+            run_requests=runs,
+            dynamic_partitions_requests=part_requests,
+            cursor=json.dumps({"version": ch.version}),
+            asset_events=events,
+        )
+
+    return _sensor
+
+
+def view_schedule(view: TableInfo, pdef, keys: list[dg.AssetKey], status):
+    @dg.schedule(
+        name=f"{safe_name(view.name)}_schedule",
+        cron_schedule=view.policy.cron,
+        target=keys,
+        default_status=status,
+        description=f"Refreshes `{view.name}` on its cron policy '{view.policy.cron}' when its source moved.",
+    )
+    def _schedule(context: dg.ScheduleEvaluationContext):
+        db = connect(os.path.dirname(view.uri), runner=InlineRunner())
+        decision = refresh_decision(db.open_table(view.name), scheduled=True)
+        if not decision.refresh:
+            return dg.SkipReason(decision.reason)
+        tags = {TAG_SCOPE: "changes", "mv_assets/policy": "cron"}
+        if pdef is not None:
+            parts = context.instance.get_dynamic_partitions(pdef.name)
+            if parts:
+                tags.update(_range_tags(list(parts)))
+        return dg.RunRequest(asset_selection=keys, tags=tags)
+
+    return _schedule
+

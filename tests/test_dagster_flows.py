@@ -1,0 +1,143 @@
+"""The UI flows through Dagster's own testing APIs (inline runner, no JVM):
+what a click on Materialize, a checks tab or a launch dialog runs."""
+
+import dagster as dg
+import lance
+
+import mv_assets as mv
+from mv_assets.dagster import MvAssetsResource, build_definitions
+from mv_assets.dagster.definitions import partitions_def_name
+from mv_assets.demo import seed
+from oracle import actual_view, expected_view
+
+K = dg.AssetKey
+
+
+@mv.udf
+def double(x: int) -> int:
+    return 2 * x
+
+
+def _catalog(path):
+    db = mv.connect(str(path), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(6)], primary_key="id")
+    src.add([{"id": i, "x": i} for i in range(6, 10)])
+    view = db.create_materialized_view("v", src.search(None).where("x != 3").select({"id": "id", "x": "x", "y": double}))
+    db.create_materialized_view("w", view.search(None).where("y > 4").select({"id": "id", "y": "y"}))
+    return db
+
+
+def _defs(db):
+    return build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+
+
+def _job(defs):
+    return defs.resolve_implicit_global_asset_job_def()
+
+
+def _frags(db, name="src"):
+    return [str(f.fragment_id) for f in lance.dataset(db.table_uri(name)).get_fragments()]
+
+
+def test_checks_tab_execute_all_runs_the_checks_on_their_own(tmp_path):
+    """The checks tab launches a run of the checks only, without a partition."""
+    db = _catalog(tmp_path / "cat")
+    db.refresh(["v", "w"])
+    defs = _defs(db)
+    checks = [dg.AssetCheckKey(K(["v"]), n) for n in ("matches_source_query", "no_orphan_rows", "udf_values_present")]
+    assets = [defs.get_repository_def().assets_defs_by_key[K(["v"])]]
+    with dg.instance_for_test() as instance:
+        result = dg.materialize(assets, instance=instance, selection=dg.AssetSelection.checks(*checks))
+        assert result.success
+        evaluations = result.get_asset_check_evaluations()
+        assert {e.check_name for e in evaluations} == {c.name for c in checks}
+        assert all(e.passed for e in evaluations)
+        assert not result.get_asset_materialization_events()  # nothing was refreshed
+
+
+def test_partition_run_records_each_partition_with_its_own_numbers(tmp_path):
+    db = _catalog(tmp_path / "cat")
+    defs = _defs(db)
+    frags = _frags(db)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(partitions_def_name("src"), frags)
+        result = _job(defs).execute_in_process(
+            instance=instance, asset_selection=[K(["v"]), K(["v", "y"])],
+            tags={"dagster/asset_partition_range_start": frags[0], "dagster/asset_partition_range_end": frags[-1]},
+        )
+        assert result.success
+        mats = {}
+        for event in result.get_asset_materialization_events():
+            m = event.event_specific_data.materialization
+            if m.asset_key == K(["v"]):
+                mats[m.partition] = m.metadata
+        # fragment 0 holds ids 0-5 (one filtered out), fragment 1 ids 6-9
+        assert {p: md["dagster/row_count"].value for p, md in mats.items()} == {frags[0]: 5, frags[1]: 4}
+        assert {p: md["rows_computed"].value for p, md in mats.items()} == {frags[0]: 5, frags[1]: 4}
+        assert set(instance.get_materialized_partitions(K(["v"]))) == set(frags)  # the UI shows them green
+        mat = instance.get_latest_materialization_event(K(["v", "y"])).asset_materialization
+        assert mat.partition in frags and mat.metadata["udf_rows_computed"].value in (4, 5)
+
+
+def test_view_over_a_behind_view_brings_it_along(tmp_path):
+    """Materializing the derived view while its upstream is behind never fails."""
+    db = _catalog(tmp_path / "cat")
+    db.refresh(["v", "w"])
+    src = db.open_table("src")
+    src.add([{"id": 50, "x": 50}])
+    src.delete("id = 9")
+    defs = _defs(db)
+    with dg.instance_for_test() as instance:
+        result = _job(defs).execute_in_process(instance=instance, asset_selection=[K(["w"])])
+        assert result.success
+    v, w = db.open_table("v"), db.open_table("w")
+    assert v.source_version == src.version
+    expect = expected_view(src.uri, src.version, lambda r: r["x"] != 3, lambda r: {"id": r["id"], "x": r["x"], "y": 2 * r["x"]})
+    assert actual_view(v) == expect
+    assert sorted(r["id"] for r in w.to_arrow().to_pylist()) == sorted(r["id"] for r in expect.values() if r["y"] > 4)
+
+
+def test_materializing_only_a_list_typed_udf_column_of_the_demo(tmp_path):
+    """`doc_features/embedding` (list<float>) and `words` alone: only that column is recomputed."""
+    db = seed(str(tmp_path / "demo"))
+    db.runner = mv.InlineRunner()
+    db.refresh(["doc_features"])
+    before = {r["doc_id"]: r for r in db.open_table("doc_features").to_arrow().to_pylist()}
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    frags = _frags(db, "documents")
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(partitions_def_name("documents"), frags)
+        for column in ("words", "embedding"):
+            result = _job(defs).execute_in_process(
+                instance=instance, asset_selection=[K(["doc_features", column])], partition_key=frags[0]
+            )
+            assert result.success
+            (event,) = result.get_asset_materialization_events()
+            assert event.event_specific_data.materialization.asset_key == K(["doc_features", column])
+    after = {r["doc_id"]: r for r in db.open_table("doc_features").to_arrow().to_pylist()}
+    assert after == before  # same code, same values, every other column copied
+
+
+def test_backfill_of_an_unread_column_leaves_the_source_data_version_and_views_alone(tmp_path):
+    db = seed(str(tmp_path / "demo"))
+    db.runner = mv.InlineRunner()
+    docs = db.open_table("documents")
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    sensor = defs.get_repository_def().get_sensor_def("documents_changes")
+    with dg.instance_for_test() as instance:
+        first = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs))
+        for req in first.dynamic_partitions_requests:
+            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        selections = sorted(tuple(sorted(k.to_user_string() for k in r.asset_selection)) for r in first.run_requests)
+        assert selections == [
+            ("doc_features", "doc_features/embedding", "doc_features/summary", "doc_features/words"),
+            ("documents/checksum",),
+            ("long_docs",),
+        ]
+        data_version = first.asset_events[0].tags["dagster/data_version"]
+        db.refresh(["doc_features", "long_docs"])
+        docs.backfill("checksum")  # a new Lance version that changes no row the views read
+        later = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs))
+        assert later.run_requests == []
+        assert later.asset_events[0].tags["dagster/data_version"] == data_version
+        assert db.open_table("doc_features").status().versions_behind == 0
