@@ -192,7 +192,7 @@ def test_materializing_requested_partitions_gives_the_oracle_view(tmp_path, spar
     defs = build_definitions(db, resource=resource)
     sensor = _sensor(defs, "src_changes")
     job_assets = defs.get_repository_def().assets_defs_by_key
-    view_assets = [job_assets[dg.AssetKey(["v"])]]
+    view_assets = [job_assets[dg.AssetKey(["v"])], job_assets[dg.AssetKey(["w"])]]
     with dg.instance_for_test() as instance:
         cursor = None
         for change in (None, lambda: src.add([{"id": 50, "x": 50}]), lambda: src.delete("id = 4"),
@@ -211,10 +211,13 @@ def test_materializing_requested_partitions_gives_the_oracle_view(tmp_path, spar
             view = db.open_table("v")
             keep = lambda r: r["x"] != 3  # noqa: E731
             project = lambda r: {"id": r["id"], "x": r["x"], "y": 2 * r["x"]}  # noqa: E731
-            assert actual_view(view) == expected_view(src.uri, src.version, keep, project)
+            expect = expected_view(src.uri, src.version, keep, project)
+            assert actual_view(view) == expect
+            got_w = sorted(r["id"] for r in db.open_table("w").to_arrow().to_pylist())
+            assert got_w == sorted(r["id"] for r in expect.values() if r["y"] > 4)
         # one materialization per asset and partition, with engine metadata
         mats = instance.fetch_materializations(dg.AssetKey(["v"]), limit=100).records
-        assert mats and "udf_rows_computed" in mats[0].asset_materialization.metadata
+        assert mats and {"rows_computed", "dagster/row_count"} <= set(mats[0].asset_materialization.metadata)
         checks = instance.event_log_storage.get_asset_check_execution_history(
             dg.AssetCheckKey(dg.AssetKey(["v"]), "matches_source_query"), limit=1
         )
@@ -235,7 +238,7 @@ def test_ui_partition_materialization_is_idempotent(tmp_path):
             out = dg.materialize(assets, instance=instance, partition_key=frag)
             assert out.success
             mat = out.asset_materializations_for_node("refresh_v")[0]
-            computed = mat.metadata["udf_rows_computed"].value
+            computed = mat.metadata["rows_computed"].value
             assert computed == (4 if attempt == 0 else 0)
         assert sorted(db.open_table("v").to_arrow().column("id").to_pylist()) == [6, 7, 8, 9]
 

@@ -287,7 +287,12 @@ def _materialize(context, info: TableInfo, view, view_key, col_keys: dict, parti
         "run_duration_s": round(duration, 3),
     }
     if not partitioned or not keys:
-        md = {**run_md, "dagster/row_count": view.count_rows(), **_status_metadata(view)}
+        md = {
+            **run_md,
+            "rows_computed": sum(result.rows_by_fragment.values()),
+            "dagster/row_count": view.count_rows(),
+            **_status_metadata(view),
+        }
         if view_key in selected:
             yield dg.MaterializeResult(
                 asset_key=view_key, data_version=dg.DataVersion(str(result.view_version)), metadata=md
