@@ -32,14 +32,15 @@ test-spark: install
 	$(PY) -m pytest -m spark $(PYTEST_ARGS)
 
 DEMO_PORT ?= 3000
+DEMO_SPARK_PORT ?= 15002
 DEMO_LOCAL_BELOW_ROWS ?= 1000
 ## Seed the demo catalog and start the Dagster UI (webserver + daemon, sensors on).
+## The demo's dagster.yaml (immediate run launch) and Spark Connect server are its own:
+## anything else found on those paths or ports is refused, never reused.
 demo: install
 	$(PY) -m mv_assets.demo seed
-	@mkdir -p .demo/dagster_home
-	@# Launch sensor runs at once (no run queue): the fastest append -> view path.
-	@printf 'run_coordinator:\n  module: dagster._core.run_coordinator\n  class: DefaultRunCoordinator\n' > .demo/dagster_home/dagster.yaml
-	@REMOTE=$$($(PY) -m mv_assets.connect_server start --state-dir .demo/spark-connect || true); \
+	$(PY) -m mv_assets.dagster.devserver prepare $(CURDIR)/.demo/dagster_home $(DEMO_PORT)
+	@REMOTE=$$($(PY) -m mv_assets.connect_server start --port $(DEMO_SPARK_PORT) --state-dir .demo/spark-connect) || exit 1; \
 	echo ""; \
 	echo "  mv_assets demo: Dagster UI at http://127.0.0.1:$(DEMO_PORT)"; \
 	echo "  Spark: $${REMOTE:-local JVM per run} (refreshes of <= $(DEMO_LOCAL_BELOW_ROWS) rows run in the run process)"; \

@@ -44,12 +44,39 @@ def is_listening(port: int, host: str = "127.0.0.1") -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+def _owned_pid(state_dir: str) -> int | None:
+    """The PID of a Connect server started with this state directory, if alive."""
+    try:
+        names = [n for n in os.listdir(state_dir) if n.endswith(".pid") and "SparkConnectServer" in n]
+    except FileNotFoundError:
+        return None
+    for name in names:
+        try:
+            with open(os.path.join(state_dir, name)) as fh:
+                pid = int(fh.read().strip())
+            os.kill(pid, 0)
+            return pid
+        except (ValueError, OSError):
+            continue
+    return None
+
+
 def start(port: int = 15002, master: str = "local[*]", state_dir: str = ".spark-connect", wait_s: float = 90) -> str:
-    """Start the server (if not already listening) and return its sc:// URL."""
+    """Start the server and return its sc:// URL.
+
+    A server this state directory started earlier is reused; anything else
+    listening on ``port`` is refused (it may be someone else's server, with
+    other code and settings), with a message naming the port to change.
+    """
     url = f"sc://127.0.0.1:{port}"
-    if is_listening(port):
-        return url
     state_dir = os.path.abspath(state_dir)
+    if is_listening(port):
+        if _owned_pid(state_dir) is not None:
+            return url
+        raise RuntimeError(
+            f"port {port} is already in use by a process mv_assets did not start from {state_dir}; "
+            "stop it or pick another port (make demo DEMO_SPARK_PORT=...)"
+        )
     os.makedirs(state_dir, exist_ok=True)
     script = os.path.join(_spark_home(), "sbin", "start-connect-server.sh")
     subprocess.run(
@@ -84,7 +111,11 @@ def main() -> int:
     ap.add_argument("--state-dir", default=".spark-connect")
     args = ap.parse_args()
     if args.action == "start":
-        print(start(args.port, args.master, args.state_dir))
+        try:
+            print(start(args.port, args.master, args.state_dir))
+        except RuntimeError as exc:
+            print(f"mv_assets: {exc}", file=sys.stderr)
+            return 1
     else:
         stop(args.state_dir)
     return 0

@@ -14,10 +14,39 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
-__all__ = ["IMMEDIATE_RUNS_YAML", "free_port", "dagster_dev"]
+__all__ = ["IMMEDIATE_RUNS_YAML", "free_port", "dagster_dev", "prepare_home", "port_in_use"]
 
+MARKER = "# written by mv_assets: safe to delete, rewritten on the next start\n"
 # Launch runs as soon as a sensor requests them, instead of through the run queue.
-IMMEDIATE_RUNS_YAML = "run_coordinator:\n  module: dagster._core.run_coordinator\n  class: DefaultRunCoordinator\n"
+IMMEDIATE_RUNS_YAML = (
+    MARKER + "run_coordinator:\n  module: dagster._core.run_coordinator\n  class: DefaultRunCoordinator\n"
+)
+
+
+def prepare_home(dagster_home: str, *, immediate_runs: bool = True) -> str:
+    """Create ``dagster_home`` and its dagster.yaml; never overwrite one we did not write.
+
+    A dagster.yaml without our marker is somebody's configuration (storage,
+    run launcher...): it is refused with a clear message, not reused silently.
+    """
+    os.makedirs(dagster_home, exist_ok=True)
+    path = os.path.join(dagster_home, "dagster.yaml")
+    if os.path.exists(path):
+        with open(path) as fh:
+            if not fh.read().startswith(MARKER):
+                raise RuntimeError(
+                    f"{path} was not written by mv_assets; refusing to use or overwrite it. "
+                    "Point DAGSTER_HOME elsewhere or remove the file."
+                )
+    with open(path, "w") as fh:
+        fh.write(IMMEDIATE_RUNS_YAML if immediate_runs else MARKER)
+    return path
+
+
+def port_in_use(port: int, host: str = "127.0.0.1") -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex((host, port)) == 0
 
 
 def free_port() -> int:
@@ -45,10 +74,7 @@ def dagster_dev(
     wait_s: float = 120,
 ) -> Iterator[str]:
     """Start `dagster dev`, wait until it answers, yield its base URL, stop it."""
-    os.makedirs(dagster_home, exist_ok=True)
-    if immediate_runs:
-        with open(os.path.join(dagster_home, "dagster.yaml"), "w") as fh:
-            fh.write(IMMEDIATE_RUNS_YAML)
+    prepare_home(dagster_home, immediate_runs=immediate_runs)
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     dagster = os.path.join(os.path.dirname(sys.executable), "dagster")
@@ -74,3 +100,26 @@ def dagster_dev(
                 proc.wait(timeout=30)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m mv_assets.dagster.devserver prepare HOME PORT``: what ``make demo``
+    runs before ``dagster dev``: HOME's dagster.yaml is ours, PORT is free."""
+    args = sys.argv[1:] if argv is None else argv
+    if len(args) != 3 or args[0] != "prepare":
+        print("usage: python -m mv_assets.dagster.devserver prepare DAGSTER_HOME PORT", file=sys.stderr)
+        return 2
+    home, port = args[1], int(args[2])
+    try:
+        prepare_home(home)
+    except RuntimeError as exc:
+        print(f"mv_assets: {exc}", file=sys.stderr)
+        return 1
+    if port_in_use(port):
+        print(f"mv_assets: port {port} is already in use; pick another: make demo DEMO_PORT=...", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
