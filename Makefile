@@ -46,7 +46,8 @@ demo: install
 	echo "  Spark: $${REMOTE:-local JVM per run} (refreshes of <= $(DEMO_LOCAL_BELOW_ROWS) rows run in the run process)"; \
 	echo "  The documents_changes sensor refreshes the views; change the source with 'make demo-append'."; \
 	echo ""; \
-	DAGSTER_HOME=$(CURDIR)/.demo/dagster_home MV_ASSETS_DB=$(CURDIR)/.demo/catalog MV_ASSETS_SPARK_REMOTE=$$REMOTE \
+	DAGSTER_HOME=$(CURDIR)/.demo/dagster_home MV_ASSETS_DB=$(CURDIR)/.demo/catalog MV_ASSETS_VIEWS=mv_assets.demo \
+		MV_ASSETS_SPARK_REMOTE=$$REMOTE \
 		MV_ASSETS_LOCAL_BELOW_ROWS=$(DEMO_LOCAL_BELOW_ROWS) \
 		$(VENV)/bin/dagster dev -h 127.0.0.1 -p $(DEMO_PORT) -w workspace.yaml
 

@@ -1,7 +1,8 @@
 """Dagster entry point: the asset graph of the catalog at $MV_ASSETS_DB.
 
-Defaults to the demo catalog (seeded on first load). Loading this module reads
-catalog metadata only; no JVM starts until a run refreshes a view.
+Defaults to the demo catalog (seeded on first load). Views declared in code
+come from the module named by $MV_ASSETS_VIEWS (see docs/dagster.md). Loading
+this module reads catalog metadata only; no JVM starts until a run refreshes a view.
 """
 
 import os
@@ -20,8 +21,17 @@ def _catalog() -> str:
     return uri
 
 
+def _views() -> str | None:
+    """The module declaring views in code ($MV_ASSETS_VIEWS: dotted name or .py path)."""
+    spec = os.environ.get("MV_ASSETS_VIEWS")
+    if spec is None and not os.environ.get("MV_ASSETS_DB"):
+        return "mv_assets.demo"  # the demo catalog's views are declared in mv_assets/demo.py
+    return spec or None
+
+
 defs = build_definitions(
     _catalog(),
+    views=_views(),
     sensor_interval_seconds=int(os.environ.get("MV_ASSETS_SENSOR_INTERVAL", "15")),
     sensors_running=os.environ.get("MV_ASSETS_SENSORS", "running") != "stopped",
 )

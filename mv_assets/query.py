@@ -182,9 +182,7 @@ class ViewDefinition:
         its column stale row by row (see ``computed_marker``), it does not
         make the view recompute everything.
         """
-        d = self.to_json()
-        d["columns"] = [c for c in d["columns"] if c["kind"] != "udf" and not c.get("added")]
-        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+        return shape_fingerprint(self.to_json())
 
     def fingerprint(self) -> str:
         """Hash of the definition; UDFs count by their code fingerprint."""
@@ -200,6 +198,12 @@ class ViewDefinition:
     @staticmethod
     def decode(raw: bytes | str) -> "ViewDefinition":
         return ViewDefinition.from_json(json.loads(raw))
+
+
+def shape_fingerprint(definition: dict) -> str:
+    """:meth:`ViewDefinition.shape_fingerprint` of a stored definition (its JSON)."""
+    d = {**definition, "columns": [c for c in definition["columns"] if c["kind"] != "udf" and not c.get("added")]}
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def definition_reads(definition: dict, columns: list[str], source_names: list[str]) -> list[str]:

@@ -15,8 +15,10 @@ from datetime import timedelta
 from typing import Any
 
 import dagster as dg
+import lance
 
 from ..changes import data_version
+from ..declare import apply as apply_declared
 from ..checks import check_view
 from ..policy import RefreshPolicy
 from ..refresh import view_rows_by_fragment
@@ -113,10 +115,18 @@ def _view_description(info: TableInfo) -> str:
         if info.partitioned
         else "Refreshed as a whole; its upstream views are brought up to date first"
     )
-    return (
+    text = (
         f"Materialized view over `{info.source}`{where}{lim}: {cols}. "
         f"{how}; refreshed incrementally on Spark. Policy: {info.policy.describe()}."
     )
+    diff = info.code_changes
+    if diff is not None and diff.create:
+        text += " Declared in code; created by its first materialization."
+    elif diff is not None and (diff.altered or diff.added):
+        text += f" Code changed for {diff.altered + diff.added}: materialize those columns to apply it."
+    if diff is not None and diff.problems:
+        text += " The code cannot be applied: " + "; ".join(diff.problems)
+    return text
 
 
 def _udf_description(owner: str, col: dict) -> str:
@@ -204,15 +214,13 @@ def view_asset(info: TableInfo, tables: dict[str, TableInfo], pdefs: dict[str, A
         op_tags={"dagster/kind/spark": ""},
     )
     def _refresh(context: dg.AssetExecutionContext):
-        resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
-        db = resource.connection()
-        view = db.open_table(info.name)
         selected = context.selected_asset_keys
-        wanted = [k for k in (view_key, *col_keys.values()) if k in selected]
-        if wanted:
-            yield from _materialize(context, info, view, view_key, col_keys, pdef is not None)
+        if any(k in selected for k in (view_key, *col_keys.values())):
+            yield from _materialize(context, info, view_key, col_keys, pdef is not None)
         wanted_checks = {k.name for k in context.selected_asset_check_keys}
         if wanted_checks:
+            resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
+            view = resource.connection().open_table(info.name)
             for outcome in check_view(view):
                 if outcome.name in wanted_checks:
                     yield dg.AssetCheckResult(
@@ -235,24 +243,23 @@ def _run_partitions(context: dg.AssetExecutionContext) -> list[str]:
     return []  # a run without partitions (say "Execute all" on the checks tab): the whole view
 
 
-def _materialize(context, info: TableInfo, view, view_key, col_keys: dict, partitioned: bool):
-    tags = context.run.tags
-    selected = context.selected_asset_keys
-    keys = _run_partitions(context) if partitioned else []
-    fragments, bad = fragment_keys(keys)
-    if bad:
-        raise dg.Failure(
-            description=(
-                f"partition keys {bad} of {info.name!r} are not fragment ids of {info.source!r}: partitions "
-                f"of this asset are source fragments (the {info.source}_changes sensor adds them and retires "
-                "others). Pick existing partitions."
-            )
+def _apply_code(context, info: TableInfo, db) -> None:
+    """A view declared in code: make the catalog match it first (create the view,
+    swap the UDF of columns whose code changed, add new columns)."""
+    if info.declared is None:
+        return
+    try:
+        diff = apply_declared(db, info.name, info.declared)
+    except ValueError as exc:
+        raise dg.Failure(description=f"{info.name!r} cannot follow its code: {exc}") from exc
+    if not diff.in_sync:
+        context.log.info(
+            f"{info.name}: applied the code (created: {diff.create}, new code: {diff.altered}, added: {diff.added})"
         )
-    whole = not keys or tags.get(TAG_SCOPE) == "changes"
-    # Only UDF columns selected (say their code changed): recompute just those
-    # columns for the rows in scope; changed rows are refreshed as usual.
-    recompute = None if view_key in selected else [n for n, k in col_keys.items() if k in selected]
-    started = time.perf_counter()
+
+
+def _refresh_view(context, info: TableInfo, view, fragments: list[int] | None, recompute):
+    """Refresh the view (views over views bring their upstream along first)."""
     if info.over_view:
         # A view over a view never fails because its upstream is behind: the
         # upstream chain is brought up to date first (each refresh waits for a
@@ -263,68 +270,105 @@ def _materialize(context, info: TableInfo, view, view_key, col_keys: dict, parti
             if pending_source_versions(up) or up.refresh_state().scoped_since_whole:
                 r = up.refresh()
                 context.log.info(f"brought upstream view {name} to source v{r.to_version} first")
-        result = view.refresh(recompute=recompute)
-    else:
-        pinned = int(tags[TAG_SOURCE_VERSION]) if TAG_SOURCE_VERSION in tags else None
-        current = view.source_version
-        if pinned is not None and current is not None and pinned < current:
-            pinned = current  # another run got further already: never go back
-        result = view.refresh(src_version=pinned, fragments=None if whole else fragments, recompute=recompute)
+        return view.refresh(recompute=recompute)
+    tags = context.run.tags
+    pinned = int(tags[TAG_SOURCE_VERSION]) if TAG_SOURCE_VERSION in tags else None
+    current = view.source_version
+    if pinned is not None and current is not None and pinned < current:
+        pinned = current  # another run got further already: never go back
+    return view.refresh(src_version=pinned, fragments=fragments, recompute=recompute)
+
+
+def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned: bool):
+    resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
+    db = resource.connection()
+    _apply_code(context, info, db)
+    view = db.open_table(info.name)
+    selected = context.selected_asset_keys
+    columns = [n for n, k in col_keys.items() if k in selected]
+    keys = _run_partitions(context) if partitioned else []
+    fragments, bad = fragment_keys(keys)
+    if bad:
+        raise dg.Failure(
+            description=(
+                f"partition keys {bad} of {info.name!r} are not fragment ids of {info.source!r}: partitions "
+                f"of this asset are source fragments (the {info.root}_changes sensor adds them and retires "
+                "others). Pick existing partitions."
+            )
+        )
+    present = {f.fragment_id for f in lance.dataset(db.table_uri(info.source)).get_fragments()} if keys else set()
+    whole = not keys or context.run.tags.get(TAG_SCOPE) == "changes" or present <= set(fragments)
+    started = time.perf_counter()
+    result = None
+    backfilled: dict[str, int] = {}
+    if view_key in selected:
+        result = _refresh_view(context, info, view, None if whole else fragments, None)
+    elif not whole:  # only UDF columns of some partitions: recompute them there
+        result = _refresh_view(context, info, view, fragments, columns)
+    if whole:
+        # UDF columns whose code changed have stale rows: recompute exactly those
+        for name in columns:
+            if view.plan_backfill(name).rows:
+                backfilled[name] = view.backfill(name).udf_rows_computed
     duration = time.perf_counter() - started
-    context.log.info(
-        f"{info.name}: source v{result.from_version}->v{result.to_version}, +{result.rows_inserted} "
-        f"~{result.rows_updated} -{result.rows_deleted}, UDF rows {result.udf_rows_computed}, "
-        f"{result.tasks} tasks ({result.tasks_resumed} resumed) on {result.runner} in {duration:.2f}s"
-    )
+    if result is not None:
+        context.log.info(
+            f"{info.name}: source v{result.from_version}->v{result.to_version}, +{result.rows_inserted} "
+            f"~{result.rows_updated} -{result.rows_deleted}, UDF rows {result.udf_rows_computed}, "
+            f"{result.tasks} tasks ({result.tasks_resumed} resumed) on {result.runner} in {duration:.2f}s"
+        )
+    if backfilled:
+        context.log.info(f"{info.name}: recomputed the stale rows of {backfilled} (UDF code changed)")
+    elif result is None:
+        context.log.info(f"{info.name}: {columns} are current for every row: nothing to compute")
     run_md = {
-        "source_version": result.to_version,
-        "view_version": result.view_version,
+        "source_version": view.source_version if result is None else result.to_version,
+        "view_version": view.version,
         "scope": "changes since the last refresh" if whole else "selected fragments",
-        "runner": result.runner,
-        "run_rows_inserted": result.rows_inserted,
-        "run_rows_updated": result.rows_updated,
-        "run_rows_deleted": result.rows_deleted,
         "run_duration_s": round(duration, 3),
     }
+    if result is not None:
+        run_md.update(
+            runner=result.runner, run_rows_inserted=result.rows_inserted, run_rows_updated=result.rows_updated,
+            run_rows_deleted=result.rows_deleted,
+        )
+    by_fragment = result.rows_by_fragment if result is not None else {}
+
+    def column_rows(name: str, fid: int | None = None) -> int:
+        computed = sum(by_fragment.values()) if fid is None else int(by_fragment.get(fid, 0))
+        if result is None or name not in result.udf_rows_computed:
+            computed = 0
+        return computed + (backfilled.get(name, 0) if fid is None else 0)
+
     if not partitioned or not keys:
-        md = {
-            **run_md,
-            "rows_computed": sum(result.rows_by_fragment.values()),
-            "dagster/row_count": view.count_rows(),
-            **_status_metadata(view),
-        }
         if view_key in selected:
-            yield dg.MaterializeResult(
-                asset_key=view_key, data_version=dg.DataVersion(str(result.view_version)), metadata=md
-            )
-        for name, key in col_keys.items():
-            if key in selected:
-                yield dg.MaterializeResult(
-                    asset_key=key, metadata={**run_md, "udf_rows_computed": result.udf_rows_computed.get(name, 0)}
-                )
+            md = {
+                **run_md,
+                "rows_computed": sum(by_fragment.values()),
+                "dagster/row_count": view.count_rows(),
+                **_status_metadata(view),
+            }
+            yield dg.MaterializeResult(asset_key=view_key, data_version=dg.DataVersion(str(view.version)), metadata=md)
+        for name in columns:
+            yield dg.MaterializeResult(asset_key=col_keys[name], metadata={**run_md, "udf_rows_computed": column_rows(name)})
         return
     # One materialization per partition, with that partition's own numbers.
     per_fragment = (
-        view_rows_by_fragment(view.uri, view.connection.table_uri(info.source), result.to_version, fragments)
-        if len(fragments) <= PER_PARTITION_LIMIT
+        view_rows_by_fragment(view.uri, db.table_uri(info.source), run_md["source_version"], fragments)
+        if len(fragments) <= PER_PARTITION_LIMIT and run_md["source_version"] is not None
         else {}
     )
     for key_str, fid in zip(keys, fragments):
-        computed = int(result.rows_by_fragment.get(fid, 0))
-        part_md = {**run_md, "rows_computed": computed, "source_fragment": fid}
+        part_md = {**run_md, "rows_computed": int(by_fragment.get(fid, 0)), "source_fragment": fid}
         if fid in per_fragment:
             part_md["dagster/row_count"] = per_fragment[fid]
         if view_key in selected:
             context.log_event(dg.AssetMaterialization(asset_key=view_key, partition=key_str, metadata=part_md))
-        for name, key in col_keys.items():
-            if key in selected:
-                udf_rows = computed if name in result.udf_rows_computed else 0
-                context.log_event(
-                    dg.AssetMaterialization(
-                        asset_key=key, partition=key_str,
-                        metadata={**run_md, "udf_rows_computed": udf_rows, "source_fragment": fid},
-                    )
-                )
+        for name in columns:
+            md = {**run_md, "udf_rows_computed": column_rows(name, fid), "source_fragment": fid}
+            if backfilled:
+                md["run_udf_rows_recomputed"] = backfilled.get(name, 0)
+            context.log_event(dg.AssetMaterialization(asset_key=col_keys[name], partition=key_str, metadata=md))
 
 
 def _column_description(table: str, col: dict) -> str:

@@ -3,13 +3,15 @@ unpickled and no JVM starts."""
 
 import json
 from dataclasses import dataclass, field
+from typing import Any
 
 import lance
 
 from ..catalog import Connection
 from ..columns import COLUMNS_METADATA_KEY
+from ..declare import reconcile
 from ..policy import POLICY_METADATA_KEY, RefreshPolicy
-from ..query import VIEW_METADATA_KEY, definition_reads, is_marker, tracked_source_columns
+from ..query import VIEW_METADATA_KEY, definition_reads, is_marker, output_schema, tracked_source_columns
 
 __all__ = ["TableInfo", "catalog_tables"]
 
@@ -33,6 +35,8 @@ class TableInfo:
     root: str = ""  # the base table at the start of the lineage
     over_view: bool = False  # the source is itself a view
     definition: dict = field(default_factory=dict, repr=False)  # the stored view definition (JSON)
+    declared: Any = field(default=None, repr=False)  # the query declaring it in code (code-first views)
+    code_changes: Any = field(default=None, repr=False)  # how the catalog differs from that code
 
     @property
     def udf_columns(self) -> list[dict]:
@@ -54,8 +58,37 @@ def _visible(schema) -> list[tuple[str, str]]:
     return [(f.name, str(f.type)) for f in schema if f.name not in HIDDEN and not is_marker(f.name)]
 
 
-def catalog_tables(db: Connection) -> dict[str, TableInfo]:
-    """Every table and view of ``db`` with its lineage."""
+def _declare(out: dict[str, "TableInfo"], names: dict[str, list[str]], db: Connection, declared: dict) -> None:
+    """Overlay views declared in code: their UDF columns (and so code versions)
+    come from the code; views not created yet are described from the query."""
+    for name, query in declared.items():
+        diff = reconcile(db, name, query)
+        definition = query.to_definition()
+        d = definition.to_json()
+        if diff.create:
+            if definition.source not in out:
+                raise ValueError(f"view {name!r} is declared over {definition.source!r}, which is not in {db.uri}")
+            src_ds = lance.dataset(db.table_uri(definition.source))
+            schema = output_schema(definition, src_ds)
+            info = TableInfo(
+                name, db.table_uri(name), True, definition.source, definition.filter, definition.limit,
+                d["columns"], RefreshPolicy.eager(), _visible(schema), definition=d,
+            )
+            if not out[definition.source].is_view:
+                info.reads = definition.reads(out[definition.source].computed, src_ds.schema)
+            out[name] = info
+            names[name] = schema.names
+        else:
+            info = out[name]
+            code = {c["name"]: c for c in d["columns"]}
+            info.columns = [code.get(c["name"], c) if c["kind"] == "udf" else c for c in info.columns]
+            info.columns += [code[c] for c in diff.added]
+        info.declared, info.code_changes = query, diff
+
+
+def catalog_tables(db: Connection, declared: dict | None = None) -> dict[str, TableInfo]:
+    """Every table and view of ``db`` with its lineage; ``declared`` (name ->
+    query) overlays views declared in code (see :mod:`mv_assets.declare`)."""
     out: dict[str, TableInfo] = {}
     names: dict[str, list[str]] = {}
     for name in db.table_names():
@@ -76,6 +109,8 @@ def catalog_tables(db: Connection) -> dict[str, TableInfo]:
         info.reads = tracked_source_columns(schema)
         info.definition = d
         out[name] = info
+    if declared:
+        _declare(out, names, db, declared)
     for info in out.values():
         if not info.is_view or info.source not in out:
             continue

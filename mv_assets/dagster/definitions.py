@@ -10,6 +10,7 @@ from typing import Any
 import dagster as dg
 
 from ..catalog import Connection, connect
+from ..declare import load_declared
 from .assets import (
     RESOURCE_KEY,
     TAG_SCOPE,
@@ -35,13 +36,20 @@ def build_definitions(
     resource: MvAssetsResource | None = None,
     sensor_interval_seconds: int = 15,
     sensors_running: bool = True,
+    views: dict | str | None = None,
 ) -> dg.Definitions:
     """Definitions for every table and view of the catalog ``db`` (a Connection or URI).
+
+    ``views``: views declared in code, as ``{name: query}`` or the module
+    (dotted name or ``.py`` path) whose ``views(db)`` returns them. Their UDF
+    code is the code version of the column assets; a materialization first
+    makes the catalog follow the code (see :mod:`mv_assets.declare`).
 
     Runs execute in process (one Spark session per run, shared by its assets).
     """
     conn = db if isinstance(db, Connection) else connect(db)
-    tables = catalog_tables(conn)
+    declared = load_declared(views, conn) if isinstance(views, str) else views
+    tables = catalog_tables(conn, declared)
     resource = resource or MvAssetsResource(catalog_uri=conn.uri)
     status = dg.DefaultSensorStatus.RUNNING if sensors_running else dg.DefaultSensorStatus.STOPPED
     views = [t for t in tables.values() if t.is_view and t.source in tables]

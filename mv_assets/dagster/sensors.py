@@ -115,6 +115,9 @@ def table_sensor(
         due: dict[str, str] = {}
         loads: dict[str, int] = {}
         for v in tree:
+            if v.name not in db:  # declared in code, not created yet: its first run creates it
+                due[v.name], loads[v.name] = "declared in code, not created yet", 0
+                continue
             view = db.open_table(v.name)
             decision = refresh_decision(view)
             loads[v.name] = view.refresh_state().load_number

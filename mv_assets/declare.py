@@ -1,0 +1,129 @@
+"""Views declared in code, reconciled with the catalog.
+
+A user module defines ``views(db) -> {name: query}`` (see docs/dagster.md).
+:func:`reconcile` says, without writing anything, how the catalog differs
+from that code; :func:`apply` makes the catalog match: it creates missing
+views, swaps the UDF of columns whose code changed (``alter_columns``: their
+rows become stale, values stay until recomputed) and adds new UDF columns.
+Changes to what rows a view holds (source, filter, plain or SQL columns) are
+refused: the view has to be dropped and created again.
+"""
+
+import hashlib
+import importlib
+import importlib.util
+import json
+import os
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from .query import VIEW_METADATA_KEY, Query, ViewDefinition, shape_fingerprint
+
+if TYPE_CHECKING:
+    from .catalog import Connection
+
+__all__ = ["Reconcile", "load_declared", "reconcile", "apply"]
+
+
+@dataclass
+class Reconcile:
+    """How the catalog differs from the code for one view."""
+
+    name: str
+    create: bool = False
+    altered: list[str] = field(default_factory=list)  # UDF columns whose code changed
+    added: list[str] = field(default_factory=list)  # UDF columns new in the code
+    problems: list[str] = field(default_factory=list)  # differences apply() refuses
+
+    @property
+    def in_sync(self) -> bool:
+        return not (self.create or self.altered or self.added or self.problems)
+
+
+def load_declared(spec: str, db: "Connection") -> dict[str, Query]:
+    """Call ``views(db)`` of a module given by dotted name or ``.py`` path."""
+    if spec.endswith(".py") or os.sep in spec:
+        path = os.path.abspath(spec)
+        name = "mv_assets_declared_" + hashlib.sha256(path.encode()).hexdigest()[:8]
+        module_spec = importlib.util.spec_from_file_location(name, path)
+        if module_spec is None or module_spec.loader is None:
+            raise ValueError(f"cannot load views module {spec!r}")
+        module = importlib.util.module_from_spec(module_spec)
+        module_spec.loader.exec_module(module)
+    else:
+        module = importlib.import_module(spec)
+    func = getattr(module, "views", None)
+    if not callable(func):
+        raise ValueError(f"views module {spec!r} has no views(db) function returning {{name: query}}")
+    declared = func(db)
+    if not isinstance(declared, dict) or not all(isinstance(q, Query) for q in declared.values()):
+        raise ValueError(f"{spec}.views(db) must return a dict of view name -> query (table.search(None)...)")
+    return declared
+
+
+def _stored(db: "Connection", name: str) -> dict | None:
+    md = db.open_table(name).schema.metadata or {}
+    raw = md.get(VIEW_METADATA_KEY.encode())
+    return json.loads(raw) if raw is not None else None
+
+
+def reconcile(db: "Connection", name: str, query: Query) -> Reconcile:
+    """Compare the declared query with the stored view (no UDF is unpickled)."""
+    out = Reconcile(name)
+    if name not in db:
+        out.create = True
+        return out
+    stored = _stored(db, name)
+    if stored is None:
+        out.problems.append(f"{name!r} is a table in the catalog, not a view")
+        return out
+    declared = query.to_definition()
+    declared_cols = {c.name: c for c in declared.columns}
+    stored_cols = {c["name"]: c for c in stored["columns"]}
+    code = declared.to_json()
+    for c in code["columns"]:  # columns added after creation are marked so in the catalog only
+        if stored_cols.get(c["name"], {}).get("added"):
+            c["added"] = True
+    if shape_fingerprint(code) != shape_fingerprint(stored):
+        out.problems.append(
+            f"the declared source, filter, limit or plain columns of {name!r} differ from the stored view; "
+            f"drop it (db.drop_table({name!r})) to create it again from the code"
+        )
+    for col_name, col in declared_cols.items():
+        if col.kind != "udf":
+            continue
+        old = stored_cols.get(col_name)
+        if old is None:
+            out.added.append(col_name)
+        elif old["kind"] != "udf":
+            out.problems.append(f"column {col_name!r} of {name!r} is a UDF in the code but not in the stored view")
+        elif old["udf"]["fingerprint"] != col.udf.fingerprint:  # type: ignore[union-attr]
+            if old["udf"]["data_type"] != str(col.udf.data_type):  # type: ignore[union-attr]
+                out.problems.append(
+                    f"UDF column {col_name!r} of {name!r} changed type from {old['udf']['data_type']} to "
+                    f"{col.udf.data_type}: drop and create the view again"  # type: ignore[union-attr]
+                )
+            else:
+                out.altered.append(col_name)
+    for col_name, old in stored_cols.items():
+        if old["kind"] == "udf" and col_name not in declared_cols:
+            out.problems.append(f"UDF column {col_name!r} of {name!r} is no longer declared; drop and create the view again")
+    return out
+
+
+def apply(db: "Connection", name: str, query: Query, **create_kwargs: Any) -> Reconcile:
+    """Make the catalog match the declared query (see the module docstring)."""
+    diff = reconcile(db, name, query)
+    if diff.problems:
+        raise ValueError("; ".join(diff.problems))
+    if diff.create:
+        db.create_materialized_view(name, query, **create_kwargs)
+        return diff
+    declared: ViewDefinition = query.to_definition()
+    specs = {c.name: c for c in declared.columns}
+    view = db.open_table(name)
+    if diff.altered:
+        view.alter_columns(*({"path": c, "udf": specs[c].udf} for c in diff.altered))
+    if diff.added:
+        view.add_columns({c: specs[c].udf for c in diff.added})
+    return diff

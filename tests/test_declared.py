@@ -1,0 +1,163 @@
+"""Views declared in code (a user module), reconciled with the catalog, and the
+UDF-change workflow: edit the code, reload definitions, materialize the column."""
+
+import os
+import textwrap
+
+import dagster as dg
+import lance
+import pytest
+
+import mv_assets as mv
+from mv_assets.dagster import MvAssetsResource, build_definitions
+from mv_assets.dagster.definitions import partitions_def_name
+from mv_assets.declare import apply, load_declared, reconcile
+from oracle import count_calls
+
+K = dg.AssetKey
+
+MODULE = '''
+import mv_assets as mv
+from oracle import record_call
+
+CALLS = {calls!r}
+
+
+@mv.udf
+def score(x: int) -> int:
+    record_call(CALLS, "score", x)
+    return {body}
+
+
+@mv.udf
+def other(x: int) -> int:
+    record_call(CALLS, "other", x)
+    return x - 1
+
+
+def views(db):
+    src = db.open_table("src")
+    return {{"v": src.search(None).where("{where}").select({{"id": "id", "score": score, "other": other}})}}
+'''
+
+
+def _write(path, calls, body="x * 10", where="x >= 0"):
+    path.write_text(textwrap.dedent(MODULE.format(calls=calls, body=body, where=where)))
+    return str(path)
+
+
+@pytest.fixture
+def catalog(tmp_path):
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(6)], primary_key="id")
+    src.add([{"id": i, "x": i} for i in range(6, 10)])
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    return db, str(calls)
+
+
+def _defs(db, module):
+    return build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"), views=module)
+
+
+def _all_partitions(db, instance):
+    frags = [str(f.fragment_id) for f in lance.dataset(db.table_uri("src")).get_fragments()]
+    instance.add_dynamic_partitions(partitions_def_name("src"), frags)
+    return {"dagster/asset_partition_range_start": frags[0], "dagster/asset_partition_range_end": frags[-1]}
+
+
+def test_reconcile_and_apply(catalog, tmp_path):
+    db, calls = catalog
+    module = _write(tmp_path / "views1.py", calls)
+    declared = load_declared(module, db)
+    assert reconcile(db, "v", declared["v"]).create
+    apply(db, "v", declared["v"])
+    assert reconcile(db, "v", declared["v"]).in_sync
+    changed = load_declared(_write(tmp_path / "views2.py", calls, body="x * 100"), db)
+    diff = reconcile(db, "v", changed["v"])
+    assert diff.altered == ["score"] and not diff.problems
+    apply(db, "v", changed["v"])
+    assert db.open_table("v").definition.udf_columns[0].udf.fingerprint == changed["v"].to_definition().udf_columns[0].udf.fingerprint
+    refiltered = load_declared(_write(tmp_path / "views3.py", calls, body="x * 100", where="x > 2"), db)
+    assert "differ from the stored view" in reconcile(db, "v", refiltered["v"]).problems[0]
+    with pytest.raises(ValueError, match="drop it"):
+        apply(db, "v", refiltered["v"])
+    (tmp_path / "empty.py").write_text("x = 1\n")
+    with pytest.raises(ValueError, match="has no views"):
+        load_declared(str(tmp_path / "empty.py"), db)
+
+
+def test_edit_the_udf_reload_and_materialize_only_that_column(catalog, tmp_path):
+    db, calls = catalog
+    module = tmp_path / "my_views.py"
+    _write(module, calls)
+    defs = _defs(db, str(module))
+    graph = defs.get_repository_def().asset_graph
+    assert K(["v", "score"]) in graph.get_all_asset_keys()  # declared, not created yet
+    old_version = graph.get(K(["v", "score"])).code_version
+    other_version = graph.get(K(["v", "other"])).code_version
+    with dg.instance_for_test() as instance:
+        tags = _all_partitions(db, instance)
+        job = defs.resolve_implicit_global_asset_job_def()
+        assert job.execute_in_process(instance=instance, asset_selection=[K(["v"]), K(["v", "score"]), K(["v", "other"])], tags=tags).success
+        assert (count_calls(calls, "score"), count_calls(calls, "other")) == (10, 10)
+        assert sorted(r["score"] for r in db.open_table("v").to_arrow().to_pylist()) == [10 * i for i in range(10)]
+        # the user edits the UDF and clicks "Reload definitions"
+        _write(module, calls, body="x * 10 + 7")
+        defs = _defs(db, str(module))
+        graph = defs.get_repository_def().asset_graph
+        new_version = graph.get(K(["v", "score"])).code_version
+        assert new_version != old_version
+        assert graph.get(K(["v", "other"])).code_version == other_version
+        assert "Code changed for ['score']" in graph.get(K(["v"])).description
+        # "Materialize" on the column asset: all partitions, only that column
+        job = defs.resolve_implicit_global_asset_job_def()
+        result = job.execute_in_process(instance=instance, asset_selection=[K(["v", "score"])], tags=tags)
+        assert result.success
+        assert (count_calls(calls, "score"), count_calls(calls, "other")) == (20, 10)  # other untouched
+        view = db.open_table("v")
+        assert sorted(r["score"] for r in view.to_arrow().to_pylist()) == [10 * i + 7 for i in range(10)]
+        assert view.definition.udf_columns[0].udf.fingerprint == new_version  # the new code is stored
+        # materializing it again has nothing to do
+        assert job.execute_in_process(instance=instance, asset_selection=[K(["v", "score"])], tags=tags).success
+        assert count_calls(calls, "score") == 20
+        # a change the catalog cannot follow fails clearly, writing nothing
+        _write(module, calls, body="x * 10 + 7", where="x > 2")
+        defs = _defs(db, str(module))
+        job = defs.resolve_implicit_global_asset_job_def()
+        before = view.version
+        with pytest.raises(dg.Failure, match="cannot follow its code"):
+            job.execute_in_process(instance=instance, asset_selection=[K(["v"])], tags=tags)
+        assert db.open_table("v").version == before
+
+
+def test_alter_columns_from_python_shows_as_a_new_code_version(catalog, tmp_path):
+    db, calls = catalog
+    src = db.open_table("src")
+
+    @mv.udf
+    def inc(x: int) -> int:
+        return x + 1
+
+    view = db.create_materialized_view("w", src.search(None).select({"id": "id", "y": inc}))
+    view.refresh()
+    key = K(["w", "y"])
+    before = build_definitions(db).get_repository_def().asset_graph.get(key).code_version
+    view.alter_columns({"path": "y", "udf": mv.udf(lambda x: x + 2, data_type=inc.data_type, name="inc2", input_columns=["x"])})
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    assert defs.get_repository_def().asset_graph.get(key).code_version != before
+    with dg.instance_for_test() as instance:
+        tags = _all_partitions(db, instance)
+        job = defs.resolve_implicit_global_asset_job_def()
+        assert job.execute_in_process(instance=instance, asset_selection=[key], tags=tags).success
+    assert sorted(r["y"] for r in db.open_table("w").to_arrow().to_pylist()) == [i + 2 for i in range(10)]
+
+
+def test_demo_declares_its_views_in_code(tmp_path):
+    from mv_assets.demo import seed
+
+    db = seed(str(tmp_path / "demo"))
+    declared = load_declared("mv_assets.demo", db)
+    assert set(declared) == {"doc_features", "long_docs"}
+    assert all(reconcile(db, name, q).in_sync for name, q in declared.items())
+    assert os.path.basename(declared["doc_features"].to_definition().udf_columns[0].udf.code_location()[0]) == "demo.py"
