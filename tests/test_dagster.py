@@ -62,20 +62,21 @@ def test_top_level_definitions_module_loads(tmp_path):
     assert out.stdout.strip() == "4"  # src, v, v/y, w
 
 
+K = dg.AssetKey
+
+
 def test_asset_graph_and_lineage(tmp_path):
     db = _catalog(tmp_path / "cat")
     defs = build_definitions(db)
     graph = defs.get_repository_def().asset_graph
-    K = dg.AssetKey
     assert set(graph.get_all_asset_keys()) == {K(["src"]), K(["v"]), K(["v", "y"]), K(["w"])}
     # source -> view -> column -> derived view
     assert graph.get(K(["v"])).parent_keys == {K(["src"])}
     assert graph.get(K(["v", "y"])).parent_keys == {K(["v"])}
     assert graph.get(K(["w"])).parent_keys == {K(["v"]), K(["v", "y"])}
-    # partitioned by source fragment; the view over a view refreshes as a whole
-    assert graph.get(K(["v"])).partitions_def.name == partitions_def_name("src")
-    assert graph.get(K(["v", "y"])).partitions_def.name == partitions_def_name("src")
-    assert graph.get(K(["w"])).partitions_def is None
+    # everything downstream of src is partitioned by src's fragments (one run can carry the lineage)
+    for key in (["v"], ["v", "y"], ["w"]):
+        assert graph.get(K(key)).partitions_def.name == partitions_def_name("src")
     # UDF fingerprint is the column's code version; descriptions and groups for the UI
     assert graph.get(K(["v", "y"])).code_version == double.fingerprint
     assert "Materialized view over `src`" in graph.get(K(["v"])).description
@@ -117,16 +118,14 @@ def test_sensor_over_append_delete_update_compaction(tmp_path):
         def refresh_all():  # what the requested runs do
             db.refresh(["v", "w"])
 
-        # first tick: every fragment becomes a partition; one run for v, one for the view over it
+        # first tick: every fragment becomes a partition; one run carries v and the view over it
         r, cursor = tick(None)
         assert sorted(instance.get_dynamic_partitions(pname)) == [str(f) for f in frags()]
-        (run,) = _runs(r, ["v"])
+        (run,) = r.run_requests
+        assert set(run.asset_selection) == {K(["v"]), K(["v", "y"]), K(["w"])}
         assert run.tags[TAG_SOURCE_VERSION] == str(src.version) and run.tags[TAG_SCOPE] == "changes"
         assert run.tags["dagster/asset_partition_range_start"] == "0"
         assert run.tags["dagster/asset_partition_range_end"] == str(frags()[-1])
-        (wrun,) = _runs(r, ["w"])
-        assert "dagster/asset_partition_range_start" not in wrun.tags  # w refreshes as a whole
-        assert len(r.run_requests) == 2
         # the same state again: the same run keys (Dagster launches each once)
         again, _ = tick(cursor)
         assert sorted(x.run_key for x in again.run_requests) == sorted(x.run_key for x in r.run_requests)
@@ -140,7 +139,7 @@ def test_sensor_over_append_delete_update_compaction(tmp_path):
         assert new in instance.get_dynamic_partitions(pname)
         (run,) = _runs(r, ["v"])
         assert (run.tags["dagster/asset_partition_range_start"], run.tags["dagster/asset_partition_range_end"]) == (new, new)
-        assert len(_runs(r, ["w"])) == 1 and len(r.run_requests) == 2
+        assert len(r.run_requests) == 1 and K(["w"]) in run.asset_selection
         refresh_all()
         # delete in the first fragment: that partition is refreshed
         src.delete("id = 1")
@@ -235,9 +234,9 @@ def test_ui_partition_materialization_is_idempotent(tmp_path):
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(partitions_def_name("src"), [frag])
         for attempt in range(2):
-            out = dg.materialize(assets, instance=instance, partition_key=frag)
+            out = dg.materialize(assets, instance=instance, partition_key=frag, selection=[K(["v"]), K(["v", "y"])])
             assert out.success
-            mat = out.asset_materializations_for_node("refresh_v")[0]
+            (mat,) = [m for m in out.asset_materializations_for_node("refresh_src") if m.asset_key == K(["v"])]
             computed = mat.metadata["rows_computed"].value
             assert computed == (4 if attempt == 0 else 0)
         assert sorted(db.open_table("v").to_arrow().column("id").to_pylist()) == [6, 7, 8, 9]
@@ -352,8 +351,8 @@ def test_table_computed_columns_are_assets_filled_by_backfill(tmp_path):
 
     with dg.instance_for_test() as instance:
         first = tick(None)
-        assert _runs(first, ["src", "y"])[0].asset_selection == [ykey]  # z (SQL) is already filled
-        assert len(_runs(first, ["v"])) == 1
+        (run,) = first.run_requests  # one run: the backfill of y, then the view that reads it
+        assert set(run.asset_selection) == {ykey, dg.AssetKey(["v"])}  # z (SQL) is already filled
         db.open_table("v").refresh()  # the view's run, before the backfill's
         assert not _runs(tick(first.cursor), ["v"])
         job = defs.resolve_implicit_global_asset_job_def()
@@ -368,7 +367,7 @@ def test_table_computed_columns_are_assets_filled_by_backfill(tmp_path):
         assert len(_runs(after, ["v"])) == 1
         src.add([{"id": 9, "x": 9}])
         later = tick(after.cursor)
-        assert _runs(later, ["src", "y"])[0].asset_selection == [ykey]
+        assert ykey in later.run_requests[0].asset_selection
     # a new UDF version is a new code version of the column asset
     old_version = graph.get(ykey).code_version
     src.alter_columns({"path": "y", "udf": mv.udf(lambda x: 3 * x, data_type=double.data_type, name="triple",

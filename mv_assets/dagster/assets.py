@@ -3,10 +3,17 @@
 * a base table -> an observable source asset (data version: the newest Lance
   version whose commit changes rows; compactions and column backfills do not);
 * its computed columns -> assets materialized by a checkpointed backfill;
-* a view over a base table -> an asset partitioned by source fragment,
-  materialized with its UDF columns (downstream assets, code version = UDF
-  fingerprint); a view over a view -> an unpartitioned asset that brings its
-  upstream views along.
+* a view -> an asset materialized with its UDF columns (downstream assets,
+  code version = UDF fingerprint); a view over a view brings its upstream
+  views along.
+
+Every asset downstream of a base table is partitioned by that table's
+fragments (one partitions definition per base table, single-run backfills),
+so one run can carry a whole lineage: the sensor's run after a change, and
+"Materialize all" in the UI (the backfill daemon puts parent and child in the
+same run). Views over a base table refresh a partition on its own; computed
+columns, views over views and views with a limit refresh as a whole in any
+partition run, and record every partition the run names.
 """
 
 import time
@@ -28,7 +35,7 @@ from .resource import MvAssetsResource
 
 __all__ = [
     "RESOURCE_KEY", "TAG_SOURCE_VERSION", "TAG_SCOPE", "CHECK_NAMES", "safe_name", "partitions_def_name",
-    "source_asset", "view_asset", "table_columns_asset", "fragment_keys",
+    "source_asset", "lineage_asset", "fragment_keys",
 ]
 
 RESOURCE_KEY = "mv_assets"
@@ -111,9 +118,10 @@ def _view_description(info: TableInfo) -> str:
     where = f" where `{info.filter}`" if info.filter else ""
     lim = f", limited to {info.limit} rows" if info.limit is not None else ""
     how = (
-        "One partition per source fragment"
-        if info.partitioned
-        else "Refreshed as a whole; its upstream views are brought up to date first"
+        f"One partition per fragment of `{info.root}`"
+        if info.scoped
+        else f"Refreshed as a whole in any partition run (partitions: fragments of `{info.root}`)"
+        + ("; its upstream views are brought up to date first" if info.over_view else "")
     )
     text = (
         f"Materialized view over `{info.source}`{where}{lim}: {cols}. "
@@ -158,11 +166,10 @@ def _status_metadata(view) -> dict:
     }
 
 
-def view_asset(info: TableInfo, tables: dict[str, TableInfo], pdefs: dict[str, Any]):
-    """The multi-asset refreshing one view and its UDF columns."""
+def _view_specs(info: TableInfo, tables: dict[str, TableInfo]):
+    """The asset specs of one view and its UDF columns, and its check specs."""
     view_key = dg.AssetKey([info.name])
     src = tables[info.source]  # type: ignore[index]
-    pdef = pdefs.get(info.source) if info.partitioned else None
     deps = [dg.AssetDep(dg.AssetKey([src.name]))] + [
         dg.AssetDep(dg.AssetKey([src.name, c])) for c in src.computed if c in info.reads
     ]
@@ -182,7 +189,7 @@ def view_asset(info: TableInfo, tables: dict[str, TableInfo], pdefs: dict[str, A
             tags={"mv_assets/policy": info.policy.kind},
             freshness_policy=_freshness(info.policy),
             group_name=group,
-            skippable=pdef is not None,
+            skippable=True,
         )
     ]
     col_keys = {}
@@ -198,15 +205,61 @@ def view_asset(info: TableInfo, tables: dict[str, TableInfo], pdefs: dict[str, A
                 code_version=col["udf"]["fingerprint"],
                 metadata={"udf": col["udf"]["name"], "data_type": col["udf"]["data_type"], **_code_references(col["udf"])},
                 group_name=group,
-                skippable=pdef is not None,
+                skippable=True,
             )
         )
     check_specs = [dg.AssetCheckSpec(name, asset=view_key) for name in CHECK_NAMES]
+    return specs, check_specs, view_key, col_keys
+
+
+def _column_specs(info: TableInfo):
+    """The asset specs of a base table's computed columns."""
+    table_key = dg.AssetKey([info.name])
+    specs, keys = [], {}
+    for col in info.columns:
+        key = dg.AssetKey([info.name, col["name"]])
+        keys[col["name"]] = key
+        udf = col.get("udf")
+        specs.append(
+            dg.AssetSpec(
+                key,
+                deps=[table_key],
+                description=_column_description(info.name, col),
+                kinds={"python", "spark"} if udf else {"sql"},
+                code_version=udf["fingerprint"] if udf else None,
+                metadata=(
+                    {"udf": udf["name"], "data_type": udf["data_type"], **_code_references(udf)}
+                    if udf
+                    else {"expression": col.get("expr", "")}
+                ),
+                group_name="sources",
+                skippable=True,
+            )
+        )
+    return specs, keys
+
+
+def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, TableInfo], pdef):
+    """One multi-asset for everything downstream of a base table: its computed
+    columns, its views and views over them (``tree``, in lineage order).
+
+    One op, so a run carries any part of the lineage and refreshes it in
+    order; each asset still materializes on its own (the op is subsettable),
+    and partitions record their own numbers.
+    """
+    specs, column_keys = _column_specs(table)
+    checks: list[dg.AssetCheckSpec] = []
+    views: dict[str, tuple[dg.AssetKey, dict[str, dg.AssetKey]]] = {}
+    for info in tree:
+        v_specs, v_checks, view_key, col_keys = _view_specs(info, tables)
+        specs += v_specs
+        checks += v_checks
+        views[info.name] = (view_key, col_keys)
 
     @dg.multi_asset(
-        name=f"refresh_{group}",
+        name=f"refresh_{safe_name(table.name)}",
         specs=specs,
-        check_specs=check_specs,
+        check_specs=checks,
         can_subset=True,
         partitions_def=pdef,
         backfill_policy=dg.BackfillPolicy.single_run() if pdef is not None else None,
@@ -215,26 +268,36 @@ def view_asset(info: TableInfo, tables: dict[str, TableInfo], pdefs: dict[str, A
     )
     def _refresh(context: dg.AssetExecutionContext):
         selected = context.selected_asset_keys
-        if any(k in selected for k in (view_key, *col_keys.values())):
-            yield from _materialize(context, info, view_key, col_keys, pdef is not None)
-        wanted_checks = {k.name for k in context.selected_asset_check_keys}
-        if wanted_checks:
-            resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
-            view = resource.connection().open_table(info.name)
-            for outcome in check_view(view):
-                if outcome.name in wanted_checks:
-                    yield dg.AssetCheckResult(
-                        asset_key=view_key,
-                        check_name=outcome.name,
-                        passed=outcome.passed,
-                        description=outcome.description,
-                        metadata={
-                            k: dg.MetadataValue.json(v) if isinstance(v, (dict, list)) else v
-                            for k, v in outcome.metadata.items()
-                        },
-                    )
+        if any(k in selected for k in column_keys.values()):
+            yield from _backfill_columns(context, table, column_keys)
+        for info in tree:
+            view_key, col_keys = views[info.name]
+            if any(k in selected for k in (view_key, *col_keys.values())):
+                yield from _materialize(context, info, view_key, col_keys, pdef is not None)
+        wanted = {(k.asset_key, k.name) for k in context.selected_asset_check_keys}
+        for info in tree:
+            view_key = views[info.name][0]
+            if any(key == view_key for key, _ in wanted):
+                yield from _run_checks(context, info, view_key, {n for key, n in wanted if key == view_key})
 
-    return _refresh, [view_key, *col_keys.values()]
+    keys = {name: [vk, *cols.values()] for name, (vk, cols) in views.items()}
+    return _refresh, keys, list(column_keys.values())
+
+
+def _run_checks(context, info: TableInfo, view_key, names: set[str]):
+    resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
+    view = resource.connection().open_table(info.name)
+    for outcome in check_view(view):
+        if outcome.name in names:
+            yield dg.AssetCheckResult(
+                asset_key=view_key,
+                check_name=outcome.name,
+                passed=outcome.passed,
+                description=outcome.description,
+                metadata={
+                    k: dg.MetadataValue.json(v) if isinstance(v, (dict, list)) else v for k, v in outcome.metadata.items()
+                },
+            )
 
 
 def _run_partitions(context: dg.AssetExecutionContext) -> list[str]:
@@ -273,6 +336,9 @@ def _refresh_view(context, info: TableInfo, view, fragments: list[int] | None, r
         return view.refresh(recompute=recompute)
     tags = context.run.tags
     pinned = int(tags[TAG_SOURCE_VERSION]) if TAG_SOURCE_VERSION in tags else None
+    in_run = context.run.asset_selection or set()
+    if any(dg.AssetKey([info.source, c]) in in_run for c in info.reads):
+        pinned = None  # this run backfills a column the view reads: refresh after it, to the latest version
     current = view.source_version
     if pinned is not None and current is not None and pinned < current:
         pinned = current  # another run got further already: never go back
@@ -296,8 +362,8 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
                 "others). Pick existing partitions."
             )
         )
-    present = {f.fragment_id for f in lance.dataset(db.table_uri(info.source)).get_fragments()} if keys else set()
-    whole = not keys or context.run.tags.get(TAG_SCOPE) == "changes" or present <= set(fragments)
+    present = {f.fragment_id for f in lance.dataset(db.table_uri(info.root)).get_fragments()} if keys else set()
+    whole = not info.scoped or not keys or context.run.tags.get(TAG_SCOPE) == "changes" or present <= set(fragments)
     started = time.perf_counter()
     result = None
     backfilled: dict[str, int] = {}
@@ -355,7 +421,7 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
     # One materialization per partition, with that partition's own numbers.
     per_fragment = (
         view_rows_by_fragment(view.uri, db.table_uri(info.source), run_md["source_version"], fragments)
-        if len(fragments) <= PER_PARTITION_LIMIT and run_md["source_version"] is not None
+        if info.scoped and len(fragments) <= PER_PARTITION_LIMIT and run_md["source_version"] is not None
         else {}
     )
     for key_str, fid in zip(keys, fragments):
@@ -379,65 +445,36 @@ def _column_description(table: str, col: dict) -> str:
     )
 
 
-def table_columns_asset(info: TableInfo):
-    """The computed columns of a base table: materializing one backfills it."""
-    table_key = dg.AssetKey([info.name])
-    specs, keys = [], {}
-    for col in info.columns:
-        key = dg.AssetKey([info.name, col["name"]])
-        keys[col["name"]] = key
-        udf = col.get("udf")
-        specs.append(
-            dg.AssetSpec(
-                key,
-                deps=[table_key],
-                description=_column_description(info.name, col),
-                kinds={"python", "spark"} if udf else {"sql"},
-                code_version=udf["fingerprint"] if udf else None,
-                metadata=(
-                    {"udf": udf["name"], "data_type": udf["data_type"], **_code_references(udf)}
-                    if udf
-                    else {"expression": col.get("expr", "")}
-                ),
-                group_name="sources",
+def _backfill_columns(context, info: TableInfo, keys: dict[str, dg.AssetKey]):
+    """Materialize selected computed columns of a base table: a backfill of the
+    rows lacking a current value (exact in any partition run)."""
+    resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
+    table = resource.connection().open_table(info.name)
+    done: dict[str, Any] = {}
+    parts = _run_partitions(context)
+    for name, key in keys.items():
+        if key not in context.selected_asset_keys:
+            continue
+        if name not in done:
+            result = table.backfill(name)
+            for c in result.columns:  # a multi-column UDF fills its siblings too
+                done[c] = result
+            context.log.info(
+                f"{info.name}.{name}: {result.rows_written} rows written, {result.rows_failed} failed, "
+                f"{result.rows_skipped} changed meanwhile, {result.batches_resumed}/{result.batches} batches "
+                f"resumed, job {result.job_id}"
             )
-        )
-
-    @dg.multi_asset(
-        name=f"backfill_{safe_name(info.name)}_columns",
-        specs=specs,
-        can_subset=True,
-        required_resource_keys={RESOURCE_KEY},
-        op_tags={"dagster/kind/spark": ""},
-    )
-    def _backfill(context: dg.AssetExecutionContext):
-        resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
-        table = resource.connection().open_table(info.name)
-        done: dict[str, Any] = {}
-        for name, key in keys.items():
-            if key not in context.selected_asset_keys:
-                continue
-            if name not in done:
-                result = table.backfill(name)
-                for c in result.columns:  # a multi-column UDF fills its siblings too
-                    done[c] = result
-                context.log.info(
-                    f"{info.name}.{name}: {result.rows_written} rows written, {result.rows_failed} failed, "
-                    f"{result.rows_skipped} changed meanwhile, {result.batches_resumed}/{result.batches} batches "
-                    f"resumed, job {result.job_id}"
-                )
-            r = done[name]
-            yield dg.MaterializeResult(
-                asset_key=key,
-                metadata={
-                    "job_id": r.job_id,
-                    "rows_written": r.rows_written,
-                    "rows_failed": r.rows_failed,
-                    "rows_skipped": r.rows_skipped,
-                    "udf_rows_computed": r.udf_rows_computed,
-                    "batches_resumed": r.batches_resumed,
-                    "table_version": r.version if r.version is not None else table.version,
-                },
-            )
-
-    return _backfill, list(keys.values())
+        r = done[name]
+        md = {
+            "job_id": r.job_id,
+            "rows_written": r.rows_written,
+            "rows_failed": r.rows_failed,
+            "rows_skipped": r.rows_skipped,
+            "udf_rows_computed": r.udf_rows_computed,
+            "batches_resumed": r.batches_resumed,
+            "table_version": r.version if r.version is not None else table.version,
+        }
+        if not parts:
+            yield dg.MaterializeResult(asset_key=key, metadata=md)
+        for part in parts:  # the backfill covered every partition of the run
+            context.log_event(dg.AssetMaterialization(asset_key=key, partition=part, metadata=md))

@@ -43,9 +43,10 @@ class TableInfo:
         return [c for c in self.columns if c["kind"] == "udf"]
 
     @property
-    def partitioned(self) -> bool:
-        """Views over a base table are partitioned by its fragments. Views over
-        views and views with a limit refresh as a whole."""
+    def scoped(self) -> bool:
+        """Whether a partition (source fragment) can be refreshed on its own:
+        views over a base table without a limit. Others refresh as a whole
+        whatever partitions a run names."""
         return self.is_view and self.limit is None and not self.over_view
 
     @property

@@ -11,18 +11,10 @@ import dagster as dg
 
 from ..catalog import Connection, connect
 from ..declare import load_declared
-from .assets import (
-    RESOURCE_KEY,
-    TAG_SCOPE,
-    TAG_SOURCE_VERSION,
-    partitions_def_name,
-    source_asset,
-    table_columns_asset,
-    view_asset,
-)
+from .assets import RESOURCE_KEY, TAG_SCOPE, TAG_SOURCE_VERSION, lineage_asset, partitions_def_name, source_asset
 from .catalog import TableInfo, catalog_tables
 from .resource import MvAssetsResource
-from .sensors import table_sensor, view_schedule
+from .sensors import lineage_order, table_sensor, view_schedule
 
 __all__ = [
     "build_definitions", "TableInfo", "catalog_tables", "TAG_SOURCE_VERSION", "TAG_SCOPE", "RESOURCE_KEY",
@@ -52,32 +44,26 @@ def build_definitions(
     tables = catalog_tables(conn, declared)
     resource = resource or MvAssetsResource(catalog_uri=conn.uri)
     status = dg.DefaultSensorStatus.RUNNING if sensors_running else dg.DefaultSensorStatus.STOPPED
-    views = [t for t in tables.values() if t.is_view and t.source in tables]
-    pdefs = {
-        s: dg.DynamicPartitionsDefinition(name=partitions_def_name(s))
-        for s in sorted({v.source for v in views if v.partitioned})
-    }
+    view_infos = [t for t in tables.values() if t.is_view and t.source in tables]
+    roots = sorted({v.root for v in view_infos} | {t.name for t in tables.values() if not t.is_view and t.columns})
+    pdefs = {r: dg.DynamicPartitionsDefinition(name=partitions_def_name(r)) for r in roots}
     assets: list[Any] = [source_asset(t) for t in tables.values() if not t.is_view]
     view_assets: dict[str, list[dg.AssetKey]] = {}
-    for v in views:
-        asset, keys = view_asset(v, tables, pdefs)
-        assets.append(asset)
-        view_assets[v.name] = keys
     column_keys: dict[str, list[dg.AssetKey]] = {}
-    for t in tables.values():
-        if not t.is_view and t.columns:
-            asset, keys = table_columns_asset(t)
-            assets.append(asset)
-            column_keys[t.name] = keys
+    for root in roots:
+        tree = lineage_order([v for v in view_infos if v.root == root], tables)
+        asset, keys, columns = lineage_asset(tables[root], tree, tables, pdefs[root])
+        assets.append(asset)
+        view_assets.update(keys)
+        column_keys[root] = columns
     sensors = [
-        table_sensor(t, tables, pdefs.get(t.name), view_assets, column_keys.get(t.name, []), sensor_interval_seconds, status)
-        for t in tables.values()
-        if not t.is_view and (t.name in column_keys or any(v.root == t.name for v in views))
+        table_sensor(tables[r], tables, pdefs[r], view_assets, column_keys[r], sensor_interval_seconds, status)
+        for r in roots
     ]
     schedule_status = dg.DefaultScheduleStatus.RUNNING if sensors_running else dg.DefaultScheduleStatus.STOPPED
     schedules = [
-        view_schedule(v, pdefs.get(v.source) if v.partitioned else None, view_assets[v.name], schedule_status)
-        for v in views
+        view_schedule(v, pdefs.get(v.root), view_assets[v.name], schedule_status)
+        for v in view_infos
         if v.policy.kind == "cron"
     ]
     return dg.Definitions(

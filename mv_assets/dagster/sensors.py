@@ -6,15 +6,13 @@ Per tick of ``<table>_changes``:
 
 * partitions: new source fragments are added, fragments that are gone (and
   keys that are not fragment ids, say typed in the launch dialog) retired;
-* computed columns of the table with rows lacking a current value: one
-  backfill run;
-* views over the table that their refresh policy says are due (a commit that
-  matters to them, or a ttl / staleness threshold): one run, partition range
-  over the changed fragments, refreshing each view incrementally to the
-  version the sensor saw;
-* views over views whose upstream is due (or that are due themselves): one
-  run, started at once; it brings the upstream along, so a derived view never
-  waits for another tick and never fails because of ordering.
+* one run (partition range over the changed fragments) for everything due:
+  computed columns of the table with rows lacking a current value (a
+  backfill), views their refresh policy says are due (a commit that matters
+  to them, or a ttl / staleness threshold; refreshed incrementally to the
+  version the sensor saw), and views over views whose upstream is due (they
+  run after it in the same run, so they never wait for another tick and
+  never fail because of ordering).
 
 Run keys carry the versions and load numbers they act on, so a tick that sees
 the same state again requests nothing new.
@@ -70,8 +68,6 @@ def table_sensor(
     status,
 ):
     tree = lineage_order([t for t in tables.values() if t.is_view and t.root == table.name and t.name in view_assets], tables)
-    direct = [v for v in tree if v.partitioned]
-    flat = [v for v in tree if not v.partitioned]
     selection = [k for v in tree for k in view_assets[v.name]] + list(column_keys)
     columns = [c["name"] for c in table.columns]
 
@@ -107,11 +103,10 @@ def table_sensor(
         moved = since != ch.version
         db = connect(os.path.dirname(table.uri), runner=InlineRunner())
         runs = []
+        stale: list[dg.AssetKey] = []
         if column_keys and moved:
             handle = db.open_table(table.name)
             stale = [k for k, c in zip(column_keys, columns) if handle.plan_backfill(c).rows > 0]
-            if stale:
-                runs.append(dg.RunRequest(run_key=f"{table.name}@{ch.version}:columns", asset_selection=stale))
         due: dict[str, str] = {}
         loads: dict[str, int] = {}
         for v in tree:
@@ -125,25 +120,17 @@ def table_sensor(
             if decision.refresh or upstream_due:
                 due[v.name] = decision.reason if decision.refresh else f"its upstream {v.source} is due"
                 context.log.info(f"{v.name}: refresh ({due[v.name]})")
-        tags = {TAG_SOURCE_VERSION: str(ch.version), TAG_SCOPE: "changes"}
-        direct_due = [v for v in direct if v.name in due]
-        if direct_due:
+        # One run for everything due downstream of the table: its partitions
+        # definition is shared, so the run carries the whole lineage in order.
+        wanted = list(stale) + [k for v in tree if v.name in due for k in view_assets[v.name]]
+        if wanted:
             todo = [str(f) for f in (ch.to_refresh or ch.fragments)]
-            extra = _range_tags(todo) if todo else {}
+            key = ",".join([c.path[-1] for c in stale] + [f"{v.name}#{loads[v.name]}" for v in tree if v.name in due])
             runs.append(
                 dg.RunRequest(
-                    run_key=f"{table.name}@{ch.version}:" + ",".join(f"{v.name}#{loads[v.name]}" for v in direct_due),
-                    asset_selection=[k for v in direct_due for k in view_assets[v.name]],
-                    tags={**tags, **extra},
-                )
-            )
-        flat_due = [v for v in flat if v.name in due]
-        if flat_due:
-            runs.append(
-                dg.RunRequest(
-                    run_key=f"{table.name}@{ch.version}:" + ",".join(f"{v.name}#{loads[v.name]}" for v in flat_due),
-                    asset_selection=[k for v in flat_due for k in view_assets[v.name]],
-                    tags={TAG_SCOPE: "changes"},
+                    run_key=f"{table.name}@{ch.version}:{key}",
+                    asset_selection=wanted,
+                    tags={TAG_SOURCE_VERSION: str(ch.version), TAG_SCOPE: "changes", **(_range_tags(todo) if todo else {})},
                 )
             )
         if not runs and not part_requests and not moved:
