@@ -110,6 +110,8 @@ def test_edit_the_udf_reload_and_materialize_only_that_column(catalog, tmp_path)
         assert new_version != old_version
         assert graph.get(K(["v", "other"])).code_version == other_version
         assert "Code changed for ['score']" in graph.get(K(["v"])).description
+        assert graph.get(K(["v", "score"])).tags.get("mv_assets/code") == "changed"
+        assert "mv_assets/code" not in graph.get(K(["v", "other"])).tags
         # "Materialize" on the column asset: all partitions, only that column
         job = defs.resolve_implicit_global_asset_job_def()
         result = job.execute_in_process(instance=instance, asset_selection=[K(["v", "score"])], tags=tags)

@@ -193,15 +193,22 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo]):
         )
     ]
     col_keys = {}
+    diff = info.code_changes
+    changed = set(diff.altered + diff.added) if diff is not None else set()
     for col in info.udf_columns:
         key = dg.AssetKey([info.name, col["name"]])
         col_keys[col["name"]] = key
+        description = _udf_description(info.name, col)
+        if col["name"] in changed:
+            description += " Its code changed since the view computed it: materialize it to recompute its rows."
         specs.append(
             dg.AssetSpec(
                 key,
                 deps=[view_key],
-                description=_udf_description(info.name, col),
+                description=description,
                 kinds={"python", "spark"},
+                # Dagster shows stale code per partition only: the tag marks it for the whole asset
+                tags={"mv_assets/code": "changed"} if col["name"] in changed else {},
                 code_version=col["udf"]["fingerprint"],
                 metadata={"udf": col["udf"]["name"], "data_type": col["udf"]["data_type"], **_code_references(col["udf"])},
                 group_name=group,
@@ -298,6 +305,18 @@ def _run_checks(context, info: TableInfo, view_key, names: set[str]):
                     k: dg.MetadataValue.json(v) if isinstance(v, (dict, list)) else v for k, v in outcome.metadata.items()
                 },
             )
+
+
+def _version_tags(code_version: str | None, data_version, inputs: dict | None = None) -> dict[str, str]:
+    """What Dagster records with the materializations it makes from outputs
+    (code version, data version, input data versions): logged ones need them
+    too, or the UI cannot tell a changed UDF. Input event pointers are left
+    NULL: freshness of data is the sensor's job, not the stale marker's."""
+    tags = {"dagster/data_version": str(data_version), "dagster/code_version": code_version or "none"}
+    for key, version in (inputs or {}).items():
+        tags[f"dagster/input_data_version/{key.to_user_string()}"] = str(version)
+        tags[f"dagster/input_event_pointer/{key.to_user_string()}"] = "NULL"
+    return tags
 
 
 def _run_partitions(context: dg.AssetExecutionContext) -> list[str]:
@@ -418,7 +437,13 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
         for name in columns:
             yield dg.MaterializeResult(asset_key=col_keys[name], metadata={**run_md, "udf_rows_computed": column_rows(name)})
         return
-    # One materialization per partition, with that partition's own numbers.
+    # One materialization per partition, with that partition's own numbers (and
+    # the code version Dagster compares to tell a changed UDF from a current one).
+    fingerprints = {c["name"]: c["udf"]["fingerprint"] for c in info.udf_columns}
+    source = db.open_table(info.source)
+    source_version = source.version if info.over_view else data_version(source.uri, reads=())
+    view_inputs = {dg.AssetKey([info.source]): source_version}
+    view_inputs.update({dg.AssetKey([info.source, c]): source.version for c in info.reads})
     per_fragment = (
         view_rows_by_fragment(view.uri, db.table_uri(info.source), run_md["source_version"], fragments)
         if info.scoped and len(fragments) <= PER_PARTITION_LIMIT and run_md["source_version"] is not None
@@ -429,12 +454,22 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
         if fid in per_fragment:
             part_md["dagster/row_count"] = per_fragment[fid]
         if view_key in selected:
-            context.log_event(dg.AssetMaterialization(asset_key=view_key, partition=key_str, metadata=part_md))
+            context.log_event(
+                dg.AssetMaterialization(
+                    asset_key=view_key, partition=key_str, metadata=part_md,
+                    tags=_version_tags(None, view.version, view_inputs),
+                )
+            )
         for name in columns:
             md = {**run_md, "udf_rows_computed": column_rows(name, fid), "source_fragment": fid}
             if backfilled:
                 md["run_udf_rows_recomputed"] = backfilled.get(name, 0)
-            context.log_event(dg.AssetMaterialization(asset_key=col_keys[name], partition=key_str, metadata=md))
+            context.log_event(
+                dg.AssetMaterialization(
+                    asset_key=col_keys[name], partition=key_str, metadata=md,
+                    tags=_version_tags(fingerprints[name], view.version, {view_key: view.version}),
+                )
+            )
 
 
 def _column_description(table: str, col: dict) -> str:
@@ -452,6 +487,7 @@ def _backfill_columns(context, info: TableInfo, keys: dict[str, dg.AssetKey]):
     table = resource.connection().open_table(info.name)
     done: dict[str, Any] = {}
     parts = _run_partitions(context)
+    fingerprints = {c["name"]: (c.get("udf") or {}).get("fingerprint") for c in info.columns}
     for name, key in keys.items():
         if key not in context.selected_asset_keys:
             continue
@@ -477,4 +513,12 @@ def _backfill_columns(context, info: TableInfo, keys: dict[str, dg.AssetKey]):
         if not parts:
             yield dg.MaterializeResult(asset_key=key, metadata=md)
         for part in parts:  # the backfill covered every partition of the run
-            context.log_event(dg.AssetMaterialization(asset_key=key, partition=part, metadata=md))
+            context.log_event(
+                dg.AssetMaterialization(
+                    asset_key=key, partition=part, metadata=md,
+                    tags=_version_tags(
+                        fingerprints.get(name), md["table_version"],
+                        {dg.AssetKey([info.name]): data_version(table.uri, reads=())},
+                    ),
+                )
+            )
