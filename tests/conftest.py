@@ -45,3 +45,12 @@ def call_log(tmp_path):
     d = tmp_path / "calls"
     d.mkdir()
     return str(d)
+
+
+@pytest.hookimpl(hookwrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item, call):
+    """Expose each phase's report to fixtures (``request.node.rep_call``), so
+    the browser test keeps its screenshots when it fails."""
+    outcome = yield
+    report = outcome.get_result()
+    setattr(item, f"rep_{report.when}", report)
