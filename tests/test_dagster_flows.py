@@ -3,6 +3,7 @@ what a click on Materialize, a checks tab or a launch dialog runs."""
 
 import dagster as dg
 import lance
+import pytest
 
 import mv_assets as mv
 from mv_assets.dagster import MvAssetsResource, build_definitions
@@ -144,3 +145,29 @@ def test_backfill_of_an_unread_column_leaves_the_source_data_version_and_views_a
         assert later.run_requests == []
         assert later.asset_events[0].tags["dagster/data_version"] == data_version
         assert db.open_table("doc_features").status().versions_behind == 0
+
+
+def test_demo_never_reuses_what_it_did_not_create(tmp_path):
+    import socket
+
+    from mv_assets import connect_server
+    from mv_assets.dagster.devserver import IMMEDIATE_RUNS_YAML, main, prepare_home
+
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "dagster.yaml").write_text("storage:\n  postgres: {}\n")  # somebody's configuration
+    with pytest.raises(RuntimeError, match="was not written by mv_assets"):
+        prepare_home(str(home))
+    assert (home / "dagster.yaml").read_text() == "storage:\n  postgres: {}\n"  # untouched
+    assert main(["prepare", str(home), "3999"]) == 1
+    ours = tmp_path / "ours"
+    prepare_home(str(ours))
+    prepare_home(str(ours))  # its own file: rewritten
+    assert (ours / "dagster.yaml").read_text() == IMMEDIATE_RUNS_YAML
+    with socket.socket() as busy:  # a port somebody else listens on
+        busy.bind(("127.0.0.1", 0))
+        busy.listen()
+        port = busy.getsockname()[1]
+        assert main(["prepare", str(ours), str(port)]) == 1
+        with pytest.raises(RuntimeError, match="did not start"):
+            connect_server.start(port=port, state_dir=str(tmp_path / "spark"))

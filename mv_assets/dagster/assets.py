@@ -276,11 +276,11 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
     def _refresh(context: dg.AssetExecutionContext):
         selected = context.selected_asset_keys
         if any(k in selected for k in column_keys.values()):
-            yield from _backfill_columns(context, table, column_keys)
+            _backfill_columns(context, table, column_keys)
         for info in tree:
             view_key, col_keys = views[info.name]
             if any(k in selected for k in (view_key, *col_keys.values())):
-                yield from _materialize(context, info, view_key, col_keys, pdef is not None)
+                _materialize(context, info, view_key, col_keys, pdef is not None)
         wanted = {(k.asset_key, k.name) for k in context.selected_asset_check_keys}
         for info in tree:
             view_key = views[info.name][0]
@@ -317,6 +317,13 @@ def _version_tags(code_version: str | None, data_version, inputs: dict | None = 
         tags[f"dagster/input_data_version/{key.to_user_string()}"] = str(version)
         tags[f"dagster/input_event_pointer/{key.to_user_string()}"] = "NULL"
     return tags
+
+
+def _record(context, key: dg.AssetKey, partition: str | None, metadata: dict, tags: dict) -> None:
+    """Record one materialization (of one partition, or of a run without
+    partitions): the op's assets are skippable, so these events are what the
+    UI shows, each with its own numbers."""
+    context.log_event(dg.AssetMaterialization(asset_key=key, partition=partition, metadata=metadata, tags=tags))
 
 
 def _run_partitions(context: dg.AssetExecutionContext) -> list[str]:
@@ -425,6 +432,11 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
             computed = 0
         return computed + (backfilled.get(name, 0) if fid is None else 0)
 
+    fingerprints = {c["name"]: c["udf"]["fingerprint"] for c in info.udf_columns}
+    source = db.open_table(info.source)
+    source_version = source.version if info.over_view else data_version(source.uri, reads=())
+    view_inputs = {dg.AssetKey([info.source]): source_version}
+    view_inputs.update({dg.AssetKey([info.source, c]): source.version for c in info.reads})
     if not partitioned or not keys:
         if view_key in selected:
             md = {
@@ -433,17 +445,13 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
                 "dagster/row_count": view.count_rows(),
                 **_status_metadata(view),
             }
-            yield dg.MaterializeResult(asset_key=view_key, data_version=dg.DataVersion(str(view.version)), metadata=md)
+            _record(context, view_key, None, md, _version_tags(None, view.version, view_inputs))
         for name in columns:
-            yield dg.MaterializeResult(asset_key=col_keys[name], metadata={**run_md, "udf_rows_computed": column_rows(name)})
+            md = {**run_md, "udf_rows_computed": column_rows(name)}
+            _record(context, col_keys[name], None, md, _version_tags(fingerprints[name], view.version, {view_key: view.version}))
         return
     # One materialization per partition, with that partition's own numbers (and
     # the code version Dagster compares to tell a changed UDF from a current one).
-    fingerprints = {c["name"]: c["udf"]["fingerprint"] for c in info.udf_columns}
-    source = db.open_table(info.source)
-    source_version = source.version if info.over_view else data_version(source.uri, reads=())
-    view_inputs = {dg.AssetKey([info.source]): source_version}
-    view_inputs.update({dg.AssetKey([info.source, c]): source.version for c in info.reads})
     per_fragment = (
         view_rows_by_fragment(view.uri, db.table_uri(info.source), run_md["source_version"], fragments)
         if info.scoped and len(fragments) <= PER_PARTITION_LIMIT and run_md["source_version"] is not None
@@ -454,22 +462,12 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
         if fid in per_fragment:
             part_md["dagster/row_count"] = per_fragment[fid]
         if view_key in selected:
-            context.log_event(
-                dg.AssetMaterialization(
-                    asset_key=view_key, partition=key_str, metadata=part_md,
-                    tags=_version_tags(None, view.version, view_inputs),
-                )
-            )
+            _record(context, view_key, key_str, part_md, _version_tags(None, view.version, view_inputs))
         for name in columns:
             md = {**run_md, "udf_rows_computed": column_rows(name, fid), "source_fragment": fid}
             if backfilled:
                 md["run_udf_rows_recomputed"] = backfilled.get(name, 0)
-            context.log_event(
-                dg.AssetMaterialization(
-                    asset_key=col_keys[name], partition=key_str, metadata=md,
-                    tags=_version_tags(fingerprints[name], view.version, {view_key: view.version}),
-                )
-            )
+            _record(context, col_keys[name], key_str, md, _version_tags(fingerprints[name], view.version, {view_key: view.version}))
 
 
 def _column_description(table: str, col: dict) -> str:
@@ -510,15 +508,6 @@ def _backfill_columns(context, info: TableInfo, keys: dict[str, dg.AssetKey]):
             "batches_resumed": r.batches_resumed,
             "table_version": r.version if r.version is not None else table.version,
         }
-        if not parts:
-            yield dg.MaterializeResult(asset_key=key, metadata=md)
-        for part in parts:  # the backfill covered every partition of the run
-            context.log_event(
-                dg.AssetMaterialization(
-                    asset_key=key, partition=part, metadata=md,
-                    tags=_version_tags(
-                        fingerprints.get(name), md["table_version"],
-                        {dg.AssetKey([info.name]): data_version(table.uri, reads=())},
-                    ),
-                )
-            )
+        tags = _version_tags(fingerprints.get(name), md["table_version"], {dg.AssetKey([info.name]): data_version(table.uri, reads=())})
+        for part in parts or [None]:  # the backfill covered every partition of the run
+            _record(context, key, part, md, tags)

@@ -126,13 +126,22 @@ def table_sensor(
         if wanted:
             todo = [str(f) for f in (ch.to_refresh or ch.fragments)]
             key = ",".join([c.path[-1] for c in stale] + [f"{v.name}#{loads[v.name]}" for v in tree if v.name in due])
-            runs.append(
-                dg.RunRequest(
-                    run_key=f"{table.name}@{ch.version}:{key}",
-                    asset_selection=wanted,
-                    tags={TAG_SOURCE_VERSION: str(ch.version), TAG_SCOPE: "changes", **(_range_tags(todo) if todo else {})},
+            tags = {TAG_SOURCE_VERSION: str(ch.version), TAG_SCOPE: "changes"}
+            if todo:
+                runs.append(
+                    dg.RunRequest(
+                        run_key=f"{table.name}@{ch.version}:{key}", asset_selection=wanted,
+                        tags={**tags, **_range_tags(todo)},
+                    )
                 )
-            )
+            else:  # the table has no fragment left: a run without partitions (Dagster cannot
+                # check a partitioned asset in such a run, so it runs no checks)
+                runs.append(
+                    dg.RunRequest(
+                        run_key=f"{table.name}@{ch.version}:{key}", asset_selection=wanted, tags=tags,
+                        asset_check_keys=[],
+                    )
+                )
         if not runs and not part_requests and not moved:
             return dg.SkipReason(f"{table.name} is still at version {ch.version} and no view is due")
         events = [source_observation(table, ch.version)] if moved else []
