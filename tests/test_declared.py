@@ -101,6 +101,10 @@ def test_edit_the_udf_reload_and_materialize_only_that_column(catalog, tmp_path)
         job = defs.resolve_implicit_global_asset_job_def()
         assert job.execute_in_process(instance=instance, asset_selection=[K(["v"]), K(["v", "score"]), K(["v", "other"])], tags=tags).success
         assert (count_calls(calls, "score"), count_calls(calls, "other")) == (10, 10)
+        first = defs.get_repository_def().get_sensor_def("src_changes").evaluate_tick(
+            dg.build_sensor_context(instance=instance, definitions=defs))
+        assert {e.passed for e in first.asset_events if isinstance(e, dg.AssetCheckEvaluation)} == {True}
+        cursor = first.cursor
         assert sorted(r["score"] for r in db.open_table("v").to_arrow().to_pylist()) == [10 * i for i in range(10)]
         # the user edits the UDF and clicks "Reload definitions"
         _write(module, calls, body="x * 10 + 7")
@@ -112,10 +116,23 @@ def test_edit_the_udf_reload_and_materialize_only_that_column(catalog, tmp_path)
         assert "Code changed for ['score']" in graph.get(K(["v"])).description
         assert graph.get(K(["v", "score"])).tags.get("mv_assets/code") == "changed"
         assert "mv_assets/code" not in graph.get(K(["v", "other"])).tags
+        # the sensor marks the column itself: a failed udf_code_current check (once)
+        sensor = defs.get_repository_def().get_sensor_def("src_changes")
+        tick = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
+        verdicts = {(e.asset_key, e.passed) for e in tick.asset_events if isinstance(e, dg.AssetCheckEvaluation)}
+        assert verdicts == {(K(["v", "score"]), False)}
+        cursor = tick.cursor
+        again = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
+        assert not [e for e in again.asset_events if isinstance(e, dg.AssetCheckEvaluation)]
         # "Materialize" on the column asset: all partitions, only that column
         job = defs.resolve_implicit_global_asset_job_def()
         result = job.execute_in_process(instance=instance, asset_selection=[K(["v", "score"])], tags=tags)
         assert result.success
+        assert [(e.asset_key, e.check_name, e.passed) for e in result.get_asset_check_evaluations()] == [
+            (K(["v", "score"]), "udf_code_current", True)]
+        tick = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
+        assert {(e.asset_key, e.passed) for e in tick.asset_events if isinstance(e, dg.AssetCheckEvaluation)} == {
+            (K(["v", "score"]), True)}
         assert (count_calls(calls, "score"), count_calls(calls, "other")) == (20, 10)  # other untouched
         view = db.open_table("v")
         assert sorted(r["score"] for r in view.to_arrow().to_pylist()) == [10 * i + 7 for i in range(10)]

@@ -164,6 +164,20 @@ def _code_version(base, path):
         "assetNodes"][0]["opVersion"]
 
 
+def _code_check(base, path):
+    """Status of the newest udf_code_current evaluation of a column (None: never)."""
+    runs = _gql(
+        base,
+        "query($k: AssetKeyInput!) { assetCheckExecutions(assetKey: $k, checkName: \"udf_code_current\", limit: 1) "
+        "{ status evaluation { success } } }",
+        k={"path": path},
+    )["assetCheckExecutions"]
+    if not runs:
+        return None
+    evaluation = runs[0]["evaluation"]
+    return None if evaluation is None else ("SUCCEEDED" if evaluation["success"] else "FAILED")
+
+
 def _current(db, names):
     src = db.open_table("documents")
     return all(db.open_table(n).status().versions_behind == 0 for n in names) and src.plan_backfill("checksum").rows == 0
@@ -248,6 +262,13 @@ def test_ui_flows_in_chromium(tmp_path, artifacts):
             ui.shot("words-code-changed")
             status, causes = _stale_causes(base, ["doc_features", "words"], "0")
             assert status == "STALE" and causes == ["has a new code version"]
+            # the sensor marks the asset itself with a failed udf_code_current check
+            _wait(lambda: _code_check(base, ["doc_features", "words"]) == "FAILED", 60, "the code check to fail")
+            assert _code_check(base, ["doc_features", "first"]) == "SUCCEEDED"
+            ui.goto("/asset-groups?asset-selection=group:doc_features")
+            ui.page.wait_for_timeout(2000)
+            ui.shot("lineage-code-changed")
+            ui.goto("/assets/doc_features/words")
             # ... and clicks "Materialize" on that column: only it is recomputed, with the new code stored.
             ui.page.get_by_role("button", name="Materialize", exact=False).first.click()
             ui.launch_all_partitions()
@@ -257,6 +278,7 @@ def test_ui_flows_in_chromium(tmp_path, artifacts):
             assert count_calls(str(calls), "word_count") - words_calls == rows
             assert count_calls(str(calls), "first_word") == first_calls  # the other UDF column: untouched
             assert _stale_causes(base, ["doc_features", "words"], "0") == ("FRESH", [])
+            _wait(lambda: _code_check(base, ["doc_features", "words"]) == "SUCCEEDED", 60, "the code check to pass")
             ui.goto("/assets/doc_features/words")
             ui.shot("words-recomputed")
 

@@ -26,6 +26,7 @@ import lance
 
 from ..changes import data_version
 from ..declare import apply as apply_declared
+from ..declare import reconcile
 from ..checks import check_view
 from ..policy import RefreshPolicy
 from ..refresh import view_rows_by_fragment
@@ -34,7 +35,7 @@ from .catalog import TableInfo
 from .resource import MvAssetsResource
 
 __all__ = [
-    "RESOURCE_KEY", "TAG_SOURCE_VERSION", "TAG_SCOPE", "CHECK_NAMES", "safe_name", "partitions_def_name",
+    "RESOURCE_KEY", "TAG_SOURCE_VERSION", "TAG_SCOPE", "CHECK_NAMES", "CODE_CHECK", "code_check_evaluations", "safe_name", "partitions_def_name",
     "source_asset", "lineage_asset", "fragment_keys",
 ]
 
@@ -42,6 +43,7 @@ RESOURCE_KEY = "mv_assets"
 TAG_SOURCE_VERSION = "mv_assets/source_version"
 TAG_SCOPE = "mv_assets/scope"
 CHECK_NAMES = ("matches_source_query", "no_orphan_rows", "udf_values_present")
+CODE_CHECK = "udf_code_current"  # on UDF columns of views declared in code
 # Per-partition metadata is computed for runs of at most this many partitions.
 PER_PARTITION_LIMIT = 2000
 
@@ -216,7 +218,35 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo]):
             )
         )
     check_specs = [dg.AssetCheckSpec(name, asset=view_key) for name in CHECK_NAMES]
+    if info.declared is not None:
+        # Dagster shows no asset-level staleness for partitioned assets: this check
+        # marks a column whose code changed on the asset itself, in the catalog and
+        # the lineage graph (evaluated by the sensor and by the column's materialization)
+        check_specs += [
+            dg.AssetCheckSpec(
+                CODE_CHECK, asset=key, description="The column's values were computed by the UDF code declared now."
+            )
+            for key in col_keys.values()
+        ]
     return specs, check_specs, view_key, col_keys
+
+
+def code_check_evaluations(info: TableInfo, db) -> dict[dg.AssetKey, tuple[bool, str]]:
+    """For each UDF column of a view declared in code: whether the catalog holds
+    its current code (and a sentence saying so)."""
+    if info.declared is None:
+        return {}
+    diff = reconcile(db, info.name, info.declared)
+    out = {}
+    for col in info.udf_columns:
+        key = dg.AssetKey([info.name, col["name"]])
+        if diff.create:
+            out[key] = (False, "the view is declared in code and not created yet: materialize it")
+        elif col["name"] in diff.altered + diff.added:
+            out[key] = (False, f"the UDF code changed (now {col['udf']['fingerprint']}): materialize the column")
+        else:
+            out[key] = (True, f"computed by the current code ({col['udf']['fingerprint']})")
+    return out
 
 
 def _column_specs(info: TableInfo):
@@ -283,9 +313,15 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
                 _materialize(context, info, view_key, col_keys, pdef is not None)
         wanted = {(k.asset_key, k.name) for k in context.selected_asset_check_keys}
         for info in tree:
-            view_key = views[info.name][0]
+            view_key, col_keys = views[info.name]
             if any(key == view_key for key, _ in wanted):
                 yield from _run_checks(context, info, view_key, {n for key, n in wanted if key == view_key})
+            code_keys = {k for k in col_keys.values() if (k, CODE_CHECK) in wanted}
+            if code_keys:
+                db = getattr(context.resources, RESOURCE_KEY).connection()
+                for key, (passed, text) in code_check_evaluations(info, db).items():
+                    if key in code_keys:
+                        yield dg.AssetCheckResult(asset_key=key, check_name=CODE_CHECK, passed=passed, description=text)
 
     keys = {name: [vk, *cols.values()] for name, (vk, cols) in views.items()}
     return _refresh, keys, list(column_keys.values())

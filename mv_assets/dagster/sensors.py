@@ -27,7 +27,15 @@ from ..catalog import connect
 from ..changes import fragment_changes
 from ..spark import InlineRunner
 from ..status import refresh_decision
-from .assets import TAG_SCOPE, TAG_SOURCE_VERSION, fragment_keys, safe_name, source_observation
+from .assets import (
+    CODE_CHECK,
+    TAG_SCOPE,
+    TAG_SOURCE_VERSION,
+    code_check_evaluations,
+    fragment_keys,
+    safe_name,
+    source_observation,
+)
 from .catalog import TableInfo
 
 __all__ = ["table_sensor", "view_schedule", "lineage_order"]
@@ -50,12 +58,15 @@ def _range_tags(keys: list[str]) -> dict:
     return {"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]}
 
 
-def _parse_cursor(raw: str | None) -> int | None:
+def _parse_cursor(raw: str | None) -> tuple[int | None, dict]:
+    """The cursor: the table version last seen, and the last reported state of
+    each code check."""
     if not raw:
-        return None
+        return None, {}
     if raw.isdigit():  # cursors of earlier releases: the bare version
-        return int(raw)
-    return json.loads(raw).get("version")
+        return int(raw), {}
+    d = json.loads(raw)
+    return d.get("version"), d.get("code", {})
 
 
 def table_sensor(
@@ -84,7 +95,7 @@ def table_sensor(
         ),
     )
     def _sensor(context: dg.SensorEvaluationContext):
-        since = _parse_cursor(context.cursor)
+        since, reported = _parse_cursor(context.cursor)
         part_requests = []
         known: list[int] = []
         if pdef is not None:
@@ -142,14 +153,21 @@ def table_sensor(
                         asset_check_keys=[],
                     )
                 )
-        if not runs and not part_requests and not moved:
+        # Columns of views declared in code: a failed check marks the ones whose code changed
+        checks, code_state = [], {}
+        for v in tree:
+            for key, (passed, text) in code_check_evaluations(v, db).items():
+                code_state[key.to_user_string()] = text
+                if reported.get(key.to_user_string()) != text:
+                    checks.append(dg.AssetCheckEvaluation(asset_key=key, check_name=CODE_CHECK, passed=passed, description=text))
+        if not runs and not part_requests and not moved and not checks:
             return dg.SkipReason(f"{table.name} is still at version {ch.version} and no view is due")
         events = [source_observation(table, ch.version)] if moved else []
         return dg.SensorResult(
             run_requests=runs,
             dynamic_partitions_requests=part_requests,
-            cursor=json.dumps({"version": ch.version}),
-            asset_events=events,
+            cursor=json.dumps({"version": ch.version, "code": code_state}),
+            asset_events=events + checks,
         )
 
     return _sensor
