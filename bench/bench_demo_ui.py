@@ -22,10 +22,8 @@ import time
 
 os.environ.setdefault("LANCE_LOG", "error")
 
-import requests  # noqa: E402
-
 from mv_assets import connect_server  # noqa: E402
-from mv_assets.dagster.devserver import dagster_dev, free_port  # noqa: E402
+from mv_assets.dagster.devserver import dagster_dev, free_port, graphql, wait_until  # noqa: E402
 from mv_assets.demo import _documents, seed  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -33,35 +31,16 @@ ASSETS = [["documents", "checksum"], ["doc_features"], ["doc_features", "words"]
           ["doc_features", "summary"], ["long_docs"]]
 
 
-def gql(base: str, query: str, **variables) -> dict:
-    r = requests.post(f"{base}/graphql", json={"query": query, "variables": variables}, timeout=60)
-    r.raise_for_status()
-    body = r.json()
-    if "errors" in body:
-        raise RuntimeError(body["errors"])
-    return body["data"]
-
-
 def latest(base: str, path: list[str]) -> float:
-    data = gql(base, "query($k: AssetKeyInput!) { assetOrError(assetKey: $k) { ... on Asset { "
+    data = graphql(base, "query($k: AssetKeyInput!) { assetOrError(assetKey: $k) { ... on Asset { "
                      "assetMaterializations(limit: 1) { timestamp } } } }", k={"path": path})["assetOrError"]
     mats = data.get("assetMaterializations") or []
     return float(mats[0]["timestamp"]) / 1000.0 if mats else 0.0
 
 
 def failed_runs(base: str) -> int:
-    runs = gql(base, "{ runsOrError { ... on Runs { results { status } } } }")["runsOrError"]["results"]
+    runs = graphql(base, "{ runsOrError { ... on Runs { results { status } } } }")["runsOrError"]["results"]
     return sum(r["status"] == "FAILURE" for r in runs)
-
-
-def wait(predicate, timeout: float, what: str, interval: float = 0.2):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise RuntimeError(f"timed out after {timeout}s waiting for {what}")
 
 
 def main() -> int:
@@ -85,11 +64,11 @@ def main() -> int:
         with dagster_dev(os.path.join(ROOT, "workspace.yaml"), os.path.join(root, "home"), env,
                          os.path.join(root, "dagster_dev.log"), immediate_runs=True) as base:
             up = time.time()
-            wait(lambda: all(latest(base, p) > 0 for p in ASSETS), 300, "the first materializations")
+            wait_until(lambda: all(latest(base, p) > 0 for p in ASSETS), 300, "the first materializations")
             out["1. start -> all materialized (s)"] = time.time() - t_start
             out["   of which dagster dev start (s)"] = up - t_start
             out["   failed runs"] = failed_runs(base)
-            repo = gql(base, "{ repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }")[
+            repo = graphql(base, "{ repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }")[
                 "repositoriesOrError"]["nodes"][0]
             selector = {"repositoryName": repo["name"], "repositoryLocationName": repo["location"]["name"]}
 
@@ -101,10 +80,10 @@ def main() -> int:
                 start = int(docs.to_arrow().column("doc_id").to_numpy().max()) + 1
                 docs.add(_documents(start, 50))
                 t0, target = time.time(), docs.version
-                wait(lambda: feats.refresh_state().source_version == target and longs.status().versions_behind == 0,
+                wait_until(lambda: feats.refresh_state().source_version == target and longs.status().versions_behind == 0,
                      120, "the sensor-driven refresh")
                 done = time.time()
-                ticks = gql(base, "query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { ... on Sensor { "
+                ticks = graphql(base, "query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { ... on Sensor { "
                                   "sensorState { ticks(limit: 10) { timestamp runIds } } } } }",
                             s={**selector, "sensorName": "documents_changes"})["sensorOrError"]["sensorState"]["ticks"]
                 tick = min(float(t["timestamp"]) for t in ticks if t["runIds"] and float(t["timestamp"]) >= t0)
@@ -117,7 +96,7 @@ def main() -> int:
             frag = str(feats.connection.open_table("documents")._dataset().get_fragments()[0].fragment_id)
             before = latest(base, ["doc_features"])
             t0 = time.time()
-            launched = gql(
+            launched = graphql(
                 base,
                 """mutation($p: ExecutionParams!) { launchRun(executionParams: $p) { __typename
                    ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }""",
@@ -129,13 +108,13 @@ def main() -> int:
             run_id = launched["run"]["runId"]
 
             def run_done():
-                status = gql(base, "query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }", id=run_id)[
+                status = graphql(base, "query($id: ID!) { runOrError(runId: $id) { ... on Run { status } } }", id=run_id)[
                     "runOrError"]["status"]
                 if status in ("FAILURE", "CANCELED"):
                     raise RuntimeError(f"run {run_id} {status}")
                 return status == "SUCCESS"
 
-            wait(run_done, 120, "the one-partition run")
+            wait_until(run_done, 120, "the one-partition run")
             out["3. Materialize one partition, nothing to do (s)"] = time.time() - t0
             assert latest(base, ["doc_features"]) > before
 
@@ -143,7 +122,7 @@ def main() -> int:
             partitions = [str(f.fragment_id) for f in db.open_table("documents")._dataset().get_fragments()]
             before = {tuple(p): latest(base, p) for p in ASSETS}
             t0 = time.time()
-            launched = gql(
+            launched = graphql(
                 base,
                 """mutation($b: LaunchBackfillParams!) { launchPartitionBackfill(backfillParams: $b) { __typename
                    ... on LaunchBackfillSuccess { backfillId } ... on PythonError { message } } }""",
@@ -151,16 +130,16 @@ def main() -> int:
             )["launchPartitionBackfill"]
             if launched["__typename"] != "LaunchBackfillSuccess":
                 raise RuntimeError(launched)
-            wait(lambda: all(latest(base, list(p)) > t for p, t in before.items()), 180, "Materialize all")
+            wait_until(lambda: all(latest(base, list(p)) > t for p, t in before.items()), 180, "Materialize all")
             out["4. Materialize all -> every asset materialized (s)"] = time.time() - t0
 
             def backfill_done():
-                status = gql(base, "query($id: String!) { partitionBackfillOrError(backfillId: $id) { "
+                status = graphql(base, "query($id: String!) { partitionBackfillOrError(backfillId: $id) { "
                                    "... on PartitionBackfill { status } } }", id=launched["backfillId"])[
                     "partitionBackfillOrError"]["status"]
                 return status in ("COMPLETED", "COMPLETED_SUCCESS")
 
-            wait(backfill_done, 180, "the backfill status")
+            wait_until(backfill_done, 180, "the backfill status")
             out["   -> the backfill marked completed (s)"] = time.time() - t0
             out["   failed runs at the end"] = failed_runs(base)
     finally:

@@ -30,7 +30,7 @@ import pyarrow as pa
 from lance import LanceOperation, Transaction
 from lance.fragment import FragmentMetadata
 
-from .changes import BACKFILL_KEY, STATE_KEY, backfill_commits
+from .changes import STATE_KEY, backfill_commits
 from .errors import ConcurrentRefreshError
 from .planning import ChangeSet, KeyPlan, isin, plan_keys, positions, split_ranges
 from .planning import column_ids as _ids

@@ -11,36 +11,18 @@ import pytest
 import mv_assets as mv
 from mv_assets.dagster import MvAssetsResource, TAG_SCOPE, TAG_SOURCE_VERSION, build_definitions
 from mv_assets.dagster.definitions import partitions_def_name
+from dagster_helpers import apply_partition_requests, double, small_catalog
 from oracle import actual_view, count_calls, expected_view, record_call
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-@mv.udf
-def double(x: int) -> int:
-    return 2 * x
-
-
-def _catalog(path):
-    db = mv.connect(str(path), runner=mv.InlineRunner())
-    src = db.create_table("src", [{"id": i, "x": i} for i in range(6)], primary_key="id")
-    src.add([{"id": i, "x": i} for i in range(6, 10)])
-    view = db.create_materialized_view("v", src.search(None).where("x != 3").select({"id": "id", "x": "x", "y": double}))
-    db.create_materialized_view("w", view.search(None).where("y > 4").select({"id": "id", "y": "y"}))
-    return db
+_catalog = small_catalog
+_apply = apply_partition_requests
 
 
 def _sensor(defs, name):
     return defs.get_repository_def().get_sensor_def(name)
-
-
-def _apply(instance, result):
-    for req in result.dynamic_partitions_requests or []:
-        if isinstance(req, dg.AddDynamicPartitionsRequest):
-            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
-        else:
-            for key in req.partition_keys:
-                instance.delete_dynamic_partition(req.partitions_def_name, key)
 
 
 def test_definitions_load_without_a_jvm(tmp_path):
@@ -87,7 +69,8 @@ def test_asset_graph_and_lineage(tmp_path):
     assert meta["dagster/table_name"] == "v" and meta["dagster/uri"].endswith("v.lance")
     assert [c.name for c in meta["dagster/column_schema"].columns] == ["id", "x", "y"]
     refs = graph.get(K(["v", "y"])).metadata["dagster/code_references"].code_references
-    assert refs[0].file_path == os.path.abspath(__file__) and refs[0].line_number == double.func.__code__.co_firstlineno
+    assert refs[0].file_path == os.path.abspath(double.func.__code__.co_filename)
+    assert refs[0].line_number == double.func.__code__.co_firstlineno
 
 
 def _runs(result, key):

@@ -9,23 +9,13 @@ import mv_assets as mv
 from mv_assets.dagster import MvAssetsResource, build_definitions
 from mv_assets.dagster.definitions import partitions_def_name
 from mv_assets.demo import seed
+from dagster_helpers import small_catalog
 from oracle import actual_view, expected_view
 
 K = dg.AssetKey
 
 
-@mv.udf
-def double(x: int) -> int:
-    return 2 * x
-
-
-def _catalog(path):
-    db = mv.connect(str(path), runner=mv.InlineRunner())
-    src = db.create_table("src", [{"id": i, "x": i} for i in range(6)], primary_key="id")
-    src.add([{"id": i, "x": i} for i in range(6, 10)])
-    view = db.create_materialized_view("v", src.search(None).where("x != 3").select({"id": "id", "x": "x", "y": double}))
-    db.create_materialized_view("w", view.search(None).where("y > 4").select({"id": "id", "y": "y"}))
-    return db
+_catalog = small_catalog
 
 
 def _defs(db):
@@ -171,3 +161,27 @@ def test_demo_never_reuses_what_it_did_not_create(tmp_path):
         assert main(["prepare", str(ours), str(port)]) == 1
         with pytest.raises(RuntimeError, match="did not start"):
             connect_server.start(port=port, state_dir=str(tmp_path / "spark"))
+
+
+def test_sensor_requests_nothing_while_a_run_of_the_lineage_is_in_flight(tmp_path):
+    """One run of a lineage at a time: a tick during a run (say it is waiting for
+    Spark) asks for nothing, and the first tick after it sees what is left."""
+    from dagster._core.storage.dagster_run import DagsterRun
+
+    db = _catalog(tmp_path / "cat")
+    defs = _defs(db)
+    sensor = defs.get_repository_def().get_sensor_def("src_changes")
+    with dg.instance_for_test() as instance:
+        first = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs))
+        (run,) = first.run_requests
+        assert run.tags["mv_assets/lineage"] == "src"
+        in_flight = instance.add_run(
+            DagsterRun(job_name="__ASSET_JOB", run_id="a" * 36, tags=run.tags, status=dg.DagsterRunStatus.STARTED)
+        )
+        db.open_table("src").add([{"id": 99, "x": 99}])
+        during = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs))
+        assert not during.run_requests
+        instance.report_run_failed(in_flight)
+        after = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=during.cursor or first.cursor,
+                                                             definitions=defs))
+        assert len(after.run_requests) == 1

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import mv_assets as mv
 from mv_assets.dagster import MvAssetsResource, build_definitions
 from mv_assets.dagster.definitions import partitions_def_name
+from dagster_helpers import apply_partition_requests
 from oracle import actual_view, expected_view
 
 
@@ -67,12 +68,7 @@ def test_sensor_runs_and_ui_partition_runs_match_the_oracle(ops, tmp_path_factor
         def tick():
             nonlocal cursor
             result = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
-            for req in result.dynamic_partitions_requests or []:
-                if isinstance(req, dg.AddDynamicPartitionsRequest):
-                    instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
-                else:
-                    for key in req.partition_keys:
-                        instance.delete_dynamic_partition(req.partitions_def_name, key)
+            apply_partition_requests(instance, result)
             cursor = result.cursor or cursor
             for run in result.run_requests:  # what the daemon launches
                 selection = dg.AssetSelection.assets(*run.asset_selection)

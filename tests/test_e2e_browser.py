@@ -15,14 +15,12 @@ test-artifacts/) when a step fails.
 import os
 import shutil
 import textwrap
-import time
 
 import pyarrow as pa
 import pytest
-import requests
 
 import mv_assets as mv
-from mv_assets.dagster.devserver import dagster_dev
+from mv_assets.dagster.devserver import dagster_dev, graphql, wait_until
 from mv_assets.declare import apply, load_declared
 from mv_assets.demo import _documents, checksum
 from oracle import count_calls
@@ -116,30 +114,13 @@ class UI:
         dialog.wait_for(state="detached", timeout=30_000)
 
 
-def _wait(predicate, timeout, what, interval=0.5):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
-
-
-def _gql(base, query, **variables):
-    r = requests.post(f"{base}/graphql", json={"query": query, "variables": variables}, timeout=30)
-    r.raise_for_status()
-    body = r.json()
-    assert "errors" not in body, body
-    return body["data"]
-
 
 def _runs(base):
-    return _gql(base, "{ runsOrError { ... on Runs { results { runId status } } } }")["runsOrError"]["results"]
+    return graphql(base, "{ runsOrError { ... on Runs { results { runId status } } } }")["runsOrError"]["results"]
 
 
 def _latest_materialization(base, path):
-    data = _gql(
+    data = graphql(
         base,
         "query($k: AssetKeyInput!) { assetOrError(assetKey: $k) { ... on Asset { assetMaterializations(limit: 1) "
         "{ timestamp } } } }",
@@ -150,7 +131,7 @@ def _latest_materialization(base, path):
 
 
 def _stale_causes(base, path, partition):
-    data = _gql(
+    data = graphql(
         base,
         "query($k: AssetKeyInput!, $p: String) { assetNodes(assetKeys: [$k]) { staleStatus(partition: $p) "
         "staleCauses(partition: $p) { reason } } }",
@@ -160,13 +141,13 @@ def _stale_causes(base, path, partition):
 
 
 def _code_version(base, path):
-    return _gql(base, "query($k: AssetKeyInput!) { assetNodes(assetKeys: [$k]) { opVersion } }", k={"path": path})[
+    return graphql(base, "query($k: AssetKeyInput!) { assetNodes(assetKeys: [$k]) { opVersion } }", k={"path": path})[
         "assetNodes"][0]["opVersion"]
 
 
 def _code_check(base, path):
     """Status of the newest udf_code_current evaluation of a column (None: never)."""
-    runs = _gql(
+    runs = graphql(
         base,
         "query($k: AssetKeyInput!) { assetCheckExecutions(assetKey: $k, checkName: \"udf_code_current\", limit: 1) "
         "{ status evaluation { success } } }",
@@ -226,8 +207,8 @@ def test_ui_flows_in_chromium(tmp_path, artifacts):
             ui.shot("lineage")
 
             # 2. The sensor materializes everything, no click, no failed run.
-            _wait(lambda: _current(db, ["doc_features", "long_docs"]), 120, "the sensor's first runs")
-            _wait(lambda: all(r["status"] == "SUCCESS" for r in _runs(base)), 60, "the runs to finish")
+            wait_until(lambda: _current(db, ["doc_features", "long_docs"]), 120, "the sensor's first runs")
+            wait_until(lambda: all(r["status"] == "SUCCESS" for r in _runs(base)), 60, "the runs to finish")
             assert not [r for r in _runs(base) if r["status"] == "FAILURE"]
 
             # 3. "Materialize all" on the lineage page: every partition, one backfill, success.
@@ -236,14 +217,14 @@ def test_ui_flows_in_chromium(tmp_path, artifacts):
             ui.page.get_by_role("button", name="Materialize all").first.click()
             ui.launch_all_partitions()
             ui.shot("materialize-all-launched")
-            _wait(lambda: all(_latest_materialization(base, list(p)) > t for p, t in before.items()), 120,
+            wait_until(lambda: all(_latest_materialization(base, list(p)) > t for p, t in before.items()), 120,
                   "Materialize all to materialize every view")
             assert not [r for r in _runs(base) if r["status"] == "FAILURE"]
 
             # 4. An append is picked up by the sensor: both views follow.
             docs = db.open_table("documents")
             docs.add(_documents(5000, 40))
-            _wait(lambda: _current(db, ["doc_features", "long_docs"]), 120, "the sensor-driven refresh")
+            wait_until(lambda: _current(db, ["doc_features", "long_docs"]), 120, "the sensor-driven refresh")
             ids = set(db.open_table("doc_features").to_arrow().column("doc_id").to_pylist())
             assert {i for i in range(5000, 5040) if i % 5} <= ids
             ui.goto("/asset-groups")
@@ -256,14 +237,14 @@ def test_ui_flows_in_chromium(tmp_path, artifacts):
             new_fp = load_declared(str(views_file), db)["doc_features"].to_definition().udf_columns[0].udf.fingerprint
             ui.goto("/asset-groups")
             ui.page.get_by_role("button", name="Reload definitions").click()
-            _wait(lambda: _code_version(base, ["doc_features", "words"]) == new_fp, 90, "the reloaded definitions")
+            wait_until(lambda: _code_version(base, ["doc_features", "words"]) == new_fp, 90, "the reloaded definitions")
             ui.goto("/assets/doc_features/words")
             ui.page.get_by_text("Its code changed since the view computed it").wait_for(timeout=60_000)
             ui.shot("words-code-changed")
             status, causes = _stale_causes(base, ["doc_features", "words"], "0")
             assert status == "STALE" and causes == ["has a new code version"]
             # the sensor marks the asset itself with a failed udf_code_current check
-            _wait(lambda: _code_check(base, ["doc_features", "words"]) == "FAILED", 60, "the code check to fail")
+            wait_until(lambda: _code_check(base, ["doc_features", "words"]) == "FAILED", 60, "the code check to fail")
             assert _code_check(base, ["doc_features", "first"]) == "SUCCEEDED"
             ui.goto("/asset-groups?asset-selection=group:doc_features")
             ui.page.wait_for_timeout(2000)
@@ -272,13 +253,13 @@ def test_ui_flows_in_chromium(tmp_path, artifacts):
             # ... and clicks "Materialize" on that column: only it is recomputed, with the new code stored.
             ui.page.get_by_role("button", name="Materialize", exact=False).first.click()
             ui.launch_all_partitions()
-            _wait(lambda: db.open_table("doc_features").definition.udf_columns[0].udf.fingerprint == new_fp
+            wait_until(lambda: db.open_table("doc_features").definition.udf_columns[0].udf.fingerprint == new_fp
                   and db.open_table("doc_features").plan_backfill("words").rows == 0, 120, "the column recompute")
             rows = db.open_table("doc_features").count_rows()
             assert count_calls(str(calls), "word_count") - words_calls == rows
             assert count_calls(str(calls), "first_word") == first_calls  # the other UDF column: untouched
             assert _stale_causes(base, ["doc_features", "words"], "0") == ("FRESH", [])
-            _wait(lambda: _code_check(base, ["doc_features", "words"]) == "SUCCEEDED", 60, "the code check to pass")
+            wait_until(lambda: _code_check(base, ["doc_features", "words"]) == "SUCCEEDED", 60, "the code check to pass")
             ui.goto("/assets/doc_features/words")
             ui.shot("words-recomputed")
 
@@ -289,7 +270,7 @@ def test_ui_flows_in_chromium(tmp_path, artifacts):
             ui.shot("checks-launched")
 
             def checks_passed():
-                data = _gql(
+                data = graphql(
                     base,
                     "query($k: AssetKeyInput!) { assetNodes(assetKeys: [$k]) { assetChecksOrError { "
                     "... on AssetChecks { checks { name executionForLatestMaterialization { status } } } } } }",
@@ -299,7 +280,7 @@ def test_ui_flows_in_chromium(tmp_path, artifacts):
                 assert "FAILED" not in statuses and "EXECUTION_FAILED" not in statuses, data
                 return len(data) == 3 and all(s == "SUCCEEDED" for s in statuses)
 
-            _wait(checks_passed, 120, "the checks")
+            wait_until(checks_passed, 120, "the checks")
             ui.goto("/assets/doc_features?view=checks")
             ui.shot("checks-passed")
             assert not [r for r in _runs(base) if r["status"] == "FAILURE"]

@@ -7,7 +7,6 @@
 """
 
 import os
-import time
 
 import dagster as dg
 import lance
@@ -16,7 +15,7 @@ import requests
 
 import mv_assets as mv
 from mv_assets.dagster.definitions import partitions_def_name
-from mv_assets.dagster.devserver import dagster_dev
+from mv_assets.dagster.devserver import dagster_dev, wait_until
 from oracle import actual_view, expected_view
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
@@ -34,15 +33,6 @@ class GraphQL:
         assert "errors" not in body, body
         return body["data"]
 
-
-def _wait(predicate, timeout, what, interval=1.0):
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
 
 
 @mv.udf
@@ -86,7 +76,7 @@ def test_dagster_dev_materialize_then_sensor_refresh(tmp_path):
     workspace = os.path.join(ROOT, "workspace.yaml")
     with dagster_dev(workspace, str(home), env, str(tmp_path / "dagster_dev.log")) as base:
         gql = GraphQL(f"{base}/graphql")
-        repo = _wait(
+        repo = wait_until(
             lambda: (gql("{ repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }")
                      ["repositoriesOrError"].get("nodes") or [None])[0],
             60, "the code location",
@@ -113,7 +103,7 @@ def test_dagster_dev_materialize_then_sensor_refresh(tmp_path):
             assert status not in ("FAILED", "CANCELED", "COMPLETED_FAILED"), status
             return status in ("COMPLETED", "COMPLETED_SUCCESS")
 
-        _wait(backfill_done, 240, "the backfill")
+        wait_until(backfill_done, 240, "the backfill")
         view = db.open_table("ev")
         assert actual_view(view) == expected_view(src.uri, src.version, _keep, _project)
 
@@ -125,14 +115,14 @@ def test_dagster_dev_materialize_then_sensor_refresh(tmp_path):
         assert started["__typename"] == "Sensor", started
         src.add([{"id": i, "x": i} for i in range(100, 110)])
         target = src.version
-        _wait(lambda: view.refresh_state().source_version == target, 240, "the sensor-driven refresh", 2.0)
+        wait_until(lambda: view.refresh_state().source_version == target, 240, "the sensor-driven refresh", 2.0)
         assert actual_view(view) == expected_view(src.uri, target, _keep, _project)
         runs = gql("{ runsOrError { ... on Runs { results { status tags { key value } } } } }")["runsOrError"]["results"]
         sensor_runs = [r for r in runs if any(t["key"] == "dagster/sensor_name" for t in r["tags"])]
         assert sensor_runs and all(r["status"] in ("SUCCESS", "STARTED", "STARTING", "QUEUED") for r in sensor_runs)
 
         # 3. The table's computed column: the same sensor requests a backfill of the rows lacking values.
-        _wait(lambda: src.plan_backfill("sq").rows == 0, 240, "the sensor-driven column backfill", 2.0)
+        wait_until(lambda: src.plan_backfill("sq").rows == 0, 240, "the sensor-driven column backfill", 2.0)
         assert sorted((r["id"], r["sq"]) for r in src.to_arrow().to_pylist()) == sorted(
             (i, i * i) for i in [*range(30), *range(100, 110)]
         )

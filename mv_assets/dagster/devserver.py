@@ -14,7 +14,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
-__all__ = ["IMMEDIATE_RUNS_YAML", "free_port", "dagster_dev", "prepare_home", "port_in_use"]
+__all__ = ["IMMEDIATE_RUNS_YAML", "free_port", "dagster_dev", "prepare_home", "port_in_use", "wait_until", "graphql"]
 
 MARKER = "# written by mv_assets: safe to delete, rewritten on the next start\n"
 # Launch runs as soon as a sensor requests them, instead of through the run queue.
@@ -41,6 +41,31 @@ def prepare_home(dagster_home: str, *, immediate_runs: bool = True) -> str:
     with open(path, "w") as fh:
         fh.write(IMMEDIATE_RUNS_YAML if immediate_runs else MARKER)
     return path
+
+
+def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):
+    """Poll ``predicate`` until it returns something truthy (returned), or fail
+    with an AssertionError naming ``what`` after ``timeout`` seconds."""
+    deadline = time.time() + timeout
+    while time.time() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+
+
+def graphql(base_url: str, query: str, **variables) -> dict:
+    """One GraphQL request to a running webserver; errors raise."""
+    import json
+
+    body = json.dumps({"query": query, "variables": variables}).encode()
+    request = urllib.request.Request(f"{base_url}/graphql", data=body, headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=60) as r:
+        answer = json.loads(r.read())
+    if "errors" in answer:
+        raise AssertionError(answer["errors"])
+    return answer["data"]
 
 
 def port_in_use(port: int, host: str = "127.0.0.1") -> bool:

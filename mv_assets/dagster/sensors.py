@@ -69,6 +69,32 @@ def _parse_cursor(raw: str | None) -> tuple[int | None, dict]:
     return d.get("version"), d.get("code", {})
 
 
+TAG_LINEAGE = "mv_assets/lineage"
+_IN_FLIGHT = [
+    dg.DagsterRunStatus.QUEUED, dg.DagsterRunStatus.NOT_STARTED, dg.DagsterRunStatus.STARTING,
+    dg.DagsterRunStatus.STARTED,
+]
+
+
+def _run_in_flight(context: dg.SensorEvaluationContext, table: str) -> bool:
+    runs = context.instance.get_run_records(
+        filters=dg.RunsFilter(tags={TAG_LINEAGE: table}, statuses=_IN_FLIGHT), limit=1
+    )
+    return bool(runs)
+
+
+def _code_checks(tree: list[TableInfo], db, reported: dict, state: dict):
+    """Columns of views declared in code: a failed ``udf_code_current`` check
+    marks the ones whose code changed. Reported when the verdict changes."""
+    checks = []
+    for v in tree:
+        for key, (passed, text) in code_check_evaluations(v, db).items():
+            state[key.to_user_string()] = text
+            if reported.get(key.to_user_string()) != text:
+                checks.append(dg.AssetCheckEvaluation(asset_key=key, check_name=CODE_CHECK, passed=passed, description=text))
+    return checks, state
+
+
 def table_sensor(
     table: TableInfo,
     tables: dict[str, TableInfo],
@@ -111,8 +137,18 @@ def table_sensor(
             part_requests.append(pdef.build_add_request([str(f) for f in ch.added]))
         if pdef is not None and ch.retired:
             part_requests.append(pdef.build_delete_request([str(f) for f in ch.retired]))
-        moved = since != ch.version
         db = connect(os.path.dirname(table.uri), runner=InlineRunner())
+        checks, code_state = _code_checks(tree, db, reported, {})
+        if _run_in_flight(context, table.name):
+            # One run of a lineage at a time: what it leaves due is seen on the first
+            # tick after it ends (the version in the cursor stays, so nothing is missed).
+            if not part_requests and not checks:
+                return dg.SkipReason(f"a run of {table.name}'s lineage is in progress")
+            return dg.SensorResult(
+                dynamic_partitions_requests=part_requests, asset_events=checks,
+                cursor=json.dumps({"version": since, "code": code_state}),
+            )
+        moved = since != ch.version
         runs = []
         stale: list[dg.AssetKey] = []
         if column_keys and moved:
@@ -133,33 +169,18 @@ def table_sensor(
                 context.log.info(f"{v.name}: refresh ({due[v.name]})")
         # One run for everything due downstream of the table: its partitions
         # definition is shared, so the run carries the whole lineage in order.
+        # The run key names what it acts on (table version, views' load numbers),
+        # so a tick that sees the same state again requests nothing new.
         wanted = list(stale) + [k for v in tree if v.name in due for k in view_assets[v.name]]
         if wanted:
+            key = f"{table.name}@{ch.version}:" + ",".join(f"{v.name}#{loads[v.name]}" for v in tree if v.name in due)
             todo = [str(f) for f in (ch.to_refresh or ch.fragments)]
-            key = ",".join([c.path[-1] for c in stale] + [f"{v.name}#{loads[v.name]}" for v in tree if v.name in due])
-            tags = {TAG_SOURCE_VERSION: str(ch.version), TAG_SCOPE: "changes"}
+            tags = {TAG_SOURCE_VERSION: str(ch.version), TAG_SCOPE: "changes", TAG_LINEAGE: table.name}
             if todo:
-                runs.append(
-                    dg.RunRequest(
-                        run_key=f"{table.name}@{ch.version}:{key}", asset_selection=wanted,
-                        tags={**tags, **_range_tags(todo)},
-                    )
-                )
+                runs.append(dg.RunRequest(run_key=key, asset_selection=wanted, tags={**tags, **_range_tags(todo)}))
             else:  # the table has no fragment left: a run without partitions (Dagster cannot
                 # check a partitioned asset in such a run, so it runs no checks)
-                runs.append(
-                    dg.RunRequest(
-                        run_key=f"{table.name}@{ch.version}:{key}", asset_selection=wanted, tags=tags,
-                        asset_check_keys=[],
-                    )
-                )
-        # Columns of views declared in code: a failed check marks the ones whose code changed
-        checks, code_state = [], {}
-        for v in tree:
-            for key, (passed, text) in code_check_evaluations(v, db).items():
-                code_state[key.to_user_string()] = text
-                if reported.get(key.to_user_string()) != text:
-                    checks.append(dg.AssetCheckEvaluation(asset_key=key, check_name=CODE_CHECK, passed=passed, description=text))
+                runs.append(dg.RunRequest(run_key=key, asset_selection=wanted, tags=tags, asset_check_keys=[]))
         if not runs and not part_requests and not moved and not checks:
             return dg.SkipReason(f"{table.name} is still at version {ch.version} and no view is due")
         events = [source_observation(table, ch.version)] if moved else []
