@@ -26,7 +26,7 @@ STATE_DIR = "_mv_assets"
 
 def validate_name(name: str) -> str:
     """Table names are plain identifiers: no path separators, no ``..``."""
-    if not isinstance(name, str) or not _NAME_RE.match(name) or ".." in name:
+    if not isinstance(name, str) or not _NAME_RE.fullmatch(name) or ".." in name:
         raise ValueError(
             f"invalid table name {name!r}: use letters, digits, '_' and '-' (at most 128), "
             "no path separators"
@@ -183,7 +183,8 @@ class Connection:
         wanted = set(views) if names is None else set(names)
         for n in wanted:
             if n not in views:
-                raise ValueError(f"{n!r} is not a materialized view")
+                self.open_table(n)  # TableNotFoundError when there is no such table at all
+                raise ValueError(f"{n!r} is a table, not a materialized view")
         order: list[str] = []
         seen: set[str] = set()
 

@@ -279,7 +279,7 @@ def plan_refresh(
     src_latest = source._dataset()
     if src_version is None:
         src_version = src_latest.version
-    if not isinstance(src_version, int) or src_version < 1 or src_version > src_latest.version:
+    if isinstance(src_version, bool) or not isinstance(src_version, int) or not 1 <= src_version <= src_latest.version:
         raise ValueError(
             f"src_version must be between 1 and {src_latest.version} (latest of {definition.source!r}), got {src_version!r}"
         )

@@ -162,7 +162,8 @@ def view_status(view: "MaterializedView") -> ViewStatus:
         source_latest_version=latest,
         versions_behind=len(pending_source_versions(view, latest)),
         stale_count=stale,
-        stale_pct=round(100.0 * stale / max(cardinality, 1), 3),
+        # a view never loaded is entirely stale: 100 %, not rows / 1
+        stale_pct=100.0 if state.source_version is None else round(100.0 * stale / max(cardinality, 1), 3),
         policy=policy.kind,
         last_error=file.get("last_error"),
     )

@@ -38,7 +38,7 @@ def test_tables_are_plain_lance_with_stable_row_ids(db):
     assert db.table_names() == ["raw"]
 
 
-@pytest.mark.parametrize("name", ["../x", "a/b", "", "..", "a b", ".hidden", "x" * 200])
+@pytest.mark.parametrize("name", ["../x", "a/b", "", "..", "a b", ".hidden", "x" * 200, "docs\n", "docs\r\n"])
 def test_bad_names_rejected(db, name):
     with pytest.raises(ValueError, match="invalid table name"):
         db.create_table(name, _rows(1))
@@ -403,3 +403,18 @@ def test_overwriting_a_table_that_views_read_is_refused(db):
     with pytest.raises(ValueError, match=r"views \['v'\] are defined over it"):
         db.create_table("raw", _rows(1), mode="overwrite")
     assert db.open_table("raw").count_rows() == 3
+
+
+def test_refresh_names_and_versions_are_checked(db):
+    """Unknown names say so (not 'not a view'); a bool is no source version; a
+    view never loaded is 100 % stale, not rows / 1."""
+    t = db.create_table("raw", _rows(5))
+    v = db.create_materialized_view("v", t.search(None).select(["id"]))
+    assert v.status().stale_pct == 100.0
+    with pytest.raises(TableNotFoundError, match="no table or view named 'missing'"):
+        db.refresh("missing")
+    with pytest.raises(ValueError, match="is a table, not a materialized view"):
+        db.refresh("raw")
+    with pytest.raises(ValueError, match="src_version must be between 1 and"):
+        v.refresh(src_version=True)
+    assert v.source_version is None  # nothing was written
