@@ -78,9 +78,14 @@ def to_arrow_table(data: Any, schema: pa.Schema | None = None) -> pa.Table:
             if extra:
                 raise ValueError(f"columns {extra} are not in the table schema {schema.names}")
         try:
-            table = pa.Table.from_pylist(data, schema=schema)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
-            raise ValueError(f"rows do not match the table schema: {exc}") from exc
+            # Infer first, then cast safely below: building with the schema would
+            # truncate silently (1.5 into an int column becomes 1)
+            table = pa.Table.from_struct_array(pa.array(data)) if data else pa.Table.from_pylist(data, schema=schema)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+            try:
+                table = pa.Table.from_pylist(data, schema=schema)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+                raise ValueError(f"rows do not match the table schema: {exc}") from exc
     elif isinstance(data, dict):
         table = pa.table(data)
     else:
@@ -426,6 +431,13 @@ class Table:
         unknown = [k for k in updates if k not in ds.schema.names]
         if unknown:
             raise ValueError(f"unknown columns {unknown}; table columns are {ds.schema.names}")
+        for name, value in (values or {}).items():  # a lossy conversion is refused, not stored
+            if value is None:
+                continue
+            try:
+                pa.array([value]).cast(ds.schema.field(name).type)
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                raise ValueError(f"value {value!r} does not fit column {name!r} ({ds.schema.field(name).type}): {exc}") from exc
         pk = self.primary_key
         if pk in updates:
             raise ValueError(f"the primary key {pk!r} cannot be updated")

@@ -418,3 +418,15 @@ def test_refresh_names_and_versions_are_checked(db):
     with pytest.raises(ValueError, match="src_version must be between 1 and"):
         v.refresh(src_version=True)
     assert v.source_version is None  # nothing was written
+
+
+def test_lossy_values_are_refused_before_writing(db):
+    t = db.create_table("t", schema=pa.schema([pa.field("id", pa.int64()), pa.field("a", pa.int32())]))
+    before = t.version
+    with pytest.raises(ValueError, match="truncated"):
+        t.add([{"id": 1, "a": 1.5}])
+    assert t.version == before
+    t.add([{"id": 1, "a": 2.0}, {"id": 2}])  # exact floats and missing values are fine
+    with pytest.raises(ValueError, match="does not fit column 'a'"):
+        t.update("id = 1", values={"a": 1.7})
+    assert sorted((r["id"], r["a"]) for r in t.to_arrow().to_pylist()) == [(1, 2), (2, None)]
