@@ -10,6 +10,7 @@ import filelock
 import lance
 import pyarrow as pa
 
+from .error_log import drop_errors
 from .errors import ConcurrentRefreshError, SourceBehindError, TableExistsError, TableNotFoundError
 from .policy import POLICY_METADATA_KEY, RefreshPolicy
 from .query import VIEW_METADATA_KEY, Query, output_schema
@@ -163,7 +164,11 @@ class Connection:
         if deps:
             raise ValueError(f"cannot drop {name!r}: views {deps} are defined over it; drop them first")
         shutil.rmtree(self._table_uri(name))
+        # its bookkeeping goes too, or a new table of the same name would inherit it
         shutil.rmtree(self._state_dir("checkpoints", name), ignore_errors=True)
+        with contextlib.suppress(FileNotFoundError):
+            os.remove(self._state_dir("status", f"{name}.json"))
+        drop_errors(self, name)
 
     def views(self) -> list[MaterializedView]:
         out = []

@@ -91,6 +91,14 @@ def append_errors(conn: "Connection", table: str, job_id: str, records: list[dic
     return data.num_rows
 
 
+def drop_errors(conn: "Connection", table: str) -> None:
+    """Forget the error records of a dropped table or view (a new one of the
+    same name starts clean)."""
+    uri = errors_uri(conn)
+    if os.path.isdir(os.path.join(uri, "_versions")):
+        lance.dataset(uri).delete(f"`table` = {sql_literal(table)}")
+
+
 def read_errors(
     conn: "Connection",
     table: str | None = None,

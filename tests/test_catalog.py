@@ -430,3 +430,34 @@ def test_lossy_values_are_refused_before_writing(db):
     with pytest.raises(ValueError, match="does not fit column 'a'"):
         t.update("id = 1", values={"a": 1.7})
     assert sorted((r["id"], r["a"]) for r in t.to_arrow().to_pylist()) == [(1, 2), (2, None)]
+
+
+def test_a_dropped_view_leaves_nothing_for_its_successor(db):
+    """Status and error records of a dropped table or view are dropped with it."""
+    t = db.create_table("raw", _rows(4))
+
+    @mv.udf
+    def boom(x: float) -> float:
+        raise RuntimeError("model exploded")
+
+    @mv.udf(on_error="skip")
+    def half(x: float) -> float:
+        if x == 2.0:
+            raise RuntimeError("bad row")
+        return x / 2
+
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": boom}))
+    with pytest.raises(Exception, match="model exploded"):
+        v.refresh()
+    assert v.status().load_state == "FAILED_LOAD" and "model exploded" in v.status().last_error
+    t.add_columns({"h": half})
+    t.backfill("h")
+    assert len(t.get_errors(column_name="h")) == 1
+    db.drop_table("v")
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "x": "x"}))
+    status = v.status()
+    assert status.load_state == "NEVER_LOADED" and status.last_error is None
+    db.drop_table("v")
+    db.drop_table("raw")
+    t = db.create_table("raw", _rows(4))
+    assert t.get_errors() == []
