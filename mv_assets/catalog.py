@@ -252,7 +252,11 @@ class Connection:
         lance.write_dataset(empty, self._table_uri(name), schema=schema, mode="create", enable_stable_row_ids=True)
         view = MaterializedView(self, name, definition)
         if not with_no_data:
-            view.refresh()
+            try:
+                view.refresh()
+            except BaseException:
+                self.drop_table(name)  # a view that could not be populated is not left behind
+                raise
         return view
 
     def _refresh_lock(self, view: str, timeout: float | None):

@@ -461,3 +461,17 @@ def test_a_dropped_view_leaves_nothing_for_its_successor(db):
     db.drop_table("raw")
     t = db.create_table("raw", _rows(4))
     assert t.get_errors() == []
+
+
+def test_with_no_data_false_that_fails_leaves_no_view_behind(db):
+    t = db.create_table("raw", _rows(3))
+
+    @mv.udf
+    def boom(x: float) -> float:
+        raise RuntimeError("model exploded")
+
+    with pytest.raises(Exception, match="model exploded"):
+        db.create_materialized_view("v", t.search(None).select({"id": "id", "y": boom}), with_no_data=False)
+    assert "v" not in db
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": sq}), with_no_data=False)
+    assert v.count_rows() == 3 and v.status().last_error is None
