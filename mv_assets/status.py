@@ -9,6 +9,7 @@ source's change feed when the status is read.
 
 import datetime as dt
 import json
+import os
 import socket
 import time
 from dataclasses import asdict, dataclass
@@ -101,10 +102,25 @@ def _read_file(conn: "Connection", view: str) -> dict:
         return {}
 
 
+def _dead(record: dict) -> bool:
+    """Whether the process a LOADING record names is known to be gone (only
+    decidable for processes of this host)."""
+    pid = record.get("pid")
+    if not isinstance(pid, int) or record.get("node") != socket.gethostname():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return False
+
+
 def record_load_state(conn: "Connection", view: str, state: str, error: str | None = None) -> None:
     """Atomically record a view's load state (and error, for FAILED_LOAD)."""
     current = _read_file(conn, view)
-    current.update(load_state=state, state_since=time.time(), node=socket.gethostname())
+    current.update(load_state=state, state_since=time.time(), node=socket.gethostname(), pid=os.getpid())
     if state == FAILED_LOAD:
         current["last_error"] = error
     elif state == LOADED:
@@ -147,6 +163,11 @@ def view_status(view: "MaterializedView") -> ViewStatus:
     stale = stale_count(source.uri, state.source_version, latest)
     cardinality = ds.count_rows()
     load_state = file.get("load_state") or (LOADED if state.load_number else NEVER_LOADED)
+    last_error = file.get("last_error")
+    if load_state == LOADING and _dead(file):
+        # the process that was loading it is gone (killed): not loading any more
+        load_state = FAILED_LOAD
+        last_error = f"the refresh in process {file['pid']} on {file['node']} ended without finishing (killed?)"
     updated = state.refreshed_at
     policy = RefreshPolicy.from_json((ds.schema.metadata or {}).get(POLICY_METADATA_KEY.encode()))
     return ViewStatus(
@@ -165,7 +186,7 @@ def view_status(view: "MaterializedView") -> ViewStatus:
         # a view never loaded is entirely stale: 100 %, not rows / 1
         stale_pct=100.0 if state.source_version is None else round(100.0 * stale / max(cardinality, 1), 3),
         policy=policy.kind,
-        last_error=file.get("last_error"),
+        last_error=last_error,
     )
 
 

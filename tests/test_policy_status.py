@@ -170,3 +170,26 @@ def test_source_write_during_refresh_leaves_the_view_consistent(db, tmp_path):
     v.refresh()
     assert actual_view(v) == expected_view(t.uri, t.version, lambda r: True, lambda r: {"id": r["id"], "y": r["x"]})
     assert lance.dataset(v.uri).count_rows() == 30
+
+
+def test_a_killed_load_is_not_loading_forever(tmp_path):
+    """A process that recorded LOADING and died (say SIGKILLed mid-refresh) shows
+    as FAILED_LOAD with a reason, not as LOADING forever; a live one stays LOADING."""
+    import subprocess
+    import sys
+
+    from mv_assets.status import LOADING, record_load_state
+
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    t = db.create_table("raw", [{"id": i} for i in range(3)])
+    v = db.create_materialized_view("v", t.search(None).select(["id"]))
+    record_load_state(db, "v", LOADING)  # this process: alive
+    assert v.status().load_state == "LOADING"
+    code = (
+        "import mv_assets as mv; from mv_assets.status import LOADING, record_load_state; "
+        f"record_load_state(mv.connect({db.uri!r}), 'v', LOADING)"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)  # records LOADING, then is gone
+    status = v.status()
+    assert status.load_state == "FAILED_LOAD"
+    assert "ended without finishing" in status.last_error
