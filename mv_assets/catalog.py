@@ -13,7 +13,7 @@ import pyarrow as pa
 from .error_log import drop_errors
 from .errors import ConcurrentRefreshError, SourceBehindError, TableExistsError, TableNotFoundError
 from .policy import POLICY_METADATA_KEY, RefreshPolicy
-from .query import VIEW_METADATA_KEY, Query, output_schema
+from .query import VIEW_METADATA_KEY, Query, is_reserved_name, output_schema
 from .refresh import RefreshResult
 from .spark import Runner, default_runner
 from .status import pending_source_versions, status_table, view_status
@@ -141,6 +141,9 @@ class Connection:
                 raise ValueError(f"cannot overwrite {name!r}: views {deps} are defined over it; drop them first")
         table = to_arrow_table(data if data is not None else [], schema)
         schema = table.schema
+        reserved = [n for n in schema.names if is_reserved_name(n)]
+        if reserved:
+            raise ValueError(f"column names {reserved} are reserved (names starting with '__' and Lance's row columns)")
         if primary_key is not None:
             if primary_key not in schema.names:
                 raise ValueError(f"primary key {primary_key!r} is not a column of {schema.names}")

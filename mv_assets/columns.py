@@ -22,7 +22,6 @@ from .planning import column_ids as _ids
 from .query import (
     SOURCE_MARKER_PREFIX,
     _SYSTEM_COLUMNS,
-    _VIEW_COLUMNS,
     VIEW_METADATA_KEY,
     ColumnSpec,
     ViewDefinition,
@@ -30,6 +29,7 @@ from .query import (
     computed_column_names,
     computed_marker,
     is_marker,
+    is_reserved_name,
     short_error,
     udf_column_type,
 )
@@ -123,8 +123,8 @@ def parse_transforms(transforms: Any, input_schema: pa.Schema, input_ds: lance.L
         if c.name in seen:
             raise ValueError(f"duplicate column name {c.name!r}")
         seen.add(c.name)
-        if c.name in _VIEW_COLUMNS or c.name in _SYSTEM_COLUMNS or is_marker(c.name) or c.name.startswith("__in"):
-            raise ValueError(f"column name {c.name!r} is reserved")
+        if is_reserved_name(c.name):
+            raise ValueError(f"column name {c.name!r} is reserved (names starting with '__' and Lance's row columns)")
     return specs
 
 

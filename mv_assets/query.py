@@ -41,6 +41,16 @@ def source_marker(column: str) -> str:
     return f"{SOURCE_MARKER_PREFIX}{column}"
 
 
+RESERVED_PREFIX = "__"  # every internal column and scan alias starts with it
+
+
+def is_reserved_name(name: str) -> bool:
+    """Names users cannot give a column: Lance's row columns and anything
+    starting with ``__`` (markers, view bookkeeping, the engine's scan aliases
+    such as ``__in__<col>``), which would silently collide with internals."""
+    return name.startswith(RESERVED_PREFIX) or name in _SYSTEM_COLUMNS
+
+
 def is_marker(name: str) -> bool:
     """Hidden bookkeeping columns: computed markers and their copies in views."""
     return name.startswith(COMPUTED_PREFIX) or name.startswith(SOURCE_MARKER_PREFIX)
@@ -327,8 +337,10 @@ class Query:
                         f"expression or a UDF, got {type(value).__name__}"
                     )
         for c in columns:
-            if c.name in _VIEW_COLUMNS or c.name in _SYSTEM_COLUMNS or is_marker(c.name):
-                raise ValueError(f"output column name {c.name!r} is reserved")
+            if is_reserved_name(c.name):
+                raise ValueError(
+                    f"output column name {c.name!r} is reserved (names starting with '__' and Lance's row columns)"
+                )
         definition = ViewDefinition(
             source=self._table.name,
             columns=tuple(columns),

@@ -475,3 +475,20 @@ def test_with_no_data_false_that_fails_leaves_no_view_behind(db):
     assert "v" not in db
     v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": sq}), with_no_data=False)
     assert v.count_rows() == 3 and v.status().last_error is None
+
+
+@pytest.mark.parametrize("name", ["__in__x", "__mv_assets_row_version", "__row_version", "__source_row_id", "_rowid"])
+def test_internal_names_are_refused_everywhere(db, name):
+    """Names that would collide with the engine's scan aliases or bookkeeping
+    are refused before anything is written, as view outputs, computed columns
+    and table columns."""
+    t = db.create_table("raw", _rows(3))
+    with pytest.raises(ValueError, match="is reserved"):
+        db.create_materialized_view("v", t.search(None).select({"id": "id", name: "x"}))
+    with pytest.raises(ValueError, match="is reserved"):
+        db.create_materialized_view("w", t.search(None).select({"id": "id", name: sq}))
+    with pytest.raises(ValueError, match="reserved"):
+        t.add_columns({name: "x + 1"})
+    with pytest.raises(ValueError, match="reserved"):
+        db.create_table("other", [{"id": 1, name: 2}])
+    assert db.table_names() == ["raw"] and t.schema.names == ["id", "x", "s"]
