@@ -202,15 +202,16 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo]):
         col_keys[col["name"]] = key
         description = _udf_description(info.name, col)
         if col["name"] in changed:
-            description += " Its code changed since the view computed it: materialize it to recompute its rows."
+            description += (
+                " When these definitions were loaded, its code differed from the code that computed the view's"
+                " rows; the udf_code_current check says whether that is still so. Materialize it to recompute."
+            )
         specs.append(
             dg.AssetSpec(
                 key,
                 deps=[view_key],
                 description=description,
                 kinds={"python", "spark"},
-                # Dagster shows stale code per partition only: the tag marks it for the whole asset
-                tags={"mv_assets/code": "changed"} if col["name"] in changed else {},
                 code_version=col["udf"]["fingerprint"],
                 metadata={"udf": col["udf"]["name"], "data_type": col["udf"]["data_type"], **_code_references(col["udf"])},
                 group_name=group,
