@@ -67,8 +67,9 @@ def _stored(db: "Connection", name: str) -> dict | None:
     return json.loads(raw) if raw is not None else None
 
 
-def reconcile(db: "Connection", name: str, query: Query) -> Reconcile:
-    """Compare the declared query with the stored view (no UDF is unpickled)."""
+def reconcile(db: "Connection", name: str, query: Query | ViewDefinition) -> Reconcile:
+    """Compare the declared query (or its definition) with the stored view (no
+    UDF is unpickled, and none pickled)."""
     out = Reconcile(name)
     if name not in db:
         out.create = True
@@ -77,10 +78,12 @@ def reconcile(db: "Connection", name: str, query: Query) -> Reconcile:
     if stored is None:
         out.problems.append(f"{name!r} is a table in the catalog, not a view")
         return out
-    declared = query.to_definition()
+    declared = query.to_definition() if isinstance(query, Query) else query
     declared_cols = {c.name: c for c in declared.columns}
     stored_cols = {c["name"]: c for c in stored["columns"]}
-    code = declared.to_json()
+    # the shape leaves UDF columns out: build it without them (no UDF pickled)
+    plain = tuple(c for c in declared.columns if c.kind != "udf")
+    code = ViewDefinition(declared.source, plain, declared.filter, declared.shuffle, declared.seed, declared.limit).to_json()
     for c in code["columns"]:  # columns added after creation are marked so in the catalog only
         if stored_cols.get(c["name"], {}).get("added"):
             c["added"] = True

@@ -25,6 +25,7 @@ from .policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
 
 if TYPE_CHECKING:
     from .catalog import Connection
+    from .refresh import RefreshState
     from .table import MaterializedView
 
 __all__ = [
@@ -140,12 +141,14 @@ def stale_count(src_uri: str, since: int | None, latest: int) -> int:
     return changed + deleted
 
 
-def pending_source_versions(view: "MaterializedView", latest: int | None = None) -> list[int]:
+def pending_source_versions(
+    view: "MaterializedView", latest: int | None = None, state: "RefreshState | None" = None
+) -> list[int]:
     """Source versions after the one the view reflects whose commits matter to
     it: data changes, and backfills of computed columns it reads. Compactions,
     backfills of other columns and state-only refreshes of an upstream view do
     not make a view stale."""
-    state = view.refresh_state()
+    state = state or view.refresh_state()
     source = view.connection.open_table(view.definition.source)
     if state.source_version is None:
         return list(range(1, (latest or source.version) + 1))
@@ -181,7 +184,7 @@ def view_status(view: "MaterializedView") -> ViewStatus:
         node=file.get("node"),
         source_version=state.source_version,
         source_latest_version=latest,
-        versions_behind=len(pending_source_versions(view, latest)),
+        versions_behind=len(pending_source_versions(view, latest, state)),
         stale_count=stale,
         # a view never loaded is entirely stale: 100 %, not rows / 1
         stale_pct=100.0 if state.source_version is None else round(100.0 * stale / max(cardinality, 1), 3),
@@ -196,7 +199,7 @@ def refresh_decision(view: "MaterializedView", now: float | None = None, schedul
     source = view.connection.open_table(view.definition.source)
     state = view.refresh_state()
     latest = source.version
-    pending = pending_source_versions(view, latest) if state.source_version is not None else []
+    pending = pending_source_versions(view, latest, state) if state.source_version is not None else []
     # the source "moved" for this view only through commits that matter to it, or
     # when fragment-scoped refreshes left it holding rows of several versions
     moved = bool(pending) or state.scoped_since_whole

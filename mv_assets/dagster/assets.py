@@ -108,10 +108,11 @@ def source_asset(info: TableInfo):
 
 
 def source_observation(info: TableInfo, version: int) -> dg.AssetObservation:
+    current = data_version(info.uri, reads=())
     return dg.AssetObservation(
         asset_key=dg.AssetKey([info.name]),
-        metadata={"lance_version": version, "data_version": data_version(info.uri, reads=())},
-        tags={"dagster/data_version": str(data_version(info.uri, reads=()))},
+        metadata={"lance_version": version, "data_version": current},
+        tags={"dagster/data_version": str(current)},
     )
 
 
@@ -237,7 +238,7 @@ def code_check_evaluations(info: TableInfo, db) -> dict[dg.AssetKey, tuple[bool,
     its current code (and a sentence saying so)."""
     if info.declared is None:
         return {}
-    diff = reconcile(db, info.name, info.declared)
+    diff = reconcile(db, info.name, info.declared_definition)
     out = {}
     for col in info.udf_columns:
         key = dg.AssetKey([info.name, col["name"]])

@@ -36,6 +36,7 @@ class TableInfo:
     over_view: bool = False  # the source is itself a view
     definition: dict = field(default_factory=dict, repr=False)  # the stored view definition (JSON)
     declared: Any = field(default=None, repr=False)  # the query declaring it in code (code-first views)
+    declared_definition: Any = field(default=None, repr=False)  # its ViewDefinition, derived once at load
     code_changes: Any = field(default=None, repr=False)  # how the catalog differs from that code
 
     @property
@@ -63,8 +64,8 @@ def _declare(out: dict[str, "TableInfo"], names: dict[str, list[str]], db: Conne
     """Overlay views declared in code: their UDF columns (and so code versions)
     come from the code; views not created yet are described from the query."""
     for name, query in declared.items():
-        diff = reconcile(db, name, query)
         definition = query.to_definition()
+        diff = reconcile(db, name, definition)
         d = definition.to_json()
         if diff.create:
             if definition.source not in out:
@@ -84,7 +85,7 @@ def _declare(out: dict[str, "TableInfo"], names: dict[str, list[str]], db: Conne
             code = {c["name"]: c for c in d["columns"]}
             info.columns = [code.get(c["name"], c) if c["kind"] == "udf" else c for c in info.columns]
             info.columns += [code[c] for c in diff.added]
-        info.declared, info.code_changes = query, diff
+        info.declared, info.declared_definition, info.code_changes = query, definition, diff
 
 
 def catalog_tables(db: Connection, declared: dict | None = None) -> dict[str, TableInfo]:
