@@ -216,7 +216,16 @@ def plan_backfill(
     else:
         cols = {_IN_VER: "_row_last_updated_at_version"}
         input_uri, input_version = table.uri, ds.version
-    scanned = ds.scanner(columns=cols, filter=predicate, with_row_id=True, with_row_address=True).to_table()
+    # Markers of the computed columns the UDFs read (of the table, or of a
+    # view's source): a backfill of such an input moves no row version, so
+    # they are part of what a checkpointed batch depends on.
+    input_schema = lance.dataset(input_uri, version=input_version).schema
+    input_markers = [computed_marker(c) for c in _input_columns(specs, input_schema) if computed_marker(c) in input_schema.names]
+    marker_cols = {f"__inm{i}": f"`{m}`" for i, m in enumerate(input_markers)}
+    scanned = ds.scanner(
+        columns={**cols, **({} if is_view else marker_cols)}, filter=predicate, with_row_id=True, with_row_address=True
+    ).to_table()
+    in_markers = _joined_markers(scanned, 0 if is_view else len(input_markers))
     target_ids = _ids(scanned)
     in_ids = _ids(scanned, _IN_ID) if is_view else target_ids
     in_vers = _ids(scanned, _IN_VER)
@@ -225,12 +234,13 @@ def plan_backfill(
         # Only rows whose source row still has the version the view holds: the
         # others changed in the source and the next refresh recomputes them.
         src = lance.dataset(input_uri, version=input_version).scanner(
-            columns={"__v": "_row_last_updated_at_version"}, with_row_id=True, with_row_address=True
+            columns={"__v": "_row_last_updated_at_version", **marker_cols}, with_row_id=True, with_row_address=True
         ).to_table()
         s_ids, s_vers, s_addrs = _ids(src), _ids(src, "__v"), _ids(src, "_rowaddr")
         pos = positions(in_ids, s_ids)
         keep = pos >= 0
         keep[keep] = s_vers[pos[keep]] == in_vers[keep]
+        in_markers = _joined_markers(src, len(input_markers))[pos[keep]]
         target_ids, in_ids, in_vers = target_ids[keep], in_ids[keep], in_vers[keep]
         in_addrs = s_addrs[pos[keep]]
     order = np.argsort(in_ids, kind="stable")
@@ -242,12 +252,15 @@ def plan_backfill(
     batch_keys = []
     n = plan_rows.num_rows
     ids_np, vers_np = plan_rows.column(_IN_ID).to_numpy(), plan_rows.column(_IN_VER).to_numpy()
+    markers_np = in_markers[order]
     done_batches = done_rows = 0
     for lo in range(0, n, checkpoint_size):
         hi = min(n, lo + checkpoint_size)
         h = hashlib.sha256(key_base.encode())
         h.update(ids_np[lo:hi].tobytes())
         h.update(vers_np[lo:hi].tobytes())
+        if input_markers:
+            h.update("|".join(markers_np[lo:hi].tolist()).encode())
         key = h.hexdigest()[:24]
         batch_keys.append(key)
         if os.path.exists(os.path.join(ckpt_dir, f"{key}.arrow")):
@@ -356,6 +369,14 @@ def run_compute_task(payload: str, shared: bytes) -> str:
             "pid": os.getpid(),
         }
     )
+
+
+def _joined_markers(scanned: pa.Table, n: int) -> np.ndarray:
+    """Per row, the ``__inm<i>`` marker columns of a scan joined by '|' ('' without any)."""
+    if not n:
+        return np.full(scanned.num_rows, "", dtype=object)
+    cols = [scanned.column(f"__inm{i}").fill_null("").to_pylist() for i in range(n)]
+    return np.asarray(["|".join(r) for r in zip(*cols)], dtype=object)
 
 
 def _input_columns(specs: list[ColumnSpec], schema: pa.Schema) -> list[str]:

@@ -116,6 +116,21 @@ def _in_name(col: str) -> str:
     return f"__in__{col}"
 
 
+def _in_marker_name(col: str) -> str:
+    return f"__in_marker__{col}"
+
+
+def _input_identity(batch: pa.RecordBatch, computed_inputs: list[str]) -> np.ndarray:
+    """Per row, the markers of the computed source columns a UDF reads, joined:
+    what (besides row id and version) its checkpointed results depend on. A
+    backfill rewrites such a column without moving row versions."""
+    if not computed_inputs:
+        return np.full(batch.num_rows, "", dtype=object)
+    parts = [batch.column(_in_marker_name(c)).fill_null("") for c in computed_inputs]
+    joined = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, "|")
+    return np.asarray(joined.to_pylist(), dtype=object)
+
+
 def _compute_batches(
     scanner_source: lance.LanceDataset | lance.LanceFragment,
     definition: ViewDefinition,
@@ -144,6 +159,9 @@ def _compute_batches(
                 projection[f.name] = f"`{computed_marker(f.name[len(SOURCE_MARKER_PREFIX):])}`"
     for col in inputs:
         projection[_in_name(col)] = f"`{col}`"
+    computed_inputs = [c for c in inputs if computed_marker(c) in source_schema.names]
+    for col in computed_inputs:
+        projection[_in_marker_name(col)] = f"`{computed_marker(col)}`"
     projection[_ROW_VERSION] = "_row_last_updated_at_version"
     scanner = scanner_source.scanner(
         columns=projection,
@@ -166,7 +184,10 @@ def _compute_batches(
         specs = [c for c in definition.udf_columns if c.name in schema.names]
         if store is None and batch_checkpoint_dir and specs:
             store = RowStore(batch_checkpoint_dir, specs, lookup=batch_resume)
-        udf_values = _checkpointed_udf_columns(specs, input_batch, row_ids, row_versions, udf_rows, errors, store)
+        udf_values = _checkpointed_udf_columns(
+            specs, input_batch, row_ids, row_versions, udf_rows, errors, store,
+            _input_identity(batch, computed_inputs) if store is not None else None,
+        )
         for f in schema:
             if f.name == SOURCE_ROW_ID:
                 arrays.append(row_ids)
@@ -237,13 +258,14 @@ def compute_udf_columns(
     return out
 
 
-_CK_ID, _CK_VER = "__ckpt_row_id", "__ckpt_row_version"
+_CK_ID, _CK_VER, _CK_IN = "__ckpt_row_id", "__ckpt_row_version", "__ckpt_inputs"
 
 
 class RowStore:
-    """UDF results checkpointed by row identity (stable row id + row version)
-    for one set of UDF columns: Arrow IPC files of ``(id, version, values...)``
-    under ``<root>/<signature of the UDFs>/``, each written atomically.
+    """UDF results checkpointed by row identity (stable row id + row version +
+    the markers of the computed columns the UDFs read) for one set of UDF
+    columns: Arrow IPC files of ``(id, version, inputs, values...)`` under
+    ``<root>/<signature of the UDFs>/``, each written atomically.
 
     Lookups are by identity, not by batch, so the results are found however
     the rows are batched the next time: after a source compaction, or a new
@@ -256,7 +278,7 @@ class RowStore:
 
     def _load(self) -> None:
         self._tables: list[pa.Table] = []
-        ids, vers, files, rows = [], [], [], []
+        ids, vers, ins, files, rows = [], [], [], [], []
         self._errors: dict[int, list[dict]] = {}
         names = sorted(n for n in os.listdir(self.dir) if n.endswith(".arrow")) if os.path.isdir(self.dir) else []
         for k, name in enumerate(names):
@@ -264,17 +286,20 @@ class RowStore:
             self._tables.append(t)
             ids.append(t.column(_CK_ID).to_numpy())
             vers.append(t.column(_CK_VER).to_numpy())
+            ins.append(np.asarray(t.column(_CK_IN).to_pylist() if _CK_IN in t.column_names else [""] * t.num_rows, dtype=object))
             files.append(np.full(t.num_rows, k, dtype=np.int64))
             rows.append(np.arange(t.num_rows, dtype=np.int64))
             for e in json.loads((t.schema.metadata or {}).get(b"errors", b"[]")):
                 self._errors.setdefault(int(e["row_id"]), []).append(e)
         cat = (lambda xs: np.concatenate(xs) if xs else np.empty(0, np.int64))  # noqa: E731
         self._ids, self._vers, self._files, self._rows = cat(ids), cat(vers), cat(files), cat(rows)
+        self._ins = np.concatenate(ins) if ins else np.empty(0, dtype=object)
         self._order = np.argsort(self._ids, kind="stable")
         self._sorted = self._ids[self._order]
 
-    def lookup(self, row_ids: np.ndarray, row_versions: np.ndarray) -> np.ndarray:
-        """Index of each row's saved result (-1: not saved at this version).
+    def lookup(self, row_ids: np.ndarray, row_versions: np.ndarray, inputs: np.ndarray) -> np.ndarray:
+        """Index of each row's saved result (-1: not saved at this version and
+        these computed inputs).
 
         The index holds what was saved before this store was opened (a crashed
         run's work); rows saved since belong to this task and are not looked up."""
@@ -284,7 +309,7 @@ class RowStore:
             return np.full(len(row_ids), -1, dtype=np.int64)
         p = np.minimum(np.searchsorted(self._sorted, row_ids), len(self._sorted) - 1)
         pos = self._order[p]
-        found = (self._sorted[p] == row_ids) & (self._vers[pos] == row_versions)
+        found = (self._sorted[p] == row_ids) & (self._vers[pos] == row_versions) & (self._ins[pos] == inputs)
         return np.where(found, pos, -1)
 
     def values(self, pos: np.ndarray, names: list[str]) -> dict[str, pa.Array]:
@@ -302,10 +327,16 @@ class RowStore:
     def errors_for(self, row_ids: np.ndarray) -> list[dict]:
         return [e for i in row_ids.tolist() for e in self._errors.get(int(i), [])]
 
-    def save(self, row_ids: np.ndarray, row_versions: np.ndarray, values: dict[str, pa.Array], errors: list[dict]) -> None:
-        table = pa.table({_CK_ID: pa.array(row_ids, pa.int64()), _CK_VER: pa.array(row_versions, pa.int64()), **values})
+    def save(
+        self, row_ids: np.ndarray, row_versions: np.ndarray, inputs: np.ndarray, values: dict[str, pa.Array],
+        errors: list[dict],
+    ) -> None:
+        table = pa.table({
+            _CK_ID: pa.array(row_ids, pa.int64()), _CK_VER: pa.array(row_versions, pa.int64()),
+            _CK_IN: pa.array(inputs.tolist(), pa.string()), **values,
+        })
         table = table.replace_schema_metadata({b"errors": json.dumps(errors).encode()})
-        h = hashlib.sha256(row_ids.tobytes() + row_versions.tobytes()).hexdigest()[:24]
+        h = hashlib.sha256(row_ids.tobytes() + row_versions.tobytes() + "|".join(inputs.tolist()).encode()).hexdigest()[:24]
         atomic_write_arrow(os.path.join(self.dir, f"{h}.arrow"), table)
 
 
@@ -317,6 +348,7 @@ def _checkpointed_udf_columns(
     udf_rows: dict[str, int],
     errors: list[dict] | None,
     store: "RowStore | None",
+    input_ids: np.ndarray | None = None,
 ) -> dict[str, pa.Array]:
     """:func:`compute_udf_columns` for the rows whose results ``store`` lacks;
     the others are read back. New results are saved before they are used."""
@@ -324,7 +356,9 @@ def _checkpointed_udf_columns(
         return compute_udf_columns(specs, inputs, row_ids, row_versions, udf_rows, errors)
     ids = np.asarray(row_ids.to_numpy(zero_copy_only=False), dtype=np.int64)
     vers = np.asarray(row_versions.to_numpy(zero_copy_only=False), dtype=np.int64)
-    pos = store.lookup(ids, vers)
+    if input_ids is None:
+        input_ids = np.full(len(ids), "", dtype=object)
+    pos = store.lookup(ids, vers, input_ids)
     found = pos >= 0
     for c in specs:
         udf_rows.setdefault(c.name, 0)
@@ -340,7 +374,7 @@ def _checkpointed_udf_columns(
         specs, inputs.filter(mask) if inputs is not None else None, row_ids.filter(mask), row_versions.filter(mask),
         udf_rows, batch_errors,
     )
-    store.save(ids[todo], vers[todo], fresh, batch_errors)
+    store.save(ids[todo], vers[todo], input_ids[todo], fresh, batch_errors)
     if errors is not None:
         errors.extend(batch_errors)
     if not found.any():

@@ -1,0 +1,358 @@
+"""Engine hardening: defects found by adversarial use (stale checkpoints,
+whole-view shuffle, RecordBatch inputs, history cleanup, keys, error words,
+resume counts, many small fragments). Inline runner: no JVM; the planning,
+task and commit code is the one Spark runs.
+"""
+
+import os
+from datetime import timedelta
+
+import lance
+import pyarrow as pa
+import pytest
+
+import mv_assets as mv
+from oracle import actual_view, expected_view
+
+
+def _inline(tmp_path):
+    return mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+
+
+# -- checkpoints keyed by what they depend on -------------------------------
+
+
+def test_row_checkpoints_are_not_reused_after_a_computed_input_was_backfilled(tmp_path):
+    db = _inline(tmp_path)
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(400)])
+
+    @mv.udf
+    def plus_one(x: int) -> int:
+        return x + 1
+
+    t.add_columns({"c": plus_one})
+    t.backfill("c")
+    flag = str(tmp_path / "fail")
+    open(flag, "w").close()
+
+    @mv.udf
+    def g(c: int) -> int:
+        if c == 301 and os.path.exists(flag):
+            raise RuntimeError("worker lost")
+        return c * 10
+
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "c": "c", "g": g}))
+    with pytest.raises(RuntimeError, match="worker lost"):
+        v.refresh(checkpoint_size=100)  # three batches of g(c) checkpointed
+    assert os.path.isdir(db._state_dir("checkpoints", "v", "batches"))
+
+    @mv.udf
+    def plus_thousand(x: int) -> int:
+        return x + 1000
+
+    t.alter_columns({"path": "c", "udf": plus_thousand})
+    t.backfill("c")  # c changes; row versions do not
+    os.remove(flag)
+    v.refresh(checkpoint_size=100)
+    rows = v.to_arrow().to_pylist()
+    assert sorted((r["id"], r["c"], r["g"]) for r in rows) == [(i, i + 1000, (i + 1000) * 10) for i in range(400)]
+
+
+def test_column_backfill_checkpoints_are_not_reused_after_its_input_column_changed(tmp_path):
+    db = _inline(tmp_path)
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(400)])
+
+    @mv.udf
+    def plus_one(x: int) -> int:
+        return x + 1
+
+    flag = str(tmp_path / "fail")
+    open(flag, "w").close()
+
+    @mv.udf
+    def g(c: int) -> int:
+        if c == 301 and os.path.exists(flag):
+            raise RuntimeError("worker lost")
+        return c * 10
+
+    t.add_columns({"c": plus_one})
+    t.backfill("c")
+    t.add_columns({"d": g})  # d reads the computed column c
+    with pytest.raises(RuntimeError, match="worker lost"):
+        t.backfill("d", checkpoint_size=100)
+
+    @mv.udf
+    def plus_thousand(x: int) -> int:
+        return x + 1000
+
+    t.alter_columns({"path": "c", "udf": plus_thousand})
+    t.backfill("c")
+    os.remove(flag)
+    t.backfill("d", checkpoint_size=100)
+    rows = t.to_arrow().to_pylist()
+    assert sorted((r["id"], r["c"], r["d"]) for r in rows) == [(i, i + 1000, (i + 1000) * 10) for i in range(400)]
+
+
+# -- shuffle over the whole view ---------------------------------------------
+
+
+def _shuffled_view(db, n_fragments=5, rows=100, seed=3):
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(rows)])
+    for k in range(1, n_fragments):
+        t.add([{"id": i, "x": i} for i in range(k * rows, (k + 1) * rows)])
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "x": "x"}).shuffle(seed=seed))
+    return t, v
+
+
+def _fragment_of(t, ids):
+    tab = lance.dataset(t.uri).to_table(columns=["id"], with_row_address=True)
+    frag = dict(zip(tab.column("id").to_pylist(), (a >> 32 for a in tab.column("_rowaddr").to_pylist())))
+    return {frag[i] for i in ids}
+
+
+def _splitmix(ids, seed):
+    """An independent splitmix64 (pure Python) of the documented shuffle key."""
+    out = []
+    m = (1 << 64) - 1
+    for i in ids:
+        z = (i + seed * 0x9E3779B97F4A7C15) & m
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+        out.append(z ^ (z >> 31))
+    return out
+
+
+def _assert_globally_shuffled(v, seed):
+    tab = v.to_arrow()
+    ids = tab.column("__source_row_id").to_pylist()
+    keys = _splitmix(ids, seed)
+    assert keys == sorted(keys), "rows are not in shuffle order over the whole view"
+
+
+def test_shuffle_orders_the_whole_view_not_each_fragment(tmp_path):
+    db = _inline(tmp_path)
+    t, v = _shuffled_view(db)
+    v.refresh()
+    first = v.to_arrow().column("id").to_pylist()[:100]
+    assert len(_fragment_of(t, first)) >= 4  # the first 100 rows read come from all over the source
+    _assert_globally_shuffled(v, 3)
+    t.add([{"id": i, "x": i} for i in range(500, 600)])  # an append lands all over the order
+    t.delete("id % 7 = 0")
+    t.update("id = 5", {"x": 55})
+    v.refresh()
+    assert v.count_rows() == 600 - len([i for i in range(600) if i % 7 == 0])
+    _assert_globally_shuffled(v, 3)
+    assert len(lance.dataset(v.uri).get_fragments()) <= 2  # the view is rewritten in order, not appended to
+
+
+# -- RecordBatch UDF inputs fixed by the definition ---------------------------
+
+
+def test_recordbatch_udf_inputs_are_fixed_at_creation(tmp_path):
+    db = _inline(tmp_path)
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(10)])
+
+    @mv.udf(data_type=pa.string())
+    def columns_seen(batch: pa.RecordBatch) -> pa.Array:
+        return pa.array([",".join(batch.schema.names)] * batch.num_rows)
+
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "seen": columns_seen}))
+    v.refresh()
+    t.add_columns({"z": "x + 1"})  # the source gains a column after the view was created
+    t.add([{"id": i, "x": i} for i in range(10, 20)])
+    v.refresh()
+    assert set(v.to_arrow().column("seen").to_pylist()) == {"id,x"}
+
+    t.add_columns({"w": columns_seen})  # a computed column on a table: its inputs are fixed too
+    t.backfill("w")
+    t.add_columns({"q": "x * 2"})
+    t.add([{"id": 99, "x": 99}])
+    t.backfill("w")
+    assert set(t.to_arrow().column("w").to_pylist()) == {"id,x,z"}
+
+
+# -- history cleanup -------------------------------------------------------
+
+
+def _counting_view(db, tmp_path):
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(200)])
+    log = tmp_path / "calls"
+    log.mkdir()
+
+    @mv.udf
+    def double(x: int) -> int:
+        with open(log / f"{os.getpid()}", "a") as fh:
+            fh.write("x\n")
+        return 2 * x
+
+    v = db.create_materialized_view("v", t.search(None).where("x % 2 = 0").select({"id": "id", "y": double}))
+    return t, v
+
+
+def test_source_cleanup_keeps_refreshes_incremental(tmp_path):
+    db = _inline(tmp_path)
+    t, v = _counting_view(db, tmp_path)
+    v.refresh()
+    for k in range(3):
+        t.add([{"id": 200 + 10 * k + j, "x": 200 + 10 * k + j} for j in range(10)])
+    t.delete("id < 20")
+    t.optimize(cleanup_older_than=timedelta(0))  # the view's source version is gone from the history
+    plan = v.plan_refresh()
+    assert not plan.full, plan.reason
+    assert plan.udf_rows == {"y": 15} and plan.rows_to_delete == 10
+    r = v.refresh()
+    assert r.udf_rows_computed == {"y": 15}
+    keep = lambda r: r["x"] % 2 == 0  # noqa: E731
+    assert actual_view(v) == expected_view(t.uri, r.to_version, keep, lambda r: {"id": r["id"], "y": 2 * r["x"]})
+
+
+def test_view_cleanup_keeps_its_refresh_state(tmp_path):
+    db = _inline(tmp_path)
+    t, v = _counting_view(db, tmp_path)
+    for k in range(4):
+        t.add([{"id": 1000 + 10 * k + j, "x": 1000 + 10 * k + j} for j in range(10)])
+        v.refresh()
+    before = v.refresh_state()
+    w = db.create_materialized_view("w", v.search(None).select({"id": "id", "y": "y"}))
+    w.refresh()
+    v.optimize(cleanup_older_than=timedelta(0))
+    after = v.refresh_state()
+    assert (after.source_version, after.load_number, after.definition) == (
+        before.source_version, before.load_number, before.definition,
+    )
+    assert v.status().valid
+    assert v.plan_refresh().is_noop and not v.plan_refresh().full
+    w.refresh()  # a view over the compacted view still refreshes (no SourceBehindError)
+    assert w.count_rows() == v.count_rows()
+
+
+def test_reading_the_refresh_state_stops_at_the_newest_refresh(tmp_path):
+    db = _inline(tmp_path)
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(4)])
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "x": "x"}))
+    v.refresh()
+    for k in range(30):  # partition runs: each scoped to the fragment an append made
+        t.add([{"id": 100 + k, "x": k}])
+        v.refresh(fragments=[lance.dataset(t.uri).get_fragments()[-1].fragment_id])
+    opened = []
+    ds = lance.dataset(v.uri)
+    real = ds.read_transaction
+
+    def counting(version):
+        opened.append(version)
+        return real(version)
+
+    ds.read_transaction = counting
+    from mv_assets.refresh import read_refresh_state
+
+    state = read_refresh_state(ds)
+    assert state.load_number == 31 and state.scoped_since_whole
+    assert len(opened) <= 1
+
+
+# -- keys ----------------------------------------------------------------------
+
+
+def test_adding_an_existing_primary_key_is_refused(tmp_path):
+    db = _inline(tmp_path)
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(5)], primary_key="id")
+    version = t.version
+    with pytest.raises(ValueError, match=r"primary key 'id'.*already.*\[3\].*merge_insert"):
+        t.add([{"id": 9, "x": 9}, {"id": 3, "x": 30}])
+    assert t.version == version and t.count_rows() == 5
+
+
+def test_merge_insert_upserts_by_primary_key_and_views_follow(tmp_path):
+    db = _inline(tmp_path)
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(5)], primary_key="id")
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "x": "x"}))
+    v.refresh()
+    t.merge_insert([{"id": 3, "x": 30}, {"id": 7, "x": 70}])
+    assert sorted(r["x"] for r in t.to_arrow().to_pylist()) == [0, 1, 2, 4, 30, 70]
+    r = v.refresh()
+    assert (r.rows_inserted, r.rows_updated, r.rows_deleted) == (1, 1, 0)
+    assert sorted((x["id"], x["x"]) for x in v.to_arrow().to_pylist()) == [(0, 0), (1, 1), (2, 2), (3, 30), (4, 4), (7, 70)]
+    with pytest.raises(ValueError, match="duplicate values for primary key 'id'"):
+        t.merge_insert([{"id": 1, "x": 1}, {"id": 1, "x": 2}])
+    free = db.create_table("free", [{"id": 1}])
+    with pytest.raises(ValueError, match="merge_insert needs a primary key"):
+        free.merge_insert([{"id": 1}])
+
+
+# -- our words, not Lance's ---------------------------------------------------
+
+
+def test_errors_carry_no_rust_source_paths(tmp_path):
+    db = _inline(tmp_path)
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(3)])
+    with pytest.raises(ValueError, match=r"'t' has no version 99 \(versions 1 to 1\)") as e1:
+        t.to_arrow(version=99)
+    with pytest.raises(ValueError, match="invalid filter 'nope > 1'.*No field named nope") as e2:
+        t.count_rows("nope > 1")
+    with pytest.raises(ValueError, match="invalid filter") as e3:
+        t.count_rows("x >")
+    for e in (e1, e2, e3):
+        assert ".rs:" not in str(e.value) and "/home/" not in str(e.value)
+
+
+def test_refreshing_to_a_version_before_a_read_column_existed_says_so(tmp_path):
+    db = _inline(tmp_path)
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(3)])
+    old = t.version
+    t.add_columns({"z": "x + 1"})
+    v = db.create_materialized_view("v", t.search(None).where("z > 0").select({"id": "id", "z": "z"}))
+    with pytest.raises(ValueError, match=rf"version {old} of 't' has no column 'z'.*view 'v' reads") as e:
+        v.refresh(src_version=old)
+    assert "No field named" not in str(e.value)
+    assert v.count_rows() == 0
+
+
+# -- resume counts -----------------------------------------------------------
+
+
+def test_udf_rows_resumed_counts_task_and_batch_checkpoints_alike(tmp_path):
+    db = _inline(tmp_path)
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(300)])
+    flag = str(tmp_path / "fail")
+    open(flag, "w").close()
+
+    @mv.udf
+    def fragile(x: int) -> int:
+        if x == 250 and os.path.exists(flag):
+            raise RuntimeError("worker lost")
+        return x * 2
+
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": fragile}))
+    with pytest.raises(RuntimeError, match="worker lost"):
+        # tasks of 100 rows: two finish (task checkpoints), the third dies after two batches of 20
+        v.refresh(checkpoint_size=20, max_rows_per_task=100)
+    os.remove(flag)
+    r = v.refresh(checkpoint_size=20, max_rows_per_task=100)
+    assert r.udf_rows_computed == {"y": 60}  # computed in this call
+    assert r.udf_rows_resumed == {"y": 240}  # 200 from finished tasks + 40 from row checkpoints
+    assert r.tasks_resumed == 2
+
+
+# -- many small fragments ------------------------------------------------------
+
+
+def test_small_fragments_are_packed_into_few_tasks_and_view_fragments(tmp_path):
+    db = _inline(tmp_path)
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(10)])
+    for k in range(1, 200):
+        t.add([{"id": 10 * k + j, "x": 10 * k + j} for j in range(10)])
+    assert len(lance.dataset(t.uri).get_fragments()) == 200
+    v = db.create_materialized_view("v", t.search(None).where("x % 3 = 0").select({"id": "id", "x": "x"}))
+    plan = v.plan_refresh(max_rows_per_task=1000)
+    assert len(plan.tasks) == 1
+    r = v.refresh(max_rows_per_task=1000)
+    assert r.rows_inserted == len([i for i in range(2000) if i % 3 == 0])
+    assert len(lance.dataset(v.uri).get_fragments()) == 1
+    t.add([{"id": 5000 + j, "x": 3 * j} for j in range(5)])
+    t.update("id < 30", {"x": 3})
+    r = v.refresh(max_rows_per_task=1000)
+    assert actual_view(v) == expected_view(t.uri, r.to_version, lambda r: r["x"] % 3 == 0, lambda r: {"id": r["id"], "x": r["x"]})
+    plan = v.plan_refresh(max_rows_per_task=600)
+    assert plan.is_noop
+    by_frag = r.rows_by_fragment
+    assert sum(by_frag.values()) == r.rows_inserted + r.rows_updated
