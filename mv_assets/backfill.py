@@ -182,7 +182,12 @@ def plan_backfill(
             raise ValueError(f"backfill(udf=...) takes a UDF, got {type(udf).__name__}")
         if len(specs) > 1 or specs[0].kind != "udf":
             raise ValueError("backfill(udf=...) overrides a single UDF column; use alter_columns for others")
-        udf = udf.with_inputs(specs[0].udf.input_columns) if udf.kind != "batch" else udf
+        if udf.kind != "batch":
+            udf = udf.with_inputs(specs[0].udf.input_columns)
+        else:  # the column's fixed batch columns
+            old = specs[0].udf
+            keep = old.kind == "batch" and old.input_columns
+            udf = udf.bound_to(list(old.input_columns) if keep else table._input_dataset().schema)
         _check_replacement(table, specs[0], udf)
         specs = [ColumnSpec(specs[0].name, "udf", None, udf, None, specs[0].added)]
     ds = table._dataset()

@@ -61,6 +61,7 @@ def _single(name: str, u: UDF, input_schema: pa.Schema) -> ColumnSpec:
             f"column {name!r}: UDF {u.name!r} returns several columns (Columns[...]); pass it directly, "
             "add_columns(udf), or wrapped, add_columns(UnpackedUDF(udf, prefix=...)), not inside a dict"
         )
+    u = u.bound_to(input_schema)
     u.validate_inputs(input_schema, name)
     return ColumnSpec(name, "udf", None, u, None, True)
 
@@ -70,7 +71,7 @@ def parse_transforms(transforms: Any, input_schema: pa.Schema, input_ds: lance.L
     inputs and types against ``input_schema``. Raises ValueError."""
     specs: list[ColumnSpec] = []
     if isinstance(transforms, UnpackedUDF):
-        u = transforms.udf
+        u = transforms.udf.bound_to(input_schema)
         u.validate_inputs(input_schema, u.name)
         specs = [ColumnSpec(col, "udf", None, u, f, True) for col, f in transforms.columns().items()]
     elif isinstance(transforms, UDF):
@@ -79,6 +80,7 @@ def parse_transforms(transforms: Any, input_schema: pa.Schema, input_ds: lance.L
                 f"UDF {transforms.name!r} returns one column: name it, add_columns({{'name': udf}}); "
                 "only a Columns[...] UDF is passed directly"
             )
+        transforms = transforms.bound_to(input_schema)
         transforms.validate_inputs(input_schema, transforms.name)
         specs = [ColumnSpec(f, "udf", None, transforms, f, True) for f in transforms.output_fields]
     elif isinstance(transforms, dict):
@@ -213,7 +215,10 @@ def alter_columns(table: "Table", alterations: tuple[dict, ...]) -> None:
             raise ValueError(f"alter_columns: 'udf' for {name!r} must be a UDF, got {type(new).__name__}")
         if old.kind != "udf" or old.field is not None:
             raise ValueError(f"alter_columns: {name!r} is not a single-output UDF column")
-        if new.kind != "batch" and not all(c in input_schema.names for c in new.input_columns):
+        if new.kind == "batch":
+            keep = old.udf.kind == "batch" and old.udf.input_columns
+            new = new.bound_to(list(old.udf.input_columns) if keep else input_schema)
+        elif not all(c in input_schema.names for c in new.input_columns):
             if len(new.param_names) == len(old.udf.input_columns):
                 new = new.with_inputs(list(old.udf.input_columns))  # keep the column's input mapping
         if new.output_fields is not None or new.data_type != udf_column_type(old):

@@ -320,6 +320,7 @@ class Query:
                     raise ValueError(f"duplicate output column name {name!r}")
                 seen.add(name)
                 if isinstance(value, UDF):
+                    value = value.bound_to(source_schema)
                     value.validate_inputs(source_schema, name)
                     columns.append(ColumnSpec(name, "udf", None, value))
                 elif isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], UDF):

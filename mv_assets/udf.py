@@ -310,6 +310,23 @@ class UDF:
             on_error=self.on_error,
         )
 
+    def bound_to(self, schema: "pa.Schema | list[str]") -> "UDF":
+        """This UDF with its inputs fixed against ``schema`` (the input table's
+        schema when the column or view is created).
+
+        A RecordBatch UDF receives "every column": that means the data columns
+        of the input at creation, fixed from then on, so rows computed before
+        and after the input gains a column see the same batch. Other kinds
+        already name their inputs and are returned as they are. A list of
+        names (an altered column keeping its columns) is taken as it is.
+        """
+        if self.kind != BATCH or self.input_columns:
+            return self
+        u = copy.copy(self)
+        u.input_columns = list(schema) if isinstance(schema, list) else [n for n in schema.names if not _is_internal(n)]
+        u._fingerprint = None
+        return u
+
     def with_on_error(self, on_error: "OnError | str") -> "UDF":
         """A copy of this UDF with another error policy (same fingerprint)."""
         u = copy.copy(self)
@@ -332,6 +349,14 @@ class UDF:
 
     def validate_inputs(self, schema: pa.Schema, column_label: str) -> None:
         """Raise ValueError if the inputs are missing or of the wrong type."""
+        if self.kind == BATCH:
+            missing = [c for c in self.input_columns if c not in schema.names]
+            if missing:
+                raise ValueError(
+                    f"column {column_label!r}: RecordBatch UDF {self.name!r} reads columns {missing}, "
+                    f"which the input does not have (columns: {schema.names})"
+                )
+            return
         for param, col in zip(self.param_names, self.input_columns):
             if col not in schema.names:
                 raise ValueError(
@@ -440,7 +465,7 @@ class UDF:
 
     def _call_batch(self, fn: Callable, batch: pa.RecordBatch) -> Any:
         if self.kind == BATCH:
-            return fn(batch)
+            return fn(batch.select(self.input_columns) if self.input_columns else batch)
         return fn(*[batch.column(c) for c in self.input_columns])
 
     def _check_output(self, out: Any, n: int) -> pa.Array:
@@ -510,6 +535,11 @@ class UDF:
         if not isinstance(obj, UDF):
             raise ValueError("stored UDF does not unpickle to a UDF")
         return obj
+
+
+def _is_internal(name: str) -> bool:
+    """Bookkeeping columns no UDF reads: markers, view keys, Lance's row columns."""
+    return name.startswith("__") or name.startswith("_row")
 
 
 def _code_identity(func: Callable) -> bytes:
