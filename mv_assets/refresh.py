@@ -41,7 +41,10 @@ if TYPE_CHECKING:
     from .spark import Runner
     from .table import MaterializedView
 
-__all__ = ["RefreshState", "RefreshPlan", "RefreshResult", "read_refresh_state", "plan_refresh", "execute_refresh"]
+__all__ = [
+    "RefreshState", "RefreshPlan", "RefreshResult", "read_refresh_state", "carry_refresh_state", "plan_refresh",
+    "execute_refresh",
+]
 
 MODES = ("auto", "full", "incremental_strict")
 _FULL_OPS = ("Overwrite", "Restore", "Clone")
@@ -110,6 +113,35 @@ def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
         refreshed_at=latest.get("refreshed_at"),
         scoped_since_whole=True,
     )
+
+
+def carry_refresh_state(view_ds: lance.LanceDataset) -> int | None:
+    """Make the view's newest commit carry its refresh state (a commit that
+    changes nothing else), unless it already does. Returns the new version.
+
+    Compaction and column backfills commit without the state; once history
+    cleanup removed the refresh commit behind them, the view would forget
+    which source version it reflects.
+    """
+    try:
+        txn = view_ds.read_transaction(view_ds.version)
+    except Exception:
+        txn = None
+    if txn is not None and STATE_KEY in (txn.transaction_properties or {}):
+        return None
+    state = read_refresh_state(view_ds)
+    if state.view_version is None:
+        return None  # never refreshed: nothing to carry
+    record = json.loads(view_ds.read_transaction(state.view_version).transaction_properties[STATE_KEY])
+    if record.get("scope") is not None:
+        record["whole_source_version"] = state.source_version
+    record["carried_from"] = state.view_version
+    carried = Transaction(
+        read_version=view_ds.version,
+        operation=LanceOperation.UpdateConfig(),
+        transaction_properties={STATE_KEY: json.dumps(record)},
+    )
+    return lance.LanceDataset.commit(view_ds.uri, carried, read_version=view_ds.version).version
 
 
 @dataclass
@@ -196,17 +228,39 @@ def _in_list(ids: np.ndarray) -> str:
 
 
 def _history_breaks_row_ids(src: lance.LanceDataset, v0: int, v1: int) -> str | None:
-    """A reason row ids no longer mean the same rows between v0 and v1, or None."""
+    """A reason row ids no longer mean the same rows between v0 and v1, or None.
+
+    Transactions removed by a history cleanup are not a reason: stable row ids
+    and row versions survive cleanup (see :func:`_history_cleaned_up`)."""
     for v in range(min(v0, v1) + 1, max(v0, v1) + 1):
         try:
             txn = src.read_transaction(v)
-        except Exception as exc:
-            return f"source transaction {v} is unreadable ({exc})"
+        except Exception:
+            continue
         if txn is None:
             continue
         op = type(txn.operation).__name__
         if op in _FULL_OPS:
             return f"source version {v} is an {op}"
+    return None
+
+
+def _history_cleaned_up(src: lance.LanceDataset, v0: int, v1: int) -> int | None:
+    """The newest version in ``[v0, v1]`` whose commit a history cleanup removed, or None.
+
+    Without those commits the change feed since ``v0`` cannot be read, but
+    every row still carries its stable id and its last-updated version, so a
+    comparison of every row's (id, version) with the view's finds exactly the
+    changed rows (and nothing is recomputed that did not change), even across
+    an overwrite that was cleaned up: its rows have versions the view never saw.
+    """
+    for v in range(max(v0, v1), min(v0, v1) - 1, -1):
+        if v < 1:
+            break
+        try:
+            src.read_transaction(v)
+        except Exception:
+            return v
     return None
 
 
@@ -324,6 +378,8 @@ def plan_refresh(
         how, reason = "sync", f"recompute {recompute}"
     elif v0 is None:
         how, reason = "sync", "first refresh"
+    elif (gone := _history_cleaned_up(src, v0, src_version)) is not None:
+        how, reason = "sync", f"the source's history up to version {gone} was cleaned up: comparing row versions"
     elif state.scoped_since_whole:
         # rows a scoped refresh took from other source versions are only found
         # by comparing every row with the source (the change feed since v0 misses them)

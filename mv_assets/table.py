@@ -21,7 +21,9 @@ from .query import (
     short_error,
 )
 from .policy import POLICY_METADATA_KEY, RefreshPolicy
-from .refresh import RefreshPlan, RefreshResult, RefreshState, execute_refresh, plan_refresh, read_refresh_state
+from .refresh import (
+    RefreshPlan, RefreshResult, RefreshState, carry_refresh_state, execute_refresh, plan_refresh, read_refresh_state,
+)
 from .status import FAILED_LOAD, LOADED, LOADING, ViewStatus, record_load_state, view_status
 
 if TYPE_CHECKING:
@@ -497,6 +499,23 @@ class MaterializedView(Table):
 
     def refresh_state(self) -> RefreshState:
         return read_refresh_state(self._dataset())
+
+    def optimize(self, *, cleanup_older_than: timedelta | None = None, target_rows_per_fragment: int | None = None) -> int:
+        """Compact the view's files and optionally clean up its history.
+
+        The refresh state (source version, load number, definition) lives in
+        the view's refresh commits; before anything can remove them, it is
+        carried to the newest commit (a config-only commit that changes no
+        rows), so it survives compaction and cleanup.
+        """
+        with self.connection._refresh_lock(self.name, 600.0):
+            ds = self._dataset()
+            kwargs = {"target_rows_per_fragment": target_rows_per_fragment} if target_rows_per_fragment else {}
+            ds.optimize.compact_files(**kwargs)
+            carry_refresh_state(self._dataset())
+            if cleanup_older_than is not None:
+                self._dataset().cleanup_old_versions(older_than=cleanup_older_than)
+            return self.version
 
     @property
     def source_version(self) -> int | None:
