@@ -28,11 +28,11 @@ import lance
 import numpy as np
 import pyarrow as pa
 from lance import LanceOperation, Transaction
-from lance.fragment import FragmentMetadata
+from lance.fragment import FragmentMetadata, write_fragments
 
 from .changes import STATE_KEY, backfill_commits
 from .errors import ConcurrentRefreshError
-from .planning import ChangeSet, KeyPlan, isin, plan_keys, positions, split_ranges
+from .planning import ChangeSet, KeyPlan, isin, plan_keys, positions, shuffle_keys, split_ranges
 from .planning import column_ids as _ids
 from .query import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ViewDefinition, computed_marker, source_marker, tracked_source_columns
 from .tasks import TaskResult, TaskSpec, and_filters
@@ -610,6 +610,54 @@ def _deletions(view_ds: lance.LanceDataset, keys: np.ndarray, addrs: np.ndarray,
     return removed_ids, updated
 
 
+def shuffled_fragments(
+    view_ds: lance.LanceDataset,
+    remove: np.ndarray,
+    results: list[TaskResult],
+    seed: int | None,
+    chunk_rows: int = 65_536,
+) -> list[FragmentMetadata]:
+    """The whole view written anew in shuffle order: kept rows are copied (by
+    row id, a chunk at a time), new rows come from the tasks; nothing is
+    recomputed. Memory: the ids of the view and the new rows, plus one chunk.
+
+    A shuffled view's order is one order over the whole view, the seeded
+    pseudo-random key of each row's stable source row id (planning.shuffle_keys),
+    on every refresh: new rows land all over the order, not at its end.
+    """
+    from ._files import read_arrow
+
+    held = view_ds.to_table(columns=[SOURCE_ROW_ID], with_row_id=True)
+    keys = _ids(held, SOURCE_ROW_ID)
+    keep = ~isin(keys, remove)
+    old_ids, old_rows = keys[keep], _ids(held)[keep]  # Lance row ids of the view (addresses without stable ids)
+    new = pa.concat_tables([read_arrow(r.rows_path) for r in results if r.rows_path]).cast(view_ds.schema)
+    ids = np.concatenate([old_ids, _ids(new, SOURCE_ROW_ID)])
+    order = np.lexsort((ids, shuffle_keys(ids, seed)))
+    n_old = len(old_ids)
+    schema = view_ds.schema
+
+    def batches():
+        for lo in range(0, len(order), chunk_rows):
+            sel = order[lo : lo + chunk_rows]
+            from_old = sel < n_old
+            parts = []
+            if from_old.any():
+                parts.append(view_ds._take_rows(old_rows[sel[from_old]].tolist(), columns=schema.names).cast(schema))
+            if (~from_old).any():
+                parts.append(new.take(pa.array(sel[~from_old] - n_old)))
+            chunk = pa.concat_tables(parts)
+            where = np.empty(len(sel), dtype=np.int64)  # old rows first in `chunk`, then new ones
+            where[np.flatnonzero(from_old)] = np.arange(int(from_old.sum()))
+            where[np.flatnonzero(~from_old)] = int(from_old.sum()) + np.arange(int((~from_old).sum()))
+            yield from chunk.take(pa.array(where)).to_batches()
+
+    if len(order) == 0:
+        return []
+    reader = pa.RecordBatchReader.from_batches(schema, batches())
+    return write_fragments(reader, view_ds.uri, schema=schema, max_rows_per_file=1 << 20)
+
+
 def _rows_by_fragment(tasks: list[TaskSpec]) -> dict[int, int]:
     out: dict[int, int] = {}
     for t in tasks:
@@ -655,8 +703,12 @@ def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner
         )
     view_ds = lance.dataset(view.uri, version=plan.view_version)
     keys, addrs = plan.view_key_addrs or (np.empty(0, np.int64), np.empty(0, np.int64))
-    removed, updated = _deletions(view_ds, keys, addrs, plan.keys.remove_from_view)
-    new_fragments = [FragmentMetadata.from_json(json.dumps(f)) for r in results for f in r.fragments]
+    if view.definition.shuffle and any(r.rows_path for r in results):
+        removed, updated = [f.fragment_id for f in view_ds.get_fragments()], []
+        new_fragments = shuffled_fragments(view_ds, plan.keys.remove_from_view, results, view.definition.seed)
+    else:
+        removed, updated = _deletions(view_ds, keys, addrs, plan.keys.remove_from_view)
+        new_fragments = [FragmentMetadata.from_json(json.dumps(f)) for r in results for f in r.fragments]
     errors = [e for r in results for e in r.errors]
     if errors:  # rows a UDF skipped (on_error="skip"): NULL values, recorded before the commit
         from .error_log import append_errors

@@ -77,6 +77,7 @@ class TaskResult:
     resumed: bool = False
     worker_pid: int = 0
     errors: list[dict] = field(default_factory=list)  # rows a UDF failed on (on_error="skip")
+    rows_path: str | None = None  # shuffled views: the task's rows (Arrow IPC), ordered at the commit
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -488,11 +489,14 @@ def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
         table = pa.Table.from_batches(batches, schema=view_schema)
     else:
         table = _merge_with_view(spec, view_schema, batches)
-    if definition.shuffle and table.num_rows:
-        ids = table.column(SOURCE_ROW_ID).to_numpy()
-        table = table.take(pa.array(np.lexsort((ids, shuffle_keys(ids, definition.seed)))))
     fragments = []
-    if table.num_rows:
+    rows_path = None
+    if table.num_rows and definition.shuffle:
+        # A shuffled view is written in one global order at the commit (see
+        # refresh.shuffled_fragments): hand the rows over, not view files.
+        rows_path = os.path.join(spec.checkpoint_dir or os.path.dirname(spec.view_uri), f"{spec.task_id}.rows.arrow")
+        atomic_write_arrow(rows_path, table)
+    elif table.num_rows:
         metas = write_fragments(table, spec.view_uri, schema=view_schema, max_rows_per_file=spec.max_rows_per_file)
         fragments = [m.to_json() for m in metas]  # plain dicts
     result = TaskResult(
@@ -503,6 +507,7 @@ def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
         seconds=time.perf_counter() - start,
         worker_pid=os.getpid(),
         errors=errors,
+        rows_path=rows_path,
     )
     _save_checkpoint(spec, result)
     return result
