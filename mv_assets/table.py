@@ -126,6 +126,23 @@ def check_primary_key(table: pa.Table, pk: str | None) -> None:
         raise ValueError(f"duplicate values for primary key {pk!r} in the new rows")
 
 
+def existing_keys(ds: lance.LanceDataset, pk: str, keys: pa.Array, chunk: int = 4096) -> list:
+    """Which of ``keys`` the dataset already holds in its primary key column
+    (filters pushed down to Lance a chunk of keys at a time)."""
+    found: list = []
+    values = keys.to_pylist()
+    col = _quote(pk)
+    for lo in range(0, len(values), chunk):
+        literals = ", ".join(sql_literal(v) for v in values[lo : lo + chunk])
+        hit = ds.to_table(columns=[pk], filter=f"{col} IN ({literals})").column(pk).to_pylist()
+        found.extend(hit)
+    return sorted(set(found), key=lambda v: (str(type(v)), v))
+
+
+def _quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
 class Table:
     """A Lance dataset in a catalog. Plain ``lance.dataset(table.uri)`` opens it too."""
 
@@ -369,9 +386,40 @@ class Table:
         given = [n for n in table.column_names if is_marker(n) and table.column(n).null_count < table.num_rows]
         if given:
             raise ValueError(f"columns {given} are maintained by mv_assets; leave them out")
-        check_primary_key(table, self.primary_key)
+        pk = self.primary_key
+        check_primary_key(table, pk)
+        if pk is not None:
+            taken = existing_keys(ds, pk, table.column(pk).combine_chunks())
+            if taken:
+                shown = taken[:10]
+                raise ValueError(
+                    f"primary key {pk!r}: {len(taken)} of the new rows already exist in {self.name!r} "
+                    f"(keys {shown}{' ...' if len(taken) > 10 else ''}); nothing was added. "
+                    "Use merge_insert() to insert or update by key"
+                )
         version = lance.write_dataset(table, self.uri, mode="append").version
         return self._fill_sql_columns() or version
+
+    def merge_insert(self, data: Any) -> int:
+        """Upsert by primary key: rows whose key exists replace that row's
+        values (the row keeps its stable row id, so views see an update),
+        the others are added. Computed columns of replaced rows become stale
+        and are recomputed by the next backfill. Returns the new version.
+        """
+        self._check_writable()
+        pk = self.primary_key
+        if pk is None:
+            raise ValueError(f"merge_insert needs a primary key; {self.name!r} was created without one")
+        ds = self._dataset()
+        table = to_arrow_table(data, ds.schema)
+        if table.num_rows == 0:
+            return ds.version
+        given = [n for n in table.column_names if is_marker(n) and table.column(n).null_count < table.num_rows]
+        if given:
+            raise ValueError(f"columns {given} are maintained by mv_assets; leave them out")
+        check_primary_key(table, pk)
+        ds.merge_insert(pk).when_matched_update_all().when_not_matched_insert_all().execute(table)
+        return self._fill_sql_columns() or self.version
 
     def _fill_sql_columns(self) -> int | None:
         """Compute SQL computed columns for rows that lack them (after add/update)."""
