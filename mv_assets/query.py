@@ -415,8 +415,11 @@ def check_sql(ds: lance.LanceDataset, *, filter: str | None = None, columns: dic
     return scanner.projected_schema
 
 
-def short_error(exc: Exception) -> str:
+_RUST_LOCATION = re.compile(r",?\s*(?:/[^\s,]*)?/?[\w./-]*\.rs:\d+:\d+")
+
+
+def short_error(exc: Exception | str) -> str:
     """Lance's error message without the Rust source locations."""
     msg = str(exc).replace("Invalid user input: ", "")
-    return msg.split(", /home/")[0].split(", /rust")[0]
+    return _RUST_LOCATION.sub("", msg).strip()
 

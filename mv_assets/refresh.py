@@ -338,6 +338,13 @@ def plan_refresh(
             f"src_version must be between 1 and {src_latest.version} (latest of {definition.source!r}), got {src_version!r}"
         )
     src = src_latest if src_version == src_latest.version else lance.dataset(source.uri, version=src_version)
+    if src is not src_latest:
+        missing = [c for c in definition.reads(src_latest.schema.names, src_latest.schema) if c not in src.schema.names]
+        if missing:
+            raise ValueError(
+                f"version {src_version} of {definition.source!r} has no column {', '.join(map(repr, missing))}, "
+                f"which view {view.name!r} reads (added at a later version); refresh to a version that has it"
+            )
     if not src.has_stable_row_ids:
         raise ValueError(f"source {definition.source!r} was not created with stable row ids")
     scope: list[int] | None = None

@@ -155,7 +155,18 @@ class Table:
         return f"{type(self).__name__}({self.name!r}, version={self.version})"
 
     def _dataset(self, version: int | None = None) -> lance.LanceDataset:
-        return lance.dataset(self.uri, version=version)
+        if version is None:
+            return lance.dataset(self.uri)
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise ValueError(f"a version is an int, got {version!r}")
+        try:
+            return lance.dataset(self.uri, version=version)
+        except (ValueError, OSError) as exc:
+            known = [v["version"] for v in lance.dataset(self.uri).versions()]
+            if version in known:
+                raise ValueError(f"cannot open version {version} of {self.name!r}: {short_error(exc)}") from exc
+            span = f"versions {min(known)} to {max(known)}" if known else "no versions"
+            raise ValueError(f"{self.name!r} has no version {version} ({span})") from None
 
     # -- reading ---------------------------------------------------------
     @property
@@ -173,7 +184,13 @@ class Table:
         return raw.decode() if raw else None
 
     def count_rows(self, filter: str | None = None) -> int:
-        return self._dataset().count_rows(filter=filter)
+        ds = self._dataset()
+        if filter is not None:
+            try:
+                check_sql(ds, filter=filter)
+            except (ValueError, OSError) as exc:
+                raise ValueError(f"invalid filter {filter!r}: {short_error(exc)}") from exc
+        return ds.count_rows(filter=filter)
 
     def to_arrow(self, version: int | None = None, *, with_markers: bool = False) -> pa.Table:
         """The rows; the hidden per-row computed markers only with ``with_markers``."""
