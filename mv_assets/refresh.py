@@ -218,6 +218,9 @@ class RefreshResult:
     runner: str
     timings: dict[str, float] = field(default_factory=dict)
     rows_by_fragment: dict[int, int] = field(default_factory=dict)  # rows computed, by source fragment
+    # rows whose UDF results came from checkpoints of an interrupted earlier run
+    # (finished tasks and row batches alike); computed + resumed = planned
+    udf_rows_resumed: dict[str, int] = field(default_factory=dict)
 
     def summary(self) -> dict:
         return dict(self.__dict__)
@@ -722,9 +725,12 @@ def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner
 
         append_errors(view.connection, view.name, f"refresh-{plan.load_number + 1}-{plan.checkpoint_dir[-8:] if plan.checkpoint_dir else ''}", errors)
     udf_rows: dict[str, int] = {}
+    udf_resumed: dict[str, int] = {}
     for r in results:
         for k, v in r.udf_rows.items():
             udf_rows[k] = udf_rows.get(k, 0) + v
+        for k, v in r.udf_rows_resumed.items():
+            udf_resumed[k] = udf_resumed.get(k, 0) + v
     state = {
         "source_version": plan.to_version,
         "from_version": plan.from_version,
@@ -771,6 +777,7 @@ def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner
         rows_updated=plan.rows_to_update,
         rows_deleted=plan.rows_to_delete,
         udf_rows_computed=udf_rows,
+        udf_rows_resumed=udf_resumed,
         tasks=len(plan.tasks),
         tasks_resumed=sum(1 for r in results if r.resumed),
         seconds=done - start,

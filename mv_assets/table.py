@@ -588,10 +588,15 @@ class MaterializedView(Table):
         return self.refresh_state().source_version
 
     def plan_refresh(
-        self, *, src_version: int | None = None, mode: str = "auto", fragments: list[int] | None = None
+        self, *, src_version: int | None = None, mode: str = "auto", fragments: list[int] | None = None,
+        recompute: list[str] | None = None, max_rows_per_task: int = 131_072, checkpoint_size: int = 8192,
     ) -> RefreshPlan:
-        """An exact dry run: rows to insert, update and delete, UDF rows to compute."""
-        return plan_refresh(self, src_version, mode=mode, fragments=fragments)
+        """An exact dry run of :meth:`refresh` with the same arguments: rows to
+        insert, update and delete, UDF rows to compute, the tasks."""
+        return plan_refresh(
+            self, src_version, mode=mode, fragments=fragments, recompute=recompute,
+            max_rows_per_task=max_rows_per_task, checkpoint_size=checkpoint_size,
+        )
 
     @property
     def refresh_policy(self) -> RefreshPolicy:

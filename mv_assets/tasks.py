@@ -72,7 +72,10 @@ class TaskResult:
     task_id: str
     fragments: list[dict] = field(default_factory=list)  # FragmentMetadata JSON
     rows_written: int = 0
-    udf_rows: dict[str, int] = field(default_factory=dict)
+    udf_rows: dict[str, int] = field(default_factory=dict)  # rows each UDF computed in this run
+    # rows whose results came from checkpoints instead (row checkpoints of an
+    # earlier, interrupted run; the whole task when its checkpoint is loaded)
+    udf_rows_resumed: dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
     resumed: bool = False
     worker_pid: int = 0
@@ -144,6 +147,7 @@ def _compute_batches(
     errors: list[dict] | None = None,
     batch_checkpoint_dir: str | None = None,
     batch_resume: bool = True,
+    udf_resumed: dict[str, int] | None = None,
 ):
     """Yield view batches; with ``only``, just the key, version and those UDF columns."""
     projection = dict(definition.projection) if only is None else {}
@@ -187,7 +191,7 @@ def _compute_batches(
             store = RowStore(batch_checkpoint_dir, specs, lookup=batch_resume)
         udf_values = _checkpointed_udf_columns(
             specs, input_batch, row_ids, row_versions, udf_rows, errors, store,
-            _input_identity(batch, computed_inputs) if store is not None else None,
+            _input_identity(batch, computed_inputs) if store is not None else None, udf_resumed,
         )
         for f in schema:
             if f.name == SOURCE_ROW_ID:
@@ -350,6 +354,7 @@ def _checkpointed_udf_columns(
     errors: list[dict] | None,
     store: "RowStore | None",
     input_ids: np.ndarray | None = None,
+    resumed: dict[str, int] | None = None,
 ) -> dict[str, pa.Array]:
     """:func:`compute_udf_columns` for the rows whose results ``store`` lacks;
     the others are read back. New results are saved before they are used."""
@@ -363,6 +368,8 @@ def _checkpointed_udf_columns(
     found = pos >= 0
     for c in specs:
         udf_rows.setdefault(c.name, 0)
+        if resumed is not None:
+            resumed[c.name] = resumed.get(c.name, 0) + int(found.sum())
     names = [n for c in specs for n in (c.name, computed_marker(c.name))]
     if found.all():
         if errors is not None:
@@ -420,6 +427,10 @@ def load_checkpoint(spec: TaskSpec) -> TaskResult | None:
         with open(path) as fh:
             result = TaskResult.from_json(fh.read())
         result.resumed = True
+        # nothing of it is computed in this run: all its rows are resumed
+        for name, n in result.udf_rows.items():
+            result.udf_rows_resumed[name] = result.udf_rows_resumed.get(name, 0) + n
+        result.udf_rows = {name: 0 for name in result.udf_rows}
         return result
     return None
 
@@ -479,10 +490,11 @@ def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
             f"source fragment {spec.fragment_id} does not exist at version {spec.src_version} of {spec.src_uri}"
         )
     errors: list[dict] = []
+    resumed: dict[str, int] = {}
     batches = list(
         _compute_batches(
             fragment, definition, view_schema, ds.schema, spec.predicate, spec.batch_size, udf_rows, spec.recompute,
-            errors, spec.batch_checkpoint_dir, spec.batch_resume,
+            errors, spec.batch_checkpoint_dir, spec.batch_resume, resumed,
         )
     )
     if spec.recompute is None:
@@ -504,6 +516,7 @@ def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
         fragments=fragments,
         rows_written=table.num_rows,
         udf_rows=udf_rows,
+        udf_rows_resumed=resumed,
         seconds=time.perf_counter() - start,
         worker_pid=os.getpid(),
         errors=errors,

@@ -282,7 +282,8 @@ def test_checkpointed_tasks_are_not_recomputed_after_a_crash(db, tmp_path):
     assert v.count_rows() == 0 and v.source_version is None  # nothing half-visible
     r = v.refresh()
     assert r.tasks == 4 and r.tasks_resumed == 2
-    assert r.udf_rows_computed == {"y": 16}  # checkpointed results are counted, not recomputed
+    assert r.udf_rows_computed == {"y": 8}  # the two unfinished tasks
+    assert r.udf_rows_resumed == {"y": 8}  # the two checkpointed ones: read back, not recomputed
     assert v.count_rows() == 16
     assert not os.listdir(db._state_dir("checkpoints", "v"))
 
