@@ -407,9 +407,84 @@ def plan_refresh(
         columns=[SOURCE_ROW_ID, SOURCE_ROW_VERSION, *(source_marker(m) for m in tracked)], with_row_address=True
     )
     view_keys = _ids(vk, SOURCE_ROW_ID)
-    view_vers = _ids(vk, SOURCE_ROW_VERSION)
     view_addrs = _ids(vk, "_rowaddr")
 
+    plan_key = hashlib.sha256(
+        f"{view.uri}|{view_ds.version}|{v0}|{src_version}|{def_fp}|{how}|{scope}|{recompute}|{max_rows_per_task}|{checkpoint_size}".encode()
+    ).hexdigest()[:16]
+    checkpoint_dir = os.path.join(view.connection._state_dir("checkpoints", view.name), plan_key)
+    batch_dir = view.connection._state_dir("checkpoints", view.name, "batches")
+    current_rows = None
+    if how != "incremental" and len(view_keys) == 0 and definition.limit is None and recompute is None:
+        # Into an empty view (a first refresh): every passing row is an insert.
+        # Planned a fragment at a time, never holding the source's ids.
+        frags = scope_frags if scope is not None else src.get_fragments()
+        pieces = _pieces_into_empty_view(src, frags, definition.filter, max_rows_per_task)
+        tasks = _pack_tasks(pieces, src_version, source.uri, view.uri, checkpoint_dir, max_rows_per_task, plan_key)
+        keys, n_insert = KeyPlan(), int(sum(t.rows for t in tasks))
+    else:
+        keys, rows, current_rows = _changed_rows(
+            src, source.uri, definition, how, v0, src_version, scope, scope_frags, vk, tracked, recompute
+        )
+        tasks = _make_tasks(rows, src_version, source.uri, view.uri, checkpoint_dir, max_rows_per_task, plan_key)
+        n_insert = int(len(keys.insert))
+    # Row checkpoints are looked up only when an earlier run left some (a resume);
+    # a fresh refresh only writes them.
+    resume = os.path.isdir(batch_dir) and any(True for _ in os.scandir(batch_dir))
+    for t in tasks:
+        t.batch_size, t.batch_checkpoint_dir, t.batch_resume = checkpoint_size, batch_dir, resume
+    n_compute = int(sum(t.rows for t in tasks))
+    udf_rows = {name: n_compute for name in udf_names}
+    if current_rows is not None and current_rows.num_rows:
+        rewrite = _make_tasks(
+            current_rows, src_version, source.uri, view.uri, checkpoint_dir, max_rows_per_task, plan_key,
+            recompute=list(recompute or []), view_version=view_ds.version,
+        )
+        for t in rewrite:
+            t.batch_size, t.batch_checkpoint_dir, t.batch_resume = checkpoint_size, batch_dir, resume
+        tasks += rewrite
+        for name in recompute or []:
+            udf_rows[name] += int(sum(t.rows for t in rewrite))
+    return RefreshPlan(
+        view=view.name,
+        source=definition.source,
+        from_version=v0,
+        to_version=src_version,
+        view_version=view_ds.version,
+        full=how == "full",
+        reason=reason,
+        rows_to_insert=n_insert,
+        rows_to_update=int(len(keys.update)),
+        rows_to_delete=int(len(keys.delete)),
+        udf_rows=udf_rows,
+        tasks=tasks,
+        keys=keys,
+        view_key_addrs=(view_keys, view_addrs),
+        checkpoint_dir=checkpoint_dir,
+        definition_raw=definition.encode(),
+        load_number=state.load_number,
+        scope=scope,
+        scoped_since_whole=state.scoped_since_whole,
+    )
+
+
+def _changed_rows(
+    src: lance.LanceDataset,
+    src_uri: str,
+    definition: ViewDefinition,
+    how: str,
+    v0: int | None,
+    src_version: int,
+    scope: list[int] | None,
+    scope_frags: list | None,
+    vk: pa.Table,
+    tracked: list[str],
+    recompute: list[str] | None,
+) -> tuple[KeyPlan, pa.Table, pa.Table]:
+    """The key plan, the source rows to compute, and (``recompute``) the rows
+    the view holds current whose UDF columns are computed again."""
+    view_keys = _ids(vk, SOURCE_ROW_ID)
+    view_vers = _ids(vk, SOURCE_ROW_VERSION)
     base_filter = definition.filter
     candidates = None
     if how == "incremental":
@@ -424,7 +499,7 @@ def plan_refresh(
         if tracked and src_version > v0 and backfill_commits(src, v0, src_version):
             # A backfill of a column the view reads rewrote values without moving
             # row versions: rows whose markers changed are changed rows too.
-            moved = _marker_changes(source.uri, v0, src_version, tracked)
+            moved = _marker_changes(src_uri, v0, src_version, tracked)
             moved = moved[~isin(moved, _ids(passing))]
             if len(moved):
                 every = _scan(src, base_filter, markers=tracked)
@@ -468,50 +543,7 @@ def plan_refresh(
     else:
         rows = passing
 
-    plan_key = hashlib.sha256(
-        f"{view.uri}|{view_ds.version}|{v0}|{src_version}|{def_fp}|{how}|{scope}|{recompute}|{max_rows_per_task}|{checkpoint_size}".encode()
-    ).hexdigest()[:16]
-    checkpoint_dir = os.path.join(view.connection._state_dir("checkpoints", view.name), plan_key)
-    batch_dir = view.connection._state_dir("checkpoints", view.name, "batches")
-    tasks = _make_tasks(rows, src_version, source.uri, view.uri, checkpoint_dir, max_rows_per_task, plan_key)
-    # Row checkpoints are looked up only when an earlier run left some (a resume);
-    # a fresh refresh only writes them.
-    resume = os.path.isdir(batch_dir) and any(True for _ in os.scandir(batch_dir))
-    for t in tasks:
-        t.batch_size, t.batch_checkpoint_dir, t.batch_resume = checkpoint_size, batch_dir, resume
-    n_compute = int(sum(t.rows for t in tasks))
-    udf_rows = {name: n_compute for name in udf_names}
-    if current_rows.num_rows:
-        rewrite = _make_tasks(
-            current_rows, src_version, source.uri, view.uri, checkpoint_dir, max_rows_per_task, plan_key,
-            recompute=list(recompute or []), view_version=view_ds.version,
-        )
-        for t in rewrite:
-            t.batch_size, t.batch_checkpoint_dir, t.batch_resume = checkpoint_size, batch_dir, resume
-        tasks += rewrite
-        for name in recompute or []:
-            udf_rows[name] += int(sum(t.rows for t in rewrite))
-    return RefreshPlan(
-        view=view.name,
-        source=definition.source,
-        from_version=v0,
-        to_version=src_version,
-        view_version=view_ds.version,
-        full=how == "full",
-        reason=reason,
-        rows_to_insert=int(len(keys.insert)),
-        rows_to_update=int(len(keys.update)),
-        rows_to_delete=int(len(keys.delete)),
-        udf_rows=udf_rows,
-        tasks=tasks,
-        keys=keys,
-        view_key_addrs=(view_keys, view_addrs),
-        checkpoint_dir=checkpoint_dir,
-        definition_raw=definition.encode(),
-        load_number=state.load_number,
-        scope=scope,
-        scoped_since_whole=state.scoped_since_whole,
-    )
+    return keys, rows, current_rows
 
 
 def _current(
@@ -557,9 +589,10 @@ def _make_tasks(
     recompute: list[str] | None = None,
     view_version: int | None = None,
 ) -> list[TaskSpec]:
-    """Group the rows to compute by source fragment and cut them into tasks.
+    """Group the rows to compute by source fragment, cut them into pieces of
+    at most ``max_rows_per_task`` and pack the pieces into tasks.
 
-    Each task selects exactly its rows: by row-address ranges when they are
+    Each piece selects exactly its rows: by row-address ranges when they are
     contiguous runs (appends, whole fragments), else by row id.
     """
     if rows.num_rows == 0:
@@ -569,28 +602,92 @@ def _make_tasks(
     order = np.argsort(addrs, kind="stable")
     addrs, ids = addrs[order], ids[order]
     frag_ids = addrs >> 32
-    tasks: list[TaskSpec] = []
+    pieces: list[list] = []
     for fid in np.unique(frag_ids):
         sel = frag_ids == fid
         f_addrs, f_ids = addrs[sel], ids[sel]
         for lo, hi in split_ranges(len(f_addrs), max_rows_per_task):
             predicate = _ranges_predicate(f_addrs[lo:hi]) or f"_rowid IN ({_in_list(f_ids[lo:hi])})"
-            task_id = hashlib.sha256(f"{plan_key}|{fid}|{predicate}|{recompute}".encode()).hexdigest()[:16]
-            tasks.append(
-                TaskSpec(
-                    task_id=task_id,
-                    src_uri=src_uri,
-                    src_version=src_version,
-                    fragment_id=int(fid),
-                    predicate=predicate,
-                    view_uri=view_uri,
-                    rows=int(hi - lo),
-                    checkpoint_dir=checkpoint_dir,
-                    recompute=recompute,
-                    view_version=view_version,
-                )
+            pieces.append([int(fid), predicate, int(hi - lo)])
+    return _pack_tasks(
+        pieces, src_version, src_uri, view_uri, checkpoint_dir, max_rows_per_task, plan_key, recompute, view_version
+    )
+
+
+def pack_pieces(pieces: list[list], max_rows: int) -> list[list[list]]:
+    """Group consecutive pieces ``[fragment, predicate, rows]`` into tasks of at
+    most ``max_rows`` rows (a piece is never larger): many small fragments make
+    few tasks, and few view files.
+
+    >>> [len(g) for g in pack_pieces([[0, None, 40], [1, None, 40], [2, None, 40]], 100)]
+    [2, 1]
+    """
+    groups: list[list[list]] = []
+    current: list[list] = []
+    size = 0
+    for piece in pieces:
+        if current and size + piece[2] > max_rows:
+            groups.append(current)
+            current, size = [], 0
+        current.append(piece)
+        size += piece[2]
+    if current:
+        groups.append(current)
+    return groups
+
+
+def _pack_tasks(
+    pieces: list[list],
+    src_version: int,
+    src_uri: str,
+    view_uri: str,
+    checkpoint_dir: str,
+    max_rows_per_task: int,
+    plan_key: str,
+    recompute: list[str] | None = None,
+    view_version: int | None = None,
+) -> list[TaskSpec]:
+    tasks = []
+    for parts in pack_pieces(pieces, max_rows_per_task):
+        task_id = hashlib.sha256(f"{plan_key}|{json.dumps(parts)}|{recompute}".encode()).hexdigest()[:16]
+        tasks.append(
+            TaskSpec(
+                task_id=task_id,
+                src_uri=src_uri,
+                src_version=src_version,
+                parts=parts,
+                view_uri=view_uri,
+                rows=int(sum(p[2] for p in parts)),
+                checkpoint_dir=checkpoint_dir,
+                recompute=recompute,
+                view_version=view_version,
             )
+        )
     return tasks
+
+
+def _pieces_into_empty_view(src: lance.LanceDataset, fragments: list, filter_sql: str | None, max_rows: int) -> list[list]:
+    """Pieces covering every row of ``fragments`` passing the view's filter,
+    planned one fragment at a time (driver memory: one fragment's addresses).
+
+    A piece is an address range of one fragment plus the filter, which the
+    task evaluates again at the same pinned version: exact, and small however
+    scattered the passing rows are.
+    """
+    pieces: list[list] = []
+    for frag in fragments:
+        addrs = _ids(
+            src.scanner(columns=[], filter=filter_sql, with_row_address=True, fragments=[frag]).to_table(), "_rowaddr"
+        )
+        if len(addrs) == 0:
+            continue
+        addrs.sort()
+        ranges = split_ranges(len(addrs), max_rows)
+        for lo, hi in ranges:
+            bounds = None if len(ranges) == 1 else f"_rowaddr >= {int(addrs[lo])} AND _rowaddr <= {int(addrs[hi - 1])}"
+            pieces.append([int(frag.fragment_id), and_filters(bounds, filter_sql), int(hi - lo)])
+        del addrs
+    return pieces
 
 
 def _deletions(view_ds: lance.LanceDataset, keys: np.ndarray, addrs: np.ndarray, remove: np.ndarray):
@@ -671,7 +768,8 @@ def shuffled_fragments(
 def _rows_by_fragment(tasks: list[TaskSpec]) -> dict[int, int]:
     out: dict[int, int] = {}
     for t in tasks:
-        out[t.fragment_id] = out.get(t.fragment_id, 0) + t.rows
+        for fid, _, rows in t.parts:
+            out[int(fid)] = out.get(int(fid), 0) + int(rows)
     return out
 
 

@@ -36,13 +36,14 @@ __all__ = ["TaskSpec", "TaskResult", "run_task", "compute_rows", "and_filters"]
 
 @dataclass
 class TaskSpec:
-    """One unit of work: rows of one source fragment matching ``predicate``."""
+    """One unit of work: for each part ``[fragment id, predicate, rows]``, the
+    rows of that source fragment matching the predicate. Small fragments are
+    packed into one task (and one set of view files) up to the task size."""
 
     task_id: str
     src_uri: str
     src_version: int
-    fragment_id: int
-    predicate: str | None
+    parts: list[list]  # [[fragment_id, predicate | None, rows], ...]
     view_uri: str
     rows: int  # rows the planner expects this task to compute
     checkpoint_dir: str | None = None
@@ -58,6 +59,10 @@ class TaskSpec:
     # batched differently next time (compaction, another plan).
     batch_checkpoint_dir: str | None = None
     batch_resume: bool = False  # an earlier run left row checkpoints: look them up
+
+    @property
+    def fragment_ids(self) -> list[int]:
+        return [int(p[0]) for p in self.parts]
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -484,19 +489,21 @@ def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
     ds = lance.dataset(spec.src_uri, version=spec.src_version)
     view_schema = lance.dataset(spec.view_uri).schema
     udf_rows: dict[str, int] = {c.name: 0 for c in definition.udf_columns}
-    fragment = ds.get_fragment(spec.fragment_id)
-    if fragment is None:
-        raise RuntimeError(
-            f"source fragment {spec.fragment_id} does not exist at version {spec.src_version} of {spec.src_uri}"
-        )
     errors: list[dict] = []
     resumed: dict[str, int] = {}
-    batches = list(
-        _compute_batches(
-            fragment, definition, view_schema, ds.schema, spec.predicate, spec.batch_size, udf_rows, spec.recompute,
-            errors, spec.batch_checkpoint_dir, spec.batch_resume, resumed,
+    batches: list[pa.RecordBatch] = []
+    for fragment_id, predicate, _ in spec.parts:
+        fragment = ds.get_fragment(int(fragment_id))
+        if fragment is None:
+            raise RuntimeError(
+                f"source fragment {fragment_id} does not exist at version {spec.src_version} of {spec.src_uri}"
+            )
+        batches.extend(
+            _compute_batches(
+                fragment, definition, view_schema, ds.schema, predicate, spec.batch_size, udf_rows, spec.recompute,
+                errors, spec.batch_checkpoint_dir, spec.batch_resume, resumed,
+            )
         )
-    )
     if spec.recompute is None:
         table = pa.Table.from_batches(batches, schema=view_schema)
     else:

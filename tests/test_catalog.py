@@ -278,9 +278,9 @@ def test_checkpointed_tasks_are_not_recomputed_after_a_crash(db, tmp_path):
             raise RuntimeError("driver died")
 
     with pytest.raises(RuntimeError, match="driver died"):
-        v.refresh(runner=CrashAfter(2))
+        v.refresh(runner=CrashAfter(2), max_rows_per_task=4)  # a task per fragment
     assert v.count_rows() == 0 and v.source_version is None  # nothing half-visible
-    r = v.refresh()
+    r = v.refresh(max_rows_per_task=4)
     assert r.tasks == 4 and r.tasks_resumed == 2
     assert r.udf_rows_computed == {"y": 8}  # the two unfinished tasks
     assert r.udf_rows_resumed == {"y": 8}  # the two checkpointed ones: read back, not recomputed
