@@ -668,25 +668,46 @@ def _pack_tasks(
 
 def _pieces_into_empty_view(src: lance.LanceDataset, fragments: list, filter_sql: str | None, max_rows: int) -> list[list]:
     """Pieces covering every row of ``fragments`` passing the view's filter,
-    planned one fragment at a time (driver memory: one fragment's addresses).
+    planned while streaming their row addresses in one ordered scan (driver
+    memory: one scanner batch, whatever the source's size).
 
     A piece is an address range of one fragment plus the filter, which the
     task evaluates again at the same pinned version: exact, and small however
     scattered the passing rows are.
     """
-    pieces: list[list] = []
-    for frag in fragments:
-        addrs = _ids(
-            src.scanner(columns=[], filter=filter_sql, with_row_address=True, fragments=[frag]).to_table(), "_rowaddr"
+    runs: dict[int, list[tuple[int, int, int]]] = {}  # fragment -> (first address, last address, rows)
+    first = last = count = 0
+    frag_id = -1
+    if fragments:
+        scanner = src.scanner(
+            columns=[], filter=filter_sql, with_row_address=True, fragments=list(fragments), scan_in_order=True
         )
-        if len(addrs) == 0:
-            continue
-        addrs.sort()
-        ranges = split_ranges(len(addrs), max_rows)
-        for lo, hi in ranges:
-            bounds = None if len(ranges) == 1 else f"_rowaddr >= {int(addrs[lo])} AND _rowaddr <= {int(addrs[hi - 1])}"
-            pieces.append([int(frag.fragment_id), and_filters(bounds, filter_sql), int(hi - lo)])
-        del addrs
+        for batch in scanner.to_batches():
+            addrs = batch.column("_rowaddr").to_numpy()
+            i = 0
+            while i < len(addrs):
+                fid = int(addrs[i]) >> 32
+                if fid != frag_id:  # a new fragment: close the open run
+                    if count:
+                        runs.setdefault(frag_id, []).append((first, last, count))
+                    frag_id, count = fid, 0
+                if count == 0:
+                    first = int(addrs[i])
+                # rows of this fragment left in the batch (addresses ascend within a fragment)
+                end = i + int(np.searchsorted(addrs[i:] >> np.uint64(32), np.uint64(fid), side="right"))
+                take = min(max_rows - count, end - i)
+                count, i = count + take, i + take
+                last = int(addrs[i - 1])
+                if count == max_rows:
+                    runs.setdefault(frag_id, []).append((first, last, count))
+                    count = 0
+        if count:
+            runs.setdefault(frag_id, []).append((first, last, count))
+    pieces: list[list] = []
+    for fid, frag_runs in runs.items():
+        for lo, hi, n in frag_runs:
+            bounds = None if len(frag_runs) == 1 else f"_rowaddr >= {lo} AND _rowaddr <= {hi}"
+            pieces.append([fid, and_filters(bounds, filter_sql), n])
     return pieces
 
 

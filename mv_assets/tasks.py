@@ -8,6 +8,7 @@ shipped from the driver.
 """
 
 import hashlib
+import itertools
 import json
 import os
 import time
@@ -475,6 +476,16 @@ def _merge_with_view(spec: TaskSpec, view_schema: pa.Schema, batches: list[pa.Re
     return pa.table({n: columns[n] for n in view_schema.names}).cast(view_schema)
 
 
+class _FragmentsScan:
+    """Several fragments of a dataset read by one scanner, in order."""
+
+    def __init__(self, ds: lance.LanceDataset, fragments: list) -> None:
+        self.ds, self.fragments = ds, fragments
+
+    def scanner(self, **kwargs):
+        return self.ds.scanner(fragments=self.fragments, scan_in_order=True, **kwargs)
+
+
 def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
     """Compute one task and write its rows as new (uncommitted) view fragments.
 
@@ -492,16 +503,21 @@ def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
     errors: list[dict] = []
     resumed: dict[str, int] = {}
     batches: list[pa.RecordBatch] = []
-    for fragment_id, predicate, _ in spec.parts:
-        fragment = ds.get_fragment(int(fragment_id))
-        if fragment is None:
-            raise RuntimeError(
-                f"source fragment {fragment_id} does not exist at version {spec.src_version} of {spec.src_uri}"
-            )
+    # Parts sharing a predicate (whole small fragments) are read by one scan.
+    for predicate, group in itertools.groupby(spec.parts, key=lambda part: part[1]):
+        fragments = []
+        for fragment_id, _, _ in group:
+            fragment = ds.get_fragment(int(fragment_id))
+            if fragment is None:
+                raise RuntimeError(
+                    f"source fragment {fragment_id} does not exist at version {spec.src_version} of {spec.src_uri}"
+                )
+            fragments.append(fragment)
         batches.extend(
             _compute_batches(
-                fragment, definition, view_schema, ds.schema, predicate, spec.batch_size, udf_rows, spec.recompute,
-                errors, spec.batch_checkpoint_dir, spec.batch_resume, resumed,
+                fragments[0] if len(fragments) == 1 else _FragmentsScan(ds, fragments), definition, view_schema,
+                ds.schema, predicate, spec.batch_size, udf_rows, spec.recompute, errors, spec.batch_checkpoint_dir,
+                spec.batch_resume, resumed,
             )
         )
     if spec.recompute is None:

@@ -62,3 +62,13 @@ def count_calls(call_dir: str, tag: str) -> int:
 def record_call(call_dir: str, tag: str, value) -> None:
     with open(os.path.join(call_dir, f"{tag}.{os.getpid()}.log"), "a") as fh:
         fh.write(f"{value}\n")
+
+
+def shuffle_key(row_id: int, seed: int) -> int:
+    """The documented shuffle key, splitmix64(row id + seed * golden ratio),
+    written out in plain Python (the engine computes it with numpy)."""
+    m = (1 << 64) - 1
+    z = (row_id + seed * 0x9E3779B97F4A7C15) & m
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
+    return z ^ (z >> 31)

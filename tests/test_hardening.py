@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 import mv_assets as mv
-from oracle import actual_view, expected_view
+from oracle import actual_view, expected_view, shuffle_key
 
 
 def _inline(tmp_path):
@@ -110,22 +110,10 @@ def _fragment_of(t, ids):
     return {frag[i] for i in ids}
 
 
-def _splitmix(ids, seed):
-    """An independent splitmix64 (pure Python) of the documented shuffle key."""
-    out = []
-    m = (1 << 64) - 1
-    for i in ids:
-        z = (i + seed * 0x9E3779B97F4A7C15) & m
-        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
-        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
-        out.append(z ^ (z >> 31))
-    return out
-
-
 def _assert_globally_shuffled(v, seed):
     tab = v.to_arrow()
     ids = tab.column("__source_row_id").to_pylist()
-    keys = _splitmix(ids, seed)
+    keys = [shuffle_key(i, seed) for i in ids]
     assert keys == sorted(keys), "rows are not in shuffle order over the whole view"
 
 

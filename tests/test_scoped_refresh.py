@@ -7,6 +7,7 @@ the planning and commit code is the same as on Spark.
 """
 
 import os
+from datetime import timedelta
 
 import lance
 import pytest
@@ -14,7 +15,7 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import mv_assets as mv
-from oracle import actual_view, expected_view, source_rows
+from oracle import actual_view, expected_view, shuffle_key, source_rows
 
 
 def _keep(row):
@@ -130,6 +131,7 @@ OPS = st.lists(
         st.tuples(st.just("refresh_older"), st.integers(0, 9)),
         st.tuples(st.just("scoped"), st.integers(0, 9)),
         st.tuples(st.just("scoped_older"), st.integers(0, 99)),
+        st.tuples(st.just("cleanup"), st.integers(0, 1)),  # 0: the source's history, 1: the view's
     ),
     min_size=1,
     max_size=14,
@@ -142,11 +144,22 @@ EXAMPLES = int(os.environ.get("MV_ASSETS_HYPOTHESIS_EXAMPLES", "12")) * 4
 @example(ops=[("refresh", 0), ("add", 1), ("add", 2), ("update", 1), ("scoped", 3), ("refresh_older", 2)])
 @example(ops=[("refresh", 0), ("add", 2), ("delete_fragment", 9), ("refresh", 0)])
 @example(ops=[("add", 2), ("scoped", 0), ("optimize", 0), ("scoped_older", 3), ("update", 2), ("refresh", 0)])
+@example(ops=[("refresh", 0), ("add", 2), ("cleanup", 0), ("update", 1), ("refresh", 0), ("cleanup", 1), ("add", 1)])
+@example(ops=[("add", 3), ("scoped", 1), ("cleanup", 1), ("delete", 2), ("cleanup", 0), ("refresh_older", 1)])
 @given(ops=OPS)
 def test_scoped_and_whole_refreshes_interleaved_match_the_oracle(ops, tmp_path_factory):
     db = mv.connect(str(tmp_path_factory.mktemp("cat")), runner=mv.InlineRunner())
     t, v = _make(db, n=6)
+    # the same rows, shuffled: one order over the whole view after every whole refresh
+    shuffled = db.create_materialized_view(
+        "s", t.search(None).where("x % 3 != 0").select({"id": "id", "x": "x", "y": y}).shuffle(seed=11)
+    )
     next_id = 6
+
+    def existing(arg):  # a version still in the history (cleanup removes old ones)
+        versions = [x["version"] for x in lance.dataset(t.uri).versions()]
+        return versions[arg % len(versions)]
+
     for op, arg in list(ops) + [("refresh", 0)]:
         if op == "add":
             t.add([{"id": next_id + k, "x": (next_id + k) * 7 % 11} for k in range(arg)])
@@ -163,8 +176,10 @@ def test_scoped_and_whole_refreshes_interleaved_match_the_oracle(ops, tmp_path_f
             t.update(f"id % 7 = {arg}", values_sql={"x": "x + 1"})
         elif op == "optimize":
             t.optimize()
+        elif op == "cleanup":
+            (t if arg == 0 else v).optimize(cleanup_older_than=timedelta(0))
         elif op in ("scoped", "scoped_older"):
-            version = t.version if op == "scoped" else 1 + arg % t.version
+            version = t.version if op == "scoped" else existing(arg)
             frags = lance.dataset(t.uri, version=version).get_fragments()
             if not frags:
                 continue
@@ -176,7 +191,7 @@ def test_scoped_and_whole_refreshes_interleaved_match_the_oracle(ops, tmp_path_f
             assert {k: got.get(k) for k in in_frag} == {k: exp.get(k) for k in in_frag}
             assert set(got) <= set(source_rows(t.uri, version))  # deletions are applied in full
         elif op == "refresh_older":
-            version = 1 + arg % t.version
+            version = existing(arg)
             v.refresh(src_version=version)
             assert v.source_version == version
             _assert_matches(t, v)
@@ -184,6 +199,12 @@ def test_scoped_and_whole_refreshes_interleaved_match_the_oracle(ops, tmp_path_f
             v.refresh()
             assert v.source_version == t.version
             _assert_matches(t, v)
+            shuffled.refresh()
+            _assert_matches(t, shuffled)
+            ids = shuffled.to_arrow().column("__source_row_id").to_pylist()
+            keys = [shuffle_key(i, 11) for i in ids]
+            assert keys == sorted(keys)  # shuffle order over the whole view
+
 
 
 def test_scoped_refresh_validates_its_fragments(db):

@@ -2,6 +2,7 @@
 computed with plain pyarrow over the source at the same version."""
 
 import datetime as dt
+from datetime import timedelta
 import json
 import os
 
@@ -11,7 +12,7 @@ import pytest
 import mv_assets as mv
 import lance
 
-from oracle import actual_view, changed_rows, count_calls, expected_view, record_call, source_rows
+from oracle import actual_view, count_calls, expected_view, record_call, shuffle_key, source_rows
 
 pytestmark = pytest.mark.spark
 
@@ -132,6 +133,7 @@ OPS = st.lists(
         st.tuples(st.just("optimize"), st.just(0)),
         st.tuples(st.just("refresh"), st.just(0)),
         st.tuples(st.just("partial"), st.integers(0, 5)),
+        st.tuples(st.just("cleanup"), st.integers(0, 1)),  # 0: the source's history, 1: the view's
     ),
     min_size=1,
     max_size=10,
@@ -170,7 +172,10 @@ def test_random_histories_match_oracle(ops, spark_runner, tmp_path_factory):
         src.search(None).where("x % 3 != 0").select({"id": "id", "x": "x", "label": "concat(cast(id as string), ':', cast(x as string))", "score": score}),
     )
     top = db.create_materialized_view("top", view.search(None).where("score > 40").select({"id": "id", "twice": twice}))
-    last_v = None
+    shuffled = db.create_materialized_view(
+        "shuf", src.search(None).where("x % 3 != 0").select({"id": "id", "x": "x"}).shuffle(seed=3)
+    )
+    last_rows: dict = {}  # the oracle's snapshot at the last refresh (cleanup may remove that version)
     calls_seen = 0
     twice_seen = 0
     partial_calls = 0
@@ -185,6 +190,8 @@ def test_random_histories_match_oracle(ops, spark_runner, tmp_path_factory):
             src.update(f"id % 10 = {arg}", values_sql={"x": "x + 1"})
         elif op == "optimize":
             src.optimize()
+        elif op == "cleanup":
+            (src if arg == 0 else view).optimize(cleanup_older_than=timedelta(0))
         elif op == "partial":
             # a Dagster-style refresh of one source fragment: exact for that fragment
             frags = lance.dataset(src.uri).get_fragments()
@@ -198,9 +205,18 @@ def test_random_histories_match_oracle(ops, spark_runner, tmp_path_factory):
             assert set(got) <= set(source_rows(src.uri, src.version))  # deletes applied
         else:
             v1 = src.version
-            expected_changed = changed_rows(src.uri, last_v, v1, _keep)
-            results = db.refresh(["top", "v"])
-            assert [r.view for r in results] == ["v", "top"]
+            now = source_rows(src.uri, v1)
+            expected_changed = {rid for rid, r in now.items() if _keep(r) and last_rows.get(rid) != r}
+            results = db.refresh(["top", "shuf", "v"])
+            order = [r.view for r in results]
+            assert order.index("v") < order.index("top") and len(order) == 3
+            results = [r for r in results if r.view != "shuf"]
+            # the shuffled view: the oracle's rows, in one seeded order over the whole view
+            assert sorted(actual_view(shuffled).items()) == sorted(
+                (rid, {"id": r["id"], "x": r["x"]}) for rid, r in now.items() if _keep(r)
+            )
+            ids = shuffled.to_arrow().column("__source_row_id").to_pylist()
+            assert [shuffle_key(i, 3) for i in ids] == sorted(shuffle_key(i, 3) for i in ids)
             # view == oracle at the same source version, keyed by stable row id
             assert view.source_version == v1
             assert actual_view(view) == expected_view(src.uri, v1, _keep, _project)
@@ -225,4 +241,4 @@ def test_random_histories_match_oracle(ops, spark_runner, tmp_path_factory):
             top_changed = sum(1 for rid in expected_changed if after[rid]["score"] > 40)
             assert twice_calls - twice_seen <= top_changed
             twice_seen = twice_calls
-            last_v = v1
+            last_rows = now
