@@ -29,6 +29,7 @@ from .query import (
     ColumnSpec,
     ViewDefinition,
     computed_marker,
+    short_error,
 )
 from .udf import RowError
 
@@ -181,7 +182,7 @@ def _compute_batches(
         batch_size=batch_size,
     )
     store: RowStore | None = None
-    for batch in scanner.to_batches():
+    for batch in _scanned(scanner, definition):
         if batch.num_rows == 0:
             continue
         arrays = []
@@ -209,6 +210,25 @@ def _compute_batches(
             else:
                 arrays.append(batch.column(f.name).cast(f.type))
         yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _scanned(scanner, definition: ViewDefinition):
+    """The scanner's batches; Lance failing to evaluate the view's SQL (a cast
+    that does not hold for some row, say) is a ValueError in our words."""
+    try:
+        it = iter(scanner.to_batches())
+        while True:
+            try:
+                batch = next(it)
+            except StopIteration:
+                return
+            yield batch
+    except pa.ArrowInvalid as exc:
+        raise ValueError(f"the SQL of the view over {definition.source!r} failed on the source's rows: {short_error(exc)}") from exc
+    except OSError as exc:
+        if "Invalid user input" not in str(exc):
+            raise
+        raise ValueError(f"the SQL of the view over {definition.source!r} failed: {short_error(exc)}") from exc
 
 
 def repeat_string(value: str, n: int) -> pa.Array:

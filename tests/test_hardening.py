@@ -344,3 +344,12 @@ def test_small_fragments_are_packed_into_few_tasks_and_view_fragments(tmp_path):
     assert plan.is_noop
     by_frag = r.rows_by_fragment
     assert sum(by_frag.values()) == r.rows_inserted + r.rows_updated
+
+
+def test_sql_failing_on_the_rows_is_a_valueerror_and_leaves_no_view(tmp_path):
+    db = _inline(tmp_path)
+    t = db.create_table("t", [{"id": i, "s": "a"} for i in range(3)])
+    with pytest.raises(ValueError, match="SQL of the view over 't' failed.*Cannot cast string 'a'") as e:
+        db.create_materialized_view("v", t.search(None).select({"id": "id", "n": "cast(s as int)"}), with_no_data=False)
+    assert ".rs:" not in str(e.value)
+    assert "v" not in db.table_names()
