@@ -115,6 +115,26 @@ def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
     )
 
 
+# A view keeps few fragments: once more than this many hold fewer than half the
+# target rows each, the refresh that made them compacts them (row ids, row
+# versions and the order of rows are kept; readers see no change).
+COMPACT_SMALL_FRAGMENTS = 32
+TARGET_ROWS_PER_FRAGMENT = 1 << 20
+
+
+def compact_if_fragmented(view_ds: lance.LanceDataset) -> bool:
+    """Compact the view when refreshes left many small fragments (each refresh
+    or Dagster partition run adds at least one). Returns whether it did."""
+    fragments = view_ds.get_fragments()
+    if len(fragments) <= COMPACT_SMALL_FRAGMENTS:
+        return False
+    small = sum(1 for f in fragments if f.metadata.physical_rows < TARGET_ROWS_PER_FRAGMENT // 2)
+    if small <= COMPACT_SMALL_FRAGMENTS:
+        return False
+    view_ds.optimize.compact_files(target_rows_per_fragment=TARGET_ROWS_PER_FRAGMENT)
+    return True
+
+
 def carry_refresh_state(view_ds: lance.LanceDataset) -> int | None:
     """Make the view's newest commit carry its refresh state (a commit that
     changes nothing else), unless it already does. Returns the new version.

@@ -3,6 +3,7 @@
 import datetime as _dt
 import decimal
 from datetime import timedelta
+import time
 from typing import TYPE_CHECKING, Any
 
 import lance
@@ -22,7 +23,8 @@ from .query import (
 )
 from .policy import POLICY_METADATA_KEY, RefreshPolicy
 from .refresh import (
-    RefreshPlan, RefreshResult, RefreshState, carry_refresh_state, execute_refresh, plan_refresh, read_refresh_state,
+    RefreshPlan, RefreshResult, RefreshState, carry_refresh_state, compact_if_fragmented, execute_refresh, plan_refresh,
+    read_refresh_state,
 )
 from .status import FAILED_LOAD, LOADED, LOADING, ViewStatus, record_load_state, view_status
 
@@ -657,4 +659,7 @@ class MaterializedView(Table):
                 record_load_state(self.connection, self.name, FAILED_LOAD, f"{type(exc).__name__}: {exc}")
                 raise
             record_load_state(self.connection, self.name, LOADED)
+            start = time.perf_counter()
+            if compact_if_fragmented(self._dataset()):
+                result.timings["compact_s"] = time.perf_counter() - start
             return result

@@ -353,3 +353,23 @@ def test_sql_failing_on_the_rows_is_a_valueerror_and_leaves_no_view(tmp_path):
         db.create_materialized_view("v", t.search(None).select({"id": "id", "n": "cast(s as int)"}), with_no_data=False)
     assert ".rs:" not in str(e.value)
     assert "v" not in db.table_names()
+
+
+def test_many_refreshes_keep_the_view_fragments_few(tmp_path):
+    from mv_assets.refresh import COMPACT_SMALL_FRAGMENTS
+
+    db = _inline(tmp_path)
+    t = db.create_table("t", [{"id": 0, "x": 0}])
+    v = db.create_materialized_view("v", t.search(None).where("x % 2 = 0").select({"id": "id", "x": "x"}))
+    w = db.create_materialized_view("w", v.search(None).select({"id": "id"}))
+    v.refresh()
+    for k in range(1, 2 * COMPACT_SMALL_FRAGMENTS + 5):
+        t.add([{"id": k, "x": k}, {"id": 1000 + k, "x": 2 * k}])
+        v.refresh()
+        assert len(lance.dataset(v.uri).get_fragments()) <= COMPACT_SMALL_FRAGMENTS + 1
+    r = v.refresh()
+    assert r.rows_inserted == 0 and v.refresh_state().source_version == t.version
+    assert actual_view(v) == expected_view(t.uri, t.version, lambda r: r["x"] % 2 == 0, lambda r: {"id": r["id"], "x": r["x"]})
+    w.refresh()  # compaction is no change to readers of the view
+    assert w.count_rows() == v.count_rows()
+    assert w.plan_refresh().is_noop
