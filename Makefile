@@ -64,6 +64,7 @@ bench: install
 	$(PY) bench/bench_backfill.py
 	$(PY) bench/bench_dagster.py
 	$(PY) bench/bench_demo_ui.py
+	$(PY) bench/bench_scale.py
 
 demo-stop:
 	$(PY) -m mv_assets.connect_server stop --state-dir .demo/spark-connect

@@ -1,8 +1,9 @@
 """Dagster entry point: the asset graph of the catalog at $MV_ASSETS_DB.
 
-Defaults to the demo catalog (seeded on first load). Views declared in code
-come from the module named by $MV_ASSETS_VIEWS (see docs/dagster.md). Loading
-this module reads catalog metadata only; no JVM starts until a run refreshes a view.
+Defaults to the demo catalog (``make demo`` seeds it first). Views declared in
+code come from the module named by $MV_ASSETS_VIEWS (see docs/dagster.md).
+Loading this module reads catalog metadata only: it writes nothing, and no JVM
+starts until a run refreshes a view.
 """
 
 import os
@@ -14,10 +15,9 @@ _DEFAULT_DB = os.path.join(os.path.dirname(os.path.abspath(__file__)), ".demo", 
 
 def _catalog() -> str:
     uri = os.environ.get("MV_ASSETS_DB") or _DEFAULT_DB
-    if uri == _DEFAULT_DB:
-        from mv_assets.demo import seed
-
-        seed(uri)
+    if "://" not in uri and not os.path.isdir(uri):
+        hint = "run `make demo` (or `python -m mv_assets.demo seed`) first" if uri == _DEFAULT_DB else "check MV_ASSETS_DB"
+        raise FileNotFoundError(f"no mv_assets catalog at {uri}: {hint}")
     return uri
 
 

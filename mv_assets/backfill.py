@@ -47,13 +47,14 @@ import numpy as np
 import pyarrow as pa
 from lance import LanceOperation, Transaction
 from lance.file import LanceFileWriter
-from lance.fragment import Bitmap, DataFile, FragmentMetadata
+from lance.fragment import DataFile, FragmentMetadata
 
 from .planning import column_ids as _ids
 from .planning import positions, split_ranges
 from ._files import atomic_write_arrow, read_arrow
 from .query import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ColumnSpec, computed_marker
 from .changes import BACKFILL_KEY
+from .lance_compat import CommitConflictError, roaring_bitmap_bytes, take_rows
 from .tasks import compute_udf_columns, repeat_string
 
 if TYPE_CHECKING:
@@ -424,7 +425,7 @@ def _read_rows(ds: lance.LanceDataset, columns: list[str] | dict, batch_rows: pa
     if scattered:
         ids = pa.concat_arrays([c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in scattered])
         cols = {**columns, "_rowid": "_rowid"} if isinstance(columns, dict) else list(columns) + ["_rowid"]
-        parts.append(ds._take_rows(ids, columns=cols))
+        parts.append(take_rows(ds, ids, cols))
     return pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
 
 
@@ -659,7 +660,7 @@ def commit_column_values(
         updated = write(ds, groups)
         offset_maps = {}
         if bump_versions:  # the rows whose versions move: portable RoaringBitmap bytes
-            offset_maps = {fid: Bitmap(o.tolist()).__reduce__()[1][0] for fid, o, _ in groups}
+            offset_maps = {fid: roaring_bitmap_bytes(o.tolist()) for fid, o, _ in groups}
         _, every = _field_ids(ds, names)
         txn = Transaction(
             read_version=ds.version,
@@ -678,9 +679,7 @@ def commit_column_values(
         try:
             committed = lance.LanceDataset.commit(table.uri, txn, read_version=ds.version, max_retries=0)
             return committed.version, int(ok.sum()), skipped
-        except Exception as exc:  # a concurrent writer won: redo the write against its version
-            if "conflict" not in str(exc).lower() and "retry" not in str(exc).lower():
-                raise
+        except CommitConflictError:  # a concurrent writer won: redo the write against its version
             time.sleep(0.05 * (attempt + 1))
     raise RuntimeError(f"writing {names} into {table.name!r}: five commit conflicts in a row; run it again")
 

@@ -32,6 +32,7 @@ from lance.fragment import FragmentMetadata, write_fragments
 
 from .changes import STATE_KEY, backfill_commits
 from .errors import ConcurrentRefreshError
+from .lance_compat import CommitConflictError, take_rows
 from .planning import ChangeSet, KeyPlan, isin, plan_keys, positions, shuffle_keys, split_ranges
 from .planning import column_ids as _ids
 from .query import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ViewDefinition, computed_marker, source_marker, tracked_source_columns
@@ -791,7 +792,7 @@ def shuffled_fragments(
             from_old = sel < n_old
             parts = []
             if from_old.any():
-                parts.append(view_ds._take_rows(old_rows[sel[from_old]].tolist(), columns=schema.names).cast(schema))
+                parts.append(take_rows(view_ds, old_rows[sel[from_old]].tolist(), schema.names).cast(schema))
             if (~from_old).any():
                 parts.append(new.take(pa.array(sel[~from_old] - n_old)))
             chunk = pa.concat_tables(parts)
@@ -895,12 +896,10 @@ def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner
     )
     try:
         committed = lance.LanceDataset.commit(view.uri, txn, read_version=plan.view_version, max_retries=0)
-    except Exception as exc:
-        if "conflict" in str(exc).lower() or "retry" in str(exc).lower():
-            raise ConcurrentRefreshError(
-                f"view {view.name!r} was changed by another writer during the refresh; nothing was committed"
-            ) from exc
-        raise
+    except CommitConflictError as exc:
+        raise ConcurrentRefreshError(
+            f"view {view.name!r} was changed by another writer during the refresh; nothing was committed"
+        ) from exc
     if plan.checkpoint_dir:
         shutil.rmtree(plan.checkpoint_dir, ignore_errors=True)
         # committed: the batch checkpoints are spent (refreshes of a view never overlap)

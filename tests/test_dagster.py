@@ -44,6 +44,14 @@ def test_top_level_definitions_module_loads(tmp_path):
     assert out.stdout.strip() == "4"  # src, v, v/y, w
 
 
+def test_top_level_definitions_module_writes_nothing(tmp_path):
+    missing = tmp_path / "nowhere"
+    env = {**os.environ, "MV_ASSETS_DB": str(missing)}
+    out = subprocess.run([sys.executable, "-c", "import definitions"], capture_output=True, text=True, cwd=ROOT, env=env)
+    assert out.returncode != 0 and f"no mv_assets catalog at {missing}: check MV_ASSETS_DB" in out.stderr
+    assert not missing.exists()
+
+
 K = dg.AssetKey
 
 

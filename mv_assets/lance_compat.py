@@ -1,0 +1,26 @@
+"""The one place that touches pylance internals or version-specific details.
+
+Everything else calls these helpers, so a pylance upgrade that renames an
+internal is one edit here (see ../shared/notes/stack-facts.md for the
+facts behind each).
+"""
+
+import lance
+import pyarrow as pa
+from lance.commit import CommitConflictError  # a concurrent writer won (``.retryable``)
+from lance.fragment import Bitmap
+
+__all__ = ["CommitConflictError", "take_rows", "roaring_bitmap_bytes"]
+
+
+def take_rows(ds: lance.LanceDataset, row_ids: "list[int] | pa.Array", columns) -> pa.Table:
+    """Rows by Lance row id (stable ids; addresses for datasets without them),
+    in the order given. pylance offers this only as ``_take_rows``."""
+    return ds._take_rows(row_ids, columns=columns)
+
+
+def roaring_bitmap_bytes(offsets: list[int]) -> bytes:
+    """Portable RoaringBitmap serialization of row offsets (what
+    ``Update(updated_fragment_offsets=...)`` takes); pylance exposes it only
+    through the Bitmap's pickle support."""
+    return Bitmap(offsets).__reduce__()[1][0]
