@@ -7,20 +7,26 @@ PYTEST_ARGS ?=
 export LANCE_LOG ?= error
 export SPARK_LOCAL_IP ?= 127.0.0.1
 
-.PHONY: install test test-fast test-spark demo demo-append demo-python demo-stop bench clean
+.PHONY: install lint test test-fast test-spark demo demo-append demo-python demo-stop bench clean
 
 $(STAMP): pyproject.toml
 	@command -v java >/dev/null 2>&1 || { echo "Java 17+ is required for Spark (apt-get install openjdk-17-jre-headless)"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
-	$(PY) -m pip install --quiet -e ".[test,connect]"
+	$(PY) -m pip install --quiet -e ".[test,connect,lint]"
 	@rm -f $(VENV)/.installed-*
 	@touch $@
 
 install: $(STAMP)
 
-## Full suite: pure planning, real Lance, real Spark, property tests.
-test: install
+## Linters: ruff (pyflakes, isort, bugbear, tidy-imports), pyright (standard), import contracts.
+lint: install
+	$(VENV)/bin/ruff check mv_assets tests bench definitions.py
+	$(VENV)/bin/pyright
+	$(VENV)/bin/lint-imports
+
+## Full suite (after the linters): pure planning, real Lance, real Spark, property tests, doctests.
+test: lint
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 ## Quick loop: everything that does not start a JVM.

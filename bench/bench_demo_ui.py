@@ -80,7 +80,7 @@ def main() -> int:
                 start = int(docs.to_arrow().column("doc_id").to_numpy().max()) + 1
                 docs.add(_documents(start, 50))
                 t0, target = time.time(), docs.version
-                wait_until(lambda: feats.refresh_state().source_version == target and longs.status().versions_behind == 0,
+                wait_until(lambda target=target: feats.refresh_state().source_version == target and longs.status().versions_behind == 0,
                      120, "the sensor-driven refresh")
                 done = time.time()
                 ticks = graphql(base, "query($s: SensorSelector!) { sensorOrError(sensorSelector: $s) { ... on Sensor { "

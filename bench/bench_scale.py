@@ -19,7 +19,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 
 os.environ.setdefault("LANCE_LOG", "error")

@@ -49,12 +49,12 @@ from lance import LanceOperation, Transaction
 from lance.file import LanceFileWriter
 from lance.fragment import DataFile, FragmentMetadata
 
-from .planning import column_ids as _ids
-from .planning import positions, split_ranges
 from ._files import atomic_write_arrow, read_arrow
-from .query import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ColumnSpec, computed_marker
 from .changes import BACKFILL_KEY
 from .lance_compat import CommitConflictError, roaring_bitmap_bytes, take_rows
+from .planning import column_ids as _ids
+from .planning import positions, split_ranges
+from .query import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ColumnSpec, computed_marker
 from .tasks import compute_udf_columns, repeat_string
 
 if TYPE_CHECKING:
@@ -155,8 +155,9 @@ def _group_specs(table: "Table", column: str) -> list[ColumnSpec]:
     spec = by_name[column]
     if spec.field is None:
         return [spec]
-    return [c for c in specs if c.udf is not None and c.field is not None and c.udf.fingerprint == spec.udf.fingerprint
-            and c.udf.input_columns == spec.udf.input_columns]
+    u = spec.the_udf
+    return [c for c in specs if c.udf is not None and c.field is not None and c.udf.fingerprint == u.fingerprint
+            and c.udf.input_columns == u.input_columns]
 
 
 def plan_backfill(
@@ -184,9 +185,9 @@ def plan_backfill(
         if len(specs) > 1 or specs[0].kind != "udf":
             raise ValueError("backfill(udf=...) overrides a single UDF column; use alter_columns for others")
         if udf.kind != "batch":
-            udf = udf.with_inputs(specs[0].udf.input_columns)
+            udf = udf.with_inputs(specs[0].the_udf.input_columns)
         else:  # the column's fixed batch columns
-            old = specs[0].udf
+            old = specs[0].the_udf
             keep = old.kind == "batch" and old.input_columns
             udf = udf.bound_to(list(old.input_columns) if keep else table._input_dataset().schema)
         _check_replacement(table, specs[0], udf)
@@ -382,7 +383,7 @@ def _joined_markers(scanned: pa.Table, n: int) -> np.ndarray:
     if not n:
         return np.full(scanned.num_rows, "", dtype=object)
     cols = [scanned.column(f"__inm{i}").fill_null("").to_pylist() for i in range(n)]
-    return np.asarray(["|".join(r) for r in zip(*cols)], dtype=object)
+    return np.asarray(["|".join(r) for r in zip(*cols, strict=True)], dtype=object)
 
 
 def _input_columns(specs: list[ColumnSpec], schema: pa.Schema) -> list[str]:
@@ -498,6 +499,8 @@ def _write_fragment_file(
     """A new data file with ``names`` for every physical row of the fragment:
     ``values`` at ``offsets``, current values elsewhere (deleted rows NULL)."""
     frag = ds.get_fragment(fragment_id)
+    if frag is None:
+        raise RuntimeError(f"fragment {fragment_id} of {ds.uri} disappeared while writing a column")
     meta = frag.metadata
     physical = meta.physical_rows
     schema = pa.schema([ds.schema.field(n) for n in names])
@@ -656,7 +659,7 @@ def commit_column_values(
         offsets = (addrs & 0xFFFFFFFF).astype(np.int64)
         starts = np.concatenate([[0], np.flatnonzero(np.diff(frag_ids)) + 1])
         ends = np.concatenate([starts[1:], [len(addrs)]])
-        groups = [(int(frag_ids[a]), offsets[a:b], where[a:b]) for a, b in zip(starts, ends)]
+        groups = [(int(frag_ids[a]), offsets[a:b], where[a:b]) for a, b in zip(starts, ends, strict=True)]
         updated = write(ds, groups)
         offset_maps = {}
         if bump_versions:  # the rows whose versions move: portable RoaringBitmap bytes
@@ -705,6 +708,7 @@ def execute_backfill(table: "Table", plan: BackfillPlan, runner: "Runner", job_i
         "input_version": plan.input_version,
     }).encode()
     payloads = []
+    assert plan.plan_rows is not None  # a plan with rows has its row table
     n = plan.plan_rows.num_rows
     for lo, hi in plan.task_ranges:
         batches = [

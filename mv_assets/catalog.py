@@ -4,7 +4,7 @@ import contextlib
 import os
 import re
 import shutil
-from typing import Any
+from typing import Any, overload
 
 import filelock
 import lance
@@ -115,6 +115,13 @@ class Connection:
             return MaterializedView(self, name)
         return Table(self, name)
 
+    def open_view(self, name: str) -> MaterializedView:
+        """Open a materialized view by name (ValueError if ``name`` is a table)."""
+        t = self.open_table(name)
+        if not isinstance(t, MaterializedView):
+            raise ValueError(f"{name!r} is a table, not a materialized view")
+        return t
+
     def create_table(
         self,
         name: str,
@@ -140,24 +147,23 @@ class Connection:
             if deps:
                 raise ValueError(f"cannot overwrite {name!r}: views {deps} are defined over it; drop them first")
         table = to_arrow_table(data if data is not None else [], schema)
-        schema = table.schema
-        reserved = [n for n in schema.names if is_reserved_name(n)]
+        names = table.schema.names
+        reserved = [n for n in names if is_reserved_name(n)]
         if reserved:
             raise ValueError(f"column names {reserved} are reserved (names starting with '__' and Lance's row columns)")
         if primary_key is not None:
-            if primary_key not in schema.names:
-                raise ValueError(f"primary key {primary_key!r} is not a column of {schema.names}")
-            md = dict(schema.metadata or {})
+            if primary_key not in names:
+                raise ValueError(f"primary key {primary_key!r} is not a column of {names}")
+            md = dict(table.schema.metadata or {})
             md[PRIMARY_KEY_METADATA_KEY.encode()] = primary_key.encode()
-            schema = schema.with_metadata(md)
             table = table.replace_schema_metadata(md)
-        if VIEW_METADATA_KEY.encode() in (schema.metadata or {}):
+        if VIEW_METADATA_KEY.encode() in (table.schema.metadata or {}):
             raise ValueError("schema metadata key 'mv_assets.view' is reserved for views")
         check_primary_key(table, primary_key)
         uri = self._table_uri(name)
         if mode == "overwrite" and os.path.isdir(uri):
             shutil.rmtree(uri)
-        lance.write_dataset(table, uri, schema=schema, mode="create", enable_stable_row_ids=True)
+        lance.write_dataset(table, uri, schema=table.schema, mode="create", enable_stable_row_ids=True)
         return Table(self, name)
 
     def drop_table(self, name: str) -> None:
@@ -285,10 +291,7 @@ class Connection:
 
     def status(self, name: str | None = None) -> pa.Table:
         """The status table: one row per view (or just ``name``), as an Arrow table."""
-        views = [self.open_table(name)] if name else self.views()
-        for v in views:
-            if not isinstance(v, MaterializedView):
-                raise ValueError(f"{v.name!r} is a table, not a materialized view")
+        views = [self.open_view(name)] if name else self.views()
         return status_table([view_status(v) for v in views])
 
     def _check_source_current(self, view: MaterializedView) -> None:
@@ -305,6 +308,18 @@ class Connection:
     def _versions_behind(self, view: MaterializedView) -> int:
         """Source versions that matter to ``view`` and it does not reflect yet."""
         return len(pending_source_versions(view))
+
+    @overload
+    def refresh(
+        self, name: list[str], *, src_version: int | None = None, upstream: bool = False, mode: str = "auto",
+        runner: Runner | None = None,
+    ) -> list[RefreshResult]: ...
+
+    @overload
+    def refresh(
+        self, name: str, *, src_version: int | None = None, upstream: bool = False, mode: str = "auto",
+        runner: Runner | None = None,
+    ) -> RefreshResult | list[RefreshResult]: ...
 
     def refresh(
         self,

@@ -89,7 +89,7 @@ def check_view(view: "MaterializedView") -> list[CheckOutcome]:
             continue
         null_keys = keys[col.is_null().to_numpy(zero_copy_only=False)]
         inputs = spec.udf.input_columns if spec.udf is not None else []
-        if not inputs or not spec.udf.skip_nulls:
+        if not inputs or not spec.the_udf.skip_nulls:
             missing_values[spec.name] = int(len(null_keys))
             continue
         rows = src.to_table(

@@ -20,8 +20,8 @@ import pyarrow.dataset as pads
 
 from .planning import column_ids as _ids
 from .query import (
-    SOURCE_MARKER_PREFIX,
     _SYSTEM_COLUMNS,
+    SOURCE_MARKER_PREFIX,
     VIEW_METADATA_KEY,
     ColumnSpec,
     ViewDefinition,
@@ -132,7 +132,7 @@ def parse_transforms(transforms: Any, input_schema: pa.Schema, input_ds: lance.L
 
 def _column_type(spec: ColumnSpec, input_ds: lance.LanceDataset) -> pa.DataType:
     if spec.kind == "sql":
-        return check_sql(input_ds, columns={spec.name: spec.expr}).field(spec.name).type
+        return check_sql(input_ds, columns={spec.name: spec.expr or ""}).field(spec.name).type
     return udf_column_type(spec)
 
 
@@ -216,11 +216,11 @@ def alter_columns(table: "Table", alterations: tuple[dict, ...]) -> None:
         if old.kind != "udf" or old.field is not None:
             raise ValueError(f"alter_columns: {name!r} is not a single-output UDF column")
         if new.kind == "batch":
-            keep = old.udf.kind == "batch" and old.udf.input_columns
-            new = new.bound_to(list(old.udf.input_columns) if keep else input_schema)
+            keep = old.the_udf.kind == "batch" and old.the_udf.input_columns
+            new = new.bound_to(list(old.the_udf.input_columns) if keep else input_schema)
         elif not all(c in input_schema.names for c in new.input_columns):
-            if len(new.param_names) == len(old.udf.input_columns):
-                new = new.with_inputs(list(old.udf.input_columns))  # keep the column's input mapping
+            if len(new.param_names) == len(old.the_udf.input_columns):
+                new = new.with_inputs(list(old.the_udf.input_columns))  # keep the column's input mapping
         if new.output_fields is not None or new.data_type != udf_column_type(old):
             raise ValueError(f"the new UDF for {name!r} returns {new.data_type}; the column holds {udf_column_type(old)}")
         new.validate_inputs(input_schema, name)
@@ -311,7 +311,7 @@ def load_columns(
     src = _read_source(source, fmt, [pk, *columns])
     if src.column(pk).null_count:
         raise ValueError(f"the source has NULL primary keys in {pk!r}")
-    if len(pc.unique(src.column(pk))) != src.num_rows:
+    if len(pc.unique(src.column(pk))) != src.num_rows:  # pyright: ignore[reportAttributeAccessIssue]  (generated at import)
         raise ValueError(f"the source has duplicate primary keys in {pk!r}")
     new_fields = []
     for c in columns:
@@ -330,7 +330,7 @@ def load_columns(
         sk = src.column(pk).cast(tk.type)
     except (pa.ArrowInvalid, pa.ArrowNotImplementedError) as exc:
         raise ValueError(f"primary key types differ: source {src.schema.field(pk).type}, table {tk.type}") from exc
-    idx_arr = pc.index_in(tk, value_set=sk)
+    idx_arr = pc.index_in(tk, value_set=sk)  # pyright: ignore[reportAttributeAccessIssue]  (generated at import)
     matched = idx_arr.is_valid().to_numpy(zero_copy_only=False)
     if on_missing == "error" and not matched.all():
         missing = tk.filter(pa.array(~matched)).slice(0, 5).to_pylist()

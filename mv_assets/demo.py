@@ -55,7 +55,7 @@ def embedding(body: pa.Array) -> pa.Array:
 
 @mv.udf(data_type=pa.string())
 def summary(body: pa.Array) -> pa.Array:
-    return pc.utf8_slice_codeunits(body, 0, 24)
+    return pc.utf8_slice_codeunits(body, 0, 24)  # pyright: ignore[reportAttributeAccessIssue]  (generated at import)
 
 
 @mv.udf(on_error="skip")

@@ -8,7 +8,7 @@ facts behind each).
 import lance
 import pyarrow as pa
 from lance.commit import CommitConflictError  # a concurrent writer won (``.retryable``)
-from lance.fragment import Bitmap
+from lance.fragment import Bitmap  # pyright: ignore[reportPrivateImportUsage]
 
 __all__ = ["CommitConflictError", "take_rows", "roaring_bitmap_bytes"]
 
@@ -23,4 +23,6 @@ def roaring_bitmap_bytes(offsets: list[int]) -> bytes:
     """Portable RoaringBitmap serialization of row offsets (what
     ``Update(updated_fragment_offsets=...)`` takes); pylance exposes it only
     through the Bitmap's pickle support."""
-    return Bitmap(offsets).__reduce__()[1][0]
+    raw = Bitmap(offsets).__reduce__()[1][0]
+    assert isinstance(raw, bytes)
+    return raw

@@ -83,7 +83,7 @@ class ChangeSet:
 
 
 def _mask(values: np.ndarray, members: np.ndarray) -> np.ndarray:
-    mask = pc.is_in(pa.array(values), value_set=pa.array(members))
+    mask = pc.is_in(pa.array(values), value_set=pa.array(members))  # pyright: ignore[reportAttributeAccessIssue]  (generated at import)
     return mask.to_numpy(zero_copy_only=False).astype(bool)
 
 
@@ -122,7 +122,7 @@ def positions(values: np.ndarray, members: np.ndarray) -> np.ndarray:
     out = np.full(len(values), -1, dtype=np.int64)
     if len(values) == 0 or len(members) == 0:
         return out
-    idx = pc.index_in(pa.array(members), value_set=pa.array(values))
+    idx = pc.index_in(pa.array(members), value_set=pa.array(values))  # pyright: ignore[reportAttributeAccessIssue]  (generated at import)
     found = idx.is_valid().to_numpy(zero_copy_only=False)
     out[idx.filter(idx.is_valid()).to_numpy().astype(np.int64)] = np.nonzero(found)[0]
     return out

@@ -87,6 +87,13 @@ class ColumnSpec:
     added: bool = False  # added after creation (add_columns): existing rows are backfilled
 
     @property
+    def the_udf(self) -> UDF:
+        """The UDF of a UDF column (ValueError for SQL and plain columns)."""
+        if self.udf is None:
+            raise ValueError(f"column {self.name!r} is not a UDF column")
+        return self.udf
+
+    @property
     def fingerprint(self) -> str:
         """What computed this column's values: the UDF's code or the SQL text."""
         if self.udf is not None:

@@ -35,7 +35,14 @@ from .errors import ConcurrentRefreshError
 from .lance_compat import CommitConflictError, take_rows
 from .planning import ChangeSet, KeyPlan, isin, plan_keys, positions, shuffle_keys, split_ranges
 from .planning import column_ids as _ids
-from .query import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ViewDefinition, computed_marker, source_marker, tracked_source_columns
+from .query import (
+    SOURCE_ROW_ID,
+    SOURCE_ROW_VERSION,
+    ViewDefinition,
+    computed_marker,
+    source_marker,
+    tracked_source_columns,
+)
 from .tasks import TaskResult, TaskSpec, and_filters
 
 if TYPE_CHECKING:
@@ -153,7 +160,11 @@ def carry_refresh_state(view_ds: lance.LanceDataset) -> int | None:
     state = read_refresh_state(view_ds)
     if state.view_version is None:
         return None  # never refreshed: nothing to carry
-    record = json.loads(view_ds.read_transaction(state.view_version).transaction_properties[STATE_KEY])
+    newest = view_ds.read_transaction(state.view_version)
+    props = (newest.transaction_properties or {}) if newest is not None else {}
+    if STATE_KEY not in props:
+        return None
+    record = json.loads(props[STATE_KEY])
     if record.get("scope") is not None:
         record["whole_source_version"] = state.source_version
     record["carried_from"] = state.view_version
@@ -321,7 +332,7 @@ def _marker_changes(src_uri: str, v0: int, v1: int, markers: list[str]) -> np.nd
     pos = positions(ids1, ids0)
     found = pos >= 0
     changed = np.zeros(len(ids1), dtype=bool)
-    for a, b in zip(m1, m0):
+    for a, b in zip(m1, m0, strict=True):
         changed[found] |= a[found] != b[pos[found]]
     return ids1[changed]
 
@@ -439,7 +450,7 @@ def plan_refresh(
     if how != "incremental" and len(view_keys) == 0 and definition.limit is None and recompute is None:
         # Into an empty view (a first refresh): every passing row is an insert.
         # Planned a fragment at a time, never holding the source's ids.
-        frags = scope_frags if scope is not None else src.get_fragments()
+        frags = scope_frags if scope_frags is not None else src.get_fragments()
         pieces = _pieces_into_empty_view(src, frags, definition.filter, max_rows_per_task)
         tasks = _pack_tasks(pieces, src_version, source.uri, view.uri, checkpoint_dir, max_rows_per_task, plan_key)
         keys, n_insert = KeyPlan(), int(sum(t.rows for t in tasks))
@@ -509,6 +520,7 @@ def _changed_rows(
     base_filter = definition.filter
     candidates = None
     if how == "incremental":
+        assert v0 is not None  # an incremental refresh starts from a reflected version
         version_filter = f"_row_last_updated_at_version > {v0}"
         passing = _scan(src, and_filters(version_filter, base_filter), markers=tracked)
         changed_all = None
@@ -580,6 +592,7 @@ def _current(
     safe = np.where(found, pos, 0)
     current = found & (view_vers[safe] == _ids(rows, ROW_VERSION_ALIAS))
     for m in tracked or []:
+        assert vk is not None  # tracked markers come with the view's keys
         have = np.asarray(vk.column(source_marker(m)).fill_null("").to_pylist(), dtype=object)
         now = np.asarray(rows.column(source_marker(m)).fill_null("").to_pylist(), dtype=object)
         current &= have[safe] == now
@@ -594,7 +607,7 @@ def _ranges_predicate(addrs: np.ndarray, max_runs: int = 64) -> str:
     if len(starts) > max_runs:
         return ""
     parts = [
-        f"(_rowaddr >= {int(addrs[a])} AND _rowaddr <= {int(addrs[b])})" for a, b in zip(starts, ends)
+        f"(_rowaddr >= {int(addrs[a])} AND _rowaddr <= {int(addrs[b])})" for a, b in zip(starts, ends, strict=True)
     ]
     return parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"
 
@@ -743,6 +756,8 @@ def _deletions(view_ds: lance.LanceDataset, keys: np.ndarray, addrs: np.ndarray,
     hit_frags = hit_addrs >> 32
     for fid in np.unique(hit_frags):
         frag = view_ds.get_fragment(int(fid))
+        if frag is None:
+            raise RuntimeError(f"view fragment {fid} disappeared during the refresh")
         sel = hit_frags == fid
         if int(sel.sum()) >= frag.count_rows():
             removed_ids.append(int(fid))

@@ -20,8 +20,8 @@ import pyarrow as pa
 
 from ._files import atomic_write_text
 from .changes import pending_versions
-from .query import tracked_source_columns
 from .policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
+from .query import tracked_source_columns
 
 if TYPE_CHECKING:
     from .catalog import Connection
@@ -203,7 +203,10 @@ def refresh_decision(view: "MaterializedView", now: float | None = None, schedul
     # the source "moved" for this view only through commits that matter to it, or
     # when fragment-scoped refreshes left it holding rows of several versions
     moved = bool(pending) or state.scoped_since_whole
-    effective = (pending[-1] if pending else latest) if moved else state.source_version
+    if moved or state.source_version is None:
+        effective = pending[-1] if pending else latest
+    else:
+        effective = state.source_version
     needs_rows = policy.kind == "staleness" and state.source_version is not None and moved
     return decide(
         policy,

@@ -2,14 +2,15 @@
 
 import datetime as _dt
 import decimal
-from datetime import timedelta
 import time
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
 import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .policy import POLICY_METADATA_KEY, RefreshPolicy
 from .query import (
     SOURCE_ROW_ID,
     VIEW_METADATA_KEY,
@@ -21,9 +22,14 @@ from .query import (
     is_marker,
     short_error,
 )
-from .policy import POLICY_METADATA_KEY, RefreshPolicy
 from .refresh import (
-    RefreshPlan, RefreshResult, RefreshState, carry_refresh_state, compact_if_fragmented, execute_refresh, plan_refresh,
+    RefreshPlan,
+    RefreshResult,
+    RefreshState,
+    carry_refresh_state,
+    compact_if_fragmented,
+    execute_refresh,
+    plan_refresh,
     read_refresh_state,
 )
 from .status import FAILED_LOAD, LOADED, LOADING, ViewStatus, record_load_state, view_status
@@ -124,7 +130,7 @@ def check_primary_key(table: pa.Table, pk: str | None) -> None:
     col = table.column(pk)
     if col.null_count:
         raise ValueError(f"primary key {pk!r} cannot be NULL")
-    if len(pc.unique(col)) != len(col):
+    if len(pc.unique(col)) != len(col):  # pyright: ignore[reportAttributeAccessIssue]  (generated at import)
         raise ValueError(f"duplicate values for primary key {pk!r} in the new rows")
 
 
@@ -208,7 +214,7 @@ class Table:
         return Query(self)
 
     def list_versions(self) -> list[dict]:
-        return self._dataset().versions()
+        return [dict(v) for v in self._dataset().versions()]
 
     # -- computed columns ------------------------------------------------
     def _input_dataset(self) -> lance.LanceDataset:
@@ -314,7 +320,7 @@ class Table:
 
         col = column[0] if isinstance(column, list) and len(column) == 1 else column
         plan_kwargs = {k: kwargs[k] for k in ("udf", "where", "row_ids") if k in kwargs}
-        plan_backfill(self, col, **plan_kwargs)  # raise bad input now, not in the thread
+        plan_backfill(self, col if isinstance(col, str) else col[0], **plan_kwargs)  # bad input raises now
         job_id = kwargs.pop("job_id", None) or uuid.uuid4().hex[:12]
         return BackfillJob(job_id, self.backfill, (column,), {**kwargs, "job_id": job_id})
 
@@ -577,8 +583,10 @@ class MaterializedView(Table):
         """
         with self.connection._refresh_lock(self.name, 600.0):
             ds = self._dataset()
-            kwargs = {"target_rows_per_fragment": target_rows_per_fragment} if target_rows_per_fragment else {}
-            ds.optimize.compact_files(**kwargs)
+            if target_rows_per_fragment:
+                ds.optimize.compact_files(target_rows_per_fragment=target_rows_per_fragment)
+            else:
+                ds.optimize.compact_files()
             carry_refresh_state(self._dataset())
             if cleanup_older_than is not None:
                 self._dataset().cleanup_old_versions(older_than=cleanup_older_than)

@@ -138,12 +138,12 @@ def _input_identity(batch: pa.RecordBatch, computed_inputs: list[str]) -> np.nda
     if not computed_inputs:
         return np.full(batch.num_rows, "", dtype=object)
     parts = [batch.column(_in_marker_name(c)).fill_null("") for c in computed_inputs]
-    joined = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, "|")
+    joined = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, "|")  # pyright: ignore[reportAttributeAccessIssue]  (generated at import)
     return np.asarray(joined.to_pylist(), dtype=object)
 
 
 def _compute_batches(
-    scanner_source: lance.LanceDataset | lance.LanceFragment,
+    scanner_source: "lance.LanceDataset | lance.LanceFragment | _FragmentsScan",
     definition: ViewDefinition,
     schema: pa.Schema,
     source_schema: pa.Schema,
@@ -284,7 +284,7 @@ def compute_udf_columns(
         out[spec.name] = values
         marker = repeat_string(spec.fingerprint, n)
         if failed.any():
-            marker = pc.if_else(pa.array(failed), pa.scalar(None, pa.string()), marker)
+            marker = pc.if_else(pa.array(failed), pa.scalar(None, pa.string()), marker)  # pyright: ignore[reportAttributeAccessIssue]  (generated at import)
         out[computed_marker(spec.name)] = marker
     return out
 
@@ -336,6 +336,7 @@ class RowStore:
         run's work); rows saved since belong to this task and are not looked up."""
         if self._ids is None:
             self._load()
+        assert self._ids is not None
         if len(self._ids) == 0:
             return np.full(len(row_ids), -1, dtype=np.int64)
         p = np.minimum(np.searchsorted(self._sorted, row_ids), len(self._sorted) - 1)

@@ -22,14 +22,14 @@ Forms (as in Geneva):
 import base64
 import copy
 import functools
-import time
-import traceback as _traceback
 import hashlib
 import inspect
 import os
 import sys
 import sysconfig
 import textwrap
+import time
+import traceback as _traceback
 import typing
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -147,7 +147,7 @@ def _columns_struct(tp: Any) -> pa.DataType | None:
     for name in fields:
         t = python_type_to_arrow(hints.get(name))
         if t is None:
-            raise ValueError(f"Columns[{inner.__name__}]: field {name!r} needs a type annotation (int, float, str, ...)")
+            raise ValueError(f"Columns[{getattr(inner, '__name__', inner)}]: field {name!r} needs a type annotation (int, float, str, ...)")
         out.append(pa.field(name, t))
     return pa.struct(out)
 
@@ -357,7 +357,7 @@ class UDF:
                     f"which the input does not have (columns: {schema.names})"
                 )
             return
-        for param, col in zip(self.param_names, self.input_columns):
+        for param, col in zip(self.param_names, self.input_columns, strict=True):
             if col not in schema.names:
                 raise ValueError(
                     f"column {column_label!r}: UDF {self.name!r} parameter {param!r} reads "
@@ -418,19 +418,19 @@ class UDF:
             computed = 0
             retrying = self.on_error.attempts > 1 and bool(self.on_error.retry_on)
             skip_nulls = self.skip_nulls
-            for i, row in enumerate(zip(*cols) if cols else ([()] * n)):
+            for i, row in enumerate(zip(*cols, strict=True) if cols else ([()] * n)):
                 if skip_nulls and None in row:
                     values.append(None)
                     continue
                 computed += 1
                 try:
-                    value = self._call(lambda: fn(*row))[0] if retrying else fn(*row)
+                    value = self._call(lambda row=row: fn(*row))[0] if retrying else fn(*row)
                 except Exception as exc:
                     if not skip:
                         raise
                     errors.append(self._row_error(i, exc))
                     value = None
-                if self.output_fields is not None and hasattr(value, "_asdict"):
+                if self.output_fields is not None and value is not None and hasattr(value, "_asdict"):
                     value = value._asdict()
                 values.append(value)
             try:
@@ -453,7 +453,7 @@ class UDF:
         for i in range(n):
             row = batch.slice(i, 1)
             try:
-                value, _ = self._call(lambda: self._call_batch(fn, row))
+                value, _ = self._call(lambda row=row: self._call_batch(fn, row))
                 parts.append(self._check_output(value, 1))
             except Exception as exc:
                 if getattr(exc, "__mv_output_error__", False):

@@ -17,7 +17,7 @@ def source_rows(uri: str, version: int) -> dict[int, dict]:
     t = lance.dataset(uri, version=version).to_table(with_row_id=True)
     ids = t.column("_rowid").to_pylist()
     rows = t.drop_columns(["_rowid"]).to_pylist()
-    return dict(zip(ids, rows))
+    return dict(zip(ids, rows, strict=True))
 
 
 def expected_view(

@@ -6,10 +6,10 @@ import os
 import lance
 import pyarrow as pa
 import pytest
+from oracle import count_calls, record_call
 
 import mv_assets as mv
 from mv_assets.errors import SourceBehindError, TableExistsError, TableNotFoundError
-from oracle import count_calls, record_call
 
 
 @mv.udf

@@ -9,9 +9,9 @@ import lance
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from oracle import count_calls, record_call
 
 import mv_assets as mv
-from oracle import count_calls, record_call
 
 
 def _rows(n, start=0):
@@ -232,7 +232,8 @@ def test_failed_rows_are_recorded_and_a_retry_fixes_them_after_compaction(db, tm
     assert "model crashed" in e.message and "Traceback" in e.traceback and e.attempts == 1
     ids = t.to_arrow().to_pydict()
     rid = dict(zip(lance.dataset(t.uri).to_table(columns=["id"], with_row_id=True).column("id").to_pylist(),
-                   lance.dataset(t.uri).to_table(columns=["id"], with_row_id=True).column("_rowid").to_pylist()))
+                   lance.dataset(t.uri).to_table(columns=["id"], with_row_id=True).column("_rowid").to_pylist(),
+                   strict=True))
     assert t.get_failed_row_ids("y") == sorted(rid[i] for i in bad)
     assert t.get_errors(error_type="KeyError") == [] and ids
     # compaction moves every row: addresses change, stable row ids do not

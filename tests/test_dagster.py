@@ -7,12 +7,12 @@ import sys
 import dagster as dg
 import lance
 import pytest
-
-import mv_assets as mv
-from mv_assets.dagster import MvAssetsResource, TAG_SCOPE, TAG_SOURCE_VERSION, build_definitions
-from mv_assets.dagster.definitions import partitions_def_name
 from dagster_helpers import apply_partition_requests, double, small_catalog
 from oracle import actual_view, count_calls, expected_view, record_call
+
+import mv_assets as mv
+from mv_assets.dagster import TAG_SCOPE, TAG_SOURCE_VERSION, MvAssetsResource, build_definitions
+from mv_assets.dagster.definitions import partitions_def_name
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

@@ -4,13 +4,13 @@ what a click on Materialize, a checks tab or a launch dialog runs."""
 import dagster as dg
 import lance
 import pytest
+from dagster_helpers import small_catalog
+from oracle import actual_view, expected_view
 
 import mv_assets as mv
 from mv_assets.dagster import MvAssetsResource, build_definitions
 from mv_assets.dagster.definitions import partitions_def_name
 from mv_assets.demo import seed
-from dagster_helpers import small_catalog
-from oracle import actual_view, expected_view
 
 K = dg.AssetKey
 

@@ -7,14 +7,14 @@ import os
 
 import dagster as dg
 import lance
+from dagster_helpers import apply_partition_requests
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from oracle import actual_view, expected_view
 
 import mv_assets as mv
 from mv_assets.dagster import MvAssetsResource, build_definitions
 from mv_assets.dagster.definitions import partitions_def_name
-from dagster_helpers import apply_partition_requests
-from oracle import actual_view, expected_view
 
 
 @mv.udf

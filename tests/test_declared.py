@@ -7,12 +7,12 @@ import textwrap
 import dagster as dg
 import lance
 import pytest
+from oracle import count_calls
 
 import mv_assets as mv
 from mv_assets.dagster import MvAssetsResource, build_definitions
 from mv_assets.dagster.definitions import partitions_def_name
 from mv_assets.declare import apply, load_declared, reconcile
-from oracle import count_calls
 
 K = dg.AssetKey
 

@@ -18,12 +18,12 @@ import textwrap
 
 import pyarrow as pa
 import pytest
+from oracle import count_calls
 
 import mv_assets as mv
 from mv_assets.dagster.devserver import dagster_dev, graphql, wait_until
 from mv_assets.declare import apply, load_declared
 from mv_assets.demo import _documents, checksum
-from oracle import count_calls
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -12,11 +12,11 @@ import dagster as dg
 import lance
 import pytest
 import requests
+from oracle import actual_view, expected_view
 
 import mv_assets as mv
 from mv_assets.dagster.definitions import partitions_def_name
 from mv_assets.dagster.devserver import dagster_dev, wait_until
-from oracle import actual_view, expected_view
 
 pytestmark = [pytest.mark.e2e, pytest.mark.spark]
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

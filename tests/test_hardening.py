@@ -10,9 +10,9 @@ from datetime import timedelta
 import lance
 import pyarrow as pa
 import pytest
+from oracle import actual_view, expected_view, shuffle_key
 
 import mv_assets as mv
-from oracle import actual_view, expected_view, shuffle_key
 
 
 def _inline(tmp_path):
@@ -106,7 +106,7 @@ def _shuffled_view(db, n_fragments=5, rows=100, seed=3):
 
 def _fragment_of(t, ids):
     tab = lance.dataset(t.uri).to_table(columns=["id"], with_row_address=True)
-    frag = dict(zip(tab.column("id").to_pylist(), (a >> 32 for a in tab.column("_rowaddr").to_pylist())))
+    frag = dict(zip(tab.column("id").to_pylist(), (a >> 32 for a in tab.column("_rowaddr").to_pylist()), strict=True))
     return {frag[i] for i in ids}
 
 

@@ -6,11 +6,11 @@ import time
 
 import lance
 import pytest
+from oracle import actual_view, expected_view
 
 import mv_assets as mv
 from mv_assets.errors import ConcurrentRefreshError
 from mv_assets.policy import RefreshPolicy, decide
-from oracle import actual_view, expected_view
 
 NOW = 10_000.0
 

@@ -13,9 +13,9 @@ import lance
 import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
+from oracle import actual_view, expected_view, shuffle_key, source_rows
 
 import mv_assets as mv
-from oracle import actual_view, expected_view, shuffle_key, source_rows
 
 
 def _keep(row):

@@ -1,9 +1,9 @@
 """Backfill on real Spark: many tasks, error capture in Python workers, views."""
 
 import pytest
+from oracle import count_calls, record_call
 
 import mv_assets as mv
-from oracle import count_calls, record_call
 
 pytestmark = pytest.mark.spark
 

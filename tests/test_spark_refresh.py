@@ -2,17 +2,16 @@
 computed with plain pyarrow over the source at the same version."""
 
 import datetime as dt
-from datetime import timedelta
 import json
 import os
+from datetime import timedelta
 
+import lance
 import pyarrow as pa
 import pytest
+from oracle import actual_view, count_calls, expected_view, record_call, shuffle_key, source_rows
 
 import mv_assets as mv
-import lance
-
-from oracle import actual_view, count_calls, expected_view, record_call, shuffle_key, source_rows
 
 pytestmark = pytest.mark.spark
 

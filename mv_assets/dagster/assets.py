@@ -24,13 +24,14 @@ from typing import Any
 import dagster as dg
 import lance
 
-from ..changes import data_version
-from ..declare import apply as apply_declared
-from ..declare import reconcile
-from ..checks import check_view
-from ..policy import RefreshPolicy
-from ..refresh import view_rows_by_fragment
-from ..status import pending_source_versions, view_status
+from mv_assets.changes import data_version
+from mv_assets.checks import check_view
+from mv_assets.declare import apply as apply_declared
+from mv_assets.declare import reconcile
+from mv_assets.policy import RefreshPolicy
+from mv_assets.refresh import view_rows_by_fragment
+from mv_assets.status import pending_source_versions, view_status
+
 from .catalog import TableInfo
 from .resource import MvAssetsResource
 
@@ -331,7 +332,7 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
 
 def _run_checks(context, info: TableInfo, view_key, names: set[str]):
     resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
-    view = resource.connection().open_table(info.name)
+    view = resource.connection().open_view(info.name)
     for outcome in check_view(view):
         if outcome.name in names:
             yield dg.AssetCheckResult(
@@ -393,7 +394,7 @@ def _refresh_view(context, info: TableInfo, view, fragments: list[int] | None, r
         # running refresh of the same view, so concurrent runs line up).
         db = view.connection
         for name in db.upstream(info.name):
-            up = db.open_table(name)
+            up = db.open_view(name)
             if pending_source_versions(up) or up.refresh_state().scoped_since_whole:
                 r = up.refresh()
                 context.log.info(f"brought upstream view {name} to source v{r.to_version} first")
@@ -401,7 +402,7 @@ def _refresh_view(context, info: TableInfo, view, fragments: list[int] | None, r
     tags = context.run.tags
     pinned = int(tags[TAG_SOURCE_VERSION]) if TAG_SOURCE_VERSION in tags else None
     in_run = context.run.asset_selection or set()
-    if any(dg.AssetKey([info.source, c]) in in_run for c in info.reads):
+    if any(dg.AssetKey([info.source_name, c]) in in_run for c in info.reads):
         pinned = None  # this run backfills a column the view reads: refresh after it, to the latest version
     current = view.source_version
     if pinned is not None and current is not None and pinned < current:
@@ -413,7 +414,7 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
     resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
     db = resource.connection()
     _apply_code(context, info, db)
-    view = db.open_table(info.name)
+    view = db.open_view(info.name)
     selected = context.selected_asset_keys
     columns = [n for n, k in col_keys.items() if k in selected]
     keys = _run_partitions(context) if partitioned else []
@@ -471,10 +472,10 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
         return computed + (backfilled.get(name, 0) if fid is None else 0)
 
     fingerprints = {c["name"]: c["udf"]["fingerprint"] for c in info.udf_columns}
-    source = db.open_table(info.source)
+    source = db.open_table(info.source_name)
     source_version = source.version if info.over_view else data_version(source.uri, reads=())
-    view_inputs = {dg.AssetKey([info.source]): source_version}
-    view_inputs.update({dg.AssetKey([info.source, c]): source.version for c in info.reads})
+    view_inputs = {dg.AssetKey([info.source_name]): source_version}
+    view_inputs.update({dg.AssetKey([info.source_name, c]): source.version for c in info.reads})
     if not partitioned or not keys:
         if view_key in selected:
             md = {
@@ -491,11 +492,11 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
     # One materialization per partition, with that partition's own numbers (and
     # the code version Dagster compares to tell a changed UDF from a current one).
     per_fragment = (
-        view_rows_by_fragment(view.uri, db.table_uri(info.source), run_md["source_version"], fragments)
+        view_rows_by_fragment(view.uri, source.uri, run_md["source_version"], fragments)
         if info.scoped and len(fragments) <= PER_PARTITION_LIMIT and run_md["source_version"] is not None
         else {}
     )
-    for key_str, fid in zip(keys, fragments):
+    for key_str, fid in zip(keys, fragments, strict=True):
         part_md = {**run_md, "rows_computed": int(by_fragment.get(fid, 0)), "source_fragment": fid}
         if fid in per_fragment:
             part_md["dagster/row_count"] = per_fragment[fid]

@@ -7,11 +7,11 @@ from typing import Any
 
 import lance
 
-from ..catalog import Connection
-from ..columns import COLUMNS_METADATA_KEY
-from ..declare import reconcile
-from ..policy import POLICY_METADATA_KEY, RefreshPolicy
-from ..query import VIEW_METADATA_KEY, definition_reads, is_marker, output_schema, tracked_source_columns
+from mv_assets.catalog import Connection
+from mv_assets.columns import COLUMNS_METADATA_KEY
+from mv_assets.declare import reconcile
+from mv_assets.policy import POLICY_METADATA_KEY, RefreshPolicy
+from mv_assets.query import VIEW_METADATA_KEY, definition_reads, is_marker, output_schema, tracked_source_columns
 
 __all__ = ["TableInfo", "catalog_tables"]
 
@@ -38,6 +38,13 @@ class TableInfo:
     declared: Any = field(default=None, repr=False)  # the query declaring it in code (code-first views)
     declared_definition: Any = field(default=None, repr=False)  # its ViewDefinition, derived once at load
     code_changes: Any = field(default=None, repr=False)  # how the catalog differs from that code
+
+    @property
+    def source_name(self) -> str:
+        """The source of a view (ValueError for a base table)."""
+        if self.source is None:
+            raise ValueError(f"{self.name!r} is a table: it has no source")
+        return self.source
 
     @property
     def udf_columns(self) -> list[dict]:

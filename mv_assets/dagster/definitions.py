@@ -9,8 +9,9 @@ from typing import Any
 
 import dagster as dg
 
-from ..catalog import Connection, connect
-from ..declare import load_declared
+from mv_assets.catalog import Connection, connect
+from mv_assets.declare import load_declared
+
 from .assets import RESOURCE_KEY, TAG_SCOPE, TAG_SOURCE_VERSION, lineage_asset, partitions_def_name, source_asset
 from .catalog import TableInfo, catalog_tables
 from .resource import MvAssetsResource

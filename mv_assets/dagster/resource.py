@@ -5,8 +5,8 @@ from typing import Optional
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
-from ..catalog import Connection, connect
-from ..spark import InlineRunner, Runner, SparkRunner
+from mv_assets.catalog import Connection, connect
+from mv_assets.spark import InlineRunner, Runner, SparkRunner
 
 
 class MvAssetsResource(dg.ConfigurableResource):

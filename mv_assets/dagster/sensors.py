@@ -23,10 +23,11 @@ import os
 
 import dagster as dg
 
-from ..catalog import connect
-from ..changes import fragment_changes
-from ..spark import InlineRunner
-from ..status import refresh_decision
+from mv_assets.catalog import connect
+from mv_assets.changes import fragment_changes
+from mv_assets.spark import InlineRunner
+from mv_assets.status import refresh_decision
+
 from .assets import (
     CODE_CHECK,
     TAG_SCOPE,
@@ -153,14 +154,14 @@ def table_sensor(
         stale: list[dg.AssetKey] = []
         if column_keys and moved:
             handle = db.open_table(table.name)
-            stale = [k for k, c in zip(column_keys, columns) if handle.plan_backfill(c).rows > 0]
+            stale = [k for k, c in zip(column_keys, columns, strict=True) if handle.plan_backfill(c).rows > 0]
         due: dict[str, str] = {}
         loads: dict[str, int] = {}
         for v in tree:
             if v.name not in db:  # declared in code, not created yet: its first run creates it
                 due[v.name], loads[v.name] = "declared in code, not created yet", 0
                 continue
-            view = db.open_table(v.name)
+            view = db.open_view(v.name)
             decision = refresh_decision(view)
             loads[v.name] = view.refresh_state().load_number
             upstream_due = v.over_view and v.source in due and v.policy.kind == "eager"
@@ -195,6 +196,9 @@ def table_sensor(
 
 
 def view_schedule(view: TableInfo, pdef, keys: list[dg.AssetKey], status):
+    if view.policy.cron is None:
+        raise ValueError(f"{view.name!r} has no cron policy to schedule")
+
     @dg.schedule(
         name=f"{safe_name(view.name)}_schedule",
         cron_schedule=view.policy.cron,
@@ -204,7 +208,7 @@ def view_schedule(view: TableInfo, pdef, keys: list[dg.AssetKey], status):
     )
     def _schedule(context: dg.ScheduleEvaluationContext):
         db = connect(os.path.dirname(view.uri), runner=InlineRunner())
-        decision = refresh_decision(db.open_table(view.name), scheduled=True)
+        decision = refresh_decision(db.open_view(view.name), scheduled=True)
         if not decision.refresh:
             return dg.SkipReason(decision.reason)
         tags = {TAG_SCOPE: "changes", "mv_assets/policy": "cron"}
