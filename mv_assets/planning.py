@@ -20,6 +20,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 __all__ = [
+    "History",
+    "choose_how",
+    "ranges_predicate",
+    "pieces_from_rows",
+    "pack_pieces",
     "ChangeSet",
     "KeyPlan",
     "plan_keys",
@@ -196,3 +201,128 @@ def split_ranges(num_rows: int, max_rows: int) -> list[tuple[int, int]]:
     parts = -(-num_rows // max_rows)
     bounds = [round(i * num_rows / parts) for i in range(parts + 1)]
     return [(bounds[i], bounds[i + 1]) for i in range(parts)]
+
+
+def ranges_predicate(addrs: np.ndarray, max_runs: int = 64) -> str:
+    """SQL selecting exactly these (sorted) row addresses: address ranges, or
+    "" when they are too scattered (more than ``max_runs`` runs).
+
+    >>> ranges_predicate(np.array([5, 6, 7]))
+    '(_rowaddr >= 5 AND _rowaddr <= 7)'
+    >>> ranges_predicate(np.array([1, 3]), max_runs=1)
+    ''
+    """
+    breaks = np.nonzero(np.diff(addrs) != 1)[0]
+    starts = np.concatenate([[0], breaks + 1])
+    ends = np.concatenate([breaks, [len(addrs) - 1]])
+    if len(starts) > max_runs:
+        return ""
+    parts = [
+        f"(_rowaddr >= {int(addrs[a])} AND _rowaddr <= {int(addrs[b])})" for a, b in zip(starts, ends, strict=True)
+    ]
+    return parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"
+
+
+def _in_list(ids: np.ndarray) -> str:
+    return ", ".join(str(int(i)) for i in ids)
+
+
+def pieces_from_rows(addrs: np.ndarray, ids: np.ndarray, max_rows: int) -> list[list]:
+    """Pieces ``[fragment id, predicate, rows]`` selecting exactly the given
+    rows (row addresses and ids), at most ``max_rows`` each, fragment by
+    fragment: address ranges when the rows are contiguous runs (appends, whole
+    fragments), else their row ids.
+
+    >>> pieces_from_rows(np.array([0, 1, 2, (1 << 32) + 4]), np.array([10, 11, 12, 20]), 2)
+    [[0, '(_rowaddr >= 0 AND _rowaddr <= 1)', 2], [0, '(_rowaddr >= 2 AND _rowaddr <= 2)', 1], [1, '(_rowaddr >= 4294967300 AND _rowaddr <= 4294967300)', 1]]
+    """
+    addrs = np.asarray(addrs, dtype=np.int64)
+    ids = np.asarray(ids, dtype=np.int64)
+    order = np.argsort(addrs, kind="stable")
+    addrs, ids = addrs[order], ids[order]
+    frag_ids = addrs >> 32
+    pieces: list[list] = []
+    for fid in np.unique(frag_ids):
+        sel = frag_ids == fid
+        f_addrs, f_ids = addrs[sel], ids[sel]
+        for lo, hi in split_ranges(len(f_addrs), max_rows):
+            predicate = ranges_predicate(f_addrs[lo:hi]) or f"_rowid IN ({_in_list(f_ids[lo:hi])})"
+            pieces.append([int(fid), predicate, int(hi - lo)])
+    return pieces
+
+
+def pack_pieces(pieces: list[list], max_rows: int) -> list[list[list]]:
+    """Group consecutive pieces ``[fragment, predicate, rows]`` into tasks of at
+    most ``max_rows`` rows (a piece is never larger): many small fragments make
+    few tasks, and few view files.
+
+    >>> [len(g) for g in pack_pieces([[0, None, 40], [1, None, 40], [2, None, 40]], 100)]
+    [2, 1]
+    """
+    groups: list[list[list]] = []
+    current: list[list] = []
+    size = 0
+    for piece in pieces:
+        if current and size + piece[2] > max_rows:
+            groups.append(current)
+            current, size = [], 0
+        current.append(piece)
+        size += piece[2]
+    if current:
+        groups.append(current)
+    return groups
+
+
+@dataclass(frozen=True)
+class History:
+    """What the source's commits between the reflected and the target version
+    say (read by the caller, see ``refresh.read_history``)."""
+
+    breaks_row_ids: str | None = None  # why row ids no longer mean the same rows (an Overwrite...)
+    cleaned_up_at: int | None = None  # the newest version whose commit a history cleanup removed
+
+
+def choose_how(
+    *,
+    mode: str,
+    definition_changed: bool,
+    v0: int | None,
+    target: int,
+    scope: list[int] | None,
+    recompute: list[str] | None,
+    scoped_since_whole: bool,
+    history: History,
+) -> tuple[str, str]:
+    """How a refresh finds the rows to look at, and why:
+
+    * ``full``: every row, recomputed;
+    * ``sync``: every row (in scope), skipping rows the view holds at their
+      current version (and markers);
+    * ``incremental``: the rows the change feed reports since ``v0``, skipping
+      current ones.
+
+    >>> choose_how(mode="auto", definition_changed=False, v0=3, target=5, scope=None, recompute=None,
+    ...            scoped_since_whole=False, history=History())
+    ('incremental', 'incremental')
+    """
+    if mode == "full":
+        return "full", "full refresh requested"
+    if definition_changed:
+        return "full", "view definition changed"
+    if v0 is not None and history.breaks_row_ids:
+        return "full", history.breaks_row_ids
+    if scope is not None:
+        return "sync", f"source fragments {scope}"
+    if recompute is not None:
+        return "sync", f"recompute {recompute}"
+    if v0 is None:
+        return "sync", "first refresh"
+    if history.cleaned_up_at is not None:
+        return "sync", f"the source's history up to version {history.cleaned_up_at} was cleaned up: comparing row versions"
+    if scoped_since_whole:
+        # rows a scoped refresh took from other source versions are only found
+        # by comparing every row with the source (the change feed since v0 misses them)
+        return "sync", "fragment-scoped refreshes since the last whole refresh"
+    if target < v0:
+        return "sync", f"source version {target} is older than the reflected version {v0}"
+    return "incremental", "incremental"

@@ -33,7 +33,19 @@ from lance.fragment import FragmentMetadata, write_fragments
 from .changes import STATE_KEY, backfill_commits
 from .errors import ConcurrentRefreshError
 from .lance_compat import CommitConflictError, take_rows
-from .planning import ChangeSet, KeyPlan, isin, plan_keys, positions, shuffle_keys, split_ranges
+from .planning import (
+    ChangeSet,
+    History,
+    KeyPlan,
+    choose_how,
+    isin,
+    pack_pieces,
+    pieces_from_rows,
+    plan_keys,
+    positions,
+    ranges_predicate,
+    shuffle_keys,
+)
 from .planning import column_ids as _ids
 from .query import (
     SOURCE_ROW_ID,
@@ -262,41 +274,29 @@ def _in_list(ids: np.ndarray) -> str:
     return ", ".join(str(int(i)) for i in ids)
 
 
-def _history_breaks_row_ids(src: lance.LanceDataset, v0: int, v1: int) -> str | None:
-    """A reason row ids no longer mean the same rows between v0 and v1, or None.
+def read_history(src: lance.LanceDataset, v0: int, v1: int) -> History:
+    """One pass over the source's commits between the reflected version ``v0``
+    and the target ``v1``: the first commit after which row ids no longer mean
+    the same rows (Overwrite, Restore, Clone), and the newest version whose
+    commit a history cleanup removed.
 
-    Transactions removed by a history cleanup are not a reason: stable row ids
-    and row versions survive cleanup (see :func:`_history_cleaned_up`)."""
-    for v in range(min(v0, v1) + 1, max(v0, v1) + 1):
+    Stable row ids and row versions survive cleanup: a removed commit only
+    means the change feed cannot be read (see :func:`choose_how`)."""
+    breaks, cleaned = None, None
+    for v in range(min(v0, v1), max(v0, v1) + 1):
+        if v < 1:
+            continue
         try:
             txn = src.read_transaction(v)
         except Exception:
+            cleaned = v
             continue
-        if txn is None:
+        if txn is None or v == min(v0, v1) or breaks is not None:
             continue
         op = type(txn.operation).__name__
         if op in _FULL_OPS:
-            return f"source version {v} is an {op}"
-    return None
-
-
-def _history_cleaned_up(src: lance.LanceDataset, v0: int, v1: int) -> int | None:
-    """The newest version in ``[v0, v1]`` whose commit a history cleanup removed, or None.
-
-    Without those commits the change feed since ``v0`` cannot be read, but
-    every row still carries its stable id and its last-updated version, so a
-    comparison of every row's (id, version) with the view's finds exactly the
-    changed rows (and nothing is recomputed that did not change), even across
-    an overwrite that was cleaned up: its rows have versions the view never saw.
-    """
-    for v in range(max(v0, v1), min(v0, v1) - 1, -1):
-        if v < 1:
-            break
-        try:
-            src.read_transaction(v)
-        except Exception:
-            return v
-    return None
+            breaks = f"source version {v} is an {op}"
+    return History(breaks_row_ids=breaks, cleaned_up_at=cleaned)
 
 
 def _scan(
@@ -404,32 +404,11 @@ def plan_refresh(
     v0 = state.source_version
     def_fp = definition.shape_fingerprint()
 
-    # How to find the rows to look at:
-    #   full        -> every row, recomputed
-    #   sync        -> every row (in scope), skipping rows the view has at their current version
-    #   incremental -> rows the change feed reports since v0, skipping current ones
-    if mode == "full":
-        how, reason = "full", "full refresh requested"
-    elif state.definition not in (None, def_fp):
-        how, reason = "full", "view definition changed"
-    elif v0 is not None and (broken := _history_breaks_row_ids(src, v0, src_version)):
-        how, reason = "full", broken
-    elif scope is not None:
-        how, reason = "sync", f"source fragments {scope}"
-    elif recompute is not None:
-        how, reason = "sync", f"recompute {recompute}"
-    elif v0 is None:
-        how, reason = "sync", "first refresh"
-    elif (gone := _history_cleaned_up(src, v0, src_version)) is not None:
-        how, reason = "sync", f"the source's history up to version {gone} was cleaned up: comparing row versions"
-    elif state.scoped_since_whole:
-        # rows a scoped refresh took from other source versions are only found
-        # by comparing every row with the source (the change feed since v0 misses them)
-        how, reason = "sync", "fragment-scoped refreshes since the last whole refresh"
-    elif src_version < v0:
-        how, reason = "sync", f"source version {src_version} is older than the reflected version {v0}"
-    else:
-        how, reason = "incremental", "incremental"
+    history = read_history(src, v0, src_version) if v0 is not None else History()
+    how, reason = choose_how(
+        mode=mode, definition_changed=state.definition not in (None, def_fp), v0=v0, target=src_version,
+        scope=scope, recompute=recompute, scoped_since_whole=state.scoped_since_whole, history=history,
+    )
     if how == "full" and mode == "incremental_strict" and v0 is not None:
         raise ValueError(f"refresh of {view.name!r} cannot be incremental: {reason}")
 
@@ -599,19 +578,6 @@ def _current(
     return current
 
 
-def _ranges_predicate(addrs: np.ndarray, max_runs: int = 64) -> str:
-    """SQL selecting exactly these row addresses: address ranges, or ids if scattered."""
-    breaks = np.nonzero(np.diff(addrs) != 1)[0]
-    starts = np.concatenate([[0], breaks + 1])
-    ends = np.concatenate([breaks, [len(addrs) - 1]])
-    if len(starts) > max_runs:
-        return ""
-    parts = [
-        f"(_rowaddr >= {int(addrs[a])} AND _rowaddr <= {int(addrs[b])})" for a, b in zip(starts, ends, strict=True)
-    ]
-    return parts[0] if len(parts) == 1 else "(" + " OR ".join(parts) + ")"
-
-
 def _make_tasks(
     rows: pa.Table,
     src_version: int,
@@ -623,51 +589,14 @@ def _make_tasks(
     recompute: list[str] | None = None,
     view_version: int | None = None,
 ) -> list[TaskSpec]:
-    """Group the rows to compute by source fragment, cut them into pieces of
-    at most ``max_rows_per_task`` and pack the pieces into tasks.
-
-    Each piece selects exactly its rows: by row-address ranges when they are
-    contiguous runs (appends, whole fragments), else by row id.
-    """
+    """Tasks computing ``rows`` (row ids and addresses of source rows): pieces
+    per fragment (:func:`planning.pieces_from_rows`) packed into tasks."""
     if rows.num_rows == 0:
         return []
-    addrs = _ids(rows, "_rowaddr")
-    ids = _ids(rows)
-    order = np.argsort(addrs, kind="stable")
-    addrs, ids = addrs[order], ids[order]
-    frag_ids = addrs >> 32
-    pieces: list[list] = []
-    for fid in np.unique(frag_ids):
-        sel = frag_ids == fid
-        f_addrs, f_ids = addrs[sel], ids[sel]
-        for lo, hi in split_ranges(len(f_addrs), max_rows_per_task):
-            predicate = _ranges_predicate(f_addrs[lo:hi]) or f"_rowid IN ({_in_list(f_ids[lo:hi])})"
-            pieces.append([int(fid), predicate, int(hi - lo)])
+    pieces = pieces_from_rows(_ids(rows, "_rowaddr"), _ids(rows), max_rows_per_task)
     return _pack_tasks(
         pieces, src_version, src_uri, view_uri, checkpoint_dir, max_rows_per_task, plan_key, recompute, view_version
     )
-
-
-def pack_pieces(pieces: list[list], max_rows: int) -> list[list[list]]:
-    """Group consecutive pieces ``[fragment, predicate, rows]`` into tasks of at
-    most ``max_rows`` rows (a piece is never larger): many small fragments make
-    few tasks, and few view files.
-
-    >>> [len(g) for g in pack_pieces([[0, None, 40], [1, None, 40], [2, None, 40]], 100)]
-    [2, 1]
-    """
-    groups: list[list[list]] = []
-    current: list[list] = []
-    size = 0
-    for piece in pieces:
-        if current and size + piece[2] > max_rows:
-            groups.append(current)
-            current, size = [], 0
-        current.append(piece)
-        size += piece[2]
-    if current:
-        groups.append(current)
-    return groups
 
 
 def _pack_tasks(
@@ -763,7 +692,7 @@ def _deletions(view_ds: lance.LanceDataset, keys: np.ndarray, addrs: np.ndarray,
             removed_ids.append(int(fid))
             continue
         doomed_addrs = np.sort(hit_addrs[sel])
-        predicate = _ranges_predicate(doomed_addrs, max_runs=256) or (
+        predicate = ranges_predicate(doomed_addrs, max_runs=256) or (
             f"{SOURCE_ROW_ID} IN ({_in_list(hit_keys[sel])})"
         )
         meta = frag.delete(predicate)

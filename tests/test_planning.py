@@ -125,3 +125,66 @@ def test_isin_and_positions_match_numpy(n_values, n_members):
     assert isin(values, members).tolist() == np.isin(values, members).tolist()
     expected = [int(np.nonzero(members == v)[0][0]) if v in members else -1 for v in values]
     assert positions(values, members).tolist() == expected
+
+
+# --- how a refresh looks for rows: a table of cases ---------------------------
+
+from mv_assets.planning import History, choose_how, pack_pieces, pieces_from_rows, ranges_predicate  # noqa: E402
+
+_BASE = dict(mode="auto", definition_changed=False, v0=5, target=9, scope=None, recompute=None,
+             scoped_since_whole=False, history=History())
+
+HOW_CASES = [
+    # (changes to the base case, expected how, words in the reason)
+    ({}, "incremental", "incremental"),
+    ({"mode": "full"}, "full", "requested"),
+    ({"mode": "incremental_strict"}, "incremental", "incremental"),
+    ({"definition_changed": True}, "full", "definition changed"),
+    ({"history": History(breaks_row_ids="source version 7 is an Overwrite")}, "full", "Overwrite"),
+    ({"v0": None, "history": History(breaks_row_ids="x")}, "sync", "first refresh"),
+    ({"scope": [2, 3]}, "sync", "fragments [2, 3]"),
+    ({"recompute": ["y"]}, "sync", "recompute ['y']"),
+    ({"v0": None}, "sync", "first refresh"),
+    ({"history": History(cleaned_up_at=6)}, "sync", "up to version 6 was cleaned up"),
+    ({"history": History(breaks_row_ids="an Overwrite", cleaned_up_at=6)}, "full", "Overwrite"),
+    ({"scoped_since_whole": True}, "sync", "fragment-scoped"),
+    ({"target": 3}, "sync", "older than the reflected version 5"),
+    ({"target": 5}, "incremental", "incremental"),
+    ({"definition_changed": True, "scope": [1]}, "full", "definition changed"),
+]
+
+
+@pytest.mark.parametrize("change,how,words", HOW_CASES)
+def test_choose_how(change, how, words):
+    got_how, reason = choose_how(**{**_BASE, **change})
+    assert got_how == how and words in reason
+
+
+RANGE_CASES = [
+    ([7], "(_rowaddr >= 7 AND _rowaddr <= 7)"),
+    ([1, 2, 3], "(_rowaddr >= 1 AND _rowaddr <= 3)"),
+    ([1, 2, 5, 6], "((_rowaddr >= 1 AND _rowaddr <= 2) OR (_rowaddr >= 5 AND _rowaddr <= 6))"),
+    (list(range(0, 200, 2)), ""),  # 100 runs: too scattered for ranges
+]
+
+
+@pytest.mark.parametrize("addrs,expected", RANGE_CASES)
+def test_ranges_predicate(addrs, expected):
+    assert ranges_predicate(np.array(addrs)) == expected
+
+
+def test_pieces_select_exactly_their_rows_and_packing_keeps_tasks_small():
+    frag = lambda f, offsets: [(f << 32) + o for o in offsets]  # noqa: E731
+    addrs = frag(0, range(10)) + frag(1, [0, 5, 9]) + frag(3, range(0, 400, 3))
+    ids = list(range(len(addrs)))
+    pieces = pieces_from_rows(np.array(addrs), np.array(ids), 4)
+    assert sum(p[2] for p in pieces) == len(addrs)
+    assert all(p[2] <= 4 for p in pieces)
+    assert {p[0] for p in pieces} == {0, 1, 3}
+    scattered = [p for p in pieces if p[0] == 3]
+    assert all("_rowaddr >=" in p[1] and "_rowid" not in p[1] for p in scattered)  # 4 rows a piece: few runs
+    big = pieces_from_rows(np.array(frag(3, range(0, 400, 3))), np.arange(134), 200)
+    assert big[0][1].startswith("_rowid IN (")  # 134 scattered rows: by id
+    groups = pack_pieces([[0, None, 3], [1, None, 3], [2, None, 3], [3, None, 9], [4, None, 1]], 9)
+    assert [[p[0] for p in g] for g in groups] == [[0, 1, 2], [3], [4]]
+    assert pack_pieces([], 5) == []
