@@ -189,11 +189,11 @@ class Connection:
 
     def dependents(self, name: str) -> list[str]:
         """Views defined directly over ``name``."""
-        return [v.name for v in self.views() if v.definition.source == name]
+        return [v.name for v in self.views() if v.source == name]
 
     def lineage_order(self, names: list[str] | None = None) -> list[str]:
         """Views in an order where each comes after the view it reads."""
-        views = {v.name: v.definition.source for v in self.views()}
+        views = {v.name: v.source for v in self.views()}
         wanted = set(views) if names is None else set(names)
         for n in wanted:
             if n not in views:
@@ -221,7 +221,7 @@ class Connection:
         chain = []
         t = self.open_table(name)
         while isinstance(t, MaterializedView):
-            src = self.open_table(t.definition.source)
+            src = self.open_table(t.source)
             if isinstance(src, MaterializedView):
                 chain.append(src.name)
             t = src

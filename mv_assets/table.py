@@ -2,6 +2,7 @@
 
 import datetime as _dt
 import decimal
+import json
 import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
@@ -555,7 +556,14 @@ class MaterializedView(Table):
 
     @property
     def source(self) -> str:
-        return self.definition.source
+        """The name of the table or view this view reads (its stored JSON is
+        read; no UDF is unpickled, so ordering views never runs user code)."""
+        if self._definition is not None:
+            return self._definition.source
+        raw = (self.schema.metadata or {}).get(VIEW_METADATA_KEY.encode())
+        if raw is None:
+            raise ValueError(f"{self.name!r} is not a materialized view")
+        return json.loads(raw)["source"]
 
     def _input_dataset(self) -> lance.LanceDataset:
         return self.connection.open_table(self.definition.source)._dataset()

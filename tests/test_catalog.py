@@ -493,3 +493,18 @@ def test_internal_names_are_refused_everywhere(db, name):
     with pytest.raises(ValueError, match="reserved"):
         db.create_table("other", [{"id": 1, name: 2}])
     assert db.table_names() == ["raw"] and t.schema.names == ["id", "x", "s"]
+
+
+def test_ordering_views_unpickles_no_udf(db, monkeypatch):
+    t = db.create_table("raw", _rows(4))
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": sq}))
+    db.create_materialized_view("w", v.search(None).select({"id": "id", "y": "y"}))
+    import cloudpickle
+
+    loads = []
+    real = cloudpickle.loads
+    monkeypatch.setattr(cloudpickle, "loads", lambda *a, **k: loads.append(1) or real(*a, **k))
+    fresh = mv.connect(db.uri, runner=mv.InlineRunner())
+    assert fresh.lineage_order() == ["v", "w"] and fresh.dependents("v") == ["w"] and fresh.upstream("w") == ["v"]
+    assert loads == []
+    assert [r.view for r in fresh.refresh(["w", "v"])] == ["v", "w"]
