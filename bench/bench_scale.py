@@ -98,7 +98,8 @@ else:  # the id-set plan: every passing row id, address and version at once
     src = db.open_table("src")._dataset()
     vk = v._dataset().to_table(columns=["__source_row_id", "__source_row_version"], with_row_address=True)
     keys, rows, _ = R._changed_rows(src, src.uri, v.definition, "sync", None, src.version, None, None, vk, [], None)
-    tasks = R._make_tasks(rows, src.version, src.uri, v.uri, "/tmp/unused", 131072, "bench")
+    pieces = R.pieces_from_rows(R._ids(rows, "_rowaddr"), R._ids(rows), 131072)
+    tasks = R.pack_pieces(pieces, 131072)
     n = len(keys.insert)
 secs = time.perf_counter() - t0
 stop.set(); th.join()

@@ -337,6 +337,59 @@ def _marker_changes(src_uri: str, v0: int, v1: int, markers: list[str]) -> np.nd
     return ids1[changed]
 
 
+def _check_args(mode: str, max_rows_per_task: int, checkpoint_size: int) -> None:
+    if mode not in MODES:
+        raise ValueError(f"refresh mode must be one of {MODES}, got {mode!r}")
+    if not isinstance(max_rows_per_task, int) or max_rows_per_task <= 0:
+        raise ValueError("max_rows_per_task must be a positive int")
+    if not isinstance(checkpoint_size, int) or checkpoint_size <= 0:
+        raise ValueError("checkpoint_size must be a positive int")
+
+
+def _source_at(view_name: str, definition: ViewDefinition, src_latest: lance.LanceDataset, src_version: int | None):
+    """The source dataset at the target version, checked: in range, with the
+    columns the view reads, with stable row ids."""
+    if src_version is None:
+        src_version = src_latest.version
+    if isinstance(src_version, bool) or not isinstance(src_version, int) or not 1 <= src_version <= src_latest.version:
+        raise ValueError(
+            f"src_version must be between 1 and {src_latest.version} (latest of {definition.source!r}), got {src_version!r}"
+        )
+    src = src_latest if src_version == src_latest.version else lance.dataset(src_latest.uri, version=src_version)
+    if src is not src_latest:
+        missing = [c for c in definition.reads(src_latest.schema.names, src_latest.schema) if c not in src.schema.names]
+        if missing:
+            raise ValueError(
+                f"version {src_version} of {definition.source!r} has no column {', '.join(map(repr, missing))}, "
+                f"which view {view_name!r} reads (added at a later version); refresh to a version that has it"
+            )
+    if not src.has_stable_row_ids:
+        raise ValueError(f"source {definition.source!r} was not created with stable row ids")
+    return src
+
+
+def _scope(view_name: str, definition: ViewDefinition, src: lance.LanceDataset, fragments, recompute):
+    """The fragment scope (None: the whole source) and its fragments; checks ``recompute``."""
+    scope: list[int] | None = None
+    scope_frags = None
+    if fragments is not None:
+        if definition.limit is not None:
+            raise ValueError(f"view {view_name!r} has a limit: it refreshes as a whole, not by fragment")
+        existing = {f.fragment_id: f for f in src.get_fragments()}
+        scope = sorted({int(f) for f in fragments})
+        scope_frags = [existing[f] for f in scope if f in existing]
+        if set(existing) <= set(scope):  # covers the whole source: a whole-view refresh
+            scope, scope_frags = None, None
+    udf_names = [c.name for c in definition.udf_columns]
+    if recompute is not None:
+        unknown = [c for c in recompute if c not in udf_names]
+        if unknown or not recompute:
+            raise ValueError(f"recompute takes UDF columns of {view_name!r} ({udf_names}), got {recompute!r}")
+        if definition.limit is not None:
+            raise ValueError(f"view {view_name!r} has a limit: recompute it with mode='full'")
+    return scope, scope_frags
+
+
 def plan_refresh(
     view: "MaterializedView",
     src_version: int | None = None,
@@ -357,126 +410,100 @@ def plan_refresh(
     holds at their current version (say after the UDF's code changed); their
     other columns are copied, not recomputed. Changed rows are refreshed as usual.
     """
-    if mode not in MODES:
-        raise ValueError(f"refresh mode must be one of {MODES}, got {mode!r}")
-    if not isinstance(max_rows_per_task, int) or max_rows_per_task <= 0:
-        raise ValueError("max_rows_per_task must be a positive int")
-    if not isinstance(checkpoint_size, int) or checkpoint_size <= 0:
-        raise ValueError("checkpoint_size must be a positive int")
+    _check_args(mode, max_rows_per_task, checkpoint_size)
     definition: ViewDefinition = view.definition
-    source = view.connection.open_table(definition.source)
-    src_latest = source._dataset()
-    if src_version is None:
-        src_version = src_latest.version
-    if isinstance(src_version, bool) or not isinstance(src_version, int) or not 1 <= src_version <= src_latest.version:
-        raise ValueError(
-            f"src_version must be between 1 and {src_latest.version} (latest of {definition.source!r}), got {src_version!r}"
-        )
-    src = src_latest if src_version == src_latest.version else lance.dataset(source.uri, version=src_version)
-    if src is not src_latest:
-        missing = [c for c in definition.reads(src_latest.schema.names, src_latest.schema) if c not in src.schema.names]
-        if missing:
-            raise ValueError(
-                f"version {src_version} of {definition.source!r} has no column {', '.join(map(repr, missing))}, "
-                f"which view {view.name!r} reads (added at a later version); refresh to a version that has it"
-            )
-    if not src.has_stable_row_ids:
-        raise ValueError(f"source {definition.source!r} was not created with stable row ids")
-    scope: list[int] | None = None
-    scope_frags = None
-    if fragments is not None:
-        if definition.limit is not None:
-            raise ValueError(f"view {view.name!r} has a limit: it refreshes as a whole, not by fragment")
-        existing = {f.fragment_id: f for f in src.get_fragments()}
-        scope = sorted({int(f) for f in fragments})
-        scope_frags = [existing[f] for f in scope if f in existing]
-        if set(existing) <= set(scope):  # covers the whole source: a whole-view refresh
-            scope, scope_frags = None, None
-    udf_names = [c.name for c in definition.udf_columns]
-    if recompute is not None:
-        unknown = [c for c in recompute if c not in udf_names]
-        if unknown or not recompute:
-            raise ValueError(f"recompute takes UDF columns of {view.name!r} ({udf_names}), got {recompute!r}")
-        if definition.limit is not None:
-            raise ValueError(f"view {view.name!r} has a limit: recompute it with mode='full'")
+    src = _source_at(view.name, definition, view.connection.open_table(definition.source)._dataset(), src_version)
+    scope, scope_frags = _scope(view.name, definition, src, fragments, recompute)
     view_ds = view._dataset()
     state = read_refresh_state(view_ds)
     v0 = state.source_version
     def_fp = definition.shape_fingerprint()
-
-    history = read_history(src, v0, src_version) if v0 is not None else History()
+    history = read_history(src, v0, src.version) if v0 is not None else History()
     how, reason = choose_how(
-        mode=mode, definition_changed=state.definition not in (None, def_fp), v0=v0, target=src_version,
+        mode=mode, definition_changed=state.definition not in (None, def_fp), v0=v0, target=src.version,
         scope=scope, recompute=recompute, scoped_since_whole=state.scoped_since_whole, history=history,
     )
     if how == "full" and mode == "incremental_strict" and v0 is not None:
         raise ValueError(f"refresh of {view.name!r} cannot be incremental: {reason}")
-
     # Computed columns of the source the view reads: their markers are compared too.
     tracked = tracked_source_columns(view_ds.schema)
     vk = view_ds.to_table(
         columns=[SOURCE_ROW_ID, SOURCE_ROW_VERSION, *(source_marker(m) for m in tracked)], with_row_address=True
     )
-    view_keys = _ids(vk, SOURCE_ROW_ID)
-    view_addrs = _ids(vk, "_rowaddr")
-
     plan_key = hashlib.sha256(
-        f"{view.uri}|{view_ds.version}|{v0}|{src_version}|{def_fp}|{how}|{scope}|{recompute}|{max_rows_per_task}|{checkpoint_size}".encode()
+        f"{view.uri}|{view_ds.version}|{v0}|{src.version}|{def_fp}|{how}|{scope}|{recompute}|{max_rows_per_task}|"
+        f"{checkpoint_size}".encode()
     ).hexdigest()[:16]
-    checkpoint_dir = os.path.join(view.connection._state_dir("checkpoints", view.name), plan_key)
-    batch_dir = view.connection._state_dir("checkpoints", view.name, "batches")
-    current_rows = None
-    if how != "incremental" and len(view_keys) == 0 and definition.limit is None and recompute is None:
+    checkpoints = view.connection._state_dir("checkpoints", view.name)
+    where = _TaskPlace(
+        src.uri, src.version, view.uri, view_ds.version, os.path.join(checkpoints, plan_key),
+        os.path.join(checkpoints, "batches"), plan_key, max_rows_per_task, checkpoint_size,
+    )
+    if how != "incremental" and vk.num_rows == 0 and definition.limit is None and recompute is None:
         # Into an empty view (a first refresh): every passing row is an insert.
-        # Planned a fragment at a time, never holding the source's ids.
+        # Planned while streaming the source's addresses, never holding its ids.
         frags = scope_frags if scope_frags is not None else src.get_fragments()
-        pieces = _pieces_into_empty_view(src, frags, definition.filter, max_rows_per_task)
-        tasks = _pack_tasks(pieces, src_version, source.uri, view.uri, checkpoint_dir, max_rows_per_task, plan_key)
-        keys, n_insert = KeyPlan(), int(sum(t.rows for t in tasks))
+        tasks = where.tasks(_pieces_into_empty_view(src, frags, definition.filter, max_rows_per_task))
+        keys, n_insert, udf_rows = KeyPlan(), int(sum(t.rows for t in tasks)), {}
     else:
         keys, rows, current_rows = _changed_rows(
-            src, source.uri, definition, how, v0, src_version, scope, scope_frags, vk, tracked, recompute
+            src, src.uri, definition, how, v0, src.version, scope, scope_frags, vk, tracked, recompute
         )
-        tasks = _make_tasks(rows, src_version, source.uri, view.uri, checkpoint_dir, max_rows_per_task, plan_key)
+        tasks, udf_rows = _tasks_for(where, rows, current_rows, recompute)
         n_insert = int(len(keys.insert))
-    # Row checkpoints are looked up only when an earlier run left some (a resume);
-    # a fresh refresh only writes them.
-    resume = os.path.isdir(batch_dir) and any(True for _ in os.scandir(batch_dir))
-    for t in tasks:
-        t.batch_size, t.batch_checkpoint_dir, t.batch_resume = checkpoint_size, batch_dir, resume
-    n_compute = int(sum(t.rows for t in tasks))
-    udf_rows = {name: n_compute for name in udf_names}
-    if current_rows is not None and current_rows.num_rows:
-        rewrite = _make_tasks(
-            current_rows, src_version, source.uri, view.uri, checkpoint_dir, max_rows_per_task, plan_key,
-            recompute=list(recompute or []), view_version=view_ds.version,
+    for name in (c.name for c in definition.udf_columns):
+        udf_rows[name] = udf_rows.get(name, 0) + int(sum(t.rows for t in tasks if t.recompute is None))
+    return RefreshPlan(
+        view=view.name, source=definition.source, from_version=v0, to_version=src.version,
+        view_version=view_ds.version, full=how == "full", reason=reason, rows_to_insert=n_insert,
+        rows_to_update=int(len(keys.update)), rows_to_delete=int(len(keys.delete)), udf_rows=udf_rows,
+        tasks=tasks, keys=keys, view_key_addrs=(_ids(vk, SOURCE_ROW_ID), _ids(vk, "_rowaddr")),
+        checkpoint_dir=where.checkpoint_dir, definition_raw=definition.encode(), load_number=state.load_number,
+        scope=scope, scoped_since_whole=state.scoped_since_whole,
+    )
+
+
+@dataclass(frozen=True)
+class _TaskPlace:
+    """Where a plan's tasks read, write and checkpoint, and how big they are."""
+
+    src_uri: str
+    src_version: int
+    view_uri: str
+    view_version: int
+    checkpoint_dir: str
+    batch_dir: str
+    plan_key: str
+    max_rows_per_task: int
+    checkpoint_size: int
+
+    def tasks(self, pieces: list[list], recompute: list[str] | None = None) -> list[TaskSpec]:
+        tasks = _pack_tasks(
+            pieces, self.src_version, self.src_uri, self.view_uri, self.checkpoint_dir, self.max_rows_per_task,
+            self.plan_key, recompute, self.view_version if recompute is not None else None,
         )
-        for t in rewrite:
-            t.batch_size, t.batch_checkpoint_dir, t.batch_resume = checkpoint_size, batch_dir, resume
+        # Row checkpoints are looked up only when an earlier run left some (a
+        # resume); a fresh refresh only writes them.
+        resume = os.path.isdir(self.batch_dir) and any(True for _ in os.scandir(self.batch_dir))
+        for t in tasks:
+            t.batch_size, t.batch_checkpoint_dir, t.batch_resume = self.checkpoint_size, self.batch_dir, resume
+        return tasks
+
+
+def _tasks_for(where: _TaskPlace, rows: pa.Table, current_rows: pa.Table, recompute: list[str] | None):
+    """Tasks computing the changed ``rows``, plus tasks recomputing only the
+    ``recompute`` columns of ``current_rows``; and those columns' UDF rows."""
+    tasks = []
+    if rows.num_rows:
+        tasks = where.tasks(pieces_from_rows(_ids(rows, "_rowaddr"), _ids(rows), where.max_rows_per_task))
+    udf_rows: dict[str, int] = {}
+    if current_rows.num_rows:
+        pieces = pieces_from_rows(_ids(current_rows, "_rowaddr"), _ids(current_rows), where.max_rows_per_task)
+        rewrite = where.tasks(pieces, recompute=list(recompute or []))
         tasks += rewrite
         for name in recompute or []:
-            udf_rows[name] += int(sum(t.rows for t in rewrite))
-    return RefreshPlan(
-        view=view.name,
-        source=definition.source,
-        from_version=v0,
-        to_version=src_version,
-        view_version=view_ds.version,
-        full=how == "full",
-        reason=reason,
-        rows_to_insert=n_insert,
-        rows_to_update=int(len(keys.update)),
-        rows_to_delete=int(len(keys.delete)),
-        udf_rows=udf_rows,
-        tasks=tasks,
-        keys=keys,
-        view_key_addrs=(view_keys, view_addrs),
-        checkpoint_dir=checkpoint_dir,
-        definition_raw=definition.encode(),
-        load_number=state.load_number,
-        scope=scope,
-        scoped_since_whole=state.scoped_since_whole,
-    )
+            udf_rows[name] = int(sum(t.rows for t in rewrite))
+    return tasks, udf_rows
 
 
 def _changed_rows(
@@ -576,27 +603,6 @@ def _current(
         now = np.asarray(rows.column(source_marker(m)).fill_null("").to_pylist(), dtype=object)
         current &= have[safe] == now
     return current
-
-
-def _make_tasks(
-    rows: pa.Table,
-    src_version: int,
-    src_uri: str,
-    view_uri: str,
-    checkpoint_dir: str,
-    max_rows_per_task: int,
-    plan_key: str,
-    recompute: list[str] | None = None,
-    view_version: int | None = None,
-) -> list[TaskSpec]:
-    """Tasks computing ``rows`` (row ids and addresses of source rows): pieces
-    per fragment (:func:`planning.pieces_from_rows`) packed into tasks."""
-    if rows.num_rows == 0:
-        return []
-    pieces = pieces_from_rows(_ids(rows, "_rowaddr"), _ids(rows), max_rows_per_task)
-    return _pack_tasks(
-        pieces, src_version, src_uri, view_uri, checkpoint_dir, max_rows_per_task, plan_key, recompute, view_version
-    )
 
 
 def _pack_tasks(
@@ -776,46 +782,17 @@ def view_rows_by_fragment(view_uri: str, src_uri: str, src_version: int, fragmen
     return out
 
 
-def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner") -> RefreshResult:
-    """Run the plan's tasks and commit the result as one Lance transaction."""
-    start = time.perf_counter()
-    if plan.commits_nothing:
-        return RefreshResult(
-            view=view.name, from_version=plan.from_version, to_version=plan.to_version,
-            view_version=plan.view_version, full=False, rows_inserted=0, rows_updated=0,
-            rows_deleted=0, udf_rows_computed={}, tasks=0, tasks_resumed=0,
-            seconds=time.perf_counter() - start, runner="none",
-        )
-    view.connection._clear_stale_checkpoints(view.name, keep=plan.checkpoint_dir)
-    results: list[TaskResult] = runner.run(plan.tasks, plan.definition_raw) if plan.tasks else []
-    executed = time.perf_counter()
-    view_ds = lance.dataset(view.uri)
-    if view_ds.version != plan.view_version:
-        raise ConcurrentRefreshError(
-            f"view {view.name!r} moved from version {plan.view_version} to {view_ds.version} during the "
-            "refresh; nothing was committed. Refresh again."
-        )
-    view_ds = lance.dataset(view.uri, version=plan.view_version)
-    keys, addrs = plan.view_key_addrs or (np.empty(0, np.int64), np.empty(0, np.int64))
-    if view.definition.shuffle and any(r.rows_path for r in results):
-        removed, updated = [f.fragment_id for f in view_ds.get_fragments()], []
-        new_fragments = shuffled_fragments(view_ds, plan.keys.remove_from_view, results, view.definition.seed)
-    else:
-        removed, updated = _deletions(view_ds, keys, addrs, plan.keys.remove_from_view)
-        new_fragments = [FragmentMetadata.from_json(json.dumps(f)) for r in results for f in r.fragments]
-    errors = [e for r in results for e in r.errors]
-    if errors:  # rows a UDF skipped (on_error="skip"): NULL values, recorded before the commit
-        from .error_log import append_errors
+def _sum_counts(counts: list[dict[str, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for c in counts:
+        for k, v in c.items():
+            out[k] = out.get(k, 0) + v
+    return out
 
-        append_errors(view.connection, view.name, f"refresh-{plan.load_number + 1}-{plan.checkpoint_dir[-8:] if plan.checkpoint_dir else ''}", errors)
-    udf_rows: dict[str, int] = {}
-    udf_resumed: dict[str, int] = {}
-    for r in results:
-        for k, v in r.udf_rows.items():
-            udf_rows[k] = udf_rows.get(k, 0) + v
-        for k, v in r.udf_rows_resumed.items():
-            udf_resumed[k] = udf_resumed.get(k, 0) + v
-    state = {
+
+def _state_record(view: "MaterializedView", plan: RefreshPlan, udf_rows: dict[str, int], errors: int) -> dict:
+    """The refresh state committed with the data (see :func:`read_refresh_state`)."""
+    return {
         "source_version": plan.to_version,
         "from_version": plan.from_version,
         "definition": view.definition.shape_fingerprint(),
@@ -829,14 +806,56 @@ def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner
         "rows_updated": plan.rows_to_update,
         "rows_deleted": plan.rows_to_delete,
         "udf_rows_computed": udf_rows,
-        "udf_errors": len(errors),
+        "udf_errors": errors,
     }
+
+
+def _view_changes(view: "MaterializedView", plan: RefreshPlan, results: list[TaskResult]):
+    """The commit's removed fragment ids, updated fragments and new fragments."""
+    view_ds = lance.dataset(view.uri)
+    if view_ds.version != plan.view_version:
+        raise ConcurrentRefreshError(
+            f"view {view.name!r} moved from version {plan.view_version} to {view_ds.version} during the "
+            "refresh; nothing was committed. Refresh again."
+        )
+    keys, addrs = plan.view_key_addrs or (np.empty(0, np.int64), np.empty(0, np.int64))
+    if view.definition.shuffle and any(r.rows_path for r in results):
+        removed = [f.fragment_id for f in view_ds.get_fragments()]
+        return removed, [], shuffled_fragments(view_ds, plan.keys.remove_from_view, results, view.definition.seed)
+    removed, updated = _deletions(view_ds, keys, addrs, plan.keys.remove_from_view)
+    return removed, updated, [FragmentMetadata.from_json(json.dumps(f)) for r in results for f in r.fragments]
+
+
+def _nothing_done(view: "MaterializedView", plan: RefreshPlan, seconds: float) -> RefreshResult:
+    return RefreshResult(
+        view=view.name, from_version=plan.from_version, to_version=plan.to_version,
+        view_version=plan.view_version, full=False, rows_inserted=0, rows_updated=0,
+        rows_deleted=0, udf_rows_computed={}, tasks=0, tasks_resumed=0, seconds=seconds, runner="none",
+    )
+
+
+def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner") -> RefreshResult:
+    """Run the plan's tasks and commit the result as one Lance transaction."""
+    start = time.perf_counter()
+    if plan.commits_nothing:
+        return _nothing_done(view, plan, time.perf_counter() - start)
+    view.connection._clear_stale_checkpoints(view.name, keep=plan.checkpoint_dir)
+    results: list[TaskResult] = runner.run(plan.tasks, plan.definition_raw) if plan.tasks else []
+    executed = time.perf_counter()
+    removed, updated, new_fragments = _view_changes(view, plan, results)
+    errors = [e for r in results for e in r.errors]
+    if errors:  # rows a UDF skipped (on_error="skip"): NULL values, recorded before the commit
+        from .error_log import append_errors
+
+        job = f"refresh-{plan.load_number + 1}-{plan.checkpoint_dir[-8:] if plan.checkpoint_dir else ''}"
+        append_errors(view.connection, view.name, job, errors)
+    udf_rows = _sum_counts([r.udf_rows for r in results])
     txn = Transaction(
         read_version=plan.view_version,
         operation=LanceOperation.Update(
             removed_fragment_ids=removed, updated_fragments=updated, new_fragments=new_fragments
         ),
-        transaction_properties={STATE_KEY: json.dumps(state)},
+        transaction_properties={STATE_KEY: json.dumps(_state_record(view, plan, udf_rows, len(errors)))},
     )
     try:
         committed = lance.LanceDataset.commit(view.uri, txn, read_version=plan.view_version, max_retries=0)
@@ -849,27 +868,17 @@ def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner
         # committed: the batch checkpoints are spent (refreshes of a view never overlap)
         shutil.rmtree(os.path.join(os.path.dirname(plan.checkpoint_dir), "batches"), ignore_errors=True)
     done = time.perf_counter()
+    local = getattr(runner, "last_run_local", False)
     return RefreshResult(
-        view=view.name,
-        from_version=plan.from_version,
-        to_version=plan.to_version,
-        view_version=committed.version,
-        full=plan.full,
-        rows_inserted=plan.rows_to_insert,
-        rows_updated=plan.rows_to_update,
-        rows_deleted=plan.rows_to_delete,
-        udf_rows_computed=udf_rows,
-        udf_rows_resumed=udf_resumed,
-        tasks=len(plan.tasks),
-        tasks_resumed=sum(1 for r in results if r.resumed),
-        seconds=done - start,
-        runner=(
-            "spark-driver-local" if getattr(runner, "last_run_local", False) else getattr(runner, "name", type(runner).__name__)
-        ),
+        view=view.name, from_version=plan.from_version, to_version=plan.to_version, view_version=committed.version,
+        full=plan.full, rows_inserted=plan.rows_to_insert, rows_updated=plan.rows_to_update,
+        rows_deleted=plan.rows_to_delete, udf_rows_computed=udf_rows,
+        udf_rows_resumed=_sum_counts([r.udf_rows_resumed for r in results]), tasks=len(plan.tasks),
+        tasks_resumed=sum(1 for r in results if r.resumed), seconds=done - start,
+        runner="spark-driver-local" if local else getattr(runner, "name", type(runner).__name__),
         rows_by_fragment=_rows_by_fragment(plan.tasks),
         timings={
-            "execute_s": executed - start,
-            "commit_s": done - executed,
+            "execute_s": executed - start, "commit_s": done - executed,
             "task_s_total": sum(r.seconds for r in results),
         },
     )
