@@ -52,6 +52,7 @@ from lance.fragment import DataFile, FragmentMetadata
 from ._files import atomic_write_arrow, read_arrow
 from .changes import BACKFILL_KEY
 from .lance_compat import CommitConflictError, roaring_bitmap_bytes, take_rows
+from .names import Alias, nth_marker_alias
 from .planning import column_ids as _ids
 from .planning import positions, split_ranges
 from .query import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ColumnSpec, computed_marker
@@ -65,11 +66,9 @@ __all__ = [
     "BackfillPlan", "BackfillResult", "BackfillJob", "plan_backfill", "execute_backfill", "commit_column_values",
 ]
 
-_IN_ID = "__in_id"
-_IN_VER = "__in_ver"
-_TARGET_ID = "__target_id"
-_IN_ADDR = "__in_addr"  # address of the input row at the input version (to read it fast)
-_MATCHED = "__matched"
+_IN_ID, _IN_VER, _TARGET_ID = Alias.INPUT_ID, Alias.INPUT_VERSION, Alias.TARGET_ID
+_IN_ADDR = Alias.INPUT_ADDRESS  # address of the input row at the input version (to read it fast)
+_MATCHED = Alias.MATCHED
 
 
 @dataclass
@@ -228,7 +227,7 @@ def plan_backfill(
     # they are part of what a checkpointed batch depends on.
     input_schema = lance.dataset(input_uri, version=input_version).schema
     input_markers = [computed_marker(c) for c in _input_columns(specs, input_schema) if computed_marker(c) in input_schema.names]
-    marker_cols = {f"__inm{i}": f"`{m}`" for i, m in enumerate(input_markers)}
+    marker_cols = {nth_marker_alias(i): f"`{m}`" for i, m in enumerate(input_markers)}
     scanned = ds.scanner(
         columns={**cols, **({} if is_view else marker_cols)}, filter=predicate, with_row_id=True, with_row_address=True
     ).to_table()
@@ -241,9 +240,9 @@ def plan_backfill(
         # Only rows whose source row still has the version the view holds: the
         # others changed in the source and the next refresh recomputes them.
         src = lance.dataset(input_uri, version=input_version).scanner(
-            columns={"__v": "_row_last_updated_at_version", **marker_cols}, with_row_id=True, with_row_address=True
+            columns={Alias.ROW_VERSION: "_row_last_updated_at_version", **marker_cols}, with_row_id=True, with_row_address=True
         ).to_table()
-        s_ids, s_vers, s_addrs = _ids(src), _ids(src, "__v"), _ids(src, "_rowaddr")
+        s_ids, s_vers, s_addrs = _ids(src), _ids(src, Alias.ROW_VERSION), _ids(src, "_rowaddr")
         pos = positions(in_ids, s_ids)
         keep = pos >= 0
         keep[keep] = s_vers[pos[keep]] == in_vers[keep]
@@ -379,10 +378,10 @@ def run_compute_task(payload: str, shared: bytes) -> str:
 
 
 def _joined_markers(scanned: pa.Table, n: int) -> np.ndarray:
-    """Per row, the ``__inm<i>`` marker columns of a scan joined by '|' ('' without any)."""
+    """Per row, the ``nth_marker_alias(i)`` marker columns of a scan joined by '|' ('' without any)."""
     if not n:
         return np.full(scanned.num_rows, "", dtype=object)
-    cols = [scanned.column(f"__inm{i}").fill_null("").to_pylist() for i in range(n)]
+    cols = [scanned.column(nth_marker_alias(i)).fill_null("").to_pylist() for i in range(n)]
     return np.asarray(["|".join(r) for r in zip(*cols, strict=True)], dtype=object)
 
 
@@ -637,12 +636,12 @@ def commit_column_values(
     Returns (new version or None, rows written, rows skipped)."""
     for attempt in range(5):
         ds = table._dataset()
-        cols = {"__ver": SOURCE_ROW_VERSION if is_view else "_row_last_updated_at_version"}
+        cols: dict[str, str] = {Alias.ROW_VERSION: SOURCE_ROW_VERSION if is_view else "_row_last_updated_at_version"}
         if is_view:
-            cols["__key"] = SOURCE_ROW_ID
+            cols[Alias.KEY] = SOURCE_ROW_ID
         cur = ds.scanner(columns=cols, with_row_id=True, with_row_address=True).to_table()
-        cur_keys = _ids(cur, "__key") if is_view else _ids(cur)
-        cur_vers = _ids(cur, "__ver")
+        cur_keys = _ids(cur, Alias.KEY) if is_view else _ids(cur)
+        cur_vers = _ids(cur, Alias.ROW_VERSION)
         cur_addrs = _ids(cur, "_rowaddr")
         pos = positions(res_ids, cur_keys)
         ok = pos >= 0

@@ -18,9 +18,9 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
+from .names import LANCE_ROW_COLUMNS
 from .planning import column_ids as _ids
 from .query import (
-    _SYSTEM_COLUMNS,
     SOURCE_MARKER_PREFIX,
     VIEW_METADATA_KEY,
     ColumnSpec,
@@ -304,7 +304,7 @@ def load_columns(
     if pk not in ds.schema.names:
         raise ValueError(f"primary key {pk!r} is not a column of {table.name!r}")
     computed = {c.name for c in table.computed_columns()}
-    bad = [c for c in columns if c in computed or is_marker(c) or c in _SYSTEM_COLUMNS]
+    bad = [c for c in columns if c in computed or is_marker(c) or c in LANCE_ROW_COLUMNS]
     if bad:
         raise ValueError(f"columns {bad} are computed or reserved; they cannot be loaded")
     fmt = _detect_format(source, source_format)

@@ -15,6 +15,20 @@ from typing import TYPE_CHECKING, Any
 import lance
 import pyarrow as pa
 
+from .names import (
+    COMPUTED_PREFIX,
+    LANCE_ROW_COLUMNS,
+    SOURCE_MARKER_PREFIX,
+    SOURCE_ROW_ID,
+    SOURCE_ROW_VERSION,
+    VIEW_KEY_COLUMNS,
+    Alias,
+    ColumnKind,
+    computed_marker,
+    is_marker,
+    is_reserved_name,
+    source_marker,
+)
 from .udf import UDF
 
 if TYPE_CHECKING:
@@ -24,37 +38,6 @@ __all__ = [
     "Query", "ColumnSpec", "ViewDefinition", "SOURCE_ROW_ID", "SOURCE_ROW_VERSION", "VIEW_METADATA_KEY",
     "computed_marker", "is_marker",
 ]
-
-COMPUTED_PREFIX = "__computed__"
-SOURCE_MARKER_PREFIX = "__source_computed__"
-
-
-def computed_marker(column: str) -> str:
-    """The hidden column recording, per row, the fingerprint that computed
-    ``column`` (NULL: never computed, or the UDF failed on the row)."""
-    return f"{COMPUTED_PREFIX}{column}"
-
-
-def source_marker(column: str) -> str:
-    """The hidden view column holding the source's marker of computed column
-    ``column`` as of when the view row was computed (views that read it)."""
-    return f"{SOURCE_MARKER_PREFIX}{column}"
-
-
-RESERVED_PREFIX = "__"  # every internal column and scan alias starts with it
-
-
-def is_reserved_name(name: str) -> bool:
-    """Names users cannot give a column: Lance's row columns and anything
-    starting with ``__`` (markers, view bookkeeping, the engine's scan aliases
-    such as ``__in__<col>``), which would silently collide with internals."""
-    return name.startswith(RESERVED_PREFIX) or name in _SYSTEM_COLUMNS
-
-
-def is_marker(name: str) -> bool:
-    """Hidden bookkeeping columns: computed markers and their copies in views."""
-    return name.startswith(COMPUTED_PREFIX) or name.startswith(SOURCE_MARKER_PREFIX)
-
 
 def tracked_source_columns(schema: pa.Schema) -> list[str]:
     """Computed source columns a view reads (it keeps copies of their markers)."""
@@ -66,13 +49,11 @@ def computed_column_names(schema: pa.Schema) -> list[str]:
     return [n[len(COMPUTED_PREFIX):] for n in schema.names if n.startswith(COMPUTED_PREFIX)]
 
 
-SOURCE_ROW_ID = "__source_row_id"
-SOURCE_ROW_VERSION = "__source_row_version"  # the source row's version when computed
 VIEW_METADATA_KEY = "mv_assets.view"
 FORMAT_VERSION = 1
 
-_VIEW_COLUMNS = {SOURCE_ROW_ID, SOURCE_ROW_VERSION}
-_SYSTEM_COLUMNS = {"_rowid", "_rowaddr", "_rowoffset", "_row_created_at_version", "_row_last_updated_at_version"}
+_VIEW_COLUMNS = VIEW_KEY_COLUMNS
+_SYSTEM_COLUMNS = LANCE_ROW_COLUMNS
 
 
 @dataclass(frozen=True)
@@ -80,7 +61,7 @@ class ColumnSpec:
     """One output column of a view: a source column, a SQL expression or a UDF."""
 
     name: str
-    kind: str  # "column" | "sql" | "udf"
+    kind: str  # a ColumnKind: "column" | "sql" | "udf"
     expr: str | None = None
     udf: UDF | None = None
     field: str | None = None  # multi-column UDF: the struct field this column holds
@@ -115,7 +96,7 @@ class ColumnSpec:
     @staticmethod
     def from_json(d: dict) -> "ColumnSpec":
         udf = UDF.from_spec(d["udf"]) if "udf" in d else None
-        return ColumnSpec(d["name"], d["kind"], d.get("expr"), udf, d.get("field"), bool(d.get("added")))
+        return ColumnSpec(d["name"], ColumnKind(d["kind"]), d.get("expr"), udf, d.get("field"), bool(d.get("added")))
 
 
 @dataclass(frozen=True)
@@ -416,7 +397,7 @@ def udf_column_type(c: ColumnSpec) -> pa.DataType:
 def check_sql(ds: lance.LanceDataset, *, filter: str | None = None, columns: dict[str, str] | None = None) -> pa.Schema:
     """Plan (without running) a scan so bad SQL fails here; return its schema."""
     if columns:  # a real column keeps Lance from refusing literal-only projections
-        columns = {**columns, "__mv_assets_probe": _quote_ident(ds.schema.names[0])}
+        columns = {**columns, Alias.PROBE: _quote_ident(ds.schema.names[0])}
     scanner = ds.scanner(columns=columns or None, filter=filter)
     scanner.explain_plan()
     return scanner.projected_schema

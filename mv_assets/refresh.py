@@ -33,6 +33,7 @@ from lance.fragment import FragmentMetadata, write_fragments
 from .changes import STATE_KEY, backfill_commits
 from .errors import ConcurrentRefreshError
 from .lance_compat import CommitConflictError, take_rows
+from .names import Alias
 from .planning import (
     ChangeSet,
     History,
@@ -68,7 +69,7 @@ __all__ = [
 
 MODES = ("auto", "full", "incremental_strict")
 _FULL_OPS = ("Overwrite", "Restore", "Clone")
-ROW_VERSION_ALIAS = "__row_version"
+ROW_VERSION_ALIAS = Alias.ROW_VERSION
 
 
 @dataclass(frozen=True)

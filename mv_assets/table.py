@@ -11,6 +11,7 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .names import Alias
 from .policy import POLICY_METADATA_KEY, RefreshPolicy
 from .query import (
     SOURCE_ROW_ID,
@@ -366,11 +367,11 @@ class Table:
         id_col = SOURCE_ROW_ID if isinstance(self, MaterializedView) else "_rowid"
         marker = computed_marker(column)
         still = self._dataset().scanner(
-            columns={"__id": id_col} if id_col != "_rowid" else [],
+            columns={Alias.KEY: id_col} if id_col != "_rowid" else [],
             filter=f"({id_col} IN ({', '.join(map(str, ids))})) AND (`{marker}` IS NULL OR `{marker}` != '{spec.fingerprint}')",
             with_row_id=id_col == "_rowid",
         ).to_table()
-        return sorted(int(i) for i in still.column("__id" if id_col != "_rowid" else "_rowid").to_pylist())
+        return sorted(int(i) for i in still.column(Alias.KEY if id_col != "_rowid" else "_rowid").to_pylist())
 
     def column_status(self) -> list[dict]:
         """One record per computed column: kind, UDF, fingerprint, rows computed by

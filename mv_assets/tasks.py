@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 from lance.fragment import write_fragments
 
 from ._files import atomic_write_arrow, atomic_write_text, read_arrow
+from .names import Alias, input_alias, input_marker_alias
 from .planning import column_ids, positions, shuffle_keys
 from .query import (
     SOURCE_MARKER_PREFIX,
@@ -120,15 +121,9 @@ def decode_definition(raw: bytes) -> ViewDefinition:
     return d
 
 
-_ROW_VERSION = "__mv_assets_row_version"
-
-
-def _in_name(col: str) -> str:
-    return f"__in__{col}"
-
-
-def _in_marker_name(col: str) -> str:
-    return f"__in_marker__{col}"
+_ROW_VERSION = Alias.TASK_ROW_VERSION
+_in_name = input_alias
+_in_marker_name = input_marker_alias
 
 
 def _input_identity(batch: pa.RecordBatch, computed_inputs: list[str]) -> np.ndarray:
@@ -289,7 +284,7 @@ def compute_udf_columns(
     return out
 
 
-_CK_ID, _CK_VER, _CK_IN = "__ckpt_row_id", "__ckpt_row_version", "__ckpt_inputs"
+_CK_ID, _CK_VER, _CK_IN = Alias.CHECKPOINT_ROW_ID, Alias.CHECKPOINT_ROW_VERSION, Alias.CHECKPOINT_INPUTS
 
 
 class RowStore:

@@ -37,6 +37,8 @@ from typing import Any, Callable
 import cloudpickle
 import pyarrow as pa
 
+from .names import UdfKind, is_reserved_name
+
 __all__ = ["UDF", "udf", "python_type_to_arrow", "Columns", "UnpackedUDF", "OnError"]
 
 T = typing.TypeVar("T")
@@ -121,9 +123,7 @@ class RowError:
     traceback: str
     attempts: int
 
-SCALAR = "scalar"
-ARRAY = "array"
-BATCH = "batch"
+SCALAR, ARRAY, BATCH = UdfKind.SCALAR, UdfKind.ARRAY, UdfKind.BATCH
 
 _PY_TO_ARROW = {
     float: pa.float64(),
@@ -539,7 +539,7 @@ class UDF:
 
 def _is_internal(name: str) -> bool:
     """Bookkeeping columns no UDF reads: markers, view keys, Lance's row columns."""
-    return name.startswith("__") or name.startswith("_row")
+    return is_reserved_name(name)
 
 
 def _code_identity(func: Callable) -> bytes:

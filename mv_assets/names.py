@@ -1,0 +1,105 @@
+"""Every internal column name, scan alias and kind, in one place.
+
+All internal names start with ``__``: users cannot give a column such a name
+(:func:`is_reserved_name`), so none of them can collide with user data.
+"""
+
+from enum import StrEnum
+
+__all__ = [
+    "SOURCE_ROW_ID", "SOURCE_ROW_VERSION", "VIEW_KEY_COLUMNS", "COMPUTED_PREFIX", "SOURCE_MARKER_PREFIX",
+    "LANCE_ROW_COLUMNS", "RESERVED_PREFIX", "Alias", "ColumnKind", "UdfKind", "computed_marker", "source_marker",
+    "is_marker", "is_reserved_name", "input_alias", "input_marker_alias", "nth_marker_alias",
+]
+
+# -- stored in every view row --------------------------------------------------
+SOURCE_ROW_ID = "__source_row_id"  # the stable row id of the source row it came from
+SOURCE_ROW_VERSION = "__source_row_version"  # that row's last-updated version when computed
+VIEW_KEY_COLUMNS = frozenset({SOURCE_ROW_ID, SOURCE_ROW_VERSION})
+
+# -- per-row markers of computed columns ------------------------------------------
+COMPUTED_PREFIX = "__computed__"  # + column: the fingerprint that computed the row's value
+SOURCE_MARKER_PREFIX = "__source_computed__"  # + column: a view's copy of its source's marker
+
+# -- Lance's own row columns --------------------------------------------------------
+LANCE_ROW_COLUMNS = frozenset(
+    {"_rowid", "_rowaddr", "_rowoffset", "_row_created_at_version", "_row_last_updated_at_version"}
+)
+
+RESERVED_PREFIX = "__"
+
+
+class Alias(StrEnum):
+    """Names given to columns inside one scan or checkpoint file (never stored in tables)."""
+
+    ROW_VERSION = "__row_version"  # planning scans: the source row's last-updated version
+    TASK_ROW_VERSION = "__mv_assets_row_version"  # task scans: the same, next to the view's columns
+    PROBE = "__mv_assets_probe"  # SQL validation: a real column so literal-only projections plan
+    CHECKPOINT_ROW_ID = "__ckpt_row_id"
+    CHECKPOINT_ROW_VERSION = "__ckpt_row_version"
+    CHECKPOINT_INPUTS = "__ckpt_inputs"  # markers of the computed columns the UDFs read
+    INPUT_ID = "__in_id"  # backfill plans: the input row's id, version, address; the target row's id
+    INPUT_VERSION = "__in_ver"
+    INPUT_ADDRESS = "__in_addr"
+    TARGET_ID = "__target_id"
+    MATCHED = "__matched"
+    KEY = "__key"  # a row's key (view: its source row id) in a one-off scan
+
+
+class ColumnKind(StrEnum):
+    """What computes a view or table column."""
+
+    COLUMN = "column"  # a source column, copied
+    SQL = "sql"  # a SQL expression (Lance/DataFusion)
+    UDF = "udf"  # a Python UDF
+
+
+class UdfKind(StrEnum):
+    """How a UDF is called."""
+
+    SCALAR = "scalar"  # once per row, Python values
+    ARRAY = "array"  # once per batch, one pa.Array per parameter
+    BATCH = "batch"  # once per batch, a pa.RecordBatch of its (fixed) input columns
+
+
+def computed_marker(column: str) -> str:
+    """The hidden column recording, per row, the fingerprint that computed
+    ``column`` (NULL: never computed, or the UDF failed on the row)."""
+    return f"{COMPUTED_PREFIX}{column}"
+
+
+def source_marker(column: str) -> str:
+    """The hidden view column holding the source's marker of computed column
+    ``column`` as of when the view row was computed (views that read it)."""
+    return f"{SOURCE_MARKER_PREFIX}{column}"
+
+
+def is_marker(name: str) -> bool:
+    """Hidden bookkeeping columns: computed markers and their copies in views."""
+    return name.startswith(COMPUTED_PREFIX) or name.startswith(SOURCE_MARKER_PREFIX)
+
+
+def is_reserved_name(name: str) -> bool:
+    """Names users cannot give a column: Lance's row columns and anything
+    starting with ``__`` (markers, view bookkeeping, scan aliases), which would
+    silently collide with internals.
+
+    >>> is_reserved_name("__in__x"), is_reserved_name("_rowid"), is_reserved_name("x")
+    (True, True, False)
+    """
+    return name.startswith(RESERVED_PREFIX) or name in LANCE_ROW_COLUMNS
+
+
+def input_alias(column: str) -> str:
+    """A UDF input column inside a task scan."""
+    return f"__in__{column}"
+
+
+def nth_marker_alias(i: int) -> str:
+    """The i-th marker column of a scan reading several markers."""
+    return f"__inm{i}"
+
+
+def input_marker_alias(column: str) -> str:
+    """The marker of a computed UDF input column inside a task scan."""
+    return f"__in_marker__{column}"
