@@ -51,14 +51,16 @@ def sensor_ticks(n_frags: int, root: str) -> tuple[float, float]:
     sensor = defs.get_repository_def().get_sensor_def("src_changes")
     with dg.instance_for_test() as instance:
         t0 = time.perf_counter()
-        r = sensor(dg.build_sensor_context(instance=instance, cursor=None, definitions=defs))
+        with dg.build_sensor_context(instance=instance, cursor=None, definitions=defs, resources=defs.resources) as ctx:
+            r = sensor(ctx)
         first = time.perf_counter() - t0
         for req in r.dynamic_partitions_requests:
             instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
         assert len(instance.get_dynamic_partitions(partitions_def_name("src"))) == n_frags
         src.add([{"id": 10**9, "x": 1}])
         t0 = time.perf_counter()
-        r = sensor(dg.build_sensor_context(instance=instance, cursor=r.cursor, definitions=defs))
+        with dg.build_sensor_context(instance=instance, cursor=r.cursor, definitions=defs, resources=defs.resources) as ctx:
+            r = sensor(ctx)
         steady = time.perf_counter() - t0
         assert len(r.run_requests) == 1
     return first, steady

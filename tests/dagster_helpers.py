@@ -29,3 +29,23 @@ def apply_partition_requests(instance, result) -> None:
         else:
             for key in req.partition_keys:
                 instance.delete_dynamic_partition(req.partitions_def_name, key)
+
+
+
+def call_sensor(sensor, **kwargs):
+    """Call a sensor's function with the definitions' resources open (as the
+    daemon does around each tick)."""
+    with dg.build_sensor_context(**kwargs) as ctx:
+        return sensor(ctx)
+
+
+def evaluate_sensor(sensor, **kwargs):
+    """One sensor tick, resources open."""
+    with dg.build_sensor_context(**kwargs) as ctx:
+        return sensor.evaluate_tick(ctx)
+
+
+def evaluate_schedule(schedule, **kwargs):
+    """One schedule tick, resources open."""
+    with dg.build_schedule_context(**kwargs) as ctx:
+        return schedule.evaluate_tick(ctx)

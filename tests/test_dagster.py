@@ -7,7 +7,14 @@ import sys
 import dagster as dg
 import lance
 import pytest
-from dagster_helpers import apply_partition_requests, double, small_catalog
+from dagster_helpers import (
+    apply_partition_requests,
+    call_sensor,
+    double,
+    evaluate_schedule,
+    evaluate_sensor,
+    small_catalog,
+)
 from oracle import actual_view, count_calls, expected_view, record_call
 
 import mv_assets as mv
@@ -96,8 +103,7 @@ def test_sensor_over_append_delete_update_compaction(tmp_path):
     pname = partitions_def_name("src")
     with dg.instance_for_test() as instance:
         def tick(cursor):
-            ctx = dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs)
-            result = sensor(ctx)
+            result = call_sensor(sensor, instance=instance, cursor=cursor, definitions=defs, resources=defs.resources)
             if isinstance(result, dg.SkipReason):
                 return result, cursor
             _apply(instance, result)
@@ -189,7 +195,7 @@ def test_materializing_requested_partitions_gives_the_oracle_view(tmp_path, spar
                        lambda: src.update("id = 5", {"x": 3}), lambda: src.optimize()):
             if change:
                 change()
-            result = sensor(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
+            result = call_sensor(sensor, instance=instance, cursor=cursor, definitions=defs, resources=defs.resources)
             _apply(instance, result)
             cursor = result.cursor
             for run in result.run_requests:
@@ -294,7 +300,7 @@ def test_policies_are_wired_to_sensors_and_schedules(tmp_path):
     sensor = repo.get_sensor_def("src_changes")
 
     def requested(instance, cursor):
-        r = sensor(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
+        r = call_sensor(sensor, instance=instance, cursor=cursor, definitions=defs, resources=defs.resources)
         if isinstance(r, dg.SkipReason):
             return set(), cursor
         _apply(instance, r)
@@ -314,10 +320,10 @@ def test_policies_are_wired_to_sensors_and_schedules(tmp_path):
         got, cursor = requested(instance, cursor)
         assert got == {"ttl_v"}  # no new source version, but the ttl expired
         schedule = repo.get_schedule_def("cron_v_schedule")
-        run = schedule.evaluate_tick(dg.build_schedule_context(instance=instance)).run_requests
+        run = evaluate_schedule(schedule, instance=instance, resources=defs.resources).run_requests
         assert len(run) == 1 and dg.AssetKey(["cron_v"]) in run[0].asset_selection
         db.open_table("cron_v").refresh()
-        skip = schedule.evaluate_tick(dg.build_schedule_context(instance=instance))
+        skip = evaluate_schedule(schedule, instance=instance, resources=defs.resources)
         assert not skip.run_requests
 
 
@@ -336,7 +342,7 @@ def test_table_computed_columns_are_assets_filled_by_backfill(tmp_path):
     sensor = _sensor(defs, "src_changes")
 
     def tick(cursor):
-        result = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
+        result = evaluate_sensor(sensor, instance=instance, cursor=cursor, definitions=defs, resources=defs.resources)
         _apply(instance, result)
         return result
 

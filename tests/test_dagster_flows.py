@@ -4,7 +4,7 @@ what a click on Materialize, a checks tab or a launch dialog runs."""
 import dagster as dg
 import lance
 import pytest
-from dagster_helpers import small_catalog
+from dagster_helpers import evaluate_sensor, small_catalog
 from oracle import actual_view, expected_view
 
 import mv_assets as mv
@@ -116,7 +116,7 @@ def test_backfill_of_an_unread_column_leaves_the_source_data_version_and_views_a
     defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
     sensor = defs.get_repository_def().get_sensor_def("documents_changes")
     with dg.instance_for_test() as instance:
-        first = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs))
+        first = evaluate_sensor(sensor, instance=instance, definitions=defs, resources=defs.resources)
         for req in first.dynamic_partitions_requests:
             instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
         (run,) = first.run_requests  # one run carries the whole lineage
@@ -131,7 +131,7 @@ def test_backfill_of_an_unread_column_leaves_the_source_data_version_and_views_a
         assert docs.plan_backfill("checksum").rows == 0  # the backfill made a new Lance version...
         for name in ("doc_features", "long_docs"):
             assert db.open_table(name).status().versions_behind == 0  # ...that no view needs
-        later = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs))
+        later = evaluate_sensor(sensor, instance=instance, cursor=first.cursor, definitions=defs, resources=defs.resources)
         assert later.run_requests == []
         assert later.asset_events[0].tags["dagster/data_version"] == data_version
         assert db.open_table("doc_features").status().versions_behind == 0
@@ -172,16 +172,16 @@ def test_sensor_requests_nothing_while_a_run_of_the_lineage_is_in_flight(tmp_pat
     defs = _defs(db)
     sensor = defs.get_repository_def().get_sensor_def("src_changes")
     with dg.instance_for_test() as instance:
-        first = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, definitions=defs))
+        first = evaluate_sensor(sensor, instance=instance, definitions=defs, resources=defs.resources)
         (run,) = first.run_requests
         assert run.tags["mv_assets/lineage"] == "src"
         in_flight = instance.add_run(
             DagsterRun(job_name="__ASSET_JOB", run_id="a" * 36, tags=run.tags, status=dg.DagsterRunStatus.STARTED)
         )
         db.open_table("src").add([{"id": 99, "x": 99}])
-        during = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=first.cursor, definitions=defs))
+        during = evaluate_sensor(sensor, instance=instance, cursor=first.cursor, definitions=defs, resources=defs.resources)
         assert not during.run_requests
         instance.report_run_failed(in_flight)
-        after = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=during.cursor or first.cursor,
-                                                             definitions=defs))
+        after = evaluate_sensor(sensor, instance=instance, cursor=during.cursor or first.cursor,
+                                                             definitions=defs, resources=defs.resources)
         assert len(after.run_requests) == 1

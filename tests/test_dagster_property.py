@@ -7,7 +7,7 @@ import os
 
 import dagster as dg
 import lance
-from dagster_helpers import apply_partition_requests
+from dagster_helpers import apply_partition_requests, evaluate_sensor
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from oracle import actual_view, expected_view
@@ -67,7 +67,7 @@ def test_sensor_runs_and_ui_partition_runs_match_the_oracle(ops, tmp_path_factor
 
         def tick():
             nonlocal cursor
-            result = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
+            result = evaluate_sensor(sensor, instance=instance, cursor=cursor, definitions=defs, resources=defs.resources)
             apply_partition_requests(instance, result)
             cursor = result.cursor or cursor
             for run in result.run_requests:  # what the daemon launches

@@ -7,6 +7,7 @@ import textwrap
 import dagster as dg
 import lance
 import pytest
+from dagster_helpers import evaluate_sensor
 from oracle import count_calls
 
 import mv_assets as mv
@@ -101,8 +102,10 @@ def test_edit_the_udf_reload_and_materialize_only_that_column(catalog, tmp_path)
         job = defs.resolve_implicit_global_asset_job_def()
         assert job.execute_in_process(instance=instance, asset_selection=[K(["v"]), K(["v", "score"]), K(["v", "other"])], tags=tags).success
         assert (count_calls(calls, "score"), count_calls(calls, "other")) == (10, 10)
-        first = defs.get_repository_def().get_sensor_def("src_changes").evaluate_tick(
-            dg.build_sensor_context(instance=instance, definitions=defs))
+        first = evaluate_sensor(
+            defs.get_repository_def().get_sensor_def("src_changes"), instance=instance, definitions=defs,
+            resources=defs.resources,
+        )
         assert {e.passed for e in first.asset_events if isinstance(e, dg.AssetCheckEvaluation)} == {True}
         cursor = first.cursor
         assert sorted(r["score"] for r in db.open_table("v").to_arrow().to_pylist()) == [10 * i for i in range(10)]
@@ -118,11 +121,11 @@ def test_edit_the_udf_reload_and_materialize_only_that_column(catalog, tmp_path)
         assert "its code differed" not in graph.get(K(["v", "other"])).description
         # the sensor marks the column itself: a failed udf_code_current check (once)
         sensor = defs.get_repository_def().get_sensor_def("src_changes")
-        tick = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
+        tick = evaluate_sensor(sensor, instance=instance, cursor=cursor, definitions=defs, resources=defs.resources)
         verdicts = {(e.asset_key, e.passed) for e in tick.asset_events if isinstance(e, dg.AssetCheckEvaluation)}
         assert verdicts == {(K(["v", "score"]), False)}
         cursor = tick.cursor
-        again = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
+        again = evaluate_sensor(sensor, instance=instance, cursor=cursor, definitions=defs, resources=defs.resources)
         assert not [e for e in again.asset_events if isinstance(e, dg.AssetCheckEvaluation)]
         # "Materialize" on the column asset: all partitions, only that column
         job = defs.resolve_implicit_global_asset_job_def()
@@ -130,7 +133,7 @@ def test_edit_the_udf_reload_and_materialize_only_that_column(catalog, tmp_path)
         assert result.success
         assert [(e.asset_key, e.check_name, e.passed) for e in result.get_asset_check_evaluations()] == [
             (K(["v", "score"]), "udf_code_current", True)]
-        tick = sensor.evaluate_tick(dg.build_sensor_context(instance=instance, cursor=cursor, definitions=defs))
+        tick = evaluate_sensor(sensor, instance=instance, cursor=cursor, definitions=defs, resources=defs.resources)
         assert {(e.asset_key, e.passed) for e in tick.asset_events if isinstance(e, dg.AssetCheckEvaluation)} == {
             (K(["v", "score"]), True)}
         assert (count_calls(calls, "score"), count_calls(calls, "other")) == (20, 10)  # other untouched

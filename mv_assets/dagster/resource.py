@@ -1,6 +1,6 @@
 """The Dagster resource: a catalog connection whose Spark starts lazily."""
 
-from typing import Optional
+from typing import Literal, Optional
 
 import dagster as dg
 from pydantic import Field, PrivateAttr
@@ -24,7 +24,7 @@ class MvAssetsResource(dg.ConfigurableResource):
     spark_remote: Optional[str] = Field(
         default=None, description="Spark Connect URL such as sc://127.0.0.1:15002; overrides spark_master."
     )
-    runner: str = Field(
+    runner: Literal["spark", "inline"] = Field(
         default="spark", description="'spark' (default) or 'inline' (run tasks in the run process, no JVM)."
     )
     local_below_rows: Optional[int] = Field(
@@ -50,7 +50,13 @@ class MvAssetsResource(dg.ConfigurableResource):
         return self._runner
 
     def connection(self) -> Connection:
+        """The catalog, refreshing with this resource's runner (Spark starts on first use)."""
         return connect(self.catalog_uri, runner=self.get_runner())
+
+    def reader(self) -> Connection:
+        """The catalog for reading and planning only (sensors, schedules): its
+        runner computes in process, so nothing here can start a JVM."""
+        return connect(self.catalog_uri, runner=InlineRunner())
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if isinstance(self._runner, SparkRunner):

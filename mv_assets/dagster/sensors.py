@@ -19,13 +19,10 @@ the same state again requests nothing new.
 """
 
 import json
-import os
 
 import dagster as dg
 
-from mv_assets.catalog import connect
 from mv_assets.changes import fragment_changes
-from mv_assets.spark import InlineRunner
 from mv_assets.status import refresh_decision
 
 from .assets import (
@@ -38,6 +35,7 @@ from .assets import (
     source_observation,
 )
 from .catalog import TableInfo
+from .resource import MvAssetsResource
 
 __all__ = ["table_sensor", "view_schedule", "lineage_order"]
 
@@ -121,7 +119,7 @@ def table_sensor(
             f"{', '.join(v.name for v in tree) or 'none'}."
         ),
     )
-    def _sensor(context: dg.SensorEvaluationContext):
+    def _sensor(context: dg.SensorEvaluationContext, mv_assets: MvAssetsResource):
         since, reported = _parse_cursor(context.cursor)
         part_requests = []
         known: list[int] = []
@@ -138,7 +136,7 @@ def table_sensor(
             part_requests.append(pdef.build_add_request([str(f) for f in ch.added]))
         if pdef is not None and ch.retired:
             part_requests.append(pdef.build_delete_request([str(f) for f in ch.retired]))
-        db = connect(os.path.dirname(table.uri), runner=InlineRunner())
+        db = mv_assets.reader()
         checks, code_state = _code_checks(tree, db, reported, {})
         if _run_in_flight(context, table.name):
             # One run of a lineage at a time: what it leaves due is seen on the first
@@ -206,8 +204,8 @@ def view_schedule(view: TableInfo, pdef, keys: list[dg.AssetKey], status):
         default_status=status,
         description=f"Refreshes `{view.name}` on its cron policy '{view.policy.cron}' when its source moved.",
     )
-    def _schedule(context: dg.ScheduleEvaluationContext):
-        db = connect(os.path.dirname(view.uri), runner=InlineRunner())
+    def _schedule(context: dg.ScheduleEvaluationContext, mv_assets: MvAssetsResource):
+        db = mv_assets.reader()
         decision = refresh_decision(db.open_view(view.name), scheduled=True)
         if not decision.refresh:
             return dg.SkipReason(decision.reason)
