@@ -10,6 +10,7 @@ from .backfill import BackfillPlan as BackfillPlan
 from .backfill import BackfillResult as BackfillResult
 from .catalog import Connection as Connection
 from .catalog import connect as connect
+from .definition import SOURCE_ROW_ID as SOURCE_ROW_ID
 from .error_log import ErrorRecord as ErrorRecord
 from .errors import ConcurrentRefreshError as ConcurrentRefreshError
 from .errors import MvAssetsError as MvAssetsError
@@ -17,7 +18,6 @@ from .errors import SourceBehindError as SourceBehindError
 from .errors import TableExistsError as TableExistsError
 from .errors import TableNotFoundError as TableNotFoundError
 from .policy import RefreshPolicy as RefreshPolicy
-from .query import SOURCE_ROW_ID as SOURCE_ROW_ID
 from .query import Query as Query
 from .refresh import RefreshPlan as RefreshPlan
 from .refresh import RefreshResult as RefreshResult

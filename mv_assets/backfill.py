@@ -51,11 +51,11 @@ from lance.fragment import DataFile, FragmentMetadata
 
 from ._files import atomic_write_arrow, read_arrow
 from .changes import BACKFILL_KEY
+from .definition import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ColumnSpec, computed_marker
 from .lance_compat import CommitConflictError, roaring_bitmap_bytes, take_rows
 from .names import Alias, nth_marker_alias
 from .planning import column_ids as _ids
 from .planning import positions, split_ranges
-from .query import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ColumnSpec, computed_marker
 from .tasks import compute_udf_columns, repeat_string
 
 if TYPE_CHECKING:
@@ -300,7 +300,7 @@ def plan_backfill(
 
 
 def _check_replacement(table: "Table", spec: ColumnSpec, udf: Any) -> None:
-    from .query import udf_column_type
+    from .definition import udf_column_type
 
     if spec.kind != "udf" or spec.field is not None:
         raise ValueError(f"column {spec.name!r} is not a single-output UDF column")
@@ -386,7 +386,7 @@ def _joined_markers(scanned: pa.Table, n: int) -> np.ndarray:
 
 
 def _input_columns(specs: list[ColumnSpec], schema: pa.Schema) -> list[str]:
-    from .query import is_marker
+    from .definition import is_marker
 
     cols: list[str] = []
     for c in specs:
@@ -722,7 +722,7 @@ def execute_backfill(table: "Table", plan: BackfillPlan, runner: "Runner", job_i
         errors = [e for o in outs for e in o["errors"]]
         for e in errors:  # a view's rows are keyed by source row id, a table's by its own
             e["column"] = e.get("column") or plan.columns[0]
-        append_errors(table.connection, table.name, job_id, errors)
+        append_errors(table.connection.layout, table.name, job_id, errors)
         stats = {"udf_rows_computed": sum(o["udf_rows"] for o in outs), "errors": len(errors)}
         with table._column_lock(None):  # never between a view refresh's plan and its commit
             version, written, skipped = _commit_results(table, plan, job_id, stats, runner)

@@ -6,14 +6,15 @@ import re
 import shutil
 from typing import Any, overload
 
-import filelock
 import lance
 import pyarrow as pa
 
+from .definition import VIEW_METADATA_KEY, is_reserved_name, output_schema
 from .error_log import drop_errors
-from .errors import ConcurrentRefreshError, SourceBehindError, TableExistsError, TableNotFoundError
+from .errors import SourceBehindError, TableExistsError, TableNotFoundError
+from .layout import Layout
 from .policy import POLICY_METADATA_KEY, RefreshPolicy
-from .query import VIEW_METADATA_KEY, Query, is_reserved_name, output_schema
+from .query import Query
 from .refresh import RefreshResult
 from .spark import Runner, default_runner
 from .status import pending_source_versions, status_table, view_status
@@ -22,7 +23,6 @@ from .table import PRIMARY_KEY_METADATA_KEY, MaterializedView, Table, check_prim
 __all__ = ["Connection", "connect", "validate_name"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,127}$")
-STATE_DIR = "_mv_assets"
 
 
 def validate_name(name: str) -> str:
@@ -57,6 +57,7 @@ class Connection:
         else:
             raise ValueError(f"only local catalogs are supported for now, got {uri!r}")
         self.uri = uri
+        self.layout = Layout(uri)
         self._runner = runner
 
     def __repr__(self) -> str:
@@ -79,18 +80,10 @@ class Connection:
     _table_uri = table_uri
 
     def _state_dir(self, *parts: str) -> str:
-        return os.path.join(self.uri, STATE_DIR, *parts)
+        return self.layout.state(*parts)
 
     def _clear_stale_checkpoints(self, view: str, keep: str | None) -> None:
-        root = self._state_dir("checkpoints", view)
-        if not os.path.isdir(root):
-            return
-        for entry in os.listdir(root):
-            path = os.path.join(root, entry)
-            # plans' task checkpoints only: batch checkpoints are keyed by content and
-            # outlive a plan; column backfills keep their own
-            if path != keep and entry not in ("batches", "columns"):
-                shutil.rmtree(path, ignore_errors=True)
+        self.layout.clear_stale_checkpoints(view, keep)
 
     # -- catalog ---------------------------------------------------------
     def table_names(self) -> list[str]:
@@ -177,7 +170,7 @@ class Connection:
         shutil.rmtree(self._state_dir("checkpoints", name), ignore_errors=True)
         with contextlib.suppress(FileNotFoundError):
             os.remove(self._state_dir("status", f"{name}.json"))
-        drop_errors(self, name)
+        drop_errors(self.layout, name)
 
     def views(self) -> list[MaterializedView]:
         out = []
@@ -270,24 +263,7 @@ class Connection:
 
     def _refresh_lock(self, view: str, timeout: float | None):
         """An inter-process lock serialising refreshes of one view."""
-        path = self._state_dir("locks", f"{view}.lock")
-        os.makedirs(os.path.dirname(path), exist_ok=True)
-        lock = filelock.FileLock(path, timeout=-1 if timeout is None else timeout)
-
-        @contextlib.contextmanager
-        def held():
-            try:
-                lock.acquire()
-            except filelock.Timeout as exc:
-                raise ConcurrentRefreshError(
-                    f"another refresh of {view!r} is running (waited {timeout}s for {path}); try again later"
-                ) from exc
-            try:
-                yield
-            finally:
-                lock.release()
-
-        return held()
+        return self.layout.lock(view, timeout)
 
     def status(self, name: str | None = None) -> pa.Table:
         """The status table: one row per view (or just ``name``), as an Arrow table."""

@@ -10,9 +10,9 @@ from typing import TYPE_CHECKING
 import lance
 import numpy as np
 
+from .definition import SOURCE_ROW_ID
 from .planning import column_ids as _ids
 from .planning import isin, select_limited
-from .query import SOURCE_ROW_ID
 
 if TYPE_CHECKING:
     from .table import MaterializedView

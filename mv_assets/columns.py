@@ -6,7 +6,7 @@ A table's computed columns are stored as JSON in its schema metadata
 (``mv_assets.columns``); a view's are part of its definition (added columns
 are flagged ``added`` so they do not count as a change of what the view
 holds). Every computed column has a hidden marker column (see
-:func:`~mv_assets.query.computed_marker`).
+:func:`~mv_assets.names.computed_marker`).
 """
 
 import json
@@ -18,9 +18,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from .names import LANCE_ROW_COLUMNS
-from .planning import column_ids as _ids
-from .query import (
+from .definition import (
     SOURCE_MARKER_PREFIX,
     VIEW_METADATA_KEY,
     ColumnSpec,
@@ -33,6 +31,8 @@ from .query import (
     short_error,
     udf_column_type,
 )
+from .names import LANCE_ROW_COLUMNS
+from .planning import column_ids as _ids
 from .udf import UDF, UnpackedUDF
 
 if TYPE_CHECKING:

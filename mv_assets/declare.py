@@ -17,7 +17,8 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .query import VIEW_METADATA_KEY, Query, ViewDefinition, shape_fingerprint
+from .definition import VIEW_METADATA_KEY, ViewDefinition, shape_fingerprint
+from .query import Query
 
 if TYPE_CHECKING:
     from .catalog import Connection

@@ -10,15 +10,12 @@ independently.
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import lance
 import pyarrow as pa
 
-from .table import sql_literal
-
-if TYPE_CHECKING:
-    from .catalog import Connection
+from .definition import sql_literal
+from .layout import Layout
 
 __all__ = ["ErrorRecord", "ERRORS_SCHEMA", "append_errors", "read_errors"]
 
@@ -58,11 +55,11 @@ class ErrorRecord:
     created_at: object
 
 
-def errors_uri(conn: "Connection") -> str:
-    return conn._state_dir("errors.lance")
+def errors_uri(layout: Layout) -> str:
+    return layout.errors_uri()
 
 
-def append_errors(conn: "Connection", table: str, job_id: str, records: list[dict]) -> int:
+def append_errors(layout: Layout, table: str, job_id: str, records: list[dict]) -> int:
     """Append error records (dicts from the executors); returns how many."""
     if not records:
         return 0
@@ -79,7 +76,7 @@ def append_errors(conn: "Connection", table: str, job_id: str, records: list[dic
             else:
                 rows[name].append(r.get(name))
     data = pa.table(rows, schema=ERRORS_SCHEMA)
-    uri = errors_uri(conn)
+    uri = errors_uri(layout)
     os.makedirs(os.path.dirname(uri), exist_ok=True)
     mode = "append" if os.path.isdir(os.path.join(uri, "_versions")) else "create"
     try:
@@ -91,16 +88,16 @@ def append_errors(conn: "Connection", table: str, job_id: str, records: list[dic
     return data.num_rows
 
 
-def drop_errors(conn: "Connection", table: str) -> None:
+def drop_errors(layout: Layout, table: str) -> None:
     """Forget the error records of a dropped table or view (a new one of the
     same name starts clean)."""
-    uri = errors_uri(conn)
+    uri = errors_uri(layout)
     if os.path.isdir(os.path.join(uri, "_versions")):
         lance.dataset(uri).delete(f"`table` = {sql_literal(table)}")
 
 
 def read_errors(
-    conn: "Connection",
+    layout: Layout,
     table: str | None = None,
     *,
     job_id: str | None = None,
@@ -108,7 +105,7 @@ def read_errors(
     error_type: str | None = None,
 ) -> list[ErrorRecord]:
     """Error records matching every given filter, oldest first."""
-    uri = errors_uri(conn)
+    uri = errors_uri(layout)
     if not os.path.isdir(os.path.join(uri, "_versions")):
         return []
     parts = []

@@ -31,6 +31,14 @@ from lance import LanceOperation, Transaction
 from lance.fragment import FragmentMetadata, write_fragments
 
 from .changes import STATE_KEY, backfill_commits
+from .definition import (
+    SOURCE_ROW_ID,
+    SOURCE_ROW_VERSION,
+    ViewDefinition,
+    computed_marker,
+    source_marker,
+    tracked_source_columns,
+)
 from .errors import ConcurrentRefreshError
 from .lance_compat import CommitConflictError, take_rows
 from .names import Alias
@@ -48,14 +56,6 @@ from .planning import (
     shuffle_keys,
 )
 from .planning import column_ids as _ids
-from .query import (
-    SOURCE_ROW_ID,
-    SOURCE_ROW_VERSION,
-    ViewDefinition,
-    computed_marker,
-    source_marker,
-    tracked_source_columns,
-)
 from .tasks import TaskResult, TaskSpec, and_filters
 
 if TYPE_CHECKING:
@@ -849,7 +849,7 @@ def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner
         from .error_log import append_errors
 
         job = f"refresh-{plan.load_number + 1}-{plan.checkpoint_dir[-8:] if plan.checkpoint_dir else ''}"
-        append_errors(view.connection, view.name, job, errors)
+        append_errors(view.connection.layout, view.name, job, errors)
     udf_rows = _sum_counts([r.udf_rows for r in results])
     txn = Transaction(
         read_version=plan.view_version,

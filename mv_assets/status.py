@@ -20,8 +20,8 @@ import pyarrow as pa
 
 from ._files import atomic_write_text
 from .changes import pending_versions
+from .definition import tracked_source_columns
 from .policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
-from .query import tracked_source_columns
 
 if TYPE_CHECKING:
     from .catalog import Connection

@@ -1,7 +1,5 @@
 """Tables and materialized views: thin handles over Lance datasets."""
 
-import datetime as _dt
-import decimal
 import json
 import time
 from datetime import timedelta
@@ -11,19 +9,20 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .names import Alias
-from .policy import POLICY_METADATA_KEY, RefreshPolicy
-from .query import (
+from .definition import (
     SOURCE_ROW_ID,
     VIEW_METADATA_KEY,
     ColumnSpec,
-    Query,
     ViewDefinition,
     check_sql,
     computed_marker,
     is_marker,
     short_error,
+    sql_literal,
 )
+from .names import Alias
+from .policy import POLICY_METADATA_KEY, RefreshPolicy
+from .query import Query
 from .refresh import (
     RefreshPlan,
     RefreshResult,
@@ -45,33 +44,6 @@ if TYPE_CHECKING:
 __all__ = ["Table", "MaterializedView", "sql_literal", "to_arrow_table"]
 
 PRIMARY_KEY_METADATA_KEY = "mv_assets.primary_key"
-
-
-def sql_literal(value: Any) -> str:
-    """Render a Python value as a SQL literal for Lance/DataFusion.
-
-    >>> sql_literal("it's"), sql_literal(None), sql_literal(True), sql_literal(2.5)
-    ("'it''s'", 'NULL', 'true', '2.5')
-    """
-    if value is None:
-        return "NULL"
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, decimal.Decimal)):
-        return str(value)
-    if isinstance(value, float):
-        if value != value or value in (float("inf"), float("-inf")):
-            return f"CAST('{value}' AS DOUBLE)"
-        return repr(value)
-    if isinstance(value, str):
-        return "'" + value.replace("'", "''") + "'"
-    if isinstance(value, bytes):
-        return "X'" + value.hex() + "'"
-    if isinstance(value, _dt.datetime):
-        return f"TIMESTAMP '{value.isoformat(sep=' ')}'"
-    if isinstance(value, _dt.date):
-        return f"DATE '{value.isoformat()}'"
-    raise ValueError(f"cannot use {type(value).__name__} value {value!r} as a SQL literal; use values_sql")
 
 
 def to_arrow_table(data: Any, schema: pa.Schema | None = None) -> pa.Table:
@@ -351,7 +323,7 @@ class Table:
         """Error records of this table's UDF rows, filtered by job, column, exception type."""
         from .error_log import read_errors
 
-        return read_errors(self.connection, self.name, job_id=job_id, column=column_name, error_type=error_type)
+        return read_errors(self.connection.layout, self.name, job_id=job_id, column=column_name, error_type=error_type)
 
     def get_failed_row_ids(self, column: str, job_id: str | None = None) -> list[int]:
         """Stable row ids whose ``column`` failed and is still not computed.

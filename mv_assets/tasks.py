@@ -21,9 +21,7 @@ import pyarrow.compute as pc
 from lance.fragment import write_fragments
 
 from ._files import atomic_write_arrow, atomic_write_text, read_arrow
-from .names import Alias, input_alias, input_marker_alias
-from .planning import column_ids, positions, shuffle_keys
-from .query import (
+from .definition import (
     SOURCE_MARKER_PREFIX,
     SOURCE_ROW_ID,
     SOURCE_ROW_VERSION,
@@ -32,6 +30,8 @@ from .query import (
     computed_marker,
     short_error,
 )
+from .names import Alias, input_alias, input_marker_alias
+from .planning import column_ids, positions, shuffle_keys
 from .udf import RowError
 
 __all__ = ["TaskSpec", "TaskResult", "run_task", "compute_rows", "and_filters"]

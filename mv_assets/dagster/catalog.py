@@ -10,9 +10,15 @@ import lance
 from mv_assets.catalog import Connection
 from mv_assets.columns import COLUMNS_METADATA_KEY
 from mv_assets.declare import reconcile
+from mv_assets.definition import (
+    VIEW_METADATA_KEY,
+    definition_reads,
+    is_marker,
+    output_schema,
+    tracked_source_columns,
+)
 from mv_assets.names import VIEW_KEY_COLUMNS
 from mv_assets.policy import POLICY_METADATA_KEY, RefreshPolicy
-from mv_assets.query import VIEW_METADATA_KEY, definition_reads, is_marker, output_schema, tracked_source_columns
 
 __all__ = ["TableInfo", "catalog_tables"]
 

@@ -1,0 +1,309 @@
+"""The stored, serialisable definition of a materialized view (column specs,
+filter, shuffle, limit) and the checks that validate it against a source
+schema: the model layer. The query builder that produces it lives in
+:mod:`mv_assets.query`.
+"""
+
+import datetime as _dt
+import decimal
+import hashlib
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import lance
+import pyarrow as pa
+
+from .names import (
+    COMPUTED_PREFIX,
+    LANCE_ROW_COLUMNS,
+    SOURCE_MARKER_PREFIX,
+    SOURCE_ROW_ID,
+    SOURCE_ROW_VERSION,
+    VIEW_KEY_COLUMNS,
+    Alias,
+    ColumnKind,
+    computed_marker,
+    is_marker,
+    is_reserved_name,
+    source_marker,
+)
+from .udf import UDF
+
+__all__ = [
+    "ColumnSpec", "ViewDefinition", "SOURCE_ROW_ID", "SOURCE_ROW_VERSION", "VIEW_METADATA_KEY",
+    "computed_marker", "source_marker", "is_marker", "is_reserved_name", "output_schema", "check_sql", "short_error",
+    "sql_literal", "tracked_source_columns", "computed_column_names", "definition_reads", "shape_fingerprint",
+    "udf_column_type", "quote_ident",
+]
+
+
+def sql_literal(value: Any) -> str:
+    """Render a Python value as a SQL literal for Lance/DataFusion.
+
+    >>> sql_literal("it's"), sql_literal(None), sql_literal(True), sql_literal(2.5)
+    ("'it''s'", 'NULL', 'true', '2.5')
+    """
+    if value is None:
+        return "NULL"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, (int, decimal.Decimal)):
+        return str(value)
+    if isinstance(value, float):
+        if value != value or value in (float("inf"), float("-inf")):
+            return f"CAST('{value}' AS DOUBLE)"
+        return repr(value)
+    if isinstance(value, str):
+        return "'" + value.replace("'", "''") + "'"
+    if isinstance(value, bytes):
+        return "X'" + value.hex() + "'"
+    if isinstance(value, _dt.datetime):
+        return f"TIMESTAMP '{value.isoformat(sep=' ')}'"
+    if isinstance(value, _dt.date):
+        return f"DATE '{value.isoformat()}'"
+    raise ValueError(f"cannot use {type(value).__name__} value {value!r} as a SQL literal; use values_sql")
+
+
+def tracked_source_columns(schema: pa.Schema) -> list[str]:
+    """Computed source columns a view reads (it keeps copies of their markers)."""
+    return [n[len(SOURCE_MARKER_PREFIX):] for n in schema.names if n.startswith(SOURCE_MARKER_PREFIX)]
+
+
+def computed_column_names(schema: pa.Schema) -> list[str]:
+    """Columns of a table or view that have a computed marker."""
+    return [n[len(COMPUTED_PREFIX):] for n in schema.names if n.startswith(COMPUTED_PREFIX)]
+
+
+VIEW_METADATA_KEY = "mv_assets.view"
+FORMAT_VERSION = 1
+
+_VIEW_COLUMNS = VIEW_KEY_COLUMNS
+_SYSTEM_COLUMNS = LANCE_ROW_COLUMNS
+
+
+@dataclass(frozen=True)
+class ColumnSpec:
+    """One output column of a view: a source column, a SQL expression or a UDF."""
+
+    name: str
+    kind: str  # a ColumnKind: "column" | "sql" | "udf"
+    expr: str | None = None
+    udf: UDF | None = None
+    field: str | None = None  # multi-column UDF: the struct field this column holds
+    added: bool = False  # added after creation (add_columns): existing rows are backfilled
+
+    @property
+    def the_udf(self) -> UDF:
+        """The UDF of a UDF column (ValueError for SQL and plain columns)."""
+        if self.udf is None:
+            raise ValueError(f"column {self.name!r} is not a UDF column")
+        return self.udf
+
+    @property
+    def fingerprint(self) -> str:
+        """What computed this column's values: the UDF's code or the SQL text."""
+        if self.udf is not None:
+            return self.udf.fingerprint
+        return hashlib.sha256(f"{self.kind}|{self.expr}".encode()).hexdigest()[:16]
+
+    def to_json(self) -> dict:
+        out: dict[str, Any] = {"name": self.name, "kind": self.kind}
+        if self.expr is not None:
+            out["expr"] = self.expr
+        if self.udf is not None:
+            out["udf"] = self.udf.to_spec()
+        if self.field is not None:
+            out["field"] = self.field
+        if self.added:
+            out["added"] = True
+        return out
+
+    @staticmethod
+    def from_json(d: dict) -> "ColumnSpec":
+        udf = UDF.from_spec(d["udf"]) if "udf" in d else None
+        return ColumnSpec(d["name"], ColumnKind(d["kind"]), d.get("expr"), udf, d.get("field"), bool(d.get("added")))
+
+
+@dataclass(frozen=True)
+class ViewDefinition:
+    """Everything needed to (re)compute a view, stored in the view's schema metadata."""
+
+    source: str
+    columns: tuple[ColumnSpec, ...]
+    filter: str | None = None
+    shuffle: bool = False
+    seed: int | None = None
+    limit: int | None = None
+
+    @property
+    def udf_columns(self) -> list[ColumnSpec]:
+        return [c for c in self.columns if c.kind == "udf"]
+
+    @property
+    def projection(self) -> dict[str, str]:
+        """Non-UDF output columns as ``{name: SQL expression}`` for Lance's scanner."""
+        out = {}
+        for c in self.columns:
+            if c.kind == "column":
+                out[c.name] = quote_ident(c.expr or c.name)
+            elif c.kind == "sql":
+                out[c.name] = c.expr or ""
+        return out
+
+    def reads(self, columns: list[str], source_schema: pa.Schema) -> list[str]:
+        """Which of ``columns`` (of the source) this view reads, conservatively:
+        selected, fed to a UDF, or named in a SQL expression or the filter."""
+        light = {
+            "filter": self.filter,
+            "columns": [
+                {"name": c.name, "kind": c.kind, "expr": c.expr, "udf": {"input_columns": c.udf.input_columns if c.udf else None}}
+                for c in self.columns
+            ],
+        }
+        return definition_reads(light, columns, source_schema.names)
+
+    def udf_input_columns(self, source_schema: pa.Schema) -> list[str]:
+        cols: list[str] = []
+        for c in self.udf_columns:
+            assert c.udf is not None
+            needed = c.udf.input_columns or [
+                n for n in source_schema.names if n not in _VIEW_COLUMNS and not is_marker(n)
+            ]
+            for n in needed:
+                if n not in cols:
+                    cols.append(n)
+        return cols
+
+    def to_json(self) -> dict:
+        return {
+            "format": FORMAT_VERSION,
+            "source": self.source,
+            "columns": [c.to_json() for c in self.columns],
+            "filter": self.filter,
+            "shuffle": self.shuffle,
+            "seed": self.seed,
+            "limit": self.limit,
+        }
+
+    @staticmethod
+    def from_json(d: dict) -> "ViewDefinition":
+        if d.get("format") != FORMAT_VERSION:
+            raise ValueError(f"unsupported view definition format {d.get('format')!r}")
+        return ViewDefinition(
+            source=d["source"],
+            columns=tuple(ColumnSpec.from_json(c) for c in d["columns"]),
+            filter=d.get("filter"),
+            shuffle=bool(d.get("shuffle")),
+            seed=d.get("seed"),
+            limit=d.get("limit"),
+        )
+
+    def shape_fingerprint(self) -> str:
+        """Hash of what decides which rows the view holds and its original columns.
+
+        UDF columns and columns added later are left out: a changed UDF makes
+        its column stale row by row (see ``computed_marker``), it does not
+        make the view recompute everything.
+        """
+        return shape_fingerprint(self.to_json())
+
+    def fingerprint(self) -> str:
+        """Hash of the definition; UDFs count by their code fingerprint."""
+        d = self.to_json()
+        for c in d["columns"]:
+            if "udf" in c:
+                c["udf"] = {k: v for k, v in c["udf"].items() if k != "pickle"}
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    def encode(self) -> bytes:
+        return json.dumps(self.to_json()).encode()
+
+    @staticmethod
+    def decode(raw: bytes | str) -> "ViewDefinition":
+        return ViewDefinition.from_json(json.loads(raw))
+
+
+def shape_fingerprint(definition: dict) -> str:
+    """:meth:`ViewDefinition.shape_fingerprint` of a stored definition (its JSON)."""
+    d = {**definition, "columns": [c for c in definition["columns"] if c["kind"] != "udf" and not c.get("added")]}
+    return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def definition_reads(definition: dict, columns: list[str], source_names: list[str]) -> list[str]:
+    """:meth:`ViewDefinition.reads` on a stored definition (its JSON), without
+    unpickling any UDF: what the Dagster wiring uses for lineage."""
+    cols = definition.get("columns", [])
+    texts = [definition.get("filter") or ""] + [c.get("expr") or "" for c in cols if c["kind"] == "sql"]
+    direct = {c.get("expr") or c["name"] for c in cols if c["kind"] == "column"}
+    for c in cols:
+        if c["kind"] == "udf":
+            direct.update(c["udf"].get("input_columns") or source_names)
+    out = []
+    for name in columns:
+        pattern = re.compile(r"(?<![A-Za-z0-9_])" + re.escape(name) + r"(?![A-Za-z0-9_])")
+        if name in direct or any(pattern.search(t) for t in texts):
+            out.append(name)
+    return out
+
+
+def quote_ident(name: str) -> str:
+    if name.isidentifier() and name.lower() == name:
+        return name
+    return "`" + name.replace("`", "``") + "`"
+
+
+def output_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Schema:
+    """The view's Arrow schema; validates filter and SQL against the source."""
+    projection = definition.projection
+    try:
+        projected = check_sql(ds, filter=definition.filter, columns=projection)
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"invalid view query over {definition.source!r}: {short_error(exc)}") from exc
+    fields = [
+        pa.field(SOURCE_ROW_ID, pa.int64(), nullable=False),
+        pa.field(SOURCE_ROW_VERSION, pa.int64(), nullable=False),
+    ]
+    for c in definition.columns:
+        if c.kind == "udf":
+            assert c.udf is not None
+            fields.append(pa.field(c.name, udf_column_type(c), nullable=True))
+        else:
+            f = projected.field(c.name)
+            fields.append(pa.field(c.name, f.type, nullable=True))
+    for c in definition.columns:
+        if c.kind == "udf":
+            fields.append(pa.field(computed_marker(c.name), pa.string(), nullable=True))
+    # Computed columns of the source this view reads: keep a copy of their markers,
+    # so a backfill of the source (which moves no row versions) is seen as a change.
+    for name in definition.reads(computed_column_names(ds.schema), ds.schema):
+        fields.append(pa.field(source_marker(name), pa.string(), nullable=True))
+    return pa.schema(fields, metadata={VIEW_METADATA_KEY: definition.encode()})
+
+
+def udf_column_type(c: ColumnSpec) -> pa.DataType:
+    """The Arrow type of a UDF column (a struct field for multi-column UDFs)."""
+    assert c.udf is not None
+    if c.field is not None:
+        return c.udf.data_type.field(c.field).type
+    return c.udf.data_type
+
+
+def check_sql(ds: lance.LanceDataset, *, filter: str | None = None, columns: dict[str, str] | None = None) -> pa.Schema:
+    """Plan (without running) a scan so bad SQL fails here; return its schema."""
+    if columns:  # a real column keeps Lance from refusing literal-only projections
+        columns = {**columns, Alias.PROBE: quote_ident(ds.schema.names[0])}
+    scanner = ds.scanner(columns=columns or None, filter=filter)
+    scanner.explain_plan()
+    return scanner.projected_schema
+
+
+_RUST_LOCATION = re.compile(r",?\s*(?:/[^\s,]*)?/?[\w./-]*\.rs:\d+:\d+")
+
+
+def short_error(exc: Exception | str) -> str:
+    """Lance's error message without the Rust source locations."""
+    msg = str(exc).replace("Invalid user input: ", "")
+    return _RUST_LOCATION.sub("", msg).strip()
+
