@@ -56,89 +56,20 @@ from .planning import (
     shuffle_keys,
 )
 from .planning import column_ids as _ids
+from .state import read_refresh_state
 from .tasks import TaskResult, TaskSpec, and_filters
 
 if TYPE_CHECKING:
     from .spark import Runner
     from .table import MaterializedView
 
-__all__ = [
-    "RefreshState", "RefreshPlan", "RefreshResult", "read_refresh_state", "carry_refresh_state", "plan_refresh",
-    "execute_refresh",
-]
+__all__ = ["RefreshPlan", "RefreshResult", "plan_refresh", "execute_refresh", "compact_if_fragmented"]
 
 MODES = ("auto", "full", "incremental_strict")
 _FULL_OPS = ("Overwrite", "Restore", "Clone")
 ROW_VERSION_ALIAS = Alias.ROW_VERSION
 
 
-@dataclass(frozen=True)
-class RefreshState:
-    """What the view's last refresh recorded (None fields: never refreshed)."""
-
-    source_version: int | None = None
-    view_version: int | None = None  # the view version that recorded it
-    definition: str | None = None
-    load_number: int = 0
-    refreshed_at: float | None = None
-    # A fragment-scoped refresh committed after the last whole refresh: the view
-    # may hold rows (or row versions) of other source versions than
-    # ``source_version``, so the next whole refresh compares every row (sync).
-    scoped_since_whole: bool = False
-
-    @property
-    def refreshed(self) -> bool:
-        return self.source_version is not None
-
-
-def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
-    """The view's refresh state, read from its commits' transaction properties.
-
-    ``source_version`` comes from the newest refresh of the whole view (a
-    fragment-scoped refresh does not make the whole view reflect a version;
-    it carries the last whole one forward as ``whole_source_version``); the
-    load number, time and definition from the newest refresh of any kind.
-    """
-    latest: dict | None = None
-    v = view_ds.version
-    while v >= 1:
-        try:
-            txn = view_ds.read_transaction(v)
-        except Exception:  # transaction file cleaned up: nothing older is readable either
-            break
-        props = (txn.transaction_properties or {}) if txn is not None else {}
-        raw = props.get(STATE_KEY)
-        if raw:
-            d = json.loads(raw)
-            if latest is None:
-                latest = {**d, "view_version": v}
-            whole = d.get("scope") is None
-            if whole or "whole_source_version" in d:
-                found = d["source_version"] if whole else d["whole_source_version"]
-                return RefreshState(
-                    source_version=None if found is None else int(found),
-                    view_version=latest["view_version"],
-                    definition=latest.get("definition"),
-                    load_number=int(latest.get("load_number", 0)),
-                    refreshed_at=latest.get("refreshed_at"),
-                    scoped_since_whole=latest.get("scope") is not None,
-                )
-        v -= 1
-    if latest is None:
-        return RefreshState()
-    return RefreshState(
-        source_version=None,
-        view_version=latest["view_version"],
-        definition=latest.get("definition"),
-        load_number=int(latest.get("load_number", 0)),
-        refreshed_at=latest.get("refreshed_at"),
-        scoped_since_whole=True,
-    )
-
-
-# A view keeps few fragments: once more than this many hold fewer than half the
-# target rows each, the refresh that made them compacts them (row ids, row
-# versions and the order of rows are kept; readers see no change).
 COMPACT_SMALL_FRAGMENTS = 32
 TARGET_ROWS_PER_FRAGMENT = 1 << 20
 
@@ -154,39 +85,6 @@ def compact_if_fragmented(view_ds: lance.LanceDataset) -> bool:
         return False
     view_ds.optimize.compact_files(target_rows_per_fragment=TARGET_ROWS_PER_FRAGMENT)
     return True
-
-
-def carry_refresh_state(view_ds: lance.LanceDataset) -> int | None:
-    """Make the view's newest commit carry its refresh state (a commit that
-    changes nothing else), unless it already does. Returns the new version.
-
-    Compaction and column backfills commit without the state; once history
-    cleanup removed the refresh commit behind them, the view would forget
-    which source version it reflects.
-    """
-    try:
-        txn = view_ds.read_transaction(view_ds.version)
-    except Exception:
-        txn = None
-    if txn is not None and STATE_KEY in (txn.transaction_properties or {}):
-        return None
-    state = read_refresh_state(view_ds)
-    if state.view_version is None:
-        return None  # never refreshed: nothing to carry
-    newest = view_ds.read_transaction(state.view_version)
-    props = (newest.transaction_properties or {}) if newest is not None else {}
-    if STATE_KEY not in props:
-        return None
-    record = json.loads(props[STATE_KEY])
-    if record.get("scope") is not None:
-        record["whole_source_version"] = state.source_version
-    record["carried_from"] = state.view_version
-    carried = Transaction(
-        read_version=view_ds.version,
-        operation=LanceOperation.UpdateConfig(),
-        transaction_properties={STATE_KEY: json.dumps(record)},
-    )
-    return lance.LanceDataset.commit(view_ds.uri, carried, read_version=view_ds.version).version
 
 
 @dataclass

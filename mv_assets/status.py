@@ -25,7 +25,7 @@ from .policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
 
 if TYPE_CHECKING:
     from .catalog import Connection
-    from .refresh import RefreshState
+    from .state import RefreshState
     from .table import MaterializedView
 
 __all__ = [

@@ -26,13 +26,11 @@ from .query import Query
 from .refresh import (
     RefreshPlan,
     RefreshResult,
-    RefreshState,
-    carry_refresh_state,
     compact_if_fragmented,
     execute_refresh,
     plan_refresh,
-    read_refresh_state,
 )
+from .state import RefreshState, carry_refresh_state, read_refresh_state
 from .status import FAILED_LOAD, LOADED, LOADING, ViewStatus, record_load_state, view_status
 
 if TYPE_CHECKING:

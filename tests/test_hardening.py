@@ -231,7 +231,7 @@ def test_reading_the_refresh_state_stops_at_the_newest_refresh(tmp_path):
         return real(version)
 
     ds.read_transaction = counting
-    from mv_assets.refresh import read_refresh_state
+    from mv_assets.state import read_refresh_state
 
     state = read_refresh_state(ds)
     assert state.load_number == 31 and state.scoped_since_whole
