@@ -268,7 +268,7 @@ class Connection:
     def status(self, name: str | None = None) -> pa.Table:
         """The status table: one row per view (or just ``name``), as an Arrow table."""
         views = [self.open_view(name)] if name else self.views()
-        return status_table([view_status(v) for v in views])
+        return status_table([view_status(v.ref()) for v in views])
 
     def _check_source_current(self, view: MaterializedView) -> None:
         src = self.open_table(view.definition.source)
@@ -283,7 +283,7 @@ class Connection:
 
     def _versions_behind(self, view: MaterializedView) -> int:
         """Source versions that matter to ``view`` and it does not reflect yet."""
-        return len(pending_source_versions(view))
+        return len(pending_source_versions(view.ref()))
 
     @overload
     def refresh(

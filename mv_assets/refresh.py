@@ -56,12 +56,12 @@ from .planning import (
     shuffle_keys,
 )
 from .planning import column_ids as _ids
+from .refs import ViewRef
 from .state import read_refresh_state
 from .tasks import TaskResult, TaskSpec, and_filters
 
 if TYPE_CHECKING:
     from .spark import Runner
-    from .table import MaterializedView
 
 __all__ = ["RefreshPlan", "RefreshResult", "plan_refresh", "execute_refresh", "compact_if_fragmented"]
 
@@ -290,7 +290,7 @@ def _scope(view_name: str, definition: ViewDefinition, src: lance.LanceDataset, 
 
 
 def plan_refresh(
-    view: "MaterializedView",
+    view: ViewRef,
     src_version: int | None = None,
     *,
     mode: str = "auto",
@@ -311,9 +311,9 @@ def plan_refresh(
     """
     _check_args(mode, max_rows_per_task, checkpoint_size)
     definition: ViewDefinition = view.definition
-    src = _source_at(view.name, definition, view.connection.open_table(definition.source)._dataset(), src_version)
+    src = _source_at(view.name, definition, view.source_dataset(), src_version)
     scope, scope_frags = _scope(view.name, definition, src, fragments, recompute)
-    view_ds = view._dataset()
+    view_ds = view.dataset()
     state = read_refresh_state(view_ds)
     v0 = state.source_version
     def_fp = definition.shape_fingerprint()
@@ -333,7 +333,7 @@ def plan_refresh(
         f"{view.uri}|{view_ds.version}|{v0}|{src.version}|{def_fp}|{how}|{scope}|{recompute}|{max_rows_per_task}|"
         f"{checkpoint_size}".encode()
     ).hexdigest()[:16]
-    checkpoints = view.connection._state_dir("checkpoints", view.name)
+    checkpoints = view.layout.checkpoints(view.name)
     where = _TaskPlace(
         src.uri, src.version, view.uri, view_ds.version, os.path.join(checkpoints, plan_key),
         os.path.join(checkpoints, "batches"), plan_key, max_rows_per_task, checkpoint_size,
@@ -689,7 +689,7 @@ def _sum_counts(counts: list[dict[str, int]]) -> dict[str, int]:
     return out
 
 
-def _state_record(view: "MaterializedView", plan: RefreshPlan, udf_rows: dict[str, int], errors: int) -> dict:
+def _state_record(view: ViewRef, plan: RefreshPlan, udf_rows: dict[str, int], errors: int) -> dict:
     """The refresh state committed with the data (see :func:`read_refresh_state`)."""
     return {
         "source_version": plan.to_version,
@@ -709,7 +709,7 @@ def _state_record(view: "MaterializedView", plan: RefreshPlan, udf_rows: dict[st
     }
 
 
-def _view_changes(view: "MaterializedView", plan: RefreshPlan, results: list[TaskResult]):
+def _view_changes(view: ViewRef, plan: RefreshPlan, results: list[TaskResult]):
     """The commit's removed fragment ids, updated fragments and new fragments."""
     view_ds = lance.dataset(view.uri)
     if view_ds.version != plan.view_version:
@@ -725,7 +725,7 @@ def _view_changes(view: "MaterializedView", plan: RefreshPlan, results: list[Tas
     return removed, updated, [FragmentMetadata.from_json(json.dumps(f)) for r in results for f in r.fragments]
 
 
-def _nothing_done(view: "MaterializedView", plan: RefreshPlan, seconds: float) -> RefreshResult:
+def _nothing_done(view: ViewRef, plan: RefreshPlan, seconds: float) -> RefreshResult:
     return RefreshResult(
         view=view.name, from_version=plan.from_version, to_version=plan.to_version,
         view_version=plan.view_version, full=False, rows_inserted=0, rows_updated=0,
@@ -733,12 +733,12 @@ def _nothing_done(view: "MaterializedView", plan: RefreshPlan, seconds: float) -
     )
 
 
-def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner") -> RefreshResult:
+def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner") -> RefreshResult:
     """Run the plan's tasks and commit the result as one Lance transaction."""
     start = time.perf_counter()
     if plan.commits_nothing:
         return _nothing_done(view, plan, time.perf_counter() - start)
-    view.connection._clear_stale_checkpoints(view.name, keep=plan.checkpoint_dir)
+    view.layout.clear_stale_checkpoints(view.name, keep=plan.checkpoint_dir)
     results: list[TaskResult] = runner.run(plan.tasks, plan.definition_raw) if plan.tasks else []
     executed = time.perf_counter()
     removed, updated, new_fragments = _view_changes(view, plan, results)
@@ -747,7 +747,7 @@ def execute_refresh(view: "MaterializedView", plan: RefreshPlan, runner: "Runner
         from .error_log import append_errors
 
         job = f"refresh-{plan.load_number + 1}-{plan.checkpoint_dir[-8:] if plan.checkpoint_dir else ''}"
-        append_errors(view.connection.layout, view.name, job, errors)
+        append_errors(view.layout, view.name, job, errors)
     udf_rows = _sum_counts([r.udf_rows for r in results])
     txn = Transaction(
         read_version=plan.view_version,

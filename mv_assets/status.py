@@ -21,12 +21,13 @@ import pyarrow as pa
 from ._files import atomic_write_text
 from .changes import pending_versions
 from .definition import tracked_source_columns
+from .layout import Layout
 from .policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
+from .refs import ViewRef
+from .state import read_refresh_state
 
 if TYPE_CHECKING:
-    from .catalog import Connection
     from .state import RefreshState
-    from .table import MaterializedView
 
 __all__ = [
     "ViewStatus",
@@ -91,13 +92,9 @@ class ViewStatus:
         return d
 
 
-def _status_path(conn: "Connection", view: str) -> str:
-    return conn._state_dir("status", f"{view}.json")
-
-
-def _read_file(conn: "Connection", view: str) -> dict:
+def _read_file(layout: Layout, view: str) -> dict:
     try:
-        with open(_status_path(conn, view)) as fh:
+        with open(layout.status_file(view)) as fh:
             return json.load(fh)
     except (FileNotFoundError, json.JSONDecodeError):
         return {}
@@ -118,15 +115,15 @@ def _dead(record: dict) -> bool:
     return False
 
 
-def record_load_state(conn: "Connection", view: str, state: str, error: str | None = None) -> None:
+def record_load_state(layout: Layout, view: str, state: str, error: str | None = None) -> None:
     """Atomically record a view's load state (and error, for FAILED_LOAD)."""
-    current = _read_file(conn, view)
+    current = _read_file(layout, view)
     current.update(load_state=state, state_since=time.time(), node=socket.gethostname(), pid=os.getpid())
     if state == FAILED_LOAD:
         current["last_error"] = error
     elif state == LOADED:
         current["last_error"] = None
-    atomic_write_text(_status_path(conn, view), json.dumps(current))
+    atomic_write_text(layout.status_file(view), json.dumps(current))
 
 
 def stale_count(src_uri: str, since: int | None, latest: int) -> int:
@@ -142,28 +139,25 @@ def stale_count(src_uri: str, since: int | None, latest: int) -> int:
 
 
 def pending_source_versions(
-    view: "MaterializedView", latest: int | None = None, state: "RefreshState | None" = None
+    view: ViewRef, latest: int | None = None, state: "RefreshState | None" = None
 ) -> list[int]:
     """Source versions after the one the view reflects whose commits matter to
     it: data changes, and backfills of computed columns it reads. Compactions,
     backfills of other columns and state-only refreshes of an upstream view do
     not make a view stale."""
-    state = state or view.refresh_state()
-    source = view.connection.open_table(view.definition.source)
+    ds = view.dataset()
+    state = state or read_refresh_state(ds)
     if state.source_version is None:
-        return list(range(1, (latest or source.version) + 1))
-    return pending_versions(source.uri, state.source_version, tracked_source_columns(view.schema), latest)
+        return list(range(1, (latest or view.source_dataset().version) + 1))
+    return pending_versions(view.source_uri, state.source_version, tracked_source_columns(ds.schema), latest)
 
 
-def view_status(view: "MaterializedView") -> ViewStatus:
-    conn = view.connection
-    definition = view.definition
-    source = conn.open_table(definition.source)
-    ds = view._dataset()
-    state = view.refresh_state()
-    file = _read_file(conn, view.name)
-    latest = source.version
-    stale = stale_count(source.uri, state.source_version, latest)
+def view_status(view: ViewRef) -> ViewStatus:
+    ds = view.dataset()
+    state = read_refresh_state(ds)
+    file = _read_file(view.layout, view.name)
+    latest = view.source_dataset().version
+    stale = stale_count(view.source_uri, state.source_version, latest)
     cardinality = ds.count_rows()
     load_state = file.get("load_state") or (LOADED if state.load_number else NEVER_LOADED)
     last_error = file.get("last_error")
@@ -175,7 +169,7 @@ def view_status(view: "MaterializedView") -> ViewStatus:
     policy = RefreshPolicy.from_json((ds.schema.metadata or {}).get(POLICY_METADATA_KEY.encode()))
     return ViewStatus(
         name=view.name,
-        source=definition.source,
+        source=view.source,
         load_state=load_state,
         valid=state.source_version is not None,
         cardinality=cardinality,
@@ -193,12 +187,12 @@ def view_status(view: "MaterializedView") -> ViewStatus:
     )
 
 
-def refresh_decision(view: "MaterializedView", now: float | None = None, scheduled: bool = False) -> Decision:
+def refresh_decision(view: ViewRef, now: float | None = None, scheduled: bool = False) -> Decision:
     """What the view's refresh policy says right now (reads the status, then decides)."""
-    policy = view.refresh_policy
-    source = view.connection.open_table(view.definition.source)
-    state = view.refresh_state()
-    latest = source.version
+    ds = view.dataset()
+    policy = RefreshPolicy.from_json((ds.schema.metadata or {}).get(POLICY_METADATA_KEY.encode()))
+    state = read_refresh_state(ds)
+    latest = view.source_dataset().version
     pending = pending_source_versions(view, latest, state) if state.source_version is not None else []
     # the source "moved" for this view only through commits that matter to it, or
     # when fragment-scoped refreshes left it holding rows of several versions
@@ -214,8 +208,8 @@ def refresh_decision(view: "MaterializedView", now: float | None = None, schedul
         reflected_version=state.source_version,
         last_refreshed_at=state.refreshed_at,
         now=time.time() if now is None else now,
-        rows_changed=stale_count(source.uri, state.source_version, latest) if needs_rows else 0,
-        cardinality=view.count_rows() if needs_rows else 0,
+        rows_changed=stale_count(view.source_uri, state.source_version, latest) if needs_rows else 0,
+        cardinality=ds.count_rows() if needs_rows else 0,
         scheduled=scheduled,
     )
 

@@ -30,6 +30,7 @@ from .refresh import (
     execute_refresh,
     plan_refresh,
 )
+from .refs import ViewRef
 from .state import RefreshState, carry_refresh_state, read_refresh_state
 from .status import FAILED_LOAD, LOADED, LOADING, ViewStatus, record_load_state, view_status
 
@@ -525,6 +526,11 @@ class MaterializedView(Table):
             self._definition = ViewDefinition.decode(raw)
         return self._definition
 
+    def ref(self) -> ViewRef:
+        """The frozen reference the work code is given (see mv_assets.refs)."""
+        d = self.definition
+        return ViewRef(self.name, self.uri, d, self.connection.table_uri(d.source), self.connection.layout)
+
     @property
     def source(self) -> str:
         """The name of the table or view this view reads (its stored JSON is
@@ -583,7 +589,7 @@ class MaterializedView(Table):
         """An exact dry run of :meth:`refresh` with the same arguments: rows to
         insert, update and delete, UDF rows to compute, the tasks."""
         return plan_refresh(
-            self, src_version, mode=mode, fragments=fragments, recompute=recompute,
+            self.ref(), src_version, mode=mode, fragments=fragments, recompute=recompute,
             max_rows_per_task=max_rows_per_task, checkpoint_size=checkpoint_size,
         )
 
@@ -599,7 +605,7 @@ class MaterializedView(Table):
 
     def status(self) -> ViewStatus:
         """This view's record of the status table (load state, staleness, ...)."""
-        return view_status(self)
+        return view_status(self.ref())
 
     def refresh(
         self,
@@ -633,19 +639,20 @@ class MaterializedView(Table):
         """
         self.connection._check_source_current(self)
         with self.connection._refresh_lock(self.name, lock_timeout):
+            ref = self.ref()
             plan = plan_refresh(
-                self, src_version, mode=mode, fragments=fragments, recompute=recompute,
+                ref, src_version, mode=mode, fragments=fragments, recompute=recompute,
                 max_rows_per_task=max_rows_per_task, checkpoint_size=checkpoint_size,
             )
             if plan.commits_nothing:
-                return execute_refresh(self, plan, runner or self.connection.runner)
-            record_load_state(self.connection, self.name, LOADING)
+                return execute_refresh(ref, plan, runner or self.connection.runner)
+            record_load_state(self.connection.layout, self.name, LOADING)
             try:
-                result = execute_refresh(self, plan, runner or self.connection.runner)
+                result = execute_refresh(ref, plan, runner or self.connection.runner)
             except BaseException as exc:
-                record_load_state(self.connection, self.name, FAILED_LOAD, f"{type(exc).__name__}: {exc}")
+                record_load_state(self.connection.layout, self.name, FAILED_LOAD, f"{type(exc).__name__}: {exc}")
                 raise
-            record_load_state(self.connection, self.name, LOADED)
+            record_load_state(self.connection.layout, self.name, LOADED)
             start = time.perf_counter()
             if compact_if_fragmented(self._dataset()):
                 result.timings["compact_s"] = time.perf_counter() - start

@@ -183,11 +183,11 @@ def test_a_killed_load_is_not_loading_forever(tmp_path):
     db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
     t = db.create_table("raw", [{"id": i} for i in range(3)])
     v = db.create_materialized_view("v", t.search(None).select(["id"]))
-    record_load_state(db, "v", LOADING)  # this process: alive
+    record_load_state(db.layout, "v", LOADING)  # this process: alive
     assert v.status().load_state == "LOADING"
     code = (
         "import mv_assets as mv; from mv_assets.status import LOADING, record_load_state; "
-        f"record_load_state(mv.connect({db.uri!r}), 'v', LOADING)"
+        f"record_load_state(mv.connect({db.uri!r}).layout, 'v', LOADING)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)  # records LOADING, then is gone
     status = v.status()

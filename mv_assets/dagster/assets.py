@@ -158,7 +158,7 @@ def _freshness(policy: RefreshPolicy):
 
 
 def _status_metadata(view) -> dict:
-    s = view_status(view)
+    s = view_status(view.ref())
     return {
         "load_state": s.load_state,
         "valid": s.valid,
@@ -395,7 +395,7 @@ def _refresh_view(context, info: TableInfo, view, fragments: list[int] | None, r
         db = view.connection
         for name in db.upstream(info.name):
             up = db.open_view(name)
-            if pending_source_versions(up) or up.refresh_state().scoped_since_whole:
+            if pending_source_versions(up.ref()) or up.refresh_state().scoped_since_whole:
                 r = up.refresh()
                 context.log.info(f"brought upstream view {name} to source v{r.to_version} first")
         return view.refresh(recompute=recompute)

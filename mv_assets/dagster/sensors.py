@@ -160,7 +160,7 @@ def table_sensor(
                 due[v.name], loads[v.name] = "declared in code, not created yet", 0
                 continue
             view = db.open_view(v.name)
-            decision = refresh_decision(view)
+            decision = refresh_decision(view.ref())
             loads[v.name] = view.refresh_state().load_number
             upstream_due = v.over_view and v.source in due and v.policy.kind == "eager"
             if decision.refresh or upstream_due:
@@ -206,7 +206,7 @@ def view_schedule(view: TableInfo, pdef, keys: list[dg.AssetKey], status):
     )
     def _schedule(context: dg.ScheduleEvaluationContext, mv_assets: MvAssetsResource):
         db = mv_assets.reader()
-        decision = refresh_decision(db.open_view(view.name), scheduled=True)
+        decision = refresh_decision(db.open_view(view.name).ref(), scheduled=True)
         if not decision.refresh:
             return dg.SkipReason(decision.reason)
         tags = {TAG_SCOPE: "changes", "mv_assets/policy": "cron"}
