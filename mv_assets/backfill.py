@@ -51,16 +51,27 @@ from lance.fragment import DataFile, FragmentMetadata
 
 from ._files import atomic_write_arrow, read_arrow
 from .changes import BACKFILL_KEY
-from .definition import SOURCE_ROW_ID, SOURCE_ROW_VERSION, ColumnSpec, computed_marker
+from .definition import (
+    SOURCE_ROW_ID,
+    SOURCE_ROW_VERSION,
+    ColumnSpec,
+    check_sql,
+    computed_marker,
+    is_marker,
+    short_error,
+    udf_column_type,
+)
+from .error_log import append_errors
 from .lance_compat import CommitConflictError, roaring_bitmap_bytes, take_rows
 from .names import Alias, nth_marker_alias
 from .planning import column_ids as _ids
 from .planning import positions, split_ranges
+from .refs import Ref, ViewRef
 from .tasks import compute_udf_columns, repeat_string
+from .udf import UDF
 
 if TYPE_CHECKING:
     from .spark import Runner
-    from .table import Table
 
 __all__ = [
     "BackfillPlan", "BackfillResult", "BackfillJob", "plan_backfill", "execute_backfill", "commit_column_values",
@@ -144,7 +155,7 @@ class BackfillResult:
 # -- planning -------------------------------------------------------------
 
 
-def _group_specs(table: "Table", column: str) -> list[ColumnSpec]:
+def _group_specs(table: Ref, column: str) -> list[ColumnSpec]:
     """The computed column ``column`` and its siblings (a multi-column UDF's)."""
     specs = table.computed_columns()
     by_name = {c.name: c for c in specs}
@@ -160,7 +171,7 @@ def _group_specs(table: "Table", column: str) -> list[ColumnSpec]:
 
 
 def plan_backfill(
-    table: "Table",
+    table: Ref,
     column: str,
     *,
     udf: Any = None,
@@ -170,8 +181,6 @@ def plan_backfill(
     max_rows_per_task: int = 65_536,
 ) -> BackfillPlan:
     """Plan a backfill of ``column`` (see :meth:`Table.backfill`)."""
-    from .table import MaterializedView, check_sql, short_error
-    from .udf import UDF
 
     if not isinstance(checkpoint_size, int) or checkpoint_size <= 0:
         raise ValueError("checkpoint_size must be a positive int")
@@ -188,11 +197,11 @@ def plan_backfill(
         else:  # the column's fixed batch columns
             old = specs[0].the_udf
             keep = old.kind == "batch" and old.input_columns
-            udf = udf.bound_to(list(old.input_columns) if keep else table._input_dataset().schema)
+            udf = udf.bound_to(list(old.input_columns) if keep else table.input_dataset().schema)
         _check_replacement(table, specs[0], udf)
         specs = [ColumnSpec(specs[0].name, "udf", None, udf, None, specs[0].added)]
-    ds = table._dataset()
-    is_view = isinstance(table, MaterializedView)
+    ds = table.dataset()
+    is_view = isinstance(table, ViewRef)
     fingerprint = specs[0].fingerprint
     stale = " OR ".join(
         f"`{computed_marker(c.name)}` IS NULL OR `{computed_marker(c.name)}` != '{c.fingerprint}'" for c in specs
@@ -215,10 +224,10 @@ def plan_backfill(
         else:
             parts.append(f"{id_col} IN ({', '.join(str(int(i)) for i in row_ids)})")
     predicate = " AND ".join(parts)
-    if is_view:
+    if isinstance(table, ViewRef):
         cols = {_IN_ID: SOURCE_ROW_ID, _IN_VER: SOURCE_ROW_VERSION}
-        source = table.connection.open_table(table.definition.source)
-        input_uri, input_version = source.uri, source.version
+        source_ds = table.source_dataset()
+        input_uri, input_version = table.source_uri, source_ds.version
     else:
         cols = {_IN_VER: "_row_last_updated_at_version"}
         input_uri, input_version = table.uri, ds.version
@@ -254,7 +263,7 @@ def plan_backfill(
         {_IN_ID: in_ids[order], _IN_VER: in_vers[order], _TARGET_ID: target_ids[order], _IN_ADDR: in_addrs[order]}
     )
     key_base = f"{table.uri}|{[c.name for c in specs]}|{fingerprint}"
-    ckpt_dir = table.connection._state_dir("checkpoints", table.name, "columns", fingerprint)
+    ckpt_dir = table.layout.column_checkpoints(table.name, fingerprint)
     batch_keys = []
     n = plan_rows.num_rows
     ids_np, vers_np = plan_rows.column(_IN_ID).to_numpy(), plan_rows.column(_IN_VER).to_numpy()
@@ -299,9 +308,7 @@ def plan_backfill(
     )
 
 
-def _check_replacement(table: "Table", spec: ColumnSpec, udf: Any) -> None:
-    from .definition import udf_column_type
-
+def _check_replacement(table: Ref, spec: ColumnSpec, udf: Any) -> None:
     if spec.kind != "udf" or spec.field is not None:
         raise ValueError(f"column {spec.name!r} is not a single-output UDF column")
     old_type = udf_column_type(spec)
@@ -309,7 +316,7 @@ def _check_replacement(table: "Table", spec: ColumnSpec, udf: Any) -> None:
         raise ValueError(
             f"the new UDF for {spec.name!r} returns {udf.data_type}; the column holds {old_type}"
         )
-    schema = table.input_schema()
+    schema = table.input_dataset().schema
     udf.validate_inputs(schema, spec.name)
 
 
@@ -386,8 +393,6 @@ def _joined_markers(scanned: pa.Table, n: int) -> np.ndarray:
 
 
 def _input_columns(specs: list[ColumnSpec], schema: pa.Schema) -> list[str]:
-    from .definition import is_marker
-
     cols: list[str] = []
     for c in specs:
         if c.udf is None:
@@ -534,7 +539,7 @@ def _write_fragment_file(
 
 
 def _commit_results(
-    table: "Table", plan: BackfillPlan, job_id: str, stats: dict, runner: "Runner"
+    table: Ref, plan: BackfillPlan, job_id: str, stats: dict, runner: "Runner"
 ) -> tuple[int | None, int, int]:
     """Write every checkpointed result into the latest version; one commit.
 
@@ -610,7 +615,7 @@ def _driver_writer(res: pa.Table, names: list[str]):
 
 
 def commit_column_values(
-    table: "Table",
+    table: Ref,
     names: list[str],
     res_ids: np.ndarray,
     res_vers: np.ndarray,
@@ -635,7 +640,7 @@ def commit_column_values(
 
     Returns (new version or None, rows written, rows skipped)."""
     for attempt in range(5):
-        ds = table._dataset()
+        ds = table.dataset()
         cols: dict[str, str] = {Alias.ROW_VERSION: SOURCE_ROW_VERSION if is_view else "_row_last_updated_at_version"}
         if is_view:
             cols[Alias.KEY] = SOURCE_ROW_ID
@@ -686,10 +691,34 @@ def commit_column_values(
     raise RuntimeError(f"writing {names} into {table.name!r}: five commit conflicts in a row; run it again")
 
 
-def execute_backfill(table: "Table", plan: BackfillPlan, runner: "Runner", job_id: str) -> BackfillResult:
-    """Run the plan's compute tasks, record errors, write and commit the results."""
-    from .error_log import append_errors
+def backfill_column(
+    table: Ref,
+    column: str | list[str],
+    *,
+    udf: Any = None,
+    where: str | None = None,
+    row_ids: list[int] | None = None,
+    runner: "Runner",
+    checkpoint_size: int = 1024,
+    max_rows_per_task: int = 65_536,
+    job_id: str | None = None,
+) -> BackfillResult:
+    """Plan and run a backfill of ``column`` (see ``Table.backfill``): one
+    backfill of a column at a time; a second one waits, then finds only what
+    is left."""
+    if isinstance(column, list):
+        if len(column) != 1:
+            raise ValueError("backfill one column at a time (siblings of a multi-column UDF come along)")
+        column = column[0]
+    key = udf.fingerprint if isinstance(udf, UDF) else _group_specs(table, column)[0].fingerprint
+    with table.layout.lock(f"{table.name}.backfill.{key}", None):
+        plan = plan_backfill(table, column, udf=udf, where=where, row_ids=row_ids,
+                             checkpoint_size=checkpoint_size, max_rows_per_task=max_rows_per_task)
+        return execute_backfill(table, plan, runner, job_id or uuid.uuid4().hex[:12])
 
+
+def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: str) -> BackfillResult:
+    """Run the plan's compute tasks, record errors, write and commit the results."""
     start = time.perf_counter()
     if plan.rows == 0:
         if not plan.targeted and os.path.isdir(plan.checkpoint_dir):
@@ -722,9 +751,9 @@ def execute_backfill(table: "Table", plan: BackfillPlan, runner: "Runner", job_i
         errors = [e for o in outs for e in o["errors"]]
         for e in errors:  # a view's rows are keyed by source row id, a table's by its own
             e["column"] = e.get("column") or plan.columns[0]
-        append_errors(table.connection.layout, table.name, job_id, errors)
+        append_errors(table.layout, table.name, job_id, errors)
         stats = {"udf_rows_computed": sum(o["udf_rows"] for o in outs), "errors": len(errors)}
-        with table._column_lock(None):  # never between a view refresh's plan and its commit
+        with table.lock(None):  # never between a view refresh's plan and its commit
             version, written, skipped = _commit_results(table, plan, job_id, stats, runner)
     finally:
         if os.path.exists(plan_path):

@@ -5,7 +5,6 @@ asset check results.
 """
 
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import lance
 import numpy as np
@@ -13,9 +12,8 @@ import numpy as np
 from .definition import SOURCE_ROW_ID
 from .planning import column_ids as _ids
 from .planning import isin, select_limited
-
-if TYPE_CHECKING:
-    from .table import MaterializedView
+from .refs import ViewRef
+from .state import read_refresh_state
 
 __all__ = ["CheckOutcome", "check_view"]
 
@@ -28,14 +26,13 @@ class CheckOutcome:
     metadata: dict = field(default_factory=dict)
 
 
-def check_view(view: "MaterializedView") -> list[CheckOutcome]:
+def check_view(view: ViewRef) -> list[CheckOutcome]:
     """Run every check on ``view`` at the source version it reflects."""
     definition = view.definition
-    source = view.connection.open_table(definition.source)
-    state = view.refresh_state()
-    version = state.source_version or source.version
-    src = lance.dataset(source.uri, version=version)
-    view_tbl = view._dataset().to_table(columns=[SOURCE_ROW_ID] + [c.name for c in definition.udf_columns])
+    state = read_refresh_state(view.dataset())
+    version = state.source_version or view.source_dataset().version
+    src = lance.dataset(view.source_uri, version=version)
+    view_tbl = view.dataset().to_table(columns=[SOURCE_ROW_ID] + [c.name for c in definition.udf_columns])
     keys = _ids(view_tbl, SOURCE_ROW_ID)
     out: list[CheckOutcome] = []
 

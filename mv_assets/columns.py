@@ -9,16 +9,17 @@ holds). Every computed column has a hidden marker column (see
 :func:`~mv_assets.names.computed_marker`).
 """
 
-import json
 import os
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
+from .backfill import _driver_writer, backfill_column, commit_column_values
 from .definition import (
+    COLUMNS_METADATA_KEY,
     SOURCE_MARKER_PREFIX,
     VIEW_METADATA_KEY,
     ColumnSpec,
@@ -26,34 +27,20 @@ from .definition import (
     check_sql,
     computed_column_names,
     computed_marker,
+    encode_columns,
     is_marker,
     is_reserved_name,
     short_error,
+    stored_columns,
     udf_column_type,
 )
 from .names import LANCE_ROW_COLUMNS
 from .planning import column_ids as _ids
+from .refs import Ref, ViewRef
+from .spark import InlineRunner
 from .udf import UDF, UnpackedUDF
 
-if TYPE_CHECKING:
-    from .table import Table
-
-__all__ = ["COLUMNS_METADATA_KEY", "parse_transforms", "stored_columns", "add_columns", "alter_columns", "load_columns"]
-
-COLUMNS_METADATA_KEY = "mv_assets.columns"
-
-
-def stored_columns(schema: pa.Schema) -> list[ColumnSpec]:
-    """A table's computed columns (those whose data column exists)."""
-    raw = (schema.metadata or {}).get(COLUMNS_METADATA_KEY.encode())
-    if not raw:
-        return []
-    return [c for c in (ColumnSpec.from_json(d) for d in json.loads(raw)) if c.name in schema.names]
-
-
-def _encode(specs: list[ColumnSpec]) -> str:
-    return json.dumps([c.to_json() for c in specs])
-
+__all__ = ["parse_transforms", "add_columns", "alter_columns", "load_columns"]
 
 def _single(name: str, u: UDF, input_schema: pa.Schema) -> ColumnSpec:
     if u.output_fields is not None:
@@ -136,15 +123,13 @@ def _column_type(spec: ColumnSpec, input_ds: lance.LanceDataset) -> pa.DataType:
     return udf_column_type(spec)
 
 
-def add_columns(table: "Table", transforms: Any) -> list[str]:
+def add_columns(table: Ref, transforms: Any) -> list[str]:
     """Validate, then add the columns (all NULL, markers NULL) and store their
     definitions. SQL columns are filled right away; UDF columns by backfill."""
-    from .table import MaterializedView
-
-    is_view = isinstance(table, MaterializedView)
-    input_ds = table._input_dataset()
+    is_view = isinstance(table, ViewRef)
+    input_ds = table.input_dataset()
     specs = parse_transforms(transforms, input_ds.schema, input_ds)
-    ds = table._dataset()
+    ds = table.dataset()
     clash = [c.name for c in specs if c.name in ds.schema.names or computed_marker(c.name) in ds.schema.names]
     if clash:
         raise ValueError(f"columns {clash} already exist in {table.name!r}")
@@ -154,6 +139,7 @@ def add_columns(table: "Table", transforms: Any) -> list[str]:
         # A view follows backfills of its source's computed columns only for the ones
         # it read when created (it keeps copies of their markers per row).
         tracked = {n[len(SOURCE_MARKER_PREFIX):] for n in ds.schema.names if n.startswith(SOURCE_MARKER_PREFIX)}
+        assert isinstance(table, ViewRef)
         probe = ViewDefinition(table.definition.source, tuple(specs))
         untracked = sorted(set(probe.reads(computed_column_names(input_ds.schema), input_ds.schema)) - tracked)
         if untracked:
@@ -166,11 +152,11 @@ def add_columns(table: "Table", transforms: Any) -> list[str]:
     for c in specs:
         fields.append(pa.field(c.name, _column_type(c, input_ds), nullable=True))
         fields.append(pa.field(computed_marker(c.name), pa.string(), nullable=True))
-    with table._column_lock():
-        ds = table._dataset()
+    with table.lock():
+        ds = table.dataset()
         md = {k.decode(): v.decode() for k, v in (ds.schema.metadata or {}).items()}
         ds.add_columns(fields)
-        ds = table._dataset()
+        ds = table.dataset()
         if is_view:
             definition = ViewDefinition.decode(md[VIEW_METADATA_KEY])
             new = ViewDefinition(
@@ -178,30 +164,34 @@ def add_columns(table: "Table", transforms: Any) -> list[str]:
                 definition.shuffle, definition.seed, definition.limit,
             )
             ds.update_schema_metadata({VIEW_METADATA_KEY: new.encode().decode()})
-            table._definition = None
         else:
             existing = stored_columns(ds.schema)
-            ds.update_schema_metadata({COLUMNS_METADATA_KEY: _encode(existing + specs)})
+            ds.update_schema_metadata({COLUMNS_METADATA_KEY: encode_columns(existing + specs)})
+    filled = _reopened(table)
     for c in specs:
         if c.kind == "sql":
-            table.backfill(c.name, runner=_inline())
+            backfill_column(filled, c.name, runner=_inline())
     return [c.name for c in specs]
 
 
-def _inline():
-    from .spark import InlineRunner
+def _reopened(table: Ref) -> Ref:
+    """The reference again, with a view's definition as stored now."""
+    if isinstance(table, ViewRef):
+        raw = (table.dataset().schema.metadata or {})[VIEW_METADATA_KEY.encode()]
+        return ViewRef(table.name, table.uri, ViewDefinition.decode(raw), table.source_uri, table.layout)
+    return table
 
+
+def _inline():
     return InlineRunner()
 
 
-def alter_columns(table: "Table", alterations: tuple[dict, ...]) -> None:
+def alter_columns(table: Ref, alterations: tuple[dict, ...]) -> None:
     """Swap the UDF of computed columns; their rows become stale (marker
     fingerprint differs) until a backfill recomputes them."""
-    from .table import MaterializedView
-
     if not alterations:
         raise ValueError("alter_columns() needs at least one {'path': column, 'udf': new_udf}")
-    input_schema = table._input_dataset().schema
+    input_schema = table.input_dataset().schema
     current = {c.name: c for c in table.computed_columns()}
     replaced: dict[str, ColumnSpec] = {}
     for alt in alterations:
@@ -225,17 +215,16 @@ def alter_columns(table: "Table", alterations: tuple[dict, ...]) -> None:
             raise ValueError(f"the new UDF for {name!r} returns {new.data_type}; the column holds {udf_column_type(old)}")
         new.validate_inputs(input_schema, name)
         replaced[name] = ColumnSpec(name, "udf", None, new, None, old.added)
-    with table._column_lock():
-        ds = table._dataset()
-        if isinstance(table, MaterializedView):
+    with table.lock():
+        ds = table.dataset()
+        if isinstance(table, ViewRef):
             d = table.definition
             cols = tuple(replaced.get(c.name, c) for c in d.columns)
             new_def = ViewDefinition(d.source, cols, d.filter, d.shuffle, d.seed, d.limit)
             ds.update_schema_metadata({VIEW_METADATA_KEY: new_def.encode().decode()})
-            table._definition = None
         else:
             specs = [replaced.get(c.name, c) for c in stored_columns(ds.schema)]
-            ds.update_schema_metadata({COLUMNS_METADATA_KEY: _encode(specs)})
+            ds.update_schema_metadata({COLUMNS_METADATA_KEY: encode_columns(specs)})
 
 
 # -- load_columns -----------------------------------------------------------
@@ -278,7 +267,7 @@ def _read_source(source: str | list[str], fmt: str, columns: list[str]) -> pa.Ta
 
 
 def load_columns(
-    table: "Table",
+    table: Ref,
     source: str | list[str],
     pk: str,
     columns: list[str],
@@ -289,10 +278,7 @@ def load_columns(
     """Join ``columns`` from an external Parquet / Lance / Arrow IPC dataset
     into ``table`` by primary key ``pk``; one commit. Returns the new version
     (None when nothing changed). All checks run before anything is written."""
-    from .backfill import _driver_writer, commit_column_values
-    from .table import MaterializedView
-
-    if isinstance(table, MaterializedView):
+    if isinstance(table, ViewRef):
         raise ValueError(f"{table.name!r} is a materialized view: load columns into its source table instead")
     if on_missing not in ("carry", "null", "error"):
         raise ValueError(f"on_missing must be 'carry', 'null' or 'error', got {on_missing!r}")
@@ -300,7 +286,7 @@ def load_columns(
         raise ValueError("load_columns: columns is a non-empty list of column names")
     if pk in columns:
         raise ValueError(f"the primary key {pk!r} cannot be loaded into itself")
-    ds = table._dataset()
+    ds = table.dataset()
     if pk not in ds.schema.names:
         raise ValueError(f"primary key {pk!r} is not a column of {table.name!r}")
     computed = {c.name for c in table.computed_columns()}
@@ -344,7 +330,7 @@ def load_columns(
     values = {c: src.column(c).take(take) for c in columns}
     res = pa.table({c: values[c] for c in columns})
     if new_fields:
-        with table._column_lock():
+        with table.lock():
             ds.add_columns(new_fields)
     if res.num_rows == 0:
         return None

@@ -35,7 +35,7 @@ __all__ = [
     "ColumnSpec", "ViewDefinition", "SOURCE_ROW_ID", "SOURCE_ROW_VERSION", "VIEW_METADATA_KEY",
     "computed_marker", "source_marker", "is_marker", "is_reserved_name", "output_schema", "check_sql", "short_error",
     "sql_literal", "tracked_source_columns", "computed_column_names", "definition_reads", "shape_fingerprint",
-    "udf_column_type", "quote_ident",
+    "udf_column_type", "quote_ident", "COLUMNS_METADATA_KEY", "stored_columns", "encode_columns",
 ]
 
 
@@ -307,3 +307,17 @@ def short_error(exc: Exception | str) -> str:
     msg = str(exc).replace("Invalid user input: ", "")
     return _RUST_LOCATION.sub("", msg).strip()
 
+
+COLUMNS_METADATA_KEY = "mv_assets.columns"
+
+
+def stored_columns(schema: pa.Schema) -> list[ColumnSpec]:
+    """A table's computed columns (those whose data column exists)."""
+    raw = (schema.metadata or {}).get(COLUMNS_METADATA_KEY.encode())
+    if not raw:
+        return []
+    return [c for c in (ColumnSpec.from_json(d) for d in json.loads(raw)) if c.name in schema.names]
+
+
+def encode_columns(specs: list[ColumnSpec]) -> str:
+    return json.dumps([c.to_json() for c in specs])

@@ -6,10 +6,36 @@ from dataclasses import dataclass
 
 import lance
 
-from .definition import ViewDefinition
+from .definition import ColumnSpec, ViewDefinition, stored_columns
 from .layout import Layout
 
-__all__ = ["ViewRef"]
+__all__ = ["TableRef", "ViewRef", "Ref"]
+
+
+@dataclass(frozen=True)
+class TableRef:
+    """A base table: its name, dataset and catalog layout."""
+
+    name: str
+    uri: str
+    layout: Layout
+
+    is_view = False
+
+    def dataset(self, version: int | None = None) -> lance.LanceDataset:
+        return lance.dataset(self.uri, version=version)
+
+    def input_dataset(self) -> lance.LanceDataset:
+        """Where computed columns read their inputs: the table itself."""
+        return self.dataset()
+
+    def computed_columns(self) -> list[ColumnSpec]:
+        """Columns computed by a UDF or SQL expression (stored in the schema metadata)."""
+        return stored_columns(self.dataset().schema)
+
+    def lock(self, timeout: float | None = 600.0):
+        """The lock serialising column writes and refreshes of this table or view."""
+        return self.layout.lock(self.name, timeout)
 
 
 @dataclass(frozen=True)
@@ -22,6 +48,8 @@ class ViewRef:
     source_uri: str
     layout: Layout
 
+    is_view = True
+
     @property
     def source(self) -> str:
         return self.definition.source
@@ -31,3 +59,17 @@ class ViewRef:
 
     def source_dataset(self, version: int | None = None) -> lance.LanceDataset:
         return lance.dataset(self.source_uri, version=version)
+
+    def input_dataset(self) -> lance.LanceDataset:
+        """Where the view's own computed columns read their inputs: its source."""
+        return self.source_dataset()
+
+    def computed_columns(self) -> list[ColumnSpec]:
+        """UDF columns and columns added with ``add_columns``."""
+        return [c for c in self.definition.columns if c.kind == "udf" or c.added]
+
+    def lock(self, timeout: float | None = 600.0):
+        return self.layout.lock(self.name, timeout)
+
+
+Ref = TableRef | ViewRef

@@ -2,6 +2,7 @@
 
 import json
 import time
+import uuid
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
@@ -9,6 +10,8 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .backfill import BackfillJob, _group_specs, backfill_column, plan_backfill
+from .columns import add_columns, alter_columns, load_columns
 from .definition import (
     SOURCE_ROW_ID,
     VIEW_METADATA_KEY,
@@ -20,6 +23,7 @@ from .definition import (
     short_error,
     sql_literal,
 )
+from .error_log import read_errors
 from .names import Alias
 from .policy import POLICY_METADATA_KEY, RefreshPolicy
 from .query import Query
@@ -30,12 +34,13 @@ from .refresh import (
     execute_refresh,
     plan_refresh,
 )
-from .refs import ViewRef
+from .refs import Ref, TableRef, ViewRef
+from .spark import InlineRunner
 from .state import RefreshState, carry_refresh_state, read_refresh_state
 from .status import FAILED_LOAD, LOADED, LOADING, ViewStatus, record_load_state, view_status
 
 if TYPE_CHECKING:
-    from .backfill import BackfillJob, BackfillPlan, BackfillResult
+    from .backfill import BackfillPlan, BackfillResult
     from .catalog import Connection
     from .error_log import ErrorRecord
     from .spark import Runner
@@ -199,12 +204,14 @@ class Table:
 
     def computed_columns(self) -> list[ColumnSpec]:
         """Columns computed by a UDF or SQL expression (see :meth:`add_columns`)."""
-        from .columns import stored_columns
+        return self.ref().computed_columns()
 
-        return stored_columns(self.schema)
+    def ref(self) -> "Ref":
+        """The frozen reference the work code is given (see mv_assets.refs)."""
+        return TableRef(self.name, self.uri, self.connection.layout)
 
-    def _column_lock(self, timeout: float | None = 600.0):
-        return self.connection._refresh_lock(self.name, timeout)
+    def _changed(self) -> None:
+        """The stored definition changed (columns added or altered): drop cached copies."""
 
     def add_columns(self, transforms: Any) -> list[str]:
         """Add computed columns; returns their names.
@@ -218,9 +225,10 @@ class Table:
         filled by :meth:`backfill`. On a view, the column belongs to the view:
         later refreshes compute it for new and changed rows.
         """
-        from .columns import add_columns
-
-        return add_columns(self, transforms)
+        try:
+            return add_columns(self.ref(), transforms)
+        finally:
+            self._changed()
 
     def alter_columns(self, *alterations: dict) -> None:
         """Swap computed columns' UDFs: ``alter_columns({"path": "col", "udf": new_udf})``.
@@ -228,18 +236,17 @@ class Table:
         Values are not touched: every row computed by the old code becomes
         stale and the next :meth:`backfill` recomputes it.
         """
-        from .columns import alter_columns
-
-        alter_columns(self, alterations)
+        try:
+            alter_columns(self.ref(), alterations)
+        finally:
+            self._changed()
 
     def plan_backfill(
         self, column: str, *, udf: Any = None, where: str | None = None, row_ids: list[int] | None = None,
         checkpoint_size: int = 1024, max_rows_per_task: int = 65_536,
     ) -> "BackfillPlan":
         """An exact dry run of :meth:`backfill`: rows, batches, checkpoints already done."""
-        from .backfill import plan_backfill
-
-        return plan_backfill(self, column, udf=udf, where=where, row_ids=row_ids,
+        return plan_backfill(self.ref(), column, udf=udf, where=where, row_ids=row_ids,
                              checkpoint_size=checkpoint_size, max_rows_per_task=max_rows_per_task)
 
     def backfill(
@@ -267,33 +274,17 @@ class Table:
         one Lance transaction at the end. Rows a UDF fails on under
         ``on_error="skip"`` stay NULL and are recorded (:meth:`get_errors`).
         """
-        import uuid
-
-        from .backfill import _group_specs, execute_backfill, plan_backfill
-        from .udf import UDF
-
-        if isinstance(column, list):
-            if len(column) != 1:
-                raise ValueError("backfill one column at a time (siblings of a multi-column UDF come along)")
-            column = column[0]
-        key = udf.fingerprint if isinstance(udf, UDF) else _group_specs(self, column)[0].fingerprint
-        # One backfill of a column at a time: a second one waits, then finds only what is left.
-        with self.connection._refresh_lock(f"{self.name}.backfill.{key}", None):
-            plan = plan_backfill(self, column, udf=udf, where=where, row_ids=row_ids,
-                                 checkpoint_size=checkpoint_size, max_rows_per_task=max_rows_per_task)
-            job_id = job_id or uuid.uuid4().hex[:12]
-            return execute_backfill(self, plan, runner or self.connection.runner, job_id)
+        return backfill_column(
+            self.ref(), column, udf=udf, where=where, row_ids=row_ids, runner=runner or self.connection.runner,
+            checkpoint_size=checkpoint_size, max_rows_per_task=max_rows_per_task, job_id=job_id,
+        )
 
     def backfill_async(self, column: str | list[str], **kwargs: Any) -> "BackfillJob":
         """Start :meth:`backfill` in a background thread; returns a job handle
         whose ``result(timeout)`` blocks. Validation errors raise here."""
-        import uuid
-
-        from .backfill import BackfillJob, plan_backfill
-
         col = column[0] if isinstance(column, list) and len(column) == 1 else column
         plan_kwargs = {k: kwargs[k] for k in ("udf", "where", "row_ids") if k in kwargs}
-        plan_backfill(self, col if isinstance(col, str) else col[0], **plan_kwargs)  # bad input raises now
+        plan_backfill(self.ref(), col if isinstance(col, str) else col[0], **plan_kwargs)  # bad input raises now
         job_id = kwargs.pop("job_id", None) or uuid.uuid4().hex[:12]
         return BackfillJob(job_id, self.backfill, (column,), {**kwargs, "job_id": job_id})
 
@@ -312,16 +303,12 @@ class Table:
         (NULL for a new column), ``"null"`` sets it NULL, ``"error"`` raises
         before writing. New columns are added. One commit; returns the version.
         """
-        from .columns import load_columns
-
-        return load_columns(self, source, pk, columns, source_format=source_format, on_missing=on_missing)
+        return load_columns(self.ref(), source, pk, columns, source_format=source_format, on_missing=on_missing)
 
     def get_errors(
         self, job_id: str | None = None, column_name: str | None = None, error_type: str | None = None
     ) -> list["ErrorRecord"]:
         """Error records of this table's UDF rows, filtered by job, column, exception type."""
-        from .error_log import read_errors
-
         return read_errors(self.connection.layout, self.name, job_id=job_id, column=column_name, error_type=error_type)
 
     def get_failed_row_ids(self, column: str, job_id: str | None = None) -> list[int]:
@@ -329,9 +316,7 @@ class Table:
 
         Ids stay valid across compaction (for a view: its source row ids).
         """
-        from .backfill import _group_specs
-
-        spec = _group_specs(self, column)[0]
+        spec = _group_specs(self.ref(), column)[0]
         ids = sorted({e.row_id for e in self.get_errors(job_id=job_id, column_name=column)})
         if not ids:
             return []
@@ -421,8 +406,6 @@ class Table:
 
     def _fill_sql_columns(self) -> int | None:
         """Compute SQL computed columns for rows that lack them (after add/update)."""
-        from .spark import InlineRunner
-
         version = None
         for c in self.computed_columns():
             if c.kind == "sql":
@@ -545,9 +528,8 @@ class MaterializedView(Table):
     def _input_dataset(self) -> lance.LanceDataset:
         return self.connection.open_table(self.definition.source)._dataset()
 
-    def computed_columns(self) -> list[ColumnSpec]:
-        """UDF columns and columns added with :meth:`add_columns`."""
-        return [c for c in self.definition.columns if c.kind == "udf" or c.added]
+    def _changed(self) -> None:
+        self._definition = None
 
     def _check_writable(self) -> None:
         raise ValueError(

@@ -333,7 +333,7 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
 def _run_checks(context, info: TableInfo, view_key, names: set[str]):
     resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
     view = resource.connection().open_view(info.name)
-    for outcome in check_view(view):
+    for outcome in check_view(view.ref()):
         if outcome.name in names:
             yield dg.AssetCheckResult(
                 asset_key=view_key,
