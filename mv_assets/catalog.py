@@ -240,7 +240,7 @@ class Connection:
             raise ValueError("refresh_policy must be a RefreshPolicy, e.g. RefreshPolicy.ttl(3600)")
         if not isinstance(query, Query):
             raise ValueError("create_materialized_view() needs a query: table.search(None)...")
-        if query.table.connection.uri != self.uri:
+        if not isinstance(query.table, Table) or query.table.connection.layout != self.layout:
             raise ValueError("the query's table belongs to another catalog")
         if name in self:
             raise TableExistsError(f"{name!r} already exists in {self.uri}")

@@ -6,17 +6,26 @@ duplicate output names all raise ``ValueError``. The definition it produces
 lives in :mod:`mv_assets.definition` (re-exported here).
 """
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
+import lance
 import pyarrow as pa
 
 from .definition import _VIEW_COLUMNS, ColumnSpec, ViewDefinition, is_marker, is_reserved_name, output_schema
 from .udf import UDF
 
-if TYPE_CHECKING:
-    from .table import Table
+__all__ = ["Query", "QuerySource"]
 
-__all__ = ["Query"]
+
+class QuerySource(Protocol):
+    """What a query reads from: a table or view handle (name, schema, dataset)."""
+
+    name: str
+
+    @property
+    def schema(self) -> pa.Schema: ...
+
+    def _dataset(self, version: int | None = None) -> lance.LanceDataset: ...
 
 
 class Query:
@@ -27,7 +36,7 @@ class Query:
     (:meth:`to_arrow`).
     """
 
-    def __init__(self, table: "Table") -> None:
+    def __init__(self, table: QuerySource) -> None:
         self._table = table
         self._filter: str | None = None
         self._select: list[tuple[str, Any]] | None = None
@@ -79,7 +88,7 @@ class Query:
         return self._copy(_limit=n)
 
     @property
-    def table(self) -> "Table":
+    def table(self) -> QuerySource:
         return self._table
 
     def to_definition(self) -> ViewDefinition:

@@ -3,8 +3,9 @@
 import json
 import time
 import uuid
+from contextlib import AbstractContextManager
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import lance
 import pyarrow as pa
@@ -24,6 +25,7 @@ from .definition import (
     sql_literal,
 )
 from .error_log import read_errors
+from .layout import Layout
 from .names import Alias
 from .policy import POLICY_METADATA_KEY, RefreshPolicy
 from .query import Query
@@ -41,9 +43,26 @@ from .status import FAILED_LOAD, LOADED, LOADING, ViewStatus, record_load_state,
 
 if TYPE_CHECKING:
     from .backfill import BackfillPlan, BackfillResult
-    from .catalog import Connection
     from .error_log import ErrorRecord
     from .spark import Runner
+
+
+class Catalog(Protocol):
+    """What a handle needs of its catalog (``Connection`` is one; typed here so
+    this module does not import the catalog module that imports it)."""
+
+    layout: Layout
+
+    @property
+    def runner(self) -> "Runner": ...
+
+    def table_uri(self, name: str) -> str: ...
+
+    def open_table(self, name: str) -> "Table": ...
+
+    def _refresh_lock(self, view: str, timeout: float | None) -> AbstractContextManager: ...
+
+    def _check_source_current(self, view: "MaterializedView") -> None: ...
 
 __all__ = ["Table", "MaterializedView", "sql_literal", "to_arrow_table"]
 
@@ -132,10 +151,10 @@ def _quote(name: str) -> str:
 class Table:
     """A Lance dataset in a catalog. Plain ``lance.dataset(table.uri)`` opens it too."""
 
-    def __init__(self, connection: "Connection", name: str) -> None:
+    def __init__(self, connection: Catalog, name: str) -> None:
         self.connection = connection
         self.name = name
-        self.uri = connection._table_uri(name)
+        self.uri = connection.table_uri(name)
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, version={self.version})"
@@ -496,7 +515,7 @@ class Table:
 class MaterializedView(Table):
     """A view kept up to date by :meth:`refresh`. It is a Table you can read."""
 
-    def __init__(self, connection: "Connection", name: str, definition: ViewDefinition | None = None) -> None:
+    def __init__(self, connection: Catalog, name: str, definition: ViewDefinition | None = None) -> None:
         super().__init__(connection, name)
         self._definition = definition
 
