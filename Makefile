@@ -46,7 +46,7 @@ DEMO_LOCAL_BELOW_ROWS ?= 1000
 demo: install
 	$(PY) -m mv_assets.demo seed
 	$(PY) -m mv_assets.dagster.devserver prepare $(CURDIR)/.demo/dagster_home $(DEMO_PORT)
-	@REMOTE=$$($(PY) -m mv_assets.connect_server start --port $(DEMO_SPARK_PORT) --state-dir .demo/spark-connect) || exit 1; \
+	@REMOTE=$$($(PY) -m mv_assets.execution.connect_server start --port $(DEMO_SPARK_PORT) --state-dir .demo/spark-connect) || exit 1; \
 	echo ""; \
 	echo "  mv_assets demo: Dagster UI at http://127.0.0.1:$(DEMO_PORT)"; \
 	echo "  Spark: $${REMOTE:-local JVM per run} (refreshes of <= $(DEMO_LOCAL_BELOW_ROWS) rows run in the run process)"; \
@@ -73,7 +73,7 @@ bench: install
 	$(PY) bench/bench_scale.py
 
 demo-stop:
-	$(PY) -m mv_assets.connect_server stop --state-dir .demo/spark-connect
+	$(PY) -m mv_assets.execution.connect_server stop --state-dir .demo/spark-connect
 
 clean:
 	rm -rf $(VENV) .demo .pytest_cache .hypothesis .spark-connect

@@ -22,7 +22,7 @@ import time
 
 os.environ.setdefault("LANCE_LOG", "error")
 
-from mv_assets import connect_server  # noqa: E402
+from mv_assets.execution import connect_server  # noqa: E402
 from mv_assets.dagster.devserver import dagster_dev, free_port, graphql, wait_until  # noqa: E402
 from mv_assets.demo import _documents, seed  # noqa: E402
 

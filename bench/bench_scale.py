@@ -74,7 +74,7 @@ _CHILD = r"""
 import json, os, sys, threading, time
 os.environ.setdefault("LANCE_LOG", "error")
 import mv_assets as mv
-from mv_assets import refresh as R
+from mv_assets.ops import refresh as R
 
 def rss():
     with open("/proc/self/statm") as fh:

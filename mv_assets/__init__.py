@@ -1,35 +1,42 @@
 """mv_assets: incrementally maintained materialized views with Python UDF
 columns over Lance datasets, computed on Spark.
 
-The engine (this package minus :mod:`mv_assets.dagster`) never imports
-dagster, and nothing here starts a JVM until a refresh has work to do.
+Layers (docs/architecture.md), each importing only the ones below it:
+``dagster`` (wiring) > ``cli``/``demo`` > ``api`` (handles, query builder) >
+``ops`` (refresh, backfill, columns, checks) > ``execution`` (tasks, runners) >
+``storage`` (layout, state, status, errors, references) > ``model`` (names,
+definitions, UDFs, planning, policies). The engine never imports dagster, and
+nothing here starts a JVM until a refresh has work to do.
 """
 
-from .backfill import BackfillJob as BackfillJob
-from .backfill import BackfillPlan as BackfillPlan
-from .backfill import BackfillResult as BackfillResult
-from .catalog import Connection as Connection
-from .catalog import connect as connect
-from .definition import SOURCE_ROW_ID as SOURCE_ROW_ID
-from .error_log import ErrorRecord as ErrorRecord
-from .errors import ConcurrentRefreshError as ConcurrentRefreshError
-from .errors import MvAssetsError as MvAssetsError
-from .errors import SourceBehindError as SourceBehindError
-from .errors import TableExistsError as TableExistsError
-from .errors import TableNotFoundError as TableNotFoundError
-from .policy import RefreshPolicy as RefreshPolicy
-from .query import Query as Query
-from .refresh import RefreshPlan as RefreshPlan
-from .refresh import RefreshResult as RefreshResult
-from .spark import InlineRunner as InlineRunner
-from .spark import SparkRunner as SparkRunner
-from .table import MaterializedView as MaterializedView
-from .table import Table as Table
-from .udf import UDF as UDF
-from .udf import Columns as Columns
-from .udf import OnError as OnError
-from .udf import UnpackedUDF as UnpackedUDF
-from .udf import udf as udf
+import sys as _sys
+
+from mv_assets.api.catalog import Connection as Connection
+from mv_assets.api.catalog import connect as connect
+from mv_assets.api.query import Query as Query
+from mv_assets.api.table import MaterializedView as MaterializedView
+from mv_assets.api.table import Table as Table
+from mv_assets.execution.spark import InlineRunner as InlineRunner
+from mv_assets.execution.spark import SparkRunner as SparkRunner
+from mv_assets.model import udf as _udf_module
+from mv_assets.model.definition import SOURCE_ROW_ID as SOURCE_ROW_ID
+from mv_assets.model.errors import ConcurrentRefreshError as ConcurrentRefreshError
+from mv_assets.model.errors import MvAssetsError as MvAssetsError
+from mv_assets.model.errors import SourceBehindError as SourceBehindError
+from mv_assets.model.errors import TableExistsError as TableExistsError
+from mv_assets.model.errors import TableNotFoundError as TableNotFoundError
+from mv_assets.model.policy import RefreshPolicy as RefreshPolicy
+from mv_assets.model.udf import UDF as UDF
+from mv_assets.model.udf import Columns as Columns
+from mv_assets.model.udf import OnError as OnError
+from mv_assets.model.udf import UnpackedUDF as UnpackedUDF
+from mv_assets.model.udf import udf as udf
+from mv_assets.ops.backfill import BackfillJob as BackfillJob
+from mv_assets.ops.backfill import BackfillPlan as BackfillPlan
+from mv_assets.ops.backfill import BackfillResult as BackfillResult
+from mv_assets.ops.refresh import RefreshPlan as RefreshPlan
+from mv_assets.ops.refresh import RefreshResult as RefreshResult
+from mv_assets.storage.error_log import ErrorRecord as ErrorRecord
 
 __all__ = [
     "BackfillJob",
@@ -60,3 +67,7 @@ __all__ = [
 ]
 
 __version__ = "0.1.0"
+
+# Views stored before the layers had folders pickled their UDFs as
+# ``mv_assets.udf.UDF``: that module path keeps resolving, so old catalogs load.
+_sys.modules.setdefault("mv_assets.udf", _udf_module)

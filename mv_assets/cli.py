@@ -14,10 +14,10 @@ from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table as RichTable
 
-from .catalog import Connection, connect
-from .errors import MvAssetsError
-from .spark import InlineRunner, SparkRunner
-from .table import MaterializedView
+from mv_assets.api.catalog import Connection, connect
+from mv_assets.api.table import MaterializedView
+from mv_assets.execution.spark import InlineRunner, SparkRunner
+from mv_assets.model.errors import MvAssetsError
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2

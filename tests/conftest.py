@@ -8,7 +8,7 @@ os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 sys.path.insert(0, os.path.dirname(__file__))
 
 import mv_assets  # noqa: E402
-from mv_assets.spark import SparkRunner, set_default_runner  # noqa: E402
+from mv_assets.execution.spark import SparkRunner, set_default_runner  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -9,7 +9,7 @@ import pytest
 from oracle import count_calls, record_call
 
 import mv_assets as mv
-from mv_assets.errors import SourceBehindError, TableExistsError, TableNotFoundError
+from mv_assets.model.errors import SourceBehindError, TableExistsError, TableNotFoundError
 
 
 @mv.udf
@@ -271,7 +271,7 @@ def test_checkpointed_tasks_are_not_recomputed_after_a_crash(db, tmp_path):
             self.n = n
 
         def run(self, tasks, definition_raw):
-            from mv_assets.tasks import run_task
+            from mv_assets.execution.tasks import run_task
 
             for task in tasks[: self.n]:
                 run_task(task, definition_raw)

@@ -11,9 +11,9 @@ from dagster_helpers import evaluate_sensor
 from oracle import count_calls
 
 import mv_assets as mv
+from mv_assets.api.declare import apply, load_declared, reconcile
 from mv_assets.dagster import MvAssetsResource, build_definitions
 from mv_assets.dagster.definitions import partitions_def_name
-from mv_assets.declare import apply, load_declared, reconcile
 
 K = dg.AssetKey
 

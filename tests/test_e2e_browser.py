@@ -21,8 +21,8 @@ import pytest
 from oracle import count_calls
 
 import mv_assets as mv
+from mv_assets.api.declare import apply, load_declared
 from mv_assets.dagster.devserver import dagster_dev, graphql, wait_until
-from mv_assets.declare import apply, load_declared
 from mv_assets.demo import _documents, checksum
 
 pytestmark = [pytest.mark.e2e, pytest.mark.browser]

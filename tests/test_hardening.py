@@ -231,7 +231,7 @@ def test_reading_the_refresh_state_stops_at_the_newest_refresh(tmp_path):
         return real(version)
 
     ds.read_transaction = counting
-    from mv_assets.state import read_refresh_state
+    from mv_assets.storage.state import read_refresh_state
 
     state = read_refresh_state(ds)
     assert state.load_number == 31 and state.scoped_since_whole
@@ -356,7 +356,7 @@ def test_sql_failing_on_the_rows_is_a_valueerror_and_leaves_no_view(tmp_path):
 
 
 def test_many_refreshes_keep_the_view_fragments_few(tmp_path):
-    from mv_assets.refresh import COMPACT_SMALL_FRAGMENTS
+    from mv_assets.ops.refresh import COMPACT_SMALL_FRAGMENTS
 
     db = _inline(tmp_path)
     t = db.create_table("t", [{"id": 0, "x": 0}])

@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from mv_assets.planning import ChangeSet, plan_keys, select_limited, shuffle_keys, split_ranges
+from mv_assets.model.planning import ChangeSet, plan_keys, select_limited, shuffle_keys, split_ranges
 
 
 def _p(view, changed_pass, changed_fail, deleted, candidates=None, limit=None, seed=None):
@@ -117,7 +117,7 @@ def test_split_ranges_rejects_bad_size():
 
 @pytest.mark.parametrize("n_values, n_members", [(0, 5), (5, 0), (3, 100), (100, 3), (50, 50)])
 def test_isin_and_positions_match_numpy(n_values, n_members):
-    from mv_assets.planning import isin, positions
+    from mv_assets.model.planning import isin, positions
 
     rng = np.random.default_rng(n_values * 1000 + n_members)
     members = rng.choice(1000, size=n_members, replace=False)
@@ -129,7 +129,7 @@ def test_isin_and_positions_match_numpy(n_values, n_members):
 
 # --- how a refresh looks for rows: a table of cases ---------------------------
 
-from mv_assets.planning import History, choose_how, pack_pieces, pieces_from_rows, ranges_predicate  # noqa: E402
+from mv_assets.model.planning import History, choose_how, pack_pieces, pieces_from_rows, ranges_predicate  # noqa: E402
 
 _BASE = dict(mode="auto", definition_changed=False, v0=5, target=9, scope=None, recompute=None,
              scoped_since_whole=False, history=History())

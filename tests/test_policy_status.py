@@ -9,8 +9,8 @@ import pytest
 from oracle import actual_view, expected_view
 
 import mv_assets as mv
-from mv_assets.errors import ConcurrentRefreshError
-from mv_assets.policy import RefreshPolicy, decide
+from mv_assets.model.errors import ConcurrentRefreshError
+from mv_assets.model.policy import RefreshPolicy, decide
 
 NOW = 10_000.0
 
@@ -178,7 +178,7 @@ def test_a_killed_load_is_not_loading_forever(tmp_path):
     import subprocess
     import sys
 
-    from mv_assets.status import LOADING, record_load_state
+    from mv_assets.storage.status import LOADING, record_load_state
 
     db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
     t = db.create_table("raw", [{"id": i} for i in range(3)])
@@ -186,7 +186,7 @@ def test_a_killed_load_is_not_loading_forever(tmp_path):
     record_load_state(db.layout, "v", LOADING)  # this process: alive
     assert v.status().load_state == "LOADING"
     code = (
-        "import mv_assets as mv; from mv_assets.status import LOADING, record_load_state; "
+        "import mv_assets as mv; from mv_assets.storage.status import LOADING, record_load_state; "
         f"record_load_state(mv.connect({db.uri!r}).layout, 'v', LOADING)"
     )
     subprocess.run([sys.executable, "-c", code], check=True)  # records LOADING, then is gone

@@ -111,7 +111,7 @@ def test_reading_the_state_stops_at_the_newest_refresh_commit(db):
             read.append(version)
             return real(version)
 
-    from mv_assets.state import read_refresh_state
+    from mv_assets.storage.state import read_refresh_state
 
     state = read_refresh_state(Spy())
     assert state.source_version == whole and state.scoped_since_whole

@@ -7,7 +7,7 @@ import cloudpickle
 import pyarrow as pa
 import pytest
 
-from mv_assets.udf import UDF, dumps_by_value, udf
+from mv_assets.model.udf import UDF, dumps_by_value, udf
 
 
 @udf
@@ -178,3 +178,12 @@ def test_spec_round_trip():
     assert back.fingerprint == Greeter.fingerprint
     assert back("x") == "hi x"
     assert cloudpickle.loads(cloudpickle.dumps(back)).name == "Greeter"
+
+
+def test_udfs_pickled_under_the_old_module_path_still_load():
+    import pickle
+
+    import mv_assets as mv
+
+    # a protocol-0 reference to the class as views stored before the layered tree pickled it
+    assert pickle.loads(b"cmv_assets.udf\nUDF\n.") is mv.UDF

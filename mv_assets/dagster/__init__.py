@@ -1,12 +1,12 @@
 """Dagster wiring for mv_assets catalogs. The engine never imports this package."""
 
-from .definitions import RESOURCE_KEY as RESOURCE_KEY
-from .definitions import TAG_SCOPE as TAG_SCOPE
-from .definitions import TAG_SOURCE_VERSION as TAG_SOURCE_VERSION
-from .definitions import build_definitions as build_definitions
-from .definitions import catalog_tables as catalog_tables
-from .definitions import partitions_def_name as partitions_def_name
-from .resource import MvAssetsResource as MvAssetsResource
+from mv_assets.dagster.definitions import RESOURCE_KEY as RESOURCE_KEY
+from mv_assets.dagster.definitions import TAG_SCOPE as TAG_SCOPE
+from mv_assets.dagster.definitions import TAG_SOURCE_VERSION as TAG_SOURCE_VERSION
+from mv_assets.dagster.definitions import build_definitions as build_definitions
+from mv_assets.dagster.definitions import catalog_tables as catalog_tables
+from mv_assets.dagster.definitions import partitions_def_name as partitions_def_name
+from mv_assets.dagster.resource import MvAssetsResource as MvAssetsResource
 
 __all__ = [
     "RESOURCE_KEY",

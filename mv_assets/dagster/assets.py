@@ -24,16 +24,15 @@ from typing import Any
 import dagster as dg
 import lance
 
-from mv_assets.changes import data_version
-from mv_assets.checks import check_view
-from mv_assets.declare import apply as apply_declared
-from mv_assets.declare import reconcile
-from mv_assets.policy import RefreshPolicy
-from mv_assets.refresh import view_rows_by_fragment
-from mv_assets.status import pending_source_versions, view_status
-
-from .catalog import TableInfo
-from .resource import MvAssetsResource
+from mv_assets.api.declare import apply as apply_declared
+from mv_assets.api.declare import reconcile
+from mv_assets.dagster.catalog import TableInfo
+from mv_assets.dagster.resource import MvAssetsResource
+from mv_assets.model.policy import RefreshPolicy
+from mv_assets.ops.checks import check_view
+from mv_assets.ops.refresh import view_rows_by_fragment
+from mv_assets.storage.changes import data_version
+from mv_assets.storage.status import pending_source_versions, view_status
 
 __all__ = [
     "RESOURCE_KEY", "TAG_SOURCE_VERSION", "TAG_SCOPE", "CHECK_NAMES", "CODE_CHECK", "code_check_evaluations", "safe_name", "partitions_def_name",

@@ -7,18 +7,18 @@ from typing import Any
 
 import lance
 
-from mv_assets.catalog import Connection
-from mv_assets.columns import COLUMNS_METADATA_KEY
-from mv_assets.declare import reconcile
-from mv_assets.definition import (
+from mv_assets.api.catalog import Connection
+from mv_assets.api.declare import reconcile
+from mv_assets.model.definition import (
+    COLUMNS_METADATA_KEY,
     VIEW_METADATA_KEY,
     definition_reads,
     is_marker,
     output_schema,
     tracked_source_columns,
 )
-from mv_assets.names import VIEW_KEY_COLUMNS
-from mv_assets.policy import POLICY_METADATA_KEY, RefreshPolicy
+from mv_assets.model.names import VIEW_KEY_COLUMNS
+from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
 
 __all__ = ["TableInfo", "catalog_tables"]
 

@@ -9,13 +9,19 @@ from typing import Any
 
 import dagster as dg
 
-from mv_assets.catalog import Connection, connect
-from mv_assets.declare import load_declared
-
-from .assets import RESOURCE_KEY, TAG_SCOPE, TAG_SOURCE_VERSION, lineage_asset, partitions_def_name, source_asset
-from .catalog import TableInfo, catalog_tables
-from .resource import MvAssetsResource
-from .sensors import lineage_order, table_sensor, view_schedule
+from mv_assets.api.catalog import Connection, connect
+from mv_assets.api.declare import load_declared
+from mv_assets.dagster.assets import (
+    RESOURCE_KEY,
+    TAG_SCOPE,
+    TAG_SOURCE_VERSION,
+    lineage_asset,
+    partitions_def_name,
+    source_asset,
+)
+from mv_assets.dagster.catalog import TableInfo, catalog_tables
+from mv_assets.dagster.resource import MvAssetsResource
+from mv_assets.dagster.sensors import lineage_order, table_sensor, view_schedule
 
 __all__ = [
     "build_definitions", "TableInfo", "catalog_tables", "TAG_SOURCE_VERSION", "TAG_SCOPE", "RESOURCE_KEY",

@@ -5,8 +5,8 @@ from typing import Literal, Optional
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
-from mv_assets.catalog import Connection, connect
-from mv_assets.spark import InlineRunner, Runner, SparkRunner
+from mv_assets.api.catalog import Connection, connect
+from mv_assets.execution.spark import InlineRunner, Runner, SparkRunner
 
 
 class MvAssetsResource(dg.ConfigurableResource):

@@ -22,10 +22,7 @@ import json
 
 import dagster as dg
 
-from mv_assets.changes import fragment_changes
-from mv_assets.status import refresh_decision
-
-from .assets import (
+from mv_assets.dagster.assets import (
     CODE_CHECK,
     TAG_SCOPE,
     TAG_SOURCE_VERSION,
@@ -34,8 +31,10 @@ from .assets import (
     safe_name,
     source_observation,
 )
-from .catalog import TableInfo
-from .resource import MvAssetsResource
+from mv_assets.dagster.catalog import TableInfo
+from mv_assets.dagster.resource import MvAssetsResource
+from mv_assets.storage.changes import fragment_changes
+from mv_assets.storage.status import refresh_decision
 
 __all__ = ["table_sensor", "view_schedule", "lineage_order"]
 

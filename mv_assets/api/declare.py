@@ -17,11 +17,11 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from .definition import VIEW_METADATA_KEY, ViewDefinition, shape_fingerprint
-from .query import Query
+from mv_assets.api.query import Query
+from mv_assets.model.definition import VIEW_METADATA_KEY, ViewDefinition, shape_fingerprint
 
 if TYPE_CHECKING:
-    from .catalog import Connection
+    from mv_assets.api.catalog import Connection
 
 __all__ = ["Reconcile", "load_declared", "reconcile", "apply"]
 

@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 import lance
 import numpy as np
 
-from .definition import SOURCE_ROW_ID
-from .planning import column_ids as _ids
-from .planning import isin, select_limited
-from .refs import ViewRef
-from .state import read_refresh_state
+from mv_assets.model.definition import SOURCE_ROW_ID
+from mv_assets.model.planning import column_ids as _ids
+from mv_assets.model.planning import isin, select_limited
+from mv_assets.storage.refs import ViewRef
+from mv_assets.storage.state import read_refresh_state
 
 __all__ = ["CheckOutcome", "check_view"]
 

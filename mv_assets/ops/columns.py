@@ -17,8 +17,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
-from .backfill import _driver_writer, backfill_column, commit_column_values
-from .definition import (
+from mv_assets.execution.spark import InlineRunner
+from mv_assets.model.definition import (
     COLUMNS_METADATA_KEY,
     SOURCE_MARKER_PREFIX,
     VIEW_METADATA_KEY,
@@ -34,11 +34,11 @@ from .definition import (
     stored_columns,
     udf_column_type,
 )
-from .names import LANCE_ROW_COLUMNS
-from .planning import column_ids as _ids
-from .refs import Ref, ViewRef
-from .spark import InlineRunner
-from .udf import UDF, UnpackedUDF
+from mv_assets.model.names import LANCE_ROW_COLUMNS
+from mv_assets.model.planning import column_ids as _ids
+from mv_assets.model.udf import UDF, UnpackedUDF
+from mv_assets.ops.backfill import _driver_writer, backfill_column, commit_column_values
+from mv_assets.storage.refs import Ref, ViewRef
 
 __all__ = ["parse_transforms", "add_columns", "alter_columns", "load_columns"]
 

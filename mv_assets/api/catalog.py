@@ -9,16 +9,16 @@ from typing import Any, overload
 import lance
 import pyarrow as pa
 
-from .definition import VIEW_METADATA_KEY, is_reserved_name, output_schema
-from .error_log import drop_errors
-from .errors import SourceBehindError, TableExistsError, TableNotFoundError
-from .layout import Layout
-from .policy import POLICY_METADATA_KEY, RefreshPolicy
-from .query import Query
-from .refresh import RefreshResult
-from .spark import Runner, default_runner
-from .status import pending_source_versions, status_table, view_status
-from .table import PRIMARY_KEY_METADATA_KEY, MaterializedView, Table, check_primary_key, to_arrow_table
+from mv_assets.api.query import Query
+from mv_assets.api.table import PRIMARY_KEY_METADATA_KEY, MaterializedView, Table, check_primary_key, to_arrow_table
+from mv_assets.execution.spark import Runner, default_runner
+from mv_assets.model.definition import VIEW_METADATA_KEY, is_reserved_name, output_schema
+from mv_assets.model.errors import SourceBehindError, TableExistsError, TableNotFoundError
+from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
+from mv_assets.ops.refresh import RefreshResult
+from mv_assets.storage.error_log import drop_errors
+from mv_assets.storage.layout import Layout
+from mv_assets.storage.status import pending_source_versions, status_table, view_status
 
 __all__ = ["Connection", "connect", "validate_name"]
 

@@ -6,8 +6,8 @@ from dataclasses import dataclass
 
 import lance
 
-from .definition import ColumnSpec, ViewDefinition, stored_columns
-from .layout import Layout
+from mv_assets.model.definition import ColumnSpec, ViewDefinition, stored_columns
+from mv_assets.storage.layout import Layout
 
 __all__ = ["TableRef", "ViewRef", "Ref"]
 

@@ -11,8 +11,15 @@ from typing import Any, Protocol
 import lance
 import pyarrow as pa
 
-from .definition import _VIEW_COLUMNS, ColumnSpec, ViewDefinition, is_marker, is_reserved_name, output_schema
-from .udf import UDF
+from mv_assets.model.definition import (
+    _VIEW_COLUMNS,
+    ColumnSpec,
+    ViewDefinition,
+    is_marker,
+    is_reserved_name,
+    output_schema,
+)
+from mv_assets.model.udf import UDF
 
 __all__ = ["Query", "QuerySource"]
 
@@ -144,7 +151,7 @@ class Query:
 
     def to_arrow(self) -> pa.Table:
         """Evaluate the query in this process (no Spark) and return the rows."""
-        from .tasks import compute_rows
+        from mv_assets.execution.tasks import compute_rows
 
         definition = self.to_definition()
         ds = self._table._dataset()

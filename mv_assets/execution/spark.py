@@ -17,7 +17,7 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
-from .tasks import TaskResult, TaskSpec, run_task
+from mv_assets.execution.tasks import TaskResult, TaskSpec, run_task
 
 __all__ = ["Runner", "SparkRunner", "InlineRunner", "default_runner", "set_default_runner"]
 
@@ -42,7 +42,7 @@ def _run_task_json(payload: str, shared: bytes) -> str:
     return run_task(TaskSpec.from_json(payload), shared).to_json()
 
 
-_RUN_TASK = "mv_assets.spark:_run_task_json"
+_RUN_TASK = "mv_assets.execution.spark:_run_task_json"
 
 
 class InlineRunner:
@@ -67,7 +67,7 @@ def _task_partition_fn(func_ref: str, payloads: list[str], shared: bytes) -> Cal
         _os.environ.setdefault("LANCE_LOG", "error")
         import pyarrow as _pa
 
-        from mv_assets.spark import resolve as _resolve
+        from mv_assets.execution.spark import resolve as _resolve
 
         work = _resolve(func_ref)
         out = []

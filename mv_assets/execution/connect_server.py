@@ -4,8 +4,8 @@ Small, frequent Dagster runs each start a fresh process; with a local JVM each
 run pays Spark's start-up, while a long-lived Connect server makes a run's
 Spark session a ~0.2 s gRPC client (see bench/bench_dagster.py).
 
-    python -m mv_assets.connect_server start [--port 15002] [--master local[*]]
-    python -m mv_assets.connect_server stop
+    python -m mv_assets.execution.connect_server start [--port 15002] [--master local[*]]
+    python -m mv_assets.execution.connect_server stop
     export MV_ASSETS_SPARK_REMOTE=sc://127.0.0.1:15002
 """
 

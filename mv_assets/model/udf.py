@@ -37,7 +37,7 @@ from typing import Any, Callable
 import cloudpickle
 import pyarrow as pa
 
-from .names import UdfKind, is_reserved_name
+from mv_assets.model.names import UdfKind, is_reserved_name
 
 __all__ = ["UDF", "udf", "python_type_to_arrow", "Columns", "UnpackedUDF", "OnError"]
 

@@ -18,16 +18,16 @@ from typing import TYPE_CHECKING
 import lance
 import pyarrow as pa
 
-from ._files import atomic_write_text
-from .changes import pending_versions
-from .definition import tracked_source_columns
-from .layout import Layout
-from .policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
-from .refs import ViewRef
-from .state import read_refresh_state
+from mv_assets.model.definition import tracked_source_columns
+from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
+from mv_assets.storage.changes import pending_versions
+from mv_assets.storage.files import atomic_write_text
+from mv_assets.storage.layout import Layout
+from mv_assets.storage.refs import ViewRef
+from mv_assets.storage.state import read_refresh_state
 
 if TYPE_CHECKING:
-    from .state import RefreshState
+    from mv_assets.storage.state import RefreshState
 
 __all__ = [
     "ViewStatus",

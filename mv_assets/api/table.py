@@ -11,9 +11,9 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from .backfill import BackfillJob, _group_specs, backfill_column, plan_backfill
-from .columns import add_columns, alter_columns, load_columns
-from .definition import (
+from mv_assets.api.query import Query
+from mv_assets.execution.spark import InlineRunner
+from mv_assets.model.definition import (
     SOURCE_ROW_ID,
     VIEW_METADATA_KEY,
     ColumnSpec,
@@ -24,27 +24,27 @@ from .definition import (
     short_error,
     sql_literal,
 )
-from .error_log import read_errors
-from .layout import Layout
-from .names import Alias
-from .policy import POLICY_METADATA_KEY, RefreshPolicy
-from .query import Query
-from .refresh import (
+from mv_assets.model.names import Alias
+from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
+from mv_assets.ops.backfill import BackfillJob, _group_specs, backfill_column, plan_backfill
+from mv_assets.ops.columns import add_columns, alter_columns, load_columns
+from mv_assets.ops.refresh import (
     RefreshPlan,
     RefreshResult,
     compact_if_fragmented,
     execute_refresh,
     plan_refresh,
 )
-from .refs import Ref, TableRef, ViewRef
-from .spark import InlineRunner
-from .state import RefreshState, carry_refresh_state, read_refresh_state
-from .status import FAILED_LOAD, LOADED, LOADING, ViewStatus, record_load_state, view_status
+from mv_assets.storage.error_log import read_errors
+from mv_assets.storage.layout import Layout
+from mv_assets.storage.refs import Ref, TableRef, ViewRef
+from mv_assets.storage.state import RefreshState, carry_refresh_state, read_refresh_state
+from mv_assets.storage.status import FAILED_LOAD, LOADED, LOADING, ViewStatus, record_load_state, view_status
 
 if TYPE_CHECKING:
-    from .backfill import BackfillPlan, BackfillResult
-    from .error_log import ErrorRecord
-    from .spark import Runner
+    from mv_assets.execution.spark import Runner
+    from mv_assets.ops.backfill import BackfillPlan, BackfillResult
+    from mv_assets.storage.error_log import ErrorRecord
 
 
 class Catalog(Protocol):

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 
 import filelock
 
-from .errors import ConcurrentRefreshError
+from mv_assets.model.errors import ConcurrentRefreshError
 
 __all__ = ["Layout", "STATE_DIR"]
 

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import lance
 from lance import LanceOperation, Transaction
 
-from .changes import STATE_KEY
+from mv_assets.storage.changes import STATE_KEY
 
 __all__ = ["RefreshState", "read_refresh_state", "carry_refresh_state"]
 

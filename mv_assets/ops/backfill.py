@@ -49,9 +49,8 @@ from lance import LanceOperation, Transaction
 from lance.file import LanceFileWriter
 from lance.fragment import DataFile, FragmentMetadata
 
-from ._files import atomic_write_arrow, read_arrow
-from .changes import BACKFILL_KEY
-from .definition import (
+from mv_assets.execution.tasks import compute_udf_columns, repeat_string
+from mv_assets.model.definition import (
     SOURCE_ROW_ID,
     SOURCE_ROW_VERSION,
     ColumnSpec,
@@ -61,17 +60,18 @@ from .definition import (
     short_error,
     udf_column_type,
 )
-from .error_log import append_errors
-from .lance_compat import CommitConflictError, roaring_bitmap_bytes, take_rows
-from .names import Alias, nth_marker_alias
-from .planning import column_ids as _ids
-from .planning import positions, split_ranges
-from .refs import Ref, ViewRef
-from .tasks import compute_udf_columns, repeat_string
-from .udf import UDF
+from mv_assets.model.names import Alias, nth_marker_alias
+from mv_assets.model.planning import column_ids as _ids
+from mv_assets.model.planning import positions, split_ranges
+from mv_assets.model.udf import UDF
+from mv_assets.storage.changes import BACKFILL_KEY
+from mv_assets.storage.error_log import append_errors
+from mv_assets.storage.files import atomic_write_arrow, read_arrow
+from mv_assets.storage.lance_compat import CommitConflictError, roaring_bitmap_bytes, take_rows
+from mv_assets.storage.refs import Ref, ViewRef
 
 if TYPE_CHECKING:
-    from .spark import Runner
+    from mv_assets.execution.spark import Runner
 
 __all__ = [
     "BackfillPlan", "BackfillResult", "BackfillJob", "plan_backfill", "execute_backfill", "commit_column_values",
@@ -570,7 +570,7 @@ def _commit_results(
             "checkpoint_dir": plan.checkpoint_dir, "keys": plan.batch_keys,
         }).encode()
         try:
-            outs = runner.map("mv_assets.backfill:run_write_task", payloads, shared_w,
+            outs = runner.map("mv_assets.ops.backfill:run_write_task", payloads, shared_w,
                               sum(len(g[1]) for g in groups))
         finally:
             for path in assigns:
@@ -745,7 +745,7 @@ def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: s
         ]
         payloads.append(json.dumps({"batches": batches}))
     try:
-        outs = [json.loads(o) for o in runner.map("mv_assets.backfill:run_compute_task", payloads, shared,
+        outs = [json.loads(o) for o in runner.map("mv_assets.ops.backfill:run_compute_task", payloads, shared,
                                                   plan.rows_to_compute)]
         computed_at = time.perf_counter()
         errors = [e for o in outs for e in o["errors"]]

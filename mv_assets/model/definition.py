@@ -15,7 +15,7 @@ from typing import Any
 import lance
 import pyarrow as pa
 
-from .names import (
+from mv_assets.model.names import (
     COMPUTED_PREFIX,
     LANCE_ROW_COLUMNS,
     SOURCE_MARKER_PREFIX,
@@ -29,7 +29,7 @@ from .names import (
     is_reserved_name,
     source_marker,
 )
-from .udf import UDF
+from mv_assets.model.udf import UDF
 
 __all__ = [
     "ColumnSpec", "ViewDefinition", "SOURCE_ROW_ID", "SOURCE_ROW_VERSION", "VIEW_METADATA_KEY",

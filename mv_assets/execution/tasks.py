@@ -20,8 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from lance.fragment import write_fragments
 
-from ._files import atomic_write_arrow, atomic_write_text, read_arrow
-from .definition import (
+from mv_assets.model.definition import (
     SOURCE_MARKER_PREFIX,
     SOURCE_ROW_ID,
     SOURCE_ROW_VERSION,
@@ -30,9 +29,10 @@ from .definition import (
     computed_marker,
     short_error,
 )
-from .names import Alias, input_alias, input_marker_alias
-from .planning import column_ids, positions, shuffle_keys
-from .udf import RowError
+from mv_assets.model.names import Alias, input_alias, input_marker_alias
+from mv_assets.model.planning import column_ids, positions, shuffle_keys
+from mv_assets.model.udf import RowError
+from mv_assets.storage.files import atomic_write_arrow, atomic_write_text, read_arrow
 
 __all__ = ["TaskSpec", "TaskResult", "run_task", "compute_rows", "and_filters"]
 

@@ -14,8 +14,8 @@ from dataclasses import dataclass
 import lance
 import pyarrow as pa
 
-from .definition import sql_literal
-from .layout import Layout
+from mv_assets.model.definition import sql_literal
+from mv_assets.storage.layout import Layout
 
 __all__ = ["ErrorRecord", "ERRORS_SCHEMA", "append_errors", "read_errors"]
 

@@ -30,8 +30,8 @@ import pyarrow as pa
 from lance import LanceOperation, Transaction
 from lance.fragment import FragmentMetadata, write_fragments
 
-from .changes import STATE_KEY, backfill_commits
-from .definition import (
+from mv_assets.execution.tasks import TaskResult, TaskSpec, and_filters
+from mv_assets.model.definition import (
     SOURCE_ROW_ID,
     SOURCE_ROW_VERSION,
     ViewDefinition,
@@ -39,10 +39,9 @@ from .definition import (
     source_marker,
     tracked_source_columns,
 )
-from .errors import ConcurrentRefreshError
-from .lance_compat import CommitConflictError, take_rows
-from .names import Alias
-from .planning import (
+from mv_assets.model.errors import ConcurrentRefreshError
+from mv_assets.model.names import Alias
+from mv_assets.model.planning import (
     ChangeSet,
     History,
     KeyPlan,
@@ -55,13 +54,14 @@ from .planning import (
     ranges_predicate,
     shuffle_keys,
 )
-from .planning import column_ids as _ids
-from .refs import ViewRef
-from .state import read_refresh_state
-from .tasks import TaskResult, TaskSpec, and_filters
+from mv_assets.model.planning import column_ids as _ids
+from mv_assets.storage.changes import STATE_KEY, backfill_commits
+from mv_assets.storage.lance_compat import CommitConflictError, take_rows
+from mv_assets.storage.refs import ViewRef
+from mv_assets.storage.state import read_refresh_state
 
 if TYPE_CHECKING:
-    from .spark import Runner
+    from mv_assets.execution.spark import Runner
 
 __all__ = ["RefreshPlan", "RefreshResult", "plan_refresh", "execute_refresh", "compact_if_fragmented"]
 
@@ -623,7 +623,7 @@ def shuffled_fragments(
     pseudo-random key of each row's stable source row id (planning.shuffle_keys),
     on every refresh: new rows land all over the order, not at its end.
     """
-    from ._files import read_arrow
+    from mv_assets.storage.files import read_arrow
 
     held = view_ds.to_table(columns=[SOURCE_ROW_ID], with_row_id=True)
     keys = _ids(held, SOURCE_ROW_ID)
@@ -744,7 +744,7 @@ def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner") -> Refre
     removed, updated, new_fragments = _view_changes(view, plan, results)
     errors = [e for r in results for e in r.errors]
     if errors:  # rows a UDF skipped (on_error="skip"): NULL values, recorded before the commit
-        from .error_log import append_errors
+        from mv_assets.storage.error_log import append_errors
 
         job = f"refresh-{plan.load_number + 1}-{plan.checkpoint_dir[-8:] if plan.checkpoint_dir else ''}"
         append_errors(view.layout, view.name, job, errors)
