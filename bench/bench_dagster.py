@@ -27,10 +27,10 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 import mv_assets as mv  # noqa: E402
-from mv_assets.execution import connect_server  # noqa: E402
 from mv_assets.dagster import build_definitions  # noqa: E402
 from mv_assets.dagster.definitions import partitions_def_name  # noqa: E402
 from mv_assets.dagster.devserver import dagster_dev  # noqa: E402
+from mv_assets.execution import connect_server  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

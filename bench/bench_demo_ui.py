@@ -22,9 +22,9 @@ import time
 
 os.environ.setdefault("LANCE_LOG", "error")
 
-from mv_assets.execution import connect_server  # noqa: E402
 from mv_assets.dagster.devserver import dagster_dev, free_port, graphql, wait_until  # noqa: E402
 from mv_assets.demo import _documents, seed  # noqa: E402
+from mv_assets.execution import connect_server  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 ASSETS = [["documents", "checksum"], ["doc_features"], ["doc_features", "words"], ["doc_features", "embedding"],

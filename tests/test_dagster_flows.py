@@ -140,8 +140,8 @@ def test_backfill_of_an_unread_column_leaves_the_source_data_version_and_views_a
 def test_demo_never_reuses_what_it_did_not_create(tmp_path):
     import socket
 
-    from mv_assets.execution import connect_server
     from mv_assets.dagster.devserver import IMMEDIATE_RUNS_YAML, main, prepare_home
+    from mv_assets.execution import connect_server
 
     home = tmp_path / "home"
     home.mkdir()
