@@ -441,6 +441,14 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
             if view.plan_backfill(name).rows:
                 backfilled[name] = view.backfill(name).udf_rows_computed
     duration = time.perf_counter() - started
+    _log_outcome(context, info, result, backfilled, columns, duration)
+    _record_run(
+        context, info, db, view, view_key, col_keys, columns, keys if partitioned else [], fragments, whole, result,
+        backfilled, duration,
+    )
+
+
+def _log_outcome(context, info: TableInfo, result, backfilled: dict, columns: list[str], duration: float) -> None:
     if result is not None:
         context.log.info(
             f"{info.name}: source v{result.from_version}->v{result.to_version}, +{result.rows_inserted} "
@@ -451,6 +459,16 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
         context.log.info(f"{info.name}: recomputed the stale rows of {backfilled} (UDF code changed)")
     elif result is None:
         context.log.info(f"{info.name}: {columns} are current for every row: nothing to compute")
+
+
+def _record_run(
+    context, info: TableInfo, db, view, view_key, col_keys: dict, columns: list[str], keys: list[str],
+    fragments: list[int], whole: bool, result, backfilled: dict, duration: float,
+) -> None:
+    """Materialization events of the run: one per asset, or one per partition
+    with that partition's own numbers (and the code version Dagster compares to
+    tell a changed UDF from a current one)."""
+    selected = context.selected_asset_keys
     run_md = {
         "source_version": view.source_version if result is None else result.to_version,
         "view_version": view.version,
@@ -475,21 +493,16 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
     source_version = source.version if info.over_view else data_version(source.uri, reads=())
     view_inputs = {dg.AssetKey([info.source_name]): source_version}
     view_inputs.update({dg.AssetKey([info.source_name, c]): source.version for c in info.reads})
-    if not partitioned or not keys:
+    view_tags = _version_tags(None, view.version, view_inputs)
+    col_tags = {n: _version_tags(fingerprints[n], view.version, {view_key: view.version}) for n in columns}
+    if not keys:
         if view_key in selected:
-            md = {
-                **run_md,
-                "rows_computed": sum(by_fragment.values()),
-                "dagster/row_count": view.count_rows(),
-                **_status_metadata(view),
-            }
-            _record(context, view_key, None, md, _version_tags(None, view.version, view_inputs))
+            md = {**run_md, "rows_computed": sum(by_fragment.values()), "dagster/row_count": view.count_rows(),
+                  **_status_metadata(view)}
+            _record(context, view_key, None, md, view_tags)
         for name in columns:
-            md = {**run_md, "udf_rows_computed": column_rows(name)}
-            _record(context, col_keys[name], None, md, _version_tags(fingerprints[name], view.version, {view_key: view.version}))
+            _record(context, col_keys[name], None, {**run_md, "udf_rows_computed": column_rows(name)}, col_tags[name])
         return
-    # One materialization per partition, with that partition's own numbers (and
-    # the code version Dagster compares to tell a changed UDF from a current one).
     per_fragment = (
         view_rows_by_fragment(view.uri, source.uri, run_md["source_version"], fragments)
         if info.scoped and len(fragments) <= PER_PARTITION_LIMIT and run_md["source_version"] is not None
@@ -500,12 +513,12 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
         if fid in per_fragment:
             part_md["dagster/row_count"] = per_fragment[fid]
         if view_key in selected:
-            _record(context, view_key, key_str, part_md, _version_tags(None, view.version, view_inputs))
+            _record(context, view_key, key_str, part_md, view_tags)
         for name in columns:
             md = {**run_md, "udf_rows_computed": column_rows(name, fid), "source_fragment": fid}
             if backfilled:
                 md["run_udf_rows_recomputed"] = backfilled.get(name, 0)
-            _record(context, col_keys[name], key_str, md, _version_tags(fingerprints[name], view.version, {view_key: view.version}))
+            _record(context, col_keys[name], key_str, md, col_tags[name])
 
 
 def _column_description(table: str, col: dict) -> str:

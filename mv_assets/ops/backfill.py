@@ -170,39 +170,29 @@ def _group_specs(table: Ref, column: str) -> list[ColumnSpec]:
             and c.udf.input_columns == u.input_columns]
 
 
-def plan_backfill(
-    table: Ref,
-    column: str,
-    *,
-    udf: Any = None,
-    where: str | None = None,
-    row_ids: list[int] | None = None,
-    checkpoint_size: int = 1024,
-    max_rows_per_task: int = 65_536,
-) -> BackfillPlan:
-    """Plan a backfill of ``column`` (see :meth:`Table.backfill`)."""
-
-    if not isinstance(checkpoint_size, int) or checkpoint_size <= 0:
-        raise ValueError("checkpoint_size must be a positive int")
-    if not isinstance(max_rows_per_task, int) or max_rows_per_task <= 0:
-        raise ValueError("max_rows_per_task must be a positive int")
+def _backfill_specs(table: Ref, column: str, udf: Any) -> list[ColumnSpec]:
+    """The column and its siblings, or the single column computed with ``udf`` instead."""
     specs = _group_specs(table, column)
-    if udf is not None:
-        if not isinstance(udf, UDF):
-            raise ValueError(f"backfill(udf=...) takes a UDF, got {type(udf).__name__}")
-        if len(specs) > 1 or specs[0].kind != "udf":
-            raise ValueError("backfill(udf=...) overrides a single UDF column; use alter_columns for others")
-        if udf.kind != "batch":
-            udf = udf.with_inputs(specs[0].the_udf.input_columns)
-        else:  # the column's fixed batch columns
-            old = specs[0].the_udf
-            keep = old.kind == "batch" and old.input_columns
-            udf = udf.bound_to(list(old.input_columns) if keep else table.input_dataset().schema)
-        _check_replacement(table, specs[0], udf)
-        specs = [ColumnSpec(specs[0].name, "udf", None, udf, None, specs[0].added)]
-    ds = table.dataset()
-    is_view = isinstance(table, ViewRef)
-    fingerprint = specs[0].fingerprint
+    if udf is None:
+        return specs
+    if not isinstance(udf, UDF):
+        raise ValueError(f"backfill(udf=...) takes a UDF, got {type(udf).__name__}")
+    if len(specs) > 1 or specs[0].kind != "udf":
+        raise ValueError("backfill(udf=...) overrides a single UDF column; use alter_columns for others")
+    if udf.kind != "batch":
+        udf = udf.with_inputs(specs[0].the_udf.input_columns)
+    else:  # the column's fixed batch columns
+        old = specs[0].the_udf
+        keep = old.kind == "batch" and old.input_columns
+        udf = udf.bound_to(list(old.input_columns) if keep else table.input_dataset().schema)
+    _check_replacement(table, specs[0], udf)
+    return [ColumnSpec(specs[0].name, "udf", None, udf, None, specs[0].added)]
+
+
+def _rows_predicate(
+    table: Ref, ds: lance.LanceDataset, specs: list[ColumnSpec], where: str | None, row_ids: list[int] | None
+) -> str:
+    """SQL selecting the rows to backfill: stale ones (or ``where``), limited to ``row_ids``."""
     stale = " OR ".join(
         f"`{computed_marker(c.name)}` IS NULL OR `{computed_marker(c.name)}` != '{c.fingerprint}'" for c in specs
     )
@@ -218,16 +208,18 @@ def plan_backfill(
     else:
         parts.append(f"({stale})")
     if row_ids is not None:
-        id_col = SOURCE_ROW_ID if is_view else "_rowid"
-        if not row_ids:
-            parts.append("false")
-        else:
-            parts.append(f"{id_col} IN ({', '.join(str(int(i)) for i in row_ids)})")
-    predicate = " AND ".join(parts)
+        id_col = SOURCE_ROW_ID if isinstance(table, ViewRef) else "_rowid"
+        parts.append(f"{id_col} IN ({', '.join(str(int(i)) for i in row_ids)})" if row_ids else "false")
+    return " AND ".join(parts)
+
+
+def _plan_rows(table: Ref, ds: lance.LanceDataset, specs: list[ColumnSpec], predicate: str):
+    """The rows to compute, sorted by input row id (input id, version, target id,
+    input address), the markers of their computed inputs, and where the inputs are read."""
+    is_view = isinstance(table, ViewRef)
     if isinstance(table, ViewRef):
         cols = {_IN_ID: SOURCE_ROW_ID, _IN_VER: SOURCE_ROW_VERSION}
-        source_ds = table.source_dataset()
-        input_uri, input_version = table.source_uri, source_ds.version
+        input_uri, input_version = table.source_uri, table.source_dataset().version
     else:
         cols = {_IN_VER: "_row_last_updated_at_version"}
         input_uri, input_version = table.uri, ds.version
@@ -249,7 +241,8 @@ def plan_backfill(
         # Only rows whose source row still has the version the view holds: the
         # others changed in the source and the next refresh recomputes them.
         src = lance.dataset(input_uri, version=input_version).scanner(
-            columns={Alias.ROW_VERSION: "_row_last_updated_at_version", **marker_cols}, with_row_id=True, with_row_address=True
+            columns={Alias.ROW_VERSION: "_row_last_updated_at_version", **marker_cols}, with_row_id=True,
+            with_row_address=True,
         ).to_table()
         s_ids, s_vers, s_addrs = _ids(src), _ids(src, Alias.ROW_VERSION), _ids(src, "_rowaddr")
         pos = positions(in_ids, s_ids)
@@ -262,48 +255,65 @@ def plan_backfill(
     plan_rows = pa.table(
         {_IN_ID: in_ids[order], _IN_VER: in_vers[order], _TARGET_ID: target_ids[order], _IN_ADDR: in_addrs[order]}
     )
-    key_base = f"{table.uri}|{[c.name for c in specs]}|{fingerprint}"
-    ckpt_dir = table.layout.column_checkpoints(table.name, fingerprint)
-    batch_keys = []
+    markers = in_markers[order] if input_markers else None
+    return plan_rows, markers, input_uri, input_version
+
+
+def _batch_keys(key_base: str, plan_rows: pa.Table, markers, checkpoint_size: int, ckpt_dir: str):
+    """The checkpoint key of each batch (UDFs, rows, versions, input markers) and how many are done."""
+    keys: list[str] = []
+    done_batches = done_rows = 0
     n = plan_rows.num_rows
     ids_np, vers_np = plan_rows.column(_IN_ID).to_numpy(), plan_rows.column(_IN_VER).to_numpy()
-    markers_np = in_markers[order]
-    done_batches = done_rows = 0
     for lo in range(0, n, checkpoint_size):
         hi = min(n, lo + checkpoint_size)
         h = hashlib.sha256(key_base.encode())
         h.update(ids_np[lo:hi].tobytes())
         h.update(vers_np[lo:hi].tobytes())
-        if input_markers:
-            h.update("|".join(markers_np[lo:hi].tolist()).encode())
+        if markers is not None:
+            h.update("|".join(markers[lo:hi].tolist()).encode())
         key = h.hexdigest()[:24]
-        batch_keys.append(key)
+        keys.append(key)
         if os.path.exists(os.path.join(ckpt_dir, f"{key}.arrow")):
             done_batches += 1
             done_rows += hi - lo
+    return keys, done_batches, done_rows
+
+
+def plan_backfill(
+    table: Ref,
+    column: str,
+    *,
+    udf: Any = None,
+    where: str | None = None,
+    row_ids: list[int] | None = None,
+    checkpoint_size: int = 1024,
+    max_rows_per_task: int = 65_536,
+) -> BackfillPlan:
+    """Plan a backfill of ``column`` (see :meth:`Table.backfill`)."""
+    if not isinstance(checkpoint_size, int) or checkpoint_size <= 0:
+        raise ValueError("checkpoint_size must be a positive int")
+    if not isinstance(max_rows_per_task, int) or max_rows_per_task <= 0:
+        raise ValueError("max_rows_per_task must be a positive int")
+    specs = _backfill_specs(table, column, udf)
+    ds = table.dataset()
+    fingerprint = specs[0].fingerprint
+    plan_rows, markers, input_uri, input_version = _plan_rows(
+        table, ds, specs, _rows_predicate(table, ds, specs, where, row_ids)
+    )
+    ckpt_dir = table.layout.column_checkpoints(table.name, fingerprint)
+    batch_keys, done_batches, done_rows = _batch_keys(
+        f"{table.uri}|{[c.name for c in specs]}|{fingerprint}", plan_rows, markers, checkpoint_size, ckpt_dir
+    )
     per_task = max(1, max_rows_per_task // checkpoint_size)
     task_ranges = [(lo, hi) for lo, hi in split_ranges(len(batch_keys), per_task)]
     return BackfillPlan(
-        table=table.name,
-        columns=[c.name for c in specs],
-        udf=specs[0].udf.name if specs[0].udf is not None else None,
-        fingerprint=fingerprint,
-        read_version=ds.version,
-        where=where,
-        rows=n,
-        batches=len(batch_keys),
-        batches_checkpointed=done_batches,
-        rows_checkpointed=done_rows,
-        tasks=len(task_ranges),
-        checkpoint_size=checkpoint_size,
-        specs=specs,
-        plan_rows=plan_rows,
-        batch_keys=batch_keys,
-        task_ranges=task_ranges,
-        checkpoint_dir=ckpt_dir,
-        input_uri=input_uri,
-        input_version=input_version,
-        is_view=is_view,
+        table=table.name, columns=[c.name for c in specs], udf=specs[0].udf.name if specs[0].udf is not None else None,
+        fingerprint=fingerprint, read_version=ds.version, where=where, rows=plan_rows.num_rows,
+        batches=len(batch_keys), batches_checkpointed=done_batches, rows_checkpointed=done_rows,
+        tasks=len(task_ranges), checkpoint_size=checkpoint_size, specs=specs, plan_rows=plan_rows,
+        batch_keys=batch_keys, task_ranges=task_ranges, checkpoint_dir=ckpt_dir, input_uri=input_uri,
+        input_version=input_version, is_view=isinstance(table, ViewRef),
         targeted=where is not None or row_ids is not None,
     )
 
