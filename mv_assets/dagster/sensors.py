@@ -93,6 +93,46 @@ def _code_checks(tree: list[TableInfo], db, reported: dict, state: dict):
     return checks, state
 
 
+def _partition_changes(context, table: TableInfo, pdef, since: int | None):
+    """The table's fragment changes since the cursor's version, and the dynamic
+    partition requests that follow (new fragments added; gone ones and keys that
+    are not fragment ids retired)."""
+    part_requests = []
+    known: list[int] = []
+    if pdef is not None:
+        known, bad = fragment_keys(context.instance.get_dynamic_partitions(pdef.name))
+        if bad:
+            part_requests.append(pdef.build_delete_request(bad))
+            context.log.warning(
+                f"retired partition keys {bad}: they are not fragment ids of {table.name!r} "
+                "(partitions of its views are source fragments)"
+            )
+    ch = fragment_changes(table.uri, since, known)
+    if pdef is not None and ch.added:
+        part_requests.append(pdef.build_add_request([str(f) for f in ch.added]))
+    if pdef is not None and ch.retired:
+        part_requests.append(pdef.build_delete_request([str(f) for f in ch.retired]))
+    return ch, part_requests
+
+
+def _due_views(context, db, tree: list[TableInfo]) -> tuple[dict[str, str], dict[str, int]]:
+    """The views of the lineage their policies say are due (with why), and every view's load number."""
+    due: dict[str, str] = {}
+    loads: dict[str, int] = {}
+    for v in tree:
+        if v.name not in db:  # declared in code, not created yet: its first run creates it
+            due[v.name], loads[v.name] = "declared in code, not created yet", 0
+            continue
+        view = db.open_view(v.name)
+        decision = refresh_decision(view.ref())
+        loads[v.name] = view.refresh_state().load_number
+        upstream_due = v.over_view and v.source in due and v.policy.kind == "eager"
+        if decision.refresh or upstream_due:
+            due[v.name] = decision.reason if decision.refresh else f"its upstream {v.source} is due"
+            context.log.info(f"{v.name}: refresh ({due[v.name]})")
+    return due, loads
+
+
 def table_sensor(
     table: TableInfo,
     tables: dict[str, TableInfo],
@@ -120,21 +160,7 @@ def table_sensor(
     )
     def _sensor(context: dg.SensorEvaluationContext, mv_assets: MvAssetsResource):
         since, reported = _parse_cursor(context.cursor)
-        part_requests = []
-        known: list[int] = []
-        if pdef is not None:
-            known, bad = fragment_keys(context.instance.get_dynamic_partitions(pdef.name))
-            if bad:
-                part_requests.append(pdef.build_delete_request(bad))
-                context.log.warning(
-                    f"retired partition keys {bad}: they are not fragment ids of {table.name!r} "
-                    "(partitions of its views are source fragments)"
-                )
-        ch = fragment_changes(table.uri, since, known)
-        if pdef is not None and ch.added:
-            part_requests.append(pdef.build_add_request([str(f) for f in ch.added]))
-        if pdef is not None and ch.retired:
-            part_requests.append(pdef.build_delete_request([str(f) for f in ch.retired]))
+        ch, part_requests = _partition_changes(context, table, pdef, since)
         db = mv_assets.reader()
         checks, code_state = _code_checks(tree, db, reported, {})
         if _run_in_flight(context, table.name):
@@ -152,19 +178,7 @@ def table_sensor(
         if column_keys and moved:
             handle = db.open_table(table.name)
             stale = [k for k, c in zip(column_keys, columns, strict=True) if handle.plan_backfill(c).rows > 0]
-        due: dict[str, str] = {}
-        loads: dict[str, int] = {}
-        for v in tree:
-            if v.name not in db:  # declared in code, not created yet: its first run creates it
-                due[v.name], loads[v.name] = "declared in code, not created yet", 0
-                continue
-            view = db.open_view(v.name)
-            decision = refresh_decision(view.ref())
-            loads[v.name] = view.refresh_state().load_number
-            upstream_due = v.over_view and v.source in due and v.policy.kind == "eager"
-            if decision.refresh or upstream_due:
-                due[v.name] = decision.reason if decision.refresh else f"its upstream {v.source} is due"
-                context.log.info(f"{v.name}: refresh ({due[v.name]})")
+        due, loads = _due_views(context, db, tree)
         # One run for everything due downstream of the table: its partitions
         # definition is shared, so the run carries the whole lineage in order.
         # The run key names what it acts on (table version, views' load numbers),
