@@ -378,18 +378,24 @@ class Table:
     def _check_writable(self) -> None:
         pass
 
-    def add(self, data: Any) -> int:
-        """Append rows; returns the new version."""
-        self._check_writable()
+    def _new_rows(self, data: Any) -> tuple[lance.LanceDataset, pa.Table]:
+        """The dataset and ``data`` as rows of it, checked: no values for markers,
+        primary key present and distinct among the new rows."""
         ds = self._dataset()
         table = to_arrow_table(data, ds.schema)
-        if table.num_rows == 0:
-            return ds.version
         given = [n for n in table.column_names if is_marker(n) and table.column(n).null_count < table.num_rows]
         if given:
             raise ValueError(f"columns {given} are maintained by mv_assets; leave them out")
+        check_primary_key(table, self.primary_key)
+        return ds, table
+
+    def add(self, data: Any) -> int:
+        """Append rows; returns the new version."""
+        self._check_writable()
+        ds, table = self._new_rows(data)
+        if table.num_rows == 0:
+            return ds.version
         pk = self.primary_key
-        check_primary_key(table, pk)
         if pk is not None:
             taken = existing_keys(ds, pk, table.column(pk).combine_chunks())
             if taken:
@@ -412,14 +418,9 @@ class Table:
         pk = self.primary_key
         if pk is None:
             raise ValueError(f"merge_insert needs a primary key; {self.name!r} was created without one")
-        ds = self._dataset()
-        table = to_arrow_table(data, ds.schema)
+        ds, table = self._new_rows(data)
         if table.num_rows == 0:
             return ds.version
-        given = [n for n in table.column_names if is_marker(n) and table.column(n).null_count < table.num_rows]
-        if given:
-            raise ValueError(f"columns {given} are maintained by mv_assets; leave them out")
-        check_primary_key(table, pk)
         ds.merge_insert(pk).when_matched_update_all().when_not_matched_insert_all().execute(table)
         return self._fill_sql_columns() or self.version
 
