@@ -3,6 +3,7 @@ runner (no JVM). Spark runs the same code paths in test_spark_*.py."""
 
 import os
 
+import cloudpickle
 import lance
 import pyarrow as pa
 import pytest
@@ -499,7 +500,7 @@ def test_ordering_views_unpickles_no_udf(db, monkeypatch):
     t = db.create_table("raw", _rows(4))
     v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": sq}))
     db.create_materialized_view("w", v.search(None).select({"id": "id", "y": "y"}))
-    import cloudpickle
+
 
     loads = []
     real = cloudpickle.loads
@@ -508,3 +509,38 @@ def test_ordering_views_unpickles_no_udf(db, monkeypatch):
     assert fresh.lineage_order() == ["v", "w"] and fresh.dependents("v") == ["w"] and fresh.upstream("w") == ["v"]
     assert loads == []
     assert [r.view for r in fresh.refresh(["w", "v"])] == ["v", "w"]
+
+
+def test_describe_reads_stored_metadata_without_unpickling(db, monkeypatch):
+    """The engine's description API (what orchestrators read): lineage,
+    columns, visible schema, policy; no UDF is unpickled; a query is described
+    (and checked) before the view exists, nothing written."""
+    t = db.create_table("raw", _rows(3))
+    t.add_columns({"z": "x * 2"})
+    db.create_materialized_view("v", t.search(None).where("id > 0").select({"id": "id", "z": "z", "y": sq}))
+
+
+    def refuse(*a, **k):
+        raise AssertionError("describe unpickled a UDF")
+
+    monkeypatch.setattr(cloudpickle, "loads", refuse)
+    monkeypatch.setattr("pickle.loads", refuse)
+    d = db.describe()
+    assert list(d) == ["raw", "v"]
+    raw, v = d["raw"], d["v"]
+    assert not raw.is_view and raw.source is None and [c["name"] for c in raw.columns] == ["z"]
+    assert v.is_view and (v.source, v.filter, v.limit) == ("raw", "id > 0", None)
+    assert [(c["name"], c["kind"]) for c in v.columns] == [("id", "column"), ("z", "column"), ("y", "udf")]
+    assert [n for n, _ in v.schema] == ["id", "z", "y"]  # internal key and marker columns hidden
+    assert "__source_row_id" in v.field_names and v.reads == ["z"]
+    assert v.policy == db.open_table("v").refresh_policy
+    assert db.describe("v")["v"] == v
+    with pytest.raises(TableNotFoundError, match="no table or view named 'nope'"):
+        db.describe("nope")
+    monkeypatch.undo()
+    before = _snapshot(db)
+    q = db.describe_query("w", t.search(None).where("x > 1").select({"id": "id", "y": sq}))
+    assert q.is_view and q.version is None and q.reads == [] and [n for n, _ in q.schema] == ["id", "y"]
+    with pytest.raises(ValueError, match="invalid view query over 'raw'"):
+        db.describe_query("w", t.search(None).where("nope > 1"))
+    assert _snapshot(db) == before and "w" not in db

@@ -6,6 +6,7 @@ import sys
 
 import dagster as dg
 import lance
+import pyarrow as pa
 import pytest
 from dagster_helpers import (
     apply_partition_requests,
@@ -371,3 +372,25 @@ def test_table_computed_columns_are_assets_filled_by_backfill(tmp_path):
                                                   input_columns=["x"])})
     graph2 = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline")).get_repository_def().asset_graph
     assert graph2.get(ykey).code_version == src.computed_columns()[0].udf.fingerprint != old_version
+
+
+def test_resource_settings_from_the_environment_stay_env_vars(tmp_path, monkeypatch):
+    """Spark settings in the environment are bound as dg.EnvVar (resolved when
+    the resource starts, shown as env in the UI), the runner choice is checked."""
+    db = mv.connect(str(tmp_path / "cat"))
+    db.create_table("t", pa.table({"x": [1, 2]}))
+    monkeypatch.setenv("MV_ASSETS_SPARK_MASTER", "local[3]")
+    monkeypatch.setenv("MV_ASSETS_LOCAL_BELOW_ROWS", "7")
+    monkeypatch.setenv("MV_ASSETS_RUNNER", "inline")
+    resource = build_definitions(db).resources["mv_assets"]
+    assert isinstance(resource, MvAssetsResource)
+    config = resource._convert_to_config_dictionary()
+    assert config["spark_master"] == {"env": "MV_ASSETS_SPARK_MASTER"}
+    assert config["local_below_rows"] == {"env": "MV_ASSETS_LOCAL_BELOW_ROWS"}
+    assert config["runner"] == "inline" and "spark_remote" not in config or config.get("spark_remote") is None
+    with dg.build_resources({"r": resource}) as res:
+        assert (res.r.spark_master, res.r.local_below_rows) == ("local[3]", 7)
+        assert type(res.r.get_runner()).__name__ == "InlineRunner"
+    monkeypatch.setenv("MV_ASSETS_RUNNER", "spork")
+    with pytest.raises(ValueError, match="MV_ASSETS_RUNNER must be 'spark' or 'inline', got 'spork'"):
+        build_definitions(db)

@@ -9,10 +9,11 @@ from typing import Any, overload
 import lance
 import pyarrow as pa
 
+from mv_assets.api.describe import TableDescription, describe_dataset, describe_definition
 from mv_assets.api.query import Query
 from mv_assets.api.table import PRIMARY_KEY_METADATA_KEY, MaterializedView, Table, check_primary_key, to_arrow_table
 from mv_assets.execution.spark import Runner, default_runner
-from mv_assets.model.definition import VIEW_METADATA_KEY, is_reserved_name, output_schema
+from mv_assets.model.definition import VIEW_METADATA_KEY, ViewDefinition, is_reserved_name, output_schema
 from mv_assets.model.errors import SourceBehindError, TableExistsError, TableNotFoundError
 from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
 from mv_assets.ops.refresh import RefreshResult
@@ -94,6 +95,27 @@ class Connection:
             for e in os.listdir(self.uri)
             if e.endswith(".lance") and os.path.isdir(os.path.join(self.uri, e, "_versions"))
         )
+
+    def describe(self, name: str | None = None) -> dict[str, TableDescription]:
+        """Descriptions of every table and view (or of ``name``) from stored
+        metadata only: no UDF is unpickled (see :mod:`mv_assets.api.describe`)."""
+        names = self.table_names() if name is None else [name]
+        out = {}
+        for n in names:
+            if n not in self.table_names():
+                raise TableNotFoundError(f"no table or view named {n!r} in {self.uri}")
+            out[n] = describe_dataset(n, self.table_uri(n))
+        return out
+
+    def describe_query(self, name: str, query: "Query | ViewDefinition") -> TableDescription:
+        """How view ``name`` would look if created from ``query`` now (validated
+        against its source, nothing written)."""
+        definition = query.to_definition() if isinstance(query, Query) else query
+        if definition.source not in self.table_names():
+            raise ValueError(f"view {name!r} is declared over {definition.source!r}, which is not in {self.uri}")
+        source = describe_dataset(definition.source, self.table_uri(definition.source))
+        computed = None if source.is_view else [c["name"] for c in source.columns]
+        return describe_definition(name, self.table_uri(name), definition, source.uri, computed)
 
     def __contains__(self, name: str) -> bool:
         return name in self.table_names()

@@ -188,6 +188,10 @@ class Table:
         raw = md.get(PRIMARY_KEY_METADATA_KEY.encode())
         return raw.decode() if raw else None
 
+    def fragment_ids(self) -> list[int]:
+        """Ids of the fragments of the latest version (the partitions of views over it)."""
+        return [f.fragment_id for f in self._dataset().get_fragments()]
+
     def count_rows(self, filter: str | None = None) -> int:
         ds = self._dataset()
         if filter is not None:

@@ -22,7 +22,6 @@ from datetime import timedelta
 from typing import Any
 
 import dagster as dg
-import lance
 
 from mv_assets.api.declare import apply as apply_declared
 from mv_assets.api.declare import reconcile
@@ -426,7 +425,7 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
                 "others). Pick existing partitions."
             )
         )
-    present = {f.fragment_id for f in lance.dataset(db.table_uri(info.root)).get_fragments()} if keys else set()
+    present = set(db.open_table(info.root).fragment_ids()) if keys else set()
     whole = not info.scoped or not keys or context.run.tags.get(TAG_SCOPE) == "changes" or present <= set(fragments)
     started = time.perf_counter()
     result = None

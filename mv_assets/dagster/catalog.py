@@ -1,29 +1,17 @@
-"""What the wiring knows of a catalog, read from stored metadata only: no UDF is
-unpickled and no JVM starts."""
+"""What the wiring knows of a catalog: the engine's descriptions
+(:meth:`Connection.describe`, stored metadata only: no UDF is unpickled and no
+JVM starts) with the lineage and the views declared in code on top."""
 
-import json
 from dataclasses import dataclass, field
 from typing import Any
 
-import lance
-
 from mv_assets.api.catalog import Connection
 from mv_assets.api.declare import reconcile
-from mv_assets.model.definition import (
-    COLUMNS_METADATA_KEY,
-    VIEW_METADATA_KEY,
-    definition_reads,
-    is_marker,
-    output_schema,
-    tracked_source_columns,
-)
-from mv_assets.model.names import VIEW_KEY_COLUMNS
-from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
+from mv_assets.api.describe import TableDescription
+from mv_assets.model.definition import definition_reads
+from mv_assets.model.policy import RefreshPolicy
 
 __all__ = ["TableInfo", "catalog_tables"]
-
-HIDDEN = tuple(sorted(VIEW_KEY_COLUMNS))
-
 
 @dataclass
 class TableInfo:
@@ -70,8 +58,11 @@ class TableInfo:
         return [c["name"] for c in (self.udf_columns if self.is_view else self.columns)]
 
 
-def _visible(schema) -> list[tuple[str, str]]:
-    return [(f.name, str(f.type)) for f in schema if f.name not in HIDDEN and not is_marker(f.name)]
+def _info(d: TableDescription) -> TableInfo:
+    return TableInfo(
+        d.name, d.uri, d.is_view, d.source, d.filter, d.limit, list(d.columns), d.policy, list(d.schema),
+        list(d.reads), root=d.name if not d.is_view else "", definition=d.definition,
+    )
 
 
 def _declare(out: dict[str, "TableInfo"], names: dict[str, list[str]], db: Connection, declared: dict) -> None:
@@ -80,23 +71,13 @@ def _declare(out: dict[str, "TableInfo"], names: dict[str, list[str]], db: Conne
     for name, query in declared.items():
         definition = query.to_definition()
         diff = reconcile(db, name, definition)
-        d = definition.to_json()
         if diff.create:
-            if definition.source not in out:
-                raise ValueError(f"view {name!r} is declared over {definition.source!r}, which is not in {db.uri}")
-            src_ds = lance.dataset(db.table_uri(definition.source))
-            schema = output_schema(definition, src_ds)
-            info = TableInfo(
-                name, db.table_uri(name), True, definition.source, definition.filter, definition.limit,
-                d["columns"], RefreshPolicy.eager(), _visible(schema), definition=d,
-            )
-            if not out[definition.source].is_view:
-                info.reads = definition.reads(out[definition.source].computed, src_ds.schema)
-            out[name] = info
-            names[name] = schema.names
+            described = db.describe_query(name, definition)
+            info = out[name] = _info(described)
+            names[name] = described.field_names
         else:
             info = out[name]
-            code = {c["name"]: c for c in d["columns"]}
+            code = {c["name"]: c for c in definition.to_json()["columns"]}
             info.columns = [code.get(c["name"], c) if c["kind"] == "udf" else c for c in info.columns]
             info.columns += [code[c] for c in diff.added]
         info.declared, info.declared_definition, info.code_changes = query, definition, diff
@@ -105,26 +86,9 @@ def _declare(out: dict[str, "TableInfo"], names: dict[str, list[str]], db: Conne
 def catalog_tables(db: Connection, declared: dict | None = None) -> dict[str, TableInfo]:
     """Every table and view of ``db`` with its lineage; ``declared`` (name ->
     query) overlays views declared in code (see :mod:`mv_assets.declare`)."""
-    out: dict[str, TableInfo] = {}
-    names: dict[str, list[str]] = {}
-    for name in db.table_names():
-        uri = db.table_uri(name)
-        schema = lance.dataset(uri).schema
-        md = schema.metadata or {}
-        names[name] = schema.names
-        raw = md.get(VIEW_METADATA_KEY.encode())
-        if raw is None:
-            cols = json.loads(md.get(COLUMNS_METADATA_KEY.encode(), b"[]"))
-            out[name] = TableInfo(name, uri, False, columns=cols, schema=_visible(schema), root=name)
-            continue
-        d = json.loads(raw)
-        info = TableInfo(
-            name, uri, True, d["source"], d.get("filter"), d.get("limit"), d["columns"],
-            RefreshPolicy.from_json(md.get(POLICY_METADATA_KEY.encode())), _visible(schema),
-        )
-        info.reads = tracked_source_columns(schema)
-        info.definition = d
-        out[name] = info
+    described = db.describe()
+    out = {name: _info(d) for name, d in described.items()}
+    names = {name: d.field_names for name, d in described.items()}
     if declared:
         _declare(out, names, db, declared)
     for info in out.values():

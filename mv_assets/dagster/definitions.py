@@ -49,7 +49,7 @@ def build_definitions(
     conn = db if isinstance(db, Connection) else connect(db)
     declared = load_declared(views, conn) if isinstance(views, str) else views
     tables = catalog_tables(conn, declared)
-    resource = resource or MvAssetsResource(catalog_uri=conn.uri)
+    resource = resource or MvAssetsResource.from_env(conn.uri)
     status = dg.DefaultSensorStatus.RUNNING if sensors_running else dg.DefaultSensorStatus.STOPPED
     view_infos = [t for t in tables.values() if t.is_view and t.source in tables]
     roots = sorted({v.root for v in view_infos} | {t.name for t in tables.values() if not t.is_view and t.columns})

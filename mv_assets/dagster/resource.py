@@ -1,5 +1,6 @@
 """The Dagster resource: a catalog connection whose Spark starts lazily."""
 
+import os
 from typing import Literal, Optional
 
 import dagster as dg
@@ -7,6 +8,14 @@ from pydantic import Field, PrivateAttr
 
 from mv_assets.api.catalog import Connection, connect
 from mv_assets.execution.spark import InlineRunner, Runner, SparkRunner
+
+ENV = {
+    "spark_master": "MV_ASSETS_SPARK_MASTER",
+    "spark_remote": "MV_ASSETS_SPARK_REMOTE",
+    "local_below_rows": "MV_ASSETS_LOCAL_BELOW_ROWS",
+}
+"""Resource fields bound to environment variables (:meth:`MvAssetsResource.from_env`);
+``runner`` comes from ``MV_ASSETS_RUNNER``."""
 
 
 class MvAssetsResource(dg.ConfigurableResource):
@@ -34,6 +43,23 @@ class MvAssetsResource(dg.ConfigurableResource):
     )
 
     _runner: Optional[Runner] = PrivateAttr(default=None)
+
+    @classmethod
+    def from_env(cls, catalog_uri: str) -> "MvAssetsResource":
+        """The resource with each setting whose environment variable is set
+        bound as a ``dg.EnvVar`` (see ``ENV``): the value is read when the
+        resource initialises, never stored in the definitions, and the
+        Dagster UI shows which variable it comes from."""
+        kwargs: dict = {}
+        for name, var in ENV.items():
+            if os.environ.get(var):
+                kwargs[name] = dg.EnvVar.int(var) if name == "local_below_rows" else dg.EnvVar(var)
+        runner = os.environ.get("MV_ASSETS_RUNNER")
+        if runner:  # a Literal field takes the value itself (checked here, before any run)
+            if runner not in ("spark", "inline"):
+                raise ValueError(f"MV_ASSETS_RUNNER must be 'spark' or 'inline', got {runner!r}")
+            kwargs["runner"] = runner
+        return cls(catalog_uri=catalog_uri, **kwargs)
 
     def get_runner(self) -> Runner:
         if self._runner is None:

@@ -32,7 +32,8 @@ from mv_assets.model.definition import (
 from mv_assets.model.names import Alias, input_alias, input_marker_alias
 from mv_assets.model.planning import column_ids, positions, shuffle_keys
 from mv_assets.model.udf import RowError
-from mv_assets.storage.files import atomic_write_arrow, atomic_write_text, read_arrow
+from mv_assets.storage.checkpoints import CheckpointIndex, CheckpointStore
+from mv_assets.storage.files import atomic_write_arrow, atomic_write_text
 
 __all__ = ["TaskSpec", "TaskResult", "run_task", "compute_rows", "and_filters"]
 
@@ -284,87 +285,26 @@ def compute_udf_columns(
     return out
 
 
-_CK_ID, _CK_VER, _CK_IN = Alias.CHECKPOINT_ROW_ID, Alias.CHECKPOINT_ROW_VERSION, Alias.CHECKPOINT_INPUTS
-
-
 class RowStore:
-    """UDF results checkpointed by row identity (stable row id + row version +
-    the markers of the computed columns the UDFs read) for one set of UDF
-    columns: Arrow IPC files of ``(id, version, inputs, values...)`` under
-    ``<root>/<signature of the UDFs>/``, each written atomically.
+    """UDF results checkpointed by row identity for one set of UDF columns: a
+    :class:`CheckpointStore` under ``<root>/<signature of the UDFs>/``.
 
     Lookups are by identity, not by batch, so the results are found however
     the rows are batched the next time: after a source compaction, or a new
-    plan over the same rows."""
+    plan over the same rows. The index holds what was saved before this store
+    was opened (a crashed run's work); rows saved since belong to this task and
+    are not looked up."""
 
     def __init__(self, root: str, specs: list[ColumnSpec], lookup: bool = True) -> None:
         sig = hashlib.sha256(json.dumps([[c.name, c.fingerprint, c.field] for c in specs]).encode()).hexdigest()
-        self.dir = os.path.join(root, sig[:16])
-        self._ids: np.ndarray | None = None if lookup else np.empty(0, np.int64)
+        self.store = CheckpointStore(os.path.join(root, sig[:16]))
+        self._index: CheckpointIndex | None = None if lookup else CheckpointIndex([])
 
-    def _load(self) -> None:
-        self._tables: list[pa.Table] = []
-        ids, vers, ins, files, rows = [], [], [], [], []
-        self._errors: dict[int, list[dict]] = {}
-        names = sorted(n for n in os.listdir(self.dir) if n.endswith(".arrow")) if os.path.isdir(self.dir) else []
-        for k, name in enumerate(names):
-            t = read_arrow(os.path.join(self.dir, name))
-            self._tables.append(t)
-            ids.append(t.column(_CK_ID).to_numpy())
-            vers.append(t.column(_CK_VER).to_numpy())
-            ins.append(np.asarray(t.column(_CK_IN).to_pylist() if _CK_IN in t.column_names else [""] * t.num_rows, dtype=object))
-            files.append(np.full(t.num_rows, k, dtype=np.int64))
-            rows.append(np.arange(t.num_rows, dtype=np.int64))
-            for e in json.loads((t.schema.metadata or {}).get(b"errors", b"[]")):
-                self._errors.setdefault(int(e["row_id"]), []).append(e)
-        cat = (lambda xs: np.concatenate(xs) if xs else np.empty(0, np.int64))  # noqa: E731
-        self._ids, self._vers, self._files, self._rows = cat(ids), cat(vers), cat(files), cat(rows)
-        self._ins = np.concatenate(ins) if ins else np.empty(0, dtype=object)
-        self._order = np.argsort(self._ids, kind="stable")
-        self._sorted = self._ids[self._order]
-
-    def lookup(self, row_ids: np.ndarray, row_versions: np.ndarray, inputs: np.ndarray) -> np.ndarray:
-        """Index of each row's saved result (-1: not saved at this version and
-        these computed inputs).
-
-        The index holds what was saved before this store was opened (a crashed
-        run's work); rows saved since belong to this task and are not looked up."""
-        if self._ids is None:
-            self._load()
-        assert self._ids is not None
-        if len(self._ids) == 0:
-            return np.full(len(row_ids), -1, dtype=np.int64)
-        p = np.minimum(np.searchsorted(self._sorted, row_ids), len(self._sorted) - 1)
-        pos = self._order[p]
-        found = (self._sorted[p] == row_ids) & (self._vers[pos] == row_versions) & (self._ins[pos] == inputs)
-        return np.where(found, pos, -1)
-
-    def values(self, pos: np.ndarray, names: list[str]) -> dict[str, pa.Array]:
-        files = self._files[pos]
-        needed = np.unique(files)
-        base = np.zeros(int(needed.max()) + 1, dtype=np.int64)
-        parts, total = [], 0
-        for f in needed:
-            base[f] = total
-            total += self._tables[f].num_rows
-            parts.append(self._tables[f].select(names))
-        taken = pa.concat_tables(parts).take(pa.array(base[files] + self._rows[pos]))
-        return {n: taken.column(n).combine_chunks() for n in names}
-
-    def errors_for(self, row_ids: np.ndarray) -> list[dict]:
-        return [e for i in row_ids.tolist() for e in self._errors.get(int(i), [])]
-
-    def save(
-        self, row_ids: np.ndarray, row_versions: np.ndarray, inputs: np.ndarray, values: dict[str, pa.Array],
-        errors: list[dict],
-    ) -> None:
-        table = pa.table({
-            _CK_ID: pa.array(row_ids, pa.int64()), _CK_VER: pa.array(row_versions, pa.int64()),
-            _CK_IN: pa.array(inputs.tolist(), pa.string()), **values,
-        })
-        table = table.replace_schema_metadata({b"errors": json.dumps(errors).encode()})
-        h = hashlib.sha256(row_ids.tobytes() + row_versions.tobytes() + "|".join(inputs.tolist()).encode()).hexdigest()[:24]
-        atomic_write_arrow(os.path.join(self.dir, f"{h}.arrow"), table)
+    @property
+    def index(self) -> CheckpointIndex:
+        if self._index is None:
+            self._index = self.store.index()
+        return self._index
 
 
 def _checkpointed_udf_columns(
@@ -386,7 +326,8 @@ def _checkpointed_udf_columns(
     vers = np.asarray(row_versions.to_numpy(zero_copy_only=False), dtype=np.int64)
     if input_ids is None:
         input_ids = np.full(len(ids), "", dtype=object)
-    pos = store.lookup(ids, vers, input_ids)
+    index = store.index
+    pos = index.lookup(ids, vers, input_ids)
     found = pos >= 0
     for c in specs:
         udf_rows.setdefault(c.name, 0)
@@ -395,8 +336,8 @@ def _checkpointed_udf_columns(
     names = [n for c in specs for n in (c.name, computed_marker(c.name))]
     if found.all():
         if errors is not None:
-            errors.extend(store.errors_for(ids))
-        return store.values(pos, names)
+            errors.extend(index.errors_for(ids))
+        return index.values(pos, names)
     todo = ~found
     mask = pa.array(todo)
     batch_errors: list[dict] = []
@@ -404,14 +345,14 @@ def _checkpointed_udf_columns(
         specs, inputs.filter(mask) if inputs is not None else None, row_ids.filter(mask), row_versions.filter(mask),
         udf_rows, batch_errors,
     )
-    store.save(ids[todo], vers[todo], input_ids[todo], fresh, batch_errors)
+    store.store.save(ids[todo], vers[todo], input_ids[todo], fresh, batch_errors)
     if errors is not None:
         errors.extend(batch_errors)
     if not found.any():
         return fresh
     if errors is not None:
-        errors.extend(store.errors_for(ids[found]))
-    old = store.values(pos[found], names)
+        errors.extend(index.errors_for(ids[found]))
+    old = index.values(pos[found], names)
     order = np.empty(len(ids), dtype=np.int64)
     order[np.flatnonzero(found)] = np.arange(int(found.sum()))
     order[np.flatnonzero(todo)] = int(found.sum()) + np.arange(int(todo.sum()))

@@ -35,7 +35,6 @@ after ``alter_columns`` every row computed by the old code is.
 import hashlib
 import json
 import os
-import shutil
 import threading
 import time
 import uuid
@@ -64,7 +63,9 @@ from mv_assets.model.names import Alias, nth_marker_alias
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.model.planning import positions, split_ranges
 from mv_assets.model.udf import UDF
+from mv_assets.storage import checkpoints as ckpt
 from mv_assets.storage.changes import BACKFILL_KEY
+from mv_assets.storage.checkpoints import CheckpointStore
 from mv_assets.storage.error_log import append_errors
 from mv_assets.storage.files import atomic_write_arrow, read_arrow
 from mv_assets.storage.lance_compat import CommitConflictError, roaring_bitmap_bytes, take_rows
@@ -252,14 +253,16 @@ def _plan_rows(table: Ref, ds: lance.LanceDataset, specs: list[ColumnSpec], pred
         target_ids, in_ids, in_vers = target_ids[keep], in_ids[keep], in_vers[keep]
         in_addrs = s_addrs[pos[keep]]
     order = np.argsort(in_ids, kind="stable")
-    plan_rows = pa.table(
-        {_IN_ID: in_ids[order], _IN_VER: in_vers[order], _TARGET_ID: target_ids[order], _IN_ADDR: in_addrs[order]}
-    )
     markers = in_markers[order] if input_markers else None
+    plan_rows = pa.table({
+        _IN_ID: in_ids[order], _IN_VER: in_vers[order], _TARGET_ID: target_ids[order], _IN_ADDR: in_addrs[order],
+        ckpt.INPUTS: pa.array((markers if markers is not None else np.full(len(order), "", dtype=object)).tolist(),
+                              pa.string()),
+    })
     return plan_rows, markers, input_uri, input_version
 
 
-def _batch_keys(key_base: str, plan_rows: pa.Table, markers, checkpoint_size: int, ckpt_dir: str):
+def _batch_keys(key_base: str, plan_rows: pa.Table, markers, checkpoint_size: int, store: CheckpointStore):
     """The checkpoint key of each batch (UDFs, rows, versions, input markers) and how many are done."""
     keys: list[str] = []
     done_batches = done_rows = 0
@@ -274,7 +277,7 @@ def _batch_keys(key_base: str, plan_rows: pa.Table, markers, checkpoint_size: in
             h.update("|".join(markers[lo:hi].tolist()).encode())
         key = h.hexdigest()[:24]
         keys.append(key)
-        if os.path.exists(os.path.join(ckpt_dir, f"{key}.arrow")):
+        if store.has(key):
             done_batches += 1
             done_rows += hi - lo
     return keys, done_batches, done_rows
@@ -303,7 +306,8 @@ def plan_backfill(
     )
     ckpt_dir = table.layout.column_checkpoints(table.name, fingerprint)
     batch_keys, done_batches, done_rows = _batch_keys(
-        f"{table.uri}|{[c.name for c in specs]}|{fingerprint}", plan_rows, markers, checkpoint_size, ckpt_dir
+        f"{table.uri}|{[c.name for c in specs]}|{fingerprint}", plan_rows, markers, checkpoint_size,
+        CheckpointStore(ckpt_dir),
     )
     per_task = max(1, max_rows_per_task // checkpoint_size)
     task_ranges = [(lo, hi) for lo, hi in split_ranges(len(batch_keys), per_task)]
@@ -333,18 +337,13 @@ def _check_replacement(table: Ref, spec: ColumnSpec, udf: Any) -> None:
 # -- compute stage (executors) ---------------------------------------------
 
 
-def _checkpoint_file(ckpt_dir: str, key: str) -> str:
-    return os.path.join(ckpt_dir, f"{key}.arrow")
+def _job_file(ckpt_dir: str, name: str) -> str:
+    """A job's own files (its plan rows, write assignments) beside its checkpoints."""
+    return os.path.join(ckpt_dir, "jobs", name)
 
 
-def _write_checkpoint(path: str, data: pa.Table, errors: list[dict]) -> None:
-    atomic_write_arrow(path, data.replace_schema_metadata({b"errors": json.dumps(errors).encode()}))
-
-
-def _read_checkpoint(path: str) -> tuple[pa.Table, list[dict]]:
-    data = read_arrow(path)
-    errors = json.loads((data.schema.metadata or {}).get(b"errors", b"[]"))
-    return data, errors
+def _write_job_file(path: str, data: pa.Table) -> None:
+    atomic_write_arrow(path, data)
 
 
 def run_compute_task(payload: str, shared: bytes) -> str:
@@ -353,7 +352,7 @@ def run_compute_task(payload: str, shared: bytes) -> str:
     task = json.loads(payload)
     job = json.loads(shared)
     specs = [ColumnSpec.from_json(c) for c in job["specs"]]
-    ckpt_dir = job["checkpoint_dir"]
+    store = CheckpointStore(job["checkpoint_dir"])
     plan_rows = read_arrow(job["plan_path"])
     ds = lance.dataset(job["input_uri"], version=job["input_version"])
     inputs = _input_columns(specs, ds.schema)
@@ -362,13 +361,11 @@ def run_compute_task(payload: str, shared: bytes) -> str:
     resumed = computed = 0
     todo = []
     for key, lo, hi in task["batches"]:
-        path = _checkpoint_file(ckpt_dir, key)
-        if os.path.exists(path):
-            _, errs = _read_checkpoint(path)
-            errors.extend(errs)
+        if store.has(key):
+            errors.extend(store.read(key)[1])
             resumed += 1
         else:
-            todo.append((path, lo, hi))
+            todo.append((key, lo, hi))
     if todo:
         # Read the inputs of every batch still to do in one pass (a scan per
         # fragment), then compute and checkpoint batch by batch.
@@ -377,9 +374,11 @@ def run_compute_task(payload: str, shared: bytes) -> str:
         taken_ids = _ids(taken, "_rowid")
         order = np.argsort(taken_ids, kind="stable")
         index = (taken, taken_ids[order], order)
-        for path, lo, hi in todo:
-            data, errs = _compute_batch(ds, specs, inputs, plan_rows.slice(lo, hi - lo), udf_rows, index)
-            _write_checkpoint(path, data, errs)
+        for key, lo, hi in todo:
+            ids, vers, ins, values, errs = _compute_batch(
+                ds, specs, inputs, plan_rows.slice(lo, hi - lo), udf_rows, index
+            )
+            store.save(ids, vers, ins, values, errs, key=key)
             errors.extend(errs)
             computed += 1
     return json.dumps(
@@ -447,8 +446,9 @@ def _read_rows(ds: lance.LanceDataset, columns: list[str] | dict, batch_rows: pa
 def _compute_batch(
     ds: lance.LanceDataset, specs: list[ColumnSpec], inputs: list[str], batch_rows: pa.Table, udf_rows: dict,
     index: tuple[pa.Table, np.ndarray, np.ndarray],
-) -> tuple[pa.Table, list[dict]]:
-    """Results of one checkpoint batch: input identity, values, markers.
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, pa.Array], list[dict]]:
+    """Results of one checkpoint batch: input identity (ids, versions, input
+    markers), values with their markers, errors.
 
     ``index`` is the task's input rows (read once) with their ids sorted. The
     input dataset is pinned at the version the plan checked identities
@@ -467,11 +467,10 @@ def _compute_batch(
     matched = pos >= 0
     take_idx = pa.array(pos[matched])
     errors: list[dict] = []
-    columns: dict[str, pa.Array] = {
-        _IN_ID: ids.filter(pa.array(matched)),
-        _IN_VER: vers.filter(pa.array(matched)),
-    }
-    m_ids = columns[_IN_ID]
+    keep = pa.array(matched)
+    m_ids, m_vers = ids.filter(keep), vers.filter(keep)
+    m_ins = np.asarray(batch_rows.column(ckpt.INPUTS).filter(keep).to_pylist(), dtype=object)
+    columns: dict[str, pa.Array] = {}
     if specs[0].kind == "sql":
         spec = specs[0]
         columns[spec.name] = taken.column(spec.name).take(take_idx).combine_chunks()
@@ -480,9 +479,9 @@ def _compute_batch(
         input_batch = pa.RecordBatch.from_arrays(
             [taken.column(c).take(take_idx).combine_chunks() for c in inputs], names=inputs
         ) if inputs else pa.RecordBatch.from_pydict({})
-        values = compute_udf_columns(specs, input_batch, m_ids, columns[_IN_VER], udf_rows, errors)
-        columns.update(values)
-    return pa.table(columns), errors
+        columns.update(compute_udf_columns(specs, input_batch, m_ids, m_vers, udf_rows, errors))
+    as_int = (lambda a: np.asarray(a.to_numpy(zero_copy_only=False), dtype=np.int64))  # noqa: E731
+    return as_int(m_ids), as_int(m_vers), m_ins, columns, errors
 
 
 # -- write stage (driver) ---------------------------------------------------
@@ -557,11 +556,12 @@ def _commit_results(
     written by tasks on the runner (one per touched fragment), each reading
     the checkpoint batches it needs."""
     names = [n for c in plan.specs for n in (c.name, computed_marker(c.name))]
+    store = CheckpointStore(plan.checkpoint_dir)
     ids, vers, sizes = [], [], []
     for key in plan.batch_keys:
-        data, _ = _read_checkpoint(_checkpoint_file(plan.checkpoint_dir, key))
-        ids.append(_ids(data, _IN_ID))
-        vers.append(_ids(data, _IN_VER))
+        data, _ = store.read(key)
+        ids.append(_ids(data, ckpt.ID))
+        vers.append(_ids(data, ckpt.VERSION))
         sizes.append(data.num_rows)
     if not sizes or sum(sizes) == 0:
         return None, 0, 0
@@ -571,8 +571,8 @@ def _commit_results(
         payloads, assigns = [], []
         for fid, offsets, pos in groups:
             batch = np.searchsorted(starts, pos, side="right") - 1
-            path = os.path.join(plan.checkpoint_dir, f"write-{job_id}-{fid}.arrow")
-            _write_checkpoint(path, pa.table({"offset": offsets, "batch": batch, "row": pos - starts[batch]}), [])
+            path = _job_file(plan.checkpoint_dir, f"write-{job_id}-{fid}.arrow")
+            _write_job_file(path, pa.table({"offset": offsets, "batch": batch, "row": pos - starts[batch]}))
             assigns.append(path)
             payloads.append(json.dumps({"fragment_id": int(fid), "assign": path}))
         shared_w = json.dumps({
@@ -602,14 +602,12 @@ def run_write_task(payload: str, shared: bytes) -> str:
     batch = assign.column("batch").to_numpy()
     row = assign.column("row").to_numpy()
     needed = np.unique(batch)
+    index = CheckpointStore(job["checkpoint_dir"]).index([job["keys"][int(b)] for b in needed])
+    # positions in the index: the needed files are concatenated in order
+    sizes = np.array([t.num_rows for t in index.tables], dtype=np.int64)
     base = np.zeros(int(needed.max()) + 1, dtype=np.int64)
-    parts, total = [], 0
-    for b in needed:
-        data, _ = _read_checkpoint(_checkpoint_file(job["checkpoint_dir"], job["keys"][int(b)]))
-        base[b] = total
-        total += data.num_rows
-        parts.append(data.select(job["names"]))
-    values = pa.concat_tables(parts).take(pa.array(base[batch] + row))
+    base[needed] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+    values = pa.table(index.values(base[batch] + row, job["names"]))
     meta = _write_fragment_file(ds, task["fragment_id"], job["names"], assign.column("offset").to_numpy(), values)
     return json.dumps(meta.to_json())
 
@@ -731,13 +729,13 @@ def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: s
     """Run the plan's compute tasks, record errors, write and commit the results."""
     start = time.perf_counter()
     if plan.rows == 0:
-        if not plan.targeted and os.path.isdir(plan.checkpoint_dir):
-            shutil.rmtree(plan.checkpoint_dir, ignore_errors=True)  # left by a job killed after its commit
+        if not plan.targeted:
+            CheckpointStore(plan.checkpoint_dir).clear()  # left by a job killed after its commit
         return BackfillResult(job_id, table.name, plan.columns, 0, 0, 0, 0, 0, 0, 0, None,
                               time.perf_counter() - start)
-    os.makedirs(plan.checkpoint_dir, exist_ok=True)
-    plan_path = os.path.join(plan.checkpoint_dir, f"plan-{job_id}.arrow")
-    _write_checkpoint(plan_path, plan.plan_rows, [])
+    plan_path = _job_file(plan.checkpoint_dir, f"plan-{job_id}.arrow")
+    assert plan.plan_rows is not None  # a plan with rows has its row table
+    _write_job_file(plan_path, plan.plan_rows)
     shared = json.dumps({
         "specs": [c.to_json() for c in plan.specs],
         "checkpoint_dir": plan.checkpoint_dir,
@@ -746,7 +744,6 @@ def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: s
         "input_version": plan.input_version,
     }).encode()
     payloads = []
-    assert plan.plan_rows is not None  # a plan with rows has its row table
     n = plan.plan_rows.num_rows
     for lo, hi in plan.task_ranges:
         batches = [
@@ -768,10 +765,7 @@ def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: s
     finally:
         if os.path.exists(plan_path):
             os.remove(plan_path)
-    for key in plan.batch_keys:  # committed: the checkpoints are spent
-        path = _checkpoint_file(plan.checkpoint_dir, key)
-        if os.path.exists(path):
-            os.remove(path)
+    CheckpointStore(plan.checkpoint_dir).remove(plan.batch_keys)  # committed: the checkpoints are spent
     done = time.perf_counter()
     failed_ids = {e["row_id"] for e in errors}
     return BackfillResult(
