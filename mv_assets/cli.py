@@ -15,8 +15,8 @@ from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeEl
 from rich.table import Table as RichTable
 
 from mv_assets.api.catalog import Connection, connect
+from mv_assets.api.runners import InlineRunner, SparkRunner
 from mv_assets.api.table import MaterializedView
-from mv_assets.execution.spark import InlineRunner, SparkRunner
 from mv_assets.model.errors import MvAssetsError
 
 EXIT_FAILED = 1

@@ -8,6 +8,7 @@ import dagster as dg
 import lance
 import pyarrow as pa
 import pytest
+from dagster._core.definitions.observe import observe  # not exported by dagster
 from dagster_helpers import (
     apply_partition_requests,
     call_sensor,
@@ -394,3 +395,28 @@ def test_resource_settings_from_the_environment_stay_env_vars(tmp_path, monkeypa
     monkeypatch.setenv("MV_ASSETS_RUNNER", "spork")
     with pytest.raises(ValueError, match="MV_ASSETS_RUNNER must be 'spark' or 'inline', got 'spork'"):
         build_definitions(db)
+
+
+def test_observing_a_source_table_reports_its_data_version(tmp_path):
+    """The source table asset's observation (UI: "Observe sources") reads the
+    table through the resource: appends move its data version, compaction does not."""
+    db = mv.connect(str(tmp_path / "cat"))
+    t = db.create_table("t", pa.table({"x": [1, 2]}))
+    resource = MvAssetsResource(catalog_uri=db.uri, runner="inline")
+    defs = build_definitions(db, resource=resource)
+    source = defs.get_assets_def(dg.AssetKey(["t"]))
+
+    def observed() -> str:
+        result = observe([source])  # the definitions bind the resource
+        assert result.success
+        (obs,) = result.asset_observations_for_node(source.op.name)
+        return obs.tags["dagster/data_version"]
+
+    first = observed()
+    assert first == str(t.version)
+    t.add(pa.table({"x": [3]}))
+    t.add(pa.table({"x": [4]}))
+    appended = observed()
+    assert appended == str(t.version) != first
+    t.optimize()
+    assert observed() == appended

@@ -3,6 +3,7 @@
 import json
 import time
 import uuid
+from collections.abc import Collection
 from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, Protocol
@@ -25,8 +26,9 @@ from mv_assets.model.definition import (
     sql_literal,
 )
 from mv_assets.model.names import Alias
-from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
+from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy
 from mv_assets.ops.backfill import BackfillJob, _group_specs, backfill_column, plan_backfill
+from mv_assets.ops.checks import CheckOutcome, check_view
 from mv_assets.ops.columns import add_columns, alter_columns, load_columns
 from mv_assets.ops.refresh import (
     RefreshPlan,
@@ -34,12 +36,23 @@ from mv_assets.ops.refresh import (
     compact_if_fragmented,
     execute_refresh,
     plan_refresh,
+    view_rows_by_fragment,
 )
+from mv_assets.storage.changes import FragmentChanges, data_version, fragment_changes
 from mv_assets.storage.error_log import read_errors
 from mv_assets.storage.layout import Layout
 from mv_assets.storage.refs import Ref, TableRef, ViewRef
 from mv_assets.storage.state import RefreshState, carry_refresh_state, read_refresh_state
-from mv_assets.storage.status import FAILED_LOAD, LOADED, LOADING, ViewStatus, record_load_state, view_status
+from mv_assets.storage.status import (
+    FAILED_LOAD,
+    LOADED,
+    LOADING,
+    ViewStatus,
+    pending_source_versions,
+    record_load_state,
+    refresh_decision,
+    view_status,
+)
 
 if TYPE_CHECKING:
     from mv_assets.execution.spark import Runner
@@ -191,6 +204,16 @@ class Table:
     def fragment_ids(self) -> list[int]:
         """Ids of the fragments of the latest version (the partitions of views over it)."""
         return [f.fragment_id for f in self._dataset().get_fragments()]
+
+    def data_version(self, reads: Collection[str] | None = ()) -> int:
+        """The newest version whose commit changed rows (or, with ``reads``,
+        backfilled one of those computed columns; None: any column): what a
+        reader of the table would notice. Compactions do not move it."""
+        return data_version(self.uri, reads=reads)
+
+    def fragment_changes(self, since: int | None, known: set[int] | list[int]) -> FragmentChanges:
+        """Fragments added and retired since version ``since``, given the ``known`` ones."""
+        return fragment_changes(self.uri, since, known)
 
     def count_rows(self, filter: str | None = None) -> int:
         ds = self._dataset()
@@ -612,6 +635,22 @@ class MaterializedView(Table):
     def status(self) -> ViewStatus:
         """This view's record of the status table (load state, staleness, ...)."""
         return view_status(self.ref())
+
+    def refresh_decision(self, *, now: float | None = None, scheduled: bool = False) -> Decision:
+        """Whether the view's refresh policy says to refresh now, and why."""
+        return refresh_decision(self.ref(), now=now, scheduled=scheduled)
+
+    def pending_source_versions(self) -> list[int]:
+        """Source versions after the one the view reflects that change what it reads."""
+        return pending_source_versions(self.ref())
+
+    def check(self) -> list[CheckOutcome]:
+        """Integrity checks of the view against its source (see :mod:`mv_assets.ops.checks`)."""
+        return list(check_view(self.ref()))
+
+    def rows_by_fragment(self, src_version: int, fragments: list[int]) -> dict[int, int]:
+        """Rows the view holds from each of these source fragments (at ``src_version``)."""
+        return view_rows_by_fragment(self.uri, self.ref().source_uri, src_version, fragments)
 
     def refresh(
         self,

@@ -25,13 +25,10 @@ import dagster as dg
 
 from mv_assets.api.declare import apply as apply_declared
 from mv_assets.api.declare import reconcile
+from mv_assets.api.table import Table
 from mv_assets.dagster.catalog import TableInfo
 from mv_assets.dagster.resource import MvAssetsResource
 from mv_assets.model.policy import RefreshPolicy
-from mv_assets.ops.checks import check_view
-from mv_assets.ops.refresh import view_rows_by_fragment
-from mv_assets.storage.changes import data_version
-from mv_assets.storage.status import pending_source_versions, view_status
 
 __all__ = [
     "RESOURCE_KEY", "TAG_SOURCE_VERSION", "TAG_SCOPE", "CHECK_NAMES", "CODE_CHECK", "code_check_evaluations", "safe_name", "partitions_def_name",
@@ -100,16 +97,16 @@ def source_asset(info: TableInfo):
         metadata=_table_metadata(info),
         tags={"dagster/kind/lance": ""},
     )
-    def _observe(context) -> dg.DataVersion:
-        return dg.DataVersion(str(data_version(info.uri, reads=())))
+    def _observe(context, mv_assets: MvAssetsResource) -> dg.DataVersion:
+        return dg.DataVersion(str(mv_assets.reader().open_table(info.name).data_version()))
 
     return _observe
 
 
-def source_observation(info: TableInfo, version: int) -> dg.AssetObservation:
-    current = data_version(info.uri, reads=())
+def source_observation(table: Table, version: int) -> dg.AssetObservation:
+    current = table.data_version()
     return dg.AssetObservation(
-        asset_key=dg.AssetKey([info.name]),
+        asset_key=dg.AssetKey([table.name]),
         metadata={"lance_version": version, "data_version": current},
         tags={"dagster/data_version": str(current)},
     )
@@ -156,7 +153,7 @@ def _freshness(policy: RefreshPolicy):
 
 
 def _status_metadata(view) -> dict:
-    s = view_status(view.ref())
+    s = view.status()
     return {
         "load_state": s.load_state,
         "valid": s.valid,
@@ -331,7 +328,7 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
 def _run_checks(context, info: TableInfo, view_key, names: set[str]):
     resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
     view = resource.connection().open_view(info.name)
-    for outcome in check_view(view.ref()):
+    for outcome in view.check():
         if outcome.name in names:
             yield dg.AssetCheckResult(
                 asset_key=view_key,
@@ -393,7 +390,7 @@ def _refresh_view(context, info: TableInfo, view, fragments: list[int] | None, r
         db = view.connection
         for name in db.upstream(info.name):
             up = db.open_view(name)
-            if pending_source_versions(up.ref()) or up.refresh_state().scoped_since_whole:
+            if up.pending_source_versions() or up.refresh_state().scoped_since_whole:
                 r = up.refresh()
                 context.log.info(f"brought upstream view {name} to source v{r.to_version} first")
         return view.refresh(recompute=recompute)
@@ -489,7 +486,7 @@ def _record_run(
 
     fingerprints = {c["name"]: c["udf"]["fingerprint"] for c in info.udf_columns}
     source = db.open_table(info.source_name)
-    source_version = source.version if info.over_view else data_version(source.uri, reads=())
+    source_version = source.version if info.over_view else source.data_version()
     view_inputs = {dg.AssetKey([info.source_name]): source_version}
     view_inputs.update({dg.AssetKey([info.source_name, c]): source.version for c in info.reads})
     view_tags = _version_tags(None, view.version, view_inputs)
@@ -503,7 +500,7 @@ def _record_run(
             _record(context, col_keys[name], None, {**run_md, "udf_rows_computed": column_rows(name)}, col_tags[name])
         return
     per_fragment = (
-        view_rows_by_fragment(view.uri, source.uri, run_md["source_version"], fragments)
+        view.rows_by_fragment(run_md["source_version"], fragments)
         if info.scoped and len(fragments) <= PER_PARTITION_LIMIT and run_md["source_version"] is not None
         else {}
     )
@@ -558,6 +555,6 @@ def _backfill_columns(context, info: TableInfo, keys: dict[str, dg.AssetKey]):
             "batches_resumed": r.batches_resumed,
             "table_version": r.version if r.version is not None else table.version,
         }
-        tags = _version_tags(fingerprints.get(name), md["table_version"], {dg.AssetKey([info.name]): data_version(table.uri, reads=())})
+        tags = _version_tags(fingerprints.get(name), md["table_version"], {dg.AssetKey([info.name]): table.data_version()})
         for part in parts or [None]:  # the backfill covered every partition of the run
             _record(context, key, part, md, tags)

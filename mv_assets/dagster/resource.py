@@ -7,7 +7,7 @@ import dagster as dg
 from pydantic import Field, PrivateAttr
 
 from mv_assets.api.catalog import Connection, connect
-from mv_assets.execution.spark import InlineRunner, Runner, SparkRunner
+from mv_assets.api.runners import InlineRunner, Runner, SparkRunner
 
 ENV = {
     "spark_master": "MV_ASSETS_SPARK_MASTER",

@@ -22,6 +22,7 @@ import json
 
 import dagster as dg
 
+from mv_assets.api.table import Table
 from mv_assets.dagster.assets import (
     CODE_CHECK,
     TAG_SCOPE,
@@ -33,8 +34,6 @@ from mv_assets.dagster.assets import (
 )
 from mv_assets.dagster.catalog import TableInfo
 from mv_assets.dagster.resource import MvAssetsResource
-from mv_assets.storage.changes import fragment_changes
-from mv_assets.storage.status import refresh_decision
 
 __all__ = ["table_sensor", "view_schedule", "lineage_order"]
 
@@ -93,7 +92,7 @@ def _code_checks(tree: list[TableInfo], db, reported: dict, state: dict):
     return checks, state
 
 
-def _partition_changes(context, table: TableInfo, pdef, since: int | None):
+def _partition_changes(context, table: Table, pdef, since: int | None):
     """The table's fragment changes since the cursor's version, and the dynamic
     partition requests that follow (new fragments added; gone ones and keys that
     are not fragment ids retired)."""
@@ -107,7 +106,7 @@ def _partition_changes(context, table: TableInfo, pdef, since: int | None):
                 f"retired partition keys {bad}: they are not fragment ids of {table.name!r} "
                 "(partitions of its views are source fragments)"
             )
-    ch = fragment_changes(table.uri, since, known)
+    ch = table.fragment_changes(since, known)
     if pdef is not None and ch.added:
         part_requests.append(pdef.build_add_request([str(f) for f in ch.added]))
     if pdef is not None and ch.retired:
@@ -124,7 +123,7 @@ def _due_views(context, db, tree: list[TableInfo]) -> tuple[dict[str, str], dict
             due[v.name], loads[v.name] = "declared in code, not created yet", 0
             continue
         view = db.open_view(v.name)
-        decision = refresh_decision(view.ref())
+        decision = view.refresh_decision()
         loads[v.name] = view.refresh_state().load_number
         upstream_due = v.over_view and v.source in due and v.policy.kind == "eager"
         if decision.refresh or upstream_due:
@@ -160,8 +159,9 @@ def table_sensor(
     )
     def _sensor(context: dg.SensorEvaluationContext, mv_assets: MvAssetsResource):
         since, reported = _parse_cursor(context.cursor)
-        ch, part_requests = _partition_changes(context, table, pdef, since)
         db = mv_assets.reader()
+        handle = db.open_table(table.name)
+        ch, part_requests = _partition_changes(context, handle, pdef, since)
         checks, code_state = _code_checks(tree, db, reported, {})
         if _run_in_flight(context, table.name):
             # One run of a lineage at a time: what it leaves due is seen on the first
@@ -176,7 +176,6 @@ def table_sensor(
         runs = []
         stale: list[dg.AssetKey] = []
         if column_keys and moved:
-            handle = db.open_table(table.name)
             stale = [k for k, c in zip(column_keys, columns, strict=True) if handle.plan_backfill(c).rows > 0]
         due, loads = _due_views(context, db, tree)
         # One run for everything due downstream of the table: its partitions
@@ -195,7 +194,7 @@ def table_sensor(
                 runs.append(dg.RunRequest(run_key=key, asset_selection=wanted, tags=tags, asset_check_keys=[]))
         if not runs and not part_requests and not moved and not checks:
             return dg.SkipReason(f"{table.name} is still at version {ch.version} and no view is due")
-        events = [source_observation(table, ch.version)] if moved else []
+        events = [source_observation(handle, ch.version)] if moved else []
         return dg.SensorResult(
             run_requests=runs,
             dynamic_partitions_requests=part_requests,
@@ -219,7 +218,7 @@ def view_schedule(view: TableInfo, pdef, keys: list[dg.AssetKey], status):
     )
     def _schedule(context: dg.ScheduleEvaluationContext, mv_assets: MvAssetsResource):
         db = mv_assets.reader()
-        decision = refresh_decision(db.open_view(view.name).ref(), scheduled=True)
+        decision = db.open_view(view.name).refresh_decision(scheduled=True)
         if not decision.refresh:
             return dg.SkipReason(decision.reason)
         tags = {TAG_SCOPE: "changes", "mv_assets/policy": "cron"}
