@@ -1,12 +1,11 @@
 """The catalog: a directory of Lance datasets, one per table or view."""
 
-import contextlib
+import functools
+import json
 import os
 import re
-import shutil
 from typing import Any, overload
 
-import lance
 import pyarrow as pa
 
 from mv_assets.api.describe import TableDescription, describe_dataset, describe_definition
@@ -17,6 +16,7 @@ from mv_assets.model.definition import VIEW_METADATA_KEY, ViewDefinition, is_res
 from mv_assets.model.errors import SourceBehindError, TableExistsError, TableNotFoundError
 from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
 from mv_assets.ops.refresh import RefreshResult
+from mv_assets.storage import objects
 from mv_assets.storage.error_log import drop_errors
 from mv_assets.storage.layout import Layout
 from mv_assets.storage.status import pending_source_versions, status_table, view_status
@@ -36,8 +36,36 @@ def validate_name(name: str) -> str:
     return name
 
 
-def _is_local(uri: str) -> bool:
-    return "://" not in uri or uri.startswith("file://")
+# object stores pylance opens (its object_store backends)
+_SCHEMES = ("s3", "s3a", "gs", "az", "abfs", "abfss", "memory", "oss")
+
+
+def _storage_options(options: dict | None) -> dict[str, str] | None:
+    """Explicit options, else ``$MV_ASSETS_STORAGE_OPTIONS`` (a JSON object)."""
+    if options is None:
+        raw = os.environ.get("MV_ASSETS_STORAGE_OPTIONS")
+        if not raw:
+            return None
+        try:
+            options = json.loads(raw)
+        except ValueError as exc:
+            raise ValueError(f"MV_ASSETS_STORAGE_OPTIONS is not a JSON object: {exc}") from exc
+    if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
+        raise ValueError("storage_options must be a dict of option name -> value")
+    return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in options.items()}
+
+
+@functools.cache
+def _namespace_cached(root: str, options: tuple):
+    from lance.namespace import DirectoryNamespace
+
+    props = {f"storage.{k}": v for k, v in options}
+    return DirectoryNamespace(root=root, manifest_enabled="false", dir_listing_enabled="true", **props)
+
+
+def _namespace(root: str, options: dict[str, str] | None):
+    """Lance's directory namespace over the catalog root (listing only: no manifest is written)."""
+    return _namespace_cached(root, tuple(sorted((options or {}).items())))
 
 
 class Connection:
@@ -47,17 +75,26 @@ class Connection:
     with stable row ids, so ``lance.dataset(...)`` opens it directly.
     """
 
-    def __init__(self, uri: str, *, runner: Runner | None = None) -> None:
+    def __init__(
+        self, uri: str, *, runner: Runner | None = None, storage_options: dict[str, str] | None = None
+    ) -> None:
         if not isinstance(uri, str) or not uri:
             raise ValueError("connect() needs a catalog URI")
         if uri.startswith("file://"):
             uri = uri[len("file://") :]
-        if _is_local(uri):
+        if objects.is_local(uri):
             uri = os.path.abspath(uri)
             os.makedirs(uri, exist_ok=True)
         else:
-            raise ValueError(f"only local catalogs are supported for now, got {uri!r}")
+            scheme = uri.split("://", 1)[0].lower()
+            if scheme not in _SCHEMES or not uri.split("://", 1)[1].strip("/"):
+                raise ValueError(
+                    f"unsupported catalog URI {uri!r}: use a local path or {', '.join(s + '://bucket/path' for s in _SCHEMES[:4])}"
+                )
+            uri = uri.rstrip("/")
         self.uri = uri
+        self.storage_options = _storage_options(storage_options)
+        objects.register(uri, self.storage_options)
         self.layout = Layout(uri)
         self._runner = runner
 
@@ -76,7 +113,7 @@ class Connection:
     # -- paths -----------------------------------------------------------
     def table_uri(self, name: str) -> str:
         """Where the Lance dataset of table or view ``name`` lives."""
-        return os.path.join(self.uri, f"{validate_name(name)}.lance")
+        return objects.join(self.uri, f"{validate_name(name)}.lance")
 
     _table_uri = table_uri
 
@@ -88,21 +125,29 @@ class Connection:
 
     # -- catalog ---------------------------------------------------------
     def table_names(self) -> list[str]:
-        if not os.path.isdir(self.uri):
-            return []
-        return sorted(
-            e[: -len(".lance")]
-            for e in os.listdir(self.uri)
-            if e.endswith(".lance") and os.path.isdir(os.path.join(self.uri, e, "_versions"))
-        )
+        """Tables and views, sorted: the datasets Lance's directory namespace
+        lists at the root (a dataset whose creation never committed is left out)."""
+        from lance_namespace_urllib3_client.models.list_tables_request import ListTablesRequest
+
+        namespace = _namespace(self.uri, self.storage_options)
+        names: list[str] = []
+        token = None
+        while True:
+            page = namespace.list_tables(ListTablesRequest(id=[], page_token=token))
+            names += page.tables
+            token = page.page_token
+            if not token or not page.tables:
+                break
+        return sorted(n for n in set(names) if objects.is_dataset(self.table_uri(n)))
 
     def describe(self, name: str | None = None) -> dict[str, TableDescription]:
         """Descriptions of every table and view (or of ``name``) from stored
         metadata only: no UDF is unpickled (see :mod:`mv_assets.api.describe`)."""
-        names = self.table_names() if name is None else [name]
+        present = self.table_names()
+        names = present if name is None else [name]
         out = {}
         for n in names:
-            if n not in self.table_names():
+            if n not in present:
                 raise TableNotFoundError(f"no table or view named {n!r} in {self.uri}")
             out[n] = describe_dataset(n, self.table_uri(n))
         return out
@@ -123,9 +168,9 @@ class Connection:
     def open_table(self, name: str) -> Table:
         """Open a table or view by name (views come back as MaterializedView)."""
         uri = self._table_uri(name)
-        if not os.path.isdir(os.path.join(uri, "_versions")):
+        if not objects.is_dataset(uri):
             raise TableNotFoundError(f"no table or view named {name!r} in {self.uri}")
-        md = lance.dataset(uri).schema.metadata or {}
+        md = objects.dataset(uri).schema.metadata or {}
         if VIEW_METADATA_KEY.encode() in md:
             return MaterializedView(self, name)
         return Table(self, name)
@@ -176,9 +221,9 @@ class Connection:
             raise ValueError("schema metadata key 'mv_assets.view' is reserved for views")
         check_primary_key(table, primary_key)
         uri = self._table_uri(name)
-        if mode == "overwrite" and os.path.isdir(uri):
-            shutil.rmtree(uri)
-        lance.write_dataset(table, uri, schema=table.schema, mode="create", enable_stable_row_ids=True)
+        if mode == "overwrite":
+            objects.remove_tree(uri)
+        objects.write_dataset(table, uri, schema=table.schema, mode="create", enable_stable_row_ids=True)
         return Table(self, name)
 
     def drop_table(self, name: str) -> None:
@@ -187,11 +232,10 @@ class Connection:
         deps = self.dependents(name)
         if deps:
             raise ValueError(f"cannot drop {name!r}: views {deps} are defined over it; drop them first")
-        shutil.rmtree(self._table_uri(name))
+        objects.remove_tree(self._table_uri(name))
         # its bookkeeping goes too, or a new table of the same name would inherit it
-        shutil.rmtree(self._state_dir("checkpoints", name), ignore_errors=True)
-        with contextlib.suppress(FileNotFoundError):
-            os.remove(self._state_dir("status", f"{name}.json"))
+        objects.remove_tree(self._state_dir("checkpoints", name))
+        objects.remove(self._state_dir("status", f"{name}.json"))
         drop_errors(self.layout, name)
 
     def views(self) -> list[MaterializedView]:
@@ -273,7 +317,7 @@ class Connection:
         policy = refresh_policy or RefreshPolicy.eager()
         schema = schema.with_metadata({**schema.metadata, POLICY_METADATA_KEY.encode(): policy.to_json().encode()})
         empty = pa.Table.from_batches([], schema=schema)
-        lance.write_dataset(empty, self._table_uri(name), schema=schema, mode="create", enable_stable_row_ids=True)
+        objects.write_dataset(empty, self._table_uri(name), schema=schema, mode="create", enable_stable_row_ids=True)
         view = MaterializedView(self, name, definition)
         if not with_no_data:
             try:
@@ -351,12 +395,17 @@ class Connection:
         return results[0] if isinstance(name, str) and len(results) == 1 else results
 
 
-def connect(uri: str, *, runner: Runner | None = None) -> Connection:
-    """Open (creating if needed) the catalog at ``uri``.
+def connect(uri: str, *, runner: Runner | None = None, storage_options: dict[str, str] | None = None) -> Connection:
+    """Open (creating if needed) the catalog at ``uri``: a local directory or
+    an object-store URI (``s3://bucket/path``, ``gs://``, ``az://``).
+    ``storage_options`` (default ``$MV_ASSETS_STORAGE_OPTIONS``, JSON) are
+    Lance's object-store options (``aws_endpoint``, ``aws_region``,
+    credentials, ``allow_http``...): passed to every Lance call, to the
+    engine's own state files, and with each job to the executors.
 
     >>> import tempfile
     >>> db = connect(tempfile.mkdtemp())
     >>> db.table_names()
     []
     """
-    return Connection(uri, runner=runner)
+    return Connection(uri, runner=runner, storage_options=storage_options)

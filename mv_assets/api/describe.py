@@ -6,7 +6,6 @@ engine's metadata itself."""
 import json
 from dataclasses import dataclass, field
 
-import lance
 import pyarrow as pa
 
 from mv_assets.model.definition import (
@@ -19,6 +18,7 @@ from mv_assets.model.definition import (
 )
 from mv_assets.model.names import VIEW_KEY_COLUMNS
 from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
+from mv_assets.storage import objects
 
 __all__ = ["TableDescription", "describe_dataset", "describe_definition"]
 
@@ -55,7 +55,7 @@ def _visible(schema: pa.Schema) -> list[tuple[str, str]]:
 
 def describe_dataset(name: str, uri: str) -> TableDescription:
     """The description of the table or view stored at ``uri``."""
-    ds = lance.dataset(uri)
+    ds = objects.dataset(uri)
     schema = ds.schema
     md = schema.metadata or {}
     raw = md.get(VIEW_METADATA_KEY.encode())
@@ -77,7 +77,7 @@ def describe_definition(
     """A view not created yet, described from its definition over the source
     at ``source_uri`` (validated against it). ``source_computed`` lists the
     computed columns of a base-table source (None for a view source)."""
-    src = lance.dataset(source_uri)
+    src = objects.dataset(source_uri)
     schema = output_schema(definition, src)
     d = definition.to_json()
     reads = definition.reads(source_computed, src.schema) if source_computed is not None else []

@@ -38,6 +38,7 @@ from mv_assets.ops.refresh import (
     plan_refresh,
     view_rows_by_fragment,
 )
+from mv_assets.storage import objects
 from mv_assets.storage.changes import FragmentChanges, data_version, fragment_changes
 from mv_assets.storage.error_log import read_errors
 from mv_assets.storage.layout import Layout
@@ -174,13 +175,13 @@ class Table:
 
     def _dataset(self, version: int | None = None) -> lance.LanceDataset:
         if version is None:
-            return lance.dataset(self.uri)
+            return objects.dataset(self.uri)
         if isinstance(version, bool) or not isinstance(version, int):
             raise ValueError(f"a version is an int, got {version!r}")
         try:
-            return lance.dataset(self.uri, version=version)
+            return objects.dataset(self.uri, version=version)
         except (ValueError, OSError) as exc:
-            known = [v["version"] for v in lance.dataset(self.uri).versions()]
+            known = [v["version"] for v in objects.dataset(self.uri).versions()]
             if version in known:
                 raise ValueError(f"cannot open version {version} of {self.name!r}: {short_error(exc)}") from exc
             span = f"versions {min(known)} to {max(known)}" if known else "no versions"
@@ -432,7 +433,7 @@ class Table:
                     f"(keys {shown}{' ...' if len(taken) > 10 else ''}); nothing was added. "
                     "Use merge_insert() to insert or update by key"
                 )
-        version = lance.write_dataset(table, self.uri, mode="append").version
+        version = objects.write_dataset(table, self.uri, mode="append").version
         return self._fill_sql_columns() or version
 
     def merge_insert(self, data: Any) -> int:

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
 from mv_assets.execution.tasks import TaskResult, TaskSpec, run_task
+from mv_assets.storage import objects
 
 __all__ = ["Runner", "SparkRunner", "InlineRunner", "default_runner", "set_default_runner"]
 
@@ -59,7 +60,10 @@ class InlineRunner:
 
 
 def _task_partition_fn(func_ref: str, payloads: list[str], shared: bytes) -> Callable:
-    """The mapInArrow function: partition ``i`` holds the single id ``i``."""
+    """The mapInArrow function: partition ``i`` holds the single id ``i``.
+    The catalogs' storage options travel with it (the executor's environment
+    need not know them)."""
+    storage = objects.registered()
 
     def fn(batches):  # runs on a Spark Python worker
         import os as _os
@@ -68,6 +72,9 @@ def _task_partition_fn(func_ref: str, payloads: list[str], shared: bytes) -> Cal
         import pyarrow as _pa
 
         from mv_assets.execution.spark import resolve as _resolve
+        from mv_assets.storage import objects as _objects
+
+        _objects.register_all(storage)
 
         work = _resolve(func_ref)
         out = []

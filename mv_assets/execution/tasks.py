@@ -18,7 +18,6 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
-from lance.fragment import write_fragments
 
 from mv_assets.model.definition import (
     SOURCE_MARKER_PREFIX,
@@ -32,6 +31,7 @@ from mv_assets.model.definition import (
 from mv_assets.model.names import Alias, input_alias, input_marker_alias
 from mv_assets.model.planning import column_ids, positions, shuffle_keys
 from mv_assets.model.udf import RowError
+from mv_assets.storage import objects
 from mv_assets.storage.checkpoints import CheckpointIndex, CheckpointStore
 from mv_assets.storage.files import atomic_write_arrow, atomic_write_text
 
@@ -297,7 +297,7 @@ class RowStore:
 
     def __init__(self, root: str, specs: list[ColumnSpec], lookup: bool = True) -> None:
         sig = hashlib.sha256(json.dumps([[c.name, c.fingerprint, c.field] for c in specs]).encode()).hexdigest()
-        self.store = CheckpointStore(os.path.join(root, sig[:16]))
+        self.store = CheckpointStore(objects.join(root, sig[:16]))
         self._index: CheckpointIndex | None = None if lookup else CheckpointIndex([])
 
     @property
@@ -381,14 +381,14 @@ def compute_rows(
 def _checkpoint_path(spec: TaskSpec) -> str | None:
     if not spec.checkpoint_dir:
         return None
-    return os.path.join(spec.checkpoint_dir, f"{spec.task_id}.json")
+    return objects.join(spec.checkpoint_dir, f"{spec.task_id}.json")
 
 
 def load_checkpoint(spec: TaskSpec) -> TaskResult | None:
     path = _checkpoint_path(spec)
-    if path and os.path.exists(path):
-        with open(path) as fh:
-            result = TaskResult.from_json(fh.read())
+    raw = objects.read_text(path) if path else None
+    if raw is not None:
+        result = TaskResult.from_json(raw)
         result.resumed = True
         # nothing of it is computed in this run: all its rows are resumed
         for name, n in result.udf_rows.items():
@@ -412,7 +412,7 @@ def _merge_with_view(spec: TaskSpec, view_schema: pa.Schema, batches: list[pa.Re
     if fresh is None or fresh.num_rows == 0:
         return view_schema.empty_table()
     keys = fresh.column(SOURCE_ROW_ID)
-    view = lance.dataset(spec.view_uri, version=spec.view_version)
+    view = objects.dataset(spec.view_uri, version=spec.view_version)
     rewritten = {*(spec.recompute or []), *(computed_marker(c) for c in spec.recompute or [])}
     keep = [n for n in view_schema.names if n not in rewritten]
     parts = []
@@ -454,8 +454,8 @@ def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
         return done
     start = time.perf_counter()
     definition = decode_definition(definition_raw)
-    ds = lance.dataset(spec.src_uri, version=spec.src_version)
-    view_schema = lance.dataset(spec.view_uri).schema
+    ds = objects.dataset(spec.src_uri, version=spec.src_version)
+    view_schema = objects.dataset(spec.view_uri).schema
     udf_rows: dict[str, int] = {c.name: 0 for c in definition.udf_columns}
     errors: list[dict] = []
     resumed: dict[str, int] = {}
@@ -486,10 +486,10 @@ def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
     if table.num_rows and definition.shuffle:
         # A shuffled view is written in one global order at the commit (see
         # refresh.shuffled_fragments): hand the rows over, not view files.
-        rows_path = os.path.join(spec.checkpoint_dir or os.path.dirname(spec.view_uri), f"{spec.task_id}.rows.arrow")
+        rows_path = objects.join(spec.checkpoint_dir or spec.view_uri.rsplit("/", 1)[0], f"{spec.task_id}.rows.arrow")
         atomic_write_arrow(rows_path, table)
     elif table.num_rows:
-        metas = write_fragments(table, spec.view_uri, schema=view_schema, max_rows_per_file=spec.max_rows_per_file)
+        metas = objects.write_fragments(table, spec.view_uri, schema=view_schema, max_rows_per_file=spec.max_rows_per_file)
         fragments = [m.to_json() for m in metas]  # plain dicts
     result = TaskResult(
         task_id=spec.task_id,

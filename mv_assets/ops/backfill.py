@@ -45,7 +45,6 @@ import lance
 import numpy as np
 import pyarrow as pa
 from lance import LanceOperation, Transaction
-from lance.file import LanceFileWriter
 from lance.fragment import DataFile, FragmentMetadata
 
 from mv_assets.execution.tasks import compute_udf_columns, repeat_string
@@ -64,6 +63,7 @@ from mv_assets.model.planning import column_ids as _ids
 from mv_assets.model.planning import positions, split_ranges
 from mv_assets.model.udf import UDF
 from mv_assets.storage import checkpoints as ckpt
+from mv_assets.storage import objects
 from mv_assets.storage.changes import BACKFILL_KEY
 from mv_assets.storage.checkpoints import CheckpointStore
 from mv_assets.storage.error_log import append_errors
@@ -227,7 +227,7 @@ def _plan_rows(table: Ref, ds: lance.LanceDataset, specs: list[ColumnSpec], pred
     # Markers of the computed columns the UDFs read (of the table, or of a
     # view's source): a backfill of such an input moves no row version, so
     # they are part of what a checkpointed batch depends on.
-    input_schema = lance.dataset(input_uri, version=input_version).schema
+    input_schema = objects.dataset(input_uri, version=input_version).schema
     input_markers = [computed_marker(c) for c in _input_columns(specs, input_schema) if computed_marker(c) in input_schema.names]
     marker_cols = {nth_marker_alias(i): f"`{m}`" for i, m in enumerate(input_markers)}
     scanned = ds.scanner(
@@ -241,7 +241,7 @@ def _plan_rows(table: Ref, ds: lance.LanceDataset, specs: list[ColumnSpec], pred
     if is_view and len(in_ids):
         # Only rows whose source row still has the version the view holds: the
         # others changed in the source and the next refresh recomputes them.
-        src = lance.dataset(input_uri, version=input_version).scanner(
+        src = objects.dataset(input_uri, version=input_version).scanner(
             columns={Alias.ROW_VERSION: "_row_last_updated_at_version", **marker_cols}, with_row_id=True,
             with_row_address=True,
         ).to_table()
@@ -339,7 +339,7 @@ def _check_replacement(table: Ref, spec: ColumnSpec, udf: Any) -> None:
 
 def _job_file(ckpt_dir: str, name: str) -> str:
     """A job's own files (its plan rows, write assignments) beside its checkpoints."""
-    return os.path.join(ckpt_dir, "jobs", name)
+    return objects.join(ckpt_dir, "jobs", name)
 
 
 def _write_job_file(path: str, data: pa.Table) -> None:
@@ -354,7 +354,7 @@ def run_compute_task(payload: str, shared: bytes) -> str:
     specs = [ColumnSpec.from_json(c) for c in job["specs"]]
     store = CheckpointStore(job["checkpoint_dir"])
     plan_rows = read_arrow(job["plan_path"])
-    ds = lance.dataset(job["input_uri"], version=job["input_version"])
+    ds = objects.dataset(job["input_uri"], version=job["input_version"])
     inputs = _input_columns(specs, ds.schema)
     udf_rows: dict[str, int] = {}
     errors: list[dict] = []
@@ -528,9 +528,9 @@ def _write_fragment_file(
         combined = pa.concat_tables([current.select(names).cast(schema), values.select(names).cast(schema)])
         full = combined.take(pa.array(idx, mask=idx < 0))
     name = f"{uuid.uuid4().hex}.lance"
-    path = os.path.join(ds.uri, "data", name)
+    path = objects.join(ds.uri, "data", name)
     version = ds.data_storage_version
-    with LanceFileWriter(path, schema, version=version) as writer:
+    with objects.file_writer(path, schema, version=version) as writer:
         for b in full.to_batches(max_chunksize=65_536):
             writer.write_batch(b)
     leaves, every = _field_ids(ds, names)
@@ -542,7 +542,7 @@ def _write_fragment_file(
             continue  # every column of this file is replaced
         files.append(DataFile(d.path, fields, d.column_indices, d.file_major_version, d.file_minor_version,
                               d.file_size_bytes, d.base_id))
-    files.append(DataFile(name, leaves, list(range(len(leaves))), major, minor, os.path.getsize(path)))
+    files.append(DataFile(name, leaves, list(range(len(leaves))), major, minor, objects.size(path)))
     meta.files = files
     return meta
 
@@ -584,8 +584,7 @@ def _commit_results(
                               sum(len(g[1]) for g in groups))
         finally:
             for path in assigns:
-                if os.path.exists(path):
-                    os.remove(path)
+                objects.remove(path)
         return [FragmentMetadata.from_json(o) for o in outs]
 
     props = {"job_id": job_id, "columns": plan.columns, "fingerprint": plan.fingerprint, **stats}
@@ -597,7 +596,7 @@ def _commit_results(
 def run_write_task(payload: str, shared: bytes) -> str:
     """Executor side: write one fragment's new column file from checkpoint batches."""
     task, job = json.loads(payload), json.loads(shared)
-    ds = lance.dataset(job["uri"], version=job["version"])
+    ds = objects.dataset(job["uri"], version=job["version"])
     assign = read_arrow(task["assign"])
     batch = assign.column("batch").to_numpy()
     row = assign.column("row").to_numpy()
@@ -692,7 +691,7 @@ def commit_column_values(
             },
         )
         try:
-            committed = lance.LanceDataset.commit(table.uri, txn, read_version=ds.version, max_retries=0)
+            committed = objects.commit(table.uri, txn, read_version=ds.version, max_retries=0)
             return committed.version, int(ok.sum()), skipped
         except CommitConflictError:  # a concurrent writer won: redo the write against its version
             time.sleep(0.05 * (attempt + 1))
@@ -763,8 +762,7 @@ def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: s
         with table.lock(None):  # never between a view refresh's plan and its commit
             version, written, skipped = _commit_results(table, plan, job_id, stats, runner)
     finally:
-        if os.path.exists(plan_path):
-            os.remove(plan_path)
+        objects.remove(plan_path)
     CheckpointStore(plan.checkpoint_dir).remove(plan.batch_keys)  # committed: the checkpoints are spent
     done = time.perf_counter()
     failed_ids = {e["row_id"] for e in errors}

@@ -6,12 +6,12 @@ asset check results.
 
 from dataclasses import dataclass, field
 
-import lance
 import numpy as np
 
 from mv_assets.model.definition import SOURCE_ROW_ID
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.model.planning import isin, select_limited
+from mv_assets.storage import objects
 from mv_assets.storage.refs import ViewRef
 from mv_assets.storage.state import read_refresh_state
 
@@ -31,7 +31,7 @@ def check_view(view: ViewRef) -> list[CheckOutcome]:
     definition = view.definition
     state = read_refresh_state(view.dataset())
     version = state.source_version or view.source_dataset().version
-    src = lance.dataset(view.source_uri, version=version)
+    src = objects.dataset(view.source_uri, version=version)
     view_tbl = view.dataset().to_table(columns=[SOURCE_ROW_ID] + [c.name for c in definition.udf_columns])
     keys = _ids(view_tbl, SOURCE_ROW_ID)
     out: list[CheckOutcome] = []

@@ -38,6 +38,7 @@ from mv_assets.model.names import LANCE_ROW_COLUMNS
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.model.udf import UDF, UnpackedUDF
 from mv_assets.ops.backfill import _driver_writer, backfill_column, commit_column_values
+from mv_assets.storage import objects
 from mv_assets.storage.refs import Ref, ViewRef
 
 __all__ = ["parse_transforms", "add_columns", "alter_columns", "load_columns"]
@@ -254,7 +255,7 @@ def _read_source(source: str | list[str], fmt: str, columns: list[str]) -> pa.Ta
     if fmt == "lance":
         if isinstance(source, list):
             raise ValueError("a Lance source is a single dataset URI, not a list")
-        ds = lance.dataset(source)
+        ds = objects.dataset(source)
         missing = [c for c in columns if c not in ds.schema.names]
         if missing:
             raise ValueError(f"load_columns: columns {missing} are not in {source!r} (columns: {ds.schema.names})")

@@ -17,8 +17,6 @@
 
 import hashlib
 import json
-import os
-import shutil
 import socket
 import time
 from dataclasses import dataclass, field
@@ -28,7 +26,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 from lance import LanceOperation, Transaction
-from lance.fragment import FragmentMetadata, write_fragments
+from lance.fragment import FragmentMetadata
 
 from mv_assets.execution.tasks import TaskResult, TaskSpec, and_filters
 from mv_assets.model.definition import (
@@ -55,6 +53,7 @@ from mv_assets.model.planning import (
     shuffle_keys,
 )
 from mv_assets.model.planning import column_ids as _ids
+from mv_assets.storage import objects
 from mv_assets.storage.changes import STATE_KEY, backfill_commits
 from mv_assets.storage.lance_compat import CommitConflictError, take_rows
 from mv_assets.storage.refs import ViewRef
@@ -217,7 +216,7 @@ def _scan(
 def _marker_changes(src_uri: str, v0: int, v1: int, markers: list[str]) -> np.ndarray:
     """Ids of rows whose computed markers differ between source versions v0 and v1."""
     def read(v: int) -> tuple[np.ndarray, list[np.ndarray]]:
-        t = lance.dataset(src_uri, version=v).scanner(
+        t = objects.dataset(src_uri, version=v).scanner(
             columns={f"m{i}": f"`{computed_marker(m)}`" for i, m in enumerate(markers)}, with_row_id=True
         ).to_table()
         cols = []
@@ -254,7 +253,7 @@ def _source_at(view_name: str, definition: ViewDefinition, src_latest: lance.Lan
         raise ValueError(
             f"src_version must be between 1 and {src_latest.version} (latest of {definition.source!r}), got {src_version!r}"
         )
-    src = src_latest if src_version == src_latest.version else lance.dataset(src_latest.uri, version=src_version)
+    src = src_latest if src_version == src_latest.version else objects.dataset(src_latest.uri, version=src_version)
     if src is not src_latest:
         missing = [c for c in definition.reads(src_latest.schema.names, src_latest.schema) if c not in src.schema.names]
         if missing:
@@ -335,8 +334,8 @@ def plan_refresh(
     ).hexdigest()[:16]
     checkpoints = view.layout.checkpoints(view.name)
     where = _TaskPlace(
-        src.uri, src.version, view.uri, view_ds.version, os.path.join(checkpoints, plan_key),
-        os.path.join(checkpoints, "batches"), plan_key, max_rows_per_task, checkpoint_size,
+        src.uri, src.version, view.uri, view_ds.version, objects.join(checkpoints, plan_key),
+        objects.join(checkpoints, "batches"), plan_key, max_rows_per_task, checkpoint_size,
     )
     if how != "incremental" and vk.num_rows == 0 and definition.limit is None and recompute is None:
         # Into an empty view (a first refresh): every passing row is an insert.
@@ -383,7 +382,7 @@ class _TaskPlace:
         )
         # Row checkpoints are looked up only when an earlier run left some (a
         # resume); a fresh refresh only writes them.
-        resume = os.path.isdir(self.batch_dir) and any(True for _ in os.scandir(self.batch_dir))
+        resume = bool(objects.listdir(self.batch_dir))
         for t in tasks:
             t.batch_size, t.batch_checkpoint_dir, t.batch_resume = self.checkpoint_size, self.batch_dir, resume
         return tasks
@@ -623,13 +622,11 @@ def shuffled_fragments(
     pseudo-random key of each row's stable source row id (planning.shuffle_keys),
     on every refresh: new rows land all over the order, not at its end.
     """
-    from mv_assets.storage.files import read_arrow
-
     held = view_ds.to_table(columns=[SOURCE_ROW_ID], with_row_id=True)
     keys = _ids(held, SOURCE_ROW_ID)
     keep = ~isin(keys, remove)
     old_ids, old_rows = keys[keep], _ids(held)[keep]  # Lance row ids of the view (addresses without stable ids)
-    new = pa.concat_tables([read_arrow(r.rows_path) for r in results if r.rows_path]).cast(view_ds.schema)
+    new = pa.concat_tables([objects.read_arrow(r.rows_path) for r in results if r.rows_path]).cast(view_ds.schema)
     ids = np.concatenate([old_ids, _ids(new, SOURCE_ROW_ID)])
     order = np.lexsort((ids, shuffle_keys(ids, seed)))
     n_old = len(old_ids)
@@ -653,7 +650,7 @@ def shuffled_fragments(
     if len(order) == 0:
         return []
     reader = pa.RecordBatchReader.from_batches(schema, batches())
-    return write_fragments(reader, view_ds.uri, schema=schema, max_rows_per_file=1 << 20)
+    return objects.write_fragments(reader, view_ds.uri, schema=schema, max_rows_per_file=1 << 20)
 
 
 def _rows_by_fragment(tasks: list[TaskSpec]) -> dict[int, int]:
@@ -667,9 +664,9 @@ def _rows_by_fragment(tasks: list[TaskSpec]) -> dict[int, int]:
 def view_rows_by_fragment(view_uri: str, src_uri: str, src_version: int, fragments: list[int]) -> dict[int, int]:
     """How many rows of the view come from each of ``fragments`` of the source
     at ``src_version`` (ids only are read: no data columns)."""
-    src = lance.dataset(src_uri, version=src_version)
+    src = objects.dataset(src_uri, version=src_version)
     present = {f.fragment_id: f for f in src.get_fragments()}
-    keys = _ids(lance.dataset(view_uri).to_table(columns=[SOURCE_ROW_ID]), SOURCE_ROW_ID)
+    keys = _ids(objects.dataset(view_uri).to_table(columns=[SOURCE_ROW_ID]), SOURCE_ROW_ID)
     out = {}
     for fid in fragments:
         frag = present.get(int(fid))
@@ -711,7 +708,7 @@ def _state_record(view: ViewRef, plan: RefreshPlan, udf_rows: dict[str, int], er
 
 def _view_changes(view: ViewRef, plan: RefreshPlan, results: list[TaskResult]):
     """The commit's removed fragment ids, updated fragments and new fragments."""
-    view_ds = lance.dataset(view.uri)
+    view_ds = objects.dataset(view.uri)
     if view_ds.version != plan.view_version:
         raise ConcurrentRefreshError(
             f"view {view.name!r} moved from version {plan.view_version} to {view_ds.version} during the "
@@ -757,15 +754,15 @@ def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner") -> Refre
         transaction_properties={STATE_KEY: json.dumps(_state_record(view, plan, udf_rows, len(errors)))},
     )
     try:
-        committed = lance.LanceDataset.commit(view.uri, txn, read_version=plan.view_version, max_retries=0)
+        committed = objects.commit(view.uri, txn, read_version=plan.view_version, max_retries=0)
     except CommitConflictError as exc:
         raise ConcurrentRefreshError(
             f"view {view.name!r} was changed by another writer during the refresh; nothing was committed"
         ) from exc
     if plan.checkpoint_dir:
-        shutil.rmtree(plan.checkpoint_dir, ignore_errors=True)
+        objects.remove_tree(plan.checkpoint_dir)
         # committed: the batch checkpoints are spent (refreshes of a view never overlap)
-        shutil.rmtree(os.path.join(os.path.dirname(plan.checkpoint_dir), "batches"), ignore_errors=True)
+        objects.remove_tree(objects.join(plan.checkpoint_dir.rsplit("/", 1)[0], "batches"))
     done = time.perf_counter()
     local = getattr(runner, "last_run_local", False)
     return RefreshResult(

@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 import lance
 import numpy as np
 
+from mv_assets.storage import objects
+
 __all__ = [
     "FragmentChanges",
     "fragment_changes",
@@ -68,7 +70,7 @@ def pending_versions(
 ) -> list[int]:
     """Versions in ``(since, latest]`` of the table at ``uri`` whose commits
     matter to a reader of ``reads`` (see :func:`commit_matters`)."""
-    ds = lance.dataset(uri)
+    ds = objects.dataset(uri)
     latest = ds.version if latest is None else latest
     start = 0 if since is None else since
     out = []
@@ -83,7 +85,7 @@ def data_version(uri: str, reads: Collection[str] | None = None) -> int:
     """The newest version of the table whose commit matters to a reader of
     ``reads``: what a reader's data version is (compactions, backfills of
     other columns and state-only view commits do not move it)."""
-    ds = lance.dataset(uri)
+    ds = objects.dataset(uri)
     v = ds.version
     while v > 1:
         ok, txn = _read_txn(ds, v)
@@ -139,7 +141,7 @@ def _deletion_counts(ds: lance.LanceDataset) -> dict[int, int]:
 
 def fragment_changes(uri: str, since: int | None, known: set[int] | list[int], version: int | None = None) -> FragmentChanges:
     """Compare the table at ``version`` (default latest) with version ``since``."""
-    ds = lance.dataset(uri, version=version)
+    ds = objects.dataset(uri, version=version)
     known_set = {int(k) for k in known}
     now_dels = _deletion_counts(ds)
     fragments = sorted(now_dels)
@@ -156,7 +158,7 @@ def fragment_changes(uri: str, since: int | None, known: set[int] | list[int], v
     if rows.num_rows:
         changed |= {int(f) for f in np.unique(rows.column("_rowaddr").to_numpy() >> 32)}
     try:
-        old_dels = _deletion_counts(lance.dataset(uri, version=since))
+        old_dels = _deletion_counts(objects.dataset(uri, version=since))
     except (ValueError, OSError):  # the old version was cleaned up: treat everything as changed
         old_dels = {}
         changed |= set(fragments)

@@ -18,14 +18,12 @@ Both read files and look rows up through the same code here.
 
 import hashlib
 import json
-import os
-import shutil
 
 import numpy as np
 import pyarrow as pa
 
 from mv_assets.model.names import Alias
-from mv_assets.storage.files import atomic_write_arrow, read_arrow
+from mv_assets.storage import objects
 
 __all__ = ["CheckpointStore", "CheckpointIndex", "ID", "VERSION", "INPUTS"]
 
@@ -44,7 +42,7 @@ class CheckpointStore:
         self.root = root
 
     def _path(self, key: str) -> str:
-        return os.path.join(self.root, f"{key}{_SUFFIX}")
+        return objects.join(self.root, f"{key}{_SUFFIX}")
 
     @staticmethod
     def identity_key(row_ids: np.ndarray, row_versions: np.ndarray, inputs: np.ndarray) -> str:
@@ -55,12 +53,10 @@ class CheckpointStore:
 
     def keys(self) -> list[str]:
         """The saved keys, sorted."""
-        if not os.path.isdir(self.root):
-            return []
-        return sorted(n[: -len(_SUFFIX)] for n in os.listdir(self.root) if n.endswith(_SUFFIX))
+        return sorted(n[: -len(_SUFFIX)] for n in objects.listdir(self.root) if n.endswith(_SUFFIX))
 
     def has(self, key: str) -> bool:
-        return os.path.exists(self._path(key))
+        return objects.exists(self._path(key))
 
     def save(
         self,
@@ -79,12 +75,12 @@ class CheckpointStore:
             INPUTS: pa.array(inputs.tolist(), pa.string()), **values,
         }).replace_schema_metadata({b"errors": json.dumps(errors).encode()})
         key = key or self.identity_key(row_ids, row_versions, inputs)
-        atomic_write_arrow(self._path(key), table)
+        objects.write_arrow(self._path(key), table)
         return key
 
     def read(self, key: str) -> tuple[pa.Table, list[dict]]:
         """One saved file: its rows and the errors recorded with them."""
-        data = read_arrow(self._path(key))
+        data = objects.read_arrow(self._path(key))
         return data, json.loads((data.schema.metadata or {}).get(b"errors", b"[]"))
 
     def index(self, keys: list[str] | None = None) -> "CheckpointIndex":
@@ -93,13 +89,10 @@ class CheckpointStore:
 
     def remove(self, keys: list[str]) -> None:
         for k in keys:
-            try:
-                os.remove(self._path(k))
-            except FileNotFoundError:
-                pass
+            objects.remove(self._path(k))
 
     def clear(self) -> None:
-        shutil.rmtree(self.root, ignore_errors=True)
+        objects.remove_tree(self.root)
 
 
 class CheckpointIndex:

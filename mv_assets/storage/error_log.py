@@ -7,14 +7,13 @@ after compaction. The table is a Lance dataset at
 independently.
 """
 
-import os
 import time
 from dataclasses import dataclass
 
-import lance
 import pyarrow as pa
 
 from mv_assets.model.definition import sql_literal
+from mv_assets.storage import objects
 from mv_assets.storage.layout import Layout
 
 __all__ = ["ErrorRecord", "ERRORS_SCHEMA", "append_errors", "read_errors"]
@@ -77,14 +76,13 @@ def append_errors(layout: Layout, table: str, job_id: str, records: list[dict]) 
                 rows[name].append(r.get(name))
     data = pa.table(rows, schema=ERRORS_SCHEMA)
     uri = errors_uri(layout)
-    os.makedirs(os.path.dirname(uri), exist_ok=True)
-    mode = "append" if os.path.isdir(os.path.join(uri, "_versions")) else "create"
+    mode = "append" if objects.is_dataset(uri) else "create"
     try:
-        lance.write_dataset(data, uri, schema=ERRORS_SCHEMA, mode=mode)
+        objects.write_dataset(data, uri, schema=ERRORS_SCHEMA, mode=mode)
     except OSError:
         if mode != "create":
             raise
-        lance.write_dataset(data, uri, schema=ERRORS_SCHEMA, mode="append")  # created concurrently
+        objects.write_dataset(data, uri, schema=ERRORS_SCHEMA, mode="append")  # created concurrently
     return data.num_rows
 
 
@@ -92,8 +90,8 @@ def drop_errors(layout: Layout, table: str) -> None:
     """Forget the error records of a dropped table or view (a new one of the
     same name starts clean)."""
     uri = errors_uri(layout)
-    if os.path.isdir(os.path.join(uri, "_versions")):
-        lance.dataset(uri).delete(f"`table` = {sql_literal(table)}")
+    if objects.is_dataset(uri):
+        objects.dataset(uri).delete(f"`table` = {sql_literal(table)}")
 
 
 def read_errors(
@@ -106,12 +104,12 @@ def read_errors(
 ) -> list[ErrorRecord]:
     """Error records matching every given filter, oldest first."""
     uri = errors_uri(layout)
-    if not os.path.isdir(os.path.join(uri, "_versions")):
+    if not objects.is_dataset(uri):
         return []
     parts = []
     for name, value in (("table", table), ("job_id", job_id), ("column", column), ("error_type", error_type)):
         if value is not None:
             parts.append(f"`{name}` = {sql_literal(value)}")
-    data = lance.dataset(uri).to_table(filter=" AND ".join(parts) or None)
+    data = objects.dataset(uri).to_table(filter=" AND ".join(parts) or None)
     data = data.sort_by([("created_at", "ascending"), ("row_id", "ascending")])
     return [ErrorRecord(**r) for r in data.to_pylist()]

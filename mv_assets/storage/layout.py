@@ -13,30 +13,36 @@ as a small frozen value (no handle to call back into).
 """
 
 import contextlib
+import json
 import os
-import shutil
+import socket
+import threading
+import time
+import uuid
 from dataclasses import dataclass
 
 import filelock
 
 from mv_assets.model.errors import ConcurrentRefreshError
+from mv_assets.storage import objects
 
-__all__ = ["Layout", "STATE_DIR"]
+__all__ = ["Layout", "STATE_DIR", "Lease"]
 
 STATE_DIR = "_mv_assets"
 
 
 @dataclass(frozen=True)
 class Layout:
-    """The catalog at ``root``: dataset URIs, state paths and locks."""
+    """The catalog at ``root`` (a path or an object-store URI): dataset URIs,
+    state paths and locks."""
 
     root: str
 
     def table_uri(self, name: str) -> str:
-        return os.path.join(self.root, f"{name}.lance")
+        return objects.join(self.root, f"{name}.lance")
 
     def state(self, *parts: str) -> str:
-        return os.path.join(self.root, STATE_DIR, *parts)
+        return objects.join(self.root, STATE_DIR, *parts)
 
     def checkpoints(self, name: str) -> str:
         """Task checkpoints of one plan live in a folder each under here, row checkpoints in ``batches``."""
@@ -58,15 +64,17 @@ class Layout:
         """Remove the task checkpoints of other plans (row and column
         checkpoints are keyed by content and outlive a plan)."""
         root = self.checkpoints(name)
-        if not os.path.isdir(root):
-            return
-        for entry in os.listdir(root):
-            path = os.path.join(root, entry)
+        for entry in objects.listdir(root):
+            path = objects.join(root, entry)
             if path != keep and entry not in ("batches", "columns"):
-                shutil.rmtree(path, ignore_errors=True)
+                objects.remove_tree(path)
 
     def lock(self, name: str, timeout: float | None):
-        """An inter-process lock serialising refreshes (and column writes) of ``name``."""
+        """Mutual exclusion of refreshes (and column writes) of ``name``: an
+        OS file lock for a local catalog (released if the process dies), a
+        :class:`Lease` in the catalog's object store otherwise."""
+        if not objects.is_local(self.root):
+            return Lease(self.state("locks", f"{name}.lease"), name, timeout).held()
         path = self.state("locks", f"{name}.lock")
         os.makedirs(os.path.dirname(path), exist_ok=True)
         lock = filelock.FileLock(path, timeout=-1 if timeout is None else timeout)
@@ -85,3 +93,83 @@ class Layout:
                 lock.release()
 
         return held()
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class Lease:
+    """A lock in an object store: an object created with a conditional PUT
+    (fails if it exists), renewed by a heartbeat, removed on release. A lease
+    whose holder stopped renewing (``$MV_ASSETS_LEASE_SECONDS``, default 60)
+    or whose process is gone (same host) is taken over.
+
+    The lease only keeps two refreshes from doing the same work: correctness
+    never depends on it, since every commit names the version it read and
+    Lance refuses a commit that conflicts with one made meanwhile."""
+
+    def __init__(self, uri: str, name: str, timeout: float | None, ttl: float | None = None) -> None:
+        self.uri, self.name, self.timeout = uri, name, timeout
+        self.ttl = ttl if ttl is not None else float(os.environ.get("MV_ASSETS_LEASE_SECONDS") or 60)
+        self.owner = uuid.uuid4().hex
+        self._stop = threading.Event()
+
+    def _record(self) -> str:
+        return json.dumps({"owner": self.owner, "host": socket.gethostname(), "pid": os.getpid(),
+                           "expires": time.time() + self.ttl})
+
+    def _stale(self, raw: str | None) -> bool:
+        if raw is None:
+            return False
+        try:
+            held = json.loads(raw)
+        except ValueError:
+            return True  # not a lease record
+        if held.get("expires", 0) < time.time():
+            return True
+        return held.get("host") == socket.gethostname() and not _pid_alive(int(held.get("pid", 0)))
+
+    def acquire(self) -> None:
+        start = time.monotonic()
+        while True:
+            if objects.write_text(self.uri, self._record(), create=True):
+                return
+            if self._stale(objects.read_text(self.uri)):
+                objects.remove(self.uri)
+                continue
+            if self.timeout is not None and time.monotonic() - start >= self.timeout:
+                raise ConcurrentRefreshError(
+                    f"another refresh of {self.name!r} is running (waited {self.timeout}s for {self.uri}); "
+                    "try again later"
+                )
+            time.sleep(0.2)
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.ttl / 3):
+            raw = objects.read_text(self.uri)
+            if raw is None or json.loads(raw).get("owner") != self.owner:
+                return  # taken over: nothing to renew
+            objects.write_text(self.uri, self._record())
+
+    def release(self) -> None:
+        self._stop.set()
+        raw = objects.read_text(self.uri)
+        if raw is not None and json.loads(raw).get("owner") == self.owner:
+            objects.remove(self.uri)
+
+    @contextlib.contextmanager
+    def held(self):
+        self.acquire()
+        beat = threading.Thread(target=self._heartbeat, name=f"lease-{self.name}", daemon=True)
+        beat.start()
+        try:
+            yield
+        finally:
+            self.release()

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import lance
 
 from mv_assets.model.definition import ColumnSpec, ViewDefinition, stored_columns
+from mv_assets.storage import objects
 from mv_assets.storage.layout import Layout
 
 __all__ = ["TableRef", "ViewRef", "Ref"]
@@ -23,7 +24,7 @@ class TableRef:
     is_view = False
 
     def dataset(self, version: int | None = None) -> lance.LanceDataset:
-        return lance.dataset(self.uri, version=version)
+        return objects.dataset(self.uri, version=version)
 
     def input_dataset(self) -> lance.LanceDataset:
         """Where computed columns read their inputs: the table itself."""
@@ -55,10 +56,10 @@ class ViewRef:
         return self.definition.source
 
     def dataset(self, version: int | None = None) -> lance.LanceDataset:
-        return lance.dataset(self.uri, version=version)
+        return objects.dataset(self.uri, version=version)
 
     def source_dataset(self, version: int | None = None) -> lance.LanceDataset:
-        return lance.dataset(self.source_uri, version=version)
+        return objects.dataset(self.source_uri, version=version)
 
     def input_dataset(self) -> lance.LanceDataset:
         """Where the view's own computed columns read their inputs: its source."""

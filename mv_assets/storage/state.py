@@ -11,6 +11,7 @@ from dataclasses import dataclass
 import lance
 from lance import LanceOperation, Transaction
 
+from mv_assets.storage import objects
 from mv_assets.storage.changes import STATE_KEY
 
 __all__ = ["RefreshState", "read_refresh_state", "carry_refresh_state"]
@@ -115,4 +116,4 @@ def carry_refresh_state(view_ds: lance.LanceDataset) -> int | None:
         operation=LanceOperation.UpdateConfig(),
         transaction_properties={STATE_KEY: json.dumps(record)},
     )
-    return lance.LanceDataset.commit(view_ds.uri, carried, read_version=view_ds.version).version
+    return objects.commit(view_ds.uri, carried, read_version=view_ds.version).version

@@ -15,11 +15,11 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
-import lance
 import pyarrow as pa
 
 from mv_assets.model.definition import tracked_source_columns
 from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
+from mv_assets.storage import objects
 from mv_assets.storage.changes import pending_versions
 from mv_assets.storage.files import atomic_write_text
 from mv_assets.storage.layout import Layout
@@ -93,10 +93,10 @@ class ViewStatus:
 
 
 def _read_file(layout: Layout, view: str) -> dict:
+    raw = objects.read_text(layout.status_file(view))
     try:
-        with open(layout.status_file(view)) as fh:
-            return json.load(fh)
-    except (FileNotFoundError, json.JSONDecodeError):
+        return json.loads(raw) if raw else {}
+    except json.JSONDecodeError:
         return {}
 
 
@@ -128,7 +128,7 @@ def record_load_state(layout: Layout, view: str, state: str, error: str | None =
 
 def stale_count(src_uri: str, since: int | None, latest: int) -> int:
     """Source rows inserted, updated or deleted after version ``since``."""
-    ds = lance.dataset(src_uri, version=latest)
+    ds = objects.dataset(src_uri, version=latest)
     if since is None:
         return ds.count_rows()
     if since >= latest:

@@ -1,0 +1,302 @@
+"""Where bytes live: a catalog on a local path or an object store (s3://,
+gs://, az://, memory://), with its storage options.
+
+Every dataset the engine opens and every state file it writes goes through
+here, so the same code runs against a local directory and a bucket:
+
+* Lance calls (:func:`dataset`, :func:`write_dataset`, :func:`commit`,
+  :func:`write_fragments`, :func:`file_writer`) get the storage options
+  registered for the URI's catalog (:func:`register`);
+* small state files (:func:`put_bytes`, :func:`get_bytes`, :func:`listdir`,
+  :func:`remove_tree`, Arrow and text helpers) use the local filesystem for
+  local paths (temp file + rename: whole or absent) and ``obstore`` for object
+  stores (a PUT is whole or absent; ``create=True`` is a conditional PUT that
+  fails when the object exists, the primitive leases are built on).
+
+Options are registered per catalog root in this process; runners ship the
+registry to executors with each job (:func:`registered` /
+:func:`register_all`), so nothing depends on executors' environment.
+"""
+
+import os
+import posixpath
+import tempfile
+import threading
+from typing import Any
+from urllib.parse import urlparse
+
+import lance
+import pyarrow as pa
+from lance.file import LanceFileWriter
+from lance.fragment import write_fragments as _write_fragments
+
+__all__ = [
+    "is_local", "join", "register", "registered", "register_all", "options_for", "dataset", "write_dataset",
+    "commit", "write_fragments", "file_writer", "put_bytes", "get_bytes", "exists", "listdir", "remove",
+    "remove_tree", "size", "write_arrow", "read_arrow", "write_text", "read_text", "is_dataset",
+]
+
+_OPTIONS: dict[str, dict[str, str]] = {}
+_LOCK = threading.Lock()
+_STORES: dict[tuple, Any] = {}
+
+
+def is_local(uri: str) -> bool:
+    return "://" not in uri or uri.startswith("file://")
+
+
+def _local_path(uri: str) -> str:
+    return uri[len("file://"):] if uri.startswith("file://") else uri
+
+
+def join(root: str, *parts: str) -> str:
+    """``root/part/...`` for a path or a URI."""
+    return os.path.join(root, *parts) if is_local(root) else posixpath.join(root, *parts)
+
+
+# -- storage options --------------------------------------------------------
+
+
+def register(root: str, options: dict[str, str] | None) -> None:
+    """Use ``options`` for every URI under ``root`` (a catalog) in this process."""
+    if options:
+        with _LOCK:
+            _OPTIONS[root.rstrip("/")] = {str(k): str(v) for k, v in options.items()}
+
+
+def registered() -> dict[str, dict[str, str]]:
+    """The registry, to ship to executors with a job."""
+    with _LOCK:
+        return {k: dict(v) for k, v in _OPTIONS.items()}
+
+
+def register_all(options: dict[str, dict[str, str]] | None) -> None:
+    for root, opts in (options or {}).items():
+        register(root, opts)
+
+
+def options_for(uri: str) -> dict[str, str] | None:
+    """The options of the catalog holding ``uri`` (longest registered prefix)."""
+    best = None
+    with _LOCK:
+        for root, opts in _OPTIONS.items():
+            if (uri == root or uri.startswith(root + "/")) and (best is None or len(root) > len(best[0])):
+                best = (root, opts)
+    return dict(best[1]) if best else None
+
+
+# -- Lance ------------------------------------------------------------------
+
+
+def dataset(uri: str, version: int | None = None, **kwargs: Any) -> lance.LanceDataset:
+    return lance.dataset(uri, version=version, storage_options=options_for(uri), **kwargs)
+
+
+def write_dataset(data: Any, uri: str, **kwargs: Any) -> lance.LanceDataset:
+    return lance.write_dataset(data, uri, storage_options=options_for(uri), **kwargs)
+
+
+def commit(uri: str, operation: Any, **kwargs: Any) -> lance.LanceDataset:
+    return lance.LanceDataset.commit(uri, operation, storage_options=options_for(uri), **kwargs)
+
+
+def write_fragments(data: Any, uri: str, **kwargs: Any):
+    return _write_fragments(data, uri, storage_options=options_for(uri), **kwargs)
+
+
+def file_writer(uri: str, schema: pa.Schema, **kwargs: Any) -> LanceFileWriter:
+    return LanceFileWriter(uri, schema, storage_options=options_for(uri), **kwargs)
+
+
+# -- object stores ----------------------------------------------------------
+
+_CLIENT_KEYS = {"allow_http", "allow_invalid_certificates", "timeout", "connect_timeout", "proxy_url"}
+_S3_SHORT = {"access_key_id", "secret_access_key", "session_token", "region", "endpoint", "endpoint_url",
+             "virtual_hosted_style_request", "skip_signature"}
+
+
+def _store(uri: str):
+    """The obstore store of the bucket holding ``uri`` and the key of ``uri`` in it."""
+    from obstore.store import from_url
+
+    parsed = urlparse(uri)
+    base = f"{parsed.scheme}://{parsed.netloc}"
+    opts = options_for(uri) or {}
+    key = (base, tuple(sorted(opts.items())))
+    with _LOCK:
+        store = _STORES.get(key)
+    if store is None:
+        config, client = {}, {}
+        for k, v in opts.items():
+            k = k.lower()
+            if k in _CLIENT_KEYS:
+                client[k] = v.lower() == "true" if v.lower() in ("true", "false") else v
+            elif parsed.scheme == "s3" and k in _S3_SHORT:
+                config["aws_endpoint" if k == "endpoint_url" else f"aws_{k}"] = v
+            elif parsed.scheme in ("memory",):
+                continue
+            else:
+                config[k] = v
+        kwargs: dict[str, Any] = {}
+        if config:
+            kwargs["config"] = config
+        if client:
+            kwargs["client_options"] = client
+        store = from_url(base, **kwargs)
+        with _LOCK:
+            _STORES[key] = store
+    return store, parsed.path.lstrip("/")
+
+
+def put_bytes(uri: str, data: bytes, *, create: bool = False) -> bool:
+    """Write ``data`` whole (readers see the old object or the new one). With
+    ``create``, only if nothing is there: False when something was."""
+    if is_local(uri):
+        path = _local_path(uri)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=os.path.dirname(path), suffix=".tmp")
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if create:
+            try:
+                os.link(tmp, path)  # fails if the path exists: atomic create
+            except FileExistsError:
+                return False
+            finally:
+                os.remove(tmp)
+            return True
+        os.replace(tmp, path)
+        return True
+    import obstore
+    from obstore.exceptions import AlreadyExistsError, PreconditionError
+
+    store, key = _store(uri)
+    try:
+        obstore.put(store, key, data, mode="create" if create else "overwrite")
+    except (AlreadyExistsError, PreconditionError):
+        return False
+    return True
+
+
+def get_bytes(uri: str) -> bytes | None:
+    """The object's bytes, None when there is none."""
+    if is_local(uri):
+        try:
+            with open(_local_path(uri), "rb") as fh:
+                return fh.read()
+        except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+            return None
+    import obstore
+    from obstore.exceptions import NotFoundError
+
+    store, key = _store(uri)
+    try:
+        return bytes(obstore.get(store, key).bytes())
+    except (NotFoundError, FileNotFoundError):
+        return None
+
+
+def exists(uri: str) -> bool:
+    if is_local(uri):
+        return os.path.exists(_local_path(uri))
+    import obstore
+    from obstore.exceptions import NotFoundError
+
+    store, key = _store(uri)
+    try:
+        obstore.head(store, key)
+        return True
+    except (NotFoundError, FileNotFoundError):
+        return bool(listdir(uri))  # a "directory": some object under it
+
+
+def size(uri: str) -> int:
+    if is_local(uri):
+        return os.path.getsize(_local_path(uri))
+    import obstore
+
+    store, key = _store(uri)
+    return int(obstore.head(store, key)["size"])
+
+
+def listdir(uri: str) -> list[str]:
+    """Names directly under ``uri`` (files and folders), sorted; [] if none."""
+    if is_local(uri):
+        path = _local_path(uri)
+        return sorted(os.listdir(path)) if os.path.isdir(path) else []
+    import obstore
+
+    store, key = _store(uri)
+    prefix = key.rstrip("/") + "/" if key else None
+    res = obstore.list_with_delimiter(store, prefix=prefix)
+    names = [p.rstrip("/").rsplit("/", 1)[-1] for p in res["common_prefixes"]]
+    names += [o["path"].rsplit("/", 1)[-1] for o in res["objects"]]
+    return sorted(set(names))
+
+
+def remove(uri: str) -> None:
+    """Remove one object or file (nothing if absent)."""
+    if is_local(uri):
+        try:
+            os.remove(_local_path(uri))
+        except FileNotFoundError:
+            pass
+        return
+    import obstore
+    from obstore.exceptions import NotFoundError
+
+    store, key = _store(uri)
+    try:
+        obstore.delete(store, key)
+    except (NotFoundError, FileNotFoundError):
+        pass
+
+
+def remove_tree(uri: str) -> None:
+    """Remove everything under ``uri``."""
+    if is_local(uri):
+        import shutil
+
+        shutil.rmtree(_local_path(uri), ignore_errors=True)
+        return
+    import obstore
+
+    store, key = _store(uri)
+    paths = [o["path"] for batch in obstore.list(store, prefix=key.rstrip("/") + "/") for o in batch]
+    if paths:
+        obstore.delete(store, paths)
+
+
+def is_dataset(uri: str) -> bool:
+    """Whether a Lance dataset lives at ``uri``."""
+    return bool(listdir(join(uri, "_versions")))
+
+
+def write_arrow(uri: str, table: pa.Table, *, create: bool = False) -> bool:
+    """``table`` as an Arrow IPC file, whole or not at all."""
+    sink = pa.BufferOutputStream()
+    with pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
+    return put_bytes(uri, sink.getvalue().to_pybytes(), create=create)
+
+
+def read_arrow(uri: str) -> pa.Table:
+    """An Arrow IPC file (memory-mapped when local: columns are paged in when used)."""
+    if is_local(uri):
+        with pa.memory_map(_local_path(uri)) as source:
+            return pa.ipc.open_file(source).read_all()
+    data = get_bytes(uri)
+    if data is None:
+        raise FileNotFoundError(uri)
+    return pa.ipc.open_file(pa.py_buffer(data)).read_all()
+
+
+def write_text(uri: str, text: str, *, create: bool = False) -> bool:
+    return put_bytes(uri, text.encode(), create=create)
+
+
+def read_text(uri: str) -> str | None:
+    data = get_bytes(uri)
+    return None if data is None else data.decode()
