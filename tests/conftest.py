@@ -54,3 +54,13 @@ def pytest_runtest_makereport(item, call):
     outcome = yield
     report = outcome.get_result()
     setattr(item, f"rep_{report.when}", report)
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """moto's S3 server on 127.0.0.1 for the whole run (started on first use)."""
+    from s3_server import S3Server
+
+    server = S3Server()
+    yield server
+    server.stop()

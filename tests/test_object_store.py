@@ -1,0 +1,203 @@
+"""A catalog on object storage: every operation against a real S3-compatible
+server (moto's, on 127.0.0.1), checked against an oracle read straight from
+the bucket, and nothing written to local disk."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import lance
+import pyarrow as pa
+import pytest
+from oracle import count_calls, record_call
+
+import mv_assets as mv
+from mv_assets.model.errors import ConcurrentRefreshError
+from mv_assets.storage import objects
+from mv_assets.storage.layout import Lease
+
+N = 300
+
+
+def _local_files_since(marker: float, roots: list[str]) -> list[str]:
+    out = []
+    for root in roots:
+        for dirpath, _, files in os.walk(root):
+            for f in files:
+                p = os.path.join(dirpath, f)
+                try:
+                    if os.path.getmtime(p) >= marker:
+                        out.append(p)
+                except OSError:
+                    pass
+    return out
+
+
+def _oracle(uri, options, version, keep, project):
+    """The view computed from the source rows, read from the bucket with plain pylance."""
+    t = lance.dataset(uri, version=version, storage_options=options).to_table(with_row_id=True)
+    return sorted(project(r) for r in t.to_pylist() if keep(r))
+
+
+@pytest.fixture
+def s3_catalog(s3_server):
+    bucket = s3_server.new_bucket()
+    return f"s3://{bucket}/catalog", bucket
+
+
+def test_catalog_on_s3_end_to_end(s3_server, s3_catalog, tmp_path, call_log):
+    uri, bucket = s3_catalog
+    opts = s3_server.options
+    marker = time.time()
+    db = mv.connect(uri, storage_options=opts, runner=mv.InlineRunner())
+    t = db.create_table("docs", [{"id": i, "x": i} for i in range(200)], primary_key="id")
+    t.add([{"id": i, "x": i} for i in range(200, N)])
+    t.update(where="id < 10", values={"x": 1000})
+    t.delete("id >= 290")
+    t.optimize()
+
+    @mv.udf(on_error="skip")
+    def tripled(x: int) -> int:
+        record_call(call_log, "tripled", x)
+        if x == 13:
+            raise ValueError("thirteen")
+        return 3 * x
+
+    db.create_materialized_view("v", t.search(None).where("x % 2 = 1").select({"id": "id", "y": tripled}))
+    r = db.refresh("v")
+    assert r.rows_inserted > 0
+    v = db.open_table("v")
+    expected = _oracle(t.uri, opts, t.version, lambda s: s["x"] % 2 == 1 and s["x"] != 13,
+                       lambda s: (s["id"], 3 * s["x"]))
+    got = sorted((row["id"], row["y"]) for row in v.to_arrow().to_pylist() if row["y"] is not None)
+    assert got == expected
+    # errors and status live in the bucket
+    errs = v.get_errors()
+    assert [(e.row_id is not None, e.error_type, e.column) for e in errs] == [(True, "ValueError", "y")]
+    status = {s["name"]: s for s in db.status().to_pylist()}
+    assert status["v"]["load_state"] == "LOADED" and status["v"]["valid"]
+
+    # incremental: an append computes the new rows only
+    before = count_calls(call_log, "tripled")
+    t.add([{"id": i, "x": 2 * i + 1} for i in range(1000, 1010)])
+    r2 = v.refresh()
+    assert not r2.full and count_calls(call_log, "tripled") - before == 10
+
+    # backfill of a computed column on the table
+    t.add_columns({"z": tripled})
+    b = t.backfill("z", checkpoint_size=50)
+    assert b.rows_written == t.count_rows() - 1 and b.rows_failed == 1
+    zs = {row["id"]: row["z"] for row in t.to_arrow().to_pylist()}
+    assert all(zs[i] == (3 * x if x != 13 else None) for i, x in
+               ((row["id"], row["x"]) for row in t.to_arrow().to_pylist()))
+
+    # a fresh connection (no state in this process) sees everything
+    db2 = mv.connect(uri, storage_options=opts, runner=mv.InlineRunner())
+    assert db2.table_names() == ["docs", "v"]
+    assert db2.open_table("v").status().load_state == "LOADED"
+    keys = s3_server.keys(bucket)
+    assert any(k.startswith("catalog/_mv_assets/errors.lance/") for k in keys)
+    assert any(k.startswith("catalog/_mv_assets/status/") for k in keys)
+    assert any(k.startswith("catalog/v.lance/_versions/") for k in keys)
+
+    # nothing of the catalog on local disk (cwd, temp dirs, home)
+    roots = [os.getcwd(), "/tmp", os.path.expanduser("~")]
+    written = [p for p in _local_files_since(marker, roots)
+               if bucket in p or "_mv_assets" in p or ".lance" in p or "catalog" in p.split(os.sep)]
+    assert written == []
+
+    db2.drop_table("v")
+    assert not [k for k in s3_server.keys(bucket) if k.startswith("catalog/v.lance/")]
+
+
+def test_a_killed_refresh_on_s3_resumes_from_its_checkpoints(s3_server, s3_catalog, call_log):
+    uri, _ = s3_catalog
+    opts = s3_server.options
+    db = mv.connect(uri, storage_options=opts, runner=mv.InlineRunner())
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(N)])
+
+    @mv.udf
+    def slow(x: int) -> int:
+        record_call(call_log, "slow", x)
+        time.sleep(0.003)
+        return x + 1
+
+    db.create_materialized_view("v", t.search(None).select({"id": "id", "y": slow}))
+    code = (
+        "import json, sys, mv_assets as mv; "
+        f"db = mv.connect({uri!r}, storage_options=json.loads(sys.argv[1]), runner=mv.InlineRunner()); "
+        "db.open_table('v').refresh(checkpoint_size=25, max_rows_per_task=100)"
+    )
+    import json
+
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(opts)], env=env)
+    while count_calls(call_log, "slow") < 120 and proc.poll() is None:
+        time.sleep(0.005)
+    assert proc.poll() is None, "the refresh ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    done_before = count_calls(call_log, "slow")
+    # the killed process's lease is taken over at once (its process is gone)
+    r = db.open_table("v").refresh(checkpoint_size=25, max_rows_per_task=100, lock_timeout=30)
+    assert r.udf_rows_resumed["y"] >= done_before - 25
+    assert count_calls(call_log, "slow") <= N + 25
+    assert sorted((row["id"], row["y"]) for row in db.open_table("v").to_arrow().to_pylist()) == [
+        (i, i + 1) for i in range(N)
+    ]
+
+
+def test_leases_exclude_each_other_and_expire(s3_server, s3_catalog):
+    uri, _ = s3_catalog
+    mv.connect(uri, storage_options=s3_server.options)
+    lease_uri = objects.join(uri, "_mv_assets", "locks", "x.lease")
+    first = Lease(lease_uri, "x", timeout=0.5, ttl=2)
+    with first.held():
+        with pytest.raises(ConcurrentRefreshError, match="another refresh of 'x' is running"):
+            Lease(lease_uri, "x", timeout=0.5, ttl=2).acquire()
+    assert objects.read_text(lease_uri) is None  # released
+    # a holder that stopped renewing (another host, say) is taken over after its ttl
+    stale = Lease(lease_uri, "x", timeout=None, ttl=0.5)
+    objects.write_text(lease_uri, '{"owner": "gone", "host": "elsewhere", "pid": 1, "expires": %f}' % (time.time() + 0.5),
+                       create=True)
+    start = time.monotonic()
+    with stale.held():
+        assert time.monotonic() - start >= 0.3
+    assert objects.read_text(lease_uri) is None
+
+
+def test_bad_object_store_uris_and_options_are_refused(s3_server, monkeypatch):
+    with pytest.raises(ValueError, match="unsupported catalog URI 'ftp://x/y'"):
+        mv.connect("ftp://x/y")
+    with pytest.raises(ValueError, match="unsupported catalog URI 's3://'"):
+        mv.connect("s3://")
+    with pytest.raises(ValueError, match="storage_options must be a dict"):
+        mv.connect("s3://b/c", storage_options=["x"])  # type: ignore[arg-type]
+    monkeypatch.setenv("MV_ASSETS_STORAGE_OPTIONS", "{not json")
+    with pytest.raises(ValueError, match="MV_ASSETS_STORAGE_OPTIONS is not a JSON object"):
+        mv.connect("s3://b/c")
+
+
+@pytest.mark.spark
+def test_spark_refresh_of_a_catalog_on_s3(s3_server, s3_catalog, spark_runner):
+    """Executors get the storage options with the job: their environment knows nothing of the bucket."""
+    uri, _ = s3_catalog
+    opts = s3_server.options
+    db = mv.connect(uri, storage_options=opts, runner=spark_runner)
+    t = db.create_table("t", pa.table({"id": list(range(N)), "x": list(range(N))}))
+
+    @mv.udf
+    def double(x: int) -> int:
+        return 2 * x
+
+    db.create_materialized_view("v", t.search(None).where("x > 10").select({"id": "id", "y": double}))
+    r = db.refresh("v")
+    assert r.rows_inserted == N - 11
+    t.add(pa.table({"id": [N], "x": [N]}))
+    t.delete("id < 20")
+    r = db.open_table("v").refresh()
+    assert not r.full and (r.rows_inserted, r.rows_deleted) == (1, 9)
+    got = sorted((row["id"], row["y"]) for row in db.open_table("v").to_arrow().to_pylist())
+    assert got == _oracle(t.uri, opts, t.version, lambda s: s["x"] > 10, lambda s: (s["id"], 2 * s["x"]))
