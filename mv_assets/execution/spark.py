@@ -9,11 +9,24 @@ Configuration (constructor arguments win over the environment):
   ``sc://127.0.0.1:15002``; no local JVM is started at all.
 * ``MV_ASSETS_SPARK_MASTER``: a master URL (``local[*]`` by default,
   ``spark://host:7077`` for a standalone cluster).
+* ``MV_ASSETS_SPARK_DRIVER_HOST`` / ``MV_ASSETS_SPARK_BIND_ADDRESS``: where
+  executors reach the driver (default 127.0.0.1 for a local master; Spark's
+  own choice, the host's address, for a cluster).
+* ``MV_ASSETS_SPARK_PY_FILES``: comma-separated .py/.zip files or package
+  folders shipped to executors (UDF dependencies); mv_assets itself is shipped
+  to cluster executors and Spark Connect sessions automatically.
+* ``MV_ASSETS_SPARK_FORWARD_ENV``: comma-separated environment variables of
+  the driver set on the executors.
+* ``MV_ASSETS_SPARK_RESOURCE_WAIT``: seconds a job waits for a cluster
+  executor before failing with a clear error (default 120).
 """
 
 import os
+import shutil
 import sys
+import tempfile
 import threading
+import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
@@ -102,6 +115,11 @@ class SparkRunner:
     # starting a Spark job (0 = always Spark). Saves the per-job start-up of
     # small, frequent refreshes; also $MV_ASSETS_LOCAL_BELOW_ROWS.
     local_below_rows: int | None = None
+    driver_host: str | None = None
+    bind_address: str | None = None
+    py_files: list[str] = field(default_factory=list)  # shipped to executors (UDF dependencies)
+    forward_env: list[str] = field(default_factory=list)  # driver environment variables set on executors
+    resource_wait_seconds: float | None = None
     last_run_local: bool = field(default=False, init=False, repr=False)
     _session: Any = field(default=None, init=False, repr=False)
     _owns_session: bool = field(default=True, init=False, repr=False)
@@ -114,6 +132,20 @@ class SparkRunner:
 
     def resolved_master(self) -> str:
         return self.master or os.environ.get("MV_ASSETS_SPARK_MASTER") or "local[*]"
+
+    def _is_local_master(self) -> bool:
+        return not self.resolved_remote() and self.resolved_master().startswith("local")
+
+    def _setting(self, value, env: str, default=None):
+        return value if value is not None else (os.environ.get(env) or default)
+
+    def _py_files(self) -> list[str]:
+        listed = [p.strip() for p in (os.environ.get("MV_ASSETS_SPARK_PY_FILES") or "").split(",") if p.strip()]
+        return list(self.py_files) + listed
+
+    def _forward_env(self) -> list[str]:
+        listed = [p.strip() for p in (os.environ.get("MV_ASSETS_SPARK_FORWARD_ENV") or "").split(",") if p.strip()]
+        return list(self.forward_env) + listed
 
     @property
     def started(self) -> bool:
@@ -134,7 +166,11 @@ class SparkRunner:
         # Workers must run this interpreter (it has pyarrow, lance, mv_assets).
         os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
         os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
-        os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        local = self._is_local_master()
+        host = self._setting(self.driver_host, "MV_ASSETS_SPARK_DRIVER_HOST", "127.0.0.1" if local else None)
+        bind = self._setting(self.bind_address, "MV_ASSETS_SPARK_BIND_ADDRESS", host if local else None)
+        if local:
+            os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
         from pyspark.sql import SparkSession
 
         builder = SparkSession.builder.appName(self.app_name)
@@ -146,12 +182,17 @@ class SparkRunner:
                 builder.master(self.resolved_master())
                 .config("spark.ui.enabled", "false")
                 .config("spark.ui.showConsoleProgress", "false")
-                .config("spark.driver.bindAddress", "127.0.0.1")
-                .config("spark.driver.host", "127.0.0.1")
                 .config("spark.python.worker.reuse", "true")
                 .config("spark.executorEnv.LANCE_LOG", "error")
                 .config("spark.sql.shuffle.partitions", "8")
             )
+            if host:
+                builder = builder.config("spark.driver.host", host)
+            if bind:
+                builder = builder.config("spark.driver.bindAddress", bind)
+            for var in self._forward_env():
+                if var in os.environ:
+                    builder = builder.config(f"spark.executorEnv.{var}", os.environ[var])
         for k, v in self.conf.items():
             builder = builder.config(k, v)
         existing = None if remote else SparkSession.getActiveSession()
@@ -160,7 +201,38 @@ class SparkRunner:
         self._owns_session = existing is None or existing is not session
         if not remote:
             session.sparkContext.setLogLevel("ERROR")
+        self._ship(session, remote is not None, local)
         return session
+
+    def _ship(self, session, remote: bool, local: bool) -> None:
+        """mv_assets (for clusters and Spark Connect) and the configured py files
+        go to the executors, so they need nothing installed but its
+        dependencies."""
+        files = [_package_zip()] if not local else []
+        for p in self._py_files():
+            files.append(_zip_folder(p) if os.path.isdir(p) else p)
+        for f in files:
+            if remote:
+                session.addArtifacts(f, pyfile=True)
+            else:
+                session.sparkContext.addPyFile(f)
+
+    def _wait_for_executors(self, spark) -> None:
+        """A cluster job with no executor would wait forever (holding the
+        view's lock): fail clearly after the configured wait instead."""
+        if self.resolved_remote() or self._is_local_master():
+            return
+        wait = float(self._setting(self.resource_wait_seconds, "MV_ASSETS_SPARK_RESOURCE_WAIT", 120))
+        deadline = time.monotonic() + wait
+        tracker = spark.sparkContext._jsc.sc()
+        while tracker.getExecutorMemoryStatus().size() <= 1:  # the driver alone
+            if time.monotonic() >= deadline:
+                raise RuntimeError(
+                    f"no Spark executor joined within {wait:g}s on {self.resolved_master()}: the cluster has no "
+                    "free cores or memory for this application (raise MV_ASSETS_SPARK_RESOURCE_WAIT, or free "
+                    "resources); nothing was committed"
+                )
+            time.sleep(0.5)
 
     def resolved_local_below_rows(self) -> int:
         if self.local_below_rows is not None:
@@ -180,6 +252,7 @@ class SparkRunner:
             return InlineRunner().map(func_ref, payloads, shared)
         self.last_run_local = False
         spark = self.session()
+        self._wait_for_executors(spark)
         n = len(payloads)
         df = spark.range(0, n, 1, n).selectExpr("cast(id as int) as i")
         rows_out = df.mapInArrow(_task_partition_fn(func_ref, payloads, shared), "result string").collect()
@@ -191,6 +264,26 @@ class SparkRunner:
             if self._session is not None and self._owns_session:
                 self._session.stop()
             self._session = None
+
+
+def _zip_folder(folder: str) -> str:
+    """A zip of ``folder`` (a package: its parent goes on the executors' path)."""
+    folder = os.path.abspath(folder)
+    out = os.path.join(tempfile.mkdtemp(prefix="mv_assets_pyfiles_"), os.path.basename(folder))
+    return shutil.make_archive(out, "zip", os.path.dirname(folder), os.path.basename(folder))
+
+
+_PACKAGE_ZIP: str | None = None
+
+
+def _package_zip() -> str:
+    """mv_assets itself as a zip for executors (made once per process)."""
+    global _PACKAGE_ZIP
+    if _PACKAGE_ZIP is None or not os.path.exists(_PACKAGE_ZIP):
+        import mv_assets
+
+        _PACKAGE_ZIP = _zip_folder(os.path.dirname(os.path.abspath(mv_assets.__file__)))
+    return _PACKAGE_ZIP
 
 
 _default: Runner | None = None
