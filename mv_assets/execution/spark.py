@@ -280,9 +280,8 @@ def _package_zip() -> str:
     """mv_assets itself as a zip for executors (made once per process)."""
     global _PACKAGE_ZIP
     if _PACKAGE_ZIP is None or not os.path.exists(_PACKAGE_ZIP):
-        import mv_assets
-
-        _PACKAGE_ZIP = _zip_folder(os.path.dirname(os.path.abspath(mv_assets.__file__)))
+        package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../mv_assets
+        _PACKAGE_ZIP = _zip_folder(package)
     return _PACKAGE_ZIP
 
 
