@@ -201,3 +201,6 @@ def test_spark_refresh_of_a_catalog_on_s3(s3_server, s3_catalog, spark_runner):
     assert not r.full and (r.rows_inserted, r.rows_deleted) == (1, 9)
     got = sorted((row["id"], row["y"]) for row in db.open_table("v").to_arrow().to_pylist())
     assert got == _oracle(t.uri, opts, t.version, lambda s: s["x"] > 10, lambda s: (s["id"], 2 * s["x"]))
+    # Spark reads the view from the bucket on its executors
+    df = db.open_table("v").to_spark(spark_runner.session())
+    assert sorted((r["id"], r["y"]) for r in df.collect()) == got

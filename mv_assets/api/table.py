@@ -25,7 +25,7 @@ from mv_assets.model.definition import (
     short_error,
     sql_literal,
 )
-from mv_assets.model.names import Alias
+from mv_assets.model.names import Alias, is_internal_column
 from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy
 from mv_assets.ops.backfill import BackfillJob, _group_specs, backfill_column, plan_backfill
 from mv_assets.ops.checks import CheckOutcome, check_view
@@ -201,6 +201,26 @@ class Table:
         md = self.schema.metadata or {}
         raw = md.get(PRIMARY_KEY_METADATA_KEY.encode())
         return raw.decode() if raw else None
+
+    def to_spark(self, spark: Any, *, columns: list[str] | None = None, version: int | None = None,
+                 with_internal: bool = False) -> Any:
+        """This table or view as a Spark DataFrame read on the executors, one
+        partition per Lance fragment (nothing passes through the driver).
+
+        ``columns`` defaults to the visible columns: a view's internal key and
+        marker columns (``__source_row_id``, ``__source_row_version``,
+        ``__computed__*``) are left out unless ``with_internal``. ``spark`` is
+        any SparkSession (classic or Spark Connect); the catalog's storage
+        options go with the job."""
+        from mv_assets.api.runners import lance_dataframe
+
+        ds = self._dataset(version)
+        if columns is None:
+            columns = [n for n in ds.schema.names if with_internal or not is_internal_column(n)]
+        missing = [c for c in columns if c not in ds.schema.names]
+        if missing:
+            raise ValueError(f"{self.name!r} has no columns {missing}; it has {ds.schema.names}")
+        return lance_dataframe(spark, self.uri, ds.version, columns)
 
     def fragment_ids(self) -> list[int]:
         """Ids of the fragments of the latest version (the partitions of views over it)."""

@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol
 
+import pyarrow as pa
+
 from mv_assets.execution.tasks import TaskResult, TaskSpec, run_task
 from mv_assets.storage import objects
 
@@ -264,6 +266,44 @@ class SparkRunner:
             if self._session is not None and self._owns_session:
                 self._session.stop()
             self._session = None
+
+
+def lance_dataframe(spark, uri: str, version: int | None, columns: list[str]):
+    """A Spark DataFrame of ``columns`` of the Lance dataset at ``uri``: one
+    partition per fragment, each read by an executor straight from storage
+    (the driver lists fragment ids only; no rows pass through it)."""
+    from pyspark.sql.pandas.types import from_arrow_schema
+
+    ds = objects.dataset(uri, version)
+    pinned = ds.version
+    arrow_schema = pa.schema([ds.schema.field(c) for c in columns])
+    try:
+        spark_schema = from_arrow_schema(arrow_schema)
+    except (TypeError, ValueError) as exc:
+        raise ValueError(f"{uri}: a column has no Spark type ({exc}); pick columns= without it") from exc
+    fragment_ids = [f.fragment_id for f in ds.get_fragments()]
+    if not fragment_ids:
+        return spark.createDataFrame([], spark_schema)
+    storage = objects.registered()
+
+    def read(batches):  # on an executor: the fragments of this partition
+        import os as _os
+
+        _os.environ.setdefault("LANCE_LOG", "error")
+        from mv_assets.storage import objects as _objects
+
+        _objects.register_all(storage)
+        source = _objects.dataset(uri, pinned)
+        for batch in batches:
+            for i in batch.column(0).to_pylist():
+                fragment = source.get_fragment(fragment_ids[i])
+                if fragment is None:
+                    raise RuntimeError(f"fragment {fragment_ids[i]} of {uri} v{pinned} is gone (cleaned up?)")
+                for b in fragment.to_batches(columns=columns, batch_size=65_536):
+                    yield b
+
+    n = len(fragment_ids)
+    return spark.range(0, n, 1, n).selectExpr("cast(id as int) as i").mapInArrow(read, spark_schema)
 
 
 def _zip_folder(folder: str) -> str:

@@ -7,7 +7,7 @@ All internal names start with ``__``: users cannot give a column such a name
 from enum import StrEnum
 
 __all__ = [
-    "SOURCE_ROW_ID", "SOURCE_ROW_VERSION", "VIEW_KEY_COLUMNS", "COMPUTED_PREFIX", "SOURCE_MARKER_PREFIX",
+    "SOURCE_ROW_ID", "SOURCE_ROW_VERSION", "VIEW_KEY_COLUMNS", "is_internal_column", "COMPUTED_PREFIX", "SOURCE_MARKER_PREFIX",
     "LANCE_ROW_COLUMNS", "RESERVED_PREFIX", "Alias", "ColumnKind", "UdfKind", "computed_marker", "source_marker",
     "is_marker", "is_reserved_name", "input_alias", "input_marker_alias", "nth_marker_alias",
 ]
@@ -77,6 +77,15 @@ def source_marker(column: str) -> str:
 def is_marker(name: str) -> bool:
     """Hidden bookkeeping columns: computed markers and their copies in views."""
     return name.startswith(COMPUTED_PREFIX) or name.startswith(SOURCE_MARKER_PREFIX)
+
+
+def is_internal_column(name: str) -> bool:
+    """Columns readers other than mv_assets can ignore: a view's key columns and markers.
+
+    >>> [is_internal_column(n) for n in ("__source_row_id", "__computed__y", "y")]
+    [True, True, False]
+    """
+    return name in VIEW_KEY_COLUMNS or is_marker(name)
 
 
 def is_reserved_name(name: str) -> bool:
