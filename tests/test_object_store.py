@@ -204,3 +204,40 @@ def test_spark_refresh_of_a_catalog_on_s3(s3_server, s3_catalog, spark_runner):
     # Spark reads the view from the bucket on its executors
     df = db.open_table("v").to_spark(spark_runner.session())
     assert sorted((r["id"], r["y"]) for r in df.collect()) == got
+
+
+def test_dagster_materializes_a_view_of_a_catalog_on_s3(s3_server, s3_catalog, monkeypatch):
+    """The Dagster path over a bucket: definitions load from the bucket, the
+    sensor adds fragment partitions, the run refreshes the view; storage
+    options from the environment never enter the definitions."""
+    import json
+
+    import dagster as dg
+    from dagster_helpers import apply_partition_requests, call_sensor
+
+    from mv_assets.dagster import build_definitions, partitions_def_name
+
+    uri, _ = s3_catalog
+    monkeypatch.setenv("MV_ASSETS_STORAGE_OPTIONS", json.dumps(s3_server.options))
+    monkeypatch.setenv("MV_ASSETS_RUNNER", "inline")
+    db = mv.connect(uri)  # options from the environment
+    t = db.create_table("t", pa.table({"x": list(range(20))}))
+    t.add(pa.table({"x": list(range(20, 30))}))
+
+    @mv.udf
+    def doubled(x: int) -> int:
+        return 2 * x
+
+    db.create_materialized_view("v", t.search(None).select({"x": "x", "y": doubled}))
+    defs = build_definitions(uri)
+    resource = defs.resources["mv_assets"]
+    assert "storage_options" not in {k for k, v in resource._convert_to_config_dictionary().items() if v}
+    with dg.instance_for_test() as instance:
+        sensor = defs.get_repository_def().get_sensor_def("t_changes")
+        result = call_sensor(sensor, instance=instance, cursor=None, definitions=defs, resources=defs.resources)
+        apply_partition_requests(instance, result)
+        assert instance.get_dynamic_partitions(partitions_def_name("t")) == [str(f) for f in t.fragment_ids()]
+        req = result.run_requests[0]
+        job = defs.get_implicit_global_asset_job_def()
+        assert job.execute_in_process(instance=instance, tags=req.tags, asset_selection=req.asset_selection).success
+    assert sorted(r["y"] for r in db.open_table("v").to_arrow().to_pylist()) == [2 * x for x in range(30)]

@@ -15,7 +15,10 @@ pytestmark = pytest.mark.spark
 
 
 @pytest.fixture
-def cluster(tmp_path):
+def cluster(tmp_path, spark_runner):
+    # One SparkContext per process: the shared local session steps aside (it
+    # starts again on its next use), or getOrCreate would hand it back.
+    spark_runner.stop()
     c = StandaloneCluster(str(tmp_path / "spark"), workers=2, cores=1)
     yield c
     c.stop()
@@ -60,7 +63,7 @@ def test_refresh_on_a_standalone_cluster_with_the_catalog_on_s3(cluster, s3_serv
         assert sorted((row["id"], row["s"]) for row in rows) == [(x, x * 10 + 7) for x in range(500) if x % 3 == 0]
         assert os.getpid() not in {row["pid"] for row in rows}  # computed on the executors
         sc = runner.session().sparkContext
-        assert sc.master == cluster.master_url
+        assert sc.master == cluster.master_url  # not some other session of this process
         assert sc._jsc.sc().getExecutorMemoryStatus().size() >= 3  # driver + two workers' executors
         t.delete("x < 30")
         r = db.open_table("v").refresh()
@@ -84,3 +87,10 @@ def test_a_cluster_without_free_cores_fails_clearly_instead_of_hanging(cluster, 
         db.open_table("v").refresh(runner=mv.InlineRunner(), lock_timeout=1)  # the lock was released
     finally:
         runner.stop()
+
+
+def test_a_runner_does_not_silently_reuse_a_session_on_another_master(spark_runner):
+    spark_runner.session()  # local[2] is running in this process
+    other = SparkRunner(master="spark://127.0.0.1:1")
+    with pytest.raises(RuntimeError, match="already runs a SparkSession on 'local\\[2\\]'"):
+        other.session()

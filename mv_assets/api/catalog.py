@@ -94,6 +94,7 @@ class Connection:
             uri = uri.rstrip("/")
         self.uri = uri
         self.storage_options = _storage_options(storage_options)
+        self.storage_options_given = storage_options is not None  # else from the environment (or none)
         objects.register(uri, self.storage_options)
         self.layout = Layout(uri)
         self._runner = runner

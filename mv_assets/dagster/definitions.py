@@ -49,7 +49,10 @@ def build_definitions(
     conn = db if isinstance(db, Connection) else connect(db)
     declared = load_declared(views, conn) if isinstance(views, str) else views
     tables = catalog_tables(conn, declared)
-    resource = resource or MvAssetsResource.from_env(conn.uri)
+    # options given in code go into the resource; options from the environment
+    # stay there (they may hold credentials the UI would show)
+    options = conn.storage_options if conn.storage_options_given else None
+    resource = resource or MvAssetsResource.from_env(conn.uri, storage_options=options)
     status = dg.DefaultSensorStatus.RUNNING if sensors_running else dg.DefaultSensorStatus.STOPPED
     view_infos = [t for t in tables.values() if t.is_view and t.source in tables]
     roots = sorted({v.root for v in view_infos} | {t.name for t in tables.values() if not t.is_view and t.columns})

@@ -26,7 +26,13 @@ class MvAssetsResource(dg.ConfigurableResource):
     refresh that has work to do, and shared by every asset in the run.
     """
 
-    catalog_uri: str = Field(description="Catalog directory holding <name>.lance datasets.")
+    catalog_uri: str = Field(description="Catalog: a local directory or an object-store URI (s3://bucket/path...).")
+    storage_options: Optional[dict[str, str]] = Field(
+        default=None,
+        description="Lance object-store options for the catalog (endpoint, region, allow_http...); default "
+        "$MV_ASSETS_STORAGE_OPTIONS (JSON). Keep credentials in the environment (AWS_* variables or "
+        "$MV_ASSETS_STORAGE_OPTIONS), not in definitions.",
+    )
     spark_master: Optional[str] = Field(
         default=None, description="Spark master URL; default local[*] (or $MV_ASSETS_SPARK_MASTER)."
     )
@@ -45,7 +51,7 @@ class MvAssetsResource(dg.ConfigurableResource):
     _runner: Optional[Runner] = PrivateAttr(default=None)
 
     @classmethod
-    def from_env(cls, catalog_uri: str) -> "MvAssetsResource":
+    def from_env(cls, catalog_uri: str, storage_options: dict[str, str] | None = None) -> "MvAssetsResource":
         """The resource with each setting whose environment variable is set
         bound as a ``dg.EnvVar`` (see ``ENV``): the value is read when the
         resource initialises, never stored in the definitions, and the
@@ -59,7 +65,7 @@ class MvAssetsResource(dg.ConfigurableResource):
             if runner not in ("spark", "inline"):
                 raise ValueError(f"MV_ASSETS_RUNNER must be 'spark' or 'inline', got {runner!r}")
             kwargs["runner"] = runner
-        return cls(catalog_uri=catalog_uri, **kwargs)
+        return cls(catalog_uri=catalog_uri, storage_options=storage_options, **kwargs)
 
     def get_runner(self) -> Runner:
         if self._runner is None:
@@ -77,12 +83,12 @@ class MvAssetsResource(dg.ConfigurableResource):
 
     def connection(self) -> Connection:
         """The catalog, refreshing with this resource's runner (Spark starts on first use)."""
-        return connect(self.catalog_uri, runner=self.get_runner())
+        return connect(self.catalog_uri, runner=self.get_runner(), storage_options=self.storage_options)
 
     def reader(self) -> Connection:
         """The catalog for reading and planning only (sensors, schedules): its
         runner computes in process, so nothing here can start a JVM."""
-        return connect(self.catalog_uri, runner=InlineRunner())
+        return connect(self.catalog_uri, runner=InlineRunner(), storage_options=self.storage_options)
 
     def teardown_after_execution(self, context: dg.InitResourceContext) -> None:
         if isinstance(self._runner, SparkRunner):

@@ -201,6 +201,12 @@ class SparkRunner:
         session = builder.getOrCreate()
         # getOrCreate hands back a session another runner started: never stop that one.
         self._owns_session = existing is None or existing is not session
+        wanted = self.master or os.environ.get("MV_ASSETS_SPARK_MASTER")
+        if not remote and not self._owns_session and wanted and session.sparkContext.master != wanted:
+            raise RuntimeError(
+                f"this process already runs a SparkSession on {session.sparkContext.master!r}; Spark allows one "
+                f"per process, so master {wanted!r} cannot be used until that session is stopped"
+            )
         if not remote:
             session.sparkContext.setLogLevel("ERROR")
         self._ship(session, remote is not None, local)
