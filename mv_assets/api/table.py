@@ -634,7 +634,7 @@ class MaterializedView(Table):
 
     def plan_refresh(
         self, *, src_version: int | None = None, mode: str = "auto", fragments: list[int] | None = None,
-        recompute: list[str] | None = None, max_rows_per_task: int = 131_072, checkpoint_size: int = 8192,
+        recompute: list[str] | None = None, max_rows_per_task: int = 131_072, checkpoint_size: int | None = None,
     ) -> RefreshPlan:
         """An exact dry run of :meth:`refresh` with the same arguments: rows to
         insert, update and delete, UDF rows to compute, the tasks."""
@@ -682,7 +682,7 @@ class MaterializedView(Table):
         fragments: list[int] | None = None,
         recompute: list[str] | None = None,
         max_rows_per_task: int = 131_072,
-        checkpoint_size: int = 8192,
+        checkpoint_size: int | None = None,
         lock_timeout: float | None = 600.0,
     ) -> RefreshResult:
         """Bring the view up to ``src_version`` of its source (default: latest).
@@ -694,9 +694,12 @@ class MaterializedView(Table):
         ``recompute`` names UDF columns to compute again for rows that are
         otherwise current; their other values are copied, not recomputed.
 
-        UDF results are checkpointed every ``checkpoint_size`` rows of a task
-        (keyed by UDF fingerprints and the rows' stable ids and versions): a
-        refresh killed and run again redoes at most one batch per task.
+        UDF results are checkpointed by time (default): saved once they took
+        ``$MV_ASSETS_CHECKPOINT_SECONDS`` (10 s) to compute, so cheap UDFs pay
+        almost nothing and a refresh killed and run again redoes at most about
+        that much UDF work per task. ``checkpoint_size=N`` checkpoints every N
+        rows instead. Checkpoints are keyed by UDF fingerprints and the rows'
+        stable ids and versions.
 
         Two refreshes of one view never run at once: the second waits for the
         first (up to ``lock_timeout`` seconds, then ConcurrentRefreshError).

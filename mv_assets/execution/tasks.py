@@ -29,6 +29,7 @@ from mv_assets.model.definition import (
     short_error,
 )
 from mv_assets.model.names import Alias, input_alias, input_marker_alias
+from mv_assets.model.pacing import CheckpointPacer
 from mv_assets.model.planning import column_ids, positions, shuffle_keys
 from mv_assets.model.udf import RowError
 from mv_assets.storage import objects
@@ -63,6 +64,9 @@ class TaskSpec:
     # batched differently next time (compaction, another plan).
     batch_checkpoint_dir: str | None = None
     batch_resume: bool = False  # an earlier run left row checkpoints: look them up
+    # Checkpoints sized by time (model.pacing): UDF results are saved once they
+    # took this long to compute; None: every ``batch_size`` rows.
+    checkpoint_seconds: float | None = None
 
     @property
     def fragment_ids(self) -> list[int]:
@@ -151,6 +155,7 @@ def _compute_batches(
     batch_checkpoint_dir: str | None = None,
     batch_resume: bool = True,
     udf_resumed: dict[str, int] | None = None,
+    checkpoint_seconds: float | None = None,
 ):
     """Yield view batches; with ``only``, just the key, version and those UDF columns."""
     projection = dict(definition.projection) if only is None else {}
@@ -178,7 +183,11 @@ def _compute_batches(
         batch_size=batch_size,
     )
     store: RowStore | None = None
-    for batch in _scanned(scanner, definition):
+    specs = [c for c in definition.udf_columns if c.name in schema.names]
+    if batch_checkpoint_dir and specs:
+        store = (RowStore(batch_checkpoint_dir, specs, lookup=batch_resume) if checkpoint_seconds is None
+                 else PacedRowStore(batch_checkpoint_dir, specs, batch_resume, checkpoint_seconds))
+    for batch in _paced(_scanned(scanner, definition), store):
         if batch.num_rows == 0:
             continue
         arrays = []
@@ -189,13 +198,13 @@ def _compute_batches(
             )
         row_ids = batch.column("_rowid").cast(pa.int64())
         row_versions = batch.column(_ROW_VERSION).cast(pa.int64())
-        specs = [c for c in definition.udf_columns if c.name in schema.names]
-        if store is None and batch_checkpoint_dir and specs:
-            store = RowStore(batch_checkpoint_dir, specs, lookup=batch_resume)
+        started = time.perf_counter()
         udf_values = _checkpointed_udf_columns(
             specs, input_batch, row_ids, row_versions, udf_rows, errors, store,
             _input_identity(batch, computed_inputs) if store is not None else None, udf_resumed,
         )
+        if isinstance(store, PacedRowStore) and store.pacer.computed(batch.num_rows, time.perf_counter() - started):
+            store.flush()
         for f in schema:
             if f.name == SOURCE_ROW_ID:
                 arrays.append(row_ids)
@@ -206,6 +215,19 @@ def _compute_batches(
             else:
                 arrays.append(batch.column(f.name).cast(f.type))
         yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _paced(batches, store: "RowStore | None"):
+    """Scanner batches, cut into slices as the store's pacer asks (checkpoints by time)."""
+    if not isinstance(store, PacedRowStore):
+        yield from batches
+        return
+    for batch in batches:
+        offset = 0
+        while offset < batch.num_rows:
+            n = store.pacer.next_rows()
+            yield batch.slice(offset, n)
+            offset += n
 
 
 def _scanned(scanner, definition: ViewDefinition):
@@ -306,6 +328,37 @@ class RowStore:
             self._index = self.store.index()
         return self._index
 
+    def save(self, ids: np.ndarray, vers: np.ndarray, ins: np.ndarray, values: dict[str, pa.Array],
+             errors: list[dict]) -> None:
+        self.store.save(ids, vers, ins, values, errors)
+
+    def flush(self) -> None:
+        pass
+
+
+class PacedRowStore(RowStore):
+    """A :class:`RowStore` that holds results in memory and saves them as one
+    checkpoint when its pacer says they took long enough to compute."""
+
+    def __init__(self, root: str, specs: list[ColumnSpec], lookup: bool, target_seconds: float) -> None:
+        super().__init__(root, specs, lookup)
+        self.pacer = CheckpointPacer(target_seconds=target_seconds)
+        self._held: list[tuple] = []
+
+    def save(self, ids, vers, ins, values, errors) -> None:
+        self._held.append((ids, vers, ins, values, errors))
+
+    def flush(self) -> None:
+        if not self._held:
+            return
+        held, self._held = self._held, []
+        names = list(held[0][3])
+        self.store.save(
+            np.concatenate([h[0] for h in held]), np.concatenate([h[1] for h in held]),
+            np.concatenate([h[2] for h in held]),
+            {n: pa.concat_arrays([h[3][n] for h in held]) for n in names}, [e for h in held for e in h[4]],
+        )
+
 
 def _checkpointed_udf_columns(
     specs: list[ColumnSpec],
@@ -345,7 +398,7 @@ def _checkpointed_udf_columns(
         specs, inputs.filter(mask) if inputs is not None else None, row_ids.filter(mask), row_versions.filter(mask),
         udf_rows, batch_errors,
     )
-    store.store.save(ids[todo], vers[todo], input_ids[todo], fresh, batch_errors)
+    store.save(ids[todo], vers[todo], input_ids[todo], fresh, batch_errors)
     if errors is not None:
         errors.extend(batch_errors)
     if not found.any():
@@ -474,7 +527,7 @@ def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
             _compute_batches(
                 fragments[0] if len(fragments) == 1 else _FragmentsScan(ds, fragments), definition, view_schema,
                 ds.schema, predicate, spec.batch_size, udf_rows, spec.recompute, errors, spec.batch_checkpoint_dir,
-                spec.batch_resume, resumed,
+                spec.batch_resume, resumed, spec.checkpoint_seconds,
             )
         )
     if spec.recompute is None:

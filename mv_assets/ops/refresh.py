@@ -39,6 +39,7 @@ from mv_assets.model.definition import (
 )
 from mv_assets.model.errors import ConcurrentRefreshError
 from mv_assets.model.names import Alias
+from mv_assets.model.pacing import default_target_seconds
 from mv_assets.model.planning import (
     ChangeSet,
     History,
@@ -235,13 +236,13 @@ def _marker_changes(src_uri: str, v0: int, v1: int, markers: list[str]) -> np.nd
     return ids1[changed]
 
 
-def _check_args(mode: str, max_rows_per_task: int, checkpoint_size: int) -> None:
+def _check_args(mode: str, max_rows_per_task: int, checkpoint_size: int | None) -> None:
     if mode not in MODES:
         raise ValueError(f"refresh mode must be one of {MODES}, got {mode!r}")
     if not isinstance(max_rows_per_task, int) or max_rows_per_task <= 0:
         raise ValueError("max_rows_per_task must be a positive int")
-    if not isinstance(checkpoint_size, int) or checkpoint_size <= 0:
-        raise ValueError("checkpoint_size must be a positive int")
+    if checkpoint_size is not None and (not isinstance(checkpoint_size, int) or checkpoint_size <= 0):
+        raise ValueError("checkpoint_size must be a positive int (or None: checkpoints sized by time)")
 
 
 def _source_at(view_name: str, definition: ViewDefinition, src_latest: lance.LanceDataset, src_version: int | None):
@@ -296,7 +297,7 @@ def plan_refresh(
     fragments: list[int] | None = None,
     recompute: list[str] | None = None,
     max_rows_per_task: int = 131_072,
-    checkpoint_size: int = 8192,
+    checkpoint_size: int | None = None,
 ) -> RefreshPlan:
     """Plan a refresh of ``view`` to source version ``src_version`` (default latest).
 
@@ -373,7 +374,7 @@ class _TaskPlace:
     batch_dir: str
     plan_key: str
     max_rows_per_task: int
-    checkpoint_size: int
+    checkpoint_size: int | None
 
     def tasks(self, pieces: list[list], recompute: list[str] | None = None) -> list[TaskSpec]:
         tasks = _pack_tasks(
@@ -384,7 +385,9 @@ class _TaskPlace:
         # resume); a fresh refresh only writes them.
         resume = bool(objects.listdir(self.batch_dir))
         for t in tasks:
-            t.batch_size, t.batch_checkpoint_dir, t.batch_resume = self.checkpoint_size, self.batch_dir, resume
+            t.batch_size, t.batch_checkpoint_dir, t.batch_resume = self.checkpoint_size or 8192, self.batch_dir, resume
+            if self.checkpoint_size is None:  # sized by time (model.pacing)
+                t.checkpoint_seconds = default_target_seconds()
         return tasks
 
 
