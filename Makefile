@@ -71,6 +71,8 @@ bench: install
 	$(PY) bench/bench_dagster.py
 	$(PY) bench/bench_demo_ui.py
 	$(PY) bench/bench_scale.py
+	$(PY) bench/bench_checkpoints.py
+	$(PY) bench/bench_small_refresh.py
 
 demo-stop:
 	$(PY) -m mv_assets.execution.connect_server stop --state-dir .demo/spark-connect

@@ -149,7 +149,7 @@ def main() -> None:
     args = ap.parse_args()
     many_fragments(mv.InlineRunner(), "inline")
     if not args.skip_spark:
-        runner = mv.SparkRunner(master=args.master)
+        runner = mv.SparkRunner(master=args.master, local_below_rows=0)  # every refresh a Spark job
         many_fragments(runner, f"spark {args.master}")
         runner.stop()
     for size in () if args.skip_memory else (int(x) for x in args.sizes.split(",")):

@@ -14,7 +14,7 @@ from mv_assets.execution.spark import SparkRunner, set_default_runner  # noqa: E
 @pytest.fixture(scope="session")
 def spark_runner():
     """One local Spark (2 cores) for the whole run; started on first use."""
-    runner = SparkRunner(master=os.environ.get("MV_ASSETS_SPARK_MASTER", "local[2]"))
+    runner = SparkRunner(master=os.environ.get("MV_ASSETS_SPARK_MASTER", "local[2]"), local_below_rows=0)  # always a Spark job
     yield runner
     runner.stop()
 

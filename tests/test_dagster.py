@@ -186,7 +186,7 @@ def test_partition_run_with_a_key_that_is_no_fragment_fails_clearly(tmp_path):
 def test_materializing_requested_partitions_gives_the_oracle_view(tmp_path, spark_runner):
     db = _catalog(tmp_path / "cat")
     src = db.open_table("src")
-    resource = MvAssetsResource(catalog_uri=db.uri, spark_master="local[2]")
+    resource = MvAssetsResource(catalog_uri=db.uri, spark_master="local[2]", local_below_rows=0)
     defs = build_definitions(db, resource=resource)
     sensor = _sensor(defs, "src_changes")
     job_assets = defs.get_repository_def().assets_defs_by_key
@@ -226,7 +226,7 @@ def test_materializing_requested_partitions_gives_the_oracle_view(tmp_path, spar
 def test_ui_partition_materialization_is_idempotent(tmp_path):
     db = _catalog(tmp_path / "cat")
     src = db.open_table("src")
-    resource = MvAssetsResource(catalog_uri=db.uri, spark_master="local[2]")
+    resource = MvAssetsResource(catalog_uri=db.uri, spark_master="local[2]", local_below_rows=0)
     defs = build_definitions(db, resource=resource)
     assets = [defs.get_repository_def().assets_defs_by_key[dg.AssetKey(["v"])]]
     frag = str(lance.dataset(src.uri).get_fragments()[1].fragment_id)

@@ -36,7 +36,7 @@ def test_refresh_on_a_standalone_cluster_with_the_catalog_on_s3(cluster, s3_serv
     monkeypatch.setenv("MV_TEST_OFFSET", "7")
     bucket = s3_server.new_bucket()
     opts = s3_server.options
-    runner = SparkRunner(master=cluster.master_url, driver_host="127.0.0.1", bind_address="127.0.0.1",
+    runner = SparkRunner(master=cluster.master_url, driver_host="127.0.0.1", bind_address="127.0.0.1", local_below_rows=0,
                          py_files=[str(deps)], forward_env=["MV_TEST_OFFSET"], resource_wait_seconds=90,
                          conf={"spark.executor.memory": "512m", "spark.cores.max": "2"})
     try:
@@ -75,7 +75,7 @@ def test_refresh_on_a_standalone_cluster_with_the_catalog_on_s3(cluster, s3_serv
 def test_a_cluster_without_free_cores_fails_clearly_instead_of_hanging(cluster, tmp_path):
     """An application asking for more memory per executor than any worker has
     never gets an executor: the refresh fails after the wait, the lock is released."""
-    runner = SparkRunner(master=cluster.master_url, driver_host="127.0.0.1", bind_address="127.0.0.1",
+    runner = SparkRunner(master=cluster.master_url, driver_host="127.0.0.1", bind_address="127.0.0.1", local_below_rows=0,
                          resource_wait_seconds=5, conf={"spark.executor.memory": "4g"})
     try:
         db = mv.connect(str(tmp_path / "cat"), runner=runner)

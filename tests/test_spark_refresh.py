@@ -242,3 +242,44 @@ def test_random_histories_match_oracle(ops, spark_runner, tmp_path_factory):
             assert twice_calls - twice_seen <= top_changed
             twice_seen = twice_calls
             last_rows = now
+
+
+@pytest.mark.parametrize(
+    "rows_setting, seconds_setting, rows, estimate, on_driver",
+    [
+        (None, None, 100, 0.002, True),      # auto: small estimated work stays on the driver
+        (None, None, 10**6, 20.0, False),    # auto: large work goes to Spark
+        (None, None, 5, None, False),        # no estimate (a backfill's map): Spark
+        (None, 0.0, 100, 0.002, False),      # local_below_seconds=0: never on the driver
+        (None, 30.0, 10**6, 20.0, True),     # a higher bound keeps more on the driver
+        (0, None, 100, 0.002, False),        # local_below_rows=0: always a Spark job
+        (1000, None, 500, 99.0, True),       # a fixed row bound replaces the estimate
+        (1000, None, 5000, 0.001, False),
+    ],
+)
+def test_where_work_runs_by_estimate_or_fixed_bound(rows_setting, seconds_setting, rows, estimate, on_driver):
+    runner = mv.SparkRunner(local_below_rows=rows_setting, local_below_seconds=seconds_setting)
+    assert runner.runs_on_driver(rows, estimate) is on_driver
+    assert not runner.started  # deciding never starts Spark
+
+
+def test_small_refreshes_never_pay_a_spark_job_and_the_cost_is_measured(tmp_path):
+    """With the defaults, a small refresh runs on the driver (no JVM starts),
+    says so, and records its measured cost per row for the next decision."""
+    runner = mv.SparkRunner(master="local[1]")
+    db = mv.connect(str(tmp_path / "cat"), runner=runner)
+    t = db.create_table("t", pa.table({"id": list(range(5000)), "x": list(range(5000))}))
+
+    @mv.udf
+    def inc(x: int) -> int:
+        return x + 1
+
+    view = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": inc}))
+    r = view.refresh()
+    assert r.runner == "spark-driver-local" and not runner.started
+    measured = view.refresh_state().seconds_per_row
+    assert measured is not None and 0 < measured < 1e-3
+    t.add(pa.table({"id": [9999], "x": [1]}))
+    r = view.refresh()
+    assert r.runner == "spark-driver-local" and r.udf_rows_computed == {"y": 1} and not runner.started
+    assert view.refresh_state().seconds_per_row == measured  # too few rows to measure: carried

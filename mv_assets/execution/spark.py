@@ -113,10 +113,14 @@ class SparkRunner:
     remote: str | None = None
     conf: dict[str, str] = field(default_factory=dict)
     app_name: str = "mv_assets"
-    # Refreshes computing at most this many rows run on the driver instead of
-    # starting a Spark job (0 = always Spark). Saves the per-job start-up of
-    # small, frequent refreshes; also $MV_ASSETS_LOCAL_BELOW_ROWS.
+    # Where a refresh runs: on the driver (no Spark job) when its estimated
+    # work (planned rows x the view's measured cost per row) is at most
+    # ``local_below_seconds`` (default 2 s, $MV_ASSETS_LOCAL_BELOW_SECONDS; 0:
+    # never), else as a Spark job. A fixed ``local_below_rows`` (also
+    # $MV_ASSETS_LOCAL_BELOW_ROWS) replaces the estimate: at most that many
+    # rows run on the driver (0 = always Spark).
     local_below_rows: int | None = None
+    local_below_seconds: float | None = None
     driver_host: str | None = None
     bind_address: str | None = None
     py_files: list[str] = field(default_factory=list)  # shipped to executors (UDF dependencies)
@@ -247,15 +251,34 @@ class SparkRunner:
             return self.local_below_rows
         return int(os.environ.get("MV_ASSETS_LOCAL_BELOW_ROWS") or 0)
 
-    def run(self, tasks: list[TaskSpec], definition_raw: bytes) -> list[TaskResult]:
-        out = self.map(_RUN_TASK, [t.to_json() for t in tasks], definition_raw, sum(t.rows for t in tasks))
+    def resolved_local_below_seconds(self) -> float:
+        if self.local_below_seconds is not None:
+            return self.local_below_seconds
+        return float(os.environ.get("MV_ASSETS_LOCAL_BELOW_SECONDS") or 2.0)
+
+    def runs_on_driver(self, rows: int, estimated_seconds: float | None) -> bool:
+        """Whether work of ``rows`` rows (and this estimate) skips the Spark job."""
+        if self.local_below_rows is not None or os.environ.get("MV_ASSETS_LOCAL_BELOW_ROWS"):
+            return rows <= self.resolved_local_below_rows()
+        if estimated_seconds is None:
+            return rows <= 0
+        return estimated_seconds <= self.resolved_local_below_seconds()
+
+    def run(
+        self, tasks: list[TaskSpec], definition_raw: bytes, estimated_seconds: float | None = None
+    ) -> list[TaskResult]:
+        out = self.map(_RUN_TASK, [t.to_json() for t in tasks], definition_raw, sum(t.rows for t in tasks),
+                       estimated_seconds=estimated_seconds)
         return [TaskResult.from_json(r) for r in out]
 
-    def map(self, func_ref: str, payloads: list[str], shared: bytes, rows: int = 0) -> list[str]:
-        """Run ``func_ref(payload, shared)`` for each payload, one Spark partition each."""
+    def map(
+        self, func_ref: str, payloads: list[str], shared: bytes, rows: int = 0, estimated_seconds: float | None = None
+    ) -> list[str]:
+        """Run ``func_ref(payload, shared)`` for each payload, one Spark partition each
+        (or all on the driver when the work is small, see ``runs_on_driver``)."""
         if not payloads:
             return []
-        if rows <= self.resolved_local_below_rows():
+        if self.runs_on_driver(rows, estimated_seconds):
             self.last_run_local = True
             return InlineRunner().map(func_ref, payloads, shared)
         self.last_run_local = False

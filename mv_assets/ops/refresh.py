@@ -28,6 +28,7 @@ import pyarrow as pa
 from lance import LanceOperation, Transaction
 from lance.fragment import FragmentMetadata
 
+from mv_assets.execution.spark import SparkRunner
 from mv_assets.execution.tasks import TaskResult, TaskSpec, and_filters
 from mv_assets.model.definition import (
     SOURCE_ROW_ID,
@@ -62,6 +63,7 @@ from mv_assets.storage.state import read_refresh_state
 
 if TYPE_CHECKING:
     from mv_assets.execution.spark import Runner
+
 
 __all__ = ["RefreshPlan", "RefreshResult", "plan_refresh", "execute_refresh", "compact_if_fragmented"]
 
@@ -110,6 +112,7 @@ class RefreshPlan:
     load_number: int = field(default=0, repr=False)
     scope: list[int] | None = None
     scoped_since_whole: bool = field(default=False, repr=False)
+    seconds_per_row: float | None = field(default=None, repr=False)  # measured by the last refresh
 
     @property
     def is_noop(self) -> bool:
@@ -358,7 +361,7 @@ def plan_refresh(
         rows_to_update=int(len(keys.update)), rows_to_delete=int(len(keys.delete)), udf_rows=udf_rows,
         tasks=tasks, keys=keys, view_key_addrs=(_ids(vk, SOURCE_ROW_ID), _ids(vk, "_rowaddr")),
         checkpoint_dir=where.checkpoint_dir, definition_raw=definition.encode(), load_number=state.load_number,
-        scope=scope, scoped_since_whole=state.scoped_since_whole,
+        scope=scope, scoped_since_whole=state.scoped_since_whole, seconds_per_row=state.seconds_per_row,
     )
 
 
@@ -689,7 +692,9 @@ def _sum_counts(counts: list[dict[str, int]]) -> dict[str, int]:
     return out
 
 
-def _state_record(view: ViewRef, plan: RefreshPlan, udf_rows: dict[str, int], errors: int) -> dict:
+def _state_record(
+    view: ViewRef, plan: RefreshPlan, udf_rows: dict[str, int], errors: int, results: list[TaskResult]
+) -> dict:
     """The refresh state committed with the data (see :func:`read_refresh_state`)."""
     return {
         "source_version": plan.to_version,
@@ -706,7 +711,17 @@ def _state_record(view: ViewRef, plan: RefreshPlan, udf_rows: dict[str, int], er
         "rows_deleted": plan.rows_to_delete,
         "udf_rows_computed": udf_rows,
         "udf_errors": errors,
+        "seconds_per_row": _seconds_per_row(plan, results),
     }
+
+
+def _seconds_per_row(plan: RefreshPlan, results: list[TaskResult]) -> float | None:
+    """Task seconds per row computed, measured now (or carried from the last refresh)."""
+    rows = sum(t.rows for t in plan.tasks)
+    fresh = [r for r in results if not r.resumed]
+    if rows >= 1000 and fresh and len(fresh) == len(results):
+        return sum(r.seconds for r in results) / rows
+    return plan.seconds_per_row
 
 
 def _view_changes(view: ViewRef, plan: RefreshPlan, results: list[TaskResult]):
@@ -733,13 +748,30 @@ def _nothing_done(view: ViewRef, plan: RefreshPlan, seconds: float) -> RefreshRe
     )
 
 
+# Until a view's refresh has measured its cost: a model-like UDF (~20 us/row).
+DEFAULT_SECONDS_PER_ROW = 20e-6
+
+
+def estimated_seconds(plan: RefreshPlan) -> float:
+    """The work of the plan's tasks: rows times the last measured cost per row."""
+    return sum(t.rows for t in plan.tasks) * (plan.seconds_per_row or DEFAULT_SECONDS_PER_ROW)
+
+
+def _run_tasks(plan: RefreshPlan, runner: "Runner") -> list[TaskResult]:
+    if not plan.tasks:
+        return []
+    if isinstance(runner, SparkRunner):  # it decides between the driver and a Spark job
+        return runner.run(plan.tasks, plan.definition_raw, estimated_seconds=estimated_seconds(plan))
+    return runner.run(plan.tasks, plan.definition_raw)
+
+
 def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner") -> RefreshResult:
     """Run the plan's tasks and commit the result as one Lance transaction."""
     start = time.perf_counter()
     if plan.commits_nothing:
         return _nothing_done(view, plan, time.perf_counter() - start)
     view.layout.clear_stale_checkpoints(view.name, keep=plan.checkpoint_dir)
-    results: list[TaskResult] = runner.run(plan.tasks, plan.definition_raw) if plan.tasks else []
+    results: list[TaskResult] = _run_tasks(plan, runner)
     executed = time.perf_counter()
     removed, updated, new_fragments = _view_changes(view, plan, results)
     errors = [e for r in results for e in r.errors]
@@ -754,7 +786,7 @@ def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner") -> Refre
         operation=LanceOperation.Update(
             removed_fragment_ids=removed, updated_fragments=updated, new_fragments=new_fragments
         ),
-        transaction_properties={STATE_KEY: json.dumps(_state_record(view, plan, udf_rows, len(errors)))},
+        transaction_properties={STATE_KEY: json.dumps(_state_record(view, plan, udf_rows, len(errors), results))},
     )
     try:
         committed = objects.commit(view.uri, txn, read_version=plan.view_version, max_retries=0)

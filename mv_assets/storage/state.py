@@ -30,6 +30,8 @@ class RefreshState:
     # may hold rows (or row versions) of other source versions than
     # ``source_version``, so the next whole refresh compares every row (sync).
     scoped_since_whole: bool = False
+    # measured cost of the last refresh that computed rows: task seconds per row
+    seconds_per_row: float | None = None
 
     @property
     def refreshed(self) -> bool:
@@ -67,6 +69,7 @@ def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
                     load_number=int(latest.get("load_number", 0)),
                     refreshed_at=latest.get("refreshed_at"),
                     scoped_since_whole=latest.get("scope") is not None,
+                    seconds_per_row=latest.get("seconds_per_row"),
                 )
         v -= 1
     if latest is None:
