@@ -64,6 +64,22 @@ def main() -> None:
             print(f"  {label:10s} best {best[0]:.3f} s  path {best[1]:20s} rows computed {best[2]}")
         print(f"  ratio auto / spark job: {min(results['auto'])[0] / min(results['spark job'])[0]:.2f}"
               f"  (Spark session started by auto: {auto.started})")
+        # a no-op refresh reads versions and state only: O(1) in the view's size
+        small = db.create_table("small", rows(0, 1000))
+        sv = db.create_materialized_view("sv", small.search(None).select({"id": "id", "x": "x"}))
+        sv.refresh(runner=mv.InlineRunner())
+        v.refresh(runner=auto)
+        noop = {}
+        for name, view in (("1k-row view", sv), (f"{v.count_rows():,}-row view", v)):
+            times = []
+            for _ in range(5):
+                t0 = time.perf_counter()
+                r = view.refresh(runner=auto)
+                times.append(time.perf_counter() - t0)
+                assert r.runner == "none"
+            noop[name] = min(times)
+        (a_name, a_s), (b_name, b_s) = noop.items()
+        print(f"  no-op refresh: {a_name} {a_s * 1000:.1f} ms, {b_name} {b_s * 1000:.1f} ms (ratio {b_s / a_s:.2f})")
     finally:
         auto.stop()
         forced.stop()

@@ -373,3 +373,33 @@ def test_many_refreshes_keep_the_view_fragments_few(tmp_path):
     w.refresh()  # compaction is no change to readers of the view
     assert w.count_rows() == v.count_rows()
     assert w.plan_refresh().is_noop
+
+
+def test_a_no_op_refresh_reads_nothing_of_the_view_or_source_rows(tmp_path, monkeypatch):
+    """A refresh of a view already at its source's version is O(1): it reads
+    neither the view's keys nor the source's rows (only versions and state)."""
+    import lance
+
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(1000)])
+    view = db.create_materialized_view("v", t.search(None).where("x > 3").select({"id": "id", "x": "x"}))
+    view.refresh()
+    scans = []
+    real_to_table, real_scanner = lance.LanceDataset.to_table, lance.LanceDataset.scanner
+
+    def to_table(self, *a, **k):
+        scans.append(("to_table", self.uri))
+        return real_to_table(self, *a, **k)
+
+    def scanner(self, *a, **k):
+        scans.append(("scanner", self.uri))
+        return real_scanner(self, *a, **k)
+
+    monkeypatch.setattr(lance.LanceDataset, "to_table", to_table)
+    monkeypatch.setattr(lance.LanceDataset, "scanner", scanner)
+    r = db.open_table("v").refresh()
+    assert r.rows_inserted == r.rows_deleted == 0 and r.runner == "none"
+    assert scans == []
+    t.add([{"id": 5000, "x": 5000}])  # a real change is still found (and reads what it needs)
+    r = db.open_table("v").refresh()
+    assert r.rows_inserted == 1 and scans

@@ -327,6 +327,14 @@ def plan_refresh(
     )
     if how == "full" and mode == "incremental_strict" and v0 is not None:
         raise ValueError(f"refresh of {view.name!r} cannot be incremental: {reason}")
+    if how == "incremental" and v0 == src.version and scope is None and recompute is None:
+        # Already at the target: nothing to read, O(1) whatever the view's size.
+        return RefreshPlan(
+            view=view.name, source=definition.source, from_version=v0, to_version=src.version,
+            view_version=view_ds.version, full=False, reason="already current", rows_to_insert=0,
+            rows_to_update=0, rows_to_delete=0, udf_rows={}, definition_raw=b"", load_number=state.load_number,
+            scoped_since_whole=state.scoped_since_whole, seconds_per_row=state.seconds_per_row,
+        )
     # Computed columns of the source the view reads: their markers are compared too.
     tracked = tracked_source_columns(view_ds.schema)
     vk = view_ds.to_table(
