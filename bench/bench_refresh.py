@@ -87,8 +87,10 @@ def main() -> None:
         for i in range(1, 4):  # several fragments: every Python worker starts once
             warm.add(make_rows(100 * i, 100))
         db.create_materialized_view("warm_v", warm.search(None).select({"id": "id", "y": scaled}))
+        runner.local_below_rows = 0  # the warm-up must be Spark jobs (it is small enough for the driver)
         db.refresh("warm_v")
         db.refresh("warm_v", mode="full")
+        runner.local_below_rows = None  # then the default choice: driver-local for small work
         spark_startup = time.perf_counter() - t0
 
         view = db.create_materialized_view(
