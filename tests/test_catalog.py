@@ -544,3 +544,19 @@ def test_describe_reads_stored_metadata_without_unpickling(db, monkeypatch):
     with pytest.raises(ValueError, match="invalid view query over 'raw'"):
         db.describe_query("w", t.search(None).where("nope > 1"))
     assert _snapshot(db) == before and "w" not in db
+
+
+def test_tasks_are_sized_from_the_work_and_the_runner(tmp_path):
+    """Default task size: one task per core for cheap work (inline: one task),
+    a fixed max_rows_per_task still wins."""
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    t = db.create_table("t", pa.table({"id": list(range(10_000)), "x": list(range(10_000))}))
+    view = db.create_materialized_view("v", t.search(None).select({"id": "id", "x": "x"}))
+    assert len(view.plan_refresh().tasks) == 1
+    assert len(view.plan_refresh(runner=mv.SparkRunner(master="local[2]")).tasks) == 2
+    assert len(view.plan_refresh(runner=mv.SparkRunner(master="local[4]")).tasks) == 4
+    assert len(view.plan_refresh(max_rows_per_task=1000).tasks) == 10
+    with pytest.raises(ValueError, match="max_rows_per_task must be a positive int"):
+        view.plan_refresh(max_rows_per_task=0)
+    r = view.refresh()  # inline: one task
+    assert r.tasks == 1 and view.count_rows() == 10_000

@@ -1,8 +1,11 @@
 """Pure planning logic: no Lance, no Spark."""
 
+import os
+
 import numpy as np
 import pytest
 
+import mv_assets as mv
 from mv_assets.model.planning import ChangeSet, plan_keys, select_limited, shuffle_keys, split_ranges
 
 
@@ -188,3 +191,22 @@ def test_pieces_select_exactly_their_rows_and_packing_keeps_tasks_small():
     groups = pack_pieces([[0, None, 3], [1, None, 3], [2, None, 3], [3, None, 9], [4, None, 1]], 9)
     assert [[p[0] for p in g] for g in groups] == [[0, 1, 2], [3], [4]]
     assert pack_pieces([], 5) == []
+
+
+@pytest.mark.parametrize(
+    "master, remote, env, expected",
+    [("local[2]", None, None, 2), ("local", None, None, 1), ("local[*]", None, None, os.cpu_count() or 1),
+     ("local[4,2]", None, None, 4), ("spark://h:7077", None, None, 8), (None, "sc://h:15002", None, 8),
+     ("local[2]", None, "3", 3)],
+)
+def test_runner_parallelism_without_starting_spark(master, remote, env, expected, monkeypatch):
+    if env:
+        monkeypatch.setenv("MV_ASSETS_SPARK_PARALLELISM", env)
+    else:
+        monkeypatch.delenv("MV_ASSETS_SPARK_PARALLELISM", raising=False)
+    monkeypatch.delenv("MV_ASSETS_SPARK_REMOTE", raising=False)
+    monkeypatch.delenv("SPARK_REMOTE", raising=False)
+    runner = mv.SparkRunner(master=master, remote=remote)
+    assert runner.parallelism() == expected and not runner.started
+    assert mv.InlineRunner().parallelism() == 1
+

@@ -83,6 +83,13 @@ __all__ = ["Table", "MaterializedView", "sql_literal", "to_arrow_table"]
 PRIMARY_KEY_METADATA_KEY = "mv_assets.primary_key"
 
 
+def _parallelism(runner: Any) -> int:
+    """How many tasks the runner runs at once (1 if it does not say)."""
+    get = getattr(runner, "parallelism", None)
+    n = get() if callable(get) else 1
+    return n if isinstance(n, int) and n > 0 else 1
+
+
 def to_arrow_table(data: Any, schema: pa.Schema | None = None) -> pa.Table:
     """Accept a pyarrow Table / RecordBatch / reader or a list of dicts."""
     if isinstance(data, pa.Table):
@@ -634,13 +641,15 @@ class MaterializedView(Table):
 
     def plan_refresh(
         self, *, src_version: int | None = None, mode: str = "auto", fragments: list[int] | None = None,
-        recompute: list[str] | None = None, max_rows_per_task: int = 131_072, checkpoint_size: int | None = None,
+        recompute: list[str] | None = None, max_rows_per_task: int | None = None, checkpoint_size: int | None = None,
+        runner: "Runner | None" = None,
     ) -> RefreshPlan:
         """An exact dry run of :meth:`refresh` with the same arguments: rows to
         insert, update and delete, UDF rows to compute, the tasks."""
         return plan_refresh(
             self.ref(), src_version, mode=mode, fragments=fragments, recompute=recompute,
             max_rows_per_task=max_rows_per_task, checkpoint_size=checkpoint_size,
+            parallelism=_parallelism(runner or self.connection.runner),
         )
 
     @property
@@ -681,7 +690,7 @@ class MaterializedView(Table):
         runner: "Runner | None" = None,
         fragments: list[int] | None = None,
         recompute: list[str] | None = None,
-        max_rows_per_task: int = 131_072,
+        max_rows_per_task: int | None = None,
         checkpoint_size: int | None = None,
         lock_timeout: float | None = 600.0,
     ) -> RefreshResult:
@@ -712,6 +721,7 @@ class MaterializedView(Table):
             plan = plan_refresh(
                 ref, src_version, mode=mode, fragments=fragments, recompute=recompute,
                 max_rows_per_task=max_rows_per_task, checkpoint_size=checkpoint_size,
+                parallelism=_parallelism(runner or self.connection.runner),
             )
             if plan.commits_nothing:
                 return execute_refresh(ref, plan, runner or self.connection.runner)

@@ -69,6 +69,10 @@ class InlineRunner:
     def run(self, tasks: list[TaskSpec], definition_raw: bytes) -> list[TaskResult]:
         return [run_task(t, definition_raw) for t in tasks]
 
+    def parallelism(self) -> int:
+        """Tasks that run at once: one at a time here."""
+        return 1
+
     def map(self, func_ref: str, payloads: list[str], shared: bytes, rows: int = 0) -> list[str]:
         fn = resolve(func_ref)
         return [fn(p, shared) for p in payloads]
@@ -250,6 +254,23 @@ class SparkRunner:
         if self.local_below_rows is not None:
             return self.local_below_rows
         return int(os.environ.get("MV_ASSETS_LOCAL_BELOW_ROWS") or 0)
+
+    def parallelism(self) -> int:
+        """Tasks that run at once, without starting Spark: the cores of a
+        ``local[N]`` master, the session's default parallelism once started,
+        else ``$MV_ASSETS_SPARK_PARALLELISM`` (default 8) for a cluster."""
+        env = os.environ.get("MV_ASSETS_SPARK_PARALLELISM")
+        if env:
+            return max(1, int(env))
+        if self._session is not None and not self.resolved_remote():
+            return max(1, int(self._session.sparkContext.defaultParallelism))
+        master = self.resolved_master()
+        if not self.resolved_remote() and master.startswith("local"):
+            inner = master[len("local"):].strip("[]").split(",")[0]
+            if inner in ("", "1"):
+                return 1
+            return os.cpu_count() or 1 if inner == "*" else max(1, int(inner))
+        return 8
 
     def resolved_local_below_seconds(self) -> float:
         if self.local_below_seconds is not None:

@@ -326,3 +326,35 @@ def choose_how(
     if target < v0:
         return "sync", f"source version {target} is older than the reflected version {v0}"
     return "incremental", "incremental"
+
+
+# Bounds of automatically sized tasks: a task holds its output rows in memory
+# until it writes them, and a task of expensive rows should not run for hours.
+MAX_TASK_ROWS = 1 << 20
+MIN_TASK_ROWS = 1024
+MAX_TASK_SECONDS = 120.0
+
+
+def task_rows(total_rows: int, seconds_per_row: float | None, parallelism: int) -> int:
+    """Rows per task when the caller did not fix it: as few tasks as keep every
+    core busy (a multiple of ``parallelism``: per-task overhead dominates
+    cheap UDFs), more when a task would hold over ``MAX_TASK_ROWS`` rows or run
+    over ``MAX_TASK_SECONDS`` of estimated work (``seconds_per_row``, None:
+    unknown, the row bound alone).
+
+    >>> task_rows(1_000_000, 5e-6, 2)      # cheap rows, two cores: two tasks
+    500000
+    >>> task_rows(10_000_000, 5e-6, 2)     # memory bound: 10 tasks of 1M
+    1000000
+    >>> task_rows(100_000, 0.01, 2)        # 1,000 s of work: tasks of <= 120 s, a multiple of 2
+    10000
+    >>> task_rows(500, None, 8), task_rows(0, None, 4)
+    (1024, 1024)
+    """
+    parallelism = max(1, int(parallelism))
+    per_task = MAX_TASK_ROWS
+    if seconds_per_row and seconds_per_row > 0:
+        per_task = min(per_task, max(MIN_TASK_ROWS, int(MAX_TASK_SECONDS / seconds_per_row)))
+    waves = max(1, -(-total_rows // (parallelism * per_task)))
+    n_tasks = parallelism * waves
+    return max(MIN_TASK_ROWS, -(-total_rows // n_tasks))

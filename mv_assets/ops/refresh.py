@@ -53,6 +53,7 @@ from mv_assets.model.planning import (
     positions,
     ranges_predicate,
     shuffle_keys,
+    task_rows,
 )
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.storage import objects
@@ -239,11 +240,11 @@ def _marker_changes(src_uri: str, v0: int, v1: int, markers: list[str]) -> np.nd
     return ids1[changed]
 
 
-def _check_args(mode: str, max_rows_per_task: int, checkpoint_size: int | None) -> None:
+def _check_args(mode: str, max_rows_per_task: int | None, checkpoint_size: int | None) -> None:
     if mode not in MODES:
         raise ValueError(f"refresh mode must be one of {MODES}, got {mode!r}")
-    if not isinstance(max_rows_per_task, int) or max_rows_per_task <= 0:
-        raise ValueError("max_rows_per_task must be a positive int")
+    if max_rows_per_task is not None and (not isinstance(max_rows_per_task, int) or max_rows_per_task <= 0):
+        raise ValueError("max_rows_per_task must be a positive int (or None: sized automatically)")
     if checkpoint_size is not None and (not isinstance(checkpoint_size, int) or checkpoint_size <= 0):
         raise ValueError("checkpoint_size must be a positive int (or None: checkpoints sized by time)")
 
@@ -299,8 +300,9 @@ def plan_refresh(
     mode: str = "auto",
     fragments: list[int] | None = None,
     recompute: list[str] | None = None,
-    max_rows_per_task: int = 131_072,
+    max_rows_per_task: int | None = None,
     checkpoint_size: int | None = None,
+    parallelism: int = 1,
 ) -> RefreshPlan:
     """Plan a refresh of ``view`` to source version ``src_version`` (default latest).
 
@@ -311,6 +313,10 @@ def plan_refresh(
     ``recompute`` names UDF columns to compute again for rows the view already
     holds at their current version (say after the UDF's code changed); their
     other columns are copied, not recomputed. Changed rows are refreshed as usual.
+
+    ``max_rows_per_task`` None sizes tasks from the rows to compute, the
+    view's measured cost per row and the runner's ``parallelism``
+    (:func:`planning.task_rows`).
     """
     _check_args(mode, max_rows_per_task, checkpoint_size)
     definition: ViewDefinition = view.definition
@@ -340,25 +346,31 @@ def plan_refresh(
     vk = view_ds.to_table(
         columns=[SOURCE_ROW_ID, SOURCE_ROW_VERSION, *(source_marker(m) for m in tracked)], with_row_address=True
     )
-    plan_key = hashlib.sha256(
-        f"{view.uri}|{view_ds.version}|{v0}|{src.version}|{def_fp}|{how}|{scope}|{recompute}|{max_rows_per_task}|"
-        f"{checkpoint_size}".encode()
-    ).hexdigest()[:16]
     checkpoints = view.layout.checkpoints(view.name)
-    where = _TaskPlace(
-        src.uri, src.version, view.uri, view_ds.version, objects.join(checkpoints, plan_key),
-        objects.join(checkpoints, "batches"), plan_key, max_rows_per_task, checkpoint_size,
-    )
+
+    def place(rows_to_compute: int) -> _TaskPlace:
+        per_task = max_rows_per_task or task_rows(rows_to_compute, state.seconds_per_row, parallelism)
+        plan_key = hashlib.sha256(
+            f"{view.uri}|{view_ds.version}|{v0}|{src.version}|{def_fp}|{how}|{scope}|{recompute}|{per_task}|"
+            f"{checkpoint_size}".encode()
+        ).hexdigest()[:16]
+        return _TaskPlace(
+            src.uri, src.version, view.uri, view_ds.version, objects.join(checkpoints, plan_key),
+            objects.join(checkpoints, "batches"), plan_key, per_task, checkpoint_size,
+        )
+
     if how != "incremental" and vk.num_rows == 0 and definition.limit is None and recompute is None:
         # Into an empty view (a first refresh): every passing row is an insert.
         # Planned while streaming the source's addresses, never holding its ids.
         frags = scope_frags if scope_frags is not None else src.get_fragments()
-        tasks = where.tasks(_pieces_into_empty_view(src, frags, definition.filter, max_rows_per_task))
+        where = place(sum(f.count_rows() for f in frags))  # before the filter: an upper bound
+        tasks = where.tasks(_pieces_into_empty_view(src, frags, definition.filter, where.max_rows_per_task))
         keys, n_insert, udf_rows = KeyPlan(), int(sum(t.rows for t in tasks)), {}
     else:
         keys, rows, current_rows = _changed_rows(
             src, src.uri, definition, how, v0, src.version, scope, scope_frags, vk, tracked, recompute
         )
+        where = place(rows.num_rows + current_rows.num_rows)
         tasks, udf_rows = _tasks_for(where, rows, current_rows, recompute)
         n_insert = int(len(keys.insert))
     for name in (c.name for c in definition.udf_columns):
