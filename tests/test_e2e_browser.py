@@ -93,15 +93,29 @@ class UI:
 
     def __init__(self, page, base, shots):
         self.page, self.base, self.shots, self.n = page, base, shots, 0
+        # Dagster's first-visit newsletter dialog may open at any moment (a
+        # timer): dismiss it whenever it is in the way of an action.
+        page.add_locator_handler(
+            page.get_by_text("Join the Dagster community"),
+            lambda *_: page.get_by_role("button", name="Skip").click(),
+        )
 
     def goto(self, path):
         self.page.goto(self.base + path)
         self.page.wait_for_load_state("networkidle")
-        skip = self.page.get_by_role("button", name="Skip")  # the first-visit newsletter dialog
-        if skip.count():
-            skip.click()
+        self._dismiss()
+
+    def _dismiss(self):
+        """Close the newsletter dialog if it is open now (the handler does it before actions)."""
+        skip = self.page.get_by_role("dialog").get_by_role("button", name="Skip")
+        try:
+            if skip.count():
+                skip.click(timeout=2_000)
+        except Exception:  # closed meanwhile by the handler
+            pass
 
     def shot(self, name):
+        self._dismiss()
         self.n += 1
         self.page.screenshot(path=os.path.join(self.shots, f"{self.n:02d}-{name}.png"))
 
