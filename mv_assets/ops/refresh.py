@@ -334,30 +334,16 @@ def plan_refresh(
     if how == "full" and mode == "incremental_strict" and v0 is not None:
         raise ValueError(f"refresh of {view.name!r} cannot be incremental: {reason}")
     if how == "incremental" and v0 == src.version and scope is None and recompute is None:
-        # Already at the target: nothing to read, O(1) whatever the view's size.
-        return RefreshPlan(
-            view=view.name, source=definition.source, from_version=v0, to_version=src.version,
-            view_version=view_ds.version, full=False, reason="already current", rows_to_insert=0,
-            rows_to_update=0, rows_to_delete=0, udf_rows={}, definition_raw=b"", load_number=state.load_number,
-            scoped_since_whole=state.scoped_since_whole, seconds_per_row=state.seconds_per_row,
-        )
+        return _already_current(view, src.version, view_ds.version, state)  # O(1): nothing to read
     # Computed columns of the source the view reads: their markers are compared too.
     tracked = tracked_source_columns(view_ds.schema)
     vk = view_ds.to_table(
         columns=[SOURCE_ROW_ID, SOURCE_ROW_VERSION, *(source_marker(m) for m in tracked)], with_row_address=True
     )
-    checkpoints = view.layout.checkpoints(view.name)
-
     def place(rows_to_compute: int) -> _TaskPlace:
         per_task = max_rows_per_task or task_rows(rows_to_compute, state.seconds_per_row, parallelism)
-        plan_key = hashlib.sha256(
-            f"{view.uri}|{view_ds.version}|{v0}|{src.version}|{def_fp}|{how}|{scope}|{recompute}|{per_task}|"
-            f"{checkpoint_size}".encode()
-        ).hexdigest()[:16]
-        return _TaskPlace(
-            src.uri, src.version, view.uri, view_ds.version, objects.join(checkpoints, plan_key),
-            objects.join(checkpoints, "batches"), plan_key, per_task, checkpoint_size,
-        )
+        return _place(view, src, view_ds.version, f"{v0}|{def_fp}|{how}|{scope}|{recompute}", per_task,
+                      checkpoint_size)
 
     if how != "incremental" and vk.num_rows == 0 and definition.limit is None and recompute is None:
         # Into an empty view (a first refresh): every passing row is an insert.
@@ -382,6 +368,30 @@ def plan_refresh(
         tasks=tasks, keys=keys, view_key_addrs=(_ids(vk, SOURCE_ROW_ID), _ids(vk, "_rowaddr")),
         checkpoint_dir=where.checkpoint_dir, definition_raw=definition.encode(), load_number=state.load_number,
         scope=scope, scoped_since_whole=state.scoped_since_whole, seconds_per_row=state.seconds_per_row,
+    )
+
+
+def _already_current(view: ViewRef, src_version: int, view_version: int, state) -> RefreshPlan:
+    """The plan of a view already at its source's version: nothing to do."""
+    return RefreshPlan(
+        view=view.name, source=view.definition.source, from_version=state.source_version, to_version=src_version,
+        view_version=view_version, full=False, reason="already current", rows_to_insert=0, rows_to_update=0,
+        rows_to_delete=0, udf_rows={}, definition_raw=b"", load_number=state.load_number,
+        scoped_since_whole=state.scoped_since_whole, seconds_per_row=state.seconds_per_row,
+    )
+
+
+def _place(
+    view: ViewRef, src: lance.LanceDataset, view_version: int, how: str, per_task: int, checkpoint_size: int | None
+) -> "_TaskPlace":
+    """Where the tasks of a plan (named by everything that shapes them) read, write and checkpoint."""
+    plan_key = hashlib.sha256(
+        f"{view.uri}|{view_version}|{src.version}|{how}|{per_task}|{checkpoint_size}".encode()
+    ).hexdigest()[:16]
+    checkpoints = view.layout.checkpoints(view.name)
+    return _TaskPlace(
+        src.uri, src.version, view.uri, view_version, objects.join(checkpoints, plan_key),
+        objects.join(checkpoints, "batches"), plan_key, per_task, checkpoint_size,
     )
 
 
