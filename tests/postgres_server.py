@@ -4,21 +4,16 @@ for Dagster's Postgres storage in tests; stopped by PID."""
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
+
+from mv_assets.dagster.devserver import free_port
 
 
 def postgres_bin(name: str) -> str | None:
     found = sorted(glob.glob(f"/usr/lib/postgresql/*/bin/{name}"))
     return found[-1] if found else shutil.which(name)
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 class PostgresServer:
@@ -28,7 +23,7 @@ class PostgresServer:
             raise FileNotFoundError("PostgreSQL server binaries (Debian's postgresql) are not installed")
         self.dir = tempfile.mkdtemp(prefix="mv_pg_")
         self.data = os.path.join(self.dir, "data")
-        self.port = _free_port()
+        self.port = free_port()
         # the server refuses to run as root: run it as the postgres user then
         self.prefix = ["runuser", "-u", "postgres", "--"] if os.geteuid() == 0 else []
         if self.prefix:

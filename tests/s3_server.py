@@ -2,22 +2,17 @@
 separate process, stopped by PID), and the storage options to reach it."""
 
 import contextlib
-import socket
 import subprocess
 import sys
 import time
 import uuid
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from mv_assets.dagster.devserver import free_port
 
 
 class S3Server:
     def __init__(self) -> None:
-        self.port = _free_port()
+        self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],

@@ -9,17 +9,13 @@ import time
 
 import pyspark
 
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from mv_assets.dagster.devserver import free_port
 
 
 class StandaloneCluster:
     def __init__(self, workdir: str, workers: int = 2, cores: int = 1, memory: str = "1g") -> None:
         self.home = os.path.dirname(pyspark.__file__)
-        self.port = _free_port()
+        self.port = free_port()
         self.master_url = f"spark://127.0.0.1:{self.port}"
         self.procs: list[subprocess.Popen] = []
         self.logs: list[str] = []
@@ -31,14 +27,14 @@ class StandaloneCluster:
         os.makedirs(workdir, exist_ok=True)
         try:
             self._start([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
-                         "--port", str(self.port), "--webui-port", str(_free_port())], env, workdir, "master")
+                         "--port", str(self.port), "--webui-port", str(free_port())], env, workdir, "master")
             self._wait_for_port(self.port)
             for i in range(workers):
                 work = os.path.join(workdir, f"worker{i}")
                 os.makedirs(work, exist_ok=True)
                 self._start([spark_class, "org.apache.spark.deploy.worker.Worker", self.master_url,
                              "--host", "127.0.0.1", "--cores", str(cores), "--memory", memory,
-                             "--webui-port", str(_free_port()), "--work-dir", work], env, workdir, f"worker{i}")
+                             "--webui-port", str(free_port()), "--work-dir", work], env, workdir, f"worker{i}")
         except BaseException:
             self.stop()
             raise

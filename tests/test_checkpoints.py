@@ -8,8 +8,8 @@ import pyarrow as pa
 
 import mv_assets as mv
 from mv_assets.ops.backfill import run_compute_task
+from mv_assets.storage import objects
 from mv_assets.storage.checkpoints import ID, INPUTS, VERSION, CheckpointIndex, CheckpointStore
-from mv_assets.storage.files import atomic_write_arrow
 
 
 def _save(store, ids, vers, ins=None, key=None, errors=()):
@@ -53,7 +53,7 @@ def test_keys_name_identities_and_files_are_whole(tmp_path):
 def test_backfill_and_refresh_leave_checkpoints_in_one_format(tmp_path):
     """A backfill killed after computing leaves batch checkpoints a row lookup
     finds by identity, in the same format as a refresh's row checkpoints."""
-    db = mv.connect(str(tmp_path / "cat"))
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())  # no JVM needed
     t = db.create_table("t", pa.table({"x": list(range(40))}))
 
     @mv.udf(data_type=pa.int64())
@@ -64,7 +64,7 @@ def test_backfill_and_refresh_leave_checkpoints_in_one_format(tmp_path):
     plan = t.plan_backfill("y", checkpoint_size=16)
     # the compute stage alone, as if the job were killed before its commit
     plan_path = os.path.join(plan.checkpoint_dir, "jobs", "plan-x.arrow")
-    atomic_write_arrow(plan_path, plan.plan_rows)
+    objects.write_arrow(plan_path, plan.plan_rows)
     n = plan.rows
     batches = [[k, b * 16, min(n, (b + 1) * 16)] for b, k in enumerate(plan.batch_keys)]
     shared = json.dumps({"specs": [c.to_json() for c in plan.specs], "checkpoint_dir": plan.checkpoint_dir,

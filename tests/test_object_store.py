@@ -2,18 +2,22 @@
 server (moto's, on 127.0.0.1), checked against an oracle read straight from
 the bucket, and nothing written to local disk."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
 
+import dagster as dg
 import lance
 import pyarrow as pa
 import pytest
+from dagster_helpers import apply_partition_requests, call_sensor
 from oracle import count_calls, record_call
 
 import mv_assets as mv
+from mv_assets.dagster import build_definitions, partitions_def_name
 from mv_assets.model.errors import ConcurrentRefreshError
 from mv_assets.storage import objects
 from mv_assets.storage.layout import Lease
@@ -130,8 +134,6 @@ def test_a_killed_refresh_on_s3_resumes_from_its_checkpoints(s3_server, s3_catal
         f"db = mv.connect({uri!r}, storage_options=json.loads(sys.argv[1]), runner=mv.InlineRunner()); "
         "db.open_table('v').refresh(checkpoint_size=25, max_rows_per_task=100)"
     )
-    import json
-
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
     proc = subprocess.Popen([sys.executable, "-c", code, json.dumps(opts)], env=env)
     while count_calls(call_log, "slow") < 120 and proc.poll() is None:
@@ -168,7 +170,7 @@ def test_leases_exclude_each_other_and_expire(s3_server, s3_catalog):
     assert objects.read_text(lease_uri) is None
 
 
-def test_bad_object_store_uris_and_options_are_refused(s3_server, monkeypatch):
+def test_bad_object_store_uris_and_options_are_refused(monkeypatch):
     with pytest.raises(ValueError, match="unsupported catalog URI 'ftp://x/y'"):
         mv.connect("ftp://x/y")
     with pytest.raises(ValueError, match="unsupported catalog URI 's3://'"):
@@ -210,13 +212,6 @@ def test_dagster_materializes_a_view_of_a_catalog_on_s3(s3_server, s3_catalog, m
     """The Dagster path over a bucket: definitions load from the bucket, the
     sensor adds fragment partitions, the run refreshes the view; storage
     options from the environment never enter the definitions."""
-    import json
-
-    import dagster as dg
-    from dagster_helpers import apply_partition_requests, call_sensor
-
-    from mv_assets.dagster import build_definitions, partitions_def_name
-
     uri, _ = s3_catalog
     monkeypatch.setenv("MV_ASSETS_STORAGE_OPTIONS", json.dumps(s3_server.options))
     monkeypatch.setenv("MV_ASSETS_RUNNER", "inline")

@@ -34,7 +34,6 @@ from mv_assets.model.planning import column_ids, positions, shuffle_keys
 from mv_assets.model.udf import RowError
 from mv_assets.storage import objects
 from mv_assets.storage.checkpoints import CheckpointIndex, CheckpointStore
-from mv_assets.storage.files import atomic_write_arrow, atomic_write_text
 
 __all__ = ["TaskSpec", "TaskResult", "run_task", "compute_rows", "and_filters"]
 
@@ -455,7 +454,7 @@ def _save_checkpoint(spec: TaskSpec, result: TaskResult) -> None:
     path = _checkpoint_path(spec)
     if not path:
         return
-    atomic_write_text(path, result.to_json())  # a checkpoint is either whole or absent
+    objects.write_text(path, result.to_json())  # a checkpoint is either whole or absent
 
 
 def _merge_with_view(spec: TaskSpec, view_schema: pa.Schema, batches: list[pa.RecordBatch]) -> pa.Table:
@@ -540,7 +539,7 @@ def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
         # A shuffled view is written in one global order at the commit (see
         # refresh.shuffled_fragments): hand the rows over, not view files.
         rows_path = objects.join(spec.checkpoint_dir or spec.view_uri.rsplit("/", 1)[0], f"{spec.task_id}.rows.arrow")
-        atomic_write_arrow(rows_path, table)
+        objects.write_arrow(rows_path, table)
     elif table.num_rows:
         metas = objects.write_fragments(table, spec.view_uri, schema=view_schema, max_rows_per_file=spec.max_rows_per_file)
         fragments = [m.to_json() for m in metas]  # plain dicts

@@ -67,7 +67,6 @@ from mv_assets.storage import objects
 from mv_assets.storage.changes import BACKFILL_KEY
 from mv_assets.storage.checkpoints import CheckpointStore
 from mv_assets.storage.error_log import append_errors
-from mv_assets.storage.files import atomic_write_arrow, read_arrow
 from mv_assets.storage.lance_compat import CommitConflictError, roaring_bitmap_bytes, take_rows
 from mv_assets.storage.refs import Ref, ViewRef
 
@@ -342,10 +341,6 @@ def _job_file(ckpt_dir: str, name: str) -> str:
     return objects.join(ckpt_dir, "jobs", name)
 
 
-def _write_job_file(path: str, data: pa.Table) -> None:
-    atomic_write_arrow(path, data)
-
-
 def run_compute_task(payload: str, shared: bytes) -> str:
     """Executor side: compute the batches of one task (skipping checkpointed ones)."""
     start = time.perf_counter()
@@ -353,7 +348,7 @@ def run_compute_task(payload: str, shared: bytes) -> str:
     job = json.loads(shared)
     specs = [ColumnSpec.from_json(c) for c in job["specs"]]
     store = CheckpointStore(job["checkpoint_dir"])
-    plan_rows = read_arrow(job["plan_path"])
+    plan_rows = objects.read_arrow(job["plan_path"])
     ds = objects.dataset(job["input_uri"], version=job["input_version"])
     inputs = _input_columns(specs, ds.schema)
     udf_rows: dict[str, int] = {}
@@ -572,7 +567,7 @@ def _commit_results(
         for fid, offsets, pos in groups:
             batch = np.searchsorted(starts, pos, side="right") - 1
             path = _job_file(plan.checkpoint_dir, f"write-{job_id}-{fid}.arrow")
-            _write_job_file(path, pa.table({"offset": offsets, "batch": batch, "row": pos - starts[batch]}))
+            objects.write_arrow(path, pa.table({"offset": offsets, "batch": batch, "row": pos - starts[batch]}))
             assigns.append(path)
             payloads.append(json.dumps({"fragment_id": int(fid), "assign": path}))
         shared_w = json.dumps({
@@ -597,7 +592,7 @@ def run_write_task(payload: str, shared: bytes) -> str:
     """Executor side: write one fragment's new column file from checkpoint batches."""
     task, job = json.loads(payload), json.loads(shared)
     ds = objects.dataset(job["uri"], version=job["version"])
-    assign = read_arrow(task["assign"])
+    assign = objects.read_arrow(task["assign"])
     batch = assign.column("batch").to_numpy()
     row = assign.column("row").to_numpy()
     needed = np.unique(batch)
@@ -734,7 +729,7 @@ def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: s
                               time.perf_counter() - start)
     plan_path = _job_file(plan.checkpoint_dir, f"plan-{job_id}.arrow")
     assert plan.plan_rows is not None  # a plan with rows has its row table
-    _write_job_file(plan_path, plan.plan_rows)
+    objects.write_arrow(plan_path, plan.plan_rows)
     shared = json.dumps({
         "specs": [c.to_json() for c in plan.specs],
         "checkpoint_dir": plan.checkpoint_dir,

@@ -21,7 +21,6 @@ from mv_assets.model.definition import tracked_source_columns
 from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
 from mv_assets.storage import objects
 from mv_assets.storage.changes import pending_versions
-from mv_assets.storage.files import atomic_write_text
 from mv_assets.storage.layout import Layout
 from mv_assets.storage.refs import ViewRef
 from mv_assets.storage.state import read_refresh_state
@@ -123,7 +122,7 @@ def record_load_state(layout: Layout, view: str, state: str, error: str | None =
         current["last_error"] = error
     elif state == LOADED:
         current["last_error"] = None
-    atomic_write_text(layout.status_file(view), json.dumps(current))
+    objects.write_text(layout.status_file(view), json.dumps(current))
 
 
 def stale_count(src_uri: str, since: int | None, latest: int) -> int:
