@@ -55,6 +55,7 @@ demo: install
 	DAGSTER_HOME=$(CURDIR)/.demo/dagster_home MV_ASSETS_DB=$(CURDIR)/.demo/catalog MV_ASSETS_VIEWS=mv_assets.demo \
 		MV_ASSETS_SPARK_REMOTE=$$REMOTE \
 		MV_ASSETS_LOCAL_BELOW_ROWS=$(DEMO_LOCAL_BELOW_ROWS) \
+		DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS=$${DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS:-1} \
 		$(VENV)/bin/dagster dev -h 127.0.0.1 -p $(DEMO_PORT) -w workspace.yaml
 
 ## Append, update and delete demo source rows (the running sensor picks them up).
@@ -73,6 +74,7 @@ bench: install
 	$(PY) bench/bench_scale.py
 	$(PY) bench/bench_checkpoints.py
 	$(PY) bench/bench_small_refresh.py
+	$(PY) bench/bench_partitions.py
 
 demo-stop:
 	$(PY) -m mv_assets.execution.connect_server stop --state-dir .demo/spark-connect

@@ -106,6 +106,23 @@ def test_dagster_dev_materialize_then_sensor_refresh(tmp_path):
         wait_until(backfill_done, 240, "the backfill")
         view = db.open_table("ev")
         assert actual_view(view) == expected_view(src.uri, src.version, _keep, _project)
+        # One run over every partition: one planned event per asset (not per partition),
+        # and every partition of both assets shows materialized with its own numbers.
+        keys = [dg.AssetKey(["ev"]), dg.AssetKey(["ev", "t"])]
+        with dg.DagsterInstance.from_config(str(home)) as instance:
+            (run,) = instance.get_runs(filters=dg.RunsFilter(tags={"dagster/backfill": launched["backfillId"]}))
+            planned = instance.get_records_for_run(
+                run.run_id, of_type=dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED, limit=1000
+            ).records
+            assert sorted(r.event_log_entry.dagster_event.asset_key for r in planned) == sorted(keys)
+            for key in keys:
+                assert instance.get_materialized_partitions(key) == set(partitions)
+            by_partition = {
+                e.partition_key: e.asset_materialization.metadata["rows_computed"].value
+                for e in instance.fetch_materializations(keys[0], limit=100).records
+                if e.asset_materialization is not None
+            }
+            assert sum(by_partition.values()) == view.count_rows() and len(by_partition) == len(partitions)
 
         # 2. Sensor-driven refresh after an append.
         started = gql(
