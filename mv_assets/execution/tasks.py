@@ -7,11 +7,13 @@ encoded view definition) and opens Lance itself; nothing Lance- or JVM-side is
 shipped from the driver.
 """
 
+import functools
 import hashlib
 import itertools
 import json
 import os
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import lance
@@ -200,7 +202,7 @@ def _compute_batches(
         started = time.perf_counter()
         udf_values = _checkpointed_udf_columns(
             specs, input_batch, row_ids, row_versions, udf_rows, errors, store,
-            _input_identity(batch, computed_inputs) if store is not None else None, udf_resumed,
+            functools.partial(_input_identity, batch, computed_inputs), udf_resumed,
         )
         if isinstance(store, PacedRowStore) and store.pacer.computed(batch.num_rows, time.perf_counter() - started):
             store.flush()
@@ -327,9 +329,15 @@ class RowStore:
             self._index = self.store.index()
         return self._index
 
-    def save(self, ids: np.ndarray, vers: np.ndarray, ins: np.ndarray, values: dict[str, pa.Array],
+    @property
+    def empty(self) -> bool:
+        """Nothing saved before this store was opened: no row can be found."""
+        return len(self.index.ids) == 0
+
+    def save(self, ids: np.ndarray, vers: np.ndarray, ins: "Callable[[], np.ndarray]", values: dict[str, pa.Array],
              errors: list[dict]) -> None:
-        self.store.save(ids, vers, ins, values, errors)
+        """Save results; ``ins`` gives the rows' input identities (built only when saved)."""
+        self.store.save(ids, vers, ins(), values, errors)
 
     def flush(self) -> None:
         pass
@@ -354,7 +362,7 @@ class PacedRowStore(RowStore):
         names = list(held[0][3])
         self.store.save(
             np.concatenate([h[0] for h in held]), np.concatenate([h[1] for h in held]),
-            np.concatenate([h[2] for h in held]),
+            np.concatenate([h[2]() for h in held]),
             {n: pa.concat_arrays([h[3][n] for h in held]) for n in names}, [e for h in held for e in h[4]],
         )
 
@@ -367,19 +375,21 @@ def _checkpointed_udf_columns(
     udf_rows: dict[str, int],
     errors: list[dict] | None,
     store: "RowStore | None",
-    input_ids: np.ndarray | None = None,
+    input_ids: "Callable[[], np.ndarray] | None" = None,
     resumed: dict[str, int] | None = None,
 ) -> dict[str, pa.Array]:
     """:func:`compute_udf_columns` for the rows whose results ``store`` lacks;
-    the others are read back. New results are saved before they are used."""
+    the others are read back. New results are saved before they are used.
+
+    ``input_ids`` gives the rows' input identities; it is called only when
+    something is looked up or saved (a cheap UDF's paced store saves nothing)."""
     if not specs or store is None:
         return compute_udf_columns(specs, inputs, row_ids, row_versions, udf_rows, errors)
     ids = np.asarray(row_ids.to_numpy(zero_copy_only=False), dtype=np.int64)
     vers = np.asarray(row_versions.to_numpy(zero_copy_only=False), dtype=np.int64)
-    if input_ids is None:
-        input_ids = np.full(len(ids), "", dtype=object)
+    identities = input_ids or (lambda: np.full(len(ids), "", dtype=object))
     index = store.index
-    pos = index.lookup(ids, vers, input_ids)
+    pos = np.full(len(ids), -1, dtype=np.int64) if store.empty else index.lookup(ids, vers, identities())
     found = pos >= 0
     for c in specs:
         udf_rows.setdefault(c.name, 0)
@@ -397,7 +407,7 @@ def _checkpointed_udf_columns(
         specs, inputs.filter(mask) if inputs is not None else None, row_ids.filter(mask), row_versions.filter(mask),
         udf_rows, batch_errors,
     )
-    store.save(ids[todo], vers[todo], input_ids[todo], fresh, batch_errors)
+    store.save(ids[todo], vers[todo], lambda: identities()[todo], fresh, batch_errors)
     if errors is not None:
         errors.extend(batch_errors)
     if not found.any():
@@ -485,6 +495,31 @@ def _merge_with_view(spec: TaskSpec, view_schema: pa.Schema, batches: list[pa.Re
     return pa.table({n: columns[n] for n in view_schema.names}).cast(view_schema)
 
 
+WRITE_CHUNK_ROWS = 65_536
+
+
+def _coalesced(batches, rows: int = WRITE_CHUNK_ROWS):
+    """Consecutive batches joined into chunks of about ``rows`` rows, as they
+    come: Lance writes large chunks faster (1M rows in 8,192-row chunks:
+    0.16 s; in 65,536-row chunks: 0.09 s)."""
+    group: list[pa.RecordBatch] = []
+    size = 0
+    for b in batches:
+        group.append(b)
+        size += b.num_rows
+        if size >= rows:
+            yield from _joined(group)
+            group, size = [], 0
+    yield from _joined(group)
+
+
+def _joined(group: list[pa.RecordBatch]):
+    if len(group) == 1:
+        yield group[0]
+    elif group:
+        yield from pa.Table.from_batches(group).combine_chunks().to_batches()
+
+
 class _FragmentsScan:
     """Several fragments of a dataset read by one scanner, in order."""
 
@@ -493,6 +528,26 @@ class _FragmentsScan:
 
     def scanner(self, **kwargs):
         return self.ds.scanner(fragments=self.fragments, scan_in_order=True, **kwargs)
+
+
+def _task_batches(spec: TaskSpec, definition: ViewDefinition, ds, view_schema: pa.Schema, udf_rows: dict,
+                  errors: list[dict], resumed: dict):
+    """The task's view batches, computed as they are consumed. Parts sharing a
+    predicate (whole small fragments) are read by one scan."""
+    for predicate, group in itertools.groupby(spec.parts, key=lambda part: part[1]):
+        fragments = []
+        for fragment_id, _, _ in group:
+            fragment = ds.get_fragment(int(fragment_id))
+            if fragment is None:
+                raise RuntimeError(
+                    f"source fragment {fragment_id} does not exist at version {spec.src_version} of {spec.src_uri}"
+                )
+            fragments.append(fragment)
+        yield from _compute_batches(
+            fragments[0] if len(fragments) == 1 else _FragmentsScan(ds, fragments), definition, view_schema,
+            ds.schema, predicate, spec.batch_size, udf_rows, spec.recompute, errors, spec.batch_checkpoint_dir,
+            spec.batch_resume, resumed, spec.checkpoint_seconds,
+        )
 
 
 def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
@@ -511,28 +566,13 @@ def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
     udf_rows: dict[str, int] = {c.name: 0 for c in definition.udf_columns}
     errors: list[dict] = []
     resumed: dict[str, int] = {}
-    batches: list[pa.RecordBatch] = []
-    # Parts sharing a predicate (whole small fragments) are read by one scan.
-    for predicate, group in itertools.groupby(spec.parts, key=lambda part: part[1]):
-        fragments = []
-        for fragment_id, _, _ in group:
-            fragment = ds.get_fragment(int(fragment_id))
-            if fragment is None:
-                raise RuntimeError(
-                    f"source fragment {fragment_id} does not exist at version {spec.src_version} of {spec.src_uri}"
-                )
-            fragments.append(fragment)
-        batches.extend(
-            _compute_batches(
-                fragments[0] if len(fragments) == 1 else _FragmentsScan(ds, fragments), definition, view_schema,
-                ds.schema, predicate, spec.batch_size, udf_rows, spec.recompute, errors, spec.batch_checkpoint_dir,
-                spec.batch_resume, resumed, spec.checkpoint_seconds,
-            )
-        )
+    batches = _task_batches(spec, definition, ds, view_schema, udf_rows, errors, resumed)
+    # Computed first, then written: streaming the batches into Lance's writer was
+    # slower (its threads pull them from Python: 1M rows 0.18 s vs 0.14 s).
     if spec.recompute is None:
-        table = pa.Table.from_batches(batches, schema=view_schema)
+        table = pa.Table.from_batches(_coalesced(batches), schema=view_schema)
     else:
-        table = _merge_with_view(spec, view_schema, batches)
+        table = _merge_with_view(spec, view_schema, list(batches))
     fragments = []
     rows_path = None
     if table.num_rows and definition.shuffle:

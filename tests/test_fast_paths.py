@@ -1,0 +1,86 @@
+"""The engine's fast paths keep their results: a refresh that only adds rows
+commits a Lance Append (an Update derives version metadata per row in the
+commit), task output is written in large chunks, and a cheap UDF's paced
+checkpoints never build input identities they do not save."""
+
+import lance
+import pyarrow as pa
+from oracle import actual_view, expected_view  # noqa: I001
+
+import mv_assets as mv
+from mv_assets.execution import tasks
+
+
+@mv.udf
+def plus(x: int) -> int:
+    return x + 1
+
+
+def _keep(row):
+    return row["x"] % 3 != 0
+
+
+def _project(row):
+    return {"id": row["id"], "y": row["x"] + 1}
+
+
+def _operation(view) -> str:
+    ds = lance.dataset(view.uri)
+    return type(ds.read_transaction(ds.version).operation).__name__
+
+
+def test_additive_refresh_commits_an_append_and_changes_an_update(tmp_path):
+    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(50)], primary_key="id")
+    view = db.create_materialized_view("v", src.search(None).where("x % 3 != 0").select({"id": "id", "y": plus}))
+    view.refresh()
+    assert _operation(view) == "Append"
+    src.add([{"id": i, "x": i} for i in range(50, 60)])
+    assert view.refresh().udf_rows_computed == {"y": 7}
+    assert _operation(view) == "Append"
+    appended = lance.dataset(view.uri).to_table(columns=["_row_created_at_version", "_row_last_updated_at_version"])
+    assert appended.column(0).to_pylist() == appended.column(1).to_pylist()  # inserted rows: created = updated
+    src.update("id = 1", values_sql={"x": "100"})
+    src.delete("id = 2")
+    view.refresh()
+    assert _operation(view) == "Update"
+    src.add([{"id": 99, "x": 3}])  # filtered out: no row to add, nothing committed as an Append
+    view.refresh()
+    assert _operation(view) != "Append"
+    assert actual_view(view) == expected_view(src.uri, src.version, _keep, _project)
+    # a view over it still sees the appended rows as changes (Append is a commit that matters)
+    w = db.create_materialized_view("w", view.search(None).select({"id": "id", "y": "y"}))
+    w.refresh()
+    src.add([{"id": 200, "x": 200}])
+    view.refresh()
+    assert w.refresh().rows_inserted == 1
+
+
+def test_task_output_is_written_in_large_chunks():
+    batches = [pa.record_batch({"a": list(range(i * 10, i * 10 + 10))}) for i in range(25)]
+    out = list(tasks._coalesced(batches, rows=100))
+    assert [b.num_rows for b in out] == [100, 100, 50]
+    assert pa.Table.from_batches(out).column("a").to_pylist() == list(range(250))
+    assert list(tasks._coalesced([], rows=100)) == []
+    one = list(tasks._coalesced(batches[:1], rows=100))
+    assert one[0] is batches[0]
+
+
+def test_paced_checkpoints_of_a_cheap_udf_build_no_input_identities(tmp_path, monkeypatch):
+    calls = []
+    real = tasks._input_identity
+
+    def counting(batch, computed_inputs):
+        calls.append(batch.num_rows)
+        return real(batch, computed_inputs)
+
+    monkeypatch.setattr(tasks, "_input_identity", counting)
+    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(20_000)], primary_key="id")
+    view = db.create_materialized_view("v", src.search(None).select({"id": "id", "y": plus}))
+    assert view.refresh().udf_rows_computed == {"y": 20_000}
+    assert calls == []  # nothing was looked up or saved: the task's own checkpoint covers it
+    # a fixed checkpoint size saves every batch, with its identities
+    v2 = db.create_materialized_view("v2", src.search(None).select({"id": "id", "y": plus}))
+    v2.refresh(checkpoint_size=4096)
+    assert sum(calls) == 20_000
