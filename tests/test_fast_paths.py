@@ -5,7 +5,7 @@ checkpoints never build input identities they do not save."""
 
 import lance
 import pyarrow as pa
-from oracle import actual_view, expected_view  # noqa: I001
+from oracle import actual_view, expected_view
 
 import mv_assets as mv
 from mv_assets.execution import tasks
@@ -84,3 +84,41 @@ def test_paced_checkpoints_of_a_cheap_udf_build_no_input_identities(tmp_path, mo
     v2 = db.create_materialized_view("v2", src.search(None).select({"id": "id", "y": plus}))
     v2.refresh(checkpoint_size=4096)
     assert sum(calls) == 20_000
+
+
+def test_rows_only_appended_are_planned_without_reading_the_view(tmp_path, monkeypatch):
+    """Source commits since the last refresh that only append rows (compactions
+    between them allowed): the new rows are the inserts, found by their creation
+    version in the fragments written since; the view's keys are not read."""
+    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(300)], primary_key="id")
+    view = db.create_materialized_view("v", src.search(None).where("x % 3 != 0").select({"id": "id", "y": plus}))
+    over = db.create_materialized_view("w", view.search(None).where("y > 10").select({"id": "id", "y": "y"}))
+    view.refresh()
+    over.refresh()
+    src.add([{"id": i, "x": i} for i in range(300, 330)])
+    src.optimize()  # the appended rows now sit in a rewritten fragment with old ones
+    src.add([{"id": i, "x": i} for i in range(330, 345)])
+    view_reads = []
+    real = lance.LanceDataset.to_table
+
+    def to_table(self, *a, **k):
+        if self.uri in (view.uri, over.uri):
+            view_reads.append(self.uri)
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(lance.LanceDataset, "to_table", to_table)
+    r = view.refresh()
+    assert (r.rows_inserted, r.rows_updated, r.rows_deleted) == (30, 0, 0)
+    assert r.udf_rows_computed == {"y": 30}
+    assert over.refresh().rows_inserted == 30  # the view's refresh was an Append: the same path
+    assert view_reads == []
+    monkeypatch.undo()
+    assert actual_view(view) == expected_view(src.uri, src.version, _keep, _project)
+    # an update or a delete since: the general path, still exact
+    src.add([{"id": 400, "x": 400}])
+    src.update("id = 4", values_sql={"x": "7"})
+    src.delete("id = 5")
+    r = view.refresh()
+    assert (r.rows_inserted, r.rows_updated, r.rows_deleted) == (1, 1, 1)
+    assert actual_view(view) == expected_view(src.uri, src.version, _keep, _project)

@@ -403,3 +403,40 @@ def test_a_no_op_refresh_reads_nothing_of_the_view_or_source_rows(tmp_path, monk
     t.add([{"id": 5000, "x": 5000}])  # a real change is still found (and reads what it needs)
     r = db.open_table("v").refresh()
     assert r.rows_inserted == 1 and scans
+
+
+def test_a_refresh_after_only_compactions_reads_no_rows(tmp_path, monkeypatch):
+    """Source commits that change no row (compactions, an index) are recorded
+    without reading the view's keys or the source's rows: O(commits), not O(rows)."""
+    import lance
+
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(1000)])
+    for start in range(1000, 1200, 50):
+        t.add([{"id": i, "x": i} for i in range(start, start + 50)])
+    view = db.create_materialized_view("v", t.search(None).where("x > 3").select({"id": "id", "x": "x"}))
+    view.refresh()
+    t.optimize()
+    lance.dataset(t.uri).create_scalar_index("id", "BTREE")  # an index: no row changes either
+    t.optimize()
+    scans = []
+    real_to_table, real_scanner = lance.LanceDataset.to_table, lance.LanceDataset.scanner
+
+    def to_table(self, *a, **k):
+        scans.append(("to_table", self.uri))
+        return real_to_table(self, *a, **k)
+
+    def scanner(self, *a, **k):
+        scans.append(("scanner", self.uri))
+        return real_scanner(self, *a, **k)
+
+    monkeypatch.setattr(lance.LanceDataset, "to_table", to_table)
+    monkeypatch.setattr(lance.LanceDataset, "scanner", scanner)
+    r = view.refresh()
+    assert scans == []
+    assert (r.rows_inserted, r.rows_updated, r.rows_deleted, r.udf_rows_computed) == (0, 0, 0, {})
+    assert view.refresh_state().source_version == t.version  # the new version is recorded
+    monkeypatch.undo()
+    assert actual_view(view) == expected_view(t.uri, t.version, lambda r: r["x"] > 3, lambda r: {"id": r["id"], "x": r["x"]})
+    t.add([{"id": 5000, "x": 5000}])  # a real change is still found
+    assert view.refresh().rows_inserted == 1

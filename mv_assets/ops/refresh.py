@@ -57,7 +57,7 @@ from mv_assets.model.planning import (
 )
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.storage import objects
-from mv_assets.storage.changes import STATE_KEY, backfill_commits
+from mv_assets.storage.changes import STATE_KEY, backfill_commits, commit_matters, pending_versions
 from mv_assets.storage.lance_compat import CommitConflictError, take_rows
 from mv_assets.storage.refs import ViewRef
 from mv_assets.storage.state import read_refresh_state
@@ -333,46 +333,112 @@ def plan_refresh(
     )
     if how == "full" and mode == "incremental_strict" and v0 is not None:
         raise ValueError(f"refresh of {view.name!r} cannot be incremental: {reason}")
-    if how == "incremental" and v0 == src.version and scope is None and recompute is None:
-        return _already_current(view, src.version, view_ds.version, state)  # O(1): nothing to read
-    # Computed columns of the source the view reads: their markers are compared too.
-    tracked = tracked_source_columns(view_ds.schema)
-    vk = view_ds.to_table(
-        columns=[SOURCE_ROW_ID, SOURCE_ROW_VERSION, *(source_marker(m) for m in tracked)], with_row_address=True
-    )
+    if how == "incremental" and scope is None and recompute is None and _nothing_read_changed(src, v0, view_ds, state):
+        return _already_current(view, src.version, view_ds.version, state)  # reads versions, never rows
     def place(rows_to_compute: int) -> _TaskPlace:
         per_task = max_rows_per_task or task_rows(rows_to_compute, state.seconds_per_row, parallelism)
         return _place(view, src, view_ds.version, f"{v0}|{def_fp}|{how}|{scope}|{recompute}", per_task,
                       checkpoint_size)
 
-    if how != "incremental" and vk.num_rows == 0 and definition.limit is None and recompute is None:
-        # Into an empty view (a first refresh): every passing row is an insert.
-        # Planned while streaming the source's addresses, never holding its ids.
-        frags = scope_frags if scope_frags is not None else src.get_fragments()
-        where = place(sum(f.count_rows() for f in frags))  # before the filter: an upper bound
-        tasks = where.tasks(_pieces_into_empty_view(src, frags, definition.filter, where.max_rows_per_task))
-        keys, n_insert, udf_rows = KeyPlan(), int(sum(t.rows for t in tasks)), {}
-    else:
-        keys, rows, current_rows = _changed_rows(
-            src, src.uri, definition, how, v0, src.version, scope, scope_frags, vk, tracked, recompute
-        )
-        where = place(rows.num_rows + current_rows.num_rows)
-        tasks, udf_rows = _tasks_for(where, rows, current_rows, recompute)
-        n_insert = int(len(keys.insert))
+    where, tasks, keys, n_insert, udf_rows, vk = _plan_work(
+        place, src, view_ds, state, definition, how, v0, scope, scope_frags, recompute
+    )
     for name in (c.name for c in definition.udf_columns):
         udf_rows[name] = udf_rows.get(name, 0) + int(sum(t.rows for t in tasks if t.recompute is None))
     return RefreshPlan(
         view=view.name, source=definition.source, from_version=v0, to_version=src.version,
         view_version=view_ds.version, full=how == "full", reason=reason, rows_to_insert=n_insert,
         rows_to_update=int(len(keys.update)), rows_to_delete=int(len(keys.delete)), udf_rows=udf_rows,
-        tasks=tasks, keys=keys, view_key_addrs=(_ids(vk, SOURCE_ROW_ID), _ids(vk, "_rowaddr")),
+        tasks=tasks, keys=keys, view_key_addrs=(_ids(vk, SOURCE_ROW_ID), _ids(vk, "_rowaddr")) if vk is not None else None,
         checkpoint_dir=where.checkpoint_dir, definition_raw=definition.encode(), load_number=state.load_number,
         scope=scope, scoped_since_whole=state.scoped_since_whole, seconds_per_row=state.seconds_per_row,
     )
 
 
+def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, state, definition: ViewDefinition,
+               how: str, v0: int | None, scope, scope_frags, recompute):
+    """The tasks of a refresh and its row-level outcome: rows only appended since
+    ``v0`` or a first refresh are all inserts (the view's keys are not read);
+    otherwise the changes are found against the view's keys."""
+    appended = (
+        _appended_since(src, v0, view_ds, state, definition)
+        if how == "incremental" and scope is None and recompute is None else None
+    )
+    # Computed columns of the source the view reads: their markers are compared too.
+    tracked = tracked_source_columns(view_ds.schema)
+    vk = view_ds.to_table(
+        columns=[SOURCE_ROW_ID, SOURCE_ROW_VERSION, *(source_marker(m) for m in tracked)], with_row_address=True
+    ) if appended is None else None
+    if appended is not None:
+        # Rows only appended since v0: they are the inserts, the view's keys are not read.
+        where, tasks = _insert_tasks(place, src, appended, and_filters(f"_row_created_at_version > {v0}", definition.filter))
+        keys, n_insert, udf_rows = KeyPlan(), int(sum(t.rows for t in tasks)), {}
+    elif how != "incremental" and vk is not None and vk.num_rows == 0 and definition.limit is None and recompute is None:
+        # Into an empty view (a first refresh): every passing row is an insert.
+        frags = scope_frags if scope_frags is not None else src.get_fragments()
+        where, tasks = _insert_tasks(place, src, frags, definition.filter)
+        keys, n_insert, udf_rows = KeyPlan(), int(sum(t.rows for t in tasks)), {}
+    else:
+        assert vk is not None
+        keys, rows, current_rows = _changed_rows(
+            src, src.uri, definition, how, v0, src.version, scope, scope_frags, vk, tracked, recompute
+        )
+        where = place(rows.num_rows + current_rows.num_rows)
+        tasks, udf_rows = _tasks_for(where, rows, current_rows, recompute)
+        n_insert = int(len(keys.insert))
+    return where, tasks, keys, n_insert, udf_rows, vk
+
+
+def _insert_tasks(place, src: lance.LanceDataset, fragments: list, filter_sql: str | None):
+    """Tasks computing every row of ``fragments`` passing ``filter_sql``, all
+    inserts: planned while streaming the source's addresses, never holding its ids."""
+    where = place(sum(f.count_rows() for f in fragments))  # before the filter: an upper bound
+    return where, where.tasks(_pieces_into_empty_view(src, fragments, filter_sql, where.max_rows_per_task))
+
+
+def _appended_since(src: lance.LanceDataset, v0: int | None, view_ds: lance.LanceDataset, state, definition) -> list | None:
+    """When every source commit after ``v0`` that matters to the view is an
+    Append (no row updated or deleted, no column it reads backfilled), the
+    fragments that can hold the new rows (ids above the largest at ``v0``; a
+    compaction since may have put old rows there too); else None.
+
+    O(commits): the view's keys are not read. Views with a limit or a shuffle
+    place rows globally, and fragment-scoped refreshes since the last whole one
+    may have inserted some of the rows already: those take the general path."""
+    if v0 is None or v0 >= src.version or state.scoped_since_whole or definition.limit is not None or definition.shuffle:
+        return None
+    reads = tracked_source_columns(view_ds.schema)
+    for v in range(v0 + 1, src.version + 1):
+        try:
+            txn = src.read_transaction(v)
+        except Exception:  # cleaned up: what it did is unknown
+            return None
+        if txn is None or (commit_matters(txn, reads) and type(txn.operation).__name__ != "Append"):
+            return None
+    try:
+        before = objects.dataset(src.uri, version=v0)
+    except Exception:
+        return None
+    top = max((f.fragment_id for f in before.get_fragments()), default=-1)
+    return [f for f in src.get_fragments() if f.fragment_id > top]
+
+
+def _nothing_read_changed(src: lance.LanceDataset, v0: int | None, view_ds: lance.LanceDataset, state) -> bool:
+    """The view is at its source's version, or every source commit since then
+    changed nothing it reads (compactions, config, backfills of other columns,
+    state-only refreshes of a source view): O(commits), no row is read."""
+    if v0 is None or v0 > src.version:
+        return False
+    if v0 == src.version:
+        return True
+    if state.scoped_since_whole:  # fragment-scoped refreshes since the last whole one: rows may be missing
+        return False
+    return not pending_versions(src.uri, v0, tracked_source_columns(view_ds.schema), src.version)
+
+
 def _already_current(view: ViewRef, src_version: int, view_version: int, state) -> RefreshPlan:
-    """The plan of a view already at its source's version: nothing to do."""
+    """The plan of a view with nothing to change: at most its new source version
+    is recorded (a state-only commit)."""
     return RefreshPlan(
         view=view.name, source=view.definition.source, from_version=state.source_version, to_version=src_version,
         view_version=view_version, full=False, reason="already current", rows_to_insert=0, rows_to_update=0,
