@@ -93,6 +93,10 @@ def test_catalog_on_s3_end_to_end(s3_server, s3_catalog, tmp_path, call_log):
     t.add_columns({"z": tripled})
     b = t.backfill("z", checkpoint_size=50)
     assert b.rows_written == t.count_rows() - 1 and b.rows_failed == 1
+    t.add_columns({"z2": tripled})
+    b2 = t.backfill("z2")  # one pass: column files written straight into the bucket
+    assert b2.rows_written == t.count_rows() - 1 and b2.rows_failed == 1
+    assert [row["z2"] for row in t.to_arrow().to_pylist()] == [row["z"] for row in t.to_arrow().to_pylist()]
     zs = {row["id"]: row["z"] for row in t.to_arrow().to_pylist()}
     assert all(zs[i] == (3 * x if x != 13 else None) for i, x in
                ((row["id"], row["x"]) for row in t.to_arrow().to_pylist()))

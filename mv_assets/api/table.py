@@ -331,7 +331,7 @@ class Table:
         where: str | None = None,
         row_ids: list[int] | None = None,
         runner: "Runner | None" = None,
-        checkpoint_size: int = 1024,
+        checkpoint_size: int | None = None,
         max_rows_per_task: int = 65_536,
         job_id: str | None = None,
     ) -> "BackfillResult":
@@ -342,10 +342,14 @@ class Table:
         again; after :meth:`alter_columns` every old row is). ``where`` (SQL)
         picks rows to (re)compute instead; ``row_ids`` limits to stable row
         ids. ``udf`` computes with another UDF of the same type (recorded as
-        such per row). Results are checkpointed every ``checkpoint_size`` rows
-        (keyed by UDF fingerprint and input identity): a killed backfill run
-        again redoes at most one batch per task. All results are committed in
-        one Lance transaction at the end. Rows a UDF fails on under
+        such per row). A table's UDF columns are computed and written in one
+        pass, results checkpointed by time (every ``$MV_ASSETS_CHECKPOINT_SECONDS``,
+        default 10 s, of UDF work; keyed by row id, row version and input
+        markers): a killed backfill run again redoes at most that much per
+        task. With ``checkpoint_size`` (and for views and SQL columns) results
+        are checkpointed in batches of that many rows (default 1,024) and
+        written after: a killed backfill redoes at most one batch per task.
+        All results are committed in one Lance transaction at the end. Rows a UDF fails on under
         ``on_error="skip"`` stay NULL and are recorded (:meth:`get_errors`).
         """
         return backfill_column(

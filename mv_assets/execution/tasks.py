@@ -37,7 +37,10 @@ from mv_assets.model.udf import RowError
 from mv_assets.storage import objects
 from mv_assets.storage.checkpoints import CheckpointIndex, CheckpointStore
 
-__all__ = ["TaskSpec", "TaskResult", "run_task", "compute_rows", "and_filters"]
+__all__ = [
+    "TaskSpec", "TaskResult", "run_task", "compute_rows", "and_filters", "PacedRowStore", "checkpointed_udf_columns",
+    "input_identity", "paced",
+]
 
 
 @dataclass
@@ -132,7 +135,7 @@ _in_name = input_alias
 _in_marker_name = input_marker_alias
 
 
-def _input_identity(batch: pa.RecordBatch, computed_inputs: list[str]) -> np.ndarray:
+def input_identity(batch: pa.RecordBatch, computed_inputs: list[str]) -> np.ndarray:
     """Per row, the markers of the computed source columns a UDF reads, joined:
     what (besides row id and version) its checkpointed results depend on. A
     backfill rewrites such a column without moving row versions."""
@@ -188,7 +191,7 @@ def _compute_batches(
     if batch_checkpoint_dir and specs:
         store = (RowStore(batch_checkpoint_dir, specs, lookup=batch_resume) if checkpoint_seconds is None
                  else PacedRowStore(batch_checkpoint_dir, specs, batch_resume, checkpoint_seconds))
-    for batch in _paced(_scanned(scanner, definition), store):
+    for batch in paced(_scanned(scanner, definition), store):
         if batch.num_rows == 0:
             continue
         arrays = []
@@ -200,9 +203,9 @@ def _compute_batches(
         row_ids = batch.column("_rowid").cast(pa.int64())
         row_versions = batch.column(_ROW_VERSION).cast(pa.int64())
         started = time.perf_counter()
-        udf_values = _checkpointed_udf_columns(
+        udf_values = checkpointed_udf_columns(
             specs, input_batch, row_ids, row_versions, udf_rows, errors, store,
-            functools.partial(_input_identity, batch, computed_inputs), udf_resumed,
+            functools.partial(input_identity, batch, computed_inputs), udf_resumed,
         )
         if isinstance(store, PacedRowStore) and store.pacer.computed(batch.num_rows, time.perf_counter() - started):
             store.flush()
@@ -218,7 +221,7 @@ def _compute_batches(
         yield pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
-def _paced(batches, store: "RowStore | None"):
+def paced(batches, store: "RowStore | None"):
     """Scanner batches, cut into slices as the store's pacer asks (checkpoints by time)."""
     if not isinstance(store, PacedRowStore):
         yield from batches
@@ -367,7 +370,7 @@ class PacedRowStore(RowStore):
         )
 
 
-def _checkpointed_udf_columns(
+def checkpointed_udf_columns(
     specs: list[ColumnSpec],
     inputs: pa.RecordBatch | None,
     row_ids: pa.Array,

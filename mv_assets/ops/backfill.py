@@ -7,6 +7,12 @@ backfill computes exactly the rows whose marker is not the current
 fingerprint — a UDF that legitimately returns NULL is not computed again, and
 after ``alter_columns`` every row computed by the old code is.
 
+A base table's UDF columns take one pass by default (:func:`run_fused_task`):
+tasks compute and write per fragment, UDF results checkpointed by time and
+row identity, one ``rewrite_columns`` commit pinned to the version read (a
+conflict runs the pass again, finding the checkpointed results). Views' UDF
+columns, SQL columns and a given ``checkpoint_size`` take the staged path:
+
 1. **Plan** (driver, no Spark): scan the target for the rows to compute, with
    their *input identity*: the stable id and row version of the row the inputs
    come from (the table's own ``_rowid`` / ``_row_last_updated_at_version``;
@@ -32,6 +38,7 @@ after ``alter_columns`` every row computed by the old code is.
    UDF runs again).
 """
 
+import functools
 import hashlib
 import json
 import os
@@ -47,7 +54,14 @@ import pyarrow as pa
 from lance import LanceOperation, Transaction
 from lance.fragment import DataFile, FragmentMetadata
 
-from mv_assets.execution.tasks import compute_udf_columns, repeat_string
+from mv_assets.execution.tasks import (
+    PacedRowStore,
+    checkpointed_udf_columns,
+    compute_udf_columns,
+    input_identity,
+    paced,
+    repeat_string,
+)
 from mv_assets.model.definition import (
     SOURCE_ROW_ID,
     SOURCE_ROW_VERSION,
@@ -58,9 +72,10 @@ from mv_assets.model.definition import (
     short_error,
     udf_column_type,
 )
-from mv_assets.model.names import Alias, nth_marker_alias
+from mv_assets.model.names import Alias, input_alias, input_marker_alias, nth_marker_alias
+from mv_assets.model.pacing import default_target_seconds
 from mv_assets.model.planning import column_ids as _ids
-from mv_assets.model.planning import positions, split_ranges
+from mv_assets.model.planning import positions, split_ranges, task_rows
 from mv_assets.model.udf import UDF
 from mv_assets.storage import checkpoints as ckpt
 from mv_assets.storage import objects
@@ -693,6 +708,150 @@ def commit_column_values(
     raise RuntimeError(f"writing {names} into {table.name!r}: five commit conflicts in a row; run it again")
 
 
+# -- one pass: compute and write per fragment, checkpoints by time -----------
+
+_FUSED_TASK = "mv_assets.ops.backfill:run_fused_task"
+
+
+def _fused(table: Ref, specs: list[ColumnSpec]) -> bool:
+    """A base table's UDF columns backfill in one pass (see :func:`run_fused_task`)."""
+    return not isinstance(table, ViewRef) and all(c.kind == "udf" for c in specs)
+
+
+def run_fused_task(payload: str, shared: bytes) -> str:
+    """Executor side, one pass: for each fragment, compute the column for its
+    rows that need it and write the fragment's new column file (values handed
+    to Lance in memory, not through checkpoint files).
+
+    UDF results are checkpointed by time and by row identity (stable id, row
+    version, markers of computed inputs: the refresh's row store): a cheap UDF
+    writes no checkpoint, an expensive one saves every
+    ``$MV_ASSETS_CHECKPOINT_SECONDS`` of work, and a run after a crash or a
+    commit conflict finds those results whatever fragments the rows are in."""
+    task, job = json.loads(payload), json.loads(shared)
+    start = time.perf_counter()
+    specs = [ColumnSpec.from_json(c) for c in job["specs"]]
+    names = job["names"]
+    ds = objects.dataset(job["uri"], version=job["version"])
+    inputs = _input_columns(specs, ds.schema)
+    computed_inputs = [c for c in inputs if computed_marker(c) in ds.schema.names]
+    projection = {input_alias(c): f"`{c}`" for c in inputs}
+    projection.update({input_marker_alias(c): f"`{computed_marker(c)}`" for c in computed_inputs})
+    projection[Alias.ROW_VERSION] = "_row_last_updated_at_version"
+    store = PacedRowStore(job["rows_dir"], specs, True, job["checkpoint_seconds"])
+    udf_rows: dict[str, int] = {}
+    errors: list[dict] = []
+    resumed: dict[str, int] = {}
+    fragments = []
+    for fid in task["fragments"]:
+        fragment = ds.get_fragment(int(fid))
+        if fragment is None:
+            raise RuntimeError(f"fragment {fid} of {ds.uri} disappeared while backfilling")
+        scanner = fragment.scanner(
+            columns=projection, filter=job["predicate"], with_row_id=True, with_row_address=True, batch_size=8192
+        )
+        parts, offsets = [], []
+        for batch in paced(scanner.to_batches(), store):
+            if batch.num_rows == 0:
+                continue
+            started = time.perf_counter()
+            values = checkpointed_udf_columns(
+                specs, pa.RecordBatch.from_arrays([batch.column(input_alias(c)) for c in inputs], names=inputs),
+                batch.column("_rowid").cast(pa.int64()), batch.column(Alias.ROW_VERSION).cast(pa.int64()),
+                udf_rows, errors, store, functools.partial(input_identity, batch, computed_inputs), resumed,
+            )
+            if store.pacer.computed(batch.num_rows, time.perf_counter() - started):
+                store.flush()
+            parts.append(pa.table({n: values[n] for n in names}))
+            offsets.append((_ids(batch, "_rowaddr") & 0xFFFFFFFF).astype(np.int64))
+        if parts:
+            meta = _write_fragment_file(ds, int(fid), names, np.concatenate(offsets), pa.concat_tables(parts))
+            fragments.append(meta.to_json())
+    return json.dumps({
+        "fragments": fragments, "udf_rows": udf_rows.get(specs[0].name, 0),
+        "resumed": resumed.get(specs[0].name, 0), "errors": errors, "seconds": time.perf_counter() - start,
+    })
+
+
+def _fragment_groups(ds: lance.LanceDataset, predicate: str, parallelism: int) -> tuple[list[list[int]], int]:
+    """Fragments holding rows to compute, packed into tasks (as many rows per
+    task as keep every core busy), and the rows to compute."""
+    addrs = _ids(ds.scanner(columns=[], filter=predicate, with_row_address=True).to_table(), "_rowaddr")
+    if not len(addrs):
+        return [], 0
+    fids, counts = np.unique(addrs >> 32, return_counts=True)
+    per_task = task_rows(len(addrs), None, parallelism)
+    groups: list[list[int]] = []
+    size = per_task
+    for fid, n in zip(fids.tolist(), counts.tolist(), strict=True):
+        if size + n > per_task:
+            groups.append([])
+            size = 0
+        groups[-1].append(int(fid))
+        size += n
+    return groups, len(addrs)
+
+
+def _fused_backfill(table: Ref, specs: list[ColumnSpec], predicate: str, runner: "Runner", job_id: str,
+                    targeted: bool) -> BackfillResult:
+    """Compute and write in one pass, commit once; a commit conflict (a writer
+    changed those fragments meanwhile) runs the pass again on the new version,
+    finding the results checkpointed so far."""
+    start = time.perf_counter()
+    names = [n for c in specs for n in (c.name, computed_marker(c.name))]
+    rows_dir = objects.join(table.layout.column_checkpoints(table.name, specs[0].fingerprint), "rows")
+    parallelism = getattr(runner, "parallelism", lambda: 1)()  # user runners may not say
+    computed = resumed = 0
+    for attempt in range(5):
+        ds = table.dataset()
+        groups, rows = _fragment_groups(ds, predicate, parallelism)
+        if not rows:
+            return BackfillResult(job_id, table.name, [c.name for c in specs], 0, 0, 0, 0, computed, 0, 0, None,
+                                  time.perf_counter() - start)
+        shared = json.dumps({
+            "specs": [c.to_json() for c in specs], "names": names, "uri": table.uri, "version": ds.version,
+            "predicate": predicate, "rows_dir": rows_dir, "checkpoint_seconds": default_target_seconds(),
+        }).encode()
+        outs = [json.loads(o) for o in runner.map(_FUSED_TASK, [json.dumps({"fragments": g}) for g in groups],
+                                                    shared, rows)]
+        computed_at = time.perf_counter()
+        computed += sum(o["udf_rows"] for o in outs)
+        resumed += sum(o["resumed"] for o in outs)
+        errors = [e for o in outs for e in o["errors"]]
+        _, every = _field_ids(ds, names)
+        txn = Transaction(
+            read_version=ds.version,
+            operation=LanceOperation.Update(
+                updated_fragments=[FragmentMetadata.from_json(json.dumps(m)) for o in outs for m in o["fragments"]],
+                fields_modified=sorted(every), update_mode="rewrite_columns",
+            ),
+            transaction_properties={BACKFILL_KEY: json.dumps({
+                "job_id": job_id, "columns": [c.name for c in specs], "fingerprint": specs[0].fingerprint,
+                "udf_rows_computed": computed, "errors": len(errors), "rows": rows,
+            })},
+        )
+        try:
+            with table.lock(None):  # never between a view refresh's plan and its commit
+                committed = objects.commit(table.uri, txn, read_version=ds.version, max_retries=0)
+        except CommitConflictError:
+            time.sleep(0.05 * (attempt + 1))
+            continue
+        append_errors(table.layout, table.name, job_id, errors)
+        if not targeted:
+            objects.remove_tree(rows_dir)  # committed: the checkpointed results are spent
+        failed = len({e["row_id"] for e in errors})
+        done = time.perf_counter()
+        return BackfillResult(
+            job_id=job_id, table=table.name, columns=[c.name for c in specs], rows_planned=rows,
+            rows_written=rows - failed, rows_failed=failed, rows_skipped=0, udf_rows_computed=computed,
+            batches=len(groups), batches_resumed=0, version=committed.version, seconds=done - start,
+            timings={"compute_s": computed_at - start, "commit_s": done - computed_at,
+                     "task_s_total": sum(o["seconds"] for o in outs), "tasks": len(outs),
+                     "udf_rows_resumed": resumed},
+        )
+    raise RuntimeError(f"backfilling {names} of {table.name!r}: five commit conflicts in a row; run it again")
+
+
 def backfill_column(
     table: Ref,
     column: str | list[str],
@@ -701,21 +860,31 @@ def backfill_column(
     where: str | None = None,
     row_ids: list[int] | None = None,
     runner: "Runner",
-    checkpoint_size: int = 1024,
+    checkpoint_size: int | None = None,
     max_rows_per_task: int = 65_536,
     job_id: str | None = None,
 ) -> BackfillResult:
     """Plan and run a backfill of ``column`` (see ``Table.backfill``): one
     backfill of a column at a time; a second one waits, then finds only what
-    is left."""
+    is left.
+
+    ``checkpoint_size`` None: a base table's UDF columns are computed and
+    written in one pass with checkpoints sized by time (:func:`run_fused_task`);
+    views, SQL columns and a given ``checkpoint_size`` take the staged path
+    (checkpoint batches of that many rows, default 1,024, then the write)."""
     if isinstance(column, list):
         if len(column) != 1:
             raise ValueError("backfill one column at a time (siblings of a multi-column UDF come along)")
         column = column[0]
     key = udf.fingerprint if isinstance(udf, UDF) else _group_specs(table, column)[0].fingerprint
     with table.layout.lock(f"{table.name}.backfill.{key}", None):
+        specs = _backfill_specs(table, column, udf)
+        if checkpoint_size is None and _fused(table, specs):
+            predicate = _rows_predicate(table, table.dataset(), specs, where, row_ids)
+            return _fused_backfill(table, specs, predicate, runner, job_id or uuid.uuid4().hex[:12],
+                                   where is not None or row_ids is not None)
         plan = plan_backfill(table, column, udf=udf, where=where, row_ids=row_ids,
-                             checkpoint_size=checkpoint_size, max_rows_per_task=max_rows_per_task)
+                             checkpoint_size=checkpoint_size or 1024, max_rows_per_task=max_rows_per_task)
         return execute_backfill(table, plan, runner, job_id or uuid.uuid4().hex[:12])
 
 
