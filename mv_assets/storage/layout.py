@@ -111,9 +111,11 @@ class Lease:
     whose holder stopped renewing (``$MV_ASSETS_LEASE_SECONDS``, default 60)
     or whose process is gone (same host) is taken over.
 
-    The lease only keeps two refreshes from doing the same work: correctness
-    never depends on it, since every commit names the version it read and
-    Lance refuses a commit that conflicts with one made meanwhile."""
+    Every commit names the version it read and Lance refuses one that
+    conflicts with a commit made meanwhile; but two commits that only add
+    fragments do not conflict, so for refreshes that only append the lease
+    (with the refresh's version check just before it commits) is what keeps
+    the same rows from being committed twice."""
 
     def __init__(self, uri: str, name: str, timeout: float | None, ttl: float | None = None) -> None:
         self.uri, self.name, self.timeout = uri, name, timeout
