@@ -105,6 +105,20 @@ def _task_partition_fn(func_ref: str, payloads: list[str], shared: bytes) -> Cal
     return fn
 
 
+def _rdd_partition(fn: Callable) -> Callable:
+    """The mapInArrow function over an RDD partition of task indexes: its results as strings."""
+
+    def run(indexes):
+        import pyarrow as _pa
+
+        ids = list(indexes)
+        batch = _pa.RecordBatch.from_pydict({"i": _pa.array(ids, _pa.int32())})
+        for out in fn(iter([batch])):
+            yield from out.column(0).to_pylist()
+
+    return run
+
+
 @dataclass
 class SparkRunner:
     """Runs each task as one Spark partition through ``mapInArrow``.
@@ -306,9 +320,13 @@ class SparkRunner:
         spark = self.session()
         self._wait_for_executors(spark)
         n = len(payloads)
-        df = spark.range(0, n, 1, n).selectExpr("cast(id as int) as i")
-        rows_out = df.mapInArrow(_task_partition_fn(func_ref, payloads, shared), "result string").collect()
-        return [r["result"] for r in rows_out]
+        fn = _task_partition_fn(func_ref, payloads, shared)
+        if self.resolved_remote():  # Spark Connect: DataFrames only
+            df = spark.range(0, n, 1, n).selectExpr("cast(id as int) as i")
+            return [r["result"] for r in df.mapInArrow(fn, "result string").collect()]
+        # A classic session: an RDD job (no SQL plan, no Arrow hand-over), ~0.08 s
+        # less per job than mapInArrow (measured: empty 2-task jobs 0.11 s vs 0.19 s).
+        return spark.sparkContext.parallelize(range(n), n).mapPartitions(_rdd_partition(fn)).collect()
 
     def stop(self) -> None:
         """Stop the session if this runner started it; forget it either way."""
