@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 __all__ = [
     "History",
+    "fit_to_fragments",
     "choose_how",
     "ranges_predicate",
     "pieces_from_rows",
@@ -333,6 +334,22 @@ def choose_how(
 MAX_TASK_ROWS = 1 << 20
 MIN_TASK_ROWS = 1024
 MAX_TASK_SECONDS = 120.0
+
+
+def fit_to_fragments(per_task: int, largest_fragment: int, slack: float = 1.25) -> int:
+    """Rows per task raised to the largest fragment when that is only a little
+    larger: whole fragments make one task each instead of a full piece plus a
+    small remainder that packs with nothing (Lance writes fragments of
+    1,048,576 rows; 1M-row tasks cut 10M rows into 18 tasks, not 10).
+
+    >>> fit_to_fragments(1_000_000, 1_048_576)
+    1048576
+    >>> fit_to_fragments(1_000_000, 4_000_000), fit_to_fragments(1_000_000, 900_000)
+    (1000000, 1000000)
+    """
+    if per_task < largest_fragment <= per_task * slack:
+        return largest_fragment
+    return per_task
 
 
 def task_rows(total_rows: int, seconds_per_row: float | None, parallelism: int) -> int:

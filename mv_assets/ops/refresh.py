@@ -46,6 +46,7 @@ from mv_assets.model.planning import (
     History,
     KeyPlan,
     choose_how,
+    fit_to_fragments,
     isin,
     pack_pieces,
     pieces_from_rows,
@@ -335,8 +336,10 @@ def plan_refresh(
         raise ValueError(f"refresh of {view.name!r} cannot be incremental: {reason}")
     if how == "incremental" and scope is None and recompute is None and _nothing_read_changed(src, v0, view_ds, state):
         return _already_current(view, src.version, view_ds.version, state)  # reads versions, never rows
-    def place(rows_to_compute: int) -> _TaskPlace:
-        per_task = max_rows_per_task or task_rows(rows_to_compute, state.seconds_per_row, parallelism)
+    def place(rows_to_compute: int, largest_fragment: int = 0) -> _TaskPlace:
+        per_task = max_rows_per_task or fit_to_fragments(
+            task_rows(rows_to_compute, state.seconds_per_row, parallelism), largest_fragment
+        )
         return _place(view, src, view_ds.version, f"{v0}|{def_fp}|{how}|{scope}|{recompute}", per_task,
                       checkpoint_size)
 
@@ -392,7 +395,8 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, stat
 def _insert_tasks(place, src: lance.LanceDataset, fragments: list, filter_sql: str | None):
     """Tasks computing every row of ``fragments`` passing ``filter_sql``, all
     inserts: planned while streaming the source's addresses, never holding its ids."""
-    where = place(sum(f.count_rows() for f in fragments))  # before the filter: an upper bound
+    sizes = [f.count_rows() for f in fragments]
+    where = place(sum(sizes), max(sizes, default=0))  # before the filter: an upper bound
     return where, where.tasks(_pieces_into_empty_view(src, fragments, filter_sql, where.max_rows_per_task))
 
 
