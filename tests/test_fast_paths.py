@@ -232,3 +232,76 @@ def test_a_writer_changing_rows_during_a_one_pass_backfill_is_never_overwritten(
     assert all(y == x for x, y in (
         (r["x"], r["y"]) for r in t.to_arrow().select(["x", "y"]).to_pylist()
     ))
+
+
+def _stale_oracle(t, column: str, fingerprint: str) -> int:
+    """Rows whose marker is not the column's current fingerprint, counted in plain pyarrow."""
+    markers = t.to_arrow(with_markers=True).column(f"__computed__{column}").to_pylist()
+    return sum(1 for m in markers if m != fingerprint)
+
+
+@mv.udf(on_error="skip")
+def plus_or_fail(x: float) -> float:
+    if x == 17.0:
+        raise ValueError("seventeen")
+    return x + 1.0
+
+
+@mv.udf
+def plus_two(x: float) -> float:
+    return x + 2.0
+
+
+def test_after_a_whole_backfill_only_fragments_written_since_are_scanned(tmp_path, monkeypatch):
+    """Appends since a whole one-pass backfill: only the fragments written since
+    are scanned for stale rows (O(new rows), not O(table)); every other kind of
+    change (an update, a new UDF, failed rows) scans the whole table again.
+    The stale count always equals a plain pyarrow count of the markers."""
+    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
+    t = db.create_table("t", _rows(3000))
+    t.add(_rows(1000, 3000))
+    t.add_columns({"y": plus_f})
+    fp = lambda: next(c.fingerprint for c in t.ref().computed_columns() if c.name == "y")  # noqa: E731
+    t.backfill("y")
+    scans = []
+    real = lance.LanceDataset.scanner
+
+    def scanner(self, *a, **k):
+        if self.uri == t.uri and k.get("filter"):
+            frags = k.get("fragments")
+            scans.append(None if frags is None else sorted(f.fragment_id for f in frags))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(lance.LanceDataset, "scanner", scanner)
+    before = {f.fragment_id for f in lance.dataset(t.uri).get_fragments()}
+    t.add(_rows(20, 4000))
+    t.add(_rows(5, 4020))
+    new = sorted({f.fragment_id for f in lance.dataset(t.uri).get_fragments()} - before)
+    assert t.plan_backfill("y").rows == 25 == _stale_oracle(t, "y", fp())
+    r = t.backfill("y")
+    assert r.udf_rows_computed == 25 and scans and all(s == new for s in scans)
+    t.optimize()  # a compaction since the last backfill: still narrowed, still exact
+    t.add(_rows(3, 4025))
+    scans.clear()
+    assert t.plan_backfill("y").rows == 3 == _stale_oracle(t, "y", fp())
+    assert all(s is not None and not (set(s) & before) for s in scans)
+    t.backfill("y")
+    # an update of an input: the whole table is scanned again
+    t.update("id < 10", values_sql={"x": "x + 1000"})
+    scans.clear()
+    assert t.plan_backfill("y").rows == 10 == _stale_oracle(t, "y", fp()) and scans == [None]
+    t.backfill("y")
+    # a new UDF: every row is stale, found by a whole scan
+    t.alter_columns({"path": "y", "udf": plus_two})
+    assert t.plan_backfill("y").rows == t.count_rows() == _stale_oracle(t, "y", fp())
+    t.backfill("y")
+    # failed rows: the next backfill after an append finds them too
+    t.add_columns({"z": plus_or_fail})
+    assert t.backfill("z").rows_failed == 1
+    t.add(_rows(2, 5000))
+    assert t.plan_backfill("z").rows == 3 == _stale_oracle(t, "z", next(
+        c.fingerprint for c in t.ref().computed_columns() if c.name == "z"))
+    monkeypatch.undo()
+    got = {row["id"]: row["y"] for row in t.to_arrow().select(["id", "y"]).to_pylist()}
+    xs = {row["id"]: row["x"] for row in t.to_arrow().select(["id", "x"]).to_pylist()}
+    assert got == {i: xs[i] + 2.0 for i in xs if i < 5000} | {i: None for i in xs if i >= 5000}

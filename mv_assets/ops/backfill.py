@@ -79,7 +79,7 @@ from mv_assets.model.planning import positions, split_ranges, task_rows
 from mv_assets.model.udf import UDF
 from mv_assets.storage import checkpoints as ckpt
 from mv_assets.storage import objects
-from mv_assets.storage.changes import BACKFILL_KEY
+from mv_assets.storage.changes import BACKFILL_KEY, NEUTRAL_OPERATIONS
 from mv_assets.storage.checkpoints import CheckpointStore
 from mv_assets.storage.error_log import append_errors
 from mv_assets.storage.lance_compat import CommitConflictError, roaring_bitmap_bytes, take_rows
@@ -228,7 +228,7 @@ def _rows_predicate(
     return " AND ".join(parts)
 
 
-def _plan_rows(table: Ref, ds: lance.LanceDataset, specs: list[ColumnSpec], predicate: str):
+def _plan_rows(table: Ref, ds: lance.LanceDataset, specs: list[ColumnSpec], predicate: str, candidates=None):
     """The rows to compute, sorted by input row id (input id, version, target id,
     input address), the markers of their computed inputs, and where the inputs are read."""
     is_view = isinstance(table, ViewRef)
@@ -245,7 +245,8 @@ def _plan_rows(table: Ref, ds: lance.LanceDataset, specs: list[ColumnSpec], pred
     input_markers = [computed_marker(c) for c in _input_columns(specs, input_schema) if computed_marker(c) in input_schema.names]
     marker_cols = {nth_marker_alias(i): f"`{m}`" for i, m in enumerate(input_markers)}
     scanned = ds.scanner(
-        columns={**cols, **({} if is_view else marker_cols)}, filter=predicate, with_row_id=True, with_row_address=True
+        columns={**cols, **({} if is_view else marker_cols)}, filter=predicate, with_row_id=True, with_row_address=True,
+        fragments=candidates,
     ).to_table()
     in_markers = _joined_markers(scanned, 0 if is_view else len(input_markers))
     target_ids = _ids(scanned)
@@ -315,8 +316,11 @@ def plan_backfill(
     specs = _backfill_specs(table, column, udf)
     ds = table.dataset()
     fingerprint = specs[0].fingerprint
+    # After a whole one-pass backfill, only fragments written since can hold stale rows
+    narrow = not isinstance(table, ViewRef) and where is None and row_ids is None
+    candidates = stale_fragments(ds, specs) if narrow else None
     plan_rows, markers, input_uri, input_version = _plan_rows(
-        table, ds, specs, _rows_predicate(table, ds, specs, where, row_ids)
+        table, ds, specs, _rows_predicate(table, ds, specs, where, row_ids), candidates
     )
     ckpt_dir = table.layout.column_checkpoints(table.name, fingerprint)
     batch_keys, done_batches, done_rows = _batch_keys(
@@ -773,10 +777,56 @@ def run_fused_task(payload: str, shared: bytes) -> str:
     })
 
 
-def _fragment_groups(ds: lance.LanceDataset, predicate: str, parallelism: int) -> tuple[list[list[int]], int]:
-    """Fragments holding rows to compute, packed into tasks (as many rows per
-    task as keep every core busy), and the rows to compute."""
-    addrs = _ids(ds.scanner(columns=[], filter=predicate, with_row_address=True).to_table(), "_rowaddr")
+def stale_fragments(ds: lance.LanceDataset, specs: list[ColumnSpec]) -> list | None:
+    """The only fragments that can hold rows the columns ``specs`` lack, or
+    None (any fragment may).
+
+    After a whole one-pass backfill with the current UDF that left no failed
+    row, every row then stale was computed: rows stale now were appended since
+    the version it read, so they sit in fragments created after it (ids above
+    the largest then; a compaction since may have moved computed rows there
+    too). Holds while every later commit either appends or changes nothing
+    these columns' markers depend on (compactions, indexes, other columns'
+    backfills); anything else (an update, a delete, a schema change, another
+    backfill of these columns, a cleaned-up version) answers None. O(commits)."""
+    names = [c.name for c in specs]
+    for v in range(ds.version, 0, -1):
+        try:
+            txn = ds.read_transaction(v)
+        except Exception:  # cleaned up: unknown
+            return None
+        if txn is None:
+            return None
+        props = txn.transaction_properties or {}
+        if BACKFILL_KEY in props:
+            info = json.loads(props[BACKFILL_KEY])
+            if not set(names) & set(info.get("columns") or []):
+                continue  # another column's backfill: these markers untouched
+            read = info.get("read_version")
+            if (read is None or info.get("targeted") is not False or info.get("errors") != 0
+                    or info.get("fingerprint") != specs[0].fingerprint):
+                return None
+            try:
+                before = ds.checkout_version(int(read))
+            except Exception:
+                return None
+            top = max((f.fragment_id for f in before.get_fragments()), default=-1)
+            return [f for f in ds.get_fragments() if f.fragment_id > top]
+        if type(txn.operation).__name__ not in ("Append", *NEUTRAL_OPERATIONS):
+            return None
+    return None
+
+
+def _fragment_groups(
+    ds: lance.LanceDataset, predicate: str, parallelism: int, candidates: list | None = None
+) -> tuple[list[list[int]], int]:
+    """Fragments holding rows to compute (among ``candidates``, None: all),
+    packed into tasks (as many rows per task as keep every core busy), and the
+    rows to compute."""
+    if candidates is not None and not candidates:
+        return [], 0
+    scanner = ds.scanner(columns=[], filter=predicate, with_row_address=True, fragments=candidates)
+    addrs = _ids(scanner.to_table(), "_rowaddr")
     if not len(addrs):
         return [], 0
     fids, counts = np.unique(addrs >> 32, return_counts=True)
@@ -804,7 +854,7 @@ def _fused_backfill(table: Ref, specs: list[ColumnSpec], predicate: str, runner:
     computed = resumed = 0
     for attempt in range(5):
         ds = table.dataset()
-        groups, rows = _fragment_groups(ds, predicate, parallelism)
+        groups, rows = _fragment_groups(ds, predicate, parallelism, None if targeted else stale_fragments(ds, specs))
         if not rows:
             return BackfillResult(job_id, table.name, [c.name for c in specs], 0, 0, 0, 0, computed, 0, 0, None,
                                   time.perf_counter() - start)
@@ -828,6 +878,7 @@ def _fused_backfill(table: Ref, specs: list[ColumnSpec], predicate: str, runner:
             transaction_properties={BACKFILL_KEY: json.dumps({
                 "job_id": job_id, "columns": [c.name for c in specs], "fingerprint": specs[0].fingerprint,
                 "udf_rows_computed": computed, "errors": len(errors), "rows": rows,
+                "read_version": ds.version, "targeted": targeted,
             })},
         )
         try:
