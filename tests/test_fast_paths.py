@@ -305,3 +305,22 @@ def test_after_a_whole_backfill_only_fragments_written_since_are_scanned(tmp_pat
     got = {row["id"]: row["y"] for row in t.to_arrow().select(["id", "y"]).to_pylist()}
     xs = {row["id"]: row["x"] for row in t.to_arrow().select(["id", "x"]).to_pylist()}
     assert got == {i: xs[i] + 2.0 for i in xs if i < 5000} | {i: None for i in xs if i >= 5000}
+
+
+def test_stale_rows_are_searched_everywhere_when_the_last_backfill_is_too_far_back(tmp_path, monkeypatch):
+    """The search for the last whole backfill reads one commit per version: it
+    stops after STALE_LOOKBACK versions and scans the whole table instead (exact either way)."""
+    from mv_assets.ops import backfill
+
+    monkeypatch.setattr(backfill, "STALE_LOOKBACK", 3)
+    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
+    t = db.create_table("t", _rows(100))
+    t.add_columns({"y": plus_f})
+    t.backfill("y")
+    specs = [c for c in t.ref().computed_columns() if c.name == "y"]
+    t.add(_rows(5, 100))
+    assert backfill.stale_fragments(lance.dataset(t.uri), specs) is not None
+    for i in range(4):
+        t.add(_rows(1, 200 + i))
+    assert backfill.stale_fragments(lance.dataset(t.uri), specs) is None
+    assert t.plan_backfill("y").rows == 9 and t.backfill("y").udf_rows_computed == 9

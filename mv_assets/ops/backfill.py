@@ -777,6 +777,9 @@ def run_fused_task(payload: str, shared: bytes) -> str:
     })
 
 
+STALE_LOOKBACK = 1000  # versions searched for the last whole backfill (each a read, a GET on object stores)
+
+
 def stale_fragments(ds: lance.LanceDataset, specs: list[ColumnSpec]) -> list | None:
     """The only fragments that can hold rows the columns ``specs`` lack, or
     None (any fragment may).
@@ -788,9 +791,10 @@ def stale_fragments(ds: lance.LanceDataset, specs: list[ColumnSpec]) -> list | N
     too). Holds while every later commit either appends or changes nothing
     these columns' markers depend on (compactions, indexes, other columns'
     backfills); anything else (an update, a delete, a schema change, another
-    backfill of these columns, a cleaned-up version) answers None. O(commits)."""
+    backfill of these columns, a cleaned-up version, or no such backfill in the
+    last ``STALE_LOOKBACK`` versions) answers None. O(commits)."""
     names = [c.name for c in specs]
-    for v in range(ds.version, 0, -1):
+    for v in range(ds.version, max(0, ds.version - STALE_LOOKBACK), -1):  # a read per version
         try:
             txn = ds.read_transaction(v)
         except Exception:  # cleaned up: unknown
