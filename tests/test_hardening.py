@@ -375,28 +375,31 @@ def test_many_refreshes_keep_the_view_fragments_few(tmp_path):
     assert w.plan_refresh().is_noop
 
 
+def _record_scans(monkeypatch) -> list:
+    """Every Lance scan (``to_table`` or ``scanner``) from now on, as (method, dataset uri)."""
+    import lance
+
+    scans = []
+    for method in ("to_table", "scanner"):
+        real = getattr(lance.LanceDataset, method)
+
+        def spy(self, *a, _real=real, _method=method, **k):
+            scans.append((_method, self.uri))
+            return _real(self, *a, **k)
+
+        monkeypatch.setattr(lance.LanceDataset, method, spy)
+    return scans
+
+
 def test_a_no_op_refresh_reads_nothing_of_the_view_or_source_rows(tmp_path, monkeypatch):
     """A refresh of a view already at its source's version is O(1): it reads
     neither the view's keys nor the source's rows (only versions and state)."""
-    import lance
 
     db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
     t = db.create_table("t", [{"id": i, "x": i} for i in range(1000)])
     view = db.create_materialized_view("v", t.search(None).where("x > 3").select({"id": "id", "x": "x"}))
     view.refresh()
-    scans = []
-    real_to_table, real_scanner = lance.LanceDataset.to_table, lance.LanceDataset.scanner
-
-    def to_table(self, *a, **k):
-        scans.append(("to_table", self.uri))
-        return real_to_table(self, *a, **k)
-
-    def scanner(self, *a, **k):
-        scans.append(("scanner", self.uri))
-        return real_scanner(self, *a, **k)
-
-    monkeypatch.setattr(lance.LanceDataset, "to_table", to_table)
-    monkeypatch.setattr(lance.LanceDataset, "scanner", scanner)
+    scans = _record_scans(monkeypatch)
     r = db.open_table("v").refresh()
     assert r.rows_inserted == r.rows_deleted == 0 and r.runner == "none"
     assert scans == []
@@ -419,19 +422,7 @@ def test_a_refresh_after_only_compactions_reads_no_rows(tmp_path, monkeypatch):
     t.optimize()
     lance.dataset(t.uri).create_scalar_index("id", "BTREE")  # an index: no row changes either
     t.optimize()
-    scans = []
-    real_to_table, real_scanner = lance.LanceDataset.to_table, lance.LanceDataset.scanner
-
-    def to_table(self, *a, **k):
-        scans.append(("to_table", self.uri))
-        return real_to_table(self, *a, **k)
-
-    def scanner(self, *a, **k):
-        scans.append(("scanner", self.uri))
-        return real_scanner(self, *a, **k)
-
-    monkeypatch.setattr(lance.LanceDataset, "to_table", to_table)
-    monkeypatch.setattr(lance.LanceDataset, "scanner", scanner)
+    scans = _record_scans(monkeypatch)
     r = view.refresh()
     assert scans == []
     assert (r.rows_inserted, r.rows_updated, r.rows_deleted, r.udf_rows_computed) == (0, 0, 0, {})

@@ -79,7 +79,7 @@ from mv_assets.model.planning import positions, split_ranges, task_rows
 from mv_assets.model.udf import UDF
 from mv_assets.storage import checkpoints as ckpt
 from mv_assets.storage import objects
-from mv_assets.storage.changes import BACKFILL_KEY, NEUTRAL_OPERATIONS
+from mv_assets.storage.changes import BACKFILL_KEY, NEUTRAL_OPERATIONS, fragments_after
 from mv_assets.storage.checkpoints import CheckpointStore
 from mv_assets.storage.error_log import append_errors
 from mv_assets.storage.lance_compat import CommitConflictError, roaring_bitmap_bytes, take_rows
@@ -810,12 +810,7 @@ def stale_fragments(ds: lance.LanceDataset, specs: list[ColumnSpec]) -> list | N
             if (read is None or info.get("targeted") is not False or info.get("errors") != 0
                     or info.get("fingerprint") != specs[0].fingerprint):
                 return None
-            try:
-                before = ds.checkout_version(int(read))
-            except Exception:
-                return None
-            top = max((f.fragment_id for f in before.get_fragments()), default=-1)
-            return [f for f in ds.get_fragments() if f.fragment_id > top]
+            return fragments_after(ds, int(read))
         if type(txn.operation).__name__ not in ("Append", *NEUTRAL_OPERATIONS):
             return None
     return None

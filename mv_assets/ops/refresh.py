@@ -58,7 +58,7 @@ from mv_assets.model.planning import (
 )
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.storage import objects
-from mv_assets.storage.changes import STATE_KEY, backfill_commits, commit_matters, pending_versions
+from mv_assets.storage.changes import STATE_KEY, backfill_commits, commit_matters, commits_since, fragments_after
 from mv_assets.storage.lance_compat import CommitConflictError, take_rows
 from mv_assets.storage.refs import ViewRef
 from mv_assets.storage.state import read_refresh_state
@@ -334,8 +334,15 @@ def plan_refresh(
     )
     if how == "full" and mode == "incremental_strict" and v0 is not None:
         raise ValueError(f"refresh of {view.name!r} cannot be incremental: {reason}")
-    if how == "incremental" and scope is None and recompute is None and _nothing_read_changed(src, v0, view_ds, state):
-        return _already_current(view, src.version, view_ds.version, state)  # reads versions, never rows
+    # The source's commits since v0, read once (versions only, never rows)
+    commits = (
+        commits_since(src, v0)
+        if how == "incremental" and scope is None and recompute is None and v0 is not None and v0 <= src.version
+        else None
+    )
+    reads = tracked_source_columns(view_ds.schema)
+    if commits is not None and _nothing_read_changed(commits, reads, state):
+        return _already_current(view, src.version, view_ds.version, state)
     def place(rows_to_compute: int, largest_fragment: int = 0) -> _TaskPlace:
         per_task = max_rows_per_task or fit_to_fragments(
             task_rows(rows_to_compute, state.seconds_per_row, parallelism), largest_fragment
@@ -343,8 +350,9 @@ def plan_refresh(
         return _place(view, src, view_ds.version, f"{v0}|{def_fp}|{how}|{scope}|{recompute}", per_task,
                       checkpoint_size)
 
+    appended = _appended_since(src, v0, commits, reads, state, definition) if commits is not None else None
     where, tasks, keys, n_insert, udf_rows, vk = _plan_work(
-        place, src, view_ds, state, definition, how, v0, scope, scope_frags, recompute
+        place, src, view_ds, definition, how, v0, scope, scope_frags, recompute, appended
     )
     for name in (c.name for c in definition.udf_columns):
         udf_rows[name] = udf_rows.get(name, 0) + int(sum(t.rows for t in tasks if t.recompute is None))
@@ -358,15 +366,12 @@ def plan_refresh(
     )
 
 
-def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, state, definition: ViewDefinition,
-               how: str, v0: int | None, scope, scope_frags, recompute):
+def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, definition: ViewDefinition,
+               how: str, v0: int | None, scope, scope_frags, recompute, appended: list | None):
     """The tasks of a refresh and its row-level outcome: rows only appended since
-    ``v0`` or a first refresh are all inserts (the view's keys are not read);
-    otherwise the changes are found against the view's keys."""
-    appended = (
-        _appended_since(src, v0, view_ds, state, definition)
-        if how == "incremental" and scope is None and recompute is None else None
-    )
+    ``v0`` (in the fragments ``appended``) or a first refresh are all inserts
+    (the view's keys are not read); otherwise the changes are found against the
+    view's keys."""
     # Computed columns of the source the view reads: their markers are compared too.
     tracked = tracked_source_columns(view_ds.schema)
     vk = view_ds.to_table(
@@ -400,44 +405,31 @@ def _insert_tasks(place, src: lance.LanceDataset, fragments: list, filter_sql: s
     return where, where.tasks(_pieces_into_empty_view(src, fragments, filter_sql, where.max_rows_per_task))
 
 
-def _appended_since(src: lance.LanceDataset, v0: int | None, view_ds: lance.LanceDataset, state, definition) -> list | None:
-    """When every source commit after ``v0`` that matters to the view is an
-    Append (no row updated or deleted, no column it reads backfilled), the
-    fragments that can hold the new rows (ids above the largest at ``v0``; a
-    compaction since may have put old rows there too); else None.
+def _appended_since(src: lance.LanceDataset, v0: int | None, commits: list, reads: list[str], state,
+                   definition) -> list | None:
+    """When every source commit after ``v0`` (``commits``) that matters to the
+    view is an Append (no row updated or deleted, no column it reads
+    backfilled), the fragments that can hold the new rows; else None.
 
-    O(commits): the view's keys are not read. Views with a limit or a shuffle
-    place rows globally, and fragment-scoped refreshes since the last whole one
-    may have inserted some of the rows already: those take the general path."""
-    if v0 is None or v0 >= src.version or state.scoped_since_whole or definition.limit is not None or definition.shuffle:
+    Views with a limit or a shuffle place rows globally, and fragment-scoped
+    refreshes since the last whole one may have inserted some of the rows
+    already: those take the general path."""
+    if v0 is None or not commits or state.scoped_since_whole or definition.limit is not None or definition.shuffle:
         return None
-    reads = tracked_source_columns(view_ds.schema)
-    for v in range(v0 + 1, src.version + 1):
-        try:
-            txn = src.read_transaction(v)
-        except Exception:  # cleaned up: what it did is unknown
-            return None
-        if txn is None or (commit_matters(txn, reads) and type(txn.operation).__name__ != "Append"):
-            return None
-    try:
-        before = objects.dataset(src.uri, version=v0)
-    except Exception:
+    if any(commit_matters(txn, reads) and type(txn.operation).__name__ != "Append" for txn in commits):
         return None
-    top = max((f.fragment_id for f in before.get_fragments()), default=-1)
-    return [f for f in src.get_fragments() if f.fragment_id > top]
+    return fragments_after(src, v0)
 
 
-def _nothing_read_changed(src: lance.LanceDataset, v0: int | None, view_ds: lance.LanceDataset, state) -> bool:
-    """The view is at its source's version, or every source commit since then
-    changed nothing it reads (compactions, config, backfills of other columns,
-    state-only refreshes of a source view): O(commits), no row is read."""
-    if v0 is None or v0 > src.version:
-        return False
-    if v0 == src.version:
+def _nothing_read_changed(commits: list, reads: list[str], state) -> bool:
+    """The view is at its source's version (no commit since), or every source
+    commit since then changed nothing it reads (compactions, config, backfills
+    of other columns, state-only refreshes of a source view)."""
+    if not commits:
         return True
     if state.scoped_since_whole:  # fragment-scoped refreshes since the last whole one: rows may be missing
         return False
-    return not pending_versions(src.uri, v0, tracked_source_columns(view_ds.schema), src.version)
+    return not any(commit_matters(txn, reads) for txn in commits)
 
 
 def _already_current(view: ViewRef, src_version: int, view_version: int, state) -> RefreshPlan:

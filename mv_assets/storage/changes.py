@@ -21,6 +21,8 @@ __all__ = [
     "pending_versions",
     "data_version",
     "backfill_commits",
+    "commits_since",
+    "fragments_after",
     "STATE_KEY",
     "BACKFILL_KEY",
 ]
@@ -56,6 +58,31 @@ def commit_matters(txn, reads: Collection[str] | None = None) -> bool:
     if STATE_KEY in props and kind == "Update":
         return bool(op.removed_fragment_ids or op.updated_fragments or op.new_fragments)
     return True
+
+
+def commits_since(ds: lance.LanceDataset, since: int) -> list | None:
+    """The transactions of versions ``(since, ds.version]``, oldest first, or
+    None when one of them cannot be read (cleaned up: what it did is unknown)."""
+    out = []
+    for v in range(since + 1, ds.version + 1):
+        ok, txn = _read_txn(ds, v)
+        if not ok or txn is None:
+            return None
+        out.append(txn)
+    return out
+
+
+def fragments_after(ds: lance.LanceDataset, version: int) -> list | None:
+    """The fragments of ``ds`` written after ``version`` (fragment ids only
+    grow: ids above the largest at that version), or None when that version is
+    gone. Rows created after ``version`` are all in them (a compaction since
+    may have moved older rows there too)."""
+    try:
+        before = ds.checkout_version(version)
+    except Exception:
+        return None
+    top = max((f.fragment_id for f in before.get_fragments()), default=-1)
+    return [f for f in ds.get_fragments() if f.fragment_id > top]
 
 
 def _read_txn(ds: lance.LanceDataset, version: int):
