@@ -65,6 +65,10 @@ def test_task_output_is_written_in_large_chunks():
     assert list(tasks._coalesced([], rows=100)) == []
     one = list(tasks._coalesced(batches[:1], rows=100))
     assert one[0] is batches[0]
+    # a byte bound cuts earlier; a batch alone over it passes as it is
+    by_bytes = list(tasks._coalesced(batches, rows=100, max_bytes=3 * batches[0].nbytes))
+    assert [b.num_rows for b in by_bytes] == [30] * 8 + [10]
+    assert [b.num_rows for b in tasks._coalesced(batches[:2], rows=100, max_bytes=1)] == [10, 10]
 
 
 def test_paced_checkpoints_of_a_cheap_udf_build_no_input_identities(tmp_path, monkeypatch):
@@ -324,3 +328,53 @@ def test_stale_rows_are_searched_everywhere_when_the_last_backfill_is_too_far_ba
         t.add(_rows(1, 200 + i))
     assert backfill.stale_fragments(lance.dataset(t.uri), specs) is None
     assert t.plan_backfill("y").rows == 9 and t.backfill("y").udf_rows_computed == 9
+
+
+def _seen(n: int) -> None:
+    import os
+
+    with open(os.environ["MV_TEST_BATCH_LOG"], "a") as f:
+        f.write(f"{n}\n")
+
+
+@mv.udf(data_type=pa.int64())
+def doubled(x: pa.Array) -> pa.Array:
+    _seen(len(x))
+    return pa.compute.multiply(x, 2)
+
+
+@mv.udf(data_type=pa.int64())
+def blob_size(blob: pa.Array) -> pa.Array:
+    _seen(len(blob))
+    return pa.compute.binary_length(blob).cast(pa.int64())
+
+
+def _batches(log) -> list[int]:
+    sizes = [int(x) for x in log.read_text().split()] if log.exists() else []
+    log.unlink(missing_ok=True)
+    return sizes
+
+
+def test_a_cheap_udf_gets_large_batches_and_wide_rows_stay_bounded(tmp_path, monkeypatch):
+    """Per batch the engine pays a fixed Python cost, so scanner batches are
+    joined into compute batches of up to 65,536 rows, but never beyond
+    32 MiB (wide rows) and never when checkpoints are saved every N rows."""
+    log = tmp_path / "batches.txt"
+    monkeypatch.setenv("MV_TEST_BATCH_LOG", str(log))
+    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
+    n = 150_000
+    src = db.create_table("src", pa.table({"id": pa.array(range(n)), "x": pa.array(range(n))}), primary_key="id")
+    view = db.create_materialized_view("v", src.search(None).select({"id": "id", "y": doubled}))
+    assert view.refresh().udf_rows_computed == {"y": n}
+    seen = _batches(log)
+    assert sum(seen) == n and 8192 < max(seen) <= 65_536
+    assert view.to_arrow().sort_by("id").column("y").to_pylist() == [2 * i for i in range(n)]
+    db.create_materialized_view("v2", src.search(None).select({"id": "id", "y": doubled})).refresh(checkpoint_size=4096)
+    seen = _batches(log)
+    assert sum(seen) == n and max(seen) <= 4096
+    # 5 KB rows: 8,192 of them are already over 32 MiB, so batches are not joined
+    wide = db.create_table("wide", pa.table({"id": pa.array(range(10_000)), "blob": pa.array([b"x" * 5000] * 10_000)}))
+    w = db.create_materialized_view("w", wide.search(None).select({"id": "id", "size": blob_size}))
+    assert w.refresh().udf_rows_computed == {"size": 10_000}
+    seen = _batches(log)
+    assert sum(seen) == 10_000 and max(seen) <= 8192

@@ -38,7 +38,7 @@ def default_target_seconds() -> float:
 class CheckpointPacer:
     target_seconds: float = DEFAULT_CHECKPOINT_SECONDS
     min_rows: int = 16
-    max_rows: int = 8192
+    max_rows: int = 65536
     _rows: int = field(default=0, init=False)
     _seconds: float = field(default=0.0, init=False)
     _pending: float = field(default=0.0, init=False)
