@@ -378,3 +378,38 @@ def test_a_cheap_udf_gets_large_batches_and_wide_rows_stay_bounded(tmp_path, mon
     assert w.refresh().udf_rows_computed == {"size": 10_000}
     seen = _batches(log)
     assert sum(seen) == 10_000 and max(seen) <= 8192
+
+
+class TwoCores(mv.InlineRunner):
+    """The inline runner, saying it runs two tasks at once (as local[2] does)."""
+
+    def parallelism(self) -> int:
+        return 2
+
+
+def test_a_backfill_makes_one_task_per_core_when_fragments_do_not_divide_evenly(tmp_path):
+    """Eight fragments, the first with a few rows already computed, on two
+    cores: two tasks of four fragments, not 4 + 3 + 1 (a second wave)."""
+    db = mv.connect(str(tmp_path), runner=TwoCores())
+    t = db.create_table("t", _rows(1000))
+    for k in range(1, 8):
+        t.add(_rows(1000, 1000 * k))
+    t.add_columns({"y": plus_f})
+    t.backfill("y", where="id < 30")
+    r = t.backfill("y")
+    assert r.udf_rows_computed == 7970 and r.timings["tasks"] == 2
+    assert sorted(t.to_arrow().column("y").to_pylist()) == [i + 1.0 for i in range(8000)]
+
+
+def test_a_refresh_makes_one_task_per_core_when_changed_rows_do_not_divide_evenly(tmp_path):
+    """Eight appended fragments, one a little smaller, on two cores: two tasks, not 4 + 3 + 1."""
+    db = mv.connect(str(tmp_path), runner=TwoCores())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(10)], primary_key="id")
+    view = db.create_materialized_view("v", src.search(None).select({"id": "id", "y": plus}))
+    view.refresh()
+    src.add([{"id": i, "x": i} for i in range(10, 980)])
+    for k in range(1, 8):
+        src.add([{"id": i, "x": i} for i in range(980 + 1000 * (k - 1), 980 + 1000 * k)])
+    r = view.refresh()
+    assert (r.rows_inserted, r.tasks) == (7970, 2)
+    assert actual_view(view) == expected_view(src.uri, src.version, lambda row: True, _project)

@@ -252,14 +252,23 @@ def pieces_from_rows(addrs: np.ndarray, ids: np.ndarray, max_rows: int) -> list[
     return pieces
 
 
-def pack_pieces(pieces: list[list], max_rows: int) -> list[list[list]]:
+def pack_pieces(pieces: list[list], max_rows: int, balanced: bool = False) -> list[list[list]]:
     """Group consecutive pieces ``[fragment, predicate, rows]`` into tasks of at
     most ``max_rows`` rows (a piece is never larger): many small fragments make
-    few tasks, and few view files.
+    few tasks, and few view files. ``balanced`` (tasks sized automatically):
+    as many tasks as ``max_rows`` asks for, of about equal size (one may pass
+    ``max_rows`` by part of a piece), never one more (see :func:`balanced_groups`).
 
     >>> [len(g) for g in pack_pieces([[0, None, 40], [1, None, 40], [2, None, 40]], 100)]
     [2, 1]
+    >>> [len(g) for g in pack_pieces([[0, None, 97], [1, None, 100], [2, None, 100]], 150)]
+    [1, 1, 1]
+    >>> [len(g) for g in pack_pieces([[0, None, 97], [1, None, 100], [2, None, 100]], 150, balanced=True)]
+    [2, 1]
     """
+    if balanced:
+        total = sum(p[2] for p in pieces)
+        return [[pieces[i] for i in g] for g in balanced_groups([p[2] for p in pieces], -(-total // max(1, max_rows)))]
     groups: list[list[list]] = []
     current: list[list] = []
     size = 0
@@ -350,6 +359,33 @@ def fit_to_fragments(per_task: int, largest_fragment: int, slack: float = 1.25) 
     if per_task < largest_fragment <= per_task * slack:
         return largest_fragment
     return per_task
+
+
+def balanced_groups(sizes: list[int], groups: int) -> list[list[int]]:
+    """Indexes of consecutive items cut into at most ``groups`` groups of about
+    equal total size: an item goes to the group its middle falls in. Filling
+    groups greedily up to a bound makes one group too many whenever the items
+    do not add up to the bound exactly (eight fragments, one of them a little
+    smaller, into tasks of half the rows: 4 + 3 + 1), a second wave of tasks
+    on a machine with as many cores as groups.
+
+    >>> balanced_groups([121, 125, 125, 125, 125, 125, 125, 125], 2)
+    [[0, 1, 2, 3], [4, 5, 6, 7]]
+    >>> balanced_groups([10, 1000, 10], 2), balanced_groups([5, 5], 4), balanced_groups([], 2)
+    ([[0], [1, 2]], [[0], [1]], [])
+    """
+    total = sum(sizes)
+    if not sizes:
+        return []
+    if total <= 0 or groups <= 1:
+        return [list(range(len(sizes)))]
+    target = total / groups
+    out: list[list[int]] = [[] for _ in range(groups)]
+    seen = 0
+    for i, n in enumerate(sizes):
+        out[min(groups - 1, int((seen + n / 2) // target))].append(i)
+        seen += n
+    return [g for g in out if g]
 
 
 def task_rows(total_rows: int, seconds_per_row: float | None, parallelism: int) -> int:

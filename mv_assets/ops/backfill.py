@@ -75,7 +75,7 @@ from mv_assets.model.definition import (
 from mv_assets.model.names import Alias, input_alias, input_marker_alias, nth_marker_alias
 from mv_assets.model.pacing import default_target_seconds
 from mv_assets.model.planning import column_ids as _ids
-from mv_assets.model.planning import positions, split_ranges, task_rows
+from mv_assets.model.planning import balanced_groups, positions, split_ranges, task_rows
 from mv_assets.model.udf import UDF
 from mv_assets.storage import checkpoints as ckpt
 from mv_assets.storage import objects
@@ -829,15 +829,8 @@ def _fragment_groups(
     if not len(addrs):
         return [], 0
     fids, counts = np.unique(addrs >> 32, return_counts=True)
-    per_task = task_rows(len(addrs), None, parallelism)
-    groups: list[list[int]] = []
-    size = per_task
-    for fid, n in zip(fids.tolist(), counts.tolist(), strict=True):
-        if size + n > per_task:
-            groups.append([])
-            size = 0
-        groups[-1].append(int(fid))
-        size += n
+    tasks = -(-len(addrs) // task_rows(len(addrs), None, parallelism))
+    groups = [[int(fids[i]) for i in g] for g in balanced_groups(counts.tolist(), tasks)]
     return groups, len(addrs)
 
 

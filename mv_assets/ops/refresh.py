@@ -348,7 +348,7 @@ def plan_refresh(
             task_rows(rows_to_compute, state.seconds_per_row, parallelism), largest_fragment
         )
         return _place(view, src, view_ds.version, f"{v0}|{def_fp}|{how}|{scope}|{recompute}", per_task,
-                      checkpoint_size)
+                      checkpoint_size, balanced=max_rows_per_task is None)
 
     appended = _appended_since(src, v0, commits, reads, state, definition) if commits is not None else None
     where, tasks, keys, n_insert, udf_rows, vk = _plan_work(
@@ -444,16 +444,17 @@ def _already_current(view: ViewRef, src_version: int, view_version: int, state) 
 
 
 def _place(
-    view: ViewRef, src: lance.LanceDataset, view_version: int, how: str, per_task: int, checkpoint_size: int | None
+    view: ViewRef, src: lance.LanceDataset, view_version: int, how: str, per_task: int, checkpoint_size: int | None,
+    balanced: bool = False,
 ) -> "_TaskPlace":
     """Where the tasks of a plan (named by everything that shapes them) read, write and checkpoint."""
     plan_key = hashlib.sha256(
-        f"{view.uri}|{view_version}|{src.version}|{how}|{per_task}|{checkpoint_size}".encode()
+        f"{view.uri}|{view_version}|{src.version}|{how}|{per_task}|{checkpoint_size}|{balanced}".encode()
     ).hexdigest()[:16]
     checkpoints = view.layout.checkpoints(view.name)
     return _TaskPlace(
         src.uri, src.version, view.uri, view_version, objects.join(checkpoints, plan_key),
-        objects.join(checkpoints, "batches"), plan_key, per_task, checkpoint_size,
+        objects.join(checkpoints, "batches"), plan_key, per_task, checkpoint_size, balanced,
     )
 
 
@@ -470,11 +471,12 @@ class _TaskPlace:
     plan_key: str
     max_rows_per_task: int
     checkpoint_size: int | None
+    balanced: bool = False  # tasks sized automatically: as many as the rows need, of equal size
 
     def tasks(self, pieces: list[list], recompute: list[str] | None = None) -> list[TaskSpec]:
         tasks = _pack_tasks(
             pieces, self.src_version, self.src_uri, self.view_uri, self.checkpoint_dir, self.max_rows_per_task,
-            self.plan_key, recompute, self.view_version if recompute is not None else None,
+            self.plan_key, recompute, self.view_version if recompute is not None else None, self.balanced,
         )
         # Row checkpoints are looked up only when an earlier run left some (a
         # resume); a fresh refresh only writes them.
@@ -611,9 +613,10 @@ def _pack_tasks(
     plan_key: str,
     recompute: list[str] | None = None,
     view_version: int | None = None,
+    balanced: bool = False,
 ) -> list[TaskSpec]:
     tasks = []
-    for parts in pack_pieces(pieces, max_rows_per_task):
+    for parts in pack_pieces(pieces, max_rows_per_task, balanced):
         task_id = hashlib.sha256(f"{plan_key}|{json.dumps(parts)}|{recompute}".encode()).hexdigest()[:16]
         tasks.append(
             TaskSpec(
