@@ -74,8 +74,8 @@ from mv_assets.model.definition import (
 )
 from mv_assets.model.names import Alias, input_alias, input_marker_alias, nth_marker_alias
 from mv_assets.model.pacing import default_target_seconds
-from mv_assets.model.planning import column_ids as _ids
 from mv_assets.model.planning import balanced_groups, positions, split_ranges, task_rows
+from mv_assets.model.planning import column_ids as _ids
 from mv_assets.model.udf import UDF
 from mv_assets.storage import checkpoints as ckpt
 from mv_assets.storage import objects
