@@ -84,6 +84,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, default=1_000_000)
     ap.add_argument("--model-rows", type=int, default=200_000, help="rows for the model-like UDF runs")
     ap.add_argument("--master", default="local[*]")
+    ap.add_argument("--repeat", type=int, default=3, help="one-pass backfills measured (first and best shown)")
     args = ap.parse_args()
     n = args.rows
     work = tempfile.mkdtemp(prefix="mv_bench_backfill_")
@@ -103,25 +104,28 @@ def main() -> None:
 
         # 1. vectorized UDF
         db, t = fresh(n, "base_vec")
-        base_vec = pylance_add_columns(t.uri, "y_plain", vectorized=True)
+        reps = range(args.repeat)
+        base_vec = min(pylance_add_columns(t.uri, f"y_plain{i}", vectorized=True) for i in reps)
         db, t = fresh(n, "inline_vec")
-        t.add_columns({"y": scaled, "y_staged": scaled})
-        r_inline = timed_backfill(t, "y", runner=mv.InlineRunner())  # one pass, checkpoints by time
+        t.add_columns({**{f"y{i}": scaled for i in reps}, "y_staged": scaled})
+        inline_runs = [timed_backfill(t, f"y{i}", runner=mv.InlineRunner()) for i in reps]  # one pass, by time
         r_inline_staged = timed_backfill(t, "y_staged", runner=mv.InlineRunner(), checkpoint_size=65_536,
                                          max_rows_per_task=262_144)
         db, t = fresh(n, "spark_vec")
-        t.add_columns({"y": scaled, "y_staged": scaled})
+        t.add_columns({**{f"y{i}": scaled for i in reps}, "y_staged": scaled, "warm": scaled})
         # warm every Python worker (one task per core and more): their first task imports Lance
-        r_spark_warm = t.backfill("y", where="id < 4000", checkpoint_size=250, max_rows_per_task=500)
+        r_spark_warm = t.backfill("warm", where="id < 4000", checkpoint_size=250, max_rows_per_task=500)
         runner.local_below_rows = 0  # measure the Spark job (the auto choice could run it on the driver)
-        r_spark = timed_backfill(t, "y")
+        spark_runs = [timed_backfill(t, f"y{i}") for i in reps]
         r_spark_staged = timed_backfill(t, "y_staged", checkpoint_size=65_536, max_rows_per_task=262_144)
         runner.local_below_rows = None
-        assert r_spark.rows_written == n - 4000 and r_inline.rows_written == n
+        assert all(r.rows_written == n for r in inline_runs + spark_runs)
+        best = lambda runs: min(runs, key=lambda r: r.seconds)  # noqa: E731
         print(f"\n1. vectorized UDF over {n:,} rows (goal <= 1.5x pylance, inline and on Spark)")
-        print(f"   pylance add_columns        {base_vec:6.2f}s  {n / base_vec:12,.0f} rows/s")
-        for label, r in (("inline", r_inline), ("spark", r_spark), ("inline, staged", r_inline_staged),
-                         ("spark, staged", r_spark_staged)):
+        print(f"   pylance add_columns        {base_vec:6.2f}s  {n / base_vec:12,.0f} rows/s  (best of {args.repeat})")
+        for label, r in (("inline, first", inline_runs[0]), (f"inline, best of {args.repeat}", best(inline_runs)),
+                         ("spark, first", spark_runs[0]), (f"spark, best of {args.repeat}", best(spark_runs)),
+                         ("inline, staged", r_inline_staged), ("spark, staged", r_spark_staged)):
             print(f"   mv_assets {label:<16} {r.seconds:6.2f}s  {n / r.seconds:12,.0f} rows/s"
                   f"  ratio {r.seconds / base_vec:.2f}  (compute {r.timings['compute_s']:.2f}s,"
                   f" write+commit {r.timings['commit_s']:.2f}s, {r.timings['tasks']} tasks)")
