@@ -420,3 +420,37 @@ def test_observing_a_source_table_reports_its_data_version(tmp_path):
     assert appended == str(t.version) != first
     t.optimize()
     assert observed() == appended
+
+
+def test_materialized_partitions_are_in_sync_when_the_source_was_never_observed(tmp_path):
+    """Materializing from the UI before any sensor tick or "Observe sources":
+    the partitions are not Unsynced (the run observes the table it read), and
+    appending to the table then makes them so."""
+    from dagster._core.definitions.events import AssetKeyPartitionKey
+    from dagster._utils.test.data_versions import get_stale_status_resolver  # what the UI's staleStatus uses
+
+    db = _catalog(tmp_path / "cat")
+    src = db.open_table("src")
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    repo = defs.get_repository_def()
+    every = [*repo.assets_defs_by_key.values(), defs.get_assets_def(K(["src"]))]
+    frags = [str(f.fragment_id) for f in lance.dataset(src.uri).get_fragments()]
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(partitions_def_name("src"), frags)
+        for frag in frags:
+            out = dg.materialize([repo.assets_defs_by_key[K(["v"])]], instance=instance, partition_key=frag,
+                                 selection=[K(["v"]), K(["v", "y"])])
+            assert out.success
+
+        def statuses():
+            resolver = get_stale_status_resolver(instance, every)
+            return {(key.to_user_string(), p): resolver.get_status(key, p).value
+                    for key in (K(["v"]), K(["v", "y"])) for p in frags}
+
+        assert set(statuses().values()) == {"FRESH"}
+        src.add([{"id": 100, "x": 100}])
+        observe([defs.get_assets_def(K(["src"]))], instance=instance)  # as the sensor does
+        resolver = get_stale_status_resolver(instance, every)
+        assert resolver.get_status(K(["v"]), frags[0]).value == "STALE"
+        assert [c.dependency for c in resolver.get_stale_causes(K(["v"]), frags[0])] == [
+            AssetKeyPartitionKey(K(["src"]), None)]

@@ -487,6 +487,12 @@ def _record_run(
     fingerprints = {c["name"]: c["udf"]["fingerprint"] for c in info.udf_columns}
     source = db.open_table(info.source_name)
     source_version = source.version if info.over_view else source.data_version()
+    if not info.over_view:
+        # Dagster compares the source's data version recorded below with the
+        # source's latest observation: a table never observed in this instance
+        # ("INITIAL") would show every partition Unsynced right after it was
+        # materialized. The run read the table: it observes it, as of now.
+        context.log_event(source_observation(source, source.version))
     view_inputs = {dg.AssetKey([info.source_name]): source_version}
     view_inputs.update({dg.AssetKey([info.source_name, c]): source.version for c in info.reads})
     view_tags = _version_tags(None, view.version, view_inputs)
