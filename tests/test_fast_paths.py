@@ -413,3 +413,46 @@ def test_a_refresh_makes_one_task_per_core_when_changed_rows_do_not_divide_evenl
     r = view.refresh()
     assert (r.rows_inserted, r.tasks) == (7970, 2)
     assert actual_view(view) == expected_view(src.uri, src.version, lambda row: True, _project)
+
+
+@mv.udf(name="plus")
+def plus_again(x: int) -> int:
+    return x + 2
+
+
+def test_a_view_backfill_sizes_its_checkpoint_batches_from_the_measured_cost(tmp_path, monkeypatch):
+    """A view's UDF column (staged backfill) given no checkpoint_size: batches
+    of about the checkpoint target's time at the cost its refresh measured:
+    a cheap UDF's 5,000 rows make one batch, not five of 1,024."""
+    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(5000)], primary_key="id")
+    view = db.create_materialized_view("v", src.search(None).select({"id": "id", "y": plus}))
+    view.refresh()
+    view.alter_columns({"path": "y", "udf": plus_again})
+    r = view.backfill("y")
+    assert (r.rows_written, r.batches) == (5000, 1)
+    assert actual_view(view) == expected_view(src.uri, src.version, lambda row: True,
+                                              lambda row: {"id": row["id"], "y": row["x"] + 2})
+    assert view.backfill("y", checkpoint_size=1000).rows_planned == 0
+    view.alter_columns({"path": "y", "udf": plus})
+    assert view.backfill("y", checkpoint_size=1000).batches == 5  # a given size still wins
+    # an expensive view, or one never measured: small batches, what a crash loses
+    from mv_assets.ops.backfill import staged_batch_rows
+
+    slow = db.create_materialized_view("slow", src.search(None).where("id < 1200").select({"id": "id", "y": slow_plus}))
+    spec = slow.computed_columns()
+    assert staged_batch_rows(slow.ref(), spec) == 1024  # never refreshed: cost unknown
+    slow.refresh()  # measures ~0.5 ms per row
+    assert 1024 < staged_batch_rows(slow.ref(), spec) <= 20_000  # about 10 s of work
+    monkeypatch.setenv("MV_ASSETS_CHECKPOINT_SECONDS", "0.2")
+    assert staged_batch_rows(slow.ref(), spec) == 1024  # 0.2 s is ~400 rows: the lower bound
+    src.add_columns({"z": "x * 2"})
+    assert staged_batch_rows(src.ref(), [c for c in src.computed_columns() if c.name == "z"]) == 65_536  # SQL
+
+
+@mv.udf
+def slow_plus(x: int) -> int:
+    import time
+
+    time.sleep(0.0005)
+    return x + 1

@@ -347,7 +347,8 @@ class Table:
         default 10 s, of UDF work; keyed by row id, row version and input
         markers): a killed backfill run again redoes at most that much per
         task. With ``checkpoint_size`` (and for views and SQL columns) results
-        are checkpointed in batches of that many rows (default 1,024) and
+        are checkpointed in batches of that many rows (by default sized from
+        the cost per row the view's last refresh measured: 1,024 to 65,536) and
         written after: a killed backfill redoes at most one batch per task.
         All results are committed in one Lance transaction at the end. Rows a UDF fails on under
         ``on_error="skip"`` stay NULL and are recorded (:meth:`get_errors`).
