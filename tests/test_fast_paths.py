@@ -456,3 +456,30 @@ def slow_plus(x: int) -> int:
 
     time.sleep(0.0005)
     return x + 1
+
+
+def test_a_first_refresh_without_filter_plans_from_fragment_metadata(tmp_path, monkeypatch):
+    """No filter: whole fragments without deletions need no scan of the
+    source's row addresses to be planned; one with deletions still is."""
+    from test_hardening import _record_scans
+
+    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(3000)], primary_key="id")
+    src.add([{"id": i, "x": i} for i in range(3000, 3500)])
+    query = src.search(None).select({"id": "id", "y": plus})
+    view = db.create_materialized_view("v", query)
+    scans = _record_scans(monkeypatch)
+    plan = view.plan_refresh(max_rows_per_task=1000)
+    assert [s for s in scans if s[1] == src.uri] == []
+    assert [t.rows for t in plan.tasks] == [1000, 1000, 1000, 500]
+    monkeypatch.undo()
+    view.refresh(max_rows_per_task=1000)
+    assert actual_view(view) == expected_view(src.uri, src.version, lambda row: True, _project)
+    src.delete("id % 7 = 0 AND id < 3000")
+    w = db.create_materialized_view("w", query)
+    scans = _record_scans(monkeypatch)
+    assert [t.rows for t in w.plan_refresh(max_rows_per_task=1000).tasks] == [1000, 1000, 571, 500]
+    assert [s for s in scans if s[1] == src.uri]  # the fragment with deletions is scanned
+    monkeypatch.undo()
+    w.refresh(max_rows_per_task=1000)
+    assert actual_view(w) == expected_view(src.uri, src.version, lambda row: True, _project)

@@ -637,18 +637,27 @@ def _pack_tasks(
 def _pieces_into_empty_view(src: lance.LanceDataset, fragments: list, filter_sql: str | None, max_rows: int) -> list[list]:
     """Pieces covering every row of ``fragments`` passing the view's filter,
     planned while streaming their row addresses in one ordered scan (driver
-    memory: one scanner batch, whatever the source's size).
+    memory: one scanner batch, whatever the source's size). Without a filter,
+    a fragment without deletions is planned from its metadata (no scan: 1M
+    rows' addresses took ~15 ms to stream, 10M ~70 ms).
 
     A piece is an address range of one fragment plus the filter, which the
     task evaluates again at the same pinned version: exact, and small however
     scattered the passing rows are.
     """
     runs: dict[int, list[tuple[int, int, int]]] = {}  # fragment -> (first address, last address, rows)
+    # Every row of a fragment without deletions, no filter: its runs follow from its size.
+    whole = [f for f in fragments if filter_sql is None and f.metadata.deletion_file is None]
+    for f in whole:
+        n, base = f.metadata.physical_rows, f.fragment_id << 32
+        runs[f.fragment_id] = [(base + lo, base + min(n, lo + max_rows) - 1, min(n, lo + max_rows) - lo)
+                               for lo in range(0, n, max_rows)]
+    scanned = [f for f in fragments if f.fragment_id not in runs]
     first = last = count = 0
     frag_id = -1
-    if fragments:
+    if scanned:
         scanner = src.scanner(
-            columns=[], filter=filter_sql, with_row_address=True, fragments=list(fragments), scan_in_order=True
+            columns=[], filter=filter_sql, with_row_address=True, fragments=scanned, scan_in_order=True
         )
         for batch in scanner.to_batches():
             addrs = batch.column("_rowaddr").to_numpy()
@@ -672,7 +681,8 @@ def _pieces_into_empty_view(src: lance.LanceDataset, fragments: list, filter_sql
         if count:
             runs.setdefault(frag_id, []).append((first, last, count))
     pieces: list[list] = []
-    for fid, frag_runs in runs.items():
+    for fid in (f.fragment_id for f in fragments):  # in the fragments' order
+        frag_runs = runs.get(fid, [])
         for lo, hi, n in frag_runs:
             bounds = None if len(frag_runs) == 1 else f"_rowaddr >= {lo} AND _rowaddr <= {hi}"
             pieces.append([fid, and_filters(bounds, filter_sql), n])
