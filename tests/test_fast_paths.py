@@ -483,3 +483,32 @@ def test_a_first_refresh_without_filter_plans_from_fragment_metadata(tmp_path, m
     monkeypatch.undo()
     w.refresh(max_rows_per_task=1000)
     assert actual_view(w) == expected_view(src.uri, src.version, lambda row: True, _project)
+
+
+@mv.udf(data_type=pa.int64(), batch_size=1000, on_error="skip")
+def doubled_in_thousands(x: pa.Array) -> pa.Array:
+    _seen(len(x))
+    if 4321 in x.to_pylist():
+        raise ValueError("4321")
+    return pa.compute.multiply(x, 2)
+
+
+def test_a_udf_batch_size_bounds_the_rows_per_call(tmp_path, monkeypatch):
+    """A model's memory bound: never more than batch_size rows per call;
+    failing rows are still found and recorded by their own row id."""
+    log = tmp_path / "batches.txt"
+    monkeypatch.setenv("MV_TEST_BATCH_LOG", str(log))
+    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
+    n = 20_000
+    src = db.create_table("src", pa.table({"id": pa.array(range(n)), "x": pa.array(range(n))}), primary_key="id")
+    view = db.create_materialized_view("v", src.search(None).select({"id": "id", "y": doubled_in_thousands}))
+    assert view.refresh().udf_rows_computed == {"y": n}
+    seen = _batches(log)
+    assert max(seen) <= 1000 and sum(s for s in seen if s > 1) >= n
+    got = {r["id"]: r["y"] for r in view.to_arrow().to_pylist()}
+    assert got == {i: (None if i == 4321 else 2 * i) for i in range(n)}
+    (err,) = view.get_errors()
+    assert err.message == "4321" and err.row_id == lance.dataset(src.uri).to_table(
+        filter="id = 4321", with_row_id=True).column("_rowid")[0].as_py()
+    with pytest.raises(ValueError, match="batch_size must be a positive int"):
+        mv.udf(lambda x: x, data_type=pa.int64(), batch_size=0)
