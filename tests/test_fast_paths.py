@@ -420,42 +420,40 @@ def plus_again(x: int) -> int:
     return x + 2
 
 
-def test_a_view_backfill_sizes_its_checkpoint_batches_from_the_measured_cost(tmp_path, monkeypatch):
-    """A view's UDF column (staged backfill) given no checkpoint_size: batches
-    of about the checkpoint target's time at the cost its refresh measured:
-    a cheap UDF's 5,000 rows make one batch, not five of 1,024."""
-    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
-    src = db.create_table("src", [{"id": i, "x": i} for i in range(5000)], primary_key="id")
-    view = db.create_materialized_view("v", src.search(None).select({"id": "id", "y": plus}))
-    view.refresh()
+def test_a_view_udf_column_backfills_in_one_pass(tmp_path, monkeypatch):
+    """A view's UDF column after a code change: computed and written in one
+    pass (one plan file, no checkpoint batch files, removed after), for the
+    rows whose source row is unchanged since the view's refresh; the refresh
+    recomputes the others with the new code."""
+    from mv_assets.storage import objects
+
+    writes = []
+    real = objects.write_arrow
+
+    def counting(path, table, **kw):
+        writes.append(path)
+        return real(path, table, **kw)
+
+    monkeypatch.setattr(objects, "write_arrow", counting)
+    db = mv.connect(str(tmp_path), runner=TwoCores())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(3000)], primary_key="id")
+    src.add([{"id": i, "x": i} for i in range(3000, 5000)])
+    view = db.create_materialized_view("v", src.search(None).where("x % 3 != 0").select({"id": "id", "y": plus}))
+    view.refresh(max_rows_per_task=1000)  # several view fragments
     view.alter_columns({"path": "y", "udf": plus_again})
+    src.update("id = 4", values_sql={"x": "x + 3"})  # changed in the source since the view's refresh
+    assert view.plan_backfill("y").rows == 3333 - 1
     r = view.backfill("y")
-    assert (r.rows_written, r.batches) == (5000, 1)
-    assert actual_view(view) == expected_view(src.uri, src.version, lambda row: True,
-                                              lambda row: {"id": row["id"], "y": row["x"] + 2})
-    assert view.backfill("y", checkpoint_size=1000).rows_planned == 0
+    assert (r.rows_planned, r.rows_written, r.udf_rows_computed, r.timings["tasks"]) == (3332, 3332, 3332, 2)
+    assert len(writes) == 1 and not objects.exists(writes[0])  # the plan, gone after the commit
+    got = {row["id"]: row["y"] for row in view.to_arrow().to_pylist()}
+    assert got == {i: (5 if i == 4 else i + 2) for i in range(5000) if i % 3}  # id 4: still the old code's
+    assert view.backfill("y").rows_planned == 0
+    view.refresh()  # the source's change, with the new code
+    assert actual_view(view) == expected_view(src.uri, src.version, _keep, lambda row: {"id": row["id"], "y": row["x"] + 2})
+    # a given checkpoint_size still takes the staged path (checkpoint batches in files)
     view.alter_columns({"path": "y", "udf": plus})
-    assert view.backfill("y", checkpoint_size=1000).batches == 5  # a given size still wins
-    # an expensive view, or one never measured: small batches, what a crash loses
-    from mv_assets.ops.backfill import staged_batch_rows
-
-    slow = db.create_materialized_view("slow", src.search(None).where("id < 1200").select({"id": "id", "y": slow_plus}))
-    spec = slow.computed_columns()
-    assert staged_batch_rows(slow.ref(), spec) == 1024  # never refreshed: cost unknown
-    slow.refresh()  # measures ~0.5 ms per row
-    assert 1024 < staged_batch_rows(slow.ref(), spec) <= 20_000  # about 10 s of work
-    monkeypatch.setenv("MV_ASSETS_CHECKPOINT_SECONDS", "0.2")
-    assert staged_batch_rows(slow.ref(), spec) == 1024  # 0.2 s is ~400 rows: the lower bound
-    src.add_columns({"z": "x * 2"})
-    assert staged_batch_rows(src.ref(), [c for c in src.computed_columns() if c.name == "z"]) == 65_536  # SQL
-
-
-@mv.udf
-def slow_plus(x: int) -> int:
-    import time
-
-    time.sleep(0.0005)
-    return x + 1
+    assert view.backfill("y", checkpoint_size=1000).batches == 4 and len(writes) > 2
 
 
 def test_a_first_refresh_without_filter_plans_from_fragment_metadata(tmp_path, monkeypatch):

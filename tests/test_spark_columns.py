@@ -73,3 +73,21 @@ def test_view_column_backfill_on_spark(spark_db):
     r = v.backfill("n", max_rows_per_task=64, checkpoint_size=32)
     assert r.rows_written == 250
     assert sorted((row["x"], row["n"]) for row in v.to_arrow().to_pylist()) == [(i, -i) for i in range(0, 500, 2)]
+
+
+def test_view_column_one_pass_backfill_on_spark(spark_db):
+    """A view's UDF column in one pass on Spark: the plan file and the source
+    are read in the executors, each view fragment written once."""
+    t = spark_db.create_table("t", [{"id": i, "x": i} for i in range(400)])
+    t.add([{"id": i, "x": i} for i in range(400, 700)])
+    v = spark_db.create_materialized_view("v", t.search(None).where("x % 2 = 0"), with_no_data=False)
+
+    @mv.udf
+    def neg(x: int) -> int:
+        return -x
+
+    v.add_columns({"n": neg})
+    r = v.backfill("n")
+    assert r.rows_written == r.udf_rows_computed == 350
+    assert sorted((row["x"], row["n"]) for row in v.to_arrow().to_pylist()) == [(i, -i) for i in range(0, 700, 2)]
+    assert v.backfill("n").rows_planned == 0

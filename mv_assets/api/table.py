@@ -342,14 +342,15 @@ class Table:
         again; after :meth:`alter_columns` every old row is). ``where`` (SQL)
         picks rows to (re)compute instead; ``row_ids`` limits to stable row
         ids. ``udf`` computes with another UDF of the same type (recorded as
-        such per row). A table's UDF columns are computed and written in one
+        such per row). UDF columns are computed and written in one
         pass, results checkpointed by time (every ``$MV_ASSETS_CHECKPOINT_SECONDS``,
         default 10 s, of UDF work; keyed by row id, row version and input
         markers): a killed backfill run again redoes at most that much per
-        task. With ``checkpoint_size`` (and for views and SQL columns) results
-        are checkpointed in batches of that many rows (by default sized from
-        the cost per row the view's last refresh measured: 1,024 to 65,536) and
-        written after: a killed backfill redoes at most one batch per task.
+        task; a view computes the rows whose source row is unchanged since its
+        last refresh (the refresh recomputes the others). With
+        ``checkpoint_size`` (and for SQL columns: 65,536) results are
+        checkpointed in batches of that many rows and written after: a killed
+        backfill redoes at most one batch per task.
         All results are committed in one Lance transaction at the end. Rows a UDF fails on under
         ``on_error="skip"`` stay NULL and are recorded (:meth:`get_errors`).
         """

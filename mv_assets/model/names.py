@@ -42,6 +42,7 @@ class Alias(StrEnum):
     INPUT_VERSION = "__in_ver"
     INPUT_ADDRESS = "__in_addr"
     TARGET_ID = "__target_id"
+    TARGET_ADDRESS = "__target_addr"  # the target row's address (a view's one-pass backfill writes by it)
     MATCHED = "__matched"
     KEY = "__key"  # a row's key (view: its source row id) in a one-off scan
 

@@ -7,11 +7,13 @@ backfill computes exactly the rows whose marker is not the current
 fingerprint — a UDF that legitimately returns NULL is not computed again, and
 after ``alter_columns`` every row computed by the old code is.
 
-A base table's UDF columns take one pass by default (:func:`run_fused_task`):
-tasks compute and write per fragment, UDF results checkpointed by time and
-row identity, one ``rewrite_columns`` commit pinned to the version read (a
-conflict runs the pass again, finding the checkpointed results). Views' UDF
-columns, SQL columns and a given ``checkpoint_size`` take the staged path:
+UDF columns take one pass by default (:func:`run_fused_task`): tasks compute
+and write per fragment, UDF results checkpointed by time and row identity, one
+``rewrite_columns`` commit pinned to the version read (a conflict runs the
+pass again, finding the checkpointed results). A view's rows are those whose
+source row still has the version the view holds (planned as in step 1
+below), their inputs read from the source. SQL columns and a given
+``checkpoint_size`` take the staged path:
 
 1. **Plan** (driver, no Spark): scan the target for the rows to compute, with
    their *input identity*: the stable id and row version of the row the inputs
@@ -84,7 +86,6 @@ from mv_assets.storage.checkpoints import CheckpointStore
 from mv_assets.storage.error_log import append_errors
 from mv_assets.storage.lance_compat import CommitConflictError, roaring_bitmap_bytes, take_rows
 from mv_assets.storage.refs import Ref, ViewRef
-from mv_assets.storage.state import read_refresh_state
 
 if TYPE_CHECKING:
     from mv_assets.execution.spark import Runner
@@ -95,6 +96,7 @@ __all__ = [
 
 _IN_ID, _IN_VER, _TARGET_ID = Alias.INPUT_ID, Alias.INPUT_VERSION, Alias.TARGET_ID
 _IN_ADDR = Alias.INPUT_ADDRESS  # address of the input row at the input version (to read it fast)
+_TARGET_ADDR = Alias.TARGET_ADDRESS
 _MATCHED = Alias.MATCHED
 
 
@@ -253,7 +255,7 @@ def _plan_rows(table: Ref, ds: lance.LanceDataset, specs: list[ColumnSpec], pred
     target_ids = _ids(scanned)
     in_ids = _ids(scanned, _IN_ID) if is_view else target_ids
     in_vers = _ids(scanned, _IN_VER)
-    in_addrs = _ids(scanned, "_rowaddr")  # a view's own addresses: replaced by its source's below
+    in_addrs = target_addrs = _ids(scanned, "_rowaddr")  # a view's own addresses: replaced by its source's below
     if is_view and len(in_ids):
         # Only rows whose source row still has the version the view holds: the
         # others changed in the source and the next refresh recomputes them.
@@ -266,12 +268,13 @@ def _plan_rows(table: Ref, ds: lance.LanceDataset, specs: list[ColumnSpec], pred
         keep = pos >= 0
         keep[keep] = s_vers[pos[keep]] == in_vers[keep]
         in_markers = _joined_markers(src, len(input_markers))[pos[keep]]
-        target_ids, in_ids, in_vers = target_ids[keep], in_ids[keep], in_vers[keep]
+        target_ids, in_ids, in_vers, target_addrs = target_ids[keep], in_ids[keep], in_vers[keep], target_addrs[keep]
         in_addrs = s_addrs[pos[keep]]
     order = np.argsort(in_ids, kind="stable")
     markers = in_markers[order] if input_markers else None
     plan_rows = pa.table({
         _IN_ID: in_ids[order], _IN_VER: in_vers[order], _TARGET_ID: target_ids[order], _IN_ADDR: in_addrs[order],
+        _TARGET_ADDR: target_addrs[order],
         ckpt.INPUTS: pa.array((markers if markers is not None else np.full(len(order), "", dtype=object)).tolist(),
                               pa.string()),
     })
@@ -719,8 +722,8 @@ _FUSED_TASK = "mv_assets.ops.backfill:run_fused_task"
 
 
 def _fused(table: Ref, specs: list[ColumnSpec]) -> bool:
-    """A base table's UDF columns backfill in one pass (see :func:`run_fused_task`)."""
-    return not isinstance(table, ViewRef) and all(c.kind == "udf" for c in specs)
+    """UDF columns backfill in one pass (see :func:`run_fused_task`)."""
+    return all(c.kind == "udf" for c in specs)
 
 
 def run_fused_task(payload: str, shared: bytes) -> str:
@@ -732,22 +735,51 @@ def run_fused_task(payload: str, shared: bytes) -> str:
     version, markers of computed inputs: the refresh's row store): a cheap UDF
     writes no checkpoint, an expensive one saves every
     ``$MV_ASSETS_CHECKPOINT_SECONDS`` of work, and a run after a crash or a
-    commit conflict finds those results whatever fragments the rows are in."""
+    commit conflict finds those results whatever fragments the rows are in.
+    A view's rows are identified by their source row, whose inputs are read
+    from the source at the version the plan matched them at."""
     task, job = json.loads(payload), json.loads(shared)
     start = time.perf_counter()
     specs = [ColumnSpec.from_json(c) for c in job["specs"]]
-    names = job["names"]
     ds = objects.dataset(job["uri"], version=job["version"])
-    inputs = _input_columns(specs, ds.schema)
-    computed_inputs = [c for c in inputs if computed_marker(c) in ds.schema.names]
-    projection = {input_alias(c): f"`{c}`" for c in inputs}
-    projection.update({input_marker_alias(c): f"`{computed_marker(c)}`" for c in computed_inputs})
-    projection[Alias.ROW_VERSION] = "_row_last_updated_at_version"
     store = PacedRowStore(job["rows_dir"], specs, True, job["checkpoint_seconds"])
     udf_rows: dict[str, int] = {}
     errors: list[dict] = []
     resumed: dict[str, int] = {}
     fragments = []
+    parts = _view_input_batches(task, job, specs) if "plan_path" in job else _table_input_batches(ds, task, job, specs)
+    for fid, inputs, batches, identity in parts:
+        out, offsets = [], []
+        for batch in paced(batches, store):
+            if batch.num_rows == 0:
+                continue
+            started = time.perf_counter()
+            values = checkpointed_udf_columns(
+                specs, pa.RecordBatch.from_arrays([batch.column(input_alias(c)) for c in inputs], names=inputs),
+                batch.column("_rowid").cast(pa.int64()), batch.column(Alias.ROW_VERSION).cast(pa.int64()),
+                udf_rows, errors, store, functools.partial(identity, batch), resumed,
+            )
+            if store.pacer.computed(batch.num_rows, time.perf_counter() - started):
+                store.flush()
+            out.append(pa.table({n: values[n] for n in job["names"]}))
+            offsets.append((_ids(batch, "_rowaddr") & 0xFFFFFFFF).astype(np.int64))
+        if out:
+            meta = _write_fragment_file(ds, fid, job["names"], np.concatenate(offsets), pa.concat_tables(out))
+            fragments.append(meta.to_json())
+    return json.dumps({
+        "fragments": fragments, "udf_rows": udf_rows.get(specs[0].name, 0),
+        "resumed": resumed.get(specs[0].name, 0), "errors": errors, "seconds": time.perf_counter() - start,
+    })
+
+
+def _table_input_batches(ds: lance.LanceDataset, task: dict, job: dict, specs: list[ColumnSpec]):
+    """Per fragment of a table: (id, input columns, scanned batches of its rows
+    to compute, input identity of a batch)."""
+    inputs = _input_columns(specs, ds.schema)
+    computed_inputs = [c for c in inputs if computed_marker(c) in ds.schema.names]
+    projection = {input_alias(c): f"`{c}`" for c in inputs}
+    projection.update({input_marker_alias(c): f"`{computed_marker(c)}`" for c in computed_inputs})
+    projection[Alias.ROW_VERSION] = "_row_last_updated_at_version"
     for fid in task["fragments"]:
         fragment = ds.get_fragment(int(fid))
         if fragment is None:
@@ -755,27 +787,40 @@ def run_fused_task(payload: str, shared: bytes) -> str:
         scanner = fragment.scanner(
             columns=projection, filter=job["predicate"], with_row_id=True, with_row_address=True, batch_size=8192
         )
-        parts, offsets = [], []
-        for batch in paced(scanner.to_batches(), store):
-            if batch.num_rows == 0:
-                continue
-            started = time.perf_counter()
-            values = checkpointed_udf_columns(
-                specs, pa.RecordBatch.from_arrays([batch.column(input_alias(c)) for c in inputs], names=inputs),
-                batch.column("_rowid").cast(pa.int64()), batch.column(Alias.ROW_VERSION).cast(pa.int64()),
-                udf_rows, errors, store, functools.partial(input_identity, batch, computed_inputs), resumed,
-            )
-            if store.pacer.computed(batch.num_rows, time.perf_counter() - started):
-                store.flush()
-            parts.append(pa.table({n: values[n] for n in names}))
-            offsets.append((_ids(batch, "_rowaddr") & 0xFFFFFFFF).astype(np.int64))
-        if parts:
-            meta = _write_fragment_file(ds, int(fid), names, np.concatenate(offsets), pa.concat_tables(parts))
-            fragments.append(meta.to_json())
-    return json.dumps({
-        "fragments": fragments, "udf_rows": udf_rows.get(specs[0].name, 0),
-        "resumed": resumed.get(specs[0].name, 0), "errors": errors, "seconds": time.perf_counter() - start,
+        yield int(fid), inputs, scanner.to_batches(), functools.partial(_identity_of_scan, computed_inputs)
+
+
+def _identity_of_scan(computed_inputs: list[str], batch: pa.RecordBatch) -> np.ndarray:
+    return input_identity(batch, computed_inputs)
+
+
+def _identity_of_plan(batch: pa.RecordBatch) -> np.ndarray:
+    return np.asarray(batch.column(ckpt.INPUTS).to_pylist(), dtype=object)
+
+
+def _view_input_batches(task: dict, job: dict, specs: list[ColumnSpec]):
+    """Per view fragment of the task's plan rows (sorted by view address): its
+    rows with their inputs read from the source at the plan's version (range
+    scans of dense runs, else by stable id), identified by their source row."""
+    plan = objects.read_arrow(job["plan_path"]).slice(task["lo"], task["hi"] - task["lo"])
+    src = objects.dataset(job["input_uri"], version=job["input_version"])
+    inputs = _input_columns(specs, src.schema)
+    taken = _read_rows(src, {input_alias(c): f"`{c}`" for c in inputs}, plan)
+    pos = positions(_ids(plan, _IN_ID), _ids(taken, "_rowid"))
+    if (pos < 0).any():
+        raise RuntimeError(f"{int((pos < 0).sum())} source rows of the plan are missing at version {src.version}")
+    taken = taken.take(pa.array(pos))
+    rows = pa.table({
+        **{input_alias(c): taken.column(input_alias(c)) for c in inputs},
+        "_rowid": plan.column(_IN_ID), Alias.ROW_VERSION: plan.column(_IN_VER),
+        "_rowaddr": plan.column(_TARGET_ADDR), ckpt.INPUTS: plan.column(ckpt.INPUTS),
     })
+    fids = _ids(plan, _TARGET_ADDR) >> 32
+    for fid in task["fragments"]:
+        sel = np.flatnonzero(fids == fid)
+        if len(sel):
+            part = rows.slice(int(sel[0]), len(sel))
+            yield int(fid), inputs, part.to_batches(max_chunksize=8192), _identity_of_plan
 
 
 STALE_LOOKBACK = 1000  # versions searched for the last whole backfill (each a read, a GET on object stores)
@@ -835,6 +880,29 @@ def _fragment_groups(
     return groups, len(addrs)
 
 
+def _view_work(table: ViewRef, ds: lance.LanceDataset, specs: list[ColumnSpec], predicate: str, parallelism: int,
+               candidates: list | None, ckpt_dir: str, job_id: str) -> tuple[list[dict], int, dict]:
+    """A view's one pass: its rows to compute whose source row still has the
+    version the view holds (the others are the next refresh's), sorted by view
+    address and cut into tasks of whole view fragments; the rows go to the
+    tasks in one plan file."""
+    if candidates is not None and not candidates:
+        return [], 0, {}
+    plan_rows, _, input_uri, input_version = _plan_rows(table, ds, specs, predicate, candidates)
+    if not plan_rows.num_rows:
+        return [], 0, {}
+    plan_rows = plan_rows.take(pa.array(np.argsort(_ids(plan_rows, _TARGET_ADDR), kind="stable")))
+    fids, firsts, counts = np.unique(_ids(plan_rows, _TARGET_ADDR) >> 32, return_index=True, return_counts=True)
+    n = plan_rows.num_rows
+    payloads = [
+        {"fragments": [int(fids[i]) for i in g], "lo": int(firsts[g[0]]), "hi": int(firsts[g[-1]] + counts[g[-1]])}
+        for g in balanced_groups(counts.tolist(), -(-n // task_rows(n, None, parallelism)))
+    ]
+    path = _job_file(ckpt_dir, f"one-pass-{job_id}.arrow")
+    objects.write_arrow(path, plan_rows)
+    return payloads, n, {"plan_path": path, "input_uri": input_uri, "input_version": input_version}
+
+
 def _fused_backfill(table: Ref, specs: list[ColumnSpec], predicate: str, runner: "Runner", job_id: str,
                     targeted: bool) -> BackfillResult:
     """Compute and write in one pass, commit once; a commit conflict (a writer
@@ -842,21 +910,30 @@ def _fused_backfill(table: Ref, specs: list[ColumnSpec], predicate: str, runner:
     finding the results checkpointed so far."""
     start = time.perf_counter()
     names = [n for c in specs for n in (c.name, computed_marker(c.name))]
-    rows_dir = objects.join(table.layout.column_checkpoints(table.name, specs[0].fingerprint), "rows")
+    ckpt_dir = table.layout.column_checkpoints(table.name, specs[0].fingerprint)
+    rows_dir = objects.join(ckpt_dir, "rows")
     parallelism = getattr(runner, "parallelism", lambda: 1)()  # user runners may not say
     computed = resumed = 0
     for attempt in range(5):
         ds = table.dataset()
-        groups, rows = _fragment_groups(ds, predicate, parallelism, None if targeted else stale_fragments(ds, specs))
+        candidates = None if targeted else stale_fragments(ds, specs)
+        if isinstance(table, ViewRef):
+            payloads, rows, extra = _view_work(table, ds, specs, predicate, parallelism, candidates, ckpt_dir, job_id)
+        else:
+            groups, rows = _fragment_groups(ds, predicate, parallelism, candidates)
+            payloads, extra = [{"fragments": g} for g in groups], {}
         if not rows:
             return BackfillResult(job_id, table.name, [c.name for c in specs], 0, 0, 0, 0, computed, 0, 0, None,
                                   time.perf_counter() - start)
         shared = json.dumps({
             "specs": [c.to_json() for c in specs], "names": names, "uri": table.uri, "version": ds.version,
-            "predicate": predicate, "rows_dir": rows_dir, "checkpoint_seconds": default_target_seconds(),
+            "predicate": predicate, "rows_dir": rows_dir, "checkpoint_seconds": default_target_seconds(), **extra,
         }).encode()
-        outs = [json.loads(o) for o in runner.map(_FUSED_TASK, [json.dumps({"fragments": g}) for g in groups],
-                                                    shared, rows)]
+        try:
+            outs = [json.loads(o) for o in runner.map(_FUSED_TASK, [json.dumps(p) for p in payloads], shared, rows)]
+        finally:
+            if extra:
+                objects.remove(extra["plan_path"])
         computed_at = time.perf_counter()
         computed += sum(o["udf_rows"] for o in outs)
         resumed += sum(o["resumed"] for o in outs)
@@ -888,7 +965,7 @@ def _fused_backfill(table: Ref, specs: list[ColumnSpec], predicate: str, runner:
         return BackfillResult(
             job_id=job_id, table=table.name, columns=[c.name for c in specs], rows_planned=rows,
             rows_written=rows - failed, rows_failed=failed, rows_skipped=0, udf_rows_computed=computed,
-            batches=len(groups), batches_resumed=0, version=committed.version, seconds=done - start,
+            batches=len(payloads), batches_resumed=0, version=committed.version, seconds=done - start,
             timings={"compute_s": computed_at - start, "commit_s": done - computed_at,
                      "task_s_total": sum(o["seconds"] for o in outs), "tasks": len(outs),
                      "udf_rows_resumed": resumed},
@@ -896,24 +973,7 @@ def _fused_backfill(table: Ref, specs: list[ColumnSpec], predicate: str, runner:
     raise RuntimeError(f"backfilling {names} of {table.name!r}: five commit conflicts in a row; run it again")
 
 
-STAGED_BATCH_ROWS = (1024, 65_536)  # bounds of an automatic staged checkpoint batch
-
-
-def staged_batch_rows(table: Ref, specs: list[ColumnSpec]) -> int:
-    """Rows per checkpoint batch of a staged backfill given no ``checkpoint_size``:
-    about ``$MV_ASSETS_CHECKPOINT_SECONDS`` of work at the view's cost per row
-    measured by its last refresh (its UDFs, reading and writing included: an
-    upper bound), within 1,024-65,536 rows; SQL columns (DataFusion's work)
-    65,536. Unknown cost: 1,024. One batch is what a crash loses, and each
-    costs a file and a write: 1M cheap rows in 1,024-row batches took 5.6 s,
-    in 65,536-row ones 1.5 s."""
-    low, high = STAGED_BATCH_ROWS
-    if all(c.kind != "udf" for c in specs):
-        return high
-    per_row = read_refresh_state(table.dataset()).seconds_per_row if isinstance(table, ViewRef) else None
-    if not per_row or per_row <= 0:
-        return low
-    return int(min(high, max(low, default_target_seconds() / per_row)))
+SQL_BATCH_ROWS = 65_536  # a SQL column's staged batches given no checkpoint_size (DataFusion's work: cheap)
 
 
 def backfill_column(
@@ -934,9 +994,9 @@ def backfill_column(
 
     ``checkpoint_size`` None: a base table's UDF columns are computed and
     written in one pass with checkpoints sized by time (:func:`run_fused_task`);
-    views, SQL columns and a given ``checkpoint_size`` take the staged path
-    (checkpoint batches of that many rows, default :func:`staged_batch_rows`,
-    then the write)."""
+    SQL columns and a given ``checkpoint_size`` take the staged path
+    (checkpoint batches of that many rows, default ``SQL_BATCH_ROWS``, then
+    the write)."""
     if isinstance(column, list):
         if len(column) != 1:
             raise ValueError("backfill one column at a time (siblings of a multi-column UDF come along)")
@@ -949,7 +1009,7 @@ def backfill_column(
             return _fused_backfill(table, specs, predicate, runner, job_id or uuid.uuid4().hex[:12],
                                    where is not None or row_ids is not None)
         plan = plan_backfill(table, column, udf=udf, where=where, row_ids=row_ids,
-                             checkpoint_size=checkpoint_size or staged_batch_rows(table, specs),
+                             checkpoint_size=checkpoint_size or SQL_BATCH_ROWS,  # UDF columns take one pass
                              max_rows_per_task=max_rows_per_task)
         return execute_backfill(table, plan, runner, job_id or uuid.uuid4().hex[:12])
 
