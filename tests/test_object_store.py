@@ -211,6 +211,20 @@ def test_spark_refresh_of_a_catalog_on_s3(s3_server, s3_catalog, spark_runner):
     df = db.open_table("v").to_spark(spark_runner.session())
     assert sorted((r["id"], r["y"]) for r in df.collect()) == got
 
+    # a view's UDF column after a code change, in one pass: the executors read
+    # the plan file and the source from the bucket and write the view's files there
+    @mv.udf(name="double")
+    def double_v2(x: int) -> int:
+        return 3 * x
+
+    v = db.open_table("v")
+    v.alter_columns({"path": "y", "udf": double_v2})
+    b = v.backfill("y")
+    assert b.rows_written == b.udf_rows_computed == len(got)
+    assert sorted((row["id"], row["y"]) for row in v.to_arrow().to_pylist()) == _oracle(
+        t.uri, opts, t.version, lambda s: s["x"] > 10, lambda s: (s["id"], 3 * s["x"]))
+    assert not [k for k in s3_server.keys(s3_catalog[1]) if "/jobs/one-pass-" in k]  # the plan file is gone
+
 
 def test_dagster_materializes_a_view_of_a_catalog_on_s3(s3_server, s3_catalog, monkeypatch):
     """The Dagster path over a bucket: definitions load from the bucket, the
