@@ -133,19 +133,26 @@ def _rows(n, start=0):
     return [{"id": i, "x": float(i)} for i in range(start, start + n)]
 
 
-def test_a_cheap_backfill_writes_in_one_pass_without_checkpoint_files(tmp_path, monkeypatch):
-    """A base table's UDF column: computed and written per fragment in one pass;
-    a cheap UDF hands nothing through files (no plan, batch or assignment file)."""
+def _record_arrow_writes(monkeypatch) -> list:
+    """Paths of every Arrow file the engine writes from now on (plans, checkpoint batches)."""
     from mv_assets.storage import objects
 
     writes = []
     real = objects.write_arrow
 
-    def counting(path, table):
+    def counting(path, table, **kw):
         writes.append(path)
-        return real(path, table)
+        return real(path, table, **kw)
 
     monkeypatch.setattr(objects, "write_arrow", counting)
+    return writes
+
+
+def test_a_cheap_backfill_writes_in_one_pass_without_checkpoint_files(tmp_path, monkeypatch):
+    """A base table's UDF column: computed and written per fragment in one pass;
+    a cheap UDF hands nothing through files (no plan, batch or assignment file)."""
+
+    writes = _record_arrow_writes(monkeypatch)
     db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
     t = db.create_table("t", _rows(3000))
     t.add(_rows(2000, 3000))
@@ -427,14 +434,7 @@ def test_a_view_udf_column_backfills_in_one_pass(tmp_path, monkeypatch):
     recomputes the others with the new code."""
     from mv_assets.storage import objects
 
-    writes = []
-    real = objects.write_arrow
-
-    def counting(path, table, **kw):
-        writes.append(path)
-        return real(path, table, **kw)
-
-    monkeypatch.setattr(objects, "write_arrow", counting)
+    writes = _record_arrow_writes(monkeypatch)
     db = mv.connect(str(tmp_path), runner=TwoCores())
     src = db.create_table("src", [{"id": i, "x": i} for i in range(3000)], primary_key="id")
     src.add([{"id": i, "x": i} for i in range(3000, 5000)])

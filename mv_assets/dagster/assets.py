@@ -103,8 +103,9 @@ def source_asset(info: TableInfo):
     return _observe
 
 
-def source_observation(table: Table, version: int) -> dg.AssetObservation:
-    current = table.data_version()
+def source_observation(table: Table, version: int, current: int | None = None) -> dg.AssetObservation:
+    """The table's observation at ``version``; ``current``: its data version, when already read."""
+    current = table.data_version() if current is None else current
     return dg.AssetObservation(
         asset_key=dg.AssetKey([table.name]),
         metadata={"lance_version": version, "data_version": current},
@@ -492,7 +493,7 @@ def _record_run(
         # source's latest observation: a table never observed in this instance
         # ("INITIAL") would show every partition Unsynced right after it was
         # materialized. The run read the table: it observes it, as of now.
-        context.log_event(source_observation(source, source.version))
+        context.log_event(source_observation(source, source.version, source_version))
     view_inputs = {dg.AssetKey([info.source_name]): source_version}
     view_inputs.update({dg.AssetKey([info.source_name, c]): source.version for c in info.reads})
     view_tags = _version_tags(None, view.version, view_inputs)

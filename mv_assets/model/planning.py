@@ -388,6 +388,20 @@ def balanced_groups(sizes: list[int], groups: int) -> list[list[int]]:
     return [g for g in out if g]
 
 
+def fragment_tasks(counts: list[int], parallelism: int) -> list[list[int]]:
+    """Indexes of consecutive fragments (``counts`` rows to compute in each)
+    grouped into tasks sized automatically (:func:`task_rows`), of about equal
+    size (:func:`balanced_groups`).
+
+    >>> fragment_tasks([121_000] + [125_000] * 7, 2)   # two cores: two tasks, not 4 + 3 + 1
+    [[0, 1, 2, 3], [4, 5, 6, 7]]
+    >>> fragment_tasks([300, 400], 2)                  # small work: one task (at least 1,024 rows each)
+    [[0, 1]]
+    """
+    total = sum(counts)
+    return balanced_groups(counts, -(-total // task_rows(total, None, parallelism))) if total else []
+
+
 def task_rows(total_rows: int, seconds_per_row: float | None, parallelism: int) -> int:
     """Rows per task when the caller did not fix it: as few tasks as keep every
     core busy (a multiple of ``parallelism``: per-task overhead dominates

@@ -76,8 +76,8 @@ from mv_assets.model.definition import (
 )
 from mv_assets.model.names import Alias, input_alias, input_marker_alias, nth_marker_alias
 from mv_assets.model.pacing import default_target_seconds
-from mv_assets.model.planning import balanced_groups, positions, split_ranges, task_rows
 from mv_assets.model.planning import column_ids as _ids
+from mv_assets.model.planning import fragment_tasks, positions, split_ranges
 from mv_assets.model.udf import UDF
 from mv_assets.storage import checkpoints as ckpt
 from mv_assets.storage import objects
@@ -787,11 +787,7 @@ def _table_input_batches(ds: lance.LanceDataset, task: dict, job: dict, specs: l
         scanner = fragment.scanner(
             columns=projection, filter=job["predicate"], with_row_id=True, with_row_address=True, batch_size=8192
         )
-        yield int(fid), inputs, scanner.to_batches(), functools.partial(_identity_of_scan, computed_inputs)
-
-
-def _identity_of_scan(computed_inputs: list[str], batch: pa.RecordBatch) -> np.ndarray:
-    return input_identity(batch, computed_inputs)
+        yield int(fid), inputs, scanner.to_batches(), functools.partial(input_identity, computed_inputs=computed_inputs)
 
 
 def _identity_of_plan(batch: pa.RecordBatch) -> np.ndarray:
@@ -875,9 +871,7 @@ def _fragment_groups(
     if not len(addrs):
         return [], 0
     fids, counts = np.unique(addrs >> 32, return_counts=True)
-    tasks = -(-len(addrs) // task_rows(len(addrs), None, parallelism))
-    groups = [[int(fids[i]) for i in g] for g in balanced_groups(counts.tolist(), tasks)]
-    return groups, len(addrs)
+    return [[int(fids[i]) for i in g] for g in fragment_tasks(counts.tolist(), parallelism)], len(addrs)
 
 
 def _view_work(table: ViewRef, ds: lance.LanceDataset, specs: list[ColumnSpec], predicate: str, parallelism: int,
@@ -893,14 +887,13 @@ def _view_work(table: ViewRef, ds: lance.LanceDataset, specs: list[ColumnSpec], 
         return [], 0, {}
     plan_rows = plan_rows.take(pa.array(np.argsort(_ids(plan_rows, _TARGET_ADDR), kind="stable")))
     fids, firsts, counts = np.unique(_ids(plan_rows, _TARGET_ADDR) >> 32, return_index=True, return_counts=True)
-    n = plan_rows.num_rows
     payloads = [
         {"fragments": [int(fids[i]) for i in g], "lo": int(firsts[g[0]]), "hi": int(firsts[g[-1]] + counts[g[-1]])}
-        for g in balanced_groups(counts.tolist(), -(-n // task_rows(n, None, parallelism)))
+        for g in fragment_tasks(counts.tolist(), parallelism)
     ]
     path = _job_file(ckpt_dir, f"one-pass-{job_id}.arrow")
     objects.write_arrow(path, plan_rows)
-    return payloads, n, {"plan_path": path, "input_uri": input_uri, "input_version": input_version}
+    return payloads, plan_rows.num_rows, {"plan_path": path, "input_uri": input_uri, "input_version": input_version}
 
 
 def _fused_backfill(table: Ref, specs: list[ColumnSpec], predicate: str, runner: "Runner", job_id: str,
