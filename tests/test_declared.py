@@ -183,3 +183,64 @@ def test_demo_declares_its_views_in_code(tmp_path):
     assert set(declared) == {"doc_features", "long_docs"}
     assert all(reconcile(db, name, q).in_sync for name, q in declared.items())
     assert os.path.basename(declared["doc_features"].to_definition().udf_columns[0].udf.code_location()[0]) == "demo.py"
+
+
+def _code_check(events, key):
+    found = [e for e in events if isinstance(e, dg.AssetCheckEvaluation) and e.asset_key == key]
+    return found[-1] if found else None
+
+
+def test_code_check_follows_the_rows_not_the_stored_code(catalog, tmp_path):
+    """A recompute that fails (the new code raises on a row) stores the new code
+    in the catalog but computes nothing: the check stays red, with the counts."""
+    db, calls = catalog
+    module = tmp_path / "my_views.py"
+    _write(module, calls)
+    defs = _defs(db, str(module))
+    key = K(["v", "score"])
+    with dg.instance_for_test() as instance:
+        tags = _all_partitions(db, instance)
+        job = defs.resolve_implicit_global_asset_job_def()
+        assert job.execute_in_process(instance=instance, asset_selection=[K(["v"]), key, K(["v", "other"])], tags=tags).success
+        # new code that raises on one row; reload; materialize the column: the run fails
+        _write(module, calls, body="1 // 0 if x == 3 else x * 10 + 7")
+        defs = _defs(db, str(module))
+        job = defs.resolve_implicit_global_asset_job_def()
+        result = job.execute_in_process(instance=instance, asset_selection=[key], tags=tags, raise_on_error=False)
+        assert not result.success
+        status = {c["column"]: c for c in db.open_table("v").column_status()}["score"]
+        assert (status["current"], status["stale"]) == (0, 10)  # the new code is stored, no row computed by it
+        sensor = defs.get_repository_def().get_sensor_def("src_changes")
+        tick = evaluate_sensor(sensor, instance=instance, definitions=defs, resources=defs.resources)
+        check = _code_check(tick.asset_events, key)
+        assert check is not None and not check.passed
+        assert "10 of 10 rows are stale" in (check.description or "")
+        assert (check.metadata["rows_current"].value, check.metadata["rows_stale"].value) == (0, 10)
+        # fixed code: the column is materialized, every row is current, the check passes
+        _write(module, calls, body="x * 10 + 7")
+        defs = _defs(db, str(module))
+        job = defs.resolve_implicit_global_asset_job_def()
+        result = job.execute_in_process(instance=instance, asset_selection=[key], tags=tags)
+        evaluation = [e for e in result.get_asset_check_evaluations() if e.asset_key == key][0]
+        assert evaluation.passed and "all 10 rows are current" in (evaluation.description or "")
+        assert (evaluation.metadata["rows_current"].value, evaluation.metadata["rows_stale"].value) == (10, 0)
+
+
+def test_a_declared_view_named_like_a_base_table_is_reported_at_load(catalog, tmp_path, caplog):
+    """A view declared in code under the name of an existing base table cannot
+    be loaded: a warning says so when the definitions load, and the table's
+    asset description carries the problem (where view declarations show theirs)."""
+    db, calls = catalog
+    module = tmp_path / "clash.py"
+    module.write_text(textwrap.dedent('''
+        def views(db):
+            src = db.open_table("src")
+            return {"src": src.search(None).select(["id"]), "v": src.search(None).select(["id", "x"])}
+    '''))
+    with caplog.at_level("WARNING", logger="mv_assets"):
+        defs = _defs(db, str(module))
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("view 'src' declared in code is not loaded" in m and "'src' is a table in the catalog" in m for m in warned), warned
+    specs = {s.key: s for s in defs.resolve_all_asset_specs()}
+    assert K(["v"]) in specs  # the other declared view is loaded as usual
+    assert "view 'src' declared in code is not loaded" in (specs[K(["src"])].description or "")

@@ -223,28 +223,48 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo]):
         # the lineage graph (evaluated by the sensor and by the column's materialization)
         check_specs += [
             dg.AssetCheckSpec(
-                CODE_CHECK, asset=key, description="The column's values were computed by the UDF code declared now."
+                CODE_CHECK, asset=key,
+                description="Every row of the column was computed by the UDF code declared now (row counts in the metadata).",
             )
             for key in col_keys.values()
         ]
     return specs, check_specs, view_key, col_keys
 
 
-def code_check_evaluations(info: TableInfo, db) -> dict[dg.AssetKey, tuple[bool, str]]:
-    """For each UDF column of a view declared in code: whether the catalog holds
-    its current code (and a sentence saying so)."""
+def code_check_evaluations(info: TableInfo, db) -> dict[dg.AssetKey, tuple[bool, str, dict]]:
+    """For each UDF column of a view declared in code: whether every row of it
+    is current under the code declared now, a sentence saying so, and the row
+    counts. It follows the rows (the engine's ``column_status``), not the code
+    stored in the catalog: a recompute that failed, was cancelled or is still
+    running stored the new code but left the rows stale."""
     if info.declared is None:
         return {}
     diff = reconcile(db, info.name, info.declared_definition)
+    if diff.create:
+        text = "the view is declared in code and not created yet: materialize it"
+        return {dg.AssetKey([info.name, col["name"]]): (False, text, {}) for col in info.udf_columns}
+    view = db.open_table(info.name)
+    status = {c["column"]: c for c in view.column_status()}
+    rows = view.count_rows()
     out = {}
     for col in info.udf_columns:
         key = dg.AssetKey([info.name, col["name"]])
-        if diff.create:
-            out[key] = (False, "the view is declared in code and not created yet: materialize it")
-        elif col["name"] in diff.altered + diff.added:
-            out[key] = (False, f"the UDF code changed (now {col['udf']['fingerprint']}): materialize the column")
+        fingerprint = col["udf"]["fingerprint"]
+        if col["name"] in diff.altered + diff.added or col["name"] not in status:
+            # the catalog holds other code (or no column yet): no row is computed by the declared code
+            current, failed = 0, 0
+            text = (f"the UDF code changed (now {fingerprint}): {rows} of {rows} rows are stale, computed by "
+                    "other code; materialize the column")
         else:
-            out[key] = (True, f"computed by the current code ({col['udf']['fingerprint']})")
+            current, failed = status[col["name"]]["current"], status[col["name"]]["failed"]
+            stale = rows - current
+            if stale:
+                text = (f"{stale} of {rows} rows are stale: not computed by the current code ({fingerprint})"
+                        f"{f', {failed} failed' if failed else ''}; materialize the column")
+            else:
+                text = f"all {rows} rows are current: computed by the current code ({fingerprint})"
+        md = {"rows": rows, "rows_current": current, "rows_stale": rows - current, "rows_failed": failed}
+        out[key] = (rows == current, text, md)
     return out
 
 
@@ -318,9 +338,11 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
             code_keys = {k for k in col_keys.values() if (k, CODE_CHECK) in wanted}
             if code_keys:
                 db = getattr(context.resources, RESOURCE_KEY).connection()
-                for key, (passed, text) in code_check_evaluations(info, db).items():
+                for key, (passed, text, md) in code_check_evaluations(info, db).items():
                     if key in code_keys:
-                        yield dg.AssetCheckResult(asset_key=key, check_name=CODE_CHECK, passed=passed, description=text)
+                        yield dg.AssetCheckResult(
+                            asset_key=key, check_name=CODE_CHECK, passed=passed, description=text, metadata=md
+                        )
 
     keys = {name: [vk, *cols.values()] for name, (vk, cols) in views.items()}
     return _refresh, keys, list(column_keys.values())

@@ -82,13 +82,16 @@ def _run_in_flight(context: dg.SensorEvaluationContext, table: str) -> bool:
 
 def _code_checks(tree: list[TableInfo], db, reported: dict, state: dict):
     """Columns of views declared in code: a failed ``udf_code_current`` check
-    marks the ones whose code changed. Reported when the verdict changes."""
+    marks the ones with rows not computed by the declared code (a code change,
+    a recompute that failed). Reported when the verdict or the counts change."""
     checks = []
     for v in tree:
-        for key, (passed, text) in code_check_evaluations(v, db).items():
+        for key, (passed, text, md) in code_check_evaluations(v, db).items():
             state[key.to_user_string()] = text
             if reported.get(key.to_user_string()) != text:
-                checks.append(dg.AssetCheckEvaluation(asset_key=key, check_name=CODE_CHECK, passed=passed, description=text))
+                checks.append(dg.AssetCheckEvaluation(
+                    asset_key=key, check_name=CODE_CHECK, passed=passed, description=text, metadata=md
+                ))
     return checks, state
 
 
