@@ -38,11 +38,13 @@ def _catalog(path, call_log):
 
 def _check_complete(t):
     ds = lance.dataset(t.uri)
-    rows = ds.to_table(columns=["id", "y", "__computed__y"], with_row_id=True).to_pylist()
+    rows = ds.to_table(columns={"id": "id", "y": "y", "__computed__y": "__computed__y",
+                                "v": "_row_last_updated_at_version"}, with_row_id=True).to_pylist()
     assert len(rows) == N and len({r["_rowid"] for r in rows}) == N  # no loss, no duplicates
     assert sorted(r["id"] for r in rows) == list(range(N))
     assert all(r["y"] == 3 * r["id"] for r in rows)
-    assert all(r["__computed__y"] == t.computed_columns()[0].fingerprint for r in rows)
+    fp = t.computed_columns()[0].fingerprint
+    assert all(r["__computed__y"] == f"{fp}@{r['v']}" for r in rows)  # computed for the row as it is
 
 
 @pytest.mark.parametrize("seed", [1, 2, 3])

@@ -246,9 +246,12 @@ def test_a_writer_changing_rows_during_a_one_pass_backfill_is_never_overwritten(
 
 
 def _stale_oracle(t, column: str, fingerprint: str) -> int:
-    """Rows whose marker is not the column's current fingerprint, counted in plain pyarrow."""
-    markers = t.to_arrow(with_markers=True).column(f"__computed__{column}").to_pylist()
-    return sum(1 for m in markers if m != fingerprint)
+    """Rows whose marker is not the column's current fingerprint at the row's
+    current version (a table's markers are "fingerprint@row version"), counted
+    in plain pyarrow."""
+    rows = lance.dataset(t.uri).to_table(
+        columns={"m": f"__computed__{column}", "v": "_row_last_updated_at_version"}).to_pylist()
+    return sum(1 for r in rows if r["m"] != f"{fingerprint}@{r['v']}")
 
 
 @mv.udf(on_error="skip")

@@ -25,11 +25,12 @@ from mv_assets.model.definition import (
     short_error,
     sql_literal,
 )
-from mv_assets.model.names import Alias, is_internal_column
+from mv_assets.model.markers import current_sql, stale_sql
+from mv_assets.model.names import PRIMARY_KEY_METADATA_KEY, Alias, is_internal_column
 from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy
 from mv_assets.ops.backfill import BackfillJob, _group_specs, backfill_column, plan_backfill
 from mv_assets.ops.checks import CheckOutcome, check_view
-from mv_assets.ops.columns import add_columns, alter_columns, load_columns
+from mv_assets.ops.columns import add_columns, alter_columns, load_columns, update_rows
 from mv_assets.ops.refresh import (
     RefreshPlan,
     RefreshResult,
@@ -80,7 +81,6 @@ class Catalog(Protocol):
 
 __all__ = ["Table", "MaterializedView", "sql_literal", "to_arrow_table"]
 
-PRIMARY_KEY_METADATA_KEY = "mv_assets.primary_key"
 
 
 def _parallelism(runner: Any) -> int:
@@ -88,6 +88,35 @@ def _parallelism(runner: Any) -> int:
     get = getattr(runner, "parallelism", None)
     n = get() if callable(get) else 1
     return n if isinstance(n, int) and n > 0 else 1
+
+
+def _huge_int(value: Any) -> int | None:
+    """An integer in ``value`` (nested lists and dicts included) that no Arrow
+    integer type holds, if any."""
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value if not -(2**63) <= value < 2**64 else None
+    if isinstance(value, dict):
+        value = list(value.values())
+    if isinstance(value, (list, tuple)):
+        for v in value:
+            found = _huge_int(v)
+            if found is not None:
+                return found
+    return None
+
+
+def _values(column: Any) -> list:
+    return list(column) if isinstance(column, (list, tuple)) else [column]
+
+
+def _too_wide(items: Any, exc: OverflowError) -> ValueError:
+    """The ValueError for rows holding an integer beyond 64 bits (Arrow raises
+    OverflowError), naming the column and the value."""
+    for name, value in items:
+        found = _huge_int(value)
+        if found is not None:
+            return ValueError(f"column {name!r}: the value {found} does not fit a 64-bit integer; nothing was written")
+    return ValueError(f"the rows hold a value too large for its column: {exc}; nothing was written")
 
 
 def to_arrow_table(data: Any, schema: pa.Schema | None = None) -> pa.Table:
@@ -109,13 +138,20 @@ def to_arrow_table(data: Any, schema: pa.Schema | None = None) -> pa.Table:
             # Infer first, then cast safely below: building with the schema would
             # truncate silently (1.5 into an int column becomes 1)
             table = pa.Table.from_struct_array(pa.array(data)) if data else pa.Table.from_pylist(data, schema=schema)
+        except OverflowError as exc:
+            raise _too_wide(((k, v) for r in data for k, v in r.items()), exc) from exc
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
             try:
                 table = pa.Table.from_pylist(data, schema=schema)
+            except OverflowError as exc:
+                raise _too_wide(((k, v) for r in data for k, v in r.items()), exc) from exc
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
                 raise ValueError(f"rows do not match the table schema: {exc}") from exc
     elif isinstance(data, dict):
-        table = pa.table(data)
+        try:
+            table = pa.table(data)
+        except OverflowError as exc:
+            raise _too_wide(((k, v) for k, col in data.items() for v in _values(col)), exc) from exc
     else:
         raise ValueError(f"unsupported data of type {type(data).__name__}; pass a pyarrow Table or a list of dicts")
     if schema is not None:
@@ -400,11 +436,12 @@ class Table:
         ids = sorted({e.row_id for e in self.get_errors(job_id=job_id, column_name=column)})
         if not ids:
             return []
-        id_col = SOURCE_ROW_ID if isinstance(self, MaterializedView) else "_rowid"
-        marker = computed_marker(column)
+        is_view = isinstance(self, MaterializedView)
+        id_col = SOURCE_ROW_ID if is_view else "_rowid"
         still = self._dataset().scanner(
-            columns={Alias.KEY: id_col} if id_col != "_rowid" else [],
-            filter=f"({id_col} IN ({', '.join(map(str, ids))})) AND (`{marker}` IS NULL OR `{marker}` != '{spec.fingerprint}')",
+            # (a filter on the row version needs it projected: Lance 14 errs after compaction otherwise)
+            columns={Alias.KEY: id_col} if is_view else {Alias.ROW_VERSION: "_row_last_updated_at_version"},
+            filter=f"({id_col} IN ({', '.join(map(str, ids))})) AND {stale_sql(column, spec.fingerprint, versioned=not is_view)}",
             with_row_id=id_col == "_rowid",
         ).to_table()
         return sorted(int(i) for i in still.column(Alias.KEY if id_col != "_rowid" else "_rowid").to_pylist())
@@ -415,9 +452,9 @@ class Table:
         whose last attempt failed."""
         out = []
         total = self.count_rows()
+        versioned = not isinstance(self, MaterializedView)  # see mv_assets.model.markers
         for c in self.computed_columns():
-            marker = computed_marker(c.name)
-            current = self.count_rows(f"`{marker}` = '{c.fingerprint}'")
+            current = self.count_rows(current_sql(c.name, c.fingerprint, versioned=versioned))
             out.append({
                 "column": c.name,
                 "kind": c.kind,
@@ -548,7 +585,7 @@ class Table:
                 continue
             try:
                 pa.array([value]).cast(ds.schema.field(name).type)
-            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+            except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, OverflowError) as exc:
                 raise ValueError(f"value {value!r} does not fit column {name!r} ({ds.schema.field(name).type}): {exc}") from exc
         pk = self.primary_key
         if pk in updates:
@@ -559,7 +596,9 @@ class Table:
             check_sql(ds, filter=where, columns=updates)
         except (ValueError, OSError) as exc:
             raise ValueError(f"invalid update: {short_error(exc)}") from exc
-        ds.update({**updates, **self._stale_markers(set(updates))}, where=where)
+        ref = self.ref()
+        assert isinstance(ref, TableRef)  # views refuse writes (_check_writable)
+        update_rows(ref, updates, self._stale_markers(set(updates)), where)
         return self._fill_sql_columns() or self.version
 
     def optimize(self, *, cleanup_older_than: timedelta | None = None, target_rows_per_fragment: int | None = None) -> int:

@@ -74,6 +74,8 @@ from mv_assets.model.definition import (
     short_error,
     udf_column_type,
 )
+from mv_assets.model.errors import UdfError
+from mv_assets.model.markers import stale_sql, stamp
 from mv_assets.model.names import Alias, input_alias, input_marker_alias, nth_marker_alias
 from mv_assets.model.pacing import default_target_seconds
 from mv_assets.model.planning import column_ids as _ids
@@ -83,7 +85,7 @@ from mv_assets.storage import checkpoints as ckpt
 from mv_assets.storage import objects
 from mv_assets.storage.changes import BACKFILL_KEY, NEUTRAL_OPERATIONS, fragments_after
 from mv_assets.storage.checkpoints import CheckpointStore
-from mv_assets.storage.error_log import append_errors
+from mv_assets.storage.error_log import append_errors, record_failure
 from mv_assets.storage.lance_compat import CommitConflictError, roaring_bitmap_bytes, take_rows
 from mv_assets.storage.refs import Ref, ViewRef
 
@@ -211,9 +213,7 @@ def _rows_predicate(
     table: Ref, ds: lance.LanceDataset, specs: list[ColumnSpec], where: str | None, row_ids: list[int] | None
 ) -> str:
     """SQL selecting the rows to backfill: stale ones (or ``where``), limited to ``row_ids``."""
-    stale = " OR ".join(
-        f"`{computed_marker(c.name)}` IS NULL OR `{computed_marker(c.name)}` != '{c.fingerprint}'" for c in specs
-    )
+    stale = " OR ".join(stale_sql(c.name, c.fingerprint, versioned=not isinstance(table, ViewRef)) for c in specs)
     parts = []
     if where is not None:
         if not isinstance(where, str) or not where.strip():
@@ -394,7 +394,7 @@ def run_compute_task(payload: str, shared: bytes) -> str:
         index = (taken, taken_ids[order], order)
         for key, lo, hi in todo:
             ids, vers, ins, values, errs = _compute_batch(
-                ds, specs, inputs, plan_rows.slice(lo, hi - lo), udf_rows, index
+                ds, specs, inputs, plan_rows.slice(lo, hi - lo), udf_rows, index, not job.get("is_view", False)
             )
             store.save(ids, vers, ins, values, errs, key=key)
             errors.extend(errs)
@@ -463,7 +463,7 @@ def _read_rows(ds: lance.LanceDataset, columns: list[str] | dict, batch_rows: pa
 
 def _compute_batch(
     ds: lance.LanceDataset, specs: list[ColumnSpec], inputs: list[str], batch_rows: pa.Table, udf_rows: dict,
-    index: tuple[pa.Table, np.ndarray, np.ndarray],
+    index: tuple[pa.Table, np.ndarray, np.ndarray], versioned: bool = False,
 ) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, pa.Array], list[dict]]:
     """Results of one checkpoint batch: input identity (ids, versions, input
     markers), values with their markers, errors.
@@ -498,6 +498,9 @@ def _compute_batch(
             [taken.column(c).take(take_idx).combine_chunks() for c in inputs], names=inputs
         ) if inputs else pa.RecordBatch.from_pydict({})
         columns.update(compute_udf_columns(specs, input_batch, m_ids, m_vers, udf_rows, errors))
+    if versioned:  # a table's markers name the row version the inputs were read at
+        for spec in specs:
+            columns[computed_marker(spec.name)] = stamp(columns[computed_marker(spec.name)], m_vers)
     as_int = (lambda a: np.asarray(a.to_numpy(zero_copy_only=False), dtype=np.int64))  # noqa: E731
     return as_int(m_ids), as_int(m_vers), m_ins, columns, errors
 
@@ -761,6 +764,10 @@ def run_fused_task(payload: str, shared: bytes) -> str:
             )
             if store.pacer.computed(batch.num_rows, time.perf_counter() - started):
                 store.flush()
+            if "plan_path" not in job:  # a table's markers name the row version the inputs were read at
+                for spec in specs:
+                    marker = computed_marker(spec.name)
+                    values[marker] = stamp(values[marker], batch.column(Alias.ROW_VERSION).cast(pa.int64()))
             out.append(pa.table({n: values[n] for n in job["names"]}))
             offsets.append((_ids(batch, "_rowaddr") & 0xFFFFFFFF).astype(np.int64))
         if out:
@@ -866,7 +873,9 @@ def _fragment_groups(
     rows to compute."""
     if candidates is not None and not candidates:
         return [], 0
-    scanner = ds.scanner(columns=[], filter=predicate, with_row_address=True, fragments=candidates)
+    # (the row version is projected: Lance 14 errs on filters reading it after compaction otherwise)
+    scanner = ds.scanner(columns={Alias.ROW_VERSION: "_row_last_updated_at_version"}, filter=predicate,
+                         with_row_address=True, fragments=candidates)
     addrs = _ids(scanner.to_table(), "_rowaddr")
     if not len(addrs):
         return [], 0
@@ -894,6 +903,12 @@ def _view_work(table: ViewRef, ds: lance.LanceDataset, specs: list[ColumnSpec], 
     path = _job_file(ckpt_dir, f"one-pass-{job_id}.arrow")
     objects.write_arrow(path, plan_rows)
     return payloads, plan_rows.num_rows, {"plan_path": path, "input_uri": input_uri, "input_version": input_version}
+
+
+def _record_failure(table: Ref, job_id: str, exc: UdfError, input_uri: str, input_version: int | None) -> None:
+    """Name the failed row after the table and its primary key, and record it."""
+    rows_of = table.source if isinstance(table, ViewRef) else table.name
+    record_failure(table.layout, table.name, job_id, exc, objects.dataset(input_uri, version=input_version), rows_of)
 
 
 def _fused_backfill(table: Ref, specs: list[ColumnSpec], predicate: str, runner: "Runner", job_id: str,
@@ -924,6 +939,9 @@ def _fused_backfill(table: Ref, specs: list[ColumnSpec], predicate: str, runner:
         }).encode()
         try:
             outs = [json.loads(o) for o in runner.map(_FUSED_TASK, [json.dumps(p) for p in payloads], shared, rows)]
+        except UdfError as exc:  # on_error="fail": the failed row is named and recorded, nothing is committed
+            _record_failure(table, job_id, exc, extra.get("input_uri", table.uri), extra.get("input_version", ds.version))
+            raise
         finally:
             if extra:
                 objects.remove(extra["plan_path"])
@@ -1024,6 +1042,7 @@ def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: s
         "plan_path": plan_path,
         "input_uri": plan.input_uri,
         "input_version": plan.input_version,
+        "is_view": plan.is_view,
     }).encode()
     payloads = []
     n = plan.plan_rows.num_rows
@@ -1034,8 +1053,12 @@ def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: s
         ]
         payloads.append(json.dumps({"batches": batches}))
     try:
-        outs = [json.loads(o) for o in runner.map("mv_assets.ops.backfill:run_compute_task", payloads, shared,
-                                                  plan.rows_to_compute)]
+        try:
+            outs = [json.loads(o) for o in runner.map("mv_assets.ops.backfill:run_compute_task", payloads, shared,
+                                                      plan.rows_to_compute)]
+        except UdfError as exc:  # on_error="fail": the failed row is named and recorded, nothing is committed
+            _record_failure(table, job_id, exc, plan.input_uri, plan.input_version)
+            raise
         computed_at = time.perf_counter()
         errors = [e for o in outs for e in o["errors"]]
         for e in errors:  # a view's rows are keyed by source row id, a table's by its own

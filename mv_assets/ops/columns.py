@@ -13,6 +13,7 @@ import os
 from typing import Any
 
 import lance
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pyarrow.dataset as pads
@@ -34,14 +35,16 @@ from mv_assets.model.definition import (
     stored_columns,
     udf_column_type,
 )
+from mv_assets.model.markers import marker_value
 from mv_assets.model.names import LANCE_ROW_COLUMNS
 from mv_assets.model.planning import column_ids as _ids
+from mv_assets.model.planning import positions
 from mv_assets.model.udf import UDF, UnpackedUDF
 from mv_assets.ops.backfill import _driver_writer, backfill_column, commit_column_values
 from mv_assets.storage import objects
-from mv_assets.storage.refs import Ref, ViewRef
+from mv_assets.storage.refs import Ref, TableRef, ViewRef
 
-__all__ = ["parse_transforms", "add_columns", "alter_columns", "load_columns"]
+__all__ = ["parse_transforms", "add_columns", "alter_columns", "load_columns", "update_rows"]
 
 def _single(name: str, u: UDF, input_schema: pa.Schema) -> ColumnSpec:
     if u.output_fields is not None:
@@ -340,4 +343,57 @@ def load_columns(
         _driver_writer(res, list(columns)), is_view=False, bump_versions=True, props={"load_columns": {
         "source": source if isinstance(source, str) else f"{len(source)} files", "pk": pk, "columns": columns,
         "on_missing": on_missing, "rows": res.num_rows}})
+    return version
+
+
+def update_rows(table: TableRef, updates: dict[str, str], stale: dict[str, str], where: str | None) -> int:
+    """Update rows of a base table (``updates``: SQL per column; ``stale``:
+    markers to clear, of computed columns reading an updated column) and keep
+    the other computed columns of those rows current. Returns the new version.
+
+    A table's markers name the row version the value was computed at (see
+    :mod:`mv_assets.model.markers`), and every update moves the versions of the
+    rows it writes: a computed column reading none of the updated columns would
+    read as stale. Its markers are stamped with the new version in a second
+    commit that keeps row versions (``rewrite_columns``), for the rows whose
+    value was current before the update and that nobody changed since. Between
+    the two commits (or if the second never happens) those values read as
+    stale: recomputed for nothing, never trusted wrongly."""
+    ds = table.dataset()
+    kept = [c for c in table.computed_columns() if computed_marker(c.name) not in stale and c.name not in updates]
+    before = None
+    if kept:
+        before = ds.scanner(
+            columns={**{f"k{i}": f"`{computed_marker(c.name)}`" for i, c in enumerate(kept)},
+                     "v": "_row_last_updated_at_version"},
+            filter=where, with_row_id=True,
+        ).to_table()
+    ds.update({**updates, **stale}, where=where)
+    version = table.dataset().version
+    if before is None or before.num_rows == 0:
+        return version
+    vers = before.column("v").to_numpy().astype(np.int64)
+    current = [
+        np.asarray(before.column(f"k{i}").fill_null("").to_pylist(), dtype=object)
+        == np.asarray([marker_value(c.fingerprint, v) for v in vers.tolist()], dtype=object)
+        for i, c in enumerate(kept)
+    ]
+    keep = np.logical_or.reduce(current)
+    if not keep.any():
+        return version
+    ids = _ids(before)[keep]
+    now = table.dataset(version).scanner(
+        columns=[computed_marker(c.name) for c in kept], filter=f"_rowid IN ({', '.join(map(str, ids.tolist()))})",
+        with_row_id=True,
+    ).to_table()
+    now = now.take(pa.array(positions(ids, _ids(now))))  # in the order of ``ids`` (every id is there at ``version``)
+    names = [computed_marker(c.name) for c in kept]
+    res = pa.table({
+        name: pc.if_else(pa.array(cur[keep]), pa.scalar(marker_value(c.fingerprint, version)), now.column(name))  # pyright: ignore[reportAttributeAccessIssue]
+        for name, cur, c in zip(names, current, kept, strict=True)
+    })
+    commit_column_values(
+        table, names, ids, np.full(len(ids), version, dtype=np.int64), _driver_writer(res, names), is_view=False,
+        props={"columns": [c.name for c in kept], "restamped_after_update": version},
+    )
     return version
