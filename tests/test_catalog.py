@@ -560,3 +560,22 @@ def test_tasks_are_sized_from_the_work_and_the_runner(tmp_path):
         view.plan_refresh(max_rows_per_task=0)
     r = view.refresh()  # inline: one task
     assert r.tasks == 1 and view.count_rows() == 10_000
+
+
+def test_integers_beyond_64_bits_are_a_valueerror_and_nothing_is_written(db):
+    t = db.create_table("t", [{"id": 1, "x": 1}], primary_key="id")
+    before = t.version
+    with pytest.raises(ValueError, match=r"column 'x': .*1180591620717411303424 does not fit a 64-bit integer"):
+        t.merge_insert([{"id": 1, "x": 2**70}])
+    with pytest.raises(ValueError, match=r"column 'id': .*does not fit a 64-bit integer"):
+        t.merge_insert([{"id": -(2**70), "x": 1}])
+    with pytest.raises(ValueError, match=r"column 'x': .*does not fit a 64-bit integer"):
+        t.add([{"id": 2, "x": 2**70}])
+    with pytest.raises(ValueError, match=r"column 'x': .*does not fit a 64-bit integer"):
+        t.add({"id": [2], "x": [2**70]})
+    with pytest.raises(ValueError, match=r"value 1180591620717411303424 does not fit column 'x'"):
+        t.update("id = 1", values={"x": 2**70})
+    with pytest.raises(ValueError, match=r"column 'x': .*does not fit a 64-bit integer"):
+        db.create_table("t2", [{"id": 1, "x": 2**70}])
+    assert t.version == before and t.to_arrow().to_pylist() == [{"id": 1, "x": 1}]
+    assert "t2" not in db
