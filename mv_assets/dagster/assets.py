@@ -90,10 +90,14 @@ def _code_references(udf: dict) -> dict:
 
 
 def source_asset(info: TableInfo):
+    description = f"Lance table `{info.name}`. Its data version is the newest Lance version that changed rows."
+    if info.code_changes is not None and info.code_changes.problems:  # a view declared under its name
+        description += " The code cannot be applied: " + "; ".join(info.code_changes.problems)
+
     @dg.observable_source_asset(
         key=dg.AssetKey([info.name]),
         group_name="sources",
-        description=f"Lance table `{info.name}`. Its data version is the newest Lance version that changed rows.",
+        description=description,
         metadata=_table_metadata(info),
         tags={"dagster/kind/lance": ""},
     )

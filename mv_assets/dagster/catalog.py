@@ -2,16 +2,19 @@
 (:meth:`Connection.describe`, stored metadata only: no UDF is unpickled and no
 JVM starts) with the lineage and the views declared in code on top."""
 
+import logging
 from dataclasses import dataclass, field
 from typing import Any
 
 from mv_assets.api.catalog import Connection
-from mv_assets.api.declare import reconcile
+from mv_assets.api.declare import Reconcile, reconcile
 from mv_assets.api.describe import TableDescription
 from mv_assets.model.definition import definition_reads
 from mv_assets.model.policy import RefreshPolicy
 
 __all__ = ["TableInfo", "catalog_tables"]
+
+log = logging.getLogger(__name__)
 
 @dataclass
 class TableInfo:
@@ -75,6 +78,16 @@ def _declare(out: dict[str, "TableInfo"], names: dict[str, list[str]], db: Conne
             described = db.describe_query(name, definition)
             info = out[name] = _info(described)
             names[name] = described.field_names
+        elif not out[name].is_view:
+            # the name is taken by a base table: the declared view cannot be loaded. Said
+            # at load, and in the table's asset description (where views show theirs)
+            problem = (
+                f"view {name!r} declared in code is not loaded: {name!r} is a table in the catalog; "
+                "rename the view in the code or drop the table"
+            )
+            log.warning(problem)
+            out[name].code_changes = Reconcile(name, problems=[problem])
+            continue
         else:
             info = out[name]
             code = {c["name"]: c for c in definition.to_json()["columns"]}
