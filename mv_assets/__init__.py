@@ -20,6 +20,7 @@ from mv_assets.execution.spark import InlineRunner as InlineRunner
 from mv_assets.execution.spark import SparkRunner as SparkRunner
 from mv_assets.model import udf as _udf_module
 from mv_assets.model.definition import SOURCE_ROW_ID as SOURCE_ROW_ID
+from mv_assets.model.errors import CatalogNotFoundError as CatalogNotFoundError
 from mv_assets.model.errors import ConcurrentRefreshError as ConcurrentRefreshError
 from mv_assets.model.errors import MvAssetsError as MvAssetsError
 from mv_assets.model.errors import SourceBehindError as SourceBehindError
@@ -48,6 +49,7 @@ __all__ = [
     "UnpackedUDF",
     "Connection",
     "connect",
+    "CatalogNotFoundError",
     "ConcurrentRefreshError",
     "MvAssetsError",
     "SourceBehindError",

@@ -1,8 +1,9 @@
 """``mv-assets``: the command line for a catalog.
 
 Exit codes: 0 success, 1 a refresh failed, 2 bad input (unknown view, bad
-option, invalid request), 3 refused because of another refresh or a stale
-upstream view.
+option, invalid request, no catalog at ``--db``), 3 refused because of
+another refresh or a stale upstream view. No command creates a catalog: a
+``--db`` that holds none is reported, not created.
 """
 
 import json
@@ -52,7 +53,9 @@ class _Ctx:
     def db(self) -> Connection:
         if self._db is None:
             runner = InlineRunner() if self.runner_name == "inline" else SparkRunner(master=self.master, remote=self.remote)
-            self._db = connect(self.db_uri, runner=runner)
+            # every command works on an existing catalog: a mistyped path is an
+            # error ("no catalog at ..."), never a new empty catalog
+            self._db = connect(self.db_uri, runner=runner, create=False)
         return self._db
 
     def view(self, name: str) -> MaterializedView:
@@ -124,8 +127,10 @@ def tables(obj: _Ctx, as_json: bool) -> None:
 @_guard
 def status(obj: _Ctx, view: str | None, as_json: bool) -> None:
     """The status table: load state, staleness, load number per view."""
-    views = [obj.view(view)] if view else obj.db.views()
-    rows = [v.status().to_dict() for v in views]
+    if view:
+        obj.view(view)
+    # a view whose source is gone shows as SOURCE_MISSING with the reason, the others as usual
+    rows = [s.to_dict() for s in obj.db.view_statuses(view)]
     if as_json:
         _print_json(rows[0] if view else rows)
         return

@@ -579,3 +579,25 @@ def test_integers_beyond_64_bits_are_a_valueerror_and_nothing_is_written(db):
         db.create_table("t2", [{"id": 1, "x": 2**70}])
     assert t.version == before and t.to_arrow().to_pylist() == [{"id": 1, "x": 1}]
     assert "t2" not in db
+
+
+def test_connect_without_creating(tmp_path):
+    missing = tmp_path / "no" / "catalog"
+    with pytest.raises(mv.CatalogNotFoundError, match=f"no catalog at {missing}"):
+        mv.connect(str(missing), create=False)
+    assert not (tmp_path / "no").exists()
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with pytest.raises(mv.CatalogNotFoundError, match="no catalog at"):
+        mv.connect(str(empty), create=False)
+    assert os.listdir(empty) == []
+    path = tmp_path / "notes.txt"
+    path.write_text("x")
+    for create in (True, False):
+        with pytest.raises(ValueError, match=f"{path} is a file, not a catalog directory"):
+            mv.connect(str(path), create=create)
+    with pytest.raises(ValueError, match="cannot create the catalog directory"):
+        mv.connect(str(path / "cat"))
+    db = mv.connect(str(tmp_path / "cat"))  # creating stays the default
+    db.create_table("t", [{"id": 1}])
+    assert mv.connect(str(tmp_path / "cat"), create=False).table_names() == ["t"]

@@ -1,6 +1,7 @@
 """The mv-assets CLI through click's runner (inline runner: no JVM)."""
 
 import json
+import os
 
 import pytest
 from click.testing import CliRunner
@@ -111,3 +112,52 @@ def test_backfill_dry_run_errors_and_retry(tmp_path):
     assert [row["y"] for row in t.to_arrow().to_pylist()] == [i + 1 for i in range(10)]
     assert run(db, "backfill", "t", "nope").exit_code == 2
     assert run(db, "backfill", "t", "y", "--where", "bad syntax (").exit_code == 2
+
+
+def test_status_and_tables_show_a_view_whose_source_was_removed(catalog):
+    import shutil
+
+    other = catalog.create_table("other", [{"id": i} for i in range(3)])
+    catalog.create_materialized_view("o", other.search(None).select(["id"]))
+    catalog.refresh("o")
+    shutil.rmtree(other.uri)  # another tool removes the source
+    r = run(catalog, "status", "--json")
+    assert r.exit_code == 0, r.output
+    rows = {x["name"]: x for x in json.loads(r.output)}
+    assert set(rows) == {"a", "b", "bad", "o"} and rows["a"]["load_state"] == "NEVER_LOADED"
+    assert rows["o"]["load_state"] == "SOURCE_MISSING" and "source 'other' of view 'o' is missing" in rows["o"]["last_error"]
+    r = run(catalog, "status", "o", "--json")
+    assert r.exit_code == 0 and json.loads(r.output)["load_state"] == "SOURCE_MISSING"
+    r = CliRunner().invoke(main, ["--db", catalog.uri, "status"], env={"COLUMNS": "400"}, catch_exceptions=False)
+    assert r.exit_code == 0 and "SOURCE_MISSING" in r.output and "commit.rs" not in r.output
+    r = run(catalog, "tables", "--json")
+    assert r.exit_code == 0, r.output
+    assert {t["name"]: t["source"] for t in json.loads(r.output)}["o"] == "other"
+
+
+COMMANDS = [
+    ["tables"], ["status"], ["status", "a"], ["plan", "a"], ["columns", "src"], ["errors", "src"],
+    ["backfill", "src", "x", "--dry-run"], ["backfill", "src", "x"], ["refresh", "a"],
+]
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=lambda a: "-".join(a))
+def test_a_mistyped_catalog_path_is_not_created(tmp_path, args):
+    missing = tmp_path / "no" / "such" / "catalog"
+    r = CliRunner().invoke(main, ["--db", str(missing), "--runner", "inline", *args], catch_exceptions=False)
+    assert r.exit_code == 2 and f"no catalog at {missing}" in r.output
+    assert not (tmp_path / "no").exists()
+    empty = tmp_path / "empty"  # a directory that holds no catalog is not one
+    empty.mkdir()
+    r = CliRunner().invoke(main, ["--db", str(empty), "--runner", "inline", *args], catch_exceptions=False)
+    assert r.exit_code == 2 and f"no catalog at {empty}" in r.output
+    assert os.listdir(empty) == []
+
+
+@pytest.mark.parametrize("args", COMMANDS, ids=lambda a: "-".join(a))
+def test_a_file_as_catalog_is_a_clear_error(tmp_path, args):
+    path = tmp_path / "notes.txt"
+    path.write_text("not a catalog")
+    r = CliRunner().invoke(main, ["--db", str(path), "--runner", "inline", *args], catch_exceptions=False)
+    assert r.exit_code == 2 and f"{path} is a file, not a catalog directory" in r.output
+    assert "Traceback" not in r.output and path.read_text() == "not a catalog"

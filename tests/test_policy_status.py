@@ -193,3 +193,50 @@ def test_a_killed_load_is_not_loading_forever(tmp_path):
     status = v.status()
     assert status.load_state == "FAILED_LOAD"
     assert "ended without finishing" in status.last_error
+
+
+def test_a_view_whose_source_was_removed_shows_in_the_status_with_its_reason(db):
+    """Another tool removes a view's source directory: the status table still
+    lists every view, the broken one as SOURCE_MISSING with a reason in our
+    words; listing views and the other views' records are unaffected."""
+    import shutil
+
+    keep = db.create_table("keep", [{"id": i} for i in range(3)])
+    gone = db.create_table("gone", [{"id": i} for i in range(4)])
+    db.create_materialized_view("ok", keep.search(None).select(["id"]))
+    db.create_materialized_view("orphan", gone.search(None).select(["id"]))
+    db.refresh(["ok", "orphan"])
+    shutil.rmtree(gone.uri)
+
+    assert sorted(v.name for v in db.views()) == ["ok", "orphan"]
+    rows = {r["name"]: r for r in db.status().to_pylist()}
+    assert set(rows) == {"ok", "orphan"}
+    assert rows["ok"]["load_state"] == "LOADED" and rows["ok"]["valid"] and rows["ok"]["cardinality"] == 3
+    orphan = rows["orphan"]
+    assert orphan["load_state"] == "SOURCE_MISSING" and not orphan["valid"]
+    assert "source 'gone' of view 'orphan' is missing" in orphan["last_error"]
+    assert "commit.rs" not in orphan["last_error"]
+    # what the view itself holds is still known
+    assert (orphan["cardinality"], orphan["load_number"], orphan["versions_behind"]) == (4, 1, None)
+    single = db.open_view("orphan").status()
+    assert single.load_state == "SOURCE_MISSING" and single.source_latest_version is None
+    assert db.status("orphan").column("load_state").to_pylist() == ["SOURCE_MISSING"]
+
+
+def test_a_view_whose_record_cannot_be_read_is_listed_as_unreadable(db):
+    """A view written by a newer mv_assets (a definition format this one does not
+    read) is listed as UNREADABLE with the reason; the other views show as usual."""
+    import json
+
+    from mv_assets.model.definition import VIEW_METADATA_KEY
+
+    t = db.create_table("raw", [{"id": i} for i in range(3)])
+    db.create_materialized_view("ok", t.search(None).select(["id"]))
+    newer = db.create_materialized_view("newer", t.search(None).select(["id"]))
+    ds = lance.dataset(newer.uri)
+    stored = json.loads(ds.schema.metadata[VIEW_METADATA_KEY.encode()])
+    ds.update_schema_metadata({VIEW_METADATA_KEY: json.dumps({**stored, "format": 999})})
+    rows = {r["name"]: r for r in db.status().to_pylist()}
+    assert rows["ok"]["load_state"] == "NEVER_LOADED"
+    assert (rows["newer"]["load_state"], rows["newer"]["source"], rows["newer"]["valid"]) == ("UNREADABLE", "raw", False)
+    assert "unsupported view definition format 999" in rows["newer"]["last_error"]

@@ -12,14 +12,20 @@ from mv_assets.api.describe import TableDescription, describe_dataset, describe_
 from mv_assets.api.query import Query
 from mv_assets.api.table import PRIMARY_KEY_METADATA_KEY, MaterializedView, Table, check_primary_key, to_arrow_table
 from mv_assets.execution.spark import Runner, default_runner
-from mv_assets.model.definition import VIEW_METADATA_KEY, ViewDefinition, is_reserved_name, output_schema
-from mv_assets.model.errors import SourceBehindError, TableExistsError, TableNotFoundError
+from mv_assets.model.definition import VIEW_METADATA_KEY, ViewDefinition, is_reserved_name, output_schema, short_error
+from mv_assets.model.errors import CatalogNotFoundError, SourceBehindError, TableExistsError, TableNotFoundError
 from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
 from mv_assets.ops.refresh import RefreshResult
 from mv_assets.storage import objects
 from mv_assets.storage.error_log import drop_errors
 from mv_assets.storage.layout import Layout
-from mv_assets.storage.status import pending_source_versions, status_table, view_status
+from mv_assets.storage.status import (
+    ViewStatus,
+    pending_source_versions,
+    status_table,
+    unreadable_status,
+    view_status,
+)
 
 __all__ = ["Connection", "connect", "validate_name"]
 
@@ -76,7 +82,8 @@ class Connection:
     """
 
     def __init__(
-        self, uri: str, *, runner: Runner | None = None, storage_options: dict[str, str] | None = None
+        self, uri: str, *, runner: Runner | None = None, storage_options: dict[str, str] | None = None,
+        create: bool = True,
     ) -> None:
         if not isinstance(uri, str) or not uri:
             raise ValueError("connect() needs a catalog URI")
@@ -84,7 +91,13 @@ class Connection:
             uri = uri[len("file://") :]
         if objects.is_local(uri):
             uri = os.path.abspath(uri)
-            os.makedirs(uri, exist_ok=True)
+            if os.path.exists(uri) and not os.path.isdir(uri):
+                raise CatalogNotFoundError(f"{uri} is a file, not a catalog directory")
+            if create:
+                try:
+                    os.makedirs(uri, exist_ok=True)
+                except OSError as exc:  # say, a file where a parent directory should be
+                    raise ValueError(f"cannot create the catalog directory {uri}: {exc.strerror or exc}") from exc
         else:
             scheme = uri.split("://", 1)[0].lower()
             if scheme not in _SCHEMES or not uri.split("://", 1)[1].strip("/"):
@@ -97,6 +110,8 @@ class Connection:
         self.storage_options_given = storage_options is not None  # else from the environment (or none)
         objects.register(uri, self.storage_options)
         self.layout = Layout(uri)
+        if not create and not self.layout.holds_catalog():
+            raise CatalogNotFoundError(f"no catalog at {uri}")
         self._runner = runner
 
     def __repr__(self) -> str:
@@ -332,10 +347,27 @@ class Connection:
         """An inter-process lock serialising refreshes of one view."""
         return self.layout.lock(view, timeout)
 
+    def view_statuses(self, name: str | None = None) -> list[ViewStatus]:
+        """The status records of every view (or just ``name``). A view whose
+        source is gone is SOURCE_MISSING, one whose record cannot be read
+        UNREADABLE, each with the reason in ``last_error``: one broken view
+        never hides the others."""
+        out = []
+        for view in [self.open_view(name)] if name else self.views():
+            try:
+                out.append(view_status(view.ref()))
+            except Exception as exc:  # a status listing reports what it cannot read, it does not stop
+                try:
+                    source = view.source
+                except Exception:
+                    source = None
+                out.append(unreadable_status(view.name, source, f"{type(exc).__name__}: {short_error(exc)}"))
+        return out
+
     def status(self, name: str | None = None) -> pa.Table:
-        """The status table: one row per view (or just ``name``), as an Arrow table."""
-        views = [self.open_view(name)] if name else self.views()
-        return status_table([view_status(v.ref()) for v in views])
+        """The status table: one row per view (or just ``name``), as an Arrow table
+        (see :meth:`view_statuses`)."""
+        return status_table(self.view_statuses(name))
 
     def _check_source_current(self, view: MaterializedView) -> None:
         src = self.open_table(view.definition.source)
@@ -396,7 +428,9 @@ class Connection:
         return results[0] if isinstance(name, str) and len(results) == 1 else results
 
 
-def connect(uri: str, *, runner: Runner | None = None, storage_options: dict[str, str] | None = None) -> Connection:
+def connect(
+    uri: str, *, runner: Runner | None = None, storage_options: dict[str, str] | None = None, create: bool = True
+) -> Connection:
     """Open (creating if needed) the catalog at ``uri``: a local directory or
     an object-store URI (``s3://bucket/path``, ``gs://``, ``az://``).
     ``storage_options`` (default ``$MV_ASSETS_STORAGE_OPTIONS``, JSON) are
@@ -404,9 +438,14 @@ def connect(uri: str, *, runner: Runner | None = None, storage_options: dict[str
     credentials, ``allow_http``...): passed to every Lance call, to the
     engine's own state files, and with each job to the executors.
 
+    ``create=False`` opens only an existing catalog, creating nothing: where
+    ``uri`` holds no table, no view and no engine state (one listing, local
+    or object store), it raises :class:`CatalogNotFoundError` ("no catalog
+    at ..."). A local ``uri`` that is a file is refused either way.
+
     >>> import tempfile
     >>> db = connect(tempfile.mkdtemp())
     >>> db.table_names()
     []
     """
-    return Connection(uri, runner=runner, storage_options=storage_options)
+    return Connection(uri, runner=runner, storage_options=storage_options, create=create)

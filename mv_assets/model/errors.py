@@ -2,6 +2,7 @@
 
 __all__ = [
     "MvAssetsError",
+    "CatalogNotFoundError",
     "TableNotFoundError",
     "TableExistsError",
     "SourceBehindError",
@@ -11,6 +12,10 @@ __all__ = [
 
 class MvAssetsError(Exception):
     """Base class for mv_assets errors that are not plain input mistakes."""
+
+
+class CatalogNotFoundError(ValueError, MvAssetsError):
+    """No catalog at that location (opened with ``connect(uri, create=False)``)."""
 
 
 class TableNotFoundError(ValueError, MvAssetsError):

@@ -44,6 +44,11 @@ class Layout:
     def state(self, *parts: str) -> str:
         return objects.join(self.root, STATE_DIR, *parts)
 
+    def holds_catalog(self) -> bool:
+        """Whether a catalog is at the root: a Lance dataset (``<name>.lance``)
+        or the engine's state (one listing, also on object stores)."""
+        return any(e.endswith(".lance") or e == STATE_DIR for e in objects.listdir(self.root))
+
     def checkpoints(self, name: str) -> str:
         """Task checkpoints of one plan live in a folder each under here, row checkpoints in ``batches``."""
         return self.state("checkpoints", name)

@@ -5,6 +5,11 @@ the view's own Lance commits; the load state (LOADING / LOADED / FAILED_LOAD)
 and the last error are kept in ``<catalog>/_mv_assets/status/<view>.json``,
 written atomically by every refresh. Staleness is measured live from the
 source's change feed when the status is read.
+
+A view whose source dataset is gone (removed by another tool) shows as
+SOURCE_MISSING, and one whose record cannot be read at all as UNREADABLE,
+both with the reason in ``last_error`` and the facts that could not be
+measured left None: one broken view never hides the others' records.
 """
 
 import datetime as dt
@@ -34,7 +39,10 @@ __all__ = [
     "LOADED",
     "FAILED_LOAD",
     "NEVER_LOADED",
+    "SOURCE_MISSING",
+    "UNREADABLE",
     "view_status",
+    "unreadable_status",
     "record_load_state",
     "refresh_decision",
     "pending_source_versions",
@@ -45,6 +53,8 @@ LOADING = "LOADING"
 LOADED = "LOADED"
 FAILED_LOAD = "FAILED_LOAD"
 NEVER_LOADED = "NEVER_LOADED"
+SOURCE_MISSING = "SOURCE_MISSING"  # the view's source dataset is gone
+UNREADABLE = "UNREADABLE"  # the view's own record could not be read
 
 STATUS_SCHEMA = pa.schema(
     [
@@ -73,16 +83,16 @@ class ViewStatus:
     source: str
     load_state: str
     valid: bool
-    cardinality: int
-    load_number: int
+    cardinality: int | None  # None: facts that could not be read (SOURCE_MISSING, UNREADABLE)
+    load_number: int | None
     updated: dt.datetime | None
     node: str | None
     source_version: int | None
-    source_latest_version: int
-    versions_behind: int
-    stale_count: int
-    stale_pct: float
-    policy: str
+    source_latest_version: int | None
+    versions_behind: int | None
+    stale_count: int | None
+    stale_pct: float | None
+    policy: str | None
     last_error: str | None
 
     def to_dict(self) -> dict:
@@ -151,11 +161,54 @@ def pending_source_versions(
     return pending_versions(view.source_uri, state.source_version, tracked_source_columns(ds.schema), latest)
 
 
+def _source_missing(view: ViewRef, ds, state: "RefreshState", file: dict) -> ViewStatus:
+    """The record of a view whose source dataset is gone: what the view itself
+    holds, nothing measured against the source."""
+    updated = state.refreshed_at
+    return ViewStatus(
+        name=view.name,
+        source=view.source,
+        load_state=SOURCE_MISSING,
+        valid=False,
+        cardinality=ds.count_rows(),
+        load_number=state.load_number,
+        updated=dt.datetime.fromtimestamp(updated, tz=dt.timezone.utc) if updated else None,
+        node=file.get("node"),
+        source_version=state.source_version,
+        source_latest_version=None,
+        versions_behind=None,
+        stale_count=None,
+        stale_pct=None,
+        policy=RefreshPolicy.from_json((ds.schema.metadata or {}).get(POLICY_METADATA_KEY.encode())).kind,
+        last_error=(
+            f"the source {view.source!r} of view {view.name!r} is missing: no Lance dataset at "
+            f"{view.source_uri} (removed outside mv_assets?); recreate it or drop the view"
+        ),
+    )
+
+
+def unreadable_status(name: str, source: str | None, error: str) -> ViewStatus:
+    """The record of a view whose status could not be read at all (``error``
+    says why): listed as UNREADABLE rather than hiding the other views."""
+    return ViewStatus(
+        name=name, source=source or "", load_state=UNREADABLE, valid=False, cardinality=None, load_number=None,
+        updated=None, node=None, source_version=None, source_latest_version=None, versions_behind=None,
+        stale_count=None, stale_pct=None, policy=None, last_error=error,
+    )
+
+
 def view_status(view: ViewRef) -> ViewStatus:
+    """The view's record of the status table (SOURCE_MISSING when its source
+    dataset is gone)."""
     ds = view.dataset()
     state = read_refresh_state(ds)
     file = _read_file(view.layout, view.name)
-    latest = view.source_dataset().version
+    try:
+        latest = view.source_dataset().version
+    except (ValueError, OSError):
+        if objects.is_dataset(view.source_uri):
+            raise
+        return _source_missing(view, ds, state, file)
     stale = stale_count(view.source_uri, state.source_version, latest)
     cardinality = ds.count_rows()
     load_state = file.get("load_state") or (LOADED if state.load_number else NEVER_LOADED)
