@@ -26,6 +26,7 @@ from mv_assets.model.errors import MvAssetsError as MvAssetsError
 from mv_assets.model.errors import SourceBehindError as SourceBehindError
 from mv_assets.model.errors import TableExistsError as TableExistsError
 from mv_assets.model.errors import TableNotFoundError as TableNotFoundError
+from mv_assets.model.errors import UdfError as UdfError
 from mv_assets.model.policy import RefreshPolicy as RefreshPolicy
 from mv_assets.model.udf import UDF as UDF
 from mv_assets.model.udf import Columns as Columns
@@ -55,6 +56,7 @@ __all__ = [
     "SourceBehindError",
     "TableExistsError",
     "TableNotFoundError",
+    "UdfError",
     "Query",
     "RefreshPolicy",
     "SOURCE_ROW_ID",

@@ -18,7 +18,7 @@ from rich.table import Table as RichTable
 from mv_assets.api.catalog import Connection, connect
 from mv_assets.api.runners import InlineRunner, SparkRunner
 from mv_assets.api.table import MaterializedView
-from mv_assets.model.errors import MvAssetsError
+from mv_assets.model.errors import MvAssetsError, UdfError
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -189,9 +189,9 @@ def refresh(obj: _Ctx, views: tuple[str, ...], src_version: int | None, mode: st
             progress.update(bar, description=f"refreshing {name}")
             try:
                 r = obj.view(name).refresh(src_version=src_version if name in views else None, mode=mode)
-            except (MvAssetsError, ValueError):
-                raise
             except Exception as exc:
+                if isinstance(exc, (MvAssetsError, ValueError)) and not isinstance(exc, UdfError):
+                    raise
                 click.echo(f"error: refresh of {name!r} failed: {type(exc).__name__}: {exc}", err=True)
                 if as_json:
                     _print_json([r.summary() for r in results])
@@ -249,9 +249,9 @@ def backfill(obj: _Ctx, table: str, column: str, where: str | None, retry_failed
         progress.add_task(f"backfilling {table}.{column}: {plan.rows_to_compute} rows to compute", total=None)
         try:
             r = t.backfill(column, **kwargs)
-        except (MvAssetsError, ValueError):
-            raise
         except Exception as exc:
+            if isinstance(exc, (MvAssetsError, ValueError)) and not isinstance(exc, UdfError):
+                raise
             click.echo(f"error: backfill of {table}.{column} failed: {type(exc).__name__}: {exc}\n"
                        "finished batches are checkpointed: run the same command again to resume", err=True)
             sys.exit(EXIT_FAILED)

@@ -272,8 +272,9 @@ def test_retry_with_backoff_then_fail_policy(db, tmp_path):
 
     t.add_columns({"z": hopeless})
     before = t.version
-    with pytest.raises(ValueError, match="bad input"):
+    with pytest.raises(mv.UdfError, match="UDF 'hopeless' raised ValueError: bad input") as info:
         t.backfill("z")
+    assert info.value.attempts == 1  # ValueError is not retried
     assert t.version == before  # nothing committed
     with pytest.raises(ValueError, match="then="):
         mv.OnError(then="ignore")

@@ -454,3 +454,32 @@ def test_materialized_partitions_are_in_sync_when_the_source_was_never_observed(
         assert resolver.get_status(K(["v"]), frags[0]).value == "STALE"
         assert [c.dependency for c in resolver.get_stale_causes(K(["v"]), frags[0])] == [
             AssetKeyPartitionKey(K(["src"]), None)]
+
+
+def test_a_failing_udf_fails_the_run_naming_column_udf_row_and_remedy(tmp_path):
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+
+    @mv.udf
+    def score(x: int) -> int:
+        if x == 3:
+            raise ZeroDivisionError("no score for three")
+        return x * 10
+
+    src = db.create_table("src", [{"id": 100 + i, "x": i} for i in range(6)], primary_key="id")
+    db.create_materialized_view("v", src.search(None).select({"id": "id", "score": score}))
+    row_id = next(r["_rowid"] for r in lance.dataset(src.uri).to_table(with_row_id=True).to_pylist() if r["x"] == 3)
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    assets = [defs.get_repository_def().assets_defs_by_key[dg.AssetKey(["v"])]]
+    frags = [str(f.fragment_id) for f in lance.dataset(src.uri).get_fragments()]
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(partitions_def_name("src"), frags)
+        with pytest.raises(dg.Failure, match="UDF 'score' raised ZeroDivisionError: no score for three") as info:
+            dg.materialize(assets, instance=instance, partition_key=frags[0])
+    failure = info.value
+    text = failure.description or ""
+    for part in ("column 'score' of 'v'", f"source row id {row_id} of 'src' (id=103)", 'on_error="skip"',
+                 "mv-assets errors v"):
+        assert part in text
+    assert {k: failure.metadata[k].value for k in ("column", "udf", "row_id", "primary_key")} == {
+        "column": "score", "udf": "score", "row_id": row_id, "primary_key": "id=103"}
+    assert [e.row_id for e in db.open_table("v").get_errors(column_name="score")] == [row_id]

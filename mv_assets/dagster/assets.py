@@ -28,6 +28,7 @@ from mv_assets.api.declare import reconcile
 from mv_assets.api.table import Table
 from mv_assets.dagster.catalog import TableInfo
 from mv_assets.dagster.resource import MvAssetsResource
+from mv_assets.model.errors import UdfError
 from mv_assets.model.policy import RefreshPolicy
 
 __all__ = [
@@ -328,12 +329,15 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
     )
     def _refresh(context: dg.AssetExecutionContext):
         selected = context.selected_asset_keys
-        if any(k in selected for k in column_keys.values()):
-            _backfill_columns(context, table, column_keys)
-        for info in tree:
-            view_key, col_keys = views[info.name]
-            if any(k in selected for k in (view_key, *col_keys.values())):
-                _materialize(context, info, view_key, col_keys, pdef is not None)
+        try:
+            if any(k in selected for k in column_keys.values()):
+                _backfill_columns(context, table, column_keys)
+            for info in tree:
+                view_key, col_keys = views[info.name]
+                if any(k in selected for k in (view_key, *col_keys.values())):
+                    _materialize(context, info, view_key, col_keys, pdef is not None)
+        except UdfError as exc:
+            raise _udf_failure(exc) from exc
         wanted = {(k.asset_key, k.name) for k in context.selected_asset_check_keys}
         for info in tree:
             view_key, col_keys = views[info.name]
@@ -350,6 +354,24 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
 
     keys = {name: [vk, *cols.values()] for name, (vk, cols) in views.items()}
     return _refresh, keys, list(column_keys.values())
+
+
+def _udf_failure(exc: UdfError) -> dg.Failure:
+    """A UDF that raised on a row (on_error="fail") as the run's failure: the
+    engine's sentence (column, UDF, row, remedy) and the same as metadata."""
+    md: dict[str, Any] = {
+        "table": exc.table or "", "column": exc.column or "", "udf": exc.udf, "error_type": exc.error_type,
+    }
+    if exc.row_id is not None:
+        md["row_id"] = exc.row_id
+        md["row_of"] = exc.rows_of or ""
+    if exc.rows > 1:
+        md["batch_rows"] = exc.rows
+    if exc.key is not None:
+        md["primary_key"] = f"{exc.key[0]}={exc.key[1]}"
+    if exc.traceback:
+        md["udf_traceback"] = dg.MetadataValue.text(exc.traceback)
+    return dg.Failure(description=str(exc), metadata=md)
 
 
 def _run_checks(context, info: TableInfo, view_key, names: set[str]):

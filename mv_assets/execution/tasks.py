@@ -30,6 +30,7 @@ from mv_assets.model.definition import (
     computed_marker,
     short_error,
 )
+from mv_assets.model.errors import UdfError
 from mv_assets.model.names import Alias, input_alias, input_marker_alias
 from mv_assets.model.pacing import CheckpointPacer
 from mv_assets.model.planning import column_ids, positions, shuffle_keys
@@ -288,7 +289,8 @@ def compute_udf_columns(
 
     A multi-column UDF runs once for all its sibling columns. Rows a UDF
     failed on under ``on_error="skip"`` get NULL values and NULL markers, and
-    an error record (keyed by stable row id) in ``errors``.
+    an error record (keyed by stable row id) in ``errors``; under "fail" the
+    UDF's :class:`UdfError` is raised naming the column and the row ids.
     """
     out: dict[str, pa.Array] = {}
     runs: dict[tuple, tuple[pa.Array, np.ndarray]] = {}
@@ -299,7 +301,16 @@ def compute_udf_columns(
         key = (u.fingerprint, tuple(u.input_columns))
         if key not in runs:
             row_errors: list[RowError] = []
-            values, computed = u.apply(inputs, row_errors)
+            try:
+                values, computed = u.apply(inputs, row_errors)
+            except UdfError as exc:  # on_error "fail": name the column and the rows
+                first = exc.row_index or 0
+                exc.locate(
+                    column=spec.name, fingerprint=u.fingerprint, row_id=int(row_ids[first].as_py()),
+                    last_row_id=int(row_ids[first + exc.rows - 1].as_py()),
+                    row_version=int(row_versions[first].as_py()),
+                )
+                raise
             udf_rows[spec.name] = udf_rows.get(spec.name, 0) + computed
             failed = np.zeros(n, dtype=bool)
             for e in row_errors:

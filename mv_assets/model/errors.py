@@ -7,6 +7,7 @@ __all__ = [
     "TableExistsError",
     "SourceBehindError",
     "ConcurrentRefreshError",
+    "UdfError",
 ]
 
 
@@ -32,3 +33,107 @@ class SourceBehindError(MvAssetsError):
 
 class ConcurrentRefreshError(MvAssetsError):
     """The view changed while a refresh was running; nothing was committed."""
+
+
+class UdfError(MvAssetsError, RuntimeError):
+    """A UDF raised on a row and its ``on_error`` policy says fail: the job stops,
+    nothing is committed, and the failed row is recorded in the errors table.
+
+    Names the UDF, the column, the row (stable row id of the table the row
+    belongs to, for a view its source; the primary key value if that table has
+    one) and the remedy. A batched UDF that raises names its batch (first and
+    last row ids). Built where the UDF runs (the row's position in its batch),
+    located by the task (column, row ids), attributed on the driver (table,
+    primary key); it crosses process boundaries as plain data
+    (:meth:`to_dict`, pickling), so a Spark job re-raises it on the driver.
+    The user's exception type, message and traceback are kept as text
+    (``error_type``, ``message``, ``traceback``); in process also as ``__cause__``.
+    """
+
+    _FIELDS = (
+        "udf", "error_type", "message", "traceback", "attempts", "row_index", "rows", "column", "fingerprint",
+        "row_id", "last_row_id", "row_version", "table", "rows_of", "key",
+    )
+
+    def __init__(
+        self, udf: str, error_type: str, message: str, *, traceback: str = "", attempts: int = 1,
+        row_index: int | None = None, rows: int = 1,
+    ) -> None:
+        super().__init__()
+        self.udf, self.error_type, self.message = udf, error_type, message
+        self.traceback, self.attempts = traceback, attempts
+        self.row_index, self.rows = row_index, rows  # position of the (first) row in the UDF's batch
+        self.column: str | None = None
+        self.fingerprint: str | None = None
+        self.row_id: int | None = None
+        self.last_row_id: int | None = None
+        self.row_version: int | None = None
+        self.table: str | None = None
+        self.rows_of: str | None = None  # the table the row ids belong to (a view's source)
+        self.key: tuple[str, object] | None = None  # (primary key column, value)
+
+    def locate(self, *, column: str, fingerprint: str, row_id: int, last_row_id: int, row_version: int) -> None:
+        """The task: which column and rows of its batch."""
+        self.column, self.fingerprint = column, fingerprint
+        self.row_id, self.last_row_id, self.row_version = row_id, last_row_id, row_version
+
+    def attribute(self, *, table: str, rows_of: str, key: "tuple[str, object] | None") -> None:
+        """The driver: which table, whose rows, the row's primary key value."""
+        self.table, self.rows_of, self.key = table, rows_of, key
+
+    def to_dict(self) -> dict:
+        return {name: getattr(self, name) for name in self._FIELDS}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "UdfError":
+        err = cls(d["udf"], d["error_type"], d["message"])
+        for name in cls._FIELDS:
+            setattr(err, name, d.get(name, getattr(err, name)))
+        if err.key is not None:
+            err.key = (err.key[0], err.key[1])
+        return err
+
+    def __reduce__(self):
+        return (_udf_error_from_dict, (self.to_dict(),))
+
+    def record(self) -> dict:
+        """The errors table's record of the failed row (of the batch's first row for a batched UDF)."""
+        message = self.message
+        if self.rows > 1:
+            message += f" (a batch of {self.rows} rows failed: row ids {self.row_id}..{self.last_row_id})"
+        return {
+            "column": self.column, "udf_name": self.udf, "udf_fingerprint": self.fingerprint, "row_id": self.row_id,
+            "row_version": self.row_version, "error_type": self.error_type, "message": message,
+            "traceback": self.traceback, "attempts": self.attempts,
+        }
+
+    def row_description(self) -> str | None:
+        if self.row_id is None:
+            return None
+        of = f" of {self.rows_of!r}" if self.rows_of else ""
+        label = "source row id" if self.rows_of is not None and self.rows_of != self.table else "row id"
+        if self.rows > 1:
+            return (f"a batch of {self.rows} rows{of} ({label}s {self.row_id}..{self.last_row_id}; a batched UDF "
+                    "does not say which row)")
+        key = f" ({self.key[0]}={self.key[1]!r})" if self.key is not None else ""
+        return f"{label} {self.row_id}{of}{key}"
+
+    def __str__(self) -> str:
+        message = self.message if len(self.message) <= 300 else self.message[:300] + "..."
+        where = []
+        if self.column is not None:
+            where.append(f"computing column {self.column!r}" + (f" of {self.table!r}" if self.table else ""))
+        row = self.row_description()
+        if row is not None:
+            where.append(f"on {row}")
+        errors = f"`mv-assets errors {self.table}`" if self.table else "`mv-assets errors <table>`"
+        return (
+            f"UDF {self.udf!r} raised {self.error_type}: {message}"
+            + (f" ({', '.join(where)})" if where else "")
+            + ". Nothing was committed. Fix the UDF and run again, or declare it with on_error=\"skip\" "
+            f"(failing rows get NULL and are recorded); {errors} (Table.get_errors) lists the failed rows."
+        )
+
+
+def _udf_error_from_dict(d: dict) -> UdfError:
+    return UdfError.from_dict(d)

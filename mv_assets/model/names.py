@@ -9,13 +9,16 @@ from enum import StrEnum
 __all__ = [
     "SOURCE_ROW_ID", "SOURCE_ROW_VERSION", "VIEW_KEY_COLUMNS", "is_internal_column", "COMPUTED_PREFIX", "SOURCE_MARKER_PREFIX",
     "LANCE_ROW_COLUMNS", "RESERVED_PREFIX", "Alias", "ColumnKind", "UdfKind", "computed_marker", "source_marker",
-    "is_marker", "is_reserved_name", "input_alias", "input_marker_alias", "nth_marker_alias",
+    "is_marker", "is_reserved_name", "input_alias", "input_marker_alias", "nth_marker_alias", "PRIMARY_KEY_METADATA_KEY",
 ]
 
 # -- stored in every view row --------------------------------------------------
 SOURCE_ROW_ID = "__source_row_id"  # the stable row id of the source row it came from
 SOURCE_ROW_VERSION = "__source_row_version"  # that row's last-updated version when computed
 VIEW_KEY_COLUMNS = frozenset({SOURCE_ROW_ID, SOURCE_ROW_VERSION})
+
+# -- a table's schema metadata: its primary key column (if it has one) -------------
+PRIMARY_KEY_METADATA_KEY = "mv_assets.primary_key"
 
 # -- per-row markers of computed columns ------------------------------------------
 COMPUTED_PREFIX = "__computed__"  # + column: the fingerprint that computed the row's value

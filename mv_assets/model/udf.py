@@ -38,6 +38,7 @@ from typing import Any, Callable
 import cloudpickle
 import pyarrow as pa
 
+from mv_assets.model.errors import UdfError
 from mv_assets.model.names import UdfKind, is_reserved_name
 
 __all__ = ["UDF", "udf", "python_type_to_arrow", "Columns", "UnpackedUDF", "OnError"]
@@ -403,6 +404,14 @@ class UDF:
             attempts=getattr(exc, "__mv_attempts__", 1),
         )
 
+    def _failure(self, index: int, rows: int, exc: BaseException) -> UdfError:
+        """The error that stops the job (on_error "fail"): rows ``index`` ..
+        ``index + rows - 1`` of the batch (one row for a scalar UDF, the batch
+        for a batched one, which does not say which row raised)."""
+        e = self._row_error(index, exc)
+        return UdfError(self.name, e.error_type, e.message, traceback=e.traceback, attempts=e.attempts,
+                        row_index=index, rows=rows)
+
     def apply(self, batch: pa.RecordBatch, errors: list[RowError] | None = None) -> tuple[pa.Array, int]:
         """Compute the UDF over ``batch``; return (values, rows computed).
 
@@ -435,7 +444,7 @@ class UDF:
                     value = self._call(lambda row=row: fn(*row))[0] if retrying else fn(*row)
                 except Exception as exc:
                     if not skip:
-                        raise
+                        raise self._failure(i, 1, exc) from exc
                     errors.append(self._row_error(i, exc))
                     value = None
                 if self.output_fields is not None and value is not None and hasattr(value, "_asdict"):
@@ -454,8 +463,10 @@ class UDF:
             out, _ = self._call(lambda: self._call_batch(fn, batch))
             return self._check_output(out, n), n
         except Exception as exc:
-            if getattr(exc, "__mv_output_error__", False) or not skip:
+            if getattr(exc, "__mv_output_error__", False):
                 raise
+            if not skip:
+                raise self._failure(0, n, exc) from exc
         # The batch failed: find the failing rows one by one.
         parts = []
         for i in range(n):
@@ -476,7 +487,11 @@ class UDF:
         parts, computed = [], 0
         for start in range(0, batch.num_rows, limit):
             found: list[RowError] = []
-            values, n = self.apply(batch.slice(start, limit), found)
+            try:
+                values, n = self.apply(batch.slice(start, limit), found)
+            except UdfError as exc:
+                exc.row_index = (exc.row_index or 0) + start
+                raise
             parts.append(values)
             computed += n
             if errors is not None:

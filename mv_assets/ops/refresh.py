@@ -38,7 +38,7 @@ from mv_assets.model.definition import (
     source_marker,
     tracked_source_columns,
 )
-from mv_assets.model.errors import ConcurrentRefreshError
+from mv_assets.model.errors import ConcurrentRefreshError, UdfError
 from mv_assets.model.names import Alias
 from mv_assets.model.pacing import default_target_seconds
 from mv_assets.model.planning import (
@@ -887,14 +887,22 @@ def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner") -> Refre
     if plan.commits_nothing:
         return _nothing_done(view, plan, time.perf_counter() - start)
     view.layout.clear_stale_checkpoints(view.name, keep=plan.checkpoint_dir)
-    results: list[TaskResult] = _run_tasks(plan, runner)
+    job = f"refresh-{plan.load_number + 1}-{plan.checkpoint_dir[-8:] if plan.checkpoint_dir else ''}"
+    try:
+        results: list[TaskResult] = _run_tasks(plan, runner)
+    except UdfError as exc:  # on_error="fail": the failed row is named and recorded, nothing is committed
+        from mv_assets.storage.error_log import record_failure
+
+        task = plan.tasks[0]
+        record_failure(view.layout, view.name, job, exc, objects.dataset(task.src_uri, version=task.src_version),
+                       view.source)
+        raise
     executed = time.perf_counter()
     removed, updated, new_fragments = _view_changes(view, plan, results)
     errors = [e for r in results for e in r.errors]
     if errors:  # rows a UDF skipped (on_error="skip"): NULL values, recorded before the commit
         from mv_assets.storage.error_log import append_errors
 
-        job = f"refresh-{plan.load_number + 1}-{plan.checkpoint_dir[-8:] if plan.checkpoint_dir else ''}"
         append_errors(view.layout, view.name, job, errors)
     udf_rows = _sum_counts([r.udf_rows for r in results])
     txn = Transaction(

@@ -10,13 +10,17 @@ independently.
 import time
 from dataclasses import dataclass
 
+import lance
 import pyarrow as pa
 
 from mv_assets.model.definition import sql_literal
+from mv_assets.model.errors import UdfError
+from mv_assets.model.names import PRIMARY_KEY_METADATA_KEY
 from mv_assets.storage import objects
+from mv_assets.storage.lance_compat import take_rows
 from mv_assets.storage.layout import Layout
 
-__all__ = ["ErrorRecord", "ERRORS_SCHEMA", "append_errors", "read_errors"]
+__all__ = ["ErrorRecord", "ERRORS_SCHEMA", "append_errors", "read_errors", "record_failure"]
 
 ERRORS_SCHEMA = pa.schema(
     [
@@ -84,6 +88,24 @@ def append_errors(layout: Layout, table: str, job_id: str, records: list[dict]) 
             raise
         objects.write_dataset(data, uri, schema=ERRORS_SCHEMA, mode="append")  # created concurrently
     return data.num_rows
+
+
+def record_failure(
+    layout: Layout, table: str, job_id: str, error: UdfError, rows: lance.LanceDataset, rows_of: str
+) -> None:
+    """A UDF failure that stops a job (on_error "fail"): name it after ``table``
+    and the row's primary key value (read from ``rows``, the dataset the row ids
+    belong to: ``rows_of``), and record the failed row like a skipped one."""
+    key = None
+    pk = (rows.schema.metadata or {}).get(PRIMARY_KEY_METADATA_KEY.encode())
+    if pk and error.row_id is not None and error.rows == 1:
+        try:
+            value = take_rows(rows, [error.row_id], [pk.decode()]).column(0)
+            key = (pk.decode(), value[0].as_py()) if len(value) else None
+        except (OSError, ValueError) as exc:  # the row is gone: the row id alone names it
+            error.add_note(f"primary key of row {error.row_id} not found: {exc}")
+    error.attribute(table=table, rows_of=rows_of, key=key)
+    append_errors(layout, table, job_id, [error.record()])
 
 
 def drop_errors(layout: Layout, table: str) -> None:

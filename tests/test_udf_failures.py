@@ -1,0 +1,100 @@
+"""A UDF that raises on a row (on_error="fail"): the error names the column, the
+UDF and the row (source row id, primary key value), gives the remedy, is
+recorded in the catalog's errors table, and crosses the Spark worker boundary
+as our error, not as a Py4J stack."""
+
+import pickle
+
+import lance
+import pyarrow as pa
+import pytest
+
+import mv_assets as mv
+from mv_assets.model.errors import UdfError
+
+
+@mv.udf
+def fragile(x: int) -> int:
+    if x == 3:
+        raise ZeroDivisionError("cannot score row three")
+    return x * 10
+
+
+@mv.udf(data_type=pa.int64())
+def fragile_batch(x: pa.Array) -> pa.Array:
+    if 3 in x.to_pylist():
+        raise KeyError("no score for 3")
+    return pa.array([v * 10 for v in x.to_pylist()], pa.int64())
+
+
+def _source(db, pk: str | None = "id"):
+    src = db.create_table("src", [{"id": 100 + i, "x": i} for i in range(6)], primary_key=pk)
+    src.add([{"id": 100 + i, "x": i} for i in range(6, 10)])
+    return src
+
+
+def _row_id_of(table, x: int) -> int:
+    rows = lance.dataset(table.uri).to_table(columns=["x"], with_row_id=True).to_pylist()
+    return next(r["_rowid"] for r in rows if r["x"] == x)
+
+
+def test_refresh_failure_names_column_udf_row_and_remedy_and_is_recorded(db):
+    src = _source(db)
+    view = db.create_materialized_view("v", src.search(None).select({"id": "id", "score": fragile}))
+    row_id = _row_id_of(src, 3)
+    with pytest.raises(UdfError, match=r"UDF 'fragile' raised ZeroDivisionError: cannot score row three") as info:
+        view.refresh()
+    err = info.value
+    assert (err.table, err.column, err.udf, err.row_id, err.key) == ("v", "score", "fragile", row_id, ("id", 103))
+    text = str(err)
+    for part in ("column 'score' of 'v'", f"source row id {row_id} of 'src' (id=103)", 'on_error="skip"',
+                 "mv-assets errors v"):
+        assert part in text
+    assert isinstance(err.__cause__, ZeroDivisionError)  # inline: the user's exception and traceback are kept
+    assert "FAILED_LOAD" == view.status().load_state and "cannot score row three" in (view.status().last_error or "")
+    [record] = view.get_errors(column_name="score")
+    assert (record.row_id, record.udf_name, record.error_type, record.message) == (
+        row_id, "fragile", "ZeroDivisionError", "cannot score row three")
+    assert "raise ZeroDivisionError" in (record.traceback or "")
+
+
+def test_backfill_failure_names_the_table_row_and_lists_it_as_failed(db):
+    src = _source(db)
+    src.add_columns({"score": fragile})
+    row_id = _row_id_of(src, 3)
+    with pytest.raises(UdfError, match=r"column 'score' of 'src'.*row id \d+ of 'src' \(id=103\)"):
+        src.backfill("score")
+    assert [e.row_id for e in src.get_errors(column_name="score")] == [row_id]
+    assert src.get_failed_row_ids("score") == [row_id]
+
+
+def test_batched_udf_failure_names_the_batch(db):
+    src = _source(db, pk=None)
+    view = db.create_materialized_view("v", src.search(None).select({"id": "id", "score": fragile_batch}))
+    with pytest.raises(UdfError, match=r"UDF 'fragile_batch' raised KeyError.* a batch of \d+ rows .*source row ids") as info:
+        view.refresh()
+    assert info.value.rows > 1 and info.value.key is None
+    assert [e.error_type for e in view.get_errors(column_name="score")] == ["KeyError"]
+
+
+def test_udf_error_survives_pickling():
+    err = UdfError("f", "ValueError", "bad", traceback="tb", attempts=2, row_index=4, rows=1)
+    err.locate(column="c", row_id=7, row_version=3, last_row_id=7, fingerprint="abc")
+    err.attribute(table="v", rows_of="src", key=("id", 5))
+    back = pickle.loads(pickle.dumps(err))
+    assert str(back) == str(err) and back.to_dict() == err.to_dict()
+    assert UdfError.from_dict(err.to_dict()).to_dict() == err.to_dict()
+
+
+@pytest.mark.spark
+def test_spark_refresh_failure_is_our_error_not_a_py4j_stack(spark_db):
+    src = _source(spark_db)
+    view = spark_db.create_materialized_view("v", src.search(None).select({"id": "id", "score": fragile}))
+    row_id = _row_id_of(src, 3)
+    with pytest.raises(UdfError, match=r"UDF 'fragile' raised ZeroDivisionError: cannot score row three") as info:
+        view.refresh()
+    err = info.value
+    assert (err.column, err.row_id, err.key) == ("score", row_id, ("id", 103))
+    assert "Py4J" not in str(err) and "java" not in str(err).lower() and len(str(err)) < 600
+    assert "raise ZeroDivisionError" in err.traceback  # the worker's traceback travels as text
+    assert [e.row_id for e in view.get_errors(column_name="score")] == [row_id]
