@@ -67,3 +67,78 @@ def test_an_update_through_mv_assets_keeps_columns_that_do_not_read_it_current(d
     assert _status(t) == {"y": (5, 1), "s": (6, 0)}
     assert t.backfill("y").udf_rows_computed == 1
     assert _values(t) == _oracle(t)
+
+
+def _recreate(uri: str, batches: list[dict]) -> None:
+    """Drop the table the way another tool does (the directory goes) and
+    create it again under the same name, one commit per batch."""
+    import shutil
+
+    shutil.rmtree(uri)
+    lance.write_dataset(pa.table(batches[0]), uri, enable_stable_row_ids=True)
+    for b in batches[1:]:
+        lance.write_dataset(pa.table(b), uri, mode="append")
+
+
+def _expected(uri: str) -> list[tuple[int, int]]:
+    """The view `id, x * 10 WHERE x >= 0` computed in plain pyarrow over the source."""
+    rows = lance.dataset(uri).to_table(columns=["id", "x"]).to_pylist()
+    return sorted((r["id"], r["x"] * 10) for r in rows if r["x"] >= 0)
+
+
+def _view_rows(view) -> list[tuple[int, int]]:
+    return sorted((r["id"], r["y"]) for r in view.to_arrow().select(["id", "y"]).to_pylist())
+
+
+@pytest.mark.parametrize("new_versions", [1, 3, 5])  # fewer, as many and more versions than the view reflects
+def test_a_source_dropped_and_created_again_rebuilds_its_views(db, new_versions):
+    t = db.create_table("src", pa.table({"id": [0, 1, 2], "x": [0, 1, 2]}))
+    t.add(pa.table({"id": [3], "x": [3]}))
+    t.add(pa.table({"id": [4], "x": [4]}))
+    view = db.create_materialized_view("v", t.search(None).where("x >= 0").select({"id": "id", "y": "x * 10"}))
+    view.refresh()
+    assert view.status().source_version == 4  # created, two appends, the view's identity stamp
+    # another tool drops the table and creates one of the same name: row ids restart at 0, versions at 1
+    _recreate(t.uri, [{"id": [100 + i], "x": [50 + i]} for i in range(new_versions)])
+    status = view.status()  # says the truth before the refresh: nothing is current
+    assert not status.valid and status.versions_behind == new_versions and "created again" in status.last_error
+    assert status.stale_count == 5 + new_versions
+    plan = view.plan_refresh()
+    assert plan.full and "created again" in plan.reason
+    with pytest.raises(ValueError, match="cannot be incremental: the source 'src' was dropped and created again"):
+        view.refresh(mode="incremental_strict")
+    result = view.refresh()
+    assert result.full
+    assert _view_rows(view) == _expected(t.uri)
+    # the rebuilt view records the new table: later refreshes are incremental again
+    t.add(pa.table({"id": [7], "x": [7]}))
+    assert not view.plan_refresh().full
+    view.refresh()
+    assert _view_rows(view) == _expected(t.uri)
+
+
+def test_a_source_overwritten_with_its_history_cleaned_is_refreshed_exactly(db):
+    """An Overwrite keeps the table's identity; once cleanup removed the
+    Overwrite commit, row versions (which only grow) still tell every new row."""
+    import datetime
+
+    t = db.create_table("src", pa.table({"id": [0, 1, 2], "x": [0, 1, 2]}))
+    view = db.create_materialized_view("v", t.search(None).where("x >= 0").select({"id": "id", "y": "x * 10"}))
+    view.refresh()
+    lance.write_dataset(pa.table({"id": [9, 8], "x": [90, 80]}), t.uri, mode="overwrite")
+    lance.dataset(t.uri).cleanup_old_versions(older_than=datetime.timedelta(0))
+    view.refresh()
+    assert _view_rows(view) == _expected(t.uri)
+
+
+def test_a_view_whose_source_is_gone_says_so_in_plan_and_refresh(db):
+    import shutil
+
+    t = db.create_table("src", pa.table({"id": [0, 1], "x": [0, 1]}))
+    view = db.create_materialized_view("v", t.search(None).select({"id": "id"}))
+    view.refresh()
+    shutil.rmtree(t.uri)
+    for call in (view.plan_refresh, view.refresh):
+        with pytest.raises(ValueError, match="the source 'src' of view 'v' is missing: no Lance dataset at"):
+            call()
+    assert view.count_rows() == 2  # nothing written

@@ -18,6 +18,7 @@ from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
 from mv_assets.ops.refresh import RefreshResult
 from mv_assets.storage import objects
 from mv_assets.storage.error_log import drop_errors
+from mv_assets.storage.identity import ensure_table_id
 from mv_assets.storage.layout import Layout
 from mv_assets.storage.status import (
     ViewStatus,
@@ -332,6 +333,7 @@ class Connection:
         schema = output_schema(definition, query.table._dataset())
         policy = refresh_policy or RefreshPolicy.eager()
         schema = schema.with_metadata({**schema.metadata, POLICY_METADATA_KEY.encode(): policy.to_json().encode()})
+        ensure_table_id(query.table.uri)  # the view records which table it reads (storage.identity)
         empty = pa.Table.from_batches([], schema=schema)
         objects.write_dataset(empty, self._table_uri(name), schema=schema, mode="create", enable_stable_row_ids=True)
         view = MaterializedView(self, name, definition)
@@ -370,6 +372,8 @@ class Connection:
         return status_table(self.view_statuses(name))
 
     def _check_source_current(self, view: MaterializedView) -> None:
+        if not objects.is_dataset(self.table_uri(view.definition.source)):
+            return  # a source that is gone: the refresh's plan says so in its own words
         src = self.open_table(view.definition.source)
         if isinstance(src, MaterializedView):
             behind = self._versions_behind(src)

@@ -302,6 +302,7 @@ def choose_how(
     recompute: list[str] | None,
     scoped_since_whole: bool,
     history: History,
+    source_replaced: str | None = None,
 ) -> tuple[str, str]:
     """How a refresh finds the rows to look at, and why:
 
@@ -311,12 +312,21 @@ def choose_how(
     * ``incremental``: the rows the change feed reports since ``v0``, skipping
       current ones.
 
+    ``source_replaced`` says why the source is not the table the view was
+    built from (dropped and created again: row ids and versions restarted);
+    nothing the view holds can be matched against it, so it is rebuilt.
+
     >>> choose_how(mode="auto", definition_changed=False, v0=3, target=5, scope=None, recompute=None,
     ...            scoped_since_whole=False, history=History())
     ('incremental', 'incremental')
+    >>> choose_how(mode="incremental_strict", definition_changed=False, v0=3, target=1, scope=None, recompute=None,
+    ...            scoped_since_whole=False, history=History(), source_replaced="source 't' was recreated")
+    ('full', "source 't' was recreated")
     """
     if mode == "full":
         return "full", "full refresh requested"
+    if source_replaced:
+        return "full", source_replaced
     if definition_changed:
         return "full", "view definition changed"
     if v0 is not None and history.breaks_row_ids:

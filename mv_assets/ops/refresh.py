@@ -35,6 +35,7 @@ from mv_assets.model.definition import (
     SOURCE_ROW_VERSION,
     ViewDefinition,
     computed_marker,
+    short_error,
     source_marker,
     tracked_source_columns,
 )
@@ -59,6 +60,7 @@ from mv_assets.model.planning import (
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.storage import objects
 from mv_assets.storage.changes import STATE_KEY, backfill_commits, commit_matters, commits_since, fragments_after
+from mv_assets.storage.identity import ensure_table_id, table_id
 from mv_assets.storage.lance_compat import CommitConflictError, take_rows
 from mv_assets.storage.refs import ViewRef
 from mv_assets.storage.state import read_refresh_state
@@ -115,6 +117,7 @@ class RefreshPlan:
     scope: list[int] | None = None
     scoped_since_whole: bool = field(default=False, repr=False)
     seconds_per_row: float | None = field(default=None, repr=False)  # measured by the last refresh
+    source_id: str | None = field(default=None, repr=False)  # the source's identity (storage.identity); None: unstamped
 
     @property
     def is_noop(self) -> bool:
@@ -321,16 +324,24 @@ def plan_refresh(
     """
     _check_args(mode, max_rows_per_task, checkpoint_size)
     definition: ViewDefinition = view.definition
-    src = _source_at(view.name, definition, view.source_dataset(), src_version)
-    scope, scope_frags = _scope(view.name, definition, src, fragments, recompute)
+    src_latest = _open_source(view)
     view_ds = view.dataset()
     state = read_refresh_state(view_ds)
+    source_id = table_id(src_latest)
+    replaced = _source_replaced(view, state, source_id)
+    if replaced is not None:
+        if mode == "incremental_strict":
+            raise ValueError(f"refresh of {view.name!r} cannot be incremental: {replaced}")
+        fragments = recompute = None  # nothing the view holds matches the new table: the whole view is rebuilt
+    src = _source_at(view.name, definition, src_latest, src_version)
+    scope, scope_frags = _scope(view.name, definition, src, fragments, recompute)
     v0 = state.source_version
     def_fp = definition.shape_fingerprint()
-    history = read_history(src, v0, src.version) if v0 is not None else History()
+    history = read_history(src, v0, src.version) if v0 is not None and replaced is None else History()
     how, reason = choose_how(
         mode=mode, definition_changed=state.definition not in (None, def_fp), v0=v0, target=src.version,
         scope=scope, recompute=recompute, scoped_since_whole=state.scoped_since_whole, history=history,
+        source_replaced=replaced,
     )
     if how == "full" and mode == "incremental_strict" and v0 is not None:
         raise ValueError(f"refresh of {view.name!r} cannot be incremental: {reason}")
@@ -342,7 +353,9 @@ def plan_refresh(
     )
     reads = tracked_source_columns(view_ds.schema)
     if commits is not None and _nothing_read_changed(commits, reads, state):
-        return _already_current(view, src.version, view_ds.version, state)
+        plan = _already_current(view, src.version, view_ds.version, state)
+        plan.source_id = source_id
+        return plan
     def place(rows_to_compute: int, largest_fragment: int = 0) -> _TaskPlace:
         per_task = max_rows_per_task or fit_to_fragments(
             task_rows(rows_to_compute, state.seconds_per_row, parallelism), largest_fragment
@@ -363,6 +376,7 @@ def plan_refresh(
         tasks=tasks, keys=keys, view_key_addrs=(_ids(vk, SOURCE_ROW_ID), _ids(vk, "_rowaddr")) if vk is not None else None,
         checkpoint_dir=where.checkpoint_dir, definition_raw=definition.encode(), load_number=state.load_number,
         scope=scope, scoped_since_whole=state.scoped_since_whole, seconds_per_row=state.seconds_per_row,
+        source_id=source_id,
     )
 
 
@@ -419,6 +433,28 @@ def _appended_since(src: lance.LanceDataset, v0: int | None, commits: list, read
     if any(commit_matters(txn, reads) and type(txn.operation).__name__ != "Append" for txn in commits):
         return None
     return fragments_after(src, v0)
+
+
+def _open_source(view: ViewRef) -> lance.LanceDataset:
+    """The view's source at its latest version, or a clear error when it is gone."""
+    try:
+        return view.source_dataset()
+    except (ValueError, OSError) as exc:
+        if objects.is_dataset(view.source_uri):
+            raise ValueError(f"cannot open the source {view.source!r} of view {view.name!r}: {short_error(exc)}") from exc
+        raise ValueError(
+            f"the source {view.source!r} of view {view.name!r} is missing: no Lance dataset at {view.source_uri} "
+            "(removed outside mv_assets?); recreate it (the view is then rebuilt) or drop the view"
+        ) from None
+
+
+def _source_replaced(view: ViewRef, state, source_id: str | None) -> str | None:
+    """Why the source is not the table the view was built from (None: it is,
+    or the view never recorded which it was)."""
+    if state.source_id is None or state.source_id == source_id:
+        return None
+    return (f"the source {view.source!r} was dropped and created again since view {view.name!r} was built from it "
+            "(its table identity changed): the view is rebuilt")
 
 
 def _nothing_read_changed(commits: list, reads: list[str], state) -> bool:
@@ -817,6 +853,8 @@ def _state_record(
         "udf_rows_computed": udf_rows,
         "udf_errors": errors,
         "seconds_per_row": _seconds_per_row(plan, results),
+        # which table the source is: stamped now if another tool made it (storage.identity)
+        "source_id": plan.source_id or ensure_table_id(view.source_uri),
     }
 
 

@@ -32,6 +32,9 @@ class RefreshState:
     scoped_since_whole: bool = False
     # measured cost of the last refresh that computed rows: task seconds per row
     seconds_per_row: float | None = None
+    # the identity of the source the view was built from (storage.identity;
+    # None: recorded before identities were kept)
+    source_id: str | None = None
 
     @property
     def refreshed(self) -> bool:
@@ -70,6 +73,7 @@ def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
                     refreshed_at=latest.get("refreshed_at"),
                     scoped_since_whole=latest.get("scope") is not None,
                     seconds_per_row=latest.get("seconds_per_row"),
+                    source_id=latest.get("source_id"),
                 )
         v -= 1
     if latest is None:
@@ -81,6 +85,7 @@ def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
         load_number=int(latest.get("load_number", 0)),
         refreshed_at=latest.get("refreshed_at"),
         scoped_since_whole=True,
+        source_id=latest.get("source_id"),
     )
 
 

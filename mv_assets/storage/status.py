@@ -26,6 +26,7 @@ from mv_assets.model.definition import tracked_source_columns
 from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
 from mv_assets.storage import objects
 from mv_assets.storage.changes import pending_versions
+from mv_assets.storage.identity import table_id
 from mv_assets.storage.layout import Layout
 from mv_assets.storage.refs import ViewRef
 from mv_assets.storage.state import read_refresh_state
@@ -46,6 +47,7 @@ __all__ = [
     "record_load_state",
     "refresh_decision",
     "pending_source_versions",
+    "source_replaced",
     "status_table",
 ]
 
@@ -147,6 +149,12 @@ def stale_count(src_uri: str, since: int | None, latest: int) -> int:
     return changed + deleted
 
 
+def source_replaced(view: ViewRef, state: "RefreshState") -> bool:
+    """Whether the view's source was dropped and created again since the view
+    recorded it (storage.identity): every version of the new table is pending."""
+    return state.source_id is not None and table_id(view.source_dataset()) != state.source_id
+
+
 def pending_source_versions(
     view: ViewRef, latest: int | None = None, state: "RefreshState | None" = None
 ) -> list[int]:
@@ -156,7 +164,7 @@ def pending_source_versions(
     not make a view stale."""
     ds = view.dataset()
     state = state or read_refresh_state(ds)
-    if state.source_version is None:
+    if state.source_version is None or source_replaced(view, state):
         return list(range(1, (latest or view.source_dataset().version) + 1))
     return pending_versions(view.source_uri, state.source_version, tracked_source_columns(ds.schema), latest)
 
@@ -209,10 +217,16 @@ def view_status(view: ViewRef) -> ViewStatus:
         if objects.is_dataset(view.source_uri):
             raise
         return _source_missing(view, ds, state, file)
-    stale = stale_count(view.source_uri, state.source_version, latest)
+    replaced = source_replaced(view, state)
     cardinality = ds.count_rows()
+    # a recreated source: every row of the view and of the new table is stale
+    stale = stale_count(view.source_uri, None, latest) + cardinality if replaced else (
+        stale_count(view.source_uri, state.source_version, latest))
     load_state = file.get("load_state") or (LOADED if state.load_number else NEVER_LOADED)
     last_error = file.get("last_error")
+    if replaced:
+        last_error = (f"the source {view.source!r} was dropped and created again since the last refresh: "
+                      "the view holds the old table's rows until its next refresh rebuilds it")
     if load_state == LOADING and _dead(file):
         # the process that was loading it is gone (killed): not loading any more
         load_state = FAILED_LOAD
@@ -223,7 +237,7 @@ def view_status(view: ViewRef) -> ViewStatus:
         name=view.name,
         source=view.source,
         load_state=load_state,
-        valid=state.source_version is not None,
+        valid=state.source_version is not None and not replaced,
         cardinality=cardinality,
         load_number=state.load_number,
         updated=dt.datetime.fromtimestamp(updated, tz=dt.timezone.utc) if updated else None,
@@ -233,7 +247,7 @@ def view_status(view: ViewRef) -> ViewStatus:
         versions_behind=len(pending_source_versions(view, latest, state)),
         stale_count=stale,
         # a view never loaded is entirely stale: 100 %, not rows / 1
-        stale_pct=100.0 if state.source_version is None else round(100.0 * stale / max(cardinality, 1), 3),
+        stale_pct=100.0 if state.source_version is None or replaced else round(100.0 * stale / max(cardinality, 1), 3),
         policy=policy.kind,
         last_error=last_error,
     )
