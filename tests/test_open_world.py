@@ -142,3 +142,77 @@ def test_a_view_whose_source_is_gone_says_so_in_plan_and_refresh(db):
         with pytest.raises(ValueError, match="the source 'src' of view 'v' is missing: no Lance dataset at"):
             call()
     assert view.count_rows() == 2  # nothing written
+
+
+def _udf_view(db, call_log):
+    from oracle import record_call
+
+    @mv.udf
+    def tenfold(x: int) -> int:
+        record_call(call_log, "tenfold", x)
+        return 10 * x
+
+    t = db.create_table("src", pa.table({"id": list(range(8)), "x": list(range(8))}))
+    view = db.create_materialized_view("v", t.search(None).where("x >= 0").select({"id": "id", "y": tenfold}))
+    view.refresh()
+    _calls(call_log)
+    return t, view
+
+
+def _calls(call_log) -> list[int]:
+    """The values the UDF was called with since the last look (the log is emptied)."""
+    import os
+
+    out = []
+    for name in os.listdir(call_log):
+        path = os.path.join(call_log, name)
+        with open(path) as fh:
+            out += [int(line) for line in fh]
+        os.remove(path)
+    return sorted(out)
+
+
+def _foreign_write(view, how: str) -> None:
+    """Write into the view's own dataset the way another tool would."""
+    ds = lance.dataset(view.uri)
+    if how == "append":  # a row with a made-up key and a second copy of key 3, wrong values
+        rows = ds.to_table(filter="id = 3").to_pylist()
+        rows[0]["y"] = -1
+        bogus = {**rows[0], "__source_row_id": 999, "id": 999}
+        lance.write_dataset(pa.Table.from_pylist([rows[0], bogus], schema=ds.schema), view.uri, mode="append")
+    elif how == "delete":
+        ds.delete("id IN (1, 2)")
+    elif how == "update":
+        ds.update({"y": "y + 1"}, where="id = 4")
+    elif how == "overwrite":
+        lance.write_dataset(ds.to_table(filter="id < 2"), view.uri, mode="overwrite")
+
+
+@pytest.mark.parametrize("how,recomputed", [("append", [3]), ("delete", [1, 2]), ("update", [4]), ("overwrite", None)])
+def test_rows_another_tool_wrote_into_a_view_are_repaired_by_the_next_refresh(db, call_log, how, recomputed):
+    t, view = _udf_view(db, call_log)
+    _foreign_write(view, how)
+    outcome = {c.name: c for c in view.check()}
+    assert not all(c.passed for c in outcome.values())  # check() sees it before any refresh
+    plan = view.plan_refresh()
+    assert "another tool wrote into the view" in plan.reason and plan.full == (how == "overwrite")
+    view.refresh()
+    assert _view_rows_y(view) == sorted((i, 10 * i) for i in range(8))
+    # only the rows the other tool touched were computed again (all of them after an overwrite)
+    assert _calls(call_log) == (recomputed if recomputed is not None else list(range(8)))
+    assert all(c.passed for c in view.check())
+    view.refresh()  # repaired once: the next refresh is a no-op again
+    assert _calls(call_log) == [] and view.plan_refresh().is_noop
+
+
+def _view_rows_y(view) -> list[tuple[int, int]]:
+    return sorted((r["id"], r["y"]) for r in view.to_arrow().select(["id", "y"]).to_pylist())
+
+
+def test_check_catches_values_another_tool_changed(db, call_log):
+    t, view = _udf_view(db, call_log)
+    assert all(c.passed for c in view.check())
+    lance.dataset(view.uri).update({"y": "y + 1"}, where="id = 4")
+    failed = [c for c in view.check() if not c.passed]
+    assert [c.name for c in failed] == ["values_match_source"]
+    assert failed[0].metadata["rows_written_outside_refreshes"] == 1

@@ -303,6 +303,7 @@ def choose_how(
     scoped_since_whole: bool,
     history: History,
     source_replaced: str | None = None,
+    view_written: tuple[bool, str] | None = None,
 ) -> tuple[str, str]:
     """How a refresh finds the rows to look at, and why:
 
@@ -315,6 +316,10 @@ def choose_how(
     ``source_replaced`` says why the source is not the table the view was
     built from (dropped and created again: row ids and versions restarted);
     nothing the view holds can be matched against it, so it is rebuilt.
+    ``view_written`` (rebuild?, why): another tool wrote rows into the view
+    since its last refresh; rows it touched are found by their row versions
+    and every other row is compared with the source (``sync``), unless the
+    writes cannot be traced (an overwrite): then the view is rebuilt.
 
     >>> choose_how(mode="auto", definition_changed=False, v0=3, target=5, scope=None, recompute=None,
     ...            scoped_since_whole=False, history=History())
@@ -327,6 +332,9 @@ def choose_how(
         return "full", "full refresh requested"
     if source_replaced:
         return "full", source_replaced
+    if view_written is not None:
+        rebuild, why = view_written
+        return ("full", f"{why}: rebuilt") if rebuild else ("sync", f"{why}: repaired")
     if definition_changed:
         return "full", "view definition changed"
     if v0 is not None and history.breaks_row_ids:

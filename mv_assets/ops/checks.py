@@ -7,10 +7,12 @@ asset check results.
 from dataclasses import dataclass, field
 
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 
-from mv_assets.model.definition import SOURCE_ROW_ID
+from mv_assets.model.definition import SOURCE_ROW_ID, SOURCE_ROW_VERSION
 from mv_assets.model.planning import column_ids as _ids
-from mv_assets.model.planning import isin, select_limited
+from mv_assets.model.planning import isin, positions, select_limited
 from mv_assets.storage import objects
 from mv_assets.storage.refs import ViewRef
 from mv_assets.storage.state import read_refresh_state
@@ -78,6 +80,8 @@ def check_view(view: ViewRef) -> list[CheckOutcome]:
             )
         )
 
+    out.append(_values_match_source(view, src, state, version))
+
     missing_values: dict[str, int] = {}
     for spec in definition.udf_columns:
         col = view_tbl.column(spec.name)
@@ -105,3 +109,58 @@ def check_view(view: ViewRef) -> list[CheckOutcome]:
         )
     )
     return out
+
+
+def _values_match_source(view: ViewRef, src, state, version: int) -> CheckOutcome:
+    """Values, not only keys: no view row was written outside a refresh (a row
+    created or updated after the view's last refresh commit: our later commits
+    keep row versions), every row holds its source row's version, and the
+    plain and SQL columns equal the view query evaluated over the source at
+    the reflected version (UDF columns are not recomputed: their rows'
+    versions vouch for them)."""
+    ds = view.dataset()
+    meta: dict = {"rows_written_outside_refreshes": 0, "rows_behind_source": 0, "values_differing": {}}
+    if state.view_version is not None:
+        written = ds.to_table(
+            columns={"u": "_row_last_updated_at_version", "c": "_row_created_at_version"},
+            filter=f"_row_created_at_version > {int(state.view_version)} "
+                   f"OR _row_last_updated_at_version > {int(state.view_version)}",
+        )
+        meta["rows_written_outside_refreshes"] = written.num_rows
+    if state.source_version is None or state.scoped_since_whole:
+        # refreshed partition by partition since the last whole refresh: rows may
+        # hold other source versions than any one version of the source
+        passed = meta["rows_written_outside_refreshes"] == 0
+        return CheckOutcome("values_match_source", passed,
+                            "no view row was written outside a refresh (values not compared: the view was refreshed "
+                            "partition by partition since its last whole refresh)", meta)
+    projection = view.definition.projection
+    held = ds.to_table(columns=[SOURCE_ROW_ID, SOURCE_ROW_VERSION, *projection])
+    source = src.to_table(
+        columns={"__v": "_row_last_updated_at_version", **projection}, with_row_id=True
+    )
+    pos = positions(_ids(held, SOURCE_ROW_ID), _ids(source, "_rowid"))
+    found = pos >= 0
+    take = pa.array(pos[found])
+    meta["rows_behind_source"] = int(
+        (_ids(held, SOURCE_ROW_VERSION)[found] != _ids(source, "__v")[pos[found]]).sum()
+    )
+    for name in projection:
+        mine = held.column(name).filter(pa.array(found))
+        theirs = source.column(name).take(take)
+        try:
+            same = pc.fill_null(pc.equal(mine, theirs.cast(mine.type)), False)  # pyright: ignore[reportAttributeAccessIssue]
+            both_null = pc.and_(pc.is_null(mine), pc.is_null(theirs))  # pyright: ignore[reportAttributeAccessIssue]
+            differ = int(len(mine) - pc.sum(pc.or_(same, both_null)).as_py()) if len(mine) else 0  # pyright: ignore[reportAttributeAccessIssue]
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):  # a type Arrow cannot compare: compare as Python
+            differ = sum(1 for a, b in zip(mine.to_pylist(), theirs.to_pylist(), strict=True) if a != b)
+        if differ:
+            meta["values_differing"][name] = differ
+    passed = (meta["rows_written_outside_refreshes"] == 0 and meta["rows_behind_source"] == 0
+              and not meta["values_differing"])
+    return CheckOutcome(
+        "values_match_source", passed,
+        f"no view row was written outside a refresh, and every row holds its source row's version and the "
+        f"values the view query gives over the source at version {version}",
+        meta,
+    )

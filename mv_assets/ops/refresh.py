@@ -59,7 +59,14 @@ from mv_assets.model.planning import (
 )
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.storage import objects
-from mv_assets.storage.changes import STATE_KEY, backfill_commits, commit_matters, commits_since, fragments_after
+from mv_assets.storage.changes import (
+    STATE_KEY,
+    backfill_commits,
+    commit_matters,
+    commits_since,
+    foreign_writes,
+    fragments_after,
+)
 from mv_assets.storage.identity import ensure_table_id, table_id
 from mv_assets.storage.lance_compat import CommitConflictError, take_rows
 from mv_assets.storage.refs import ViewRef
@@ -118,6 +125,7 @@ class RefreshPlan:
     scoped_since_whole: bool = field(default=False, repr=False)
     seconds_per_row: float | None = field(default=None, repr=False)  # measured by the last refresh
     source_id: str | None = field(default=None, repr=False)  # the source's identity (storage.identity); None: unstamped
+    repaired: bool = False  # another tool wrote into the view since its last refresh: this refresh repairs it
 
     @property
     def is_noop(self) -> bool:
@@ -129,7 +137,7 @@ class RefreshPlan:
         """True when executing the plan writes nothing at all: no rows to change and
         no new state to record (a fragment-scoped refresh never records the
         whole-view source version)."""
-        if not self.is_noop or self.full:
+        if not self.is_noop or self.full or self.repaired:
             return False
         return self.scope is not None or (self.from_version == self.to_version and not self.scoped_since_whole)
 
@@ -333,6 +341,12 @@ def plan_refresh(
         if mode == "incremental_strict":
             raise ValueError(f"refresh of {view.name!r} cannot be incremental: {replaced}")
         fragments = recompute = None  # nothing the view holds matches the new table: the whole view is rebuilt
+    # rows written into the view by another tool since its last refresh: repaired over the whole view
+    foreign = foreign_writes(view_ds, state.view_version)
+    tainted = None
+    if foreign is not None:
+        fragments = None
+        tainted = _tainted_keys(view_ds, foreign.since) if not foreign.replaced else None
     src = _source_at(view.name, definition, src_latest, src_version)
     scope, scope_frags = _scope(view.name, definition, src, fragments, recompute)
     v0 = state.source_version
@@ -341,7 +355,7 @@ def plan_refresh(
     how, reason = choose_how(
         mode=mode, definition_changed=state.definition not in (None, def_fp), v0=v0, target=src.version,
         scope=scope, recompute=recompute, scoped_since_whole=state.scoped_since_whole, history=history,
-        source_replaced=replaced,
+        source_replaced=replaced, view_written=(foreign.replaced, foreign.describe()) if foreign else None,
     )
     if how == "full" and mode == "incremental_strict" and v0 is not None:
         raise ValueError(f"refresh of {view.name!r} cannot be incremental: {reason}")
@@ -365,7 +379,7 @@ def plan_refresh(
 
     appended = _appended_since(src, v0, commits, reads, state, definition) if commits is not None else None
     where, tasks, keys, n_insert, udf_rows, vk = _plan_work(
-        place, src, view_ds, definition, how, v0, scope, scope_frags, recompute, appended
+        place, src, view_ds, definition, how, v0, scope, scope_frags, recompute, appended, tainted
     )
     for name in (c.name for c in definition.udf_columns):
         udf_rows[name] = udf_rows.get(name, 0) + int(sum(t.rows for t in tasks if t.recompute is None))
@@ -376,12 +390,13 @@ def plan_refresh(
         tasks=tasks, keys=keys, view_key_addrs=(_ids(vk, SOURCE_ROW_ID), _ids(vk, "_rowaddr")) if vk is not None else None,
         checkpoint_dir=where.checkpoint_dir, definition_raw=definition.encode(), load_number=state.load_number,
         scope=scope, scoped_since_whole=state.scoped_since_whole, seconds_per_row=state.seconds_per_row,
-        source_id=source_id,
+        source_id=source_id, repaired=foreign is not None,
     )
 
 
 def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, definition: ViewDefinition,
-               how: str, v0: int | None, scope, scope_frags, recompute, appended: list | None):
+               how: str, v0: int | None, scope, scope_frags, recompute, appended: list | None,
+               tainted: np.ndarray | None = None):
     """The tasks of a refresh and its row-level outcome: rows only appended since
     ``v0`` (in the fragments ``appended``) or a first refresh are all inserts
     (the view's keys are not read); otherwise the changes are found against the
@@ -403,7 +418,7 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
     else:
         assert vk is not None
         keys, rows, current_rows = _changed_rows(
-            src, src.uri, definition, how, v0, src.version, scope, scope_frags, vk, tracked, recompute
+            src, src.uri, definition, how, v0, src.version, scope, scope_frags, vk, tracked, recompute, tainted
         )
         where = place(rows.num_rows + current_rows.num_rows)
         tasks, udf_rows = _tasks_for(where, rows, current_rows, recompute)
@@ -433,6 +448,16 @@ def _appended_since(src: lance.LanceDataset, v0: int | None, commits: list, read
     if any(commit_matters(txn, reads) and type(txn.operation).__name__ != "Append" for txn in commits):
         return None
     return fragments_after(src, v0)
+
+
+def _tainted_keys(view_ds: lance.LanceDataset, since: int) -> np.ndarray:
+    """Source row ids of view rows another tool appended or rewrote after the
+    view's last refresh at version ``since``: every later commit of ours keeps
+    row versions (backfills, compaction), so a row created or updated after it
+    was written by someone else. Those keys are removed and computed again."""
+    cols = {"c": "_row_created_at_version", "u": "_row_last_updated_at_version", SOURCE_ROW_ID: SOURCE_ROW_ID}
+    flt = f"_row_created_at_version > {int(since)} OR _row_last_updated_at_version > {int(since)}"
+    return np.unique(_ids(view_ds.to_table(columns=cols, filter=flt), SOURCE_ROW_ID))
 
 
 def _open_source(view: ViewRef) -> lance.LanceDataset:
@@ -552,6 +577,7 @@ def _changed_rows(
     vk: pa.Table,
     tracked: list[str],
     recompute: list[str] | None,
+    tainted: np.ndarray | None = None,
 ) -> tuple[KeyPlan, pa.Table, pa.Table]:
     """The key plan, the source rows to compute, and (``recompute``) the rows
     the view holds current whose UDF columns are computed again."""
@@ -599,6 +625,8 @@ def _changed_rows(
     current_rows = passing.slice(0, 0)
     if how != "full":
         current = _current(passing, view_keys, view_vers, vk, tracked)
+        if tainted is not None and len(tainted):  # rows another tool wrote into the view: computed again
+            current &= ~isin(_ids(passing), tainted)
         if recompute is not None:
             current_rows = passing.filter(pa.array(current))
         passing = passing.filter(pa.array(~current))

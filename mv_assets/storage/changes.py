@@ -23,6 +23,8 @@ __all__ = [
     "backfill_commits",
     "commits_since",
     "fragments_after",
+    "foreign_writes",
+    "ForeignWrites",
     "STATE_KEY",
     "BACKFILL_KEY",
 ]
@@ -83,6 +85,59 @@ def fragments_after(ds: lance.LanceDataset, version: int) -> list | None:
         return None
     top = max((f.fragment_id for f in before.get_fragments()), default=-1)
     return [f for f in ds.get_fragments() if f.fragment_id > top]
+
+
+# Operations that rewrite a dataset so that no row can be traced to what was
+# there before, and those that change rows; our own row-changing commits carry
+# one of OWN_KEYS in their transaction properties.
+_REPLACING_OPERATIONS = frozenset({"Overwrite", "Restore", "Clone", "DataReplacement"})
+_ROW_OPERATIONS = frozenset({"Append", "Delete", "Update"})
+OWN_KEYS = (STATE_KEY, BACKFILL_KEY, "mv_assets.load_columns")
+
+
+@dataclass(frozen=True)
+class ForeignWrites:
+    """Commits to a view's dataset after ``since`` (its last refresh) that
+    mv_assets did not make and that change rows: ``versions`` with their
+    operations. ``replaced``: one of them (or an unreadable commit) rewrote
+    the dataset so that its rows cannot be traced: only a rebuild repairs it."""
+
+    since: int
+    versions: list[int]
+    operations: list[str]
+    replaced: bool
+
+    def describe(self) -> str:
+        what = ", ".join(f"{op} at version {v}" for v, op in zip(self.versions, self.operations, strict=True))
+        return f"another tool wrote into the view after its refresh at version {self.since} ({what})"
+
+
+def foreign_writes(ds: lance.LanceDataset, since: int | None) -> ForeignWrites | None:
+    """Row-changing commits after version ``since`` that mv_assets did not make
+    (appends, deletes, updates, overwrites by lancedb, pylance, Spark...), or
+    None when there are none. Schema, config, index and compaction commits do
+    not count (they change no row). O(commits since)."""
+    if since is None:
+        return None
+    versions, ops, replaced = [], [], False
+    for v in range(since + 1, ds.version + 1):
+        ok, txn = _read_txn(ds, v)
+        if not ok or txn is None:  # cleaned up: what it did is unknown
+            versions.append(v)
+            ops.append("unknown (history cleaned up)")
+            replaced = True
+            continue
+        kind = type(txn.operation).__name__
+        if kind not in _REPLACING_OPERATIONS and kind not in _ROW_OPERATIONS:
+            continue
+        if any(k in (txn.transaction_properties or {}) for k in OWN_KEYS):
+            continue
+        versions.append(v)
+        ops.append(kind)
+        replaced |= kind in _REPLACING_OPERATIONS
+    if not versions:
+        return None
+    return ForeignWrites(since, versions, ops, replaced)
 
 
 def _read_txn(ds: lance.LanceDataset, version: int):
