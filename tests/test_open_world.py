@@ -194,9 +194,12 @@ def test_rows_another_tool_wrote_into_a_view_are_repaired_by_the_next_refresh(db
     _foreign_write(view, how)
     outcome = {c.name: c for c in view.check()}
     assert not all(c.passed for c in outcome.values())  # check() sees it before any refresh
+    status = view.status()
+    assert not status.valid and "another tool wrote into the view" in status.last_error
     plan = view.plan_refresh()
     assert "another tool wrote into the view" in plan.reason and plan.full == (how == "overwrite")
     view.refresh()
+    assert view.status().valid
     assert _view_rows_y(view) == sorted((i, 10 * i) for i in range(8))
     # only the rows the other tool touched were computed again (all of them after an overwrite)
     assert _calls(call_log) == (recomputed if recomputed is not None else list(range(8)))

@@ -25,7 +25,7 @@ import pyarrow as pa
 from mv_assets.model.definition import tracked_source_columns
 from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
 from mv_assets.storage import objects
-from mv_assets.storage.changes import pending_versions
+from mv_assets.storage.changes import foreign_writes, pending_versions
 from mv_assets.storage.identity import table_id
 from mv_assets.storage.layout import Layout
 from mv_assets.storage.refs import ViewRef
@@ -227,6 +227,9 @@ def view_status(view: ViewRef) -> ViewStatus:
     if replaced:
         last_error = (f"the source {view.source!r} was dropped and created again since the last refresh: "
                       "the view holds the old table's rows until its next refresh rebuilds it")
+    foreign = foreign_writes(ds, state.view_version)
+    if foreign is not None:
+        last_error = f"{foreign.describe()}: the next refresh repairs it"
     if load_state == LOADING and _dead(file):
         # the process that was loading it is gone (killed): not loading any more
         load_state = FAILED_LOAD
@@ -237,7 +240,7 @@ def view_status(view: ViewRef) -> ViewStatus:
         name=view.name,
         source=view.source,
         load_state=load_state,
-        valid=state.source_version is not None and not replaced,
+        valid=state.source_version is not None and not replaced and foreign is None,
         cardinality=cardinality,
         load_number=state.load_number,
         updated=dt.datetime.fromtimestamp(updated, tz=dt.timezone.utc) if updated else None,
