@@ -513,3 +513,40 @@ def test_a_udf_batch_size_bounds_the_rows_per_call(tmp_path, monkeypatch):
         filter="id = 4321", with_row_id=True).column("_rowid")[0].as_py()
     with pytest.raises(ValueError, match="batch_size must be a positive int"):
         mv.udf(lambda x: x, data_type=pa.int64(), batch_size=0)
+
+
+@mv.udf(data_type=pa.int64(), batch_size=5)
+def plus_one_in_fives(v: pa.Array) -> pa.Array:
+    _seen(len(v))
+    return pa.array([x + 1 for x in v.to_pylist()], pa.int64())
+
+
+@mv.udf(data_type=pa.int64(), batch_size=7)
+def plus_two_in_sevens(v: pa.Array) -> pa.Array:
+    _seen(len(v))
+    return pa.array([x + 2 for x in v.to_pylist()], pa.int64())
+
+
+def test_batch_size_holds_for_a_udf_given_its_input_columns(db, tmp_path, monkeypatch):
+    """@udf(batch_size=N) bounds the rows per call when the UDF is given its
+    input columns, (udf, [columns]) in a view's select and in add_columns, and
+    when backfill(udf=...) maps a replacement onto the column's inputs."""
+    log = tmp_path / "batches.txt"
+    monkeypatch.setenv("MV_TEST_BATCH_LOG", str(log))
+    n = 104
+    src = db.create_table("src", pa.table({"id": pa.array(range(n)), "w": pa.array(range(n))}), primary_key="id")
+    view = db.create_materialized_view("v", src.search(None).select({"id": "id", "c": (plus_one_in_fives, ["w"])}))
+    assert view.refresh().udf_rows_computed == {"c": n}
+    seen = _batches(log)
+    assert max(seen) == 5 and sum(seen) == n, seen
+    assert {r["id"]: r["c"] for r in view.to_arrow().to_pylist()} == {i: i + 1 for i in range(n)}
+
+    src.add_columns({"d": (plus_one_in_fives, ["w"])})
+    assert src.backfill("d").udf_rows_computed == n
+    seen = _batches(log)
+    assert max(seen) == 5 and sum(seen) == n, seen
+
+    assert src.backfill("d", udf=plus_two_in_sevens).udf_rows_computed == n
+    seen = _batches(log)
+    assert max(seen) == 7 and sum(seen) == n, seen
+    assert {r["id"]: r["d"] for r in src.to_arrow().to_pylist()} == {i: i + 2 for i in range(n)}

@@ -262,21 +262,7 @@ class UDF:
             )
         else:
             self.kind = SCALAR
-        if self.kind == BATCH:
-            if input_columns:
-                raise ValueError(
-                    f"UDF {self.name!r} takes a pa.RecordBatch: it receives every "
-                    "source column, so input_columns must not be given"
-                )
-            self.input_columns: list[str] = []
-        else:
-            self.input_columns = list(input_columns or self.param_names)
-            if len(self.input_columns) != len(self.param_names):
-                raise ValueError(
-                    f"UDF {self.name!r} has {len(self.param_names)} parameters "
-                    f"{self.param_names} but {len(self.input_columns)} input columns "
-                    f"{self.input_columns} were given"
-                )
+        self.input_columns: list[str] = self._checked_inputs(input_columns)
         if data_type is None:
             ret = hints.get("return")
             data_type = python_type_to_arrow(ret) if ret is not None else None
@@ -304,17 +290,31 @@ class UDF:
     def __repr__(self) -> str:
         return f"UDF({self.name}, kind={self.kind}, inputs={self.input_columns}, type={self.data_type})"
 
+    def _checked_inputs(self, input_columns: list[str] | None) -> list[str]:
+        """The columns the parameters read, checked against the signature."""
+        if self.kind == BATCH:
+            if input_columns:
+                raise ValueError(
+                    f"UDF {self.name!r} takes a pa.RecordBatch: it receives every "
+                    "source column, so input_columns must not be given"
+                )
+            return []
+        inputs = list(input_columns or self.param_names)
+        if len(inputs) != len(self.param_names):
+            raise ValueError(
+                f"UDF {self.name!r} has {len(self.param_names)} parameters "
+                f"{self.param_names} but {len(inputs)} input columns "
+                f"{inputs} were given"
+            )
+        return inputs
+
     def with_inputs(self, input_columns: list[str]) -> "UDF":
-        """A copy of this UDF reading its parameters from other columns."""
-        return UDF(
-            self.func,
-            name=self.name,
-            data_type=self.data_type,
-            input_columns=input_columns,
-            version=self.version,
-            skip_nulls=self.skip_nulls,
-            on_error=self.on_error,
-        )
+        """A copy of this UDF reading its parameters from other columns; every
+        other setting (``batch_size``, error policy, version...) is kept."""
+        u = copy.copy(self)
+        u.input_columns = self._checked_inputs(input_columns)
+        u._fingerprint = None
+        return u
 
     def bound_to(self, schema: "pa.Schema | list[str]") -> "UDF":
         """This UDF with its inputs fixed against ``schema`` (the input table's
