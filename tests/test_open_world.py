@@ -219,3 +219,23 @@ def test_check_catches_values_another_tool_changed(db, call_log):
     failed = [c for c in view.check() if not c.passed]
     assert [c.name for c in failed] == ["values_match_source"]
     assert failed[0].metadata["rows_written_outside_refreshes"] == 1
+
+
+@pytest.mark.parametrize("dropped", ["x", "w", "k"])  # read by a SQL column, by a UDF, by the filter
+def test_a_column_the_view_reads_dropped_by_another_tool_is_refused_at_plan_time(db, dropped):
+    @mv.udf
+    def shout(w: str) -> str:
+        return w.upper()
+
+    t = db.create_table("src", pa.table({"id": [1, 2], "x": [1, 2], "w": ["a", "b"], "k": [1, 1]}))
+    view = db.create_materialized_view(
+        "v", t.search(None).where("k > 0").select({"id": "id", "y": "x * 2", "z": shout}))
+    view.refresh()
+    before = (view.version, view.status().source_version)
+    lance.dataset(t.uri).drop_columns([dropped])
+    message = f"view 'v' reads column '{dropped}' of 'src', which version 3 does not have"
+    for call in (view.plan_refresh, lambda: view.plan_refresh(mode="full"), view.refresh,
+                 lambda: view.refresh(mode="full")):
+        with pytest.raises(ValueError, match=message):
+            call()
+    assert (view.version, view.status().source_version) == before  # nothing recorded

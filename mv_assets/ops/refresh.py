@@ -17,6 +17,7 @@
 
 import hashlib
 import json
+import re
 import socket
 import time
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from mv_assets.model.definition import (
     SOURCE_ROW_ID,
     SOURCE_ROW_VERSION,
     ViewDefinition,
+    check_sql,
     computed_marker,
     short_error,
     source_marker,
@@ -350,6 +352,7 @@ def plan_refresh(
     src = _source_at(view.name, definition, src_latest, src_version)
     scope, scope_frags = _scope(view.name, definition, src, fragments, recompute)
     v0 = state.source_version
+    _check_reads(view.name, definition, src)
     def_fp = definition.shape_fingerprint()
     history = read_history(src, v0, src.version) if v0 is not None and replaced is None else History()
     how, reason = choose_how(
@@ -462,6 +465,33 @@ def _tainted_keys(view_ds: lance.LanceDataset, since: int) -> np.ndarray:
 
 def _open_source(view: ViewRef) -> lance.LanceDataset:
     """The view's source at its latest version, or a clear error when it is gone."""
+_NO_FIELD = re.compile(r"No field named [`'\"]?([^\s.`'\"]+)")
+
+
+def _check_reads(view_name: str, definition: ViewDefinition, src: lance.LanceDataset) -> None:
+    """The view's query runs on the source at the target version: every column
+    it reads is there (another tool may have dropped one). Refused here, before
+    anything is written or recorded."""
+    names = src.schema.names
+    missing = [c for c in definition.udf_input_columns(src.schema) if c not in names]
+    problem = None
+    if not missing:
+        try:
+            check_sql(src, filter=definition.filter, columns=definition.projection or None)
+        except (ValueError, OSError) as exc:
+            found = _NO_FIELD.search(str(exc))
+            missing, problem = ([found.group(1)], None) if found else ([], short_error(exc))
+    if missing:
+        raise ValueError(
+            f"view {view_name!r} reads column{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} of "
+            f"{definition.source!r}, which version {src.version} does not have (dropped outside mv_assets?); nothing "
+            "was written. Add the column back, or drop the view and create it without the column"
+        )
+    if problem:
+        raise ValueError(f"the query of view {view_name!r} no longer runs on version {src.version} of "
+                         f"{definition.source!r}: {problem}; nothing was written")
+
+
     try:
         return view.source_dataset()
     except (ValueError, OSError) as exc:
