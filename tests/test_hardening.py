@@ -273,7 +273,7 @@ def test_merge_insert_upserts_by_primary_key_and_views_follow(tmp_path):
 def test_errors_carry_no_rust_source_paths(tmp_path):
     db = _inline(tmp_path)
     t = db.create_table("t", [{"id": i, "x": i} for i in range(3)])
-    with pytest.raises(ValueError, match=r"'t' has no version 99 \(versions 1 to 1\)") as e1:
+    with pytest.raises(ValueError, match=r"'t' has no version 99 \(versions that exist: 1\)") as e1:
         t.to_arrow(version=99)
     with pytest.raises(ValueError, match="invalid filter 'nope > 1'.*No field named nope") as e2:
         t.count_rows("nope > 1")
@@ -281,6 +281,36 @@ def test_errors_carry_no_rust_source_paths(tmp_path):
         t.count_rows("x >")
     for e in (e1, e2, e3):
         assert ".rs:" not in str(e.value) and "/home/" not in str(e.value)
+
+
+def test_a_version_removed_by_history_cleanup_is_said_so_with_the_versions_that_exist(tmp_path):
+    """refresh(src_version=N) and to_arrow(version=N) of a version history
+    cleanup removed: our words and the versions that exist, not Lance's error
+    nor a range that includes removed versions."""
+    db = _inline(tmp_path)
+    src = db.create_table("src", [{"id": 0, "x": 0}], primary_key="id")
+    v = db.create_materialized_view("v", src.search(None).select({"id": "id", "x": "x"}))
+    for i in (1, 2, 3):
+        src.add([{"id": i, "x": i}])
+    ds = lance.dataset(src.uri)
+    assert ds.version == 5  # 1 created, 2 stamped with its identity by the view, 3-5 added
+    for kept in (1, 2, 3):  # tagged: kept by the cleanup, as is the latest
+        ds.tags.create(f"v{kept}", kept)
+    ds.cleanup_old_versions(older_than=timedelta(0), error_if_tagged_old_versions=False)
+    removed = "version 4 of 'src' was removed by history cleanup; versions that exist: 1-3, 5"
+    with pytest.raises(ValueError, match=removed) as e1:
+        v.refresh(src_version=4)
+    with pytest.raises(ValueError, match=removed) as e2:
+        src.to_arrow(version=4)
+    with pytest.raises(ValueError, match=r"src_version must be one of 1-3, 5 \(versions of 'src' that exist\), got 7"):
+        v.refresh(src_version=7)
+    with pytest.raises(ValueError, match=r"'src' has no version 7 \(versions that exist: 1-3, 5\)"):
+        src.to_arrow(version=7)
+    for e in (e1, e2):
+        assert ".rs:" not in str(e.value) and "manifest" not in str(e.value)
+    assert v.source_version is None  # nothing was written
+    v.refresh(src_version=3)
+    assert v.count_rows() == 2 == src.to_arrow(version=3).num_rows
 
 
 def test_refreshing_to_a_version_before_a_read_column_existed_says_so(tmp_path):

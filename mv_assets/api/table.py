@@ -55,6 +55,7 @@ from mv_assets.storage.status import (
     refresh_decision,
     view_status,
 )
+from mv_assets.storage.versions import dataset_at
 
 if TYPE_CHECKING:
     from mv_assets.execution.spark import Runner
@@ -221,14 +222,7 @@ class Table:
             return objects.dataset(self.uri)
         if isinstance(version, bool) or not isinstance(version, int):
             raise ValueError(f"a version is an int, got {version!r}")
-        try:
-            return objects.dataset(self.uri, version=version)
-        except (ValueError, OSError) as exc:
-            known = [v["version"] for v in objects.dataset(self.uri).versions()]
-            if version in known:
-                raise ValueError(f"cannot open version {version} of {self.name!r}: {short_error(exc)}") from exc
-            span = f"versions {min(known)} to {max(known)}" if known else "no versions"
-            raise ValueError(f"{self.name!r} has no version {version} ({span})") from None
+        return dataset_at(self.uri, self.name, version)  # a cleaned-up or unknown version: said so
 
     # -- reading ---------------------------------------------------------
     @property

@@ -73,6 +73,7 @@ from mv_assets.storage.identity import ensure_table_id, table_id
 from mv_assets.storage.lance_compat import CommitConflictError, take_rows
 from mv_assets.storage.refs import ViewRef
 from mv_assets.storage.state import read_refresh_state
+from mv_assets.storage.versions import dataset_at, versions_phrase
 
 if TYPE_CHECKING:
     from mv_assets.execution.spark import Runner
@@ -270,9 +271,10 @@ def _source_at(view_name: str, definition: ViewDefinition, src_latest: lance.Lan
         src_version = src_latest.version
     if isinstance(src_version, bool) or not isinstance(src_version, int) or not 1 <= src_version <= src_latest.version:
         raise ValueError(
-            f"src_version must be between 1 and {src_latest.version} (latest of {definition.source!r}), got {src_version!r}"
+            f"src_version must be {versions_phrase(src_latest)} (versions of {definition.source!r} that exist), "
+            f"got {src_version!r}"
         )
-    src = src_latest if src_version == src_latest.version else objects.dataset(src_latest.uri, version=src_version)
+    src = dataset_at(src_latest.uri, definition.source, src_version, src_latest)  # a cleaned-up version: said so
     if src is not src_latest:
         missing = [c for c in definition.reads(src_latest.schema.names, src_latest.schema) if c not in src.schema.names]
         if missing:
