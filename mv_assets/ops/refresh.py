@@ -129,6 +129,7 @@ class RefreshPlan:
     seconds_per_row: float | None = field(default=None, repr=False)  # measured by the last refresh
     source_id: str | None = field(default=None, repr=False)  # the source's identity (storage.identity); None: unstamped
     repaired: bool = False  # another tool wrote into the view since its last refresh: this refresh repairs it
+    read_fields: dict[str, int] | None = field(default=None, repr=False)  # field ids of the columns it reads
 
     @property
     def is_noop(self) -> bool:
@@ -340,7 +341,8 @@ def plan_refresh(
     view_ds = view.dataset()
     state = read_refresh_state(view_ds)
     source_id = table_id(src_latest)
-    replaced = _source_replaced(view, state, source_id)
+    read_fields = _read_fields(definition, src_latest)
+    replaced = _source_replaced(view, state, source_id) or _columns_replaced(view, state, read_fields)
     if replaced is not None:
         if mode == "incremental_strict":
             raise ValueError(f"refresh of {view.name!r} cannot be incremental: {replaced}")
@@ -352,9 +354,9 @@ def plan_refresh(
         fragments = None
         tainted = _tainted_keys(view_ds, foreign.since) if not foreign.replaced else None
     src = _source_at(view.name, definition, src_latest, src_version)
+    _check_reads(view.name, definition, src)
     scope, scope_frags = _scope(view.name, definition, src, fragments, recompute)
     v0 = state.source_version
-    _check_reads(view.name, definition, src)
     def_fp = definition.shape_fingerprint()
     history = read_history(src, v0, src.version) if v0 is not None and replaced is None else History()
     how, reason = choose_how(
@@ -373,7 +375,7 @@ def plan_refresh(
     reads = tracked_source_columns(view_ds.schema)
     if commits is not None and _nothing_read_changed(commits, reads, state):
         plan = _already_current(view, src.version, view_ds.version, state)
-        plan.source_id = source_id
+        plan.source_id, plan.read_fields = source_id, read_fields
         return plan
     def place(rows_to_compute: int, largest_fragment: int = 0) -> _TaskPlace:
         per_task = max_rows_per_task or fit_to_fragments(
@@ -395,7 +397,7 @@ def plan_refresh(
         tasks=tasks, keys=keys, view_key_addrs=(_ids(vk, SOURCE_ROW_ID), _ids(vk, "_rowaddr")) if vk is not None else None,
         checkpoint_dir=where.checkpoint_dir, definition_raw=definition.encode(), load_number=state.load_number,
         scope=scope, scoped_since_whole=state.scoped_since_whole, seconds_per_row=state.seconds_per_row,
-        source_id=source_id, repaired=foreign is not None,
+        source_id=source_id, repaired=foreign is not None, read_fields=read_fields,
     )
 
 
@@ -455,6 +457,26 @@ def _appended_since(src: lance.LanceDataset, v0: int | None, commits: list, read
     return fragments_after(src, v0)
 
 
+def _read_fields(definition: ViewDefinition, src: lance.LanceDataset) -> dict[str, int]:
+    """Lance field ids of the source columns the view reads (those present)."""
+    ids = {f.name(): f.id() for f in src.lance_schema.fields()}
+    return {n: ids[n] for n in definition.reads(src.schema.names, src.schema) if n in ids}
+
+
+def _columns_replaced(view: ViewRef, state, read_fields: dict[str, int]) -> str | None:
+    """Why the values of columns the view reads may have changed with no row
+    version moving: a column dropped and added again (another tool's
+    ``drop_columns`` + ``add_columns``) has a new field id."""
+    if not state.read_fields:
+        return None
+    changed = sorted(n for n, i in state.read_fields.items() if n in read_fields and read_fields[n] != i)
+    if not changed:
+        return None
+    return (f"column{'s' if len(changed) > 1 else ''} {', '.join(map(repr, changed))} of {view.source!r} "
+            f"{'were' if len(changed) > 1 else 'was'} dropped and added again since the last refresh (new values, no row "
+            "versions moved): the view is rebuilt")
+
+
 def _tainted_keys(view_ds: lance.LanceDataset, since: int) -> np.ndarray:
     """Source row ids of view rows another tool appended or rewrote after the
     view's last refresh at version ``since``: every later commit of ours keeps
@@ -465,8 +487,6 @@ def _tainted_keys(view_ds: lance.LanceDataset, since: int) -> np.ndarray:
     return np.unique(_ids(view_ds.to_table(columns=cols, filter=flt), SOURCE_ROW_ID))
 
 
-def _open_source(view: ViewRef) -> lance.LanceDataset:
-    """The view's source at its latest version, or a clear error when it is gone."""
 _NO_FIELD = re.compile(r"No field named [`'\"]?([^\s.`'\"]+)")
 
 
@@ -494,6 +514,8 @@ def _check_reads(view_name: str, definition: ViewDefinition, src: lance.LanceDat
                          f"{definition.source!r}: {problem}; nothing was written")
 
 
+def _open_source(view: ViewRef) -> lance.LanceDataset:
+    """The view's source at its latest version, or a clear error when it is gone."""
     try:
         return view.source_dataset()
     except (ValueError, OSError) as exc:
@@ -915,6 +937,7 @@ def _state_record(
         "seconds_per_row": _seconds_per_row(plan, results),
         # which table the source is: stamped now if another tool made it (storage.identity)
         "source_id": plan.source_id or ensure_table_id(view.source_uri),
+        "read_fields": plan.read_fields,
     }
 
 

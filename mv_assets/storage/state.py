@@ -35,6 +35,10 @@ class RefreshState:
     # the identity of the source the view was built from (storage.identity;
     # None: recorded before identities were kept)
     source_id: str | None = None
+    # Lance field ids of the source columns the view reads, when it last
+    # refreshed: a column dropped and added again gets a new id (its values
+    # changed without any row version moving)
+    read_fields: dict[str, int] | None = None
 
     @property
     def refreshed(self) -> bool:
@@ -74,6 +78,7 @@ def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
                     scoped_since_whole=latest.get("scope") is not None,
                     seconds_per_row=latest.get("seconds_per_row"),
                     source_id=latest.get("source_id"),
+                    read_fields=latest.get("read_fields"),
                 )
         v -= 1
     if latest is None:
