@@ -52,7 +52,7 @@ def test_plan_and_refresh_in_lineage_order(catalog):
     assert [x["view"] for x in json.loads(r.output)] == ["a", "b"]
     assert catalog.open_table("b").count_rows() == 3
     r = run(catalog, "refresh", "a", "b")
-    assert r.exit_code == 0 and "a: v1 -> v1" in r.output
+    assert r.exit_code == 0 and "a: v2 -> v2" in r.output  # v2: the identity stamp of creating a view over it
 
 
 def test_status_json_and_failed_load(catalog):

@@ -34,6 +34,7 @@ from mv_assets.model.udf import UDF
 __all__ = [
     "ColumnSpec", "ViewDefinition", "SOURCE_ROW_ID", "SOURCE_ROW_VERSION", "VIEW_METADATA_KEY",
     "computed_marker", "source_marker", "is_marker", "is_reserved_name", "output_schema", "check_sql", "short_error",
+    "read_field_ids", "READ_FIELDS_METADATA_KEY",
     "sql_literal", "tracked_source_columns", "computed_column_names", "definition_reads", "shape_fingerprint",
     "udf_column_type", "quote_ident", "COLUMNS_METADATA_KEY", "stored_columns", "encode_columns",
 ]
@@ -254,6 +255,16 @@ def quote_ident(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
+READ_FIELDS_METADATA_KEY = "mv_assets.read_fields"  # the source columns a view read when created, by field id
+
+
+def read_field_ids(definition: ViewDefinition, ds: lance.LanceDataset) -> dict[str, int]:
+    """Lance field ids of the source columns the view reads (those present in ``ds``).
+    A column dropped and added again gets a new id."""
+    ids = {f.name(): f.id() for f in ds.lance_schema.fields()}
+    return {n: ids[n] for n in definition.reads(ds.schema.names, ds.schema) if n in ids}
+
+
 def output_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Schema:
     """The view's Arrow schema; validates filter and SQL against the source."""
     projection = definition.projection
@@ -279,7 +290,10 @@ def output_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sche
     # so a backfill of the source (which moves no row versions) is seen as a change.
     for name in definition.reads(computed_column_names(ds.schema), ds.schema):
         fields.append(pa.field(source_marker(name), pa.string(), nullable=True))
-    return pa.schema(fields, metadata={VIEW_METADATA_KEY: definition.encode()})
+    return pa.schema(fields, metadata={
+        VIEW_METADATA_KEY: definition.encode(),
+        READ_FIELDS_METADATA_KEY: json.dumps(read_field_ids(definition, ds)),
+    })
 
 
 def udf_column_type(c: ColumnSpec) -> pa.DataType:

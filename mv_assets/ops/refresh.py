@@ -32,11 +32,13 @@ from lance.fragment import FragmentMetadata
 from mv_assets.execution.spark import SparkRunner
 from mv_assets.execution.tasks import TaskResult, TaskSpec, and_filters
 from mv_assets.model.definition import (
+    READ_FIELDS_METADATA_KEY,
     SOURCE_ROW_ID,
     SOURCE_ROW_VERSION,
     ViewDefinition,
     check_sql,
     computed_marker,
+    read_field_ids,
     short_error,
     source_marker,
     tracked_source_columns,
@@ -341,7 +343,7 @@ def plan_refresh(
     view_ds = view.dataset()
     state = read_refresh_state(view_ds)
     source_id = table_id(src_latest)
-    read_fields = _read_fields(definition, src_latest)
+    read_fields = read_field_ids(definition, src_latest)
     replaced = _source_replaced(view, state, source_id) or _columns_replaced(view, state, read_fields)
     if replaced is not None:
         if mode == "incremental_strict":
@@ -354,7 +356,7 @@ def plan_refresh(
         fragments = None
         tainted = _tainted_keys(view_ds, foreign.since) if not foreign.replaced else None
     src = _source_at(view.name, definition, src_latest, src_version)
-    _check_reads(view.name, definition, src)
+    _check_reads(view.name, definition, src, state.read_fields or _created_reading(view_ds))
     scope, scope_frags = _scope(view.name, definition, src, fragments, recompute)
     v0 = state.source_version
     def_fp = definition.shape_fingerprint()
@@ -457,12 +459,6 @@ def _appended_since(src: lance.LanceDataset, v0: int | None, commits: list, read
     return fragments_after(src, v0)
 
 
-def _read_fields(definition: ViewDefinition, src: lance.LanceDataset) -> dict[str, int]:
-    """Lance field ids of the source columns the view reads (those present)."""
-    ids = {f.name(): f.id() for f in src.lance_schema.fields()}
-    return {n: ids[n] for n in definition.reads(src.schema.names, src.schema) if n in ids}
-
-
 def _columns_replaced(view: ViewRef, state, read_fields: dict[str, int]) -> str | None:
     """Why the values of columns the view reads may have changed with no row
     version moving: a column dropped and added again (another tool's
@@ -490,14 +486,25 @@ def _tainted_keys(view_ds: lance.LanceDataset, since: int) -> np.ndarray:
 _NO_FIELD = re.compile(r"No field named [`'\"]?([^\s.`'\"]+)")
 
 
-def _check_reads(view_name: str, definition: ViewDefinition, src: lance.LanceDataset) -> None:
+def _created_reading(view_ds: lance.LanceDataset) -> dict[str, int] | None:
+    """The source columns the view read when it was created (by field id)."""
+    raw = (view_ds.schema.metadata or {}).get(READ_FIELDS_METADATA_KEY.encode())
+    return json.loads(raw) if raw else None
+
+
+def _check_reads(view_name: str, definition: ViewDefinition, src: lance.LanceDataset,
+                 known: dict[str, int] | None) -> None:
     """The view's query runs on the source at the target version: every column
     it reads is there (another tool may have dropped one). Refused here, before
-    anything is written or recorded."""
+    anything is written or recorded. ``known``: the columns it read at its last
+    refresh (or creation); without them (views made before they were recorded)
+    Lance plans the query (no row is read)."""
     names = src.schema.names
     missing = [c for c in definition.udf_input_columns(src.schema) if c not in names]
+    if known is not None:
+        missing += [c for c in known if c not in names and c not in missing]
     problem = None
-    if not missing:
+    if not missing and known is None:
         try:
             check_sql(src, filter=definition.filter, columns=definition.projection or None)
         except (ValueError, OSError) as exc:
