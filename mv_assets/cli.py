@@ -213,13 +213,14 @@ def refresh(obj: _Ctx, views: tuple[str, ...], src_version: int | None, mode: st
 @click.argument("column")
 @click.option("--where", default=None, help="SQL predicate: (re)compute these rows instead of the stale ones.")
 @click.option("--retry-failed", is_flag=True, help="Only the rows whose COLUMN failed (see `errors`).")
-@click.option("--checkpoint-size", type=int, default=1024, show_default=True, help="Rows per checkpoint batch.")
+@click.option("--checkpoint-size", type=int, default=None,
+              help="Rows per checkpoint batch (staged). Default: UDF columns in one pass, checkpointed by time.")
 @click.option("--max-rows-per-task", type=int, default=65_536, show_default=True, help="Rows per Spark task.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (rows, batches, checkpoints done) and stop.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
 @_guard
-def backfill(obj: _Ctx, table: str, column: str, where: str | None, retry_failed: bool, checkpoint_size: int,
+def backfill(obj: _Ctx, table: str, column: str, where: str | None, retry_failed: bool, checkpoint_size: int | None,
              max_rows_per_task: int, dry_run: bool, as_json: bool) -> None:
     """Compute a computed COLUMN of TABLE (or view) for the rows that need it.
 
@@ -239,9 +240,10 @@ def backfill(obj: _Ctx, table: str, column: str, where: str | None, retry_failed
         if as_json:
             _print_json(s)
         else:
+            how = "one pass" if s["one_pass"] else f"{s['batches']} batches ({s['batches_checkpointed']} checkpointed)"
             click.echo(
-                f"{table}.{','.join(s['columns'])}: {s['rows']} rows in {s['batches']} batches, {s['tasks']} tasks; "
-                f"{s['batches_checkpointed']} batches already checkpointed -> {s['rows_to_compute']} rows to compute"
+                f"{table}.{','.join(s['columns'])}: {s['rows']} rows in {how}, {s['tasks']} tasks; "
+                f"{s['rows_checkpointed']} rows already checkpointed -> {s['rows_to_compute']} rows to compute"
             )
         return
     with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
@@ -260,8 +262,8 @@ def backfill(obj: _Ctx, table: str, column: str, where: str | None, retry_failed
         return
     click.echo(
         f"{table}.{','.join(r.columns)}: {r.rows_written} rows written, {r.rows_failed} failed, "
-        f"{r.rows_skipped} changed meanwhile; UDF rows {r.udf_rows_computed}; "
-        f"{r.batches_resumed}/{r.batches} batches resumed; job {r.job_id}; {r.seconds:.2f}s"
+        f"{r.rows_skipped} changed meanwhile; UDF rows {r.udf_rows_computed}, {r.rows_resumed} resumed from checkpoints; "
+        f"job {r.job_id}; {r.seconds:.2f}s"
     )
     if r.rows_failed:
         click.echo(f"  see `mv-assets errors {table} --column {column}`; retry with --retry-failed")

@@ -298,3 +298,85 @@ def test_sigkill_with_checkpoints_by_time_loses_about_one_checkpoint(tmp_path, c
     assert sorted((row["id"], row["z"]) for row in db.open_table("v").to_arrow().to_pylist()) == [
         (i, 3 * i) for i in range(N)
     ]
+
+
+def test_plan_after_a_killed_one_pass_backfill_counts_its_checkpointed_rows(tmp_path, call_log):
+    """A one-pass backfill (checkpoints sized by time, 0.1 s here) killed part
+    way: plan_backfill and `mv-assets backfill --dry-run` count the rows whose
+    results its checkpoints hold, exactly the rows the next backfill resumes,
+    and the rest are exactly the rows it computes."""
+    import json
+
+    from click.testing import CliRunner
+
+    from mv_assets.cli import main
+
+    db, t = _catalog(tmp_path / "cat", call_log)
+    code = (
+        "import mv_assets as mv; "
+        f"db = mv.connect({db.uri!r}, runner=mv.InlineRunner()); "
+        "db.open_table('t').backfill('y')"
+    )
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]),
+           "MV_ASSETS_CHECKPOINT_SECONDS": "0.1"}
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+    while count_calls(call_log, "triple") < 300 and proc.poll() is None:
+        time.sleep(0.002)
+    assert proc.poll() is None, "the backfill ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    before = count_calls(call_log, "triple")
+
+    plan = t.plan_backfill("y")
+    assert plan.one_pass and plan.rows == N
+    assert 0 < plan.rows_checkpointed <= before < N, (plan.rows_checkpointed, before)
+    cli = ["--db", db.uri, "--runner", "inline", "backfill", "t", "y", "--dry-run"]
+    r = CliRunner().invoke(main, [*cli, "--json"], catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    s = json.loads(r.output)
+    assert (s["rows"], s["rows_checkpointed"], s["rows_to_compute"]) == (N, plan.rows_checkpointed, plan.rows_to_compute)
+    r = CliRunner().invoke(main, cli, catch_exceptions=False)
+    assert f"{plan.rows_checkpointed} rows already checkpointed -> {plan.rows_to_compute} rows to compute" in r.output
+
+    result = t.backfill("y")
+    assert (result.rows_resumed, result.udf_rows_computed) == (plan.rows_checkpointed, plan.rows_to_compute)
+    assert count_calls(call_log, "triple") == before + plan.rows_to_compute
+    _check_complete(t)
+    assert t.plan_backfill("y").rows == 0
+
+
+def test_plan_of_a_view_column_after_a_failed_one_pass_backfill_counts_its_checkpointed_rows(
+        tmp_path, call_log, monkeypatch):
+    """The same for a view's UDF column (rows identified by their source row):
+    a one-pass backfill that failed part way left time-sized checkpoints; the
+    plan counts them as the next backfill resumes them."""
+    monkeypatch.setenv("MV_ASSETS_CHECKPOINT_SECONDS", "0.05")
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(300)])
+    src.add([{"id": i, "x": i} for i in range(300, N)])
+    view = db.create_materialized_view("v", src.search(None).select({"id": "id", "x": "x"}))
+    view.refresh()
+    flag = tmp_path / "fail"
+    flag.write_text("1")
+
+    @mv.udf
+    def slow_square(x: int) -> int:
+        if x == 450 and flag.exists():
+            raise RuntimeError("worker lost")
+        record_call(call_log, "square", x)
+        time.sleep(0.002)
+        return x * x
+
+    view.add_columns({"q": slow_square})
+    with pytest.raises(mv.UdfError, match="worker lost"):
+        view.backfill("q")
+    before = count_calls(call_log, "square")
+    flag.unlink()
+    plan = view.plan_backfill("q")
+    assert plan.one_pass and plan.rows == N
+    assert 0 < plan.rows_checkpointed <= before < N, (plan.rows_checkpointed, before)
+    result = view.backfill("q")
+    assert (result.rows_resumed, result.udf_rows_computed) == (plan.rows_checkpointed, plan.rows_to_compute)
+    assert count_calls(call_log, "square") == before + plan.rows_to_compute
+    assert sorted((r["id"], r["q"]) for r in view.to_arrow().to_pylist()) == [(i, i * i) for i in range(N)]
+    assert view.plan_backfill("q").rows == 0

@@ -347,11 +347,15 @@ class Table:
 
     def plan_backfill(
         self, column: str, *, udf: Any = None, where: str | None = None, row_ids: list[int] | None = None,
-        checkpoint_size: int = 1024, max_rows_per_task: int = 65_536,
+        checkpoint_size: int | None = None, max_rows_per_task: int = 65_536, runner: "Runner | None" = None,
     ) -> "BackfillPlan":
-        """An exact dry run of :meth:`backfill`: rows, batches, checkpoints already done."""
+        """An exact dry run of :meth:`backfill` with the same arguments: rows,
+        tasks, rows whose results an interrupted run already checkpointed (the
+        backfill resumes them) and rows to compute."""
+        parallelism = getattr(runner or self.connection.runner, "parallelism", lambda: 1)()
         return plan_backfill(self.ref(), column, udf=udf, where=where, row_ids=row_ids,
-                             checkpoint_size=checkpoint_size, max_rows_per_task=max_rows_per_task)
+                             checkpoint_size=checkpoint_size, max_rows_per_task=max_rows_per_task,
+                             parallelism=parallelism)
 
     def backfill(
         self,

@@ -381,7 +381,8 @@ class PacedRowStore(RowStore):
         self._held: list[tuple] = []
 
     def save(self, ids, vers, ins, values, errors) -> None:
-        self._held.append((ids, vers, ins, values, errors))
+        # a copy: the caller may go on to change its dict (a one-pass backfill stamps the markers it returns)
+        self._held.append((ids, vers, ins, dict(values), list(errors)))
 
     def flush(self) -> None:
         if not self._held:

@@ -58,6 +58,7 @@ from lance.fragment import DataFile, FragmentMetadata
 
 from mv_assets.execution.tasks import (
     PacedRowStore,
+    RowStore,
     checkpointed_udf_columns,
     compute_udf_columns,
     input_identity,
@@ -84,7 +85,7 @@ from mv_assets.model.udf import UDF
 from mv_assets.storage import checkpoints as ckpt
 from mv_assets.storage import objects
 from mv_assets.storage.changes import BACKFILL_KEY, NEUTRAL_OPERATIONS, fragments_after
-from mv_assets.storage.checkpoints import CheckpointStore
+from mv_assets.storage.checkpoints import CheckpointIndex, CheckpointStore
 from mv_assets.storage.error_log import append_errors, record_failure
 from mv_assets.storage.lance_compat import CommitConflictError, roaring_bitmap_bytes, take_rows
 from mv_assets.storage.refs import Ref, ViewRef
@@ -115,9 +116,10 @@ class BackfillPlan:
     rows: int
     batches: int
     batches_checkpointed: int
-    rows_checkpointed: int
+    rows_checkpointed: int  # rows whose results checkpoints already hold: the backfill resumes them
     tasks: int
-    checkpoint_size: int
+    checkpoint_size: int | None  # None: one pass, checkpoints sized by time (``batches`` are its tasks)
+    one_pass: bool = False
     # internals
     specs: list[ColumnSpec] = field(default_factory=list, repr=False)
     plan_rows: pa.Table | None = field(default=None, repr=False)
@@ -142,7 +144,9 @@ class BackfillPlan:
             "read_version": self.read_version,
             "where": self.where,
             "rows": self.rows,
+            "rows_checkpointed": self.rows_checkpointed,
             "rows_to_compute": self.rows_to_compute,
+            "one_pass": self.one_pass,
             "batches": self.batches,
             "batches_checkpointed": self.batches_checkpointed,
             "tasks": self.tasks,
@@ -167,6 +171,7 @@ class BackfillResult:
     version: int | None
     seconds: float
     timings: dict[str, float] = field(default_factory=dict)
+    rows_resumed: int = 0  # rows whose results came from checkpoints of an earlier, interrupted run
 
     def summary(self) -> dict:
         return asdict(self)
@@ -309,15 +314,23 @@ def plan_backfill(
     udf: Any = None,
     where: str | None = None,
     row_ids: list[int] | None = None,
-    checkpoint_size: int = 1024,
+    checkpoint_size: int | None = None,
     max_rows_per_task: int = 65_536,
+    parallelism: int = 1,
 ) -> BackfillPlan:
-    """Plan a backfill of ``column`` (see :meth:`Table.backfill`)."""
-    if not isinstance(checkpoint_size, int) or checkpoint_size <= 0:
-        raise ValueError("checkpoint_size must be a positive int")
+    """Plan a backfill of ``column`` (see :meth:`Table.backfill`): the path
+    :func:`backfill_column` takes with the same arguments. ``checkpoint_size``
+    None: UDF columns in one pass (``parallelism``: the runner's, for its
+    tasks), whose rows already checkpointed by an interrupted run are found by
+    identity as its tasks find them; SQL columns staged in ``SQL_BATCH_ROWS``."""
+    if checkpoint_size is not None and (
+        isinstance(checkpoint_size, bool) or not isinstance(checkpoint_size, int) or checkpoint_size <= 0
+    ):
+        raise ValueError("checkpoint_size must be a positive int (or None: one pass, checkpoints sized by time)")
     if not isinstance(max_rows_per_task, int) or max_rows_per_task <= 0:
         raise ValueError("max_rows_per_task must be a positive int")
     specs = _backfill_specs(table, column, udf)
+    one_pass = checkpoint_size is None and _fused(table, specs)
     ds = table.dataset()
     fingerprint = specs[0].fingerprint
     # After a whole one-pass backfill, only fragments written since can hold stale rows
@@ -327,21 +340,53 @@ def plan_backfill(
         table, ds, specs, _rows_predicate(table, ds, specs, where, row_ids), candidates
     )
     ckpt_dir = table.layout.column_checkpoints(table.name, fingerprint)
-    batch_keys, done_batches, done_rows = _batch_keys(
-        f"{table.uri}|{[c.name for c in specs]}|{fingerprint}", plan_rows, markers, checkpoint_size,
-        CheckpointStore(ckpt_dir),
-    )
-    per_task = max(1, max_rows_per_task // checkpoint_size)
-    task_ranges = [(lo, hi) for lo, hi in split_ranges(len(batch_keys), per_task)]
+    if one_pass:
+        _, counts = np.unique(_ids(plan_rows, _TARGET_ADDR) >> 32, return_counts=True)
+        tasks = len(fragment_tasks(counts.tolist(), parallelism)) if plan_rows.num_rows else 0
+        batch_keys, done_batches, done_rows = [], 0, _rows_checkpointed_by_identity(table, specs, plan_rows)
+        task_ranges: list[tuple[int, int]] = []
+    else:
+        checkpoint_size = checkpoint_size or SQL_BATCH_ROWS
+        batch_keys, done_batches, done_rows = _batch_keys(
+            f"{table.uri}|{[c.name for c in specs]}|{fingerprint}", plan_rows, markers, checkpoint_size,
+            CheckpointStore(ckpt_dir),
+        )
+        per_task = max(1, max_rows_per_task // checkpoint_size)
+        task_ranges = [(lo, hi) for lo, hi in split_ranges(len(batch_keys), per_task)]
+        tasks = len(task_ranges)
     return BackfillPlan(
         table=table.name, columns=[c.name for c in specs], udf=specs[0].udf.name if specs[0].udf is not None else None,
         fingerprint=fingerprint, read_version=ds.version, where=where, rows=plan_rows.num_rows,
-        batches=len(batch_keys), batches_checkpointed=done_batches, rows_checkpointed=done_rows,
-        tasks=len(task_ranges), checkpoint_size=checkpoint_size, specs=specs, plan_rows=plan_rows,
+        batches=tasks if one_pass else len(batch_keys), batches_checkpointed=done_batches, rows_checkpointed=done_rows,
+        tasks=tasks, checkpoint_size=checkpoint_size, one_pass=one_pass, specs=specs, plan_rows=plan_rows,
         batch_keys=batch_keys, task_ranges=task_ranges, checkpoint_dir=ckpt_dir, input_uri=input_uri,
         input_version=input_version, is_view=isinstance(table, ViewRef),
         targeted=where is not None or row_ids is not None,
     )
+
+
+def _rows_checkpointed_by_identity(table: Ref, specs: list[ColumnSpec], plan_rows: pa.Table) -> int:
+    """Rows of the plan whose results the one-pass path's row checkpoints hold
+    (an interrupted run's), looked up by identity (input row id, row version,
+    input markers) in the store its tasks open: what the backfill resumes.
+    Files removed meanwhile (a running backfill committed) count for nothing."""
+    if not plan_rows.num_rows:
+        return 0
+    store = RowStore(_one_pass_rows_dir(table, specs), specs).store
+    files = []
+    for key in store.keys():
+        try:
+            files.append(store.read(key))
+        except FileNotFoundError:
+            continue
+    pos = CheckpointIndex(files).lookup(_ids(plan_rows, _IN_ID), _ids(plan_rows, _IN_VER),
+                                        np.asarray(plan_rows.column(ckpt.INPUTS).to_pylist(), dtype=object))
+    return int((pos >= 0).sum())
+
+
+def _one_pass_rows_dir(table: Ref, specs: list[ColumnSpec]) -> str:
+    """Where the one-pass path checkpoints its results by row identity."""
+    return objects.join(table.layout.column_checkpoints(table.name, specs[0].fingerprint), "rows")
 
 
 def _check_replacement(table: Ref, spec: ColumnSpec, udf: Any) -> None:
@@ -376,12 +421,13 @@ def run_compute_task(payload: str, shared: bytes) -> str:
     inputs = _input_columns(specs, ds.schema)
     udf_rows: dict[str, int] = {}
     errors: list[dict] = []
-    resumed = computed = 0
+    resumed = computed = resumed_rows = 0
     todo = []
     for key, lo, hi in task["batches"]:
         if store.has(key):
             errors.extend(store.read(key)[1])
             resumed += 1
+            resumed_rows += hi - lo
         else:
             todo.append((key, lo, hi))
     if todo:
@@ -404,6 +450,7 @@ def run_compute_task(payload: str, shared: bytes) -> str:
             "udf_rows": sum(udf_rows.get(c.name, 0) for c in specs[:1]),
             "errors": errors,
             "resumed": resumed,
+            "rows_resumed": resumed_rows,
             "computed": computed,
             "seconds": time.perf_counter() - start,
             "pid": os.getpid(),
@@ -919,7 +966,7 @@ def _fused_backfill(table: Ref, specs: list[ColumnSpec], predicate: str, runner:
     start = time.perf_counter()
     names = [n for c in specs for n in (c.name, computed_marker(c.name))]
     ckpt_dir = table.layout.column_checkpoints(table.name, specs[0].fingerprint)
-    rows_dir = objects.join(ckpt_dir, "rows")
+    rows_dir = _one_pass_rows_dir(table, specs)
     parallelism = getattr(runner, "parallelism", lambda: 1)()  # user runners may not say
     computed = resumed = 0
     for attempt in range(5):
@@ -980,6 +1027,7 @@ def _fused_backfill(table: Ref, specs: list[ColumnSpec], predicate: str, runner:
             timings={"compute_s": computed_at - start, "commit_s": done - computed_at,
                      "task_s_total": sum(o["seconds"] for o in outs), "tasks": len(outs),
                      "udf_rows_resumed": resumed},
+            rows_resumed=resumed,
         )
     raise RuntimeError(f"backfilling {names} of {table.name!r}: five commit conflicts in a row; run it again")
 
@@ -1035,6 +1083,7 @@ def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: s
                               time.perf_counter() - start)
     plan_path = _job_file(plan.checkpoint_dir, f"plan-{job_id}.arrow")
     assert plan.plan_rows is not None  # a plan with rows has its row table
+    assert plan.checkpoint_size is not None, "a one-pass plan is run by backfill_column, not in staged batches"
     objects.write_arrow(plan_path, plan.plan_rows)
     shared = json.dumps({
         "specs": [c.to_json() for c in plan.specs],
@@ -1087,6 +1136,7 @@ def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: s
         seconds=done - start,
         timings={"compute_s": computed_at - start, "commit_s": done - computed_at,
                  "task_s_total": sum(o["seconds"] for o in outs), "tasks": len(outs)},
+        rows_resumed=sum(o["rows_resumed"] for o in outs),
     )
 
 
