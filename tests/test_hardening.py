@@ -461,3 +461,39 @@ def test_a_refresh_after_only_compactions_reads_no_rows(tmp_path, monkeypatch):
     assert actual_view(view) == expected_view(t.uri, t.version, lambda r: r["x"] > 3, lambda r: {"id": r["id"], "x": r["x"]})
     t.add([{"id": 5000, "x": 5000}])  # a real change is still found
     assert view.refresh().rows_inserted == 1
+
+
+def test_a_refresh_after_deletes_and_updates_scans_only_the_fragments_written_since(tmp_path, monkeypatch):
+    """Deletes write no row version, and updates and merge_inserts (ours or
+    another tool's) move the rows they write into new fragments: the refresh
+    reads the change feed's rows from the fragments written since its last
+    version only (none after deletes alone), never the whole source."""
+    import lance
+
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(2000)], primary_key="id")
+    view = db.create_materialized_view("v", t.search(None).where("x % 3 != 0").select({"id": "id", "y": "x * 2"}))
+    view.refresh()
+    old = {f.fragment_id for f in lance.dataset(t.uri).get_fragments()}
+    seen: list = []
+    real = lance.LanceDataset.scanner
+
+    def scanner(self, *args, **kwargs):
+        if self.uri == t.uri:
+            seen.append(kwargs.get("fragments"))
+        return real(self, *args, **kwargs)
+
+    lance.dataset(t.uri).delete("id % 10 = 1")  # another tool's delete
+    t.delete("id % 10 = 2")
+    monkeypatch.setattr(lance.LanceDataset, "scanner", scanner)
+    r = view.refresh()
+    assert seen == [] and r.rows_deleted == 267  # ids % 10 in (1, 2) passing x % 3 != 0
+    monkeypatch.undo()
+    lance.dataset(t.uri).update({"x": "x + 1"}, where="id % 10 = 4")
+    t.merge_insert([{"id": 5, "x": 7}])
+    monkeypatch.setattr(lance.LanceDataset, "scanner", scanner)
+    view.refresh()
+    assert seen and all(fr is not None and not {f.fragment_id for f in fr} & old for fr in seen)
+    monkeypatch.undo()
+    expect = sorted((r["id"], 2 * r["x"]) for r in lance.dataset(t.uri).to_table().to_pylist() if r["x"] % 3 != 0)
+    assert sorted((r["id"], r["y"]) for r in view.to_arrow().to_pylist()) == expect

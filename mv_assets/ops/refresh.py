@@ -64,6 +64,8 @@ from mv_assets.model.planning import (
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.storage import objects
 from mv_assets.storage.changes import (
+    BACKFILL_KEY,
+    NEUTRAL_OPERATIONS,
     STATE_KEY,
     backfill_commits,
     commit_matters,
@@ -236,6 +238,13 @@ def _scan(
     ).to_table()
 
 
+def _no_rows(markers: list[str]) -> pa.Table:
+    """What :func:`_scan` returns when no row matches (no scan made)."""
+    fields = [pa.field(ROW_VERSION_ALIAS, pa.uint64()), *(pa.field(source_marker(m), pa.string()) for m in markers),
+              pa.field("_rowid", pa.uint64()), pa.field("_rowaddr", pa.uint64())]
+    return pa.schema(fields).empty_table()
+
+
 def _marker_changes(src_uri: str, v0: int, v1: int, markers: list[str]) -> np.ndarray:
     """Ids of rows whose computed markers differ between source versions v0 and v1."""
     def read(v: int) -> tuple[np.ndarray, list[np.ndarray]]:
@@ -387,8 +396,9 @@ def plan_refresh(
                       checkpoint_size, balanced=max_rows_per_task is None)
 
     appended = _appended_since(src, v0, commits, reads, state, definition) if commits is not None else None
+    moved = _moved_rows_in(src, v0, commits) if commits is not None and appended is None else None
     where, tasks, keys, n_insert, udf_rows, vk = _plan_work(
-        place, src, view_ds, definition, how, v0, scope, scope_frags, recompute, appended, tainted
+        place, src, view_ds, definition, how, v0, scope, scope_frags, recompute, appended, tainted, moved
     )
     for name in (c.name for c in definition.udf_columns):
         udf_rows[name] = udf_rows.get(name, 0) + int(sum(t.rows for t in tasks if t.recompute is None))
@@ -405,7 +415,7 @@ def plan_refresh(
 
 def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, definition: ViewDefinition,
                how: str, v0: int | None, scope, scope_frags, recompute, appended: list | None,
-               tainted: np.ndarray | None = None):
+               tainted: np.ndarray | None = None, moved: list | None = None):
     """The tasks of a refresh and its row-level outcome: rows only appended since
     ``v0`` (in the fragments ``appended``) or a first refresh are all inserts
     (the view's keys are not read); otherwise the changes are found against the
@@ -427,7 +437,7 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
     else:
         assert vk is not None
         keys, rows, current_rows = _changed_rows(
-            src, src.uri, definition, how, v0, src.version, scope, scope_frags, vk, tracked, recompute, tainted
+            src, src.uri, definition, how, v0, src.version, scope, scope_frags, vk, tracked, recompute, tainted, moved
         )
         where = place(rows.num_rows + current_rows.num_rows)
         tasks, udf_rows = _tasks_for(where, rows, current_rows, recompute)
@@ -543,6 +553,32 @@ def _source_replaced(view: ViewRef, state, source_id: str | None) -> str | None:
             "(its table identity changed): the view is rebuilt")
 
 
+def _moved_rows_in(src: lance.LanceDataset, v0: int | None, commits: list) -> list | None:
+    """The fragments that can hold rows written after ``v0`` (their
+    ``_row_last_updated_at_version`` above it), or None (any fragment may).
+
+    Lance writes appended rows, and rows an update or merge_insert rewrites,
+    into new fragments (ids above every id at ``v0``); deletes and compactions
+    write no row version; backfills of computed columns keep row versions. So
+    while every commit since ``v0`` is one of those, the change feed's rows
+    are all in the fragments written since, and a refresh after deletes and
+    updates scans only them (O(changed rows), not O(source)). Any other commit
+    (an update of columns in place, a load of columns, a data replacement,
+    one whose record was cleaned up) answers None."""
+    if v0 is None:
+        return None
+    for txn in commits:
+        kind = type(txn.operation).__name__
+        props = txn.transaction_properties or {}
+        if kind in NEUTRAL_OPERATIONS or kind in ("Append", "Delete", "Project", "Merge") or BACKFILL_KEY in props:
+            continue
+        if kind == "Update" and getattr(txn.operation, "update_mode", None) in (None, "rewrite_rows") \
+                and not getattr(txn.operation, "updated_fragment_offsets", None):
+            continue
+        return None
+    return fragments_after(src, v0)
+
+
 def _nothing_read_changed(commits: list, reads: list[str], state) -> bool:
     """The view is at its source's version (no commit since), or every source
     commit since then changed nothing it reads (compactions, config, backfills
@@ -639,6 +675,7 @@ def _changed_rows(
     tracked: list[str],
     recompute: list[str] | None,
     tainted: np.ndarray | None = None,
+    moved: list | None = None,
 ) -> tuple[KeyPlan, pa.Table, pa.Table]:
     """The key plan, the source rows to compute, and (``recompute``) the rows
     the view holds current whose UDF columns are computed again."""
@@ -649,11 +686,17 @@ def _changed_rows(
     if how == "incremental":
         assert v0 is not None  # an incremental refresh starts from a reflected version
         version_filter = f"_row_last_updated_at_version > {v0}"
-        passing = _scan(src, and_filters(version_filter, base_filter), markers=tracked)
+        # rows written since v0 (``moved``: only in these fragments; [] none at all: deletes only)
+        if moved is not None and not moved:
+            passing = _no_rows(tracked)
+        else:
+            passing = _scan(src, and_filters(version_filter, base_filter), moved, markers=tracked)
         changed_all = None
-        if base_filter:
-            changed_all = _ids(_scan(src, version_filter, with_version=False))
+        if base_filter and (moved is None or moved):
+            changed_all = _ids(_scan(src, version_filter, moved, with_version=False))
             fail = changed_all[~isin(changed_all, _ids(passing))]
+        elif base_filter:
+            fail = np.empty(0, np.int64)
         else:
             fail = np.empty(0, np.int64)
         if tracked and src_version > v0 and backfill_commits(src, v0, src_version):
@@ -821,7 +864,7 @@ def _deletions(view_ds: lance.LanceDataset, keys: np.ndarray, addrs: np.ndarray,
     if len(remove) == 0 or len(keys) == 0:
         return removed_ids, updated
     mask = isin(keys, remove)
-    hit_keys, hit_addrs = keys[mask], addrs[mask]
+    hit_addrs = addrs[mask]
     hit_frags = hit_addrs >> 32
     for fid in np.unique(hit_frags):
         frag = view_ds.get_fragment(int(fid))
@@ -832,9 +875,8 @@ def _deletions(view_ds: lance.LanceDataset, keys: np.ndarray, addrs: np.ndarray,
             removed_ids.append(int(fid))
             continue
         doomed_addrs = np.sort(hit_addrs[sel])
-        predicate = ranges_predicate(doomed_addrs, max_runs=256) or (
-            f"{SOURCE_ROW_ID} IN ({_in_list(hit_keys[sel])})"
-        )
+        # scattered rows: by address, a virtual column (no data read; half the time of a key IN list)
+        predicate = ranges_predicate(doomed_addrs, max_runs=256) or f"_rowaddr IN ({_in_list(doomed_addrs)})"
         meta = frag.delete(predicate)
         if meta is None:
             removed_ids.append(int(fid))
