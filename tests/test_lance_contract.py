@@ -1,0 +1,214 @@
+"""What the engine relies on Lance's row lineage to do, checked against the
+installed pylance (pyproject pins the versions verified: see
+docs/open-world.md, "Lance versions").
+
+Incremental refresh and column currency read three things Lance keeps per row
+of a dataset with stable row ids: ``_rowid`` (stable), ``_row_created_at_version``
+and ``_row_last_updated_at_version``, plus the change feed
+``delta(...).get_deleted_row_ids()``. Lance fixed two bugs in them in 2026
+(rows inserted by ``merge_insert`` got ``_row_created_at_version = 1``; a
+``rewrite_columns`` update of values did not move ``_row_last_updated_at_version``);
+the fix of the second must not reach the engine's own ``rewrite_columns``
+commits, which write computed values without moving row versions (offsets
+given: the rows move; none given: nothing moves). Every test here is plain
+pylance except the last group, which drives the engine's own writers.
+"""
+
+import lance
+import pyarrow as pa
+import pytest
+from lance import LanceOperation
+
+import mv_assets as mv
+from mv_assets.storage.changes import NEUTRAL_OPERATIONS
+
+ROW = ["_rowid", "_row_created_at_version", "_row_last_updated_at_version"]
+
+
+def _rows(uri: str) -> dict[int, tuple[int, int, int]]:
+    """id -> (row id, created at, last updated at)."""
+    t = lance.dataset(uri).to_table(columns=["id", *ROW[1:]], with_row_id=True)
+    return {r["id"]: (r["_rowid"], r["_row_created_at_version"], r["_row_last_updated_at_version"]) for r in t.to_pylist()}
+
+
+@pytest.fixture
+def uri(tmp_path):
+    """Two fragments of two rows, then an append of two: versions 1 and 2."""
+    u = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"id": [0, 1, 2, 3], "x": [0, 1, 2, 3], "z": [0] * 4}), u,
+                        enable_stable_row_ids=True, max_rows_per_file=2)
+    lance.write_dataset(pa.table({"id": [4, 5], "x": [4, 5], "z": [0, 0]}), u, mode="append")
+    return u
+
+
+def test_append_gives_new_ids_created_and_updated_at_the_commit(uri):
+    assert _rows(uri) == {0: (0, 1, 1), 1: (1, 1, 1), 2: (2, 1, 1), 3: (3, 1, 1), 4: (4, 2, 2), 5: (5, 2, 2)}
+
+
+@pytest.mark.parametrize("how", ["all_columns", "some_columns", "conditional", "indexed_key"])
+def test_merge_insert_updates_keep_ids_and_inserts_are_created_at_the_commit(uri, how):
+    data = {"id": [1, 6], "x": [11, 6]} if how == "some_columns" else {"id": [1, 6], "x": [11, 6], "z": [0, 0]}
+    if how == "indexed_key":  # Lance joins through the index
+        lance.dataset(uri).create_scalar_index("id", "BTREE")
+    before, v = _rows(uri), lance.dataset(uri).version + 1
+    merge = lance.dataset(uri).merge_insert("id")
+    merge = merge.when_matched_update_all("source.x > target.x") if how == "conditional" else merge.when_matched_update_all()
+    merge.when_not_matched_insert_all().execute(pa.table(data))
+    after = _rows(uri)
+    assert lance.dataset(uri).version == v
+    assert after[1] == (1, 1, v)  # same row, created at 1, updated now
+    assert after[6] == (6, v, v)  # created by this commit (Lance before the fix: created at 1)
+    assert {k: r for k, r in after.items() if k not in (1, 6)} == {k: r for k, r in before.items() if k != 1}
+
+
+def test_merge_insert_of_new_rows_only_creates_them_at_the_commit(uri):
+    lance.dataset(uri).merge_insert("id").when_not_matched_insert_all().execute(
+        pa.table({"id": [1, 7], "x": [11, 7], "z": [0, 0]}))
+    after = _rows(uri)
+    assert after[1] == (1, 1, 1) and after[7] == (6, 3, 3)  # the match is left alone (insert only)
+
+
+def test_update_keeps_ids_and_moves_only_the_updated_rows(uri):
+    before = _rows(uri)
+    lance.dataset(uri).update({"x": "x + 100"}, where="id IN (0, 4)")
+    after = _rows(uri)
+    assert after[0] == (0, 1, 3) and after[4] == (4, 2, 3)
+    assert {k: v for k, v in after.items() if k not in (0, 4)} == {k: v for k, v in before.items() if k not in (0, 4)}
+    # an update is not a delete in the change feed (the view keeps the row and updates it)
+    assert lance.dataset(uri).delta(begin_version=2, end_version=3).get_deleted_row_ids().read_all().num_rows == 0
+
+
+def test_delete_keeps_the_other_rows_and_the_change_feed_names_the_deleted_ids(uri):
+    before = _rows(uri)
+    lance.dataset(uri).delete("id IN (1, 4)")
+    after = _rows(uri)
+    assert after == {k: v for k, v in before.items() if k not in (1, 4)}
+    deleted = lance.dataset(uri).delta(begin_version=2, end_version=3).get_deleted_row_ids().read_all()
+    assert sorted(deleted.column("_rowid").to_pylist()) == [1, 4]
+    # across several commits, too
+    lance.dataset(uri).delete("id = 0")
+    deleted = lance.dataset(uri).delta(begin_version=2, end_version=4).get_deleted_row_ids().read_all()
+    assert sorted(deleted.column("_rowid").to_pylist()) == [0, 1, 4]
+
+
+def test_compaction_keeps_ids_and_both_versions_and_deletes_nothing(uri):
+    ds = lance.dataset(uri)
+    ds.update({"x": "x + 1"}, where="id = 2")
+    lance.dataset(uri).delete("id = 3")
+    before, v = _rows(uri), lance.dataset(uri).version
+    frags = sorted(f.fragment_id for f in lance.dataset(uri).get_fragments())
+    lance.dataset(uri).optimize.compact_files()
+    ds = lance.dataset(uri)
+    assert _rows(uri) == before
+    assert sorted(f.fragment_id for f in ds.get_fragments()) != frags  # rows moved to new fragments
+    assert ds.delta(begin_version=v, end_version=ds.version).get_deleted_row_ids().read_all().num_rows == 0
+    kinds = [type(getattr(ds.read_transaction(n), "operation", None)).__name__ for n in range(v + 1, ds.version + 1)]
+    assert "Rewrite" in kinds and set(kinds) <= NEUTRAL_OPERATIONS  # fragment reservation, then the rewrite
+    # a filter on the row version reads lineage, not data, after compaction too (projected, as the engine does)
+    got = ds.to_table(columns={"v": "_row_last_updated_at_version", "id": "id"}, filter="_row_last_updated_at_version > 2")
+    assert got.column("id").to_pylist() == [2]
+
+
+def test_schema_config_and_index_commits_move_no_row(uri):
+    before = _rows(uri)
+    ds = lance.dataset(uri)
+    ds.add_columns([pa.field("n", pa.int64(), nullable=True)])  # how add_columns adds a computed column: schema only
+    lance.dataset(uri).update_config({"k": "v"})
+    lance.dataset(uri).create_scalar_index("id", "BTREE")
+    assert _rows(uri) == before
+    ds = lance.dataset(uri)
+    kinds = [type(getattr(ds.read_transaction(v), "operation", None)).__name__ for v in (4, 5)]
+    assert kinds == ["UpdateConfig", "CreateIndex"] and set(kinds) <= NEUTRAL_OPERATIONS
+
+
+def _rewrite_x(uri: str, ids: list[int], *, with_offsets: bool) -> None:
+    """New values of x for ``ids`` in a rewrite_columns Update: the commit the
+    engine's backfills make (without offsets) and load_columns makes (with)."""
+    ds = lance.dataset(uri)
+    updated, fields, offsets = [], [], {}
+    for frag in ds.get_fragments():
+        here = frag.to_table(columns=["id"]).column("id").to_pylist()
+        mine = [i for i in ids if i in here]
+        if not mine:
+            continue
+        data = pa.table({"id": mine, "x": [1000 + i for i in mine]})
+        out = frag.update_columns(data, left_on="id", right_on="id", with_offsets=with_offsets)
+        updated.append(out[0])
+        fields = out[1]
+        if with_offsets:
+            offsets[frag.fragment_id] = out[2]  # pyright: ignore[reportGeneralTypeIssues]
+    op = LanceOperation.Update(updated_fragments=updated, fields_modified=fields, update_mode="rewrite_columns",
+                               updated_fragment_offsets=offsets or None)
+    lance.LanceDataset.commit(uri, op, read_version=ds.version)
+
+
+def test_a_rewrite_columns_update_without_offsets_keeps_row_versions(uri):
+    before = _rows(uri)
+    _rewrite_x(uri, [1, 4], with_offsets=False)
+    assert lance.dataset(uri).to_table(columns=["x"], filter="id IN (1, 4)").column("x").to_pylist() == [1001, 1004]
+    assert _rows(uri) == before  # the engine's backfills rely on this: values written, no row "changed"
+
+
+def test_a_rewrite_columns_update_with_offsets_moves_exactly_those_rows(uri):
+    before = _rows(uri)
+    _rewrite_x(uri, [1, 4], with_offsets=True)
+    after = _rows(uri)
+    assert after[1] == (1, 1, 3) and after[4] == (4, 2, 3)
+    assert {k: v for k, v in after.items() if k not in (1, 4)} == {k: v for k, v in before.items() if k not in (1, 4)}
+
+
+def test_stable_row_ids_are_fixed_when_a_dataset_is_created(tmp_path):
+    """Why bringing a table in rewrites it (Connection.enable_stable_row_ids):
+    an overwrite neither adds stable row ids nor removes them."""
+    with_ids, without = str(tmp_path / "a.lance"), str(tmp_path / "b.lance")
+    lance.write_dataset(pa.table({"id": [1]}), with_ids, enable_stable_row_ids=True)
+    lance.write_dataset(pa.table({"id": [1]}), without)
+    lance.write_dataset(pa.table({"id": [2]}), with_ids, mode="overwrite")
+    lance.write_dataset(pa.table({"id": [2]}), without, mode="overwrite", enable_stable_row_ids=True)
+    assert lance.dataset(with_ids).has_stable_row_ids
+    assert not lance.dataset(without).has_stable_row_ids
+
+
+# -- the engine's own writers ------------------------------------------------
+
+
+@mv.udf
+def _double(x: int) -> int:
+    return 2 * x
+
+
+@pytest.mark.parametrize("checkpoint_size", [None, 2], ids=["one_pass", "staged"])
+def test_the_engines_backfills_write_values_without_moving_rows(db, checkpoint_size):
+    t = db.create_table("t", pa.table({"id": list(range(6)), "x": list(range(6))}), primary_key="id")
+    t.add([{"id": 6, "x": 6}])
+    t.add_columns({"y": _double, "s": "x + 1"})  # the SQL column is filled at once, by the same commit kind
+    before = _rows(t.uri)
+    t.backfill("y", checkpoint_size=checkpoint_size)
+    assert _rows(t.uri) == before
+    assert t.to_arrow().column("y").to_pylist() == [2 * i for i in range(7)]
+
+
+def test_the_engines_update_moves_the_rows_it_updates_and_restamps_without_moving_them(db):
+    t = db.create_table("t", pa.table({"id": list(range(4)), "x": list(range(4)), "z": [0] * 4}), primary_key="id")
+    t.add_columns({"y": _double})
+    t.backfill("y")
+    before, v = _rows(t.uri), t.version
+    t.update("id = 1", {"z": 5})  # an update, then a rewrite_columns commit restamping y's marker
+    after = _rows(t.uri)
+    assert t.version == v + 2
+    assert after[1] == (before[1][0], before[1][1], v + 1)  # moved by the update, not by the restamp
+    assert {k: r for k, r in after.items() if k != 1} == {k: r for k, r in before.items() if k != 1}
+    assert [c["stale"] for c in t.column_status()] == [0]
+
+
+def test_the_engines_load_columns_moves_exactly_the_rows_it_loads(db, tmp_path):
+    t = db.create_table("t", pa.table({"id": list(range(4)), "x": list(range(4))}), primary_key="id")
+    before, v = _rows(t.uri), t.version
+    src = str(tmp_path / "src.parquet")
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"id": [2], "x": [20]}), src)
+    t.load_columns(src, pk="id", columns=["x"])
+    after = _rows(t.uri)
+    assert after[2] == (before[2][0], before[2][1], v + 1)
+    assert {k: r for k, r in after.items() if k != 2} == {k: r for k, r in before.items() if k != 2}
