@@ -22,6 +22,7 @@ from mv_assets.model import udf as _udf_module
 from mv_assets.model.definition import SOURCE_ROW_ID as SOURCE_ROW_ID
 from mv_assets.model.errors import CatalogNotFoundError as CatalogNotFoundError
 from mv_assets.model.errors import ConcurrentRefreshError as ConcurrentRefreshError
+from mv_assets.model.errors import ConcurrentWriteError as ConcurrentWriteError
 from mv_assets.model.errors import MvAssetsError as MvAssetsError
 from mv_assets.model.errors import SourceBehindError as SourceBehindError
 from mv_assets.model.errors import TableExistsError as TableExistsError
@@ -52,6 +53,7 @@ __all__ = [
     "connect",
     "CatalogNotFoundError",
     "ConcurrentRefreshError",
+    "ConcurrentWriteError",
     "MvAssetsError",
     "SourceBehindError",
     "TableExistsError",

@@ -304,5 +304,36 @@ def errors(obj: _Ctx, table: str, column: str | None, job_id: str | None, as_jso
     )
 
 
+@main.command()
+@click.argument("table")
+@click.option("--drop-indexes", is_flag=True,
+              help="Drop indexes that cannot be rebuilt without their parameters (vector, full-text...); "
+                   "create them again after.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+@_guard
+def adopt(obj: _Ctx, table: str, drop_indexes: bool, as_json: bool) -> None:
+    """Bring in TABLE, created without stable row ids (lancedb's default): rewrite it once with them.
+
+    Keeps rows, schema, config and BTree/Bitmap/LabelList indexes; the version
+    history starts again. One full read and write; stop other writers meanwhile.
+    Interrupted, run it again: the table is never lost.
+    """
+    r = obj.db.enable_stable_row_ids(table, drop_indexes=drop_indexes)
+    if as_json:
+        _print_json(r.__dict__)
+        return
+    if not r.rewritten:
+        click.echo(f"{table}: has stable row ids already; nothing to do")
+        return
+    click.echo(f"{table}: rewritten with stable row ids: {r.rows} rows in {r.seconds:.2f}s, now version {r.version}")
+    if r.indexes_rebuilt:
+        click.echo(f"  indexes rebuilt: {', '.join(r.indexes_rebuilt)}")
+    if r.indexes_dropped:
+        click.echo(f"  indexes dropped, create them again: {', '.join(r.indexes_dropped)}")
+    if r.stale_columns:
+        click.echo(f"  computed columns now stale, backfill them: {', '.join(r.stale_columns)}")
+
+
 if __name__ == "__main__":
     main()

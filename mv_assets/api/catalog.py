@@ -20,6 +20,7 @@ from mv_assets.storage import objects
 from mv_assets.storage.error_log import drop_errors
 from mv_assets.storage.identity import ensure_table_id
 from mv_assets.storage.layout import Layout
+from mv_assets.storage.row_ids import AdoptResult, adopt, finish_interrupted, require_stable_row_ids
 from mv_assets.storage.status import (
     ViewStatus,
     pending_source_versions,
@@ -176,6 +177,8 @@ class Connection:
         if definition.source not in self.table_names():
             raise ValueError(f"view {name!r} is declared over {definition.source!r}, which is not in {self.uri}")
         source = describe_dataset(definition.source, self.table_uri(definition.source))
+        if not source.is_view:  # (views are created with them)
+            require_stable_row_ids(objects.dataset(source.uri), definition.source, f"a materialized view ({name!r})")
         computed = None if source.is_view else [c["name"] for c in source.columns]
         return describe_definition(name, self.table_uri(name), definition, source.uri, computed)
 
@@ -330,7 +333,9 @@ class Connection:
         if name == query.table.name:
             raise ValueError("a view cannot have the same name as its source")
         definition = query.to_definition()
-        schema = output_schema(definition, query.table._dataset())
+        source = query.table._dataset()
+        require_stable_row_ids(source, query.table.name, f"a materialized view ({name!r})")  # before any write
+        schema = output_schema(definition, source)
         policy = refresh_policy or RefreshPolicy.eager()
         schema = schema.with_metadata({**schema.metadata, POLICY_METADATA_KEY.encode(): policy.to_json().encode()})
         ensure_table_id(query.table.uri)  # the view records which table it reads (storage.identity)
@@ -344,6 +349,41 @@ class Connection:
                 self.drop_table(name)  # a view that could not be populated is not left behind
                 raise
         return view
+
+    def enable_stable_row_ids(self, name: str, *, drop_indexes: bool = False) -> AdoptResult:
+        """Bring in a table created without stable row ids (lancedb's default,
+        ``lance.write_dataset``'s too): rewrite it once with them, in its place.
+
+        Keeps its rows (in scan order), schema and schema metadata, config and
+        parameterless scalar indexes (BTree, Bitmap, LabelList, rebuilt);
+        other indexes are refused unless ``drop_indexes`` (then listed in the
+        result: create them again). The version history starts again at 1,
+        computed columns become stale (backfill them), error records and
+        checkpoints of the table are cleared. Costs one full read and write of
+        the table. A crash never loses the table: run it again to finish (see
+        :mod:`mv_assets.storage.row_ids` for what is atomic where). Stop other
+        writers meanwhile: a commit during the rewrite aborts it
+        (``ConcurrentWriteError``, nothing replaced). A table that has stable
+        row ids already is left alone (``rewritten`` False).
+
+        Refused while a view over it holds rows (one that refreshed, say, before
+        the table was recreated without stable row ids): drop it first. Views
+        that never refreshed are kept; their first refresh computes every row.
+        """
+        validate_name(name)
+        finished = finish_interrupted(self.layout, name)  # an interrupted one is finished (or undone) first
+        if finished is not None:
+            return finished
+        if self.open_table(name)._dataset().has_stable_row_ids:  # every view and table mv_assets created
+            return adopt(self.layout, name)  # nothing to do: says so
+        views = [self.open_view(v) for v in self.dependents(name)]
+        held = [v.name for v in views if v.count_rows() or v.source_version is not None]
+        if held:
+            raise ValueError(
+                f"cannot rewrite {name!r} with stable row ids: views {held} over it hold rows matched by its old "
+                "row ids; drop them first and create them again after"
+            )
+        return adopt(self.layout, name, drop_indexes=drop_indexes)
 
     def _refresh_lock(self, view: str, timeout: float | None):
         """An inter-process lock serialising refreshes of one view."""

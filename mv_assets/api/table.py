@@ -44,6 +44,7 @@ from mv_assets.storage.changes import FragmentChanges, data_version, fragment_ch
 from mv_assets.storage.error_log import read_errors
 from mv_assets.storage.layout import Layout
 from mv_assets.storage.refs import Ref, TableRef, ViewRef
+from mv_assets.storage.row_ids import require_stable_row_ids
 from mv_assets.storage.state import RefreshState, carry_refresh_state, read_refresh_state
 from mv_assets.storage.status import (
     FAILED_LOAD,
@@ -317,6 +318,12 @@ class Table:
     def _changed(self) -> None:
         """The stored definition changed (columns added or altered): drop cached copies."""
 
+    def _require_stable_row_ids(self, doing: str) -> None:
+        """A table's computed values follow its rows by stable row id and row
+        version: refused, before anything is written, on a table without them
+        (addresses as ids, updates that move no row version)."""
+        require_stable_row_ids(self._dataset(), self.name, doing)
+
     def add_columns(self, transforms: Any) -> list[str]:
         """Add computed columns; returns their names.
 
@@ -329,6 +336,7 @@ class Table:
         filled by :meth:`backfill`. On a view, the column belongs to the view:
         later refreshes compute it for new and changed rows.
         """
+        self._require_stable_row_ids("computed columns (add_columns)")
         try:
             return add_columns(self.ref(), transforms)
         finally:
@@ -352,6 +360,7 @@ class Table:
         """An exact dry run of :meth:`backfill` with the same arguments: rows,
         tasks, rows whose results an interrupted run already checkpointed (the
         backfill resumes them) and rows to compute."""
+        self._require_stable_row_ids("a backfill")
         parallelism = getattr(runner or self.connection.runner, "parallelism", lambda: 1)()
         return plan_backfill(self.ref(), column, udf=udf, where=where, row_ids=row_ids,
                              checkpoint_size=checkpoint_size, max_rows_per_task=max_rows_per_task,
@@ -388,6 +397,7 @@ class Table:
         All results are committed in one Lance transaction at the end. Rows a UDF fails on under
         ``on_error="skip"`` stay NULL and are recorded (:meth:`get_errors`).
         """
+        self._require_stable_row_ids("a backfill")
         return backfill_column(
             self.ref(), column, udf=udf, where=where, row_ids=row_ids, runner=runner or self.connection.runner,
             checkpoint_size=checkpoint_size, max_rows_per_task=max_rows_per_task, job_id=job_id,

@@ -7,6 +7,7 @@ __all__ = [
     "TableExistsError",
     "SourceBehindError",
     "ConcurrentRefreshError",
+    "ConcurrentWriteError",
     "UdfError",
 ]
 
@@ -33,6 +34,11 @@ class SourceBehindError(MvAssetsError):
 
 class ConcurrentRefreshError(MvAssetsError):
     """The view changed while a refresh was running; nothing was committed."""
+
+
+class ConcurrentWriteError(MvAssetsError):
+    """A table changed while an operation rewriting it whole ran (bringing it in
+    with stable row ids); nothing was replaced."""
 
 
 class UdfError(MvAssetsError, RuntimeError):

@@ -10,6 +10,7 @@ as a small frozen value (no handle to call back into).
     <root>/_mv_assets/status/<view>.json      load state records
     <root>/_mv_assets/errors.lance            rows a UDF failed on
     <root>/_mv_assets/locks/<name>.lock       one refresh of a view at a time
+    <root>/_mv_assets/adopt/<name>/           a table being rewritten with stable row ids
 """
 
 import contextlib
@@ -58,6 +59,11 @@ class Layout:
 
     def column_checkpoints(self, name: str, fingerprint: str) -> str:
         return self.state("checkpoints", name, "columns", fingerprint)
+
+    def adoption(self, name: str) -> str:
+        """Where ``name`` is rewritten with stable row ids before it replaces the
+        table (see :mod:`mv_assets.storage.row_ids`)."""
+        return self.state("adopt", name)
 
     def status_file(self, view: str) -> str:
         return self.state("status", f"{view}.json")

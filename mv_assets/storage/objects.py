@@ -33,7 +33,8 @@ from lance.fragment import write_fragments as _write_fragments
 __all__ = [
     "is_local", "join", "register", "registered", "register_all", "options_for", "dataset", "write_dataset",
     "commit", "write_fragments", "file_writer", "put_bytes", "get_bytes", "exists", "listdir", "remove",
-    "remove_tree", "size", "write_arrow", "read_arrow", "write_text", "read_text", "is_dataset",
+    "remove_tree", "size", "write_arrow", "read_arrow", "write_text", "read_text", "is_dataset", "rename_tree",
+    "copy_tree",
 ]
 
 _OPTIONS: dict[str, dict[str, str]] = {}
@@ -267,6 +268,39 @@ def remove_tree(uri: str) -> None:
     paths = [o["path"] for batch in obstore.list(store, prefix=key.rstrip("/") + "/") for o in batch]
     if paths:
         obstore.delete(store, paths)
+
+
+def rename_tree(src: str, dst: str) -> None:
+    """Move a local directory in one ``rename`` (same filesystem; ``dst`` must
+    not exist). Object stores have no such call: see :func:`copy_tree`."""
+    if not is_local(src) or not is_local(dst):
+        raise ValueError(f"rename_tree moves local directories only, not {src} -> {dst}")
+    os.rename(_local_path(src), _local_path(dst))
+
+
+def copy_tree(src: str, dst: str, *, last: str = "_versions") -> int:
+    """Copy every object under ``src`` to the same key under ``dst`` (server-side
+    copies on object stores); objects under ``src/last`` go after all others,
+    so a Lance dataset appears at ``dst`` only once its data files are there
+    (locally a plain ``copytree``). Not atomic: a reader can see a partial
+    copy. Returns the files copied."""
+    if is_local(src):
+        import shutil
+
+        shutil.copytree(_local_path(src), _local_path(dst), dirs_exist_ok=True)
+        return sum(len(files) for _, _, files in os.walk(_local_path(dst)))
+    import obstore
+
+    if urlparse(src)[:2] != urlparse(dst)[:2]:
+        raise ValueError(f"copy_tree copies within one bucket, not {src} -> {dst}")
+    store, key = _store(src)
+    _, dst_key = _store(dst)
+    prefix = key.rstrip("/") + "/"
+    paths = [o["path"] for batch in obstore.list(store, prefix=prefix) for o in batch]
+    tail = prefix + last.strip("/") + "/"
+    for path in sorted(paths, key=lambda p: p.startswith(tail)):  # False (data) first, True (manifests) last
+        obstore.copy(store, path, dst_key.rstrip("/") + "/" + path[len(prefix):])
+    return len(paths)
 
 
 def is_dataset(uri: str) -> bool:
