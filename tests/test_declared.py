@@ -244,3 +244,28 @@ def test_a_declared_view_named_like_a_base_table_is_reported_at_load(catalog, tm
     specs = {s.key: s for s in defs.resolve_all_asset_specs()}
     assert K(["v"]) in specs  # the other declared view is loaded as usual
     assert "view 'src' declared in code is not loaded" in (specs[K(["src"])].description or "")
+
+
+def test_a_declared_view_over_a_table_without_stable_row_ids_is_reported_at_load(catalog, tmp_path, caplog):
+    """A declared view that cannot be built over its source (here a table
+    another tool created without stable row ids) does not break the code
+    location: that view is not loaded, with the reason logged and on the
+    source's asset description; the other views load."""
+    import lance
+    import pyarrow as pa
+
+    db, calls = catalog
+    lance.write_dataset(pa.table({"id": [1, 2]}), db.table_uri("plain"))  # no stable row ids
+    module = tmp_path / "plain_views.py"
+    module.write_text(textwrap.dedent('''
+        def views(db):
+            return {"pv": db.open_table("plain").search(None).select(["id"]),
+                    "v": db.open_table("src").search(None).select(["id", "x"])}
+    '''))
+    with caplog.at_level("WARNING", logger="mv_assets"):
+        defs = _defs(db, str(module))
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("view 'pv' declared in code is not loaded" in m and "stable row ids" in m for m in warned), warned
+    specs = {s.key: s for s in defs.resolve_all_asset_specs()}
+    assert K(["v"]) in specs and K(["pv"]) not in specs
+    assert "view 'pv' declared in code is not loaded" in (specs[K(["plain"])].description or "")

@@ -75,7 +75,18 @@ def _declare(out: dict[str, "TableInfo"], names: dict[str, list[str]], db: Conne
         definition = query.to_definition()
         diff = reconcile(db, name, definition)
         if diff.create:
-            described = db.describe_query(name, definition)
+            try:
+                described = db.describe_query(name, definition)
+            except ValueError as exc:
+                # the query cannot be built over its source as it is (say, a table without
+                # stable row ids): that view is not loaded, every other asset is
+                problem = f"view {name!r} declared in code is not loaded: {exc}"
+                log.warning(problem)
+                src = out.get(definition.source)
+                if src is not None:
+                    before = src.code_changes.problems if src.code_changes is not None else []
+                    src.code_changes = Reconcile(definition.source, problems=[*before, problem])
+                continue
             info = out[name] = _info(described)
             names[name] = described.field_names
         elif not out[name].is_view:

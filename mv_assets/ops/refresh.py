@@ -695,21 +695,19 @@ def _changed_rows(
         if base_filter and (moved is None or moved):
             changed_all = _ids(_scan(src, version_filter, moved, with_version=False))
             fail = changed_all[~isin(changed_all, _ids(passing))]
-        elif base_filter:
-            fail = np.empty(0, np.int64)
         else:
             fail = np.empty(0, np.int64)
         if tracked and src_version > v0 and backfill_commits(src, v0, src_version):
             # A backfill of a column the view reads rewrote values without moving
             # row versions: rows whose markers changed are changed rows too.
-            moved = _marker_changes(src_uri, v0, src_version, tracked)
-            moved = moved[~isin(moved, _ids(passing))]
-            if len(moved):
+            remarked = _marker_changes(src_uri, v0, src_version, tracked)
+            remarked = remarked[~isin(remarked, _ids(passing))]
+            if len(remarked):
                 every = _scan(src, base_filter, markers=tracked)
-                extra = every.filter(pa.array(isin(_ids(every), moved)))
+                extra = every.filter(pa.array(isin(_ids(every), remarked)))
                 passing = pa.concat_tables([passing, extra])
                 if base_filter:
-                    fail = np.concatenate([fail, moved[~isin(moved, _ids(extra))]])
+                    fail = np.concatenate([fail, remarked[~isin(remarked, _ids(extra))]])
         deleted = (
             _ids(src.delta(begin_version=v0, end_version=src_version).get_deleted_row_ids().read_all())
             if src_version > v0
