@@ -550,3 +550,26 @@ def test_batch_size_holds_for_a_udf_given_its_input_columns(db, tmp_path, monkey
     seen = _batches(log)
     assert max(seen) == 7 and sum(seen) == n, seen
     assert {r["id"]: r["d"] for r in src.to_arrow().to_pylist()} == {i: i + 2 for i in range(n)}
+
+
+def test_a_full_refresh_is_planned_like_a_first_refresh_and_replaces_every_fragment(tmp_path):
+    """mode="full" over a populated view computes whole fragments by address
+    range (as into an empty view), not scattered ids, and its commit removes
+    the view's fragments instead of deleting row by row."""
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    t = db.create_table("t", pa.table({"id": list(range(3000)), "x": list(range(3000))}))
+    t.optimize()
+    full = db.create_materialized_view("v", t.search(None).where("x % 7 != 0").select({"id": "id", "y": "x + 1"}))
+    fresh = db.create_materialized_view("w", t.search(None).where("x % 7 != 0").select({"id": "id", "y": "x + 1"}))
+    full.refresh()
+    t.delete("id < 10")
+    t.add(pa.table({"id": [5000], "x": [5]}))
+    plan = full.plan_refresh(mode="full")
+    assert [p for task in plan.tasks for p in task.parts] == [p for task in fresh.plan_refresh().tasks for p in task.parts]
+    assert (plan.rows_to_insert, plan.rows_to_update, plan.rows_to_delete) == (1, 2571 - 8, 8)  # ids 1-9 but 7 left
+    old = {f.fragment_id for f in lance.dataset(full.uri).get_fragments()}
+    full.refresh(mode="full")
+    assert not old & {f.fragment_id for f in lance.dataset(full.uri).get_fragments()}
+    fresh.refresh()
+    assert sorted(full.to_arrow().select(["id", "y"]).to_pylist(), key=lambda r: r["id"]) == sorted(
+        fresh.to_arrow().select(["id", "y"]).to_pylist(), key=lambda r: r["id"])

@@ -434,6 +434,17 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
         frags = scope_frags if scope_frags is not None else src.get_fragments()
         where, tasks = _insert_tasks(place, src, frags, definition.filter)
         keys, n_insert, udf_rows = KeyPlan(), int(sum(t.rows for t in tasks)), {}
+    elif (how == "full" and vk is not None and scope is None and recompute is None and definition.limit is None
+          and not definition.shuffle):
+        # A rebuild: every passing row computed from whole fragments (as into an empty
+        # view: address ranges, not scattered ids), every row the view holds removed.
+        where, tasks = _insert_tasks(place, src, src.get_fragments(), definition.filter)
+        held = np.sort(_ids(vk, SOURCE_ROW_ID))
+        held = held[np.concatenate(([True], held[1:] != held[:-1]))] if len(held) else held  # distinct
+        pass_ids = np.sort(_ids(_scan(src, definition.filter, with_version=False)))
+        in_view, in_source = _members(pass_ids, held), _members(held, pass_ids)
+        keys = KeyPlan(pass_ids[~in_view], pass_ids[in_view], held[~in_source])
+        n_insert, udf_rows = int(len(keys.insert)), {}
     else:
         assert vk is not None
         keys, rows, current_rows = _changed_rows(
@@ -443,6 +454,14 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
         tasks, udf_rows = _tasks_for(where, rows, current_rows, recompute)
         n_insert = int(len(keys.insert))
     return where, tasks, keys, n_insert, udf_rows, vk
+
+
+def _members(values: np.ndarray, members: np.ndarray) -> np.ndarray:
+    """Mask of ``values`` found in ``members`` (both sorted ascending): one binary search each."""
+    if len(members) == 0:
+        return np.zeros(len(values), dtype=bool)
+    pos = np.minimum(np.searchsorted(members, values), len(members) - 1)
+    return members[pos] == values
 
 
 def _insert_tasks(place, src: lance.LanceDataset, fragments: list, filter_sql: str | None):
@@ -1009,7 +1028,10 @@ def _view_changes(view: ViewRef, plan: RefreshPlan, results: list[TaskResult]):
     if view.definition.shuffle and any(r.rows_path for r in results):
         removed = [f.fragment_id for f in view_ds.get_fragments()]
         return removed, [], shuffled_fragments(view_ds, plan.keys.remove_from_view, results, view.definition.seed)
-    removed, updated = _deletions(view_ds, keys, addrs, plan.keys.remove_from_view)
+    if plan.full and plan.scope is None:  # a full refresh of the whole view replaces every row it holds
+        removed, updated = [f.fragment_id for f in view_ds.get_fragments()], []
+    else:
+        removed, updated = _deletions(view_ds, keys, addrs, plan.keys.remove_from_view)
     return removed, updated, [FragmentMetadata.from_json(json.dumps(f)) for r in results for f in r.fragments]
 
 
