@@ -274,6 +274,11 @@ OPEN_OPS = st.lists(
         st.tuples(st.just("pl_compact"), st.just(0)),
         st.tuples(st.just("pl_write_view"), st.integers(0, 2)),  # into the view's own dataset
         st.tuples(st.just("recreate"), st.integers(1, 3)),  # dropped and created again, n commits
+        st.tuples(st.just("ldb_add"), st.integers(1, 4)),  # lancedb from here on
+        st.tuples(st.just("ldb_delete"), st.integers(0, 4)),
+        st.tuples(st.just("ldb_update"), st.integers(0, 4)),
+        st.tuples(st.just("ldb_merge_insert"), st.integers(0, 4)),
+        st.tuples(st.just("ldb_recreate"), st.integers(1, 4)),  # drop_table + create_table
         st.tuples(st.just("refresh"), st.just(0)),
         st.tuples(st.just("backfill"), st.just(0)),
     ),
@@ -287,8 +292,8 @@ OPEN_EXAMPLES = int(os.environ.get("MV_ASSETS_HYPOTHESIS_EXAMPLES", "12"))
 @given(ops=OPEN_OPS)
 def test_random_open_world_histories_match_the_oracle(ops, tmp_path_factory):
     """Views (one with a UDF) and a table's computed column through histories
-    where plain pylance writes the source and the view too, and the source is
-    dropped and created again. After every refresh the view equals the oracle
+    where plain pylance and lancedb write the source (and pylance the view
+    too), and the source is dropped and created again. After every refresh the view equals the oracle
     (plain pyarrow over the source at the same version); after every backfill
     the table's computed column equals its function of the row as it is."""
     from oracle import actual_view, expected_view
@@ -364,6 +369,26 @@ def test_random_open_world_histories_match_the_oracle(ops, tmp_path_factory):
             lance.write_dataset(rows(fresh(2)), t.uri, enable_stable_row_ids=True)
             for _ in range(arg - 1):
                 lance.write_dataset(rows(fresh(1)), t.uri, mode="append")
+        elif op.startswith("ldb_"):
+            import lancedb
+
+            ldb = lancedb.connect(db.uri)
+            if op == "ldb_recreate":
+                ldb.drop_table("src")
+                ldb.create_table("src", rows(fresh(arg)), storage_options={"new_table_enable_stable_row_ids": "true"})
+                continue
+            tbl = ldb.open_table("src")
+            if op == "ldb_add":
+                tbl.add(rows(fresh(arg)))
+            elif op == "ldb_delete":
+                tbl.delete(f"id % 5 = {arg}")
+            elif op == "ldb_update":
+                tbl.update(where=f"id % 5 = {arg}", values_sql={"x": "x + 3"})
+            else:
+                have = ds.to_table(columns=["id"], filter=f"id % 5 = {arg}").column("id").to_pylist()[:2]
+                batch = rows(have + fresh(1))
+                batch = batch.set_column(1, "x", pa.array([v + 4 for v in batch.column("x").to_pylist()]))
+                tbl.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(batch)
         elif op == "refresh":
             view.refresh()
             assert actual_view(view) == expected_view(t.uri, view.source_version, keep, project)
@@ -376,3 +401,27 @@ def test_random_open_world_histories_match_the_oracle(ops, tmp_path_factory):
             assert all(dx == 2 * x for x, dx in got.values()), got
             status = {c["column"]: c for c in t.column_status()}["dx"]
             assert status["stale"] == 0 and status["current"] == len(got)
+
+
+def test_a_table_lancedb_created_is_refused_until_it_is_brought_in(db):
+    """lancedb creates tables without stable row ids by default: a view over
+    one is refused before anything is written; enable_stable_row_ids brings
+    the table in (same rows), and the view then refreshes exactly; lancedb
+    keeps writing it."""
+    import lancedb
+
+    ldb = lancedb.connect(db.uri)
+    ldb.create_table("events", pa.table({"id": [1, 2, 3], "x": [10, 20, 30]}))
+    events = db.open_table("events")
+    with pytest.raises(ValueError, match="'events' has no stable row ids"):
+        db.create_materialized_view("ev", events.search(None).select({"id": "id", "y": "x + 1"}))
+    assert "ev" not in db
+    db.enable_stable_row_ids("events")
+    view = db.create_materialized_view("ev", events.search(None).select({"id": "id", "y": "x + 1"}))
+    view.refresh()
+    tbl = ldb.open_table("events")
+    tbl.add(pa.table({"id": [4], "x": [40]}))
+    tbl.update(where="id = 1", values={"x": 11})
+    tbl.delete("id = 2")
+    view.refresh()
+    assert sorted((r["id"], r["y"]) for r in view.to_arrow().to_pylist()) == [(1, 12), (3, 31), (4, 41)]
