@@ -458,6 +458,11 @@ class Connection:
         names = [name] if isinstance(name, str) else list(name)
         if src_version is not None and len(names) != 1:
             raise ValueError("src_version applies to a single view")
+        if isinstance(name, str) and not upstream:  # one view: no lineage to order (nothing else is opened)
+            view = self.open_table(name)
+            if not isinstance(view, MaterializedView):
+                raise ValueError(f"{name!r} is a table, not a materialized view")
+            return view.refresh(src_version=src_version, mode=mode, runner=runner)
         todo = list(names)
         if upstream:
             for n in names:
