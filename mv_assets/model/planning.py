@@ -97,7 +97,10 @@ def column_ids(table: pa.Table, col: str = "_rowid") -> np.ndarray:
     """An id column (uint64 row ids included) as an int64 numpy array."""
     if table.num_rows == 0:
         return np.empty(0, np.int64)
-    return table.column(col).to_numpy().astype(np.int64)
+    ids = table.column(col).to_numpy()
+    if ids.dtype == np.uint64:  # Lance's row ids and addresses are below 2**63: the same bits, no copy
+        return ids.view(np.int64)
+    return ids.astype(np.int64, copy=False)
 
 
 def isin(values: np.ndarray, members: np.ndarray) -> np.ndarray:

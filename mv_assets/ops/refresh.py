@@ -447,7 +447,7 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
         n_insert, udf_rows = int(len(keys.insert)), {}
     else:
         assert vk is not None
-        keys, rows, current_rows = _changed_rows(
+        keys, rows, current_rows, vk = _changed_rows(
             src, src.uri, definition, how, v0, src.version, scope, scope_frags, vk, tracked, recompute, tainted, moved
         )
         where = place(rows.num_rows + current_rows.num_rows)
@@ -695,9 +695,10 @@ def _changed_rows(
     recompute: list[str] | None,
     tainted: np.ndarray | None = None,
     moved: list | None = None,
-) -> tuple[KeyPlan, pa.Table, pa.Table]:
-    """The key plan, the source rows to compute, and (``recompute``) the rows
-    the view holds current whose UDF columns are computed again."""
+) -> tuple[KeyPlan, pa.Table, pa.Table, pa.Table]:
+    """The key plan, the source rows to compute, (``recompute``) the rows the
+    view holds current whose UDF columns are computed again, and the view's
+    keys the plan touches (an incremental refresh: only those of changed rows)."""
     view_keys = _ids(vk, SOURCE_ROW_ID)
     view_vers = _ids(vk, SOURCE_ROW_VERSION)
     base_filter = definition.filter
@@ -732,6 +733,12 @@ def _changed_rows(
             if src_version > v0
             else np.empty(0, np.int64)
         )
+        if definition.limit is None:
+            # Only view rows whose source row changed matter from here on: one pass
+            # over the view's keys, then every step works on that small subset.
+            touched = isin(view_keys, np.concatenate([_ids(passing), fail, deleted]))
+            vk = vk.filter(pa.array(touched))
+            view_keys, view_vers = view_keys[touched], view_vers[touched]
     else:
         passing = _scan(src, base_filter, scope_frags, markers=tracked)
         pass_ids = _ids(passing)
@@ -765,7 +772,7 @@ def _changed_rows(
     else:
         rows = passing
 
-    return keys, rows, current_rows
+    return keys, rows, current_rows, vk
 
 
 def _current(
