@@ -425,3 +425,16 @@ def test_a_table_lancedb_created_is_refused_until_it_is_brought_in(db):
     tbl.delete("id = 2")
     view.refresh()
     assert sorted((r["id"], r["y"]) for r in view.to_arrow().to_pylist()) == [(1, 12), (3, 31), (4, 41)]
+
+
+def test_a_column_added_with_values_by_another_tool_keeps_the_view_exact(db):
+    """Lance's add_columns with values (a Merge) moves the versions of the rows
+    it rewrites in place: the refresh must look at every fragment, not only the
+    fragments written since (the view's row versions would lag behind)."""
+    t = db.create_table("src", pa.table({"id": [0, 1, 2], "x": [1, 2, 3]}))
+    view = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": "x * 10"}))
+    view.refresh()
+    lance.dataset(t.uri).add_columns({"note": "CAST(id AS STRING)"})
+    view.refresh()
+    assert _view_rows(view) == [(0, 10), (1, 20), (2, 30)]
+    assert all(c.passed for c in view.check()), [c for c in view.check() if not c.passed]

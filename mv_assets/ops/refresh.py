@@ -578,7 +578,8 @@ def _moved_rows_in(src: lance.LanceDataset, v0: int | None, commits: list) -> li
 
     Lance writes appended rows, and rows an update or merge_insert rewrites,
     into new fragments (ids above every id at ``v0``); deletes and compactions
-    write no row version; backfills of computed columns keep row versions. So
+    write no row version, nor do column drops; backfills of computed columns
+    keep row versions. So
     while every commit since ``v0`` is one of those, the change feed's rows
     are all in the fragments written since, and a refresh after deletes and
     updates scans only them (O(changed rows), not O(source)). Any other commit
@@ -589,7 +590,8 @@ def _moved_rows_in(src: lance.LanceDataset, v0: int | None, commits: list) -> li
     for txn in commits:
         kind = type(txn.operation).__name__
         props = txn.transaction_properties or {}
-        if kind in NEUTRAL_OPERATIONS or kind in ("Append", "Delete", "Project", "Merge") or BACKFILL_KEY in props:
+        # (a Merge, adding a column with values, moves the versions of rows in place)
+        if kind in NEUTRAL_OPERATIONS or kind in ("Append", "Delete", "Project") or BACKFILL_KEY in props:
             continue
         if kind == "Update" and getattr(txn.operation, "update_mode", None) in (None, "rewrite_rows") \
                 and not getattr(txn.operation, "updated_fragment_offsets", None):
