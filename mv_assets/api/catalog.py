@@ -191,8 +191,8 @@ class Connection:
         if not objects.is_dataset(uri):
             raise TableNotFoundError(f"no table or view named {name!r} in {self.uri}")
         md = objects.dataset(uri).schema.metadata or {}
-        if VIEW_METADATA_KEY.encode() in md:
-            return MaterializedView(self, name)
+        if VIEW_METADATA_KEY.encode() in md:  # its definition is decoded (UDFs unpickled) when first used
+            return MaterializedView(self, name, raw_definition=md[VIEW_METADATA_KEY.encode()])
         return Table(self, name)
 
     def open_view(self, name: str) -> MaterializedView:

@@ -624,14 +624,18 @@ class Table:
 class MaterializedView(Table):
     """A view kept up to date by :meth:`refresh`. It is a Table you can read."""
 
-    def __init__(self, connection: Catalog, name: str, definition: ViewDefinition | None = None) -> None:
+    def __init__(
+        self, connection: Catalog, name: str, definition: ViewDefinition | None = None, *,
+        raw_definition: bytes | None = None,
+    ) -> None:
         super().__init__(connection, name)
         self._definition = definition
+        self._raw_definition = raw_definition  # as stored, when the opener read it already
 
     @property
     def definition(self) -> ViewDefinition:
         if self._definition is None:
-            raw = (self.schema.metadata or {}).get(VIEW_METADATA_KEY.encode())
+            raw = self._raw_definition or (self.schema.metadata or {}).get(VIEW_METADATA_KEY.encode())
             if raw is None:
                 raise ValueError(f"{self.name!r} is not a materialized view")
             self._definition = ViewDefinition.decode(raw)
@@ -657,7 +661,7 @@ class MaterializedView(Table):
         return self.connection.open_table(self.definition.source)._dataset()
 
     def _changed(self) -> None:
-        self._definition = None
+        self._definition = self._raw_definition = None
 
     def _check_writable(self) -> None:
         raise ValueError(

@@ -149,9 +149,12 @@ def _store(uri: str):
     return store, parsed.path.lstrip("/")
 
 
-def put_bytes(uri: str, data: bytes, *, create: bool = False) -> bool:
+def put_bytes(uri: str, data: bytes, *, create: bool = False, durable: bool = True) -> bool:
     """Write ``data`` whole (readers see the old object or the new one). With
-    ``create``, only if nothing is there: False when something was."""
+    ``create``, only if nothing is there: False when something was.
+    ``durable=False`` (local files): no fsync; whole or absent still holds for
+    every reader and after a process crash, not after an OS crash (for records
+    that describe a running process, like a view's load state)."""
     if is_local(uri):
         path = _local_path(uri)
         os.makedirs(os.path.dirname(path), exist_ok=True)
@@ -159,7 +162,8 @@ def put_bytes(uri: str, data: bytes, *, create: bool = False) -> bool:
         with os.fdopen(fd, "wb") as fh:
             fh.write(data)
             fh.flush()
-            os.fsync(fh.fileno())
+            if durable:
+                os.fsync(fh.fileno())
         if create:
             try:
                 os.link(tmp, path)  # fails if the path exists: atomic create
@@ -327,8 +331,8 @@ def read_arrow(uri: str) -> pa.Table:
     return pa.ipc.open_file(pa.py_buffer(data)).read_all()
 
 
-def write_text(uri: str, text: str, *, create: bool = False) -> bool:
-    return put_bytes(uri, text.encode(), create=create)
+def write_text(uri: str, text: str, *, create: bool = False, durable: bool = True) -> bool:
+    return put_bytes(uri, text.encode(), create=create, durable=durable)
 
 
 def read_text(uri: str) -> str | None:

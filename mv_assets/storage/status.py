@@ -134,7 +134,8 @@ def record_load_state(layout: Layout, view: str, state: str, error: str | None =
         current["last_error"] = error
     elif state == LOADED:
         current["last_error"] = None
-    objects.write_text(layout.status_file(view), json.dumps(current))
+    # not fsynced: a load state describes a process (a LOADING one whose process is gone reads as failed)
+    objects.write_text(layout.status_file(view), json.dumps(current), durable=False)
 
 
 def stale_count(src_uri: str, since: int | None, latest: int) -> int:
