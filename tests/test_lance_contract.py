@@ -212,3 +212,25 @@ def test_the_engines_load_columns_moves_exactly_the_rows_it_loads(db, tmp_path):
     after = _rows(t.uri)
     assert after[2] == (before[2][0], before[2][1], v + 1)
     assert {k: r for k, r in after.items() if k != 2} == {k: r for k, r in before.items() if k != 2}
+
+
+def test_deleting_rows_by_offset_grows_the_deletion_vector(tmp_path):
+    """The engine deletes view rows by their known offsets (lance_compat.delete_offsets,
+    pylance's internal delete_rows): the existing deletion vector is kept and grown,
+    row ids of the other rows stay, and a fragment left empty comes back as None."""
+    import lance
+    import pyarrow as pa
+    from lance import LanceOperation
+
+    from mv_assets.storage.lance_compat import delete_offsets
+
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"k": list(range(10))}), uri, enable_stable_row_ids=True)
+    lance.dataset(uri).delete("k = 2")  # an existing deletion vector
+    ds = lance.dataset(uri)
+    frag = ds.get_fragments()[0]
+    meta = delete_offsets(frag, [0, 5, 7])
+    ds = lance.LanceDataset.commit(uri, LanceOperation.Update(updated_fragments=[meta]), read_version=ds.version)
+    got = ds.to_table(columns=["k"], with_row_id=True).to_pydict()
+    assert got["k"] == [1, 3, 4, 6, 8, 9] and got["_rowid"] == [1, 3, 4, 6, 8, 9]
+    assert delete_offsets(ds.get_fragments()[0], [1, 3, 4, 6, 8, 9]) is None

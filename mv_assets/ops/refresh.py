@@ -57,7 +57,6 @@ from mv_assets.model.planning import (
     pieces_from_rows,
     plan_keys,
     positions,
-    ranges_predicate,
     shuffle_keys,
     task_rows,
 )
@@ -74,7 +73,7 @@ from mv_assets.storage.changes import (
     fragments_after,
 )
 from mv_assets.storage.identity import ensure_table_id, table_id
-from mv_assets.storage.lance_compat import CommitConflictError, take_rows
+from mv_assets.storage.lance_compat import CommitConflictError, delete_offsets, take_rows
 from mv_assets.storage.refs import ViewRef
 from mv_assets.storage.state import read_refresh_state
 from mv_assets.storage.versions import dataset_at, versions_phrase
@@ -422,8 +421,13 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
     view's keys."""
     # Computed columns of the source the view reads: their markers are compared too.
     tracked = tracked_source_columns(view_ds.schema)
+    # After deletes alone (``moved == []``) no source row is compared with the view's:
+    # only the keys and addresses of the rows to remove are needed.
+    deletes_only = how == "incremental" and moved is not None and not moved and not tracked
     vk = view_ds.to_table(
-        columns=[SOURCE_ROW_ID, SOURCE_ROW_VERSION, *(source_marker(m) for m in tracked)], with_row_address=True
+        columns=[SOURCE_ROW_ID] if deletes_only else [SOURCE_ROW_ID, SOURCE_ROW_VERSION,
+                                                      *(source_marker(m) for m in tracked)],
+        with_row_address=True,
     ) if appended is None else None
     if appended is not None:
         # Rows only appended since v0: they are the inserts, the view's keys are not read.
@@ -702,7 +706,8 @@ def _changed_rows(
     view holds current whose UDF columns are computed again, and the view's
     keys the plan touches (an incremental refresh: only those of changed rows)."""
     view_keys = _ids(vk, SOURCE_ROW_ID)
-    view_vers = _ids(vk, SOURCE_ROW_VERSION)
+    view_vers = (_ids(vk, SOURCE_ROW_VERSION) if SOURCE_ROW_VERSION in vk.column_names
+                 else np.zeros(len(view_keys), np.int64))  # not read after deletes alone: nothing compares them
     base_filter = definition.filter
     candidates = None
     if how == "incremental":
@@ -900,10 +905,8 @@ def _deletions(view_ds: lance.LanceDataset, keys: np.ndarray, addrs: np.ndarray,
         if int(sel.sum()) >= frag.count_rows():
             removed_ids.append(int(fid))
             continue
-        doomed_addrs = np.sort(hit_addrs[sel])
-        # scattered rows: by address, a virtual column (no data read; half the time of a key IN list)
-        predicate = ranges_predicate(doomed_addrs, max_runs=256) or f"_rowaddr IN ({_in_list(doomed_addrs)})"
-        meta = frag.delete(predicate)
+        # the rows' addresses are known: their offsets go to the deletion vector, nothing is scanned
+        meta = delete_offsets(frag, np.sort(hit_addrs[sel] & 0xFFFFFFFF).tolist())
         if meta is None:
             removed_ids.append(int(fid))
         else:

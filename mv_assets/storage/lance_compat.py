@@ -10,7 +10,7 @@ import pyarrow as pa
 from lance.commit import CommitConflictError  # a concurrent writer won (``.retryable``)
 from lance.fragment import Bitmap  # pyright: ignore[reportPrivateImportUsage]
 
-__all__ = ["CommitConflictError", "take_rows", "roaring_bitmap_bytes"]
+__all__ = ["CommitConflictError", "take_rows", "roaring_bitmap_bytes", "delete_offsets"]
 
 
 def take_rows(ds: lance.LanceDataset, row_ids: "list[int] | pa.Array", columns) -> pa.Table:
@@ -26,3 +26,11 @@ def roaring_bitmap_bytes(offsets: list[int]) -> bytes:
     raw = Bitmap(offsets).__reduce__()[1][0]
     assert isinstance(raw, bytes)
     return raw
+
+
+def delete_offsets(fragment: lance.LanceFragment, offsets: "list[int]"):
+    """The fragment with the rows at these physical offsets deleted (its
+    deletion vector grown; None when no row is left), uncommitted. Nothing is
+    scanned: pylance's ``delete(predicate)`` reads the fragment to evaluate the
+    predicate, ``delete_rows`` (marked internal) takes the offsets."""
+    return fragment.delete_rows(offsets)
