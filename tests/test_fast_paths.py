@@ -573,3 +573,31 @@ def test_a_full_refresh_is_planned_like_a_first_refresh_and_replaces_every_fragm
     fresh.refresh()
     assert sorted(full.to_arrow().select(["id", "y"]).to_pylist(), key=lambda r: r["id"]) == sorted(
         fresh.to_arrow().select(["id", "y"]).to_pylist(), key=lambda r: r["id"])
+
+
+def test_a_full_refresh_is_one_overwrite_and_views_over_it_follow(tmp_path):
+    """The rebuild commits an Overwrite (no per-row version metadata to derive);
+    a view with an added column keeps its schema, and a view over it sees a
+    full replacement and equals its query again."""
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    t = db.create_table("t", pa.table({"id": list(range(50)), "x": list(range(50))}))
+    v = db.create_materialized_view("v", t.search(None).where("x % 2 = 0").select({"id": "id", "y": "x + 1"}))
+    v.refresh()
+    v.add_columns({"z": "x * 3"})  # a view's computed columns read its source
+    w = db.create_materialized_view("w", v.search(None).where("y > 10").select({"id": "id", "y": "y"}))
+    w.refresh()
+    schema = lance.dataset(v.uri).schema
+    t.update("id < 5", {"x": 1000})
+    v.refresh(mode="full")
+    ds = lance.dataset(v.uri)
+    assert type(ds.read_transaction(ds.version).operation).__name__ == "Overwrite"
+    assert ds.schema == schema
+    expect = sorted((r["id"], r["x"] + 1) for r in t.to_arrow().to_pylist() if r["x"] % 2 == 0)
+    assert sorted((r["id"], r["y"]) for r in v.to_arrow().to_pylist()) == expect
+    w.refresh()
+    assert sorted((r["id"], r["y"]) for r in w.to_arrow().to_pylist()) == [e for e in expect if e[1] > 10]
+    v.backfill("z")
+    assert all(r["z"] == (r["y"] - 1) * 3 for r in v.to_arrow().to_pylist())
+    t.add(pa.table({"id": [60], "x": [60]}))  # new rows get the added SQL column (and its marker) at once
+    v.refresh()
+    assert v.column_status()[0]["stale"] == 0 and all(r["z"] == (r["y"] - 1) * 3 for r in v.to_arrow().to_pylist())

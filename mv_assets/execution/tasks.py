@@ -192,6 +192,8 @@ def _compute_batches(
     if batch_checkpoint_dir and specs:
         store = (RowStore(batch_checkpoint_dir, specs, lookup=batch_resume) if checkpoint_seconds is None
                  else PacedRowStore(batch_checkpoint_dir, specs, batch_resume, checkpoint_seconds))
+    sql_markers = {computed_marker(c.name): c.fingerprint for c in definition.columns
+                   if c.kind == "sql" and computed_marker(c.name) in schema.names}
     for batch in paced(_scanned(scanner, definition), store):
         if batch.num_rows == 0:
             continue
@@ -217,6 +219,8 @@ def _compute_batches(
                 arrays.append(row_versions)
             elif f.name in udf_values:
                 arrays.append(udf_values[f.name].cast(f.type))
+            elif f.name in sql_markers:  # a SQL column added to the view: computed by the projection
+                arrays.append(repeat_string(sql_markers[f.name], batch.num_rows))
             else:
                 arrays.append(batch.column(f.name).cast(f.type))
         yield pa.RecordBatch.from_arrays(arrays, schema=schema)

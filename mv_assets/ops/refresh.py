@@ -1083,6 +1083,30 @@ def _operation(removed: list[int], updated: list, new_fragments: list):
     return LanceOperation.Update(removed_fragment_ids=removed, updated_fragments=updated, new_fragments=new_fragments)
 
 
+def _rebuild(view: ViewRef, plan: RefreshPlan, new_fragments: list):
+    """A full refresh of the whole view replaces every row: an ``Overwrite``
+    with the view's schema (row ids continue from the last one; an ``Update``
+    removing every fragment derives each new row's version metadata, 1.4 s per
+    10M rows, the Overwrite 2 ms). Only while the view's Lance field ids are
+    0..n-1 in schema order, so the schema given anew numbers its fields as the
+    new fragments' files do; else None (an Update)."""
+    if not (plan.full and plan.scope is None):
+        return None
+    view_ds = objects.dataset(view.uri, version=plan.view_version)
+    ids: list[int] = []
+
+    def walk(f) -> None:
+        ids.append(f.id())
+        for c in f.children():
+            walk(c)
+
+    for f in view_ds.lance_schema.fields():
+        walk(f)
+    if ids != list(range(len(ids))):
+        return None
+    return LanceOperation.Overwrite(view_ds.schema, new_fragments)
+
+
 def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner") -> RefreshResult:
     """Run the plan's tasks and commit the result as one Lance transaction."""
     start = time.perf_counter()
@@ -1109,7 +1133,7 @@ def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner") -> Refre
     udf_rows = _sum_counts([r.udf_rows for r in results])
     txn = Transaction(
         read_version=plan.view_version,
-        operation=_operation(removed, updated, new_fragments),
+        operation=_rebuild(view, plan, new_fragments) or _operation(removed, updated, new_fragments),
         transaction_properties={STATE_KEY: json.dumps(_state_record(view, plan, udf_rows, len(errors), results))},
     )
     try:
