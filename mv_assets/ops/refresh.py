@@ -424,8 +424,11 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
     # After deletes alone (``moved == []``) no source row is compared with the view's:
     # only the keys and addresses of the rows to remove are needed.
     deletes_only = how == "incremental" and moved is not None and not moved and not tracked
+    # A full refresh of the whole view replaces every row it holds: only its keys count.
+    rebuild = (how == "full" and scope is None and recompute is None and definition.limit is None
+               and not definition.shuffle)
     vk = view_ds.to_table(
-        columns=[SOURCE_ROW_ID] if deletes_only else [SOURCE_ROW_ID, SOURCE_ROW_VERSION,
+        columns=[SOURCE_ROW_ID] if deletes_only or rebuild else [SOURCE_ROW_ID, SOURCE_ROW_VERSION,
                                                       *(source_marker(m) for m in tracked)],
         with_row_address=True,
     ) if appended is None else None
@@ -438,16 +441,16 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
         frags = scope_frags if scope_frags is not None else src.get_fragments()
         where, tasks = _insert_tasks(place, src, frags, definition.filter)
         keys, n_insert, udf_rows = KeyPlan(), int(sum(t.rows for t in tasks)), {}
-    elif (how == "full" and vk is not None and scope is None and recompute is None and definition.limit is None
-          and not definition.shuffle):
+    elif rebuild and vk is not None:
         # A rebuild: every passing row computed from whole fragments (as into an empty
         # view: address ranges, not scattered ids), every row the view holds removed.
+        # The key plan only counts (nothing is deleted row by row): dense-id bitmaps, no sort.
         where, tasks = _insert_tasks(place, src, src.get_fragments(), definition.filter)
-        held = np.sort(_ids(vk, SOURCE_ROW_ID))
-        held = held[np.concatenate(([True], held[1:] != held[:-1]))] if len(held) else held  # distinct
-        pass_ids = np.sort(_ids(_scan(src, definition.filter, with_version=False)))
-        in_view, in_source = _members(pass_ids, held), _members(held, pass_ids)
-        keys = KeyPlan(pass_ids[~in_view], pass_ids[in_view], held[~in_source])
+        held = _ids(vk, SOURCE_ROW_ID)
+        pass_ids = _ids(_scan(src, definition.filter, with_version=False))
+        in_view = isin(pass_ids, held)
+        gone = held[~isin(held, pass_ids)]
+        keys = KeyPlan(pass_ids[~in_view], pass_ids[in_view], np.unique(gone))
         n_insert, udf_rows = int(len(keys.insert)), {}
     else:
         assert vk is not None
@@ -458,14 +461,6 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
         tasks, udf_rows = _tasks_for(where, rows, current_rows, recompute)
         n_insert = int(len(keys.insert))
     return where, tasks, keys, n_insert, udf_rows, vk
-
-
-def _members(values: np.ndarray, members: np.ndarray) -> np.ndarray:
-    """Mask of ``values`` found in ``members`` (both sorted ascending): one binary search each."""
-    if len(members) == 0:
-        return np.zeros(len(values), dtype=bool)
-    pos = np.minimum(np.searchsorted(members, values), len(members) - 1)
-    return members[pos] == values
 
 
 def _insert_tasks(place, src: lance.LanceDataset, fragments: list, filter_sql: str | None):
