@@ -75,6 +75,7 @@ bench: install
 	$(PY) bench/bench_checkpoints.py
 	$(PY) bench/bench_small_refresh.py
 	$(PY) bench/bench_partitions.py
+	$(PY) bench/bench_lancedb.py
 
 demo-stop:
 	$(PY) -m mv_assets.execution.connect_server stop --state-dir .demo/spark-connect

@@ -262,6 +262,22 @@ def test_checkpoints_by_time_cost_cheap_udfs_nothing(tmp_path):
     assert len(files()) == n // 4096
 
 
+def _killed_after_300_calls(db, call: str, call_log: str) -> int:
+    """Run ``call`` on the catalog in a fresh interpreter (checkpoints every
+    0.1 s of UDF work), SIGKILL it once the UDF was called 300 times; the calls
+    made by then."""
+    code = f"import mv_assets as mv; db = mv.connect({db.uri!r}, runner=mv.InlineRunner()); {call}"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]),
+           "MV_ASSETS_CHECKPOINT_SECONDS": "0.1"}
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+    while count_calls(call_log, "triple") < 300 and proc.poll() is None:
+        time.sleep(0.002)
+    assert proc.poll() is None, f"{call} ended before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    return count_calls(call_log, "triple")
+
+
 def test_sigkill_with_checkpoints_by_time_loses_about_one_checkpoint(tmp_path, call_log):
     """An expensive UDF under time-sized checkpoints (0.1 s here) saves every
     ~0.1 s of work: a kill loses at most about that (the slice in flight and
@@ -276,20 +292,7 @@ def test_sigkill_with_checkpoints_by_time_loses_about_one_checkpoint(tmp_path, c
         return 3 * x
 
     db.create_materialized_view("v", t.search(None).select({"id": "id", "z": slow_triple}))
-    code = (
-        "import mv_assets as mv; "
-        f"db = mv.connect({db.uri!r}, runner=mv.InlineRunner()); "
-        "db.open_table('v').refresh(max_rows_per_task=1000)"
-    )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]),
-           "MV_ASSETS_CHECKPOINT_SECONDS": "0.1"}
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
-    while count_calls(call_log, "triple") < 300 and proc.poll() is None:
-        time.sleep(0.002)
-    assert proc.poll() is None, "the refresh ended before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    before = count_calls(call_log, "triple")
+    before = _killed_after_300_calls(db, "db.open_table('v').refresh(max_rows_per_task=1000)", call_log)
     r = db.open_table("v").refresh(max_rows_per_task=1000)
     lost = count_calls(call_log, "triple") - N
     # 2 ms per row: ~50 rows per 0.1 s checkpoint; the kill lost the held ones and the slice in flight
@@ -312,20 +315,7 @@ def test_plan_after_a_killed_one_pass_backfill_counts_its_checkpointed_rows(tmp_
     from mv_assets.cli import main
 
     db, t = _catalog(tmp_path / "cat", call_log)
-    code = (
-        "import mv_assets as mv; "
-        f"db = mv.connect({db.uri!r}, runner=mv.InlineRunner()); "
-        "db.open_table('t').backfill('y')"
-    )
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")]),
-           "MV_ASSETS_CHECKPOINT_SECONDS": "0.1"}
-    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
-    while count_calls(call_log, "triple") < 300 and proc.poll() is None:
-        time.sleep(0.002)
-    assert proc.poll() is None, "the backfill ended before it could be killed"
-    os.kill(proc.pid, signal.SIGKILL)
-    proc.wait()
-    before = count_calls(call_log, "triple")
+    before = _killed_after_300_calls(db, "db.open_table('t').backfill('y')", call_log)
 
     plan = t.plan_backfill("y")
     assert plan.one_pass and plan.rows == N
