@@ -87,7 +87,7 @@ from mv_assets.storage import objects
 from mv_assets.storage.changes import BACKFILL_KEY, NEUTRAL_OPERATIONS, fragments_after
 from mv_assets.storage.checkpoints import CheckpointIndex, CheckpointStore
 from mv_assets.storage.error_log import append_errors, record_failure
-from mv_assets.storage.lance_compat import CommitConflictError, roaring_bitmap_bytes, take_rows
+from mv_assets.storage.lance_compat import CommitConflictError, field_ids, roaring_bitmap_bytes, take_rows
 from mv_assets.storage.refs import Ref, ViewRef
 
 if TYPE_CHECKING:
@@ -557,21 +557,8 @@ def _compute_batch(
 
 def _field_ids(ds: lance.LanceDataset, names: list[str]) -> tuple[list[int], set[int]]:
     """Leaf field ids of ``names`` (what a data file lists) and all their ids."""
-    leaves: list[int] = []
-    every: set[int] = set()
-
-    def walk(f) -> None:
-        every.add(f.id())
-        children = f.children()
-        if not children:
-            leaves.append(f.id())
-        for c in children:
-            walk(c)
-
-    by_name = {f.name(): f for f in ds.lance_schema.fields()}
-    for n in names:
-        walk(by_name[n])
-    return leaves, every
+    walked = field_ids(ds, names)
+    return [i for i, leaf in walked if leaf], {i for i, _ in walked}
 
 
 def _write_fragment_file(

@@ -73,7 +73,7 @@ from mv_assets.storage.changes import (
     fragments_after,
 )
 from mv_assets.storage.identity import ensure_table_id, table_id
-from mv_assets.storage.lance_compat import CommitConflictError, delete_offsets, take_rows
+from mv_assets.storage.lance_compat import CommitConflictError, delete_offsets, field_ids, take_rows
 from mv_assets.storage.refs import ViewRef
 from mv_assets.storage.state import read_refresh_state
 from mv_assets.storage.versions import dataset_at, versions_phrase
@@ -556,10 +556,7 @@ def _open_source(view: ViewRef) -> lance.LanceDataset:
     except (ValueError, OSError) as exc:
         if objects.is_dataset(view.source_uri):
             raise ValueError(f"cannot open the source {view.source!r} of view {view.name!r}: {short_error(exc)}") from exc
-        raise ValueError(
-            f"the source {view.source!r} of view {view.name!r} is missing: no Lance dataset at {view.source_uri} "
-            "(removed outside mv_assets?); recreate it (the view is then rebuilt) or drop the view"
-        ) from None
+        raise ValueError(view.source_missing()) from None
 
 
 def _source_replaced(view: ViewRef, state, source_id: str | None) -> str | None:
@@ -1088,15 +1085,7 @@ def _rebuild(view: ViewRef, plan: RefreshPlan, new_fragments: list):
     if not (plan.full and plan.scope is None):
         return None
     view_ds = objects.dataset(view.uri, version=plan.view_version)
-    ids: list[int] = []
-
-    def walk(f) -> None:
-        ids.append(f.id())
-        for c in f.children():
-            walk(c)
-
-    for f in view_ds.lance_schema.fields():
-        walk(f)
+    ids = [i for i, _ in field_ids(view_ds)]
     if ids != list(range(len(ids))):
         return None
     return LanceOperation.Overwrite(view_ds.schema, new_fragments)

@@ -10,7 +10,7 @@ import pyarrow as pa
 from lance.commit import CommitConflictError  # a concurrent writer won (``.retryable``)
 from lance.fragment import Bitmap  # pyright: ignore[reportPrivateImportUsage]
 
-__all__ = ["CommitConflictError", "take_rows", "roaring_bitmap_bytes", "delete_offsets"]
+__all__ = ["CommitConflictError", "take_rows", "roaring_bitmap_bytes", "delete_offsets", "field_ids"]
 
 
 def take_rows(ds: lance.LanceDataset, row_ids: "list[int] | pa.Array", columns) -> pa.Table:
@@ -34,3 +34,20 @@ def delete_offsets(fragment: lance.LanceFragment, offsets: "list[int]"):
     scanned: pylance's ``delete(predicate)`` reads the fragment to evaluate the
     predicate, ``delete_rows`` (marked internal) takes the offsets."""
     return fragment.delete_rows(offsets)
+
+
+def field_ids(ds: lance.LanceDataset, names: "list[str] | None" = None) -> list[tuple[int, bool]]:
+    """Lance field ids of the columns ``names`` (default: every column), depth
+    first in schema order, each with whether it is a leaf (what data files list)."""
+    out: list[tuple[int, bool]] = []
+
+    def walk(f) -> None:
+        children = f.children()
+        out.append((f.id(), not children))
+        for c in children:
+            walk(c)
+
+    by_name = {f.name(): f for f in ds.lance_schema.fields()}
+    for n in names if names is not None else list(by_name):
+        walk(by_name[n])
+    return out

@@ -61,6 +61,13 @@ class ViewRef:
     def source_dataset(self, version: int | None = None) -> lance.LanceDataset:
         return objects.dataset(self.source_uri, version=version)
 
+    def source_missing(self) -> str:
+        """What to tell a user whose view's source dataset is gone."""
+        return (
+            f"the source {self.source!r} of view {self.name!r} is missing: no Lance dataset at {self.source_uri} "
+            "(removed outside mv_assets?); recreate it (the view is then rebuilt) or drop the view"
+        )
+
     def input_dataset(self) -> lance.LanceDataset:
         """Where the view's own computed columns read their inputs: its source."""
         return self.source_dataset()

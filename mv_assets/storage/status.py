@@ -189,10 +189,7 @@ def _source_missing(view: ViewRef, ds, state: "RefreshState", file: dict) -> Vie
         stale_count=None,
         stale_pct=None,
         policy=RefreshPolicy.from_json((ds.schema.metadata or {}).get(POLICY_METADATA_KEY.encode())).kind,
-        last_error=(
-            f"the source {view.source!r} of view {view.name!r} is missing: no Lance dataset at "
-            f"{view.source_uri} (removed outside mv_assets?); recreate it or drop the view"
-        ),
+        last_error=view.source_missing(),
     )
 
 
