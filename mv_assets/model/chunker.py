@@ -1,0 +1,727 @@
+"""Row-expanding functions of the two new view kinds: ``@chunker`` (1:N, one
+parent row gives zero or more child rows) and ``@udtf`` (N:M, the rows of one
+partition give a table of any shape). Names as in Geneva 0.17.
+
+Like a :class:`~mv_assets.model.udf.UDF`, each stays a plain callable (calling
+it runs the user's function as written), and the engine calls ``apply``, which
+feeds Arrow data in and validates what comes back. Both reuse the UDF model's
+type inference, error policy (:class:`OnError`, :class:`RowError`,
+:class:`UdfError`), stateful instances, fingerprints and pickling by value.
+
+Chunker forms:
+
+* scalar: ``@chunker def split(text: str) -> Iterator[Chunk]`` is called once
+  per parent row with Python values and yields (or returns a list of)
+  instances of the NamedTuple ``Chunk``, whose fields and annotations are the
+  output columns (or ``output_schema=``).
+* batched: ``@chunker(batch=True, output_schema=...)``; parameters annotated
+  ``pa.Array`` get the batch's input columns and a parameter named
+  ``__source_row_id`` gets the parents' ids (it may stand anywhere; first
+  keeps type checkers quiet, which read a leading ``__`` as positional-only);
+  it returns a ``pa.RecordBatch`` (or Table) of the output columns plus
+  ``__source_row_id``, each child row's parent id.
+* stateful: a class whose ``__call__`` is one of the forms above, instantiated
+  once per worker process and reused (so is a stateful UDTF).
+
+A UDTF gets the rows of one partition as a ``pa.Table`` of its input columns
+(``partition_by``: one partition per distinct value of that column, which must
+be one of the input columns; otherwise the whole source is one partition) and
+returns a ``pa.Table``, a ``pa.RecordBatch`` or an iterator of RecordBatches.
+"""
+
+import base64
+import collections.abc
+import copy
+import dataclasses
+import hashlib
+import inspect
+import typing
+from typing import Any, Callable
+
+import cloudpickle
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mv_assets.model.errors import UdfError
+from mv_assets.model.names import SOURCE_ROW_ID, is_reserved_name
+from mv_assets.model.udf import (
+    UDF,
+    OnError,
+    RowError,
+    _code_identity,
+    _compatible,
+    _signature,
+    _type_hints,
+    dumps_by_value,
+    python_type_to_arrow,
+)
+
+__all__ = ["Chunker", "UDTF", "chunker", "udtf", "from_spec"]
+
+_ROW_ANNOTATIONS = (
+    collections.abc.Iterator, collections.abc.Iterable, collections.abc.Generator, list,
+)
+
+
+def _output_error(exc: Exception) -> Exception:
+    """Mark ``exc`` as a wrong result: it fails the job whatever ``on_error`` says."""
+    exc.__mv_output_error__ = True  # type: ignore[attr-defined]
+    return exc
+
+
+def _is_output_error(exc: BaseException) -> bool:
+    return getattr(exc, "__mv_output_error__", False)
+
+
+class _TableFunction:
+    """What chunkers and UDTFs share with UDFs: plain call, stateful instance,
+    retries and error records, resources, fingerprint cache, spec."""
+
+    kind: str
+    label = "chunker or UDTF"  # how messages name the kind
+    input_columns: list[str]
+    _output_schema: pa.Schema
+
+    # The UDF model's own methods: they read only name, on_error, func and fingerprint.
+    _call = UDF._call
+    _row_error = UDF._row_error
+    _failure = UDF._failure
+    _instance = UDF._instance
+    code_location = UDF.code_location
+
+    def __init__(
+        self, func: Callable, *, name: str | None, output_schema: Any, version: str | None,
+        on_error: "OnError | str | None", num_cpus: float, num_gpus: float, memory: int | None,
+    ) -> None:
+        if not callable(func):
+            raise ValueError(f"@{self.kind} needs a function or class, got {func!r}")
+        self.func = func
+        self.name = name or getattr(func, "__name__", self.kind)
+        self.stateful = inspect.isclass(func)
+        self.version = version or None  # "" (Geneva's default) means: hash the code
+        self.on_error = self._policy(on_error)
+        if isinstance(num_cpus, bool) or not isinstance(num_cpus, int | float) or num_cpus <= 0:
+            raise ValueError(f"{self.label} {self.name!r}: num_cpus must be a positive number, got {num_cpus!r}")
+        if isinstance(num_gpus, bool) or not isinstance(num_gpus, int | float) or num_gpus < 0:
+            raise ValueError(f"{self.label} {self.name!r}: num_gpus must be a number >= 0, got {num_gpus!r}")
+        if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0):
+            raise ValueError(f"{self.label} {self.name!r}: memory must be a positive int (bytes), got {memory!r}")
+        self.num_cpus, self.num_gpus, self.memory = float(num_cpus), float(num_gpus), memory
+        if output_schema is not None and not isinstance(output_schema, pa.Schema):
+            raise ValueError(f"{self.label} {self.name!r}: output_schema must be a pyarrow Schema, got {output_schema!r}")
+        self._fingerprint: str | None = None
+
+    def _check_output_names(self, schema: pa.Schema) -> None:
+        if not schema.names:
+            raise ValueError(f"{self.label} {self.name!r}: the output schema has no columns")
+        seen: set[str] = set()
+        for col in schema.names:
+            if is_reserved_name(col):
+                raise ValueError(
+                    f"{self.label} {self.name!r}: output column {col!r} is a reserved name "
+                    "(names starting with '__' and Lance's row columns belong to mv_assets)"
+                )
+            if col in seen:
+                raise ValueError(f"{self.label} {self.name!r}: output column {col!r} appears twice")
+            seen.add(col)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if self.stateful:
+            return self._instance()(*args, **kwargs)
+        return self.func(*args, **kwargs)
+
+    def _target(self) -> Callable:
+        return self._instance() if self.stateful else self.func
+
+    def _policy(self, on_error: "OnError | str | None") -> OnError:
+        policy = OnError.coerce(on_error)
+        if policy.then == "skip" and self.kind == "udtf":
+            raise ValueError(
+                f"UDTF {self.name!r}: on_error cannot skip (a partition is not a row whose output can stay "
+                "NULL); use 'fail' or OnError(retry_on=..., attempts=...)"
+            )
+        return policy
+
+    def with_on_error(self, on_error: "OnError | str") -> Any:
+        """A copy with another error policy (same fingerprint)."""
+        u = copy.copy(self)
+        u.on_error = self._policy(on_error)
+        return u
+
+    @property
+    def output_schema(self) -> pa.Schema:
+        return self._output_schema
+
+    def _identity(self) -> str:
+        raise NotImplementedError
+
+    @property
+    def fingerprint(self) -> str:
+        """A hash of the code, the options that shape the output and the output
+        schema: changes when any of them does. Resources and ``on_error`` are
+        not part of it."""
+        if self._fingerprint is None:
+            h = hashlib.sha256()
+            fields = [(f.name, str(f.type)) for f in self._output_schema]
+            h.update(f"{self.kind}|{self._identity()}|{fields}|{self.version}".encode())
+            if self.version is None:
+                h.update(_code_identity(self.func))
+            self._fingerprint = h.hexdigest()[:16]
+        return self._fingerprint
+
+    def to_spec(self) -> dict:
+        """A JSON-able description, the object itself pickled by value included
+        (with its fingerprint, so that it reads the same in any process)."""
+        spec = {
+            "name": self.name,
+            "kind": self.kind,
+            "fingerprint": self.fingerprint,
+            "input_columns": list(self.input_columns),
+            "output_schema": {f.name: str(f.type) for f in self._output_schema},
+            "pickle": base64.b64encode(dumps_by_value(self)).decode("ascii"),  # pyright: ignore[reportArgumentType]
+        }
+        where = self.code_location()
+        if where is not None:
+            spec["source_file"], spec["source_line"] = where
+        return spec
+
+    @classmethod
+    def from_spec(cls, spec: dict) -> Any:
+        obj = cloudpickle.loads(base64.b64decode(spec["pickle"]))
+        if not isinstance(obj, cls):
+            raise ValueError(f"stored spec does not unpickle to a {cls.label}")
+        return obj
+
+
+class Chunker(_TableFunction):
+    """A 1:N row function. Create with :func:`chunker`."""
+
+    kind = "chunker"
+    label = "chunker"
+
+    def __init__(
+        self,
+        func: Callable,
+        *,
+        name: str | None = None,
+        output_schema: pa.Schema | None = None,
+        batch: bool = False,
+        input_columns: list[str] | None = None,
+        inherit_input_columns: bool = False,
+        num_cpus: float = 1.0,
+        num_gpus: float = 0.0,
+        memory: int | None = None,
+        version: str | None = None,
+        on_error: "OnError | str | None" = None,
+        batch_size: int | None = None,
+    ) -> None:
+        super().__init__(
+            func, name=name, output_schema=output_schema, version=version, on_error=on_error,
+            num_cpus=num_cpus, num_gpus=num_gpus, memory=memory,
+        )
+        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0):
+            raise ValueError(f"@chunker batch_size must be a positive int (parent rows per call), got {batch_size!r}")
+        self.batch = bool(batch)
+        self.batch_size = batch_size
+        self.inherit_input_columns = bool(inherit_input_columns)
+        hints = _type_hints(func)
+        params = [
+            p.name for p in _signature(func).parameters.values() if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)
+        ]
+        # Batched: the parameter receiving the parents' ids (mangled in a class body).
+        id_names = {SOURCE_ROW_ID, f"_{func.__name__.lstrip('_')}{SOURCE_ROW_ID}" if self.stateful else SOURCE_ROW_ID}
+        ids_at = [i for i, p in enumerate(params) if p in id_names]
+        self._ids_at: int | None = ids_at[0] if ids_at else None
+        self.param_names = [p for p in params if p not in id_names]
+        self.param_annotations = {p: hints.get(p) for p in self.param_names}
+        arrays = [p for p, a in self.param_annotations.items() if a is pa.Array]
+        if self.batch:
+            if output_schema is None:
+                raise ValueError(
+                    f"batched chunker {self.name!r} needs output_schema=pa.schema([...]): "
+                    "the columns of a returned RecordBatch cannot be inferred"
+                )
+            if self._ids_at is None:
+                raise ValueError(
+                    f"batched chunker {self.name!r} needs a parameter named {SOURCE_ROW_ID!r}: it receives "
+                    f"the parents' ids, which the returned batch's {SOURCE_ROW_ID!r} column refers to"
+                )
+            if len(arrays) != len(self.param_names):
+                raise ValueError(f"batched chunker {self.name!r}: annotate every input parameter pa.Array")
+        elif self._ids_at is not None:
+            raise ValueError(
+                f"chunker {self.name!r}: only the batched form (batch=True) receives {SOURCE_ROW_ID!r}"
+            )
+        elif arrays:
+            raise ValueError(
+                f"chunker {self.name!r}: parameters {arrays} are annotated pa.Array; pass batch=True "
+                "for the batched form, or annotate them with Python types"
+            )
+        self.input_columns: list[str] = self._checked_inputs(input_columns)
+        self._output_schema = output_schema if output_schema is not None else self._inferred_schema(hints.get("return"))
+        self._check_output_names(self._output_schema)
+
+    def __repr__(self) -> str:
+        form = "batched" if self.batch else "scalar"
+        return f"Chunker({self.name}, {form}, inputs={self.input_columns}, outputs={self._output_schema.names})"
+
+    def _inferred_schema(self, ret: Any) -> pa.Schema:
+        """The output schema of a scalar chunker from ``-> Iterator[NamedTuple]`` (or Iterable, Generator, list)."""
+        args = typing.get_args(ret) if typing.get_origin(ret) in _ROW_ANNOTATIONS else ()
+        row = args[0] if args else None
+        fields = getattr(row, "_fields", None)
+        if not fields:
+            raise ValueError(
+                f"chunker {self.name!r}: cannot infer the output columns; annotate the return "
+                "-> Iterator[Chunk] (or list[Chunk]) with a NamedTuple class Chunk, or pass output_schema=pa.schema([...])"
+            )
+        hints = typing.get_type_hints(row)
+        out = []
+        for name in fields:
+            t = python_type_to_arrow(hints.get(name))
+            if t is None:
+                raise ValueError(
+                    f"chunker {self.name!r}: field {name!r} of {getattr(row, '__name__', row)} needs a type "
+                    "annotation (int, float, str, bytes, list[float], ...)"
+                )
+            out.append(pa.field(name, t))
+        return pa.schema(out)
+
+    def _checked_inputs(self, input_columns: list[str] | None) -> list[str]:
+        inputs = list(input_columns or self.param_names)
+        if len(inputs) != len(self.param_names):
+            raise ValueError(
+                f"chunker {self.name!r} has {len(self.param_names)} input parameters {self.param_names} "
+                f"but {len(inputs)} input columns {inputs} were given"
+            )
+        return inputs
+
+    def _identity(self) -> str:
+        return f"{self.batch}|{self.input_columns}"
+
+    def with_inputs(self, input_columns: list[str]) -> "Chunker":
+        """A copy reading its parameters from other columns (every other setting kept)."""
+        c = copy.copy(self)
+        c.input_columns = self._checked_inputs(input_columns)
+        c._fingerprint = None
+        return c
+
+    def validate_inputs(self, schema: pa.Schema, label: str) -> None:
+        """Raise ValueError if the source ``label`` (of ``schema``) lacks an input or has it of the wrong type."""
+        for param, col in zip(self.param_names, self.input_columns, strict=True):
+            if col not in schema.names:
+                raise ValueError(
+                    f"chunker {self.name!r} parameter {param!r} reads column {col!r}, which the source "
+                    f"{label!r} does not have (columns: {schema.names})"
+                )
+            ann = self.param_annotations.get(param)
+            col_type = schema.field(col).type
+            if not self.batch and ann is not None and not _compatible(ann, col_type):
+                raise ValueError(
+                    f"chunker {self.name!r} parameter {param!r} expects {getattr(ann, '__name__', ann)} "
+                    f"but column {col!r} of {label!r} is {col_type}"
+                )
+
+    # -- checked call path ----------------------------------------------
+    def apply(
+        self, batch: pa.RecordBatch, parent_ids: pa.Array | None = None, errors: list[RowError] | None = None
+    ) -> tuple[pa.Table, pa.Array, int]:
+        """Expand the parent rows of ``batch``; return ``(children, parent, parents processed)``.
+
+        ``batch`` holds (at least) the input columns; ``parent_ids`` are the
+        parents' ids (unique, no NULLs; default: their positions), which a
+        batched chunker receives and refers to. ``children`` is a Table of the
+        output schema; ``parent`` (int64, one per child) is each child's
+        parent's position in ``batch``: children come grouped in parent order,
+        in the order the function gave them within a parent. A parent may have
+        none. Under ``on_error`` "skip", a parent the function raises on has no
+        children and a :class:`RowError` in ``errors`` (a batched call that
+        raises is re-run parent by parent to find them); under "fail" it
+        raises :class:`UdfError`. Wrong results (types, columns, ids) always raise.
+        """
+        n = batch.num_rows
+        ids = pa.array(range(n), pa.int64()) if parent_ids is None else parent_ids
+        if isinstance(ids, pa.ChunkedArray):
+            ids = ids.combine_chunks()
+        distinct = len(pc.unique(ids))  # pyright: ignore[reportAttributeAccessIssue]  (generated at import)
+        if len(ids) != n or ids.null_count or distinct != n:
+            raise ValueError(f"chunker {self.name!r}: parent_ids must be {n} distinct non-NULL ids, one per row")
+        if errors is None:
+            errors = []
+        if not self.batch:
+            return self._apply_scalar(batch, errors)
+        if self.batch_size and n > self.batch_size:
+            return self._apply_in_slices(batch, ids, self.batch_size, errors)
+        fn = self._target()
+        try:
+            out, _ = self._call(lambda: self._call_batch(fn, batch, ids))
+        except Exception as exc:
+            if self.on_error.then != "skip":
+                raise self._failure(0, n, exc) from exc
+        else:
+            return *self._check_batch(out, ids), n
+        # The batch failed: find the failing parents one by one.
+        tables, parents = [], []
+        for i in range(n):
+            try:
+                out, _ = self._call(lambda i=i: self._call_batch(fn, batch.slice(i, 1), ids.slice(i, 1)))
+            except Exception as exc:
+                errors.append(self._row_error(i, exc))
+                continue
+            children, _ = self._check_batch(out, ids.slice(i, 1))
+            tables.append(children)
+            parents.append(pa.array([i] * children.num_rows, pa.int64()))
+        return *self._concat(tables, parents), n
+
+    def _concat(self, tables: list[pa.Table], parents: list[pa.Array]) -> tuple[pa.Table, pa.Array]:
+        if not tables:
+            return self._output_schema.empty_table(), pa.array([], pa.int64())
+        return pa.concat_tables(tables), pa.concat_arrays(parents)
+
+    def _apply_in_slices(
+        self, batch: pa.RecordBatch, ids: pa.Array, limit: int, errors: list[RowError]
+    ) -> tuple[pa.Table, pa.Array, int]:
+        """``apply`` over consecutive slices of at most ``limit`` parents (``batch_size``)."""
+        tables, parents = [], []
+        for start in range(0, batch.num_rows, limit):
+            found: list[RowError] = []
+            try:
+                children, parent, _ = self.apply(batch.slice(start, limit), ids.slice(start, limit), found)
+            except UdfError as exc:
+                exc.row_index = (exc.row_index or 0) + start
+                raise
+            tables.append(children)
+            parents.append(pc.add(parent, start))  # pyright: ignore[reportAttributeAccessIssue]  (generated at import)
+            errors.extend(dataclasses.replace(e, index=e.index + start) for e in found)
+        return *self._concat(tables, parents), batch.num_rows
+
+    def _apply_scalar(self, batch: pa.RecordBatch, errors: list[RowError]) -> tuple[pa.Table, pa.Array, int]:
+        fn = self._target()
+        n = batch.num_rows
+        cols = [batch.column(c).to_pylist() for c in self.input_columns]
+        width = len(self._output_schema)
+        rows: list[tuple] = []
+        parent: list[int] = []
+        for i, args in enumerate(zip(*cols, strict=True) if cols else ([()] * n)):
+            try:
+                children, _ = self._call(lambda args=args: self._rows(fn, args))
+            except Exception as exc:
+                if _is_output_error(exc):
+                    raise
+                if self.on_error.then != "skip":
+                    raise self._failure(i, 1, exc) from exc
+                errors.append(self._row_error(i, exc))
+                continue
+            for child in children:
+                if not isinstance(child, tuple) or len(child) != width:
+                    raise TypeError(
+                        f"chunker {self.name!r} yielded {type(child).__name__} for parent row {i}; expected a "
+                        f"NamedTuple of {width} fields {self._output_schema.names}"
+                    )
+            rows.extend(children)
+            parent.extend([i] * len(children))
+        arrays = []
+        for k, field in enumerate(self._output_schema):
+            values = [r[k] for r in rows]
+            try:
+                arrays.append(pa.array(values, type=field.type))
+            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
+                got = sorted({type(v).__name__ for v in values if v is not None})
+                raise TypeError(
+                    f"chunker {self.name!r} yielded {', '.join(got)} values for {field.name!r}; expected {field.type}: {exc}"
+                ) from exc
+        return pa.Table.from_arrays(arrays, schema=self._output_schema), pa.array(parent, pa.int64()), n
+
+    def _rows(self, fn: Callable, args: tuple) -> list:
+        """One parent's children, the generator run to its end (its exceptions are the user's)."""
+        out = fn(*args)
+        if isinstance(out, str | bytes | dict) or not isinstance(out, collections.abc.Iterable):
+            raise _output_error(TypeError(
+                f"chunker {self.name!r} returned {type(out).__name__}; expected an iterator or list of NamedTuples"
+            ))
+        return list(out)
+
+    def _call_batch(self, fn: Callable, batch: pa.RecordBatch, ids: pa.Array) -> Any:
+        args: list[Any] = [batch.column(c) for c in self.input_columns]
+        assert self._ids_at is not None
+        args.insert(self._ids_at, ids)
+        return fn(*args)
+
+    def _check_batch(self, out: Any, ids: pa.Array) -> tuple[pa.Table, pa.Array]:
+        """Validate what a batched call returned against the output schema and the ids it was given."""
+        if isinstance(out, pa.RecordBatch):
+            out = pa.Table.from_batches([out])
+        if not isinstance(out, pa.Table):
+            raise TypeError(
+                f"chunker {self.name!r} returned {type(out).__name__}; expected a pyarrow RecordBatch (or Table) "
+                f"of {self._output_schema.names} and {SOURCE_ROW_ID!r}"
+            )
+        if SOURCE_ROW_ID not in out.column_names:
+            raise ValueError(
+                f"chunker {self.name!r} returned no {SOURCE_ROW_ID!r} column; a batched chunker names each "
+                "child row's parent in it (one of the ids it received)"
+            )
+        expected = [*self._output_schema.names, SOURCE_ROW_ID]
+        if sorted(out.column_names) != sorted(expected):
+            raise ValueError(f"chunker {self.name!r} returned columns {out.column_names}; expected {expected}")
+        arrays = []
+        for field in [*self._output_schema, pa.field(SOURCE_ROW_ID, ids.type)]:
+            col = out.column(field.name).combine_chunks()
+            if col.type != field.type:
+                try:
+                    col = col.cast(field.type)
+                except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                    raise TypeError(
+                        f"chunker {self.name!r} returned {col.type} for {field.name!r}; expected {field.type}"
+                    ) from exc
+            arrays.append(col)
+        *values, child_ids = arrays
+        parent = pc.index_in(child_ids, value_set=ids)  # pyright: ignore[reportAttributeAccessIssue]  (generated at import)
+        if parent.null_count:
+            unknown = child_ids.filter(pc.is_null(parent)).to_pylist()  # pyright: ignore[reportAttributeAccessIssue]
+            raise ValueError(
+                f"chunker {self.name!r} returned {SOURCE_ROW_ID!r} values {unknown[:5]} that are not "
+                f"among the ids of the {len(ids)} parent rows it received"
+            )
+        order = pc.sort_indices(parent)  # pyright: ignore[reportAttributeAccessIssue]  (stable: children keep their order)
+        children = pa.Table.from_arrays(values, schema=self._output_schema).take(order)
+        return children, parent.take(order).cast(pa.int64())
+
+
+class UDTF(_TableFunction):
+    """An N:M table function over the rows of one partition. Create with :func:`udtf`."""
+
+    kind = "udtf"
+    label = "UDTF"
+
+    def __init__(
+        self,
+        func: Callable,
+        *,
+        output_schema: pa.Schema | None = None,
+        input_columns: list[str] | None = None,
+        partition_by: str | None = None,
+        name: str | None = None,
+        num_cpus: float = 1.0,
+        num_gpus: float = 0.0,
+        memory: int | None = None,
+        version: str | None = None,
+        on_error: "OnError | str | None" = None,
+    ) -> None:
+        super().__init__(
+            func, name=name, output_schema=output_schema, version=version, on_error=on_error,
+            num_cpus=num_cpus, num_gpus=num_gpus, memory=memory,
+        )
+        if output_schema is None:
+            raise ValueError(f"UDTF {self.name!r} needs output_schema=pa.schema([...]): its output cannot be inferred")
+        if not input_columns or not all(isinstance(c, str) for c in input_columns):
+            raise ValueError(f"UDTF {self.name!r} needs input_columns=[...]: the source columns its table holds")
+        if partition_by is not None and partition_by not in input_columns:
+            raise ValueError(
+                f"UDTF {self.name!r} partitions by {partition_by!r}, which is not one of its "
+                f"input_columns {list(input_columns)}; add it there"
+            )
+        self.input_columns = list(input_columns)
+        self.partition_by = partition_by
+        self._output_schema = output_schema
+        self._check_output_names(output_schema)
+
+    def __repr__(self) -> str:
+        outputs = self._output_schema.names
+        return f"UDTF({self.name}, inputs={self.input_columns}, partition_by={self.partition_by}, outputs={outputs})"
+
+    def _identity(self) -> str:
+        return f"{self.input_columns}|{self.partition_by}"
+
+    def validate_inputs(self, schema: pa.Schema, label: str) -> None:
+        """Raise ValueError if the source ``label`` (of ``schema``) lacks the partition column or an input."""
+        if self.partition_by is not None and self.partition_by not in schema.names:
+            raise ValueError(
+                f"UDTF {self.name!r} partitions by column {self.partition_by!r}, which the source {label!r} "
+                f"does not have (columns: {schema.names})"
+            )
+        missing = [c for c in self.input_columns if c not in schema.names]
+        if missing:
+            raise ValueError(
+                f"UDTF {self.name!r} reads columns {missing}, which the source {label!r} does not have "
+                f"(columns: {schema.names})"
+            )
+
+    def apply(self, table: pa.Table) -> pa.Table:
+        """Run the UDTF over one partition (``table`` holds at least the input
+        columns); return its output as a Table of the output schema. A call
+        that raises is retried as ``on_error`` says, then raises :class:`UdfError`;
+        a wrong result (type, columns) raises TypeError or ValueError."""
+        fn = self._target()
+        inputs = table.select(self.input_columns)
+        try:
+            out, _ = self._call(lambda: self._run(fn, inputs))
+        except Exception as exc:
+            if _is_output_error(exc):
+                raise
+            raise self._failure(0, table.num_rows, exc) from exc
+        return self._check_table(out)
+
+    def _run(self, fn: Callable, table: pa.Table) -> list:
+        """The function's batches, an iterator run to its end (its exceptions are the user's)."""
+        out = fn(table)
+        if isinstance(out, pa.Table | pa.RecordBatch):
+            return [out]
+        if not isinstance(out, collections.abc.Iterable) or isinstance(out, str | bytes | dict):
+            raise _output_error(TypeError(
+                f"UDTF {self.name!r} returned {type(out).__name__}; expected a pyarrow Table, RecordBatch "
+                "or an iterator of RecordBatches"
+            ))
+        return list(out)
+
+    def _check_table(self, parts: list) -> pa.Table:
+        tables = []
+        for part in parts:
+            if not isinstance(part, pa.Table | pa.RecordBatch):
+                raise TypeError(f"UDTF {self.name!r} yielded {type(part).__name__}; expected pyarrow RecordBatches")
+            if sorted(part.schema.names) != sorted(self._output_schema.names):
+                raise ValueError(
+                    f"UDTF {self.name!r} returned columns {part.schema.names}; expected {self._output_schema.names}"
+                )
+            arrays = []
+            for field in self._output_schema:
+                col = part.column(field.name)
+                if col.type != field.type:
+                    try:
+                        col = col.cast(field.type)
+                    except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
+                        raise TypeError(
+                            f"UDTF {self.name!r} returned {col.type} for {field.name!r}; expected {field.type}"
+                        ) from exc
+                arrays.append(col)
+            tables.append(pa.Table.from_arrays(arrays, schema=self._output_schema))
+        return pa.concat_tables(tables) if tables else self._output_schema.empty_table()
+
+
+def from_spec(spec: dict) -> "Chunker | UDTF":
+    """The chunker or UDTF a ``to_spec()`` dict describes."""
+    return _TableFunction.from_spec(spec)
+
+
+def chunker(
+    func: Callable | None = None,
+    *,
+    output_schema: pa.Schema | None = None,
+    batch: bool = False,
+    input_columns: list[str] | None = None,
+    inherit_input_columns: bool = False,
+    num_cpus: float = 1.0,
+    num_gpus: float = 0.0,
+    memory: int | None = None,
+    version: str | None = None,
+    on_error: "OnError | str | None" = None,
+    batch_size: int | None = None,
+    name: str | None = None,
+) -> Any:
+    """Declare a chunker (1:N); usable as ``@chunker`` or ``@chunker(...)``.
+
+    Parameters
+    ----------
+    output_schema:
+        The child columns. Inferred for the scalar form from the return
+        annotation ``-> Iterator[Chunk]`` (``Iterable``, ``Generator``,
+        ``list``) of a NamedTuple class; required with ``batch=True``.
+    batch:
+        The batched form: ``pa.Array`` parameters, a ``__source_row_id``
+        parameter, a RecordBatch returned (see the module docstring).
+    input_columns:
+        Columns feeding the parameters, positionally. Defaults to the parameter names.
+    inherit_input_columns:
+        Whether the view's child rows also copy the columns the chunker reads
+        (by default they don't: a document's text is not copied into each of
+        its chunks; the view's other source columns are). Not part of the fingerprint.
+    num_cpus, num_gpus, memory:
+        What one call needs (memory in bytes), for the scheduler. Not part of the fingerprint.
+    version:
+        An explicit code version; when given (non-empty) it replaces the
+        source-code hash in the fingerprint.
+    on_error:
+        As for :func:`~mv_assets.model.udf.udf`: ``"fail"`` (default),
+        ``"skip"`` (the parent gets no children and an error record) or an
+        :class:`OnError`. Not part of the fingerprint.
+    batch_size:
+        Batched form: at most this many parents per call. Not part of the fingerprint.
+
+    Examples
+    --------
+    >>> from typing import Iterator, NamedTuple
+    >>> class Word(NamedTuple):
+    ...     pos: int
+    ...     word: str
+    >>> @chunker
+    ... def words(text: str) -> Iterator[Word]:
+    ...     for i, w in enumerate(text.split()):
+    ...         yield Word(i, w)
+    >>> list(words("a b"))
+    [Word(pos=0, word='a'), Word(pos=1, word='b')]
+    >>> children, parent, _ = words.apply(pa.record_batch({"text": ["x y", "", "z"]}))
+    >>> children.column("word").to_pylist(), parent.to_pylist()
+    (['x', 'y', 'z'], [0, 0, 2])
+    """
+
+    def wrap(f: Callable) -> Chunker:
+        return Chunker(
+            f, name=name, output_schema=output_schema, batch=batch, input_columns=input_columns,
+            inherit_input_columns=inherit_input_columns, num_cpus=num_cpus, num_gpus=num_gpus, memory=memory,
+            version=version, on_error=on_error, batch_size=batch_size,
+        )
+
+    if func is not None:
+        return wrap(func)
+    return wrap
+
+
+def udtf(
+    func: Callable | None = None,
+    *,
+    output_schema: pa.Schema | None = None,
+    input_columns: list[str] | None = None,
+    partition_by: str | None = None,
+    num_cpus: float = 1.0,
+    num_gpus: float = 0.0,
+    memory: int | None = None,
+    version: str | None = None,
+    on_error: "OnError | str | None" = None,
+    name: str | None = None,
+) -> Any:
+    """Declare a UDTF (N:M); used as ``@udtf(output_schema=..., input_columns=[...])``.
+
+    Parameters
+    ----------
+    output_schema:
+        Required: the output table's columns.
+    input_columns:
+        Required: the source columns of the ``pa.Table`` the function receives.
+    partition_by:
+        One of ``input_columns``: the function is called once per distinct
+        value of it (rows of other values never meet). Default: one call over
+        the whole source.
+    num_cpus, num_gpus, memory, version:
+        As for :func:`chunker`.
+    on_error:
+        ``"fail"`` (default) or an :class:`OnError` retrying chosen
+        exceptions; a partition cannot be skipped.
+
+    Examples
+    --------
+    >>> @udtf(output_schema=pa.schema([("n", pa.int64())]), input_columns=["x"])
+    ... def count(table: pa.Table) -> pa.Table:
+    ...     return pa.table({"n": [table.num_rows]})
+    >>> count.apply(pa.table({"x": [1, 2, 3], "y": [0, 0, 0]})).to_pylist()
+    [{'n': 3}]
+    """
+
+    def wrap(f: Callable) -> UDTF:
+        return UDTF(
+            f, output_schema=output_schema, input_columns=input_columns, partition_by=partition_by, name=name,
+            num_cpus=num_cpus, num_gpus=num_gpus, memory=memory, version=version, on_error=on_error,
+        )
+
+    if func is not None:
+        return wrap(func)
+    return wrap
