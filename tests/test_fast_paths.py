@@ -601,3 +601,25 @@ def test_a_full_refresh_is_one_overwrite_and_views_over_it_follow(tmp_path):
     t.add(pa.table({"id": [60], "x": [60]}))  # new rows get the added SQL column (and its marker) at once
     v.refresh()
     assert v.column_status()[0]["stale"] == 0 and all(r["z"] == (r["y"] - 1) * 3 for r in v.to_arrow().to_pylist())
+
+
+def test_compacting_a_view_rewrites_only_its_small_fragments(tmp_path, monkeypatch):
+    from mv_assets.ops import refresh as refresh_ops
+
+    monkeypatch.setattr(refresh_ops, "TARGET_ROWS_PER_FRAGMENT", 1000)
+    monkeypatch.setattr(refresh_ops, "COMPACT_SMALL_FRAGMENTS", 3)
+    db = mv.connect(str(tmp_path / "db"), runner=mv.InlineRunner())
+    t = db.create_table("t", _rows(900))
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "x": "x"}))
+    v.refresh()
+    big = [f.fragment_id for f in lance.dataset(v.uri).get_fragments()]
+    assert len(big) == 1
+    for i in range(5):  # small refreshes, each one more small fragment: compacted after the 4th
+        t.add(_rows(10, start=1000 + 10 * i))
+        v.refresh()
+    frags = lance.dataset(v.uri).get_fragments()
+    # the 900-row fragment is not rewritten to absorb the small ones (it was: the
+    # whole view copied to merge 40 rows); the small ones were merged together
+    assert frags[0].fragment_id == big[0] and frags[0].metadata.physical_rows == 900
+    assert len(frags) < 5
+    assert actual_view(v) == expected_view(t.uri, t.version, lambda r: True, lambda r: {"id": r["id"], "x": r["x"]})

@@ -438,3 +438,23 @@ def test_a_column_added_with_values_by_another_tool_keeps_the_view_exact(db):
     view.refresh()
     assert _view_rows(view) == [(0, 10), (1, 20), (2, 30)]
     assert all(c.passed for c in view.check()), [c for c in view.check() if not c.passed]
+
+
+def test_reused_dataset_handles_still_see_versions_written_meanwhile(tmp_path):
+    """Within one refresh (objects.reusing_handles) a dataset is opened once; a
+    version another tool writes meanwhile is still seen as the latest, and a
+    handle a Lance call moved to a new version is not served as its old one."""
+    from mv_assets.storage import objects
+
+    uri = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"id": [1, 2, 3]}), uri)
+    with objects.reusing_handles():
+        first = objects.dataset(uri)
+        lance.write_dataset(pa.table({"id": [4]}), uri, mode="append")  # another writer
+        latest = objects.dataset(uri)
+        assert (latest.version, latest.count_rows()) == (2, 4)
+        first.delete("id = 1")  # moves this handle to version 3
+        assert objects.dataset(uri, version=1).count_rows() == 3
+        assert objects.dataset(uri).count_rows() == 3 and objects.dataset(uri).version == 3
+        with pytest.raises(ValueError, match="not found"):
+            objects.dataset(uri, version=9)

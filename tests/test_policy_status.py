@@ -195,6 +195,46 @@ def test_a_killed_load_is_not_loading_forever(tmp_path):
     assert "ended without finishing" in status.last_error
 
 
+def test_a_refresh_is_loading_while_it_runs_and_loaded_once_committed_with_one_record_write(tmp_path, monkeypatch):
+    from mv_assets.storage import objects
+
+    root, flag, log = str(tmp_path / "cat"), str(tmp_path / "fail"), str(tmp_path / "seen")
+    db = mv.connect(root, runner=mv.InlineRunner())
+    t = db.create_table("raw", [{"id": i, "x": i} for i in range(3)])
+
+    @mv.udf
+    def probe(x: int) -> int:
+        if os.path.exists(flag):
+            raise RuntimeError("model down")
+        with open(log, "a") as fh:  # what the status says while the refresh computes
+            fh.write(mv.connect(root).open_view("v").status().load_state + "\n")
+        return x
+
+    def seen() -> set:
+        with open(log) as fh:
+            states = set(fh.read().split())
+        os.remove(log)
+        return states
+
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": probe}))
+    open(flag, "w").close()
+    with pytest.raises(Exception, match="model down"):
+        v.refresh()
+    assert v.status().load_state == "FAILED_LOAD" and "model down" in v.status().last_error
+    os.remove(flag)
+    writes = []
+    real = objects.write_text
+    monkeypatch.setattr(objects, "write_text", lambda uri, text, **kw: (writes.append(uri), real(uri, text, **kw))[1])
+    v.refresh()
+    assert seen() == {"LOADING"}
+    status = v.status()
+    assert (status.load_state, status.last_error, status.load_number) == ("LOADED", None, 1)
+    assert [w for w in writes if w.endswith("v.json")] == [db.layout.status_file("v")]  # LOADING only
+    t.add([{"id": 9, "x": 9}])
+    v.refresh()
+    assert seen() == {"LOADING"} and v.status().load_state == "LOADED" and v.status().load_number == 2
+
+
 def test_a_view_whose_source_was_removed_shows_in_the_status_with_its_reason(db):
     """Another tool removes a view's source directory: the status table still
     lists every view, the broken one as SOURCE_MISSING with a reason in our

@@ -389,6 +389,7 @@ class Connection:
         """An inter-process lock serialising refreshes of one view."""
         return self.layout.lock(view, timeout)
 
+    @objects.reusing_handles()
     def view_statuses(self, name: str | None = None) -> list[ViewStatus]:
         """The status records of every view (or just ``name``). A view whose
         source is gone is SOURCE_MISSING, one whose record cannot be read
@@ -440,6 +441,7 @@ class Connection:
         runner: Runner | None = None,
     ) -> RefreshResult | list[RefreshResult]: ...
 
+    @objects.reusing_handles()
     def refresh(
         self,
         name: str | list[str],

@@ -48,7 +48,6 @@ from mv_assets.storage.row_ids import require_stable_row_ids
 from mv_assets.storage.state import RefreshState, carry_refresh_state, read_refresh_state
 from mv_assets.storage.status import (
     FAILED_LOAD,
-    LOADED,
     LOADING,
     ViewStatus,
     pending_source_versions,
@@ -696,6 +695,7 @@ class MaterializedView(Table):
         """The source version the view reflects (None before the first refresh)."""
         return self.refresh_state().source_version
 
+    @objects.reusing_handles()
     def plan_refresh(
         self, *, src_version: int | None = None, mode: str = "auto", fragments: list[int] | None = None,
         recompute: list[str] | None = None, max_rows_per_task: int | None = None, checkpoint_size: int | None = None,
@@ -719,10 +719,12 @@ class MaterializedView(Table):
             raise ValueError("set_refresh_policy() takes a RefreshPolicy")
         self._dataset().update_schema_metadata({POLICY_METADATA_KEY: policy.to_json()})
 
+    @objects.reusing_handles()
     def status(self) -> ViewStatus:
         """This view's record of the status table (load state, staleness, ...)."""
         return view_status(self.ref())
 
+    @objects.reusing_handles()
     def refresh_decision(self, *, now: float | None = None, scheduled: bool = False) -> Decision:
         """Whether the view's refresh policy says to refresh now, and why."""
         return refresh_decision(self.ref(), now=now, scheduled=scheduled)
@@ -739,6 +741,7 @@ class MaterializedView(Table):
         """Rows the view holds from each of these source fragments (at ``src_version``)."""
         return view_rows_by_fragment(self.uri, self.ref().source_uri, src_version, fragments)
 
+    @objects.reusing_handles()
     def refresh(
         self,
         *,
@@ -770,7 +773,7 @@ class MaterializedView(Table):
         Two refreshes of one view never run at once: the second waits for the
         first (up to ``lock_timeout`` seconds, then ConcurrentRefreshError).
         Every refresh updates the view's status record (LOADING, then LOADED
-        or FAILED_LOAD with the error).
+        once its commit lands, or FAILED_LOAD with the error).
         """
         self.connection._check_source_current(self)
         with self.connection._refresh_lock(self.name, lock_timeout):
@@ -782,13 +785,13 @@ class MaterializedView(Table):
             )
             if plan.commits_nothing:
                 return execute_refresh(ref, plan, runner or self.connection.runner)
-            record_load_state(self.connection.layout, self.name, LOADING)
+            # LOADING until the commit carrying this load number lands (then LOADED: storage.status)
+            record_load_state(self.connection.layout, self.name, LOADING, load_number=plan.load_number + 1)
             try:
                 result = execute_refresh(ref, plan, runner or self.connection.runner)
             except BaseException as exc:
                 record_load_state(self.connection.layout, self.name, FAILED_LOAD, f"{type(exc).__name__}: {exc}")
                 raise
-            record_load_state(self.connection.layout, self.name, LOADED)
             start = time.perf_counter()
             if compact_if_fragmented(self._dataset()):
                 result.timings["compact_s"] = time.perf_counter() - start

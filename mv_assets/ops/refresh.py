@@ -102,7 +102,10 @@ def compact_if_fragmented(view_ds: lance.LanceDataset) -> bool:
     small = sum(1 for f in fragments if f.metadata.physical_rows < TARGET_ROWS_PER_FRAGMENT // 2)
     if small <= COMPACT_SMALL_FRAGMENTS:
         return False
-    view_ds.optimize.compact_files(target_rows_per_fragment=TARGET_ROWS_PER_FRAGMENT)
+    # Only the small fragments are rewritten: a target of the "small" size keeps
+    # Lance from merging them into a large fragment, which rewrote that whole
+    # fragment (~0.9M rows) to absorb a few hundred appended ones.
+    view_ds.optimize.compact_files(target_rows_per_fragment=TARGET_ROWS_PER_FRAGMENT // 2)
     return True
 
 
@@ -209,7 +212,7 @@ def read_history(src: lance.LanceDataset, v0: int, v1: int) -> History:
         if v < 1:
             continue
         try:
-            txn = src.read_transaction(v)
+            txn = objects.read_transaction(src, v)
         except Exception:
             cleaned = v
             continue

@@ -142,7 +142,7 @@ def foreign_writes(ds: lance.LanceDataset, since: int | None) -> ForeignWrites |
 
 def _read_txn(ds: lance.LanceDataset, version: int):
     try:
-        return True, ds.read_transaction(version)
+        return True, objects.read_transaction(ds, version)
     except Exception:  # cleaned up: unknown, so it may matter
         return False, None
 

@@ -18,6 +18,8 @@ registry to executors with each job (:func:`registered` /
 :func:`register_all`), so nothing depends on executors' environment.
 """
 
+import contextlib
+import contextvars
 import os
 import posixpath
 import tempfile
@@ -34,7 +36,7 @@ __all__ = [
     "is_local", "join", "register", "registered", "register_all", "options_for", "dataset", "write_dataset",
     "commit", "write_fragments", "file_writer", "put_bytes", "get_bytes", "exists", "listdir", "remove",
     "remove_tree", "size", "write_arrow", "read_arrow", "write_text", "read_text", "is_dataset", "rename_tree",
-    "copy_tree",
+    "copy_tree", "reusing_handles", "read_transaction",
 ]
 
 _OPTIONS: dict[str, dict[str, str]] = {}
@@ -89,8 +91,68 @@ def options_for(uri: str) -> dict[str, str] | None:
 # -- Lance ------------------------------------------------------------------
 
 
+# Within :func:`reusing_handles`: uri -> {version: handle} of the datasets opened.
+_HANDLES: contextvars.ContextVar[dict[str, dict[int, lance.LanceDataset]] | None] = contextvars.ContextVar(
+    "mv_assets_handles", default=None
+)
+
+
+@contextlib.contextmanager
+def reusing_handles():
+    """Within this block (one refresh, one status read), :func:`dataset` opens
+    each dataset once: other versions are checked out of a handle already open
+    (~0.1 ms instead of ~0.35 ms locally; no manifest listing on an object
+    store) and "latest" asks that handle for the newest version number (~0.02
+    ms), so a version written meanwhile, by anyone, is still seen. A version's
+    handle is reused only while it still is at that version (some Lance calls
+    move a handle to the version they commit). Nested blocks share the outer one."""
+    token = _HANDLES.set({}) if _HANDLES.get() is None else None
+    try:
+        yield
+    finally:
+        if token is not None:
+            _HANDLES.reset(token)
+
+
+def _known(uri: str, ds: lance.LanceDataset) -> lance.LanceDataset:
+    handles = _HANDLES.get()
+    if handles is not None:
+        handles.setdefault(uri, {})[ds.version] = ds
+    return ds
+
+
 def dataset(uri: str, version: int | None = None, **kwargs: Any) -> lance.LanceDataset:
-    return lance.dataset(uri, version=version, storage_options=options_for(uri), **kwargs)
+    handles = _HANDLES.get()
+    known = handles.get(uri) if handles is not None and not kwargs else None
+    if known:
+        try:
+            some = next(iter(known.values()))
+            v = some.latest_version if version is None else version
+            ds = known.get(v)
+            if ds is None or ds.version != v:
+                ds = known[v] = some.checkout_version(v)
+            return ds
+        except (ValueError, OSError):
+            pass  # opened anew below: the same error as without the block
+    ds = lance.dataset(uri, version=version, storage_options=options_for(uri), **kwargs)
+    return _known(uri, ds) if handles is not None and not kwargs else ds
+
+
+_NO_TXN = object()
+
+
+def read_transaction(ds: lance.LanceDataset, version: int):
+    """``ds.read_transaction(version)``: a version's commit never changes, so
+    within :func:`reusing_handles` each is read once (a refresh reads the
+    newest ones for its history, its change feed and its writer checks)."""
+    handles = _HANDLES.get()
+    if handles is None:
+        return ds.read_transaction(version)
+    txns = handles.setdefault(f"{ds.uri}#txn", {})
+    txn = txns.get(version, _NO_TXN)
+    if txn is _NO_TXN:
+        txn = txns[version] = ds.read_transaction(version)
+    return txn
 
 
 def write_dataset(data: Any, uri: str, **kwargs: Any) -> lance.LanceDataset:
@@ -98,7 +160,7 @@ def write_dataset(data: Any, uri: str, **kwargs: Any) -> lance.LanceDataset:
 
 
 def commit(uri: str, operation: Any, **kwargs: Any) -> lance.LanceDataset:
-    return lance.LanceDataset.commit(uri, operation, storage_options=options_for(uri), **kwargs)
+    return _known(uri, lance.LanceDataset.commit(uri, operation, storage_options=options_for(uri), **kwargs))
 
 
 def write_fragments(data: Any, uri: str, **kwargs: Any):

@@ -57,7 +57,7 @@ def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
     v = view_ds.version
     while v >= 1:
         try:
-            txn = view_ds.read_transaction(v)
+            txn = objects.read_transaction(view_ds, v)
         except Exception:  # transaction file cleaned up: nothing older is readable either
             break
         props = (txn.transaction_properties or {}) if txn is not None else {}

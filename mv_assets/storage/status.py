@@ -126,10 +126,18 @@ def _dead(record: dict) -> bool:
     return False
 
 
-def record_load_state(layout: Layout, view: str, state: str, error: str | None = None) -> None:
-    """Atomically record a view's load state (and error, for FAILED_LOAD)."""
+def record_load_state(
+    layout: Layout, view: str, state: str, error: str | None = None, load_number: int | None = None
+) -> None:
+    """Atomically record a view's load state (and error, for FAILED_LOAD).
+
+    LOADING names the ``load_number`` its commit will carry: once the view's
+    committed state has reached it, the load is over and the record reads as
+    LOADED (see :func:`view_status`), so a successful refresh writes its record
+    once, not twice."""
     current = _read_file(layout, view)
-    current.update(load_state=state, state_since=time.time(), node=socket.gethostname(), pid=os.getpid())
+    current.update(load_state=state, state_since=time.time(), node=socket.gethostname(), pid=os.getpid(),
+                   load_number=load_number)
     if state == FAILED_LOAD:
         current["last_error"] = error
     elif state == LOADED:
@@ -222,6 +230,8 @@ def view_status(view: ViewRef) -> ViewStatus:
         stale_count(view.source_uri, state.source_version, latest))
     load_state = file.get("load_state") or (LOADED if state.load_number else NEVER_LOADED)
     last_error = file.get("last_error")
+    if load_state == LOADING and isinstance(file.get("load_number"), int) and state.load_number >= file["load_number"]:
+        load_state, last_error = LOADED, None  # the load it announced is committed
     if replaced:
         last_error = (f"the source {view.source!r} was dropped and created again since the last refresh: "
                       "the view holds the old table's rows until its next refresh rebuilds it")
