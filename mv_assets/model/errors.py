@@ -37,8 +37,9 @@ class ConcurrentRefreshError(MvAssetsError):
 
 
 class ConcurrentWriteError(MvAssetsError):
-    """A table changed while an operation rewriting it whole ran (bringing it in
-    with stable row ids); nothing was replaced."""
+    """Other writers kept changing a table while an operation wrote it: a whole
+    rewrite (bringing it in with stable row ids) or a commit that conflicted on
+    every attempt (a backfill, a column load); nothing was committed."""
 
 
 class UdfError(MvAssetsError, RuntimeError):

@@ -86,8 +86,9 @@ from mv_assets.storage import checkpoints as ckpt
 from mv_assets.storage import objects
 from mv_assets.storage.changes import BACKFILL_KEY, NEUTRAL_OPERATIONS, fragments_after
 from mv_assets.storage.checkpoints import CheckpointIndex, CheckpointStore
+from mv_assets.storage.commits import commit_latest
 from mv_assets.storage.error_log import append_errors, record_failure
-from mv_assets.storage.lance_compat import CommitConflictError, field_ids, roaring_bitmap_bytes, take_rows
+from mv_assets.storage.lance_compat import field_ids, roaring_bitmap_bytes, take_rows
 from mv_assets.storage.refs import Ref, ViewRef
 
 if TYPE_CHECKING:
@@ -701,7 +702,8 @@ def commit_column_values(
     versions of the rows written, like any update.
 
     Returns (new version or None, rows written, rows skipped)."""
-    for attempt in range(5):
+
+    def build() -> tuple[Transaction | None, tuple[int, int]]:
         ds = table.dataset()
         cols: dict[str, str] = {Alias.ROW_VERSION: SOURCE_ROW_VERSION if is_view else "_row_last_updated_at_version"}
         if is_view:
@@ -715,7 +717,7 @@ def commit_column_values(
         ok[ok] = cur_vers[pos[ok]] == res_vers[ok]
         skipped = int(len(res_ids) - ok.sum())
         if not ok.any():
-            return None, 0, skipped
+            return None, (0, skipped)
         where = np.flatnonzero(ok)
         addrs = cur_addrs[pos[ok]]
         if len(addrs) > 1 and not (np.diff(addrs) > 0).all():  # group by fragment, offsets ascending
@@ -745,12 +747,10 @@ def commit_column_values(
                 )
             },
         )
-        try:
-            committed = objects.commit(table.uri, txn, read_version=ds.version, max_retries=0)
-            return committed.version, int(ok.sum()), skipped
-        except CommitConflictError:  # a concurrent writer won: redo the write against its version
-            time.sleep(0.05 * (attempt + 1))
-    raise RuntimeError(f"writing {names} into {table.name!r}: five commit conflicts in a row; run it again")
+        return txn, (int(ok.sum()), skipped)
+
+    version, (written, skipped) = commit_latest(table.uri, build, what=f"{names} into {table.name!r}")
+    return version, written, skipped
 
 
 # -- one pass: compute and write per fragment, checkpoints by time -----------
@@ -956,7 +956,10 @@ def _fused_backfill(table: Ref, specs: list[ColumnSpec], predicate: str, runner:
     rows_dir = _one_pass_rows_dir(table, specs)
     parallelism = getattr(runner, "parallelism", lambda: 1)()  # user runners may not say
     computed = resumed = 0
-    for attempt in range(5):
+    computed_at = start
+
+    def build() -> tuple[Transaction | None, tuple[int, list[dict], list[dict]]]:
+        nonlocal computed, resumed, computed_at
         ds = table.dataset()
         candidates = None if targeted else stale_fragments(ds, specs)
         if isinstance(table, ViewRef):
@@ -965,8 +968,7 @@ def _fused_backfill(table: Ref, specs: list[ColumnSpec], predicate: str, runner:
             groups, rows = _fragment_groups(ds, predicate, parallelism, candidates)
             payloads, extra = [{"fragments": g} for g in groups], {}
         if not rows:
-            return BackfillResult(job_id, table.name, [c.name for c in specs], 0, 0, 0, 0, computed, 0, 0, None,
-                                  time.perf_counter() - start)
+            return None, (0, [], [])
         shared = json.dumps({
             "specs": [c.to_json() for c in specs], "names": names, "uri": table.uri, "version": ds.version,
             "predicate": predicate, "rows_dir": rows_dir, "checkpoint_seconds": default_target_seconds(), **extra,
@@ -996,27 +998,30 @@ def _fused_backfill(table: Ref, specs: list[ColumnSpec], predicate: str, runner:
                 "read_version": ds.version, "targeted": targeted,
             })},
         )
-        try:
-            with table.lock(None):  # never between a view refresh's plan and its commit
-                committed = objects.commit(table.uri, txn, read_version=ds.version, max_retries=0)
-        except CommitConflictError:
-            time.sleep(0.05 * (attempt + 1))
-            continue
-        append_errors(table.layout, table.name, job_id, errors)
-        if not targeted:
-            objects.remove_tree(rows_dir)  # committed: the checkpointed results are spent
-        failed = len({e["row_id"] for e in errors})
-        done = time.perf_counter()
-        return BackfillResult(
-            job_id=job_id, table=table.name, columns=[c.name for c in specs], rows_planned=rows,
-            rows_written=rows - failed, rows_failed=failed, rows_skipped=0, udf_rows_computed=computed,
-            batches=len(payloads), batches_resumed=0, version=committed.version, seconds=done - start,
-            timings={"compute_s": computed_at - start, "commit_s": done - computed_at,
-                     "task_s_total": sum(o["seconds"] for o in outs), "tasks": len(outs),
-                     "udf_rows_resumed": resumed},
-            rows_resumed=resumed,
-        )
-    raise RuntimeError(f"backfilling {names} of {table.name!r}: five commit conflicts in a row; run it again")
+        return txn, (rows, outs, errors)
+
+    # a conflict (a writer changed those fragments meanwhile) runs the pass again on the new version
+    version, (rows, outs, errors) = commit_latest(
+        table.uri, build, what=f"the backfill of {[c.name for c in specs]} into {table.name!r}",
+        guard=lambda: table.lock(None),  # never between a view refresh's plan and its commit
+    )
+    if version is None:
+        return BackfillResult(job_id, table.name, [c.name for c in specs], 0, 0, 0, 0, computed, 0, 0, None,
+                              time.perf_counter() - start)
+    append_errors(table.layout, table.name, job_id, errors)
+    if not targeted:
+        objects.remove_tree(rows_dir)  # committed: the checkpointed results are spent
+    failed = len({e["row_id"] for e in errors})
+    done = time.perf_counter()
+    return BackfillResult(
+        job_id=job_id, table=table.name, columns=[c.name for c in specs], rows_planned=rows,
+        rows_written=rows - failed, rows_failed=failed, rows_skipped=0, udf_rows_computed=computed,
+        batches=len(outs), batches_resumed=0, version=version, seconds=done - start,
+        timings={"compute_s": computed_at - start, "commit_s": done - computed_at,
+                 "task_s_total": sum(o["seconds"] for o in outs), "tasks": len(outs),
+                 "udf_rows_resumed": resumed},
+        rows_resumed=resumed,
+    )
 
 
 SQL_BATCH_ROWS = 65_536  # a SQL column's staged batches given no checkpoint_size (DataFusion's work: cheap)

@@ -1,0 +1,67 @@
+"""A backfill's shape: what it commits is retried a bounded number of times
+against the latest version, then fails with a typed error naming what could
+not be committed."""
+
+import pytest
+
+import mv_assets as mv
+from mv_assets.storage import commits
+
+
+def _rows(n, start=0):
+    return [{"id": i, "x": float(i)} for i in range(start, start + n)]
+
+
+def test_a_backfill_whose_commit_always_conflicts_fails_with_a_concurrent_write_error(tmp_path, monkeypatch):
+    """Another writer updates the table during every attempt: after
+    COMMIT_ATTEMPTS conflicts the backfill stops, commits nothing and says so."""
+    monkeypatch.setattr(commits, "COMMIT_ATTEMPTS", 3)
+    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
+    t = db.create_table("t", _rows(20))
+    attempts = tmp_path / "attempts"
+    attempts.write_text("")
+
+    @mv.udf
+    def meddling(x: float) -> float:
+        if x == 0.0:  # a concurrent writer, during each attempt
+            attempts.write_text(attempts.read_text() + "1")
+            t.update("id = 5", values_sql={"x": "x + 1"})
+        return x
+
+    t.add_columns({"y": meddling})
+    before = t.version
+    with pytest.raises(mv.ConcurrentWriteError,
+                       match=r"could not commit the backfill of \['y'\] into 't': another writer "
+                             r"committed first 3 times in a row; nothing was committed") as err:
+        t.backfill("y")
+    assert type(err.value.__cause__).__name__ == "CommitConflictError"
+    assert attempts.read_text() == "111" and t.version == before + 3  # the three updates, no backfill
+    assert t.plan_backfill("y").rows == 20
+
+
+def test_a_staged_backfill_whose_write_always_conflicts_fails_with_a_concurrent_write_error(tmp_path, monkeypatch):
+    """The staged path's write is redone against each new version (no UDF runs
+    again), up to COMMIT_ATTEMPTS times; then the same typed error."""
+    monkeypatch.setattr(commits, "COMMIT_ATTEMPTS", 2)
+    writes = []
+
+    class Meddling(mv.InlineRunner):
+        def map(self, func_ref, payloads, shared, rows=0):
+            if func_ref.endswith(":run_write_task"):  # a concurrent writer, in the fragment written
+                writes.append(func_ref)
+                t.update(f"id = {len(writes)}", values_sql={"x": "x + 1"})
+            return super().map(func_ref, payloads, shared, rows)
+
+    db = mv.connect(str(tmp_path), runner=Meddling())
+    t = db.create_table("t", _rows(20))
+    t.add_columns({"y": plus})
+    with pytest.raises(mv.ConcurrentWriteError, match=r"could not commit \['y', '__computed__y'\] into 't': another "
+                                                      r"writer committed first 2 times in a row"):
+        t.backfill("y", checkpoint_size=8)
+    assert len(writes) == 2
+    assert t.backfill("y", checkpoint_size=8, runner=mv.InlineRunner()).rows_written == 20  # resumed
+
+
+@mv.udf
+def plus(x: float) -> float:
+    return x + 1.0
