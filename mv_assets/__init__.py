@@ -19,6 +19,10 @@ from mv_assets.api.table import Table as Table
 from mv_assets.execution.spark import InlineRunner as InlineRunner
 from mv_assets.execution.spark import SparkRunner as SparkRunner
 from mv_assets.model import udf as _udf_module
+from mv_assets.model.chunker import UDTF as UDTF
+from mv_assets.model.chunker import Chunker as Chunker
+from mv_assets.model.chunker import chunker as chunker
+from mv_assets.model.chunker import udtf as udtf
 from mv_assets.model.definition import SOURCE_ROW_ID as SOURCE_ROW_ID
 from mv_assets.model.errors import CatalogNotFoundError as CatalogNotFoundError
 from mv_assets.model.errors import ConcurrentRefreshError as ConcurrentRefreshError
@@ -45,6 +49,10 @@ __all__ = [
     "BackfillJob",
     "BackfillPlan",
     "BackfillResult",
+    "Chunker",
+    "UDTF",
+    "chunker",
+    "udtf",
     "Columns",
     "ErrorRecord",
     "OnError",

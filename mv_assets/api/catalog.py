@@ -1,5 +1,6 @@
 """The catalog: a directory of Lance datasets, one per table or view."""
 
+import dataclasses
 import functools
 import json
 import os
@@ -12,6 +13,8 @@ from mv_assets.api.describe import TableDescription, describe_dataset, describe_
 from mv_assets.api.query import Query
 from mv_assets.api.table import PRIMARY_KEY_METADATA_KEY, MaterializedView, Table, check_primary_key, to_arrow_table
 from mv_assets.execution.spark import Runner, default_runner
+from mv_assets.model.chunk_view import check_chunk_query, chunk_view_schema
+from mv_assets.model.chunker import UDTF, Chunker
 from mv_assets.model.definition import VIEW_METADATA_KEY, ViewDefinition, is_reserved_name, output_schema, short_error
 from mv_assets.model.errors import CatalogNotFoundError, SourceBehindError, TableExistsError, TableNotFoundError
 from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
@@ -347,6 +350,64 @@ class Connection:
                 view.refresh()
             except BaseException:
                 self.drop_table(name)  # a view that could not be populated is not left behind
+                raise
+        return view
+
+    def create_udtf_view(
+        self,
+        name: str,
+        query: Query,
+        function: Any,
+        with_no_data: bool = True,
+        *,
+        refresh_policy: RefreshPolicy | None = None,
+    ) -> MaterializedView:
+        """Create a view that is not one row per source row (Geneva's name):
+        ``function`` a ``@chunker`` (each passing source row gives zero or more
+        rows). ``query`` is ``source.search(None).where(...).select([...])``: the
+        selected columns are the parent columns every child row inherits (without
+        ``select``, every source column but the chunker's inputs, unless
+        ``inherit_input_columns=True``); the chunker's input columns need not be
+        selected. The view refreshes incrementally like any other (see
+        :mod:`mv_assets.ops.chunk_refresh`). Validates everything before writing."""
+        validate_name(name)
+        if isinstance(function, UDTF):
+            raise ValueError(
+                f"{function.name!r} is a @udtf: table-function views are not supported yet; a @chunker is"
+            )
+        if not isinstance(function, Chunker):
+            raise ValueError(f"create_udtf_view() needs a @chunker function, got {type(function).__name__}")
+        if refresh_policy is not None and not isinstance(refresh_policy, RefreshPolicy):
+            raise ValueError("refresh_policy must be a RefreshPolicy, e.g. RefreshPolicy.ttl(3600)")
+        if not isinstance(query, Query):
+            raise ValueError("create_udtf_view() needs a query: table.search(None)...")
+        if not isinstance(query.table, Table) or query.table.connection.layout != self.layout:
+            raise ValueError("the query's table belongs to another catalog")
+        if name in self:
+            raise TableExistsError(f"{name!r} already exists in {self.uri}")
+        if name == query.table.name:
+            raise ValueError("a view cannot have the same name as its source")
+        definition = query.to_definition()
+        if query.selects_all and not function.inherit_input_columns:  # big inputs stay out of every child row
+            definition = dataclasses.replace(
+                definition, columns=tuple(c for c in definition.columns if c.name not in function.input_columns)
+            )
+        definition = dataclasses.replace(definition, function=json.dumps(function.to_spec()))
+        check_chunk_query(definition, name)
+        source = query.table._dataset()
+        require_stable_row_ids(source, query.table.name, f"a chunk view ({name!r})")  # before any write
+        schema = chunk_view_schema(definition, source)
+        policy = refresh_policy or RefreshPolicy.eager()
+        schema = schema.with_metadata({**schema.metadata, POLICY_METADATA_KEY.encode(): policy.to_json().encode()})
+        ensure_table_id(query.table.uri)
+        objects.write_dataset(pa.Table.from_batches([], schema=schema), self._table_uri(name), schema=schema,
+                              mode="create", enable_stable_row_ids=True)
+        view = MaterializedView(self, name, definition)
+        if not with_no_data:
+            try:
+                view.refresh()
+            except BaseException:
+                self.drop_table(name)
                 raise
         return view
 

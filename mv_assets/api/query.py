@@ -98,6 +98,11 @@ class Query:
     def table(self) -> QuerySource:
         return self._table
 
+    @property
+    def selects_all(self) -> bool:
+        """No ``select``: every source column."""
+        return self._select is None
+
     def to_definition(self) -> ViewDefinition:
         """Validate against the source schema and return the view definition."""
         source_schema = self._table.schema

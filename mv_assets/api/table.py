@@ -31,12 +31,12 @@ from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy
 from mv_assets.ops.backfill import BackfillJob, _group_specs, backfill_column, plan_backfill
 from mv_assets.ops.checks import CheckOutcome, check_view
 from mv_assets.ops.columns import add_columns, alter_columns, load_columns, update_rows
+from mv_assets.ops.kinds import plan_view_refresh
 from mv_assets.ops.refresh import (
     RefreshPlan,
     RefreshResult,
     compact_if_fragmented,
     execute_refresh,
-    plan_refresh,
     view_rows_by_fragment,
 )
 from mv_assets.storage import objects
@@ -703,7 +703,7 @@ class MaterializedView(Table):
     ) -> RefreshPlan:
         """An exact dry run of :meth:`refresh` with the same arguments: rows to
         insert, update and delete, UDF rows to compute, the tasks."""
-        return plan_refresh(
+        return plan_view_refresh(
             self.ref(), src_version, mode=mode, fragments=fragments, recompute=recompute,
             max_rows_per_task=max_rows_per_task, checkpoint_size=checkpoint_size,
             parallelism=_parallelism(runner or self.connection.runner),
@@ -778,7 +778,7 @@ class MaterializedView(Table):
         self.connection._check_source_current(self)
         with self.connection._refresh_lock(self.name, lock_timeout):
             ref = self.ref()
-            plan = plan_refresh(
+            plan = plan_view_refresh(
                 ref, src_version, mode=mode, fragments=fragments, recompute=recompute,
                 max_rows_per_task=max_rows_per_task, checkpoint_size=checkpoint_size,
                 parallelism=_parallelism(runner or self.connection.runner),

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mv_assets.execution.chunk_tasks import chunk_batches
 from mv_assets.model.definition import (
     SOURCE_MARKER_PREFIX,
     SOURCE_ROW_ID,
@@ -72,6 +73,9 @@ class TaskSpec:
     # Checkpoints sized by time (model.pacing): UDF results are saved once they
     # took this long to compute; None: every ``batch_size`` rows.
     checkpoint_seconds: float | None = None
+    # Chunk views: the view's rows (stable ids, at ``view_version``) of the
+    # task's parents that the view already holds: reused if their inputs did not change.
+    reuse_rows: list[int] | None = None
 
     @property
     def fragment_ids(self) -> list[int]:
@@ -578,8 +582,14 @@ def _task_batches(spec: TaskSpec, definition: ViewDefinition, ds, view_schema: p
                     f"source fragment {fragment_id} does not exist at version {spec.src_version} of {spec.src_uri}"
                 )
             fragments.append(fragment)
+        scan = fragments[0] if len(fragments) == 1 else _FragmentsScan(ds, fragments)
+        if definition.kind == "chunker":  # a chunk view: children of the parents (execution.chunk_tasks)
+            yield from chunk_batches(scan, definition, view_schema, predicate, spec.batch_size, udf_rows, errors,
+                                     view_uri=spec.view_uri, view_version=spec.view_version,
+                                     reuse_rows=spec.reuse_rows)
+            continue
         yield from _compute_batches(
-            fragments[0] if len(fragments) == 1 else _FragmentsScan(ds, fragments), definition, view_schema,
+            scan, definition, view_schema,
             ds.schema, predicate, spec.batch_size, udf_rows, spec.recompute, errors, spec.batch_checkpoint_dir,
             spec.batch_resume, resumed, spec.checkpoint_seconds,
         )
@@ -629,9 +639,10 @@ def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
         errors=errors,
         rows_path=rows_path,
     )
-    if definition.udf_columns or spec.checkpoint_seconds is None or result.seconds >= spec.checkpoint_seconds:
+    if (definition.udf_columns or definition.function or spec.checkpoint_seconds is None
+            or result.seconds >= spec.checkpoint_seconds):
         _save_checkpoint(spec, result)
-    # else a task of a view without UDF columns that took less than a checkpoint's
+    # else a task of a view without UDF columns or chunker that took less than a checkpoint's
     # worth of time: computing it again after a crash costs less than the
     # checkpoint's write and removal cost every refresh (~1 ms)
     return result

@@ -137,6 +137,28 @@ class ViewDefinition:
     shuffle: bool = False
     seed: int | None = None
     limit: int | None = None
+    # A view that is not one row per source row: the JSON spec of its chunker
+    # (model.chunker); ``columns`` are then the parent columns each child inherits.
+    function: str | None = None
+
+    @property
+    def kind(self) -> str:
+        """``"query"`` (one view row per passing source row) or the function's
+        kind (``"chunker"``: zero or more rows per passing source row)."""
+        return json.loads(self.function)["kind"] if self.function else "query"
+
+    @property
+    def table_function(self) -> Any:
+        """The view's chunker (unpickled once per definition object)."""
+        if not self.function:
+            raise ValueError("a query view has no table function")
+        cached = self.__dict__.get("_table_function")
+        if cached is None:
+            from mv_assets.model.chunker import from_spec
+
+            cached = from_spec(json.loads(self.function))
+            object.__setattr__(self, "_table_function", cached)
+        return cached
 
     @property
     def udf_columns(self) -> list[ColumnSpec]:
@@ -158,6 +180,7 @@ class ViewDefinition:
         selected, fed to a UDF, or named in a SQL expression or the filter."""
         light = {
             "filter": self.filter,
+            "function": json.loads(self.function) if self.function else None,
             "columns": [
                 {"name": c.name, "kind": c.kind, "expr": c.expr, "udf": {"input_columns": c.udf.input_columns if c.udf else None}}
                 for c in self.columns
@@ -178,7 +201,7 @@ class ViewDefinition:
         return cols
 
     def to_json(self) -> dict:
-        return {
+        out = {
             "format": FORMAT_VERSION,
             "source": self.source,
             "columns": [c.to_json() for c in self.columns],
@@ -187,6 +210,9 @@ class ViewDefinition:
             "seed": self.seed,
             "limit": self.limit,
         }
+        if self.function:
+            out["function"] = json.loads(self.function)
+        return out
 
     @staticmethod
     def from_json(d: dict) -> "ViewDefinition":
@@ -199,6 +225,7 @@ class ViewDefinition:
             shuffle=bool(d.get("shuffle")),
             seed=d.get("seed"),
             limit=d.get("limit"),
+            function=json.dumps(d["function"]) if d.get("function") else None,
         )
 
     def shape_fingerprint(self) -> str:
@@ -216,6 +243,8 @@ class ViewDefinition:
         for c in d["columns"]:
             if "udf" in c:
                 c["udf"] = {k: v for k, v in c["udf"].items() if k != "pickle"}
+        if "function" in d:
+            d["function"] = _function_identity(d["function"])
         return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
 
     def encode(self) -> bytes:
@@ -229,7 +258,14 @@ class ViewDefinition:
 def shape_fingerprint(definition: dict) -> str:
     """:meth:`ViewDefinition.shape_fingerprint` of a stored definition (its JSON)."""
     d = {**definition, "columns": [c for c in definition["columns"] if c["kind"] != "udf" and not c.get("added")]}
+    if d.get("function"):  # its code decides the rows: a new chunker rebuilds the view
+        d["function"] = _function_identity(d["function"])
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _function_identity(spec: dict) -> dict:
+    """What of a chunker's spec decides the view's rows (not its pickle or where it was defined)."""
+    return {k: spec.get(k) for k in ("kind", "fingerprint", "input_columns", "output_schema")}
 
 
 def definition_reads(definition: dict, columns: list[str], source_names: list[str]) -> list[str]:
@@ -241,6 +277,8 @@ def definition_reads(definition: dict, columns: list[str], source_names: list[st
     for c in cols:
         if c["kind"] == "udf":
             direct.update(c["udf"].get("input_columns") or source_names)
+    if definition.get("function"):
+        direct.update(definition["function"].get("input_columns") or [])
     out = []
     for name in columns:
         pattern = re.compile(r"(?<![A-Za-z0-9_])" + re.escape(name) + r"(?![A-Za-z0-9_])")

@@ -7,7 +7,7 @@ All internal names start with ``__``: users cannot give a column such a name
 from enum import StrEnum
 
 __all__ = [
-    "SOURCE_ROW_ID", "SOURCE_ROW_VERSION", "VIEW_KEY_COLUMNS", "is_internal_column", "COMPUTED_PREFIX", "SOURCE_MARKER_PREFIX",
+    "SOURCE_ROW_ID", "SOURCE_ROW_VERSION", "VIEW_KEY_COLUMNS", "CHUNK_INDEX", "CHUNK_INPUTS", "is_internal_column", "COMPUTED_PREFIX", "SOURCE_MARKER_PREFIX",
     "LANCE_ROW_COLUMNS", "RESERVED_PREFIX", "Alias", "ColumnKind", "UdfKind", "computed_marker", "source_marker",
     "is_marker", "is_reserved_name", "input_alias", "input_marker_alias", "nth_marker_alias", "PRIMARY_KEY_METADATA_KEY",
 ]
@@ -16,6 +16,9 @@ __all__ = [
 SOURCE_ROW_ID = "__source_row_id"  # the stable row id of the source row it came from
 SOURCE_ROW_VERSION = "__source_row_version"  # that row's last-updated version when computed
 VIEW_KEY_COLUMNS = frozenset({SOURCE_ROW_ID, SOURCE_ROW_VERSION})
+# -- stored in every row of a chunk view (kind "chunker": a source row gives 0..n rows) --
+CHUNK_INDEX = "__chunk_index"  # the row's position among its parent's children
+CHUNK_INPUTS = "__chunk_inputs"  # digest of the parent's chunker inputs the row was made from
 
 # -- a table's schema metadata: its primary key column (if it has one) -------------
 PRIMARY_KEY_METADATA_KEY = "mv_assets.primary_key"
@@ -89,7 +92,7 @@ def is_internal_column(name: str) -> bool:
     >>> [is_internal_column(n) for n in ("__source_row_id", "__computed__y", "y")]
     [True, True, False]
     """
-    return name in VIEW_KEY_COLUMNS or is_marker(name)
+    return name in VIEW_KEY_COLUMNS or name == CHUNK_INPUTS or is_marker(name)
 
 
 def is_reserved_name(name: str) -> bool:

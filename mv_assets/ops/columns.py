@@ -9,6 +9,7 @@ holds). Every computed column has a hidden marker column (see
 :func:`~mv_assets.names.computed_marker`).
 """
 
+import dataclasses
 import os
 from typing import Any
 
@@ -163,10 +164,7 @@ def add_columns(table: Ref, transforms: Any) -> list[str]:
         ds = table.dataset()
         if is_view:
             definition = ViewDefinition.decode(md[VIEW_METADATA_KEY])
-            new = ViewDefinition(
-                definition.source, definition.columns + tuple(specs), definition.filter,
-                definition.shuffle, definition.seed, definition.limit,
-            )
+            new = dataclasses.replace(definition, columns=definition.columns + tuple(specs))
             ds.update_schema_metadata({VIEW_METADATA_KEY: new.encode().decode()})
         else:
             existing = stored_columns(ds.schema)
@@ -224,7 +222,7 @@ def alter_columns(table: Ref, alterations: tuple[dict, ...]) -> None:
         if isinstance(table, ViewRef):
             d = table.definition
             cols = tuple(replaced.get(c.name, c) for c in d.columns)
-            new_def = ViewDefinition(d.source, cols, d.filter, d.shuffle, d.seed, d.limit)
+            new_def = dataclasses.replace(d, columns=cols)
             ds.update_schema_metadata({VIEW_METADATA_KEY: new_def.encode().decode()})
         else:
             specs = [replaced.get(c.name, c) for c in stored_columns(ds.schema)]

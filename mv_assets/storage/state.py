@@ -94,6 +94,28 @@ def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
     )
 
 
+def scoped_since_whole(view_ds: lance.LanceDataset) -> dict[int, int]:
+    """The source fragments fragment-scoped refreshes covered since the newest
+    whole refresh, each with the newest source version it was refreshed to
+    (every row in it then was processed)."""
+    out: dict[int, int] = {}
+    v = view_ds.version
+    while v >= 1:
+        try:
+            txn = objects.read_transaction(view_ds, v)
+        except Exception:
+            break
+        raw = ((txn.transaction_properties or {}) if txn is not None else {}).get(STATE_KEY)
+        if raw:
+            d = json.loads(raw)
+            if d.get("scope") is None:
+                break
+            for f in d["scope"]:
+                out[int(f)] = max(out.get(int(f), 0), int(d["source_version"]))
+        v -= 1
+    return out
+
+
 # A view keeps few fragments: once more than this many hold fewer than half the
 # target rows each, the refresh that made them compacts them (row ids, row
 # versions and the order of rows are kept; readers see no change).

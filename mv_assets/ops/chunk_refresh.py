@@ -1,0 +1,241 @@
+"""Planning a chunk view's refresh (kind ``"chunker"``, :mod:`mv_assets.model.chunk_view`).
+
+The refresh runs through the same pipeline as a query view's: this plan, the
+runner's tasks (:mod:`mv_assets.execution.chunk_tasks`), and one Lance commit
+with the refresh state (:func:`mv_assets.ops.refresh.execute_refresh`).
+Keys are parents (source row ids); a view row is a child of one.
+
+* **incremental**: parents written since the reflected version are chunked
+  again (their old children removed), deleted parents and parents that no
+  longer pass the filter lose their children; no chunker call for them. An
+  updated parent whose chunker inputs are unchanged (digest) has its children
+  copied with the new inherited columns: no call either. Compaction and
+  commits touching nothing the view reads cost nothing.
+* **sync** (fragment-scoped, after a history cleanup, after scoped refreshes):
+  every passing parent (in scope) is compared with the view: current when its
+  children carry its version, or when it has none and was not written since
+  the version the whole view reflects (chunked then, into no rows).
+* **full**: everything chunked again (first refresh, new chunker or query,
+  recreated source, a write into the view by another tool, an older target
+  version, a backfill of a source column the view reads).
+
+``rows_to_insert`` / ``rows_to_update`` / ``rows_to_delete`` count parents;
+``udf_rows`` the chunker calls (parents chunked), exactly.
+"""
+
+from typing import TYPE_CHECKING
+
+import lance
+import numpy as np
+import pyarrow as pa
+
+from mv_assets.model.chunk_view import input_digests, processed_without_children
+from mv_assets.model.definition import computed_column_names, read_field_ids
+from mv_assets.model.names import CHUNK_INPUTS, SOURCE_ROW_ID, SOURCE_ROW_VERSION
+from mv_assets.model.planning import History, KeyPlan, choose_how, fit_to_fragments, isin, pieces_from_rows, task_rows
+from mv_assets.model.planning import column_ids as _ids
+from mv_assets.ops.refresh import (
+    ROW_VERSION_ALIAS,
+    RefreshPlan,
+    _already_current,
+    _check_args,
+    _check_reads,
+    _columns_replaced,
+    _created_reading,
+    _nothing_read_changed,
+    _open_source,
+    _place,
+    _scan,
+    _scope,
+    _source_at,
+    _source_replaced,
+    and_filters,
+    read_history,
+)
+from mv_assets.storage.changes import backfill_commits, commits_since, foreign_writes
+from mv_assets.storage.identity import table_id
+from mv_assets.storage.lance_compat import take_rows
+from mv_assets.storage.refs import ViewRef
+from mv_assets.storage.state import read_refresh_state, scoped_since_whole
+
+if TYPE_CHECKING:
+    from mv_assets.ops.refresh import _TaskPlace
+
+__all__ = ["plan_chunk_refresh"]
+
+
+def _computed_reads(view: ViewRef, src: lance.LanceDataset) -> list[str]:
+    """Computed columns of the source the chunk view reads (a backfill rewrites
+    their values without moving row versions)."""
+    return view.definition.reads(computed_column_names(src.schema), src.schema)
+
+
+def plan_chunk_refresh(
+    view: ViewRef,
+    src_version: int | None = None,
+    *,
+    mode: str = "auto",
+    fragments: list[int] | None = None,
+    recompute: list[str] | None = None,
+    max_rows_per_task: int | None = None,
+    checkpoint_size: int | None = None,
+    parallelism: int = 1,
+) -> RefreshPlan:
+    """Plan a refresh of chunk view ``view`` (see the module docstring);
+    arguments as :func:`mv_assets.ops.refresh.plan_refresh`'s."""
+    _check_args(mode, max_rows_per_task, checkpoint_size)
+    if recompute:
+        raise ValueError(
+            f"recompute applies to UDF columns of query views; chunk view {view.name!r} is chunked again with "
+            "mode='full'"
+        )
+    definition = view.definition
+    chunker = definition.table_function
+    src_latest = _open_source(view)
+    view_ds = view.dataset()
+    state = read_refresh_state(view_ds)
+    source_id = table_id(src_latest)
+    read_fields = read_field_ids(definition, src_latest)
+    replaced = _source_replaced(view, state, source_id) or _columns_replaced(view, state, read_fields)
+    if replaced is not None:
+        if mode == "incremental_strict":
+            raise ValueError(f"refresh of {view.name!r} cannot be incremental: {replaced}")
+        fragments = None
+    foreign = foreign_writes(view_ds, state.view_version)
+    if foreign is not None:
+        fragments = None
+    src = _source_at(view.name, definition, src_latest, src_version)
+    _check_reads(view.name, definition, src, state.read_fields or _created_reading(view_ds))
+    scope, scope_frags = _scope(view.name, definition, src, fragments, None)
+    v0 = state.source_version
+    history = read_history(src, v0, src.version) if v0 is not None and replaced is None else History()
+    how, reason = choose_how(
+        mode=mode, definition_changed=state.definition not in (None, definition.shape_fingerprint()), v0=v0,
+        target=src.version, scope=scope, recompute=None, scoped_since_whole=state.scoped_since_whole,
+        history=history, source_replaced=replaced,
+        # rows another tool wrote into a chunk view cannot be traced to a parent: rebuilt
+        view_written=(True, foreign.describe()) if foreign else None,
+    )
+    computed = _computed_reads(view, src)
+    if how != "full" and v0 is not None and src.version < v0:
+        how, reason = "full", f"source version {src.version} is older than the reflected version {v0}"
+    elif how != "full" and v0 is not None and computed and src.version > v0 and backfill_commits(src, v0, src.version):
+        how, reason = "full", f"a backfill of {computed} (read by the view) rewrote values without moving row versions"
+    if how == "full" and mode == "incremental_strict" and v0 is not None:
+        raise ValueError(f"refresh of {view.name!r} cannot be incremental: {reason}")
+    if how == "full":
+        scope = scope_frags = None
+    commits = commits_since(src, v0) if how == "incremental" and v0 is not None and v0 <= src.version else None
+    if commits is not None and _nothing_read_changed(commits, computed, state):
+        plan = _already_current(view, src.version, view_ds.version, state)
+        plan.source_id, plan.read_fields = source_id, read_fields
+        return plan
+
+    keys, parents, reuse, vk = _changes(view_ds, src, definition, how, v0, scope_frags)
+    n = len(_ids(parents))
+
+    def place() -> "_TaskPlace":
+        largest = max((f.count_rows() for f in src.get_fragments()), default=0)
+        per_task = max_rows_per_task or fit_to_fragments(task_rows(n, state.seconds_per_row, parallelism), largest)
+        return _place(view, src, view_ds.version, f"chunker|{v0}|{how}|{scope}", per_task, checkpoint_size,
+                      balanced=max_rows_per_task is None)
+
+    where = place()
+    tasks = where.tasks(pieces_from_rows(_ids(parents, "_rowaddr"), _ids(parents), where.max_rows_per_task)) if n else []
+    reuse_by_fragment = _reuse_by_fragment(reuse, parents)
+    for t in tasks:
+        t.view_version = view_ds.version
+        rows = [r for f in dict.fromkeys(t.fragment_ids) for r in reuse_by_fragment.get(f, [])]
+        t.reuse_rows = rows or None
+    copied = len({int(p) for p, _ in reuse})
+    return RefreshPlan(
+        view=view.name, source=definition.source, from_version=v0, to_version=src.version,
+        view_version=view_ds.version, full=how == "full", reason=reason, rows_to_insert=int(len(keys.insert)),
+        rows_to_update=int(len(keys.update)), rows_to_delete=int(len(keys.delete)),
+        udf_rows={chunker.name: n - copied}, tasks=tasks, keys=keys,
+        view_key_addrs=(_ids(vk, SOURCE_ROW_ID), _ids(vk, "_rowaddr")) if vk is not None else None,
+        checkpoint_dir=where.checkpoint_dir, definition_raw=definition.encode(), load_number=state.load_number,
+        scope=scope, scoped_since_whole=state.scoped_since_whole, seconds_per_row=state.seconds_per_row,
+        source_id=source_id, repaired=foreign is not None, read_fields=read_fields,
+    )
+
+
+def _changes(view_ds: lance.LanceDataset, src: lance.LanceDataset, definition, how: str, v0: int | None,
+             scope_frags: list | None):
+    """The key plan (by parent), the parents to compute (ids, addresses), the
+    view rows to reuse ``[(parent id, view row id)]`` and the view's rows of
+    the parents the plan touches (their keys and addresses, for the deletions)."""
+    empty = np.empty(0, np.int64)
+    if how == "full":
+        parents = _scan(src, definition.filter, with_version=False)
+        vk = view_ds.to_table(columns=[SOURCE_ROW_ID], with_row_address=True)
+        held = np.unique(_ids(vk, SOURCE_ROW_ID))
+        ids = _ids(parents)
+        in_view = isin(ids, held)
+        return KeyPlan(ids[~in_view], ids[in_view], held[~isin(held, ids)]), parents, [], vk
+    vk = view_ds.to_table(columns=[SOURCE_ROW_ID, SOURCE_ROW_VERSION, CHUNK_INPUTS], with_row_id=True,
+                          with_row_address=True)
+    view_keys = _ids(vk, SOURCE_ROW_ID)
+    if how == "incremental":
+        assert v0 is not None
+        since = f"_row_last_updated_at_version > {int(v0)}"
+        parents = _scan(src, and_filters(since, definition.filter))
+        changed = _ids(_scan(src, since, with_version=False)) if definition.filter else _ids(parents)
+        deleted = (_ids(src.delta(begin_version=v0, end_version=src.version).get_deleted_row_ids().read_all())
+                   if src.version > v0 else empty)
+        touched = np.concatenate([changed, deleted])
+    else:  # sync: every passing parent (in scope) against the view's children
+        parents = _scan(src, definition.filter, scope_frags)
+        ids, vers = _ids(parents), _ids(parents, ROW_VERSION_ALIAS)
+        has = isin(ids, view_keys)
+        holds = np.zeros(len(ids), dtype=bool)
+        if has.any():  # a parent is current when its children carry its version
+            pairs = {(int(k), int(v)) for k, v in zip(view_keys, _ids(vk, SOURCE_ROW_VERSION), strict=True)}
+            holds[has] = [(int(i), int(v)) in pairs for i, v in zip(ids[has], vers[has], strict=True)]
+        current = holds | processed_without_children(vers, has, v0, _ids(parents, "_rowaddr") >> 32,
+                                                     scoped_since_whole(view_ds))
+        parents = parents.filter(pa.array(~current))
+        if scope_frags is not None:
+            in_scope = _ids(_scan(src, None, scope_frags, with_version=False))
+            every = _ids(src.to_table(columns=[], with_row_id=True))
+            gone = np.concatenate([in_scope[~isin(in_scope, ids)], view_keys[~isin(view_keys, every)]])
+        else:
+            gone = view_keys[~isin(view_keys, ids)]
+        touched = np.concatenate([_ids(parents), gone])
+    mask = isin(view_keys, touched)
+    vk = vk.filter(pa.array(mask))
+    held = np.unique(_ids(vk, SOURCE_ROW_ID))
+    compute = _ids(parents)
+    in_view = isin(compute, held)
+    keys = KeyPlan(np.sort(compute[~in_view]), np.sort(compute[in_view]), held[~isin(held, compute)])
+    reuse = _reusable(src, definition, parents.filter(pa.array(in_view)), vk)
+    return keys, parents, reuse, vk
+
+
+def _reusable(src: lance.LanceDataset, definition, updated: pa.Table, vk: pa.Table) -> list[tuple[int, int]]:
+    """``[(parent id, view row id)]`` of children whose parent was updated but
+    whose chunker inputs are what they were made from: copied, not chunked."""
+    if updated.num_rows == 0:
+        return []
+    inputs = list(definition.table_function.input_columns)
+    ids = _ids(updated)
+    now = take_rows(src, [int(i) for i in ids], inputs)
+    digests = dict(zip(ids.tolist(), input_digests(now, inputs).to_pylist(), strict=True))
+    out = []
+    for key, digest, row_id in zip(_ids(vk, SOURCE_ROW_ID).tolist(), vk.column(CHUNK_INPUTS).to_pylist(),
+                                   _ids(vk, "_rowid").tolist(), strict=True):
+        if digests.get(key) == digest:
+            out.append((key, row_id))
+    return out
+
+
+def _reuse_by_fragment(reuse: list[tuple[int, int]], parents: pa.Table) -> dict[int, list[int]]:
+    """The view rows to reuse, by the source fragment of their parent (a task reads whole fragments' pieces)."""
+    if not reuse:
+        return {}
+    frag_of = dict(zip(_ids(parents).tolist(), (_ids(parents, "_rowaddr") >> 32).tolist(), strict=True))
+    out: dict[int, list[int]] = {}
+    for parent, row in reuse:
+        out.setdefault(int(frag_of[parent]), []).append(int(row))
+    return out
+

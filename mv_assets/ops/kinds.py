@@ -1,0 +1,25 @@
+"""View kinds and the planner that refreshes each (the rest of a refresh, its
+tasks' execution and its one commit, is shared: :func:`mv_assets.ops.refresh.execute_refresh`).
+
+* ``"query"``: one view row per passing source row (:mod:`mv_assets.ops.refresh`);
+* ``"chunker"``: zero or more rows per passing source row (:mod:`mv_assets.ops.chunk_refresh`).
+"""
+
+from collections.abc import Callable
+
+from mv_assets.ops.chunk_refresh import plan_chunk_refresh
+from mv_assets.ops.refresh import RefreshPlan, plan_refresh
+from mv_assets.storage.refs import ViewRef
+
+__all__ = ["PLANNERS", "plan_view_refresh"]
+
+PLANNERS: dict[str, Callable[..., RefreshPlan]] = {"query": plan_refresh, "chunker": plan_chunk_refresh}
+
+
+def plan_view_refresh(view: ViewRef, *args, **kwargs) -> RefreshPlan:
+    """The refresh plan of ``view`` by its kind's planner (arguments as :func:`plan_refresh`'s)."""
+    kind = view.definition.kind
+    planner = PLANNERS.get(kind)
+    if planner is None:
+        raise ValueError(f"view {view.name!r} is a {kind!r} view, which this version of mv_assets cannot refresh")
+    return planner(view, *args, **kwargs)
