@@ -483,3 +483,38 @@ def test_a_failing_udf_fails_the_run_naming_column_udf_row_and_remedy(tmp_path):
     assert {k: failure.metadata[k].value for k in ("column", "udf", "row_id", "primary_key")} == {
         "column": "score", "udf": "score", "row_id": row_id, "primary_key": "id=103"}
     assert [e.row_id for e in db.open_table("v").get_errors(column_name="score")] == [row_id]
+
+
+def test_a_chunk_view_is_an_asset_of_its_sources_lineage_refreshed_by_the_sensor_runs(tmp_path):
+    """A chunk view (@chunker, create_udtf_view) sits in its source's lineage,
+    partitioned by the source's fragments like other views; the sensor's run
+    requests materialize it and it equals the oracle after appends, deletes,
+    updates and compaction."""
+    from test_chunk_views import actual, calls, docs_rows, expected, make_split
+
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    log = str(tmp_path / "calls")
+    os.makedirs(log)
+    docs = db.create_table("docs", docs_rows(range(12)), primary_key="id")
+    db.create_udtf_view("chunks", docs.search(None).where("id > 0").select(["id", "title"]), make_split(log))
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    graph = defs.get_repository_def().asset_graph
+    assert graph.get(K(["chunks"])).parent_keys == {K(["docs"])}
+    assert graph.get(K(["chunks"])).partitions_def.name == partitions_def_name("docs")
+    assert "chunker `split`" in graph.get(K(["chunks"])).description
+    sensor = _sensor(defs, "docs_changes")
+    chunk_assets = [defs.get_repository_def().assets_defs_by_key[K(["chunks"])]]
+    with dg.instance_for_test() as instance:
+        cursor = None
+        for change in (None, lambda: docs.add(docs_rows(range(20, 24))), lambda: docs.delete("id < 4"),
+                       lambda: docs.update("id = 8", values_sql={"body": "'p q r s t'"}), lambda: docs.optimize()):
+            if change:
+                change()
+            result = call_sensor(sensor, instance=instance, cursor=cursor, definitions=defs, resources=defs.resources)
+            _apply(instance, result)
+            cursor = result.cursor
+            for run in result.run_requests:
+                assert dg.materialize(chunk_assets, instance=instance, tags=run.tags, selection=run.asset_selection).success
+            view = db.open_view("chunks")
+            assert actual(view) == expected(docs.uri, docs.version)
+        assert calls(log) == 11 + 4 + 1  # each passing parent once, the updated one again; deletes and compaction: none

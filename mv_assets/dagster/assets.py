@@ -128,10 +128,13 @@ def _view_description(info: TableInfo) -> str:
         else f"Refreshed as a whole in any partition run (partitions: fragments of `{info.root}`)"
         + ("; its upstream views are brought up to date first" if info.over_view else "")
     )
-    text = (
-        f"Materialized view over `{info.source}`{where}{lim}: {cols}. "
-        f"{how}; refreshed incrementally on Spark. Policy: {info.policy.describe()}."
+    function = info.definition.get("function")
+    what = (
+        f"Chunk view over `{info.source}`{where}: each row split by {function['kind']} `{function['name']}` into "
+        f"rows of {', '.join(function['output_schema'])}, each inheriting {cols or 'no column'}"
+        if function else f"Materialized view over `{info.source}`{where}{lim}: {cols}"
     )
+    text = f"{what}. {how}; refreshed incrementally on Spark. Policy: {info.policy.describe()}."
     diff = info.code_changes
     if diff is not None and diff.create:
         text += " Declared in code; created by its first materialization."
