@@ -65,3 +65,27 @@ def test_a_staged_backfill_whose_write_always_conflicts_fails_with_a_concurrent_
 @mv.udf
 def plus(x: float) -> float:
     return x + 1.0
+
+
+def test_every_backfill_task_a_runner_runs_is_in_the_execution_layer(tmp_path):
+    """Executors import only mv_assets.execution (and below) for a backfill:
+    the one pass of a table and of a view, and the staged path's two stages."""
+    refs = []
+
+    class Recording(mv.InlineRunner):
+        def map(self, func_ref, payloads, shared, rows=0):
+            refs.append(func_ref)
+            return super().map(func_ref, payloads, shared, rows)
+
+    db = mv.connect(str(tmp_path), runner=Recording())
+    t = db.create_table("t", _rows(20))
+    t.add_columns({"y": plus, "z": "x * 2"})
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "x": "x"}))
+    v.refresh()
+    v.add_columns({"w": plus})
+    t.backfill("y")
+    t.backfill("z")
+    v.backfill("w")
+    t.backfill("y", where="id < 5", checkpoint_size=4)
+    assert {r.rpartition(":")[2] for r in refs} == {"run_fused_task", "run_compute_task", "run_write_task"}
+    assert all(r.startswith("mv_assets.execution.") for r in refs), refs

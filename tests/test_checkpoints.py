@@ -7,7 +7,7 @@ import numpy as np
 import pyarrow as pa
 
 import mv_assets as mv
-from mv_assets.ops.backfill import run_compute_task
+from mv_assets.execution.backfill_tasks import run_compute_task
 from mv_assets.storage import objects
 from mv_assets.storage.checkpoints import ID, INPUTS, VERSION, CheckpointIndex, CheckpointStore
 

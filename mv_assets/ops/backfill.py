@@ -7,7 +7,10 @@ backfill computes exactly the rows whose marker is not the current
 fingerprint — a UDF that legitimately returns NULL is not computed again, and
 after ``alter_columns`` every row computed by the old code is.
 
-UDF columns take one pass by default (:func:`run_fused_task`): tasks compute
+This module plans and commits (the driver); what the runner's tasks do, in
+both paths, is in :mod:`mv_assets.execution.backfill_tasks`.
+
+UDF columns take one pass by default (``run_fused_task``): tasks compute
 and write per fragment, UDF results checkpointed by time and row identity, one
 ``rewrite_columns`` commit pinned to the version read (a conflict runs the
 pass again, finding the checkpointed results). A view's rows are those whose
@@ -40,10 +43,8 @@ below), their inputs read from the source. SQL columns and a given
    UDF runs again).
 """
 
-import functools
 import hashlib
 import json
-import os
 import threading
 import time
 import uuid
@@ -54,30 +55,29 @@ import lance
 import numpy as np
 import pyarrow as pa
 from lance import LanceOperation, Transaction
-from lance.fragment import DataFile, FragmentMetadata
+from lance.fragment import FragmentMetadata
 
-from mv_assets.execution.tasks import (
-    PacedRowStore,
-    RowStore,
-    checkpointed_udf_columns,
-    compute_udf_columns,
-    input_identity,
-    paced,
-    repeat_string,
+from mv_assets.execution.backfill_tasks import (
+    COMPUTE_TASK,
+    FUSED_TASK,
+    WRITE_TASK,
+    column_field_ids,
+    input_columns,
+    write_fragment_file,
 )
+from mv_assets.execution.tasks import RowStore
 from mv_assets.model.definition import (
     SOURCE_ROW_ID,
     SOURCE_ROW_VERSION,
     ColumnSpec,
     check_sql,
     computed_marker,
-    is_marker,
     short_error,
     udf_column_type,
 )
 from mv_assets.model.errors import UdfError
-from mv_assets.model.markers import stale_sql, stamp
-from mv_assets.model.names import Alias, input_alias, input_marker_alias, nth_marker_alias
+from mv_assets.model.markers import stale_sql
+from mv_assets.model.names import Alias, nth_marker_alias
 from mv_assets.model.pacing import default_target_seconds
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.model.planning import fragment_tasks, positions, split_ranges
@@ -88,7 +88,7 @@ from mv_assets.storage.changes import BACKFILL_KEY, NEUTRAL_OPERATIONS, fragment
 from mv_assets.storage.checkpoints import CheckpointIndex, CheckpointStore
 from mv_assets.storage.commits import commit_latest
 from mv_assets.storage.error_log import append_errors, record_failure
-from mv_assets.storage.lance_compat import field_ids, roaring_bitmap_bytes, take_rows
+from mv_assets.storage.lance_compat import roaring_bitmap_bytes
 from mv_assets.storage.refs import Ref, ViewRef
 
 if TYPE_CHECKING:
@@ -101,7 +101,6 @@ __all__ = [
 _IN_ID, _IN_VER, _TARGET_ID = Alias.INPUT_ID, Alias.INPUT_VERSION, Alias.TARGET_ID
 _IN_ADDR = Alias.INPUT_ADDRESS  # address of the input row at the input version (to read it fast)
 _TARGET_ADDR = Alias.TARGET_ADDRESS
-_MATCHED = Alias.MATCHED
 
 
 @dataclass
@@ -237,6 +236,14 @@ def _rows_predicate(
     return " AND ".join(parts)
 
 
+def _joined_markers(scanned: pa.Table, n: int) -> np.ndarray:
+    """Per row, the ``nth_marker_alias(i)`` marker columns of a scan joined by '|' ('' without any)."""
+    if not n:
+        return np.full(scanned.num_rows, "", dtype=object)
+    cols = [scanned.column(nth_marker_alias(i)).fill_null("").to_pylist() for i in range(n)]
+    return np.asarray(["|".join(r) for r in zip(*cols, strict=True)], dtype=object)
+
+
 def _plan_rows(table: Ref, ds: lance.LanceDataset, specs: list[ColumnSpec], predicate: str, candidates=None):
     """The rows to compute, sorted by input row id (input id, version, target id,
     input address), the markers of their computed inputs, and where the inputs are read."""
@@ -251,7 +258,7 @@ def _plan_rows(table: Ref, ds: lance.LanceDataset, specs: list[ColumnSpec], pred
     # view's source): a backfill of such an input moves no row version, so
     # they are part of what a checkpointed batch depends on.
     input_schema = objects.dataset(input_uri, version=input_version).schema
-    input_markers = [computed_marker(c) for c in _input_columns(specs, input_schema) if computed_marker(c) in input_schema.names]
+    input_markers = [computed_marker(c) for c in input_columns(specs, input_schema) if computed_marker(c) in input_schema.names]
     marker_cols = {nth_marker_alias(i): f"`{m}`" for i, m in enumerate(input_markers)}
     scanned = ds.scanner(
         columns={**cols, **({} if is_view else marker_cols)}, filter=predicate, with_row_id=True, with_row_address=True,
@@ -402,205 +409,12 @@ def _check_replacement(table: Ref, spec: ColumnSpec, udf: Any) -> None:
     udf.validate_inputs(schema, spec.name)
 
 
-# -- compute stage (executors) ---------------------------------------------
+# -- write stage (driver; the tasks: execution.backfill_tasks) --------------
 
 
 def _job_file(ckpt_dir: str, name: str) -> str:
     """A job's own files (its plan rows, write assignments) beside its checkpoints."""
     return objects.join(ckpt_dir, "jobs", name)
-
-
-def run_compute_task(payload: str, shared: bytes) -> str:
-    """Executor side: compute the batches of one task (skipping checkpointed ones)."""
-    start = time.perf_counter()
-    task = json.loads(payload)
-    job = json.loads(shared)
-    specs = [ColumnSpec.from_json(c) for c in job["specs"]]
-    store = CheckpointStore(job["checkpoint_dir"])
-    plan_rows = objects.read_arrow(job["plan_path"])
-    ds = objects.dataset(job["input_uri"], version=job["input_version"])
-    inputs = _input_columns(specs, ds.schema)
-    udf_rows: dict[str, int] = {}
-    errors: list[dict] = []
-    resumed = computed = resumed_rows = 0
-    todo = []
-    for key, lo, hi in task["batches"]:
-        if store.has(key):
-            errors.extend(store.read(key)[1])
-            resumed += 1
-            resumed_rows += hi - lo
-        else:
-            todo.append((key, lo, hi))
-    if todo:
-        # Read the inputs of every batch still to do in one pass (a scan per
-        # fragment), then compute and checkpoint batch by batch.
-        columns = {specs[0].name: specs[0].expr} if specs[0].kind == "sql" else inputs
-        taken = _read_rows(ds, columns, pa.concat_tables([plan_rows.slice(lo, hi - lo) for _, lo, hi in todo]))
-        taken_ids = _ids(taken, "_rowid")
-        order = np.argsort(taken_ids, kind="stable")
-        index = (taken, taken_ids[order], order)
-        for key, lo, hi in todo:
-            ids, vers, ins, values, errs = _compute_batch(
-                ds, specs, inputs, plan_rows.slice(lo, hi - lo), udf_rows, index, not job.get("is_view", False)
-            )
-            store.save(ids, vers, ins, values, errs, key=key)
-            errors.extend(errs)
-            computed += 1
-    return json.dumps(
-        {
-            "udf_rows": sum(udf_rows.get(c.name, 0) for c in specs[:1]),
-            "errors": errors,
-            "resumed": resumed,
-            "rows_resumed": resumed_rows,
-            "computed": computed,
-            "seconds": time.perf_counter() - start,
-            "pid": os.getpid(),
-        }
-    )
-
-
-def _joined_markers(scanned: pa.Table, n: int) -> np.ndarray:
-    """Per row, the ``nth_marker_alias(i)`` marker columns of a scan joined by '|' ('' without any)."""
-    if not n:
-        return np.full(scanned.num_rows, "", dtype=object)
-    cols = [scanned.column(nth_marker_alias(i)).fill_null("").to_pylist() for i in range(n)]
-    return np.asarray(["|".join(r) for r in zip(*cols, strict=True)], dtype=object)
-
-
-def _input_columns(specs: list[ColumnSpec], schema: pa.Schema) -> list[str]:
-    cols: list[str] = []
-    for c in specs:
-        if c.udf is None:
-            continue
-        needed = c.udf.input_columns or [
-            n for n in schema.names if not is_marker(n) and n not in (SOURCE_ROW_ID, SOURCE_ROW_VERSION)
-        ]
-        for n in needed:
-            if n not in cols:
-                cols.append(n)
-    return cols
-
-
-def _read_rows(ds: lance.LanceDataset, columns: list[str] | dict, batch_rows: pa.Table) -> pa.Table:
-    """The input rows of a batch (and ``_rowid``), in any order.
-
-    Dense runs of addresses within a fragment are read with a range scan of
-    that fragment (several times faster than a take); scattered rows by
-    stable row id."""
-    addrs = _ids(batch_rows, _IN_ADDR)
-    frags = addrs >> 32
-    parts, scattered = [], []
-    for fid in np.unique(frags):
-        sel = frags == fid
-        a = addrs[sel]
-        lo, hi = int(a.min()), int(a.max())
-        if hi - lo + 1 <= 2 * len(a):
-            fragment = ds.get_fragment(int(fid))
-            parts.append(ds.scanner(
-                columns=columns if isinstance(columns, dict) else list(columns), with_row_id=True,
-                filter=f"_rowaddr >= {lo} AND _rowaddr <= {hi}", fragments=[fragment],
-            ).to_table())
-        else:
-            scattered.append(batch_rows.column(_IN_ID).filter(pa.array(sel)))
-    if scattered:
-        ids = pa.concat_arrays([c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in scattered])
-        cols = {**columns, "_rowid": "_rowid"} if isinstance(columns, dict) else list(columns) + ["_rowid"]
-        parts.append(take_rows(ds, ids, cols))
-    return pa.concat_tables(parts, promote_options="permissive") if len(parts) > 1 else parts[0]
-
-
-def _compute_batch(
-    ds: lance.LanceDataset, specs: list[ColumnSpec], inputs: list[str], batch_rows: pa.Table, udf_rows: dict,
-    index: tuple[pa.Table, np.ndarray, np.ndarray], versioned: bool = False,
-) -> tuple[np.ndarray, np.ndarray, np.ndarray, dict[str, pa.Array], list[dict]]:
-    """Results of one checkpoint batch: input identity (ids, versions, input
-    markers), values with their markers, errors.
-
-    ``index`` is the task's input rows (read once) with their ids sorted. The
-    input dataset is pinned at the version the plan checked identities
-    against, so a row id found there has the planned row version; rows not
-    found (deleted since) are left out. (Reading _row_last_updated_at_version
-    by id trips a Lance projection bug after updates.)"""
-    ids = batch_rows.column(_IN_ID)
-    vers = batch_rows.column(_IN_VER)
-    taken, sorted_ids, order = index
-    want_ids = ids.to_numpy()
-    if len(sorted_ids):
-        p = np.minimum(np.searchsorted(sorted_ids, want_ids), len(sorted_ids) - 1)
-        pos = np.where(sorted_ids[p] == want_ids, order[p], -1)
-    else:
-        pos = np.full(len(want_ids), -1, dtype=np.int64)
-    matched = pos >= 0
-    take_idx = pa.array(pos[matched])
-    errors: list[dict] = []
-    keep = pa.array(matched)
-    m_ids, m_vers = ids.filter(keep), vers.filter(keep)
-    m_ins = np.asarray(batch_rows.column(ckpt.INPUTS).filter(keep).to_pylist(), dtype=object)
-    columns: dict[str, pa.Array] = {}
-    if specs[0].kind == "sql":
-        spec = specs[0]
-        columns[spec.name] = taken.column(spec.name).take(take_idx).combine_chunks()
-        columns[computed_marker(spec.name)] = repeat_string(spec.fingerprint, len(m_ids))
-    else:
-        input_batch = pa.RecordBatch.from_arrays(
-            [taken.column(c).take(take_idx).combine_chunks() for c in inputs], names=inputs
-        ) if inputs else pa.RecordBatch.from_pydict({})
-        columns.update(compute_udf_columns(specs, input_batch, m_ids, m_vers, udf_rows, errors))
-    if versioned:  # a table's markers name the row version the inputs were read at
-        for spec in specs:
-            columns[computed_marker(spec.name)] = stamp(columns[computed_marker(spec.name)], m_vers)
-    as_int = (lambda a: np.asarray(a.to_numpy(zero_copy_only=False), dtype=np.int64))  # noqa: E731
-    return as_int(m_ids), as_int(m_vers), m_ins, columns, errors
-
-
-# -- write stage (driver) ---------------------------------------------------
-
-
-def _field_ids(ds: lance.LanceDataset, names: list[str]) -> tuple[list[int], set[int]]:
-    """Leaf field ids of ``names`` (what a data file lists) and all their ids."""
-    walked = field_ids(ds, names)
-    return [i for i, leaf in walked if leaf], {i for i, _ in walked}
-
-
-def _write_fragment_file(
-    ds: lance.LanceDataset, fragment_id: int, names: list[str], offsets: np.ndarray, values: pa.Table
-) -> FragmentMetadata:
-    """A new data file with ``names`` for every physical row of the fragment:
-    ``values`` at ``offsets``, current values elsewhere (deleted rows NULL)."""
-    frag = ds.get_fragment(fragment_id)
-    if frag is None:
-        raise RuntimeError(f"fragment {fragment_id} of {ds.uri} disappeared while writing a column")
-    meta = frag.metadata
-    physical = meta.physical_rows
-    schema = pa.schema([ds.schema.field(n) for n in names])
-    if len(offsets) == physical:  # every physical row written: nothing to keep
-        full = values.select(names).cast(schema)
-    else:
-        current = frag.to_table(columns=names, with_row_address=True)
-        cur_off = (_ids(current, "_rowaddr") & 0xFFFFFFFF).astype(np.int64)
-        idx = np.full(physical, -1, dtype=np.int64)
-        idx[cur_off] = np.arange(len(cur_off))
-        idx[offsets] = len(cur_off) + np.arange(len(offsets))
-        combined = pa.concat_tables([current.select(names).cast(schema), values.select(names).cast(schema)])
-        full = combined.take(pa.array(idx, mask=idx < 0))
-    name = f"{uuid.uuid4().hex}.lance"
-    path = objects.join(ds.uri, "data", name)
-    version = ds.data_storage_version
-    with objects.file_writer(path, schema, version=version) as writer:
-        for b in full.to_batches(max_chunksize=65_536):
-            writer.write_batch(b)
-    leaves, every = _field_ids(ds, names)
-    major, minor = (int(x) for x in version.split("."))
-    files = []
-    for d in meta.files:
-        fields = [(-2 if f in every else f) for f in d.fields]
-        if all(f == -2 for f in fields):
-            continue  # every column of this file is replaced
-        files.append(DataFile(d.path, fields, d.column_indices, d.file_major_version, d.file_minor_version,
-                              d.file_size_bytes, d.base_id))
-    files.append(DataFile(name, leaves, list(range(len(leaves))), major, minor, objects.size(path)))
-    meta.files = files
-    return meta
 
 
 def _commit_results(
@@ -636,7 +450,7 @@ def _commit_results(
             "checkpoint_dir": plan.checkpoint_dir, "keys": plan.batch_keys,
         }).encode()
         try:
-            outs = runner.map("mv_assets.ops.backfill:run_write_task", payloads, shared_w,
+            outs = runner.map(WRITE_TASK, payloads, shared_w,
                               sum(len(g[1]) for g in groups))
         finally:
             for path in assigns:
@@ -649,29 +463,11 @@ def _commit_results(
     )
 
 
-def run_write_task(payload: str, shared: bytes) -> str:
-    """Executor side: write one fragment's new column file from checkpoint batches."""
-    task, job = json.loads(payload), json.loads(shared)
-    ds = objects.dataset(job["uri"], version=job["version"])
-    assign = objects.read_arrow(task["assign"])
-    batch = assign.column("batch").to_numpy()
-    row = assign.column("row").to_numpy()
-    needed = np.unique(batch)
-    index = CheckpointStore(job["checkpoint_dir"]).index([job["keys"][int(b)] for b in needed])
-    # positions in the index: the needed files are concatenated in order
-    sizes = np.array([t.num_rows for t in index.tables], dtype=np.int64)
-    base = np.zeros(int(needed.max()) + 1, dtype=np.int64)
-    base[needed] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-    values = pa.table(index.values(base[batch] + row, job["names"]))
-    meta = _write_fragment_file(ds, task["fragment_id"], job["names"], assign.column("offset").to_numpy(), values)
-    return json.dumps(meta.to_json())
-
-
 def _driver_writer(res: pa.Table, names: list[str]):
     """Write fragment files in this process from in-memory values (load_columns)."""
 
     def write(ds: lance.LanceDataset, groups: list) -> list[FragmentMetadata]:
-        return [_write_fragment_file(ds, int(fid), names, offsets, res.take(pa.array(pos)))
+        return [write_fragment_file(ds, int(fid), names, offsets, res.take(pa.array(pos)))
                 for fid, offsets, pos in groups]
 
     return write
@@ -732,7 +528,7 @@ def commit_column_values(
         offset_maps = {}
         if bump_versions:  # the rows whose versions move: portable RoaringBitmap bytes
             offset_maps = {fid: roaring_bitmap_bytes(o.tolist()) for fid, o, _ in groups}
-        _, every = _field_ids(ds, names)
+        _, every = column_field_ids(ds, names)
         txn = Transaction(
             read_version=ds.version,
             operation=LanceOperation.Update(
@@ -753,111 +549,12 @@ def commit_column_values(
     return version, written, skipped
 
 
-# -- one pass: compute and write per fragment, checkpoints by time -----------
-
-_FUSED_TASK = "mv_assets.ops.backfill:run_fused_task"
+# -- one pass: compute and write per fragment (the tasks: execution.backfill_tasks) --
 
 
 def _fused(table: Ref, specs: list[ColumnSpec]) -> bool:
-    """UDF columns backfill in one pass (see :func:`run_fused_task`)."""
+    """UDF columns backfill in one pass (see :func:`~mv_assets.execution.backfill_tasks.run_fused_task`)."""
     return all(c.kind == "udf" for c in specs)
-
-
-def run_fused_task(payload: str, shared: bytes) -> str:
-    """Executor side, one pass: for each fragment, compute the column for its
-    rows that need it and write the fragment's new column file (values handed
-    to Lance in memory, not through checkpoint files).
-
-    UDF results are checkpointed by time and by row identity (stable id, row
-    version, markers of computed inputs: the refresh's row store): a cheap UDF
-    writes no checkpoint, an expensive one saves every
-    ``$MV_ASSETS_CHECKPOINT_SECONDS`` of work, and a run after a crash or a
-    commit conflict finds those results whatever fragments the rows are in.
-    A view's rows are identified by their source row, whose inputs are read
-    from the source at the version the plan matched them at."""
-    task, job = json.loads(payload), json.loads(shared)
-    start = time.perf_counter()
-    specs = [ColumnSpec.from_json(c) for c in job["specs"]]
-    ds = objects.dataset(job["uri"], version=job["version"])
-    store = PacedRowStore(job["rows_dir"], specs, True, job["checkpoint_seconds"])
-    udf_rows: dict[str, int] = {}
-    errors: list[dict] = []
-    resumed: dict[str, int] = {}
-    fragments = []
-    parts = _view_input_batches(task, job, specs) if "plan_path" in job else _table_input_batches(ds, task, job, specs)
-    for fid, inputs, batches, identity in parts:
-        out, offsets = [], []
-        for batch in paced(batches, store):
-            if batch.num_rows == 0:
-                continue
-            started = time.perf_counter()
-            values = checkpointed_udf_columns(
-                specs, pa.RecordBatch.from_arrays([batch.column(input_alias(c)) for c in inputs], names=inputs),
-                batch.column("_rowid").cast(pa.int64()), batch.column(Alias.ROW_VERSION).cast(pa.int64()),
-                udf_rows, errors, store, functools.partial(identity, batch), resumed,
-            )
-            if store.pacer.computed(batch.num_rows, time.perf_counter() - started):
-                store.flush()
-            if "plan_path" not in job:  # a table's markers name the row version the inputs were read at
-                for spec in specs:
-                    marker = computed_marker(spec.name)
-                    values[marker] = stamp(values[marker], batch.column(Alias.ROW_VERSION).cast(pa.int64()))
-            out.append(pa.table({n: values[n] for n in job["names"]}))
-            offsets.append((_ids(batch, "_rowaddr") & 0xFFFFFFFF).astype(np.int64))
-        if out:
-            meta = _write_fragment_file(ds, fid, job["names"], np.concatenate(offsets), pa.concat_tables(out))
-            fragments.append(meta.to_json())
-    return json.dumps({
-        "fragments": fragments, "udf_rows": udf_rows.get(specs[0].name, 0),
-        "resumed": resumed.get(specs[0].name, 0), "errors": errors, "seconds": time.perf_counter() - start,
-    })
-
-
-def _table_input_batches(ds: lance.LanceDataset, task: dict, job: dict, specs: list[ColumnSpec]):
-    """Per fragment of a table: (id, input columns, scanned batches of its rows
-    to compute, input identity of a batch)."""
-    inputs = _input_columns(specs, ds.schema)
-    computed_inputs = [c for c in inputs if computed_marker(c) in ds.schema.names]
-    projection = {input_alias(c): f"`{c}`" for c in inputs}
-    projection.update({input_marker_alias(c): f"`{computed_marker(c)}`" for c in computed_inputs})
-    projection[Alias.ROW_VERSION] = "_row_last_updated_at_version"
-    for fid in task["fragments"]:
-        fragment = ds.get_fragment(int(fid))
-        if fragment is None:
-            raise RuntimeError(f"fragment {fid} of {ds.uri} disappeared while backfilling")
-        scanner = fragment.scanner(
-            columns=projection, filter=job["predicate"], with_row_id=True, with_row_address=True, batch_size=8192
-        )
-        yield int(fid), inputs, scanner.to_batches(), functools.partial(input_identity, computed_inputs=computed_inputs)
-
-
-def _identity_of_plan(batch: pa.RecordBatch) -> np.ndarray:
-    return np.asarray(batch.column(ckpt.INPUTS).to_pylist(), dtype=object)
-
-
-def _view_input_batches(task: dict, job: dict, specs: list[ColumnSpec]):
-    """Per view fragment of the task's plan rows (sorted by view address): its
-    rows with their inputs read from the source at the plan's version (range
-    scans of dense runs, else by stable id), identified by their source row."""
-    plan = objects.read_arrow(job["plan_path"]).slice(task["lo"], task["hi"] - task["lo"])
-    src = objects.dataset(job["input_uri"], version=job["input_version"])
-    inputs = _input_columns(specs, src.schema)
-    taken = _read_rows(src, {input_alias(c): f"`{c}`" for c in inputs}, plan)
-    pos = positions(_ids(plan, _IN_ID), _ids(taken, "_rowid"))
-    if (pos < 0).any():
-        raise RuntimeError(f"{int((pos < 0).sum())} source rows of the plan are missing at version {src.version}")
-    taken = taken.take(pa.array(pos))
-    rows = pa.table({
-        **{input_alias(c): taken.column(input_alias(c)) for c in inputs},
-        "_rowid": plan.column(_IN_ID), Alias.ROW_VERSION: plan.column(_IN_VER),
-        "_rowaddr": plan.column(_TARGET_ADDR), ckpt.INPUTS: plan.column(ckpt.INPUTS),
-    })
-    fids = _ids(plan, _TARGET_ADDR) >> 32
-    for fid in task["fragments"]:
-        sel = np.flatnonzero(fids == fid)
-        if len(sel):
-            part = rows.slice(int(sel[0]), len(sel))
-            yield int(fid), inputs, part.to_batches(max_chunksize=8192), _identity_of_plan
 
 
 STALE_LOOKBACK = 1000  # versions searched for the last whole backfill (each a read, a GET on object stores)
@@ -974,7 +671,7 @@ def _fused_backfill(table: Ref, specs: list[ColumnSpec], predicate: str, runner:
             "predicate": predicate, "rows_dir": rows_dir, "checkpoint_seconds": default_target_seconds(), **extra,
         }).encode()
         try:
-            outs = [json.loads(o) for o in runner.map(_FUSED_TASK, [json.dumps(p) for p in payloads], shared, rows)]
+            outs = [json.loads(o) for o in runner.map(FUSED_TASK, [json.dumps(p) for p in payloads], shared, rows)]
         except UdfError as exc:  # on_error="fail": the failed row is named and recorded, nothing is committed
             _record_failure(table, job_id, exc, extra.get("input_uri", table.uri), extra.get("input_version", ds.version))
             raise
@@ -985,7 +682,7 @@ def _fused_backfill(table: Ref, specs: list[ColumnSpec], predicate: str, runner:
         computed += sum(o["udf_rows"] for o in outs)
         resumed += sum(o["resumed"] for o in outs)
         errors = [e for o in outs for e in o["errors"]]
-        _, every = _field_ids(ds, names)
+        _, every = column_field_ids(ds, names)
         txn = Transaction(
             read_version=ds.version,
             operation=LanceOperation.Update(
@@ -1044,7 +741,7 @@ def backfill_column(
     is left.
 
     ``checkpoint_size`` None: a base table's UDF columns are computed and
-    written in one pass with checkpoints sized by time (:func:`run_fused_task`);
+    written in one pass with checkpoints sized by time (``backfill_tasks.run_fused_task``);
     SQL columns and a given ``checkpoint_size`` take the staged path
     (checkpoint batches of that many rows, default ``SQL_BATCH_ROWS``, then
     the write)."""
@@ -1095,7 +792,7 @@ def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: s
         payloads.append(json.dumps({"batches": batches}))
     try:
         try:
-            outs = [json.loads(o) for o in runner.map("mv_assets.ops.backfill:run_compute_task", payloads, shared,
+            outs = [json.loads(o) for o in runner.map(COMPUTE_TASK, payloads, shared,
                                                       plan.rows_to_compute)]
         except UdfError as exc:  # on_error="fail": the failed row is named and recorded, nothing is committed
             _record_failure(table, job_id, exc, plan.input_uri, plan.input_version)
