@@ -56,7 +56,7 @@ def expected(src_uri: str, version: int, keep=lambda r: r["id"] > 0) -> list[tup
 
 
 def actual(view) -> list[tuple]:
-    t = lance.dataset(view.uri).to_table()
+    t = view.to_arrow()
     return sorted(zip(*(t.column(c).to_pylist() for c in ("id", "title", "__chunk_index", "text", "start")),
                       strict=True))
 
