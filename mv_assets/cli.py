@@ -111,7 +111,7 @@ def tables(obj: _Ctx, as_json: bool) -> None:
         rows.append(
             {
                 "name": name,
-                "kind": "view" if is_view else "table",
+                "kind": ("chunk view" if t.definition.kind == "chunker" else "view") if is_view else "table",
                 "source": t.definition.source if is_view else None,
                 "version": t.version,
                 "rows": t.count_rows(),

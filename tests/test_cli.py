@@ -161,3 +161,17 @@ def test_a_file_as_catalog_is_a_clear_error(tmp_path, args):
     r = CliRunner().invoke(main, ["--db", str(path), "--runner", "inline", *args], catch_exceptions=False)
     assert r.exit_code == 2 and f"{path} is a file, not a catalog directory" in r.output
     assert "Traceback" not in r.output and path.read_text() == "not a catalog"
+
+
+def test_a_chunk_view_through_the_cli(catalog, call_log):
+    from test_chunk_views import calls, docs_rows, make_split
+
+    docs = catalog.create_table("docs", docs_rows(range(1, 6)))
+    catalog.create_udtf_view("chunks", docs.search(None).select(["id"]), make_split(call_log))
+    rows = {t["name"]: t for t in json.loads(run(catalog, "tables", "--json").output)}
+    assert rows["chunks"]["kind"] == "chunk view" and rows["a"]["kind"] == "view"
+    assert "UDF rows {'split': 5}" in run(catalog, "plan", "chunks").output and calls(call_log) == 0
+    r = run(catalog, "refresh", "chunks")
+    assert r.exit_code == 0 and "+5" in r.output and calls(call_log) == 5
+    status = {s["name"]: s for s in json.loads(run(catalog, "status", "--json").output)}
+    assert status["chunks"]["load_state"] == "LOADED" and status["chunks"]["cardinality"] == 6
