@@ -150,6 +150,68 @@ def test_a_chunk_view_refresh_killed_after_some_tasks_resumes_without_chunking_t
     assert actual(view) == expected(docs.uri, docs.version, keep=lambda r: True)
 
 
+def make_embed(log_dir: str):
+    @mv.udf
+    def embed(text: str) -> int:  # stands in for an embedding model
+        with open(os.path.join(log_dir, f"embed-{os.getpid()}"), "a") as fh:
+            fh.write("x\n")
+        return len(text) * 10 + text.count(" ")
+
+    return embed
+
+
+def test_udf_columns_on_a_chunk_view_are_computed_only_for_new_children(db, tmp_path):
+    chunk_log, embed_log = str(tmp_path / "chunk_calls"), str(tmp_path / "embed_calls")
+    os.makedirs(chunk_log)
+    os.makedirs(embed_log)
+    docs, view = _setup(db, chunk_log)
+
+    @mv.udf
+    def titled(title: str, text: str) -> str:  # reads an inherited column too
+        return f"{title}: {text}"
+
+    view.refresh()
+    assert calls(chunk_log) == 9
+    assert view.add_columns({"emb": make_embed(embed_log)}) == ["emb"]
+    view.add_columns({"label": titled})
+    children = lance.dataset(view.uri).count_rows()
+
+    def check():  # every computed value is the function of its row as it is now
+        for r in view.to_arrow().to_pylist():
+            assert r["emb"] == len(r["text"]) * 10 + r["text"].count(" ")
+            assert r["label"] == f"{r['title']}: {r['text']}"
+        assert actual(view) == expected(docs.uri, view.source_version)
+
+    assert {c["column"]: c["stale"] for c in view.column_status()} == {"emb": children, "label": children}
+    assert view.backfill("emb").udf_rows_computed == children == calls(embed_log)
+    view.backfill("label")
+    check()
+
+    docs.add(docs_rows([14]))  # 4 words: 2 new children
+    view.refresh()
+    assert {c["column"]: c["stale"] for c in view.column_status()} == {"emb": 2, "label": 2}
+    assert view.backfill("emb").udf_rows_computed == 2 == calls(embed_log)
+    view.backfill("label")
+    check()
+
+    docs.update("id = 9", values_sql={"title": "'nine'"})  # inherited only: children copied
+    view.refresh()
+    assert calls(chunk_log) == 1 + 0  # the append's parent; the title update called nothing
+    status = {c["column"]: c["stale"] for c in view.column_status()}
+    assert status == {"emb": 0, "label": 2}  # emb reads the chunk only: kept; label reads the title: stale
+    assert view.backfill("emb").udf_rows_computed == 0 == calls(embed_log)
+    view.backfill("label")
+    check()
+
+    docs.update("id = 8", values_sql={"body": "'a b c'"})  # chunk input: new children, computed again
+    docs.delete("id = 7")
+    view.refresh()
+    assert calls(chunk_log) == 1
+    assert view.backfill("emb").udf_rows_computed == 2 == calls(embed_log)
+    view.backfill("label")
+    check()
+
+
 def test_bad_chunk_views_are_refused_before_anything_is_written(db, call_log):
     docs = db.create_table("docs", docs_rows(range(3)))
     split = make_split(call_log)
@@ -238,6 +300,10 @@ def test_a_chunk_view_refreshes_on_spark_with_a_batched_chunker(spark_db, call_l
     r = view.refresh()
     assert calls(call_log) == 5
     assert actual(view) == expected(docs.uri, docs.version)
+    view.add_columns({"emb": make_embed(call_log)})  # computed on Spark from the chunks' own rows
+    children = lance.dataset(view.uri).count_rows()
+    assert view.backfill("emb").udf_rows_computed == children == calls(call_log)
+    assert all(r["emb"] == len(r["text"]) * 10 + r["text"].count(" ") for r in view.to_arrow().to_pylist())
 
 
 # --- property test: random histories, writes by mv_assets and by plain pylance ---

@@ -13,7 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mv_assets.api.query import Query
-from mv_assets.execution.spark import InlineRunner
+from mv_assets.execution.spark import InlineRunner, as_runner
 from mv_assets.model.definition import (
     SOURCE_ROW_ID,
     VIEW_METADATA_KEY,
@@ -82,13 +82,6 @@ class Catalog(Protocol):
 
 __all__ = ["Table", "MaterializedView", "sql_literal", "to_arrow_table"]
 
-
-
-def _parallelism(runner: Any) -> int:
-    """How many tasks the runner runs at once (1 if it does not say)."""
-    get = getattr(runner, "parallelism", None)
-    n = get() if callable(get) else 1
-    return n if isinstance(n, int) and n > 0 else 1
 
 
 def _huge_int(value: Any) -> int | None:
@@ -308,11 +301,19 @@ class Table:
 
     def computed_columns(self) -> list[ColumnSpec]:
         """Columns computed by a UDF or SQL expression (see :meth:`add_columns`)."""
-        return self.ref().computed_columns()
+        return self.column_ref().computed_columns()
 
     def ref(self) -> "Ref":
         """The frozen reference the work code is given (see mv_assets.refs)."""
         return TableRef(self.name, self.uri, self.connection.layout)
+
+    def column_ref(self) -> "Ref":
+        """The reference computed-column operations work on (add, alter, backfill, status)."""
+        return self.ref()
+
+    def _runner(self, runner: "Runner | None") -> "Runner":
+        """``runner``, else the connection's, as the whole runner protocol (:func:`as_runner`)."""
+        return as_runner(runner or self.connection.runner)
 
     def _changed(self) -> None:
         """The stored definition changed (columns added or altered): drop cached copies."""
@@ -337,7 +338,7 @@ class Table:
         """
         self._require_stable_row_ids("computed columns (add_columns)")
         try:
-            return add_columns(self.ref(), transforms)
+            return add_columns(self.column_ref(), transforms)
         finally:
             self._changed()
 
@@ -348,7 +349,7 @@ class Table:
         stale and the next :meth:`backfill` recomputes it.
         """
         try:
-            alter_columns(self.ref(), alterations)
+            alter_columns(self.column_ref(), alterations)
         finally:
             self._changed()
 
@@ -360,8 +361,8 @@ class Table:
         tasks, rows whose results an interrupted run already checkpointed (the
         backfill resumes them) and rows to compute."""
         self._require_stable_row_ids("a backfill")
-        parallelism = getattr(runner or self.connection.runner, "parallelism", lambda: 1)()
-        return plan_backfill(self.ref(), column, udf=udf, where=where, row_ids=row_ids,
+        parallelism = self._runner(runner).parallelism()
+        return plan_backfill(self.column_ref(), column, udf=udf, where=where, row_ids=row_ids,
                              checkpoint_size=checkpoint_size, max_rows_per_task=max_rows_per_task,
                              parallelism=parallelism)
 
@@ -398,7 +399,7 @@ class Table:
         """
         self._require_stable_row_ids("a backfill")
         return backfill_column(
-            self.ref(), column, udf=udf, where=where, row_ids=row_ids, runner=runner or self.connection.runner,
+            self.column_ref(), column, udf=udf, where=where, row_ids=row_ids, runner=self._runner(runner),
             checkpoint_size=checkpoint_size, max_rows_per_task=max_rows_per_task, job_id=job_id,
         )
 
@@ -407,7 +408,7 @@ class Table:
         whose ``result(timeout)`` blocks. Validation errors raise here."""
         col = column[0] if isinstance(column, list) and len(column) == 1 else column
         plan_kwargs = {k: kwargs[k] for k in ("udf", "where", "row_ids") if k in kwargs}
-        plan_backfill(self.ref(), col if isinstance(col, str) else col[0], **plan_kwargs)  # bad input raises now
+        plan_backfill(self.column_ref(), col if isinstance(col, str) else col[0], **plan_kwargs)  # bad input raises now
         job_id = kwargs.pop("job_id", None) or uuid.uuid4().hex[:12]
         return BackfillJob(job_id, self.backfill, (column,), {**kwargs, "job_id": job_id})
 
@@ -439,11 +440,11 @@ class Table:
 
         Ids stay valid across compaction (for a view: its source row ids).
         """
-        spec = _group_specs(self.ref(), column)[0]
+        spec = _group_specs(self.column_ref(), column)[0]
         ids = sorted({e.row_id for e in self.get_errors(job_id=job_id, column_name=column)})
         if not ids:
             return []
-        is_view = isinstance(self, MaterializedView)
+        is_view = isinstance(self.column_ref(), ViewRef)  # a view's values follow its source rows
         id_col = SOURCE_ROW_ID if is_view else "_rowid"
         still = self._dataset().scanner(
             # (a filter on the row version needs it projected: Lance 14 errs after compaction otherwise)
@@ -459,7 +460,7 @@ class Table:
         whose last attempt failed."""
         out = []
         total = self.count_rows()
-        versioned = not isinstance(self, MaterializedView)  # see mv_assets.model.markers
+        versioned = not isinstance(self.column_ref(), ViewRef)  # see mv_assets.model.markers
         for c in self.computed_columns():
             current = self.count_rows(current_sql(c.name, c.fingerprint, versioned=versioned))
             out.append({
@@ -656,7 +657,18 @@ class MaterializedView(Table):
             raise ValueError(f"{self.name!r} is not a materialized view")
         return json.loads(raw)["source"]
 
+    def column_ref(self) -> "Ref":
+        """A chunk view's added columns are computed from its own rows, as a
+        table's are (markers follow the rows' versions, stored in the schema
+        metadata): a refresh adds children stale, a backfill computes them.
+        A query view's columns follow its source rows (its ``ref()``)."""
+        if self.definition.kind == "chunker":
+            return TableRef(self.name, self.uri, self.connection.layout)
+        return self.ref()
+
     def _input_dataset(self) -> lance.LanceDataset:
+        if self.definition.kind == "chunker":
+            return self._dataset()
         return self.connection.open_table(self.definition.source)._dataset()
 
     def _changed(self) -> None:
@@ -706,7 +718,7 @@ class MaterializedView(Table):
         return plan_view_refresh(
             self.ref(), src_version, mode=mode, fragments=fragments, recompute=recompute,
             max_rows_per_task=max_rows_per_task, checkpoint_size=checkpoint_size,
-            parallelism=_parallelism(runner or self.connection.runner),
+            parallelism=self._runner(runner).parallelism(),
         )
 
     @property
@@ -781,14 +793,14 @@ class MaterializedView(Table):
             plan = plan_view_refresh(
                 ref, src_version, mode=mode, fragments=fragments, recompute=recompute,
                 max_rows_per_task=max_rows_per_task, checkpoint_size=checkpoint_size,
-                parallelism=_parallelism(runner or self.connection.runner),
+                parallelism=self._runner(runner).parallelism(),
             )
             if plan.commits_nothing:
-                return execute_refresh(ref, plan, runner or self.connection.runner)
+                return execute_refresh(ref, plan, self._runner(runner))
             # LOADING until the commit carrying this load number lands (then LOADED: storage.status)
             record_load_state(self.connection.layout, self.name, LOADING, load_number=plan.load_number + 1)
             try:
-                result = execute_refresh(ref, plan, runner or self.connection.runner)
+                result = execute_refresh(ref, plan, self._runner(runner))
             except BaseException as exc:
                 record_load_state(self.connection.layout, self.name, FAILED_LOAD, f"{type(exc).__name__}: {exc}")
                 raise

@@ -5,7 +5,8 @@ Each parent is chunked (one chunker call per parent, batched as the chunker
 asks), except a parent the view already holds children of, made from the same
 chunker inputs (digest): those children are copied with the parent's new
 inherited columns and version, and so are the values of columns added to the
-view that read only the chunker's outputs (the others become NULL: stale).
+view that read only the chunker's outputs, stamped current at the version the
+refresh commits (the others become NULL: stale).
 """
 
 from typing import Any
@@ -14,8 +15,9 @@ import numpy as np
 import pyarrow as pa
 
 from mv_assets.model.chunk_view import child_index, inherited_columns, input_digests
-from mv_assets.model.definition import ViewDefinition, quote_ident
+from mv_assets.model.definition import ViewDefinition, quote_ident, stored_columns
 from mv_assets.model.errors import UdfError
+from mv_assets.model.markers import marker_value
 from mv_assets.model.names import (
     CHUNK_INDEX,
     CHUNK_INPUTS,
@@ -34,14 +36,12 @@ __all__ = ["chunk_batches"]
 _ROW_VERSION = Alias.TASK_ROW_VERSION
 
 
-def _kept_computed(definition: ViewDefinition, outputs: list[str]) -> set[str]:
-    """Columns added to the view whose values survive a copy of the child: their
-    UDF reads only chunker outputs (an inherited input may have changed)."""
-    kept = set()
-    for c in definition.columns:
-        if c.added and c.udf is not None and c.udf.input_columns and set(c.udf.input_columns) <= set(outputs):
-            kept.add(c.name)
-    return kept
+def _kept_computed(schema: pa.Schema, outputs: list[str]) -> dict[str, str]:
+    """Columns added to the view whose values survive a copy of the child, with
+    their fingerprints: their UDF reads only chunker outputs (an inherited
+    input may have changed)."""
+    return {c.name: c.fingerprint for c in stored_columns(schema)
+            if c.udf is not None and c.udf.input_columns and set(c.udf.input_columns) <= set(outputs)}
 
 
 def _old_children(view_uri: str, view_version: int | None, row_ids: list[int] | None, schema: pa.Schema):
@@ -84,7 +84,10 @@ def chunk_batches(
     projection[_ROW_VERSION] = "_row_last_updated_at_version"
     scanner = scanner_source.scanner(columns=projection, filter=predicate, with_row_id=True, batch_size=batch_size)
     old = _old_children(view_uri, view_version, reuse_rows, schema)
-    kept = _kept_computed(definition, outputs)
+    kept = _kept_computed(schema, outputs)
+    # A copied child is a new row of the refresh's commit, which lands at the next
+    # view version (committed without retry): its kept values are stamped current there.
+    stamp_version = None if view_version is None else view_version + 1
     calls.setdefault(chunker.name, 0)
     for batch in scanner.to_batches():
         if batch.num_rows == 0:
@@ -127,9 +130,12 @@ def chunk_batches(
             prior = old[int(ids[i])]
             at = pa.array(np.full(prior.num_rows, i, dtype=np.int64))
             values = {n: prior.column(n) for n in [*outputs, CHUNK_INDEX]}
-            for name in kept:
+            for name, fingerprint in kept.items():
+                was = prior.column(computed_marker(name)).to_pylist()
                 values[name] = prior.column(name)
-                values[computed_marker(name)] = prior.column(computed_marker(name))
+                values[computed_marker(name)] = pa.array(
+                    [None if m is None or stamp_version is None or not m.startswith(f"{fingerprint}@")
+                     else marker_value(fingerprint, stamp_version) for m in was], pa.string())
             parts.append(_rows(schema, batch, at, ids, vers, digests, values))
         for part in parts:
             if part.num_rows:
