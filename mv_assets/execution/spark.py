@@ -21,6 +21,7 @@ Configuration (constructor arguments win over the environment):
   executor before failing with a clear error (default 120).
 """
 
+import inspect
 import json
 import os
 import shutil
@@ -37,15 +38,87 @@ from mv_assets.execution.tasks import TaskResult, TaskSpec, run_task
 from mv_assets.model.errors import UdfError
 from mv_assets.storage import objects
 
-__all__ = ["Runner", "SparkRunner", "InlineRunner", "default_runner", "set_default_runner"]
+__all__ = ["Runner", "SparkRunner", "InlineRunner", "as_runner", "default_runner", "set_default_runner"]
 
 
 class Runner(Protocol):
-    """Executes task specs and returns their results (order not significant)."""
+    """Everything ops asks of a runner. :class:`InlineRunner` and
+    :class:`SparkRunner` are runners; :func:`as_runner` makes one of an object
+    written for the older protocol (``run(tasks, definition_raw)`` and ``map``)."""
 
-    def run(self, tasks: list[TaskSpec], definition_raw: bytes) -> list[TaskResult]: ...
+    def run(
+        self, tasks: list[TaskSpec], definition_raw: bytes, *, estimated_seconds: float | None = None
+    ) -> list[TaskResult]:
+        """Run a refresh's tasks; their results, in any order. ``estimated_seconds``
+        is the work's estimated cost: a runner that can run small work on the
+        driver decides with it, others ignore it."""
+        ...
 
-    def map(self, func_ref: str, payloads: list[str], shared: bytes, rows: int) -> list[str]: ...
+    def map(self, func_ref: str, payloads: list[str], shared: bytes, rows: int = 0) -> list[str]:
+        """``func_ref(payload, shared)`` (``"module:function"``, resolved where it
+        runs) for each payload: one result per payload; ``rows``: the work's size."""
+        ...
+
+    def parallelism(self) -> int:
+        """Tasks that run at once (planning makes about that many), without starting anything."""
+        ...
+
+    def describe_last_run(self) -> str:
+        """Where this thread's last ``run`` or ``map`` ran, as a refresh's result
+        names it: ``"inline"``, ``"spark"``, ``"spark-driver-local"``."""
+        ...
+
+
+def as_runner(runner: Any) -> Runner:
+    """``runner`` itself if it has the whole :class:`Runner` protocol, else an
+    adapter: ``estimated_seconds`` is passed only to a ``run`` that takes it, a
+    runner that does not say its parallelism runs one task at a time, and its
+    runs are described by its ``name`` (else its class's name)."""
+    if isinstance(runner, _OlderRunner):
+        return runner
+    for method in ("run", "map"):
+        if not callable(getattr(runner, method, None)):
+            raise TypeError(f"a runner needs run() and map(): {type(runner).__name__} has no {method}()")
+    if (_takes_estimate(runner.run) and callable(getattr(runner, "parallelism", None))
+            and callable(getattr(runner, "describe_last_run", None))):
+        return runner
+    return _OlderRunner(runner)
+
+
+def _takes_estimate(run: Callable) -> bool:
+    try:
+        params = inspect.signature(run).parameters.values()
+    except (TypeError, ValueError):  # no signature to read: call it the older way
+        return False
+    return any(p.name == "estimated_seconds" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+@dataclass(frozen=True)
+class _OlderRunner:
+    """A runner written for the older protocol, as a :class:`Runner` (see :func:`as_runner`)."""
+
+    inner: Any
+
+    def run(
+        self, tasks: list[TaskSpec], definition_raw: bytes, *, estimated_seconds: float | None = None
+    ) -> list[TaskResult]:
+        if _takes_estimate(self.inner.run):
+            return self.inner.run(tasks, definition_raw, estimated_seconds=estimated_seconds)
+        return self.inner.run(tasks, definition_raw)
+
+    def map(self, func_ref: str, payloads: list[str], shared: bytes, rows: int = 0) -> list[str]:
+        return self.inner.map(func_ref, payloads, shared, rows)
+
+    def parallelism(self) -> int:
+        get = getattr(self.inner, "parallelism", None)
+        n = get() if callable(get) else 1
+        return n if isinstance(n, int) and not isinstance(n, bool) and n > 0 else 1
+
+    def describe_last_run(self) -> str:
+        describe = getattr(self.inner, "describe_last_run", None)
+        if callable(describe):
+            return str(describe())
+        return str(getattr(self.inner, "name", None) or type(self.inner).__name__)
 
 
 def resolve(func_ref: str) -> Callable[[str, bytes], str]:
@@ -68,7 +141,9 @@ class InlineRunner:
 
     name = "inline"
 
-    def run(self, tasks: list[TaskSpec], definition_raw: bytes) -> list[TaskResult]:
+    def run(
+        self, tasks: list[TaskSpec], definition_raw: bytes, *, estimated_seconds: float | None = None
+    ) -> list[TaskResult]:
         return [run_task(t, definition_raw) for t in tasks]
 
     def parallelism(self) -> int:
@@ -78,6 +153,9 @@ class InlineRunner:
     def map(self, func_ref: str, payloads: list[str], shared: bytes, rows: int = 0) -> list[str]:
         fn = resolve(func_ref)
         return [fn(p, shared) for p in payloads]
+
+    def describe_last_run(self) -> str:
+        return self.name
 
 
 # A task result that is a UDF failure, not a result (results are JSON: never this prefix).
@@ -161,7 +239,7 @@ class SparkRunner:
     py_files: list[str] = field(default_factory=list)  # shipped to executors (UDF dependencies)
     forward_env: list[str] = field(default_factory=list)  # driver environment variables set on executors
     resource_wait_seconds: float | None = None
-    last_run_local: bool = field(default=False, init=False, repr=False)
+    _last_run: threading.local = field(default_factory=threading.local, init=False, repr=False)  # .local: bool
     _session: Any = field(default=None, init=False, repr=False)
     _owns_session: bool = field(default=True, init=False, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, init=False, repr=False)
@@ -316,8 +394,12 @@ class SparkRunner:
             return rows <= 0
         return estimated_seconds <= self.resolved_local_below_seconds()
 
+    def describe_last_run(self) -> str:
+        """``"spark-driver-local"`` when this thread's last run or map skipped the Spark job, else ``"spark"``."""
+        return "spark-driver-local" if getattr(self._last_run, "local", False) else "spark"
+
     def run(
-        self, tasks: list[TaskSpec], definition_raw: bytes, estimated_seconds: float | None = None
+        self, tasks: list[TaskSpec], definition_raw: bytes, *, estimated_seconds: float | None = None
     ) -> list[TaskResult]:
         out = self.map(_RUN_TASK, [t.to_json() for t in tasks], definition_raw, sum(t.rows for t in tasks),
                        estimated_seconds=estimated_seconds)
@@ -331,9 +413,9 @@ class SparkRunner:
         if not payloads:
             return []
         if self.runs_on_driver(rows, estimated_seconds):
-            self.last_run_local = True
+            self._last_run.local = True
             return InlineRunner().map(func_ref, payloads, shared)
-        self.last_run_local = False
+        self._last_run.local = False
         spark = self.session()
         self._wait_for_executors(spark)
         n = len(payloads)

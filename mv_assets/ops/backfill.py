@@ -651,7 +651,7 @@ def _fused_backfill(table: Ref, specs: list[ColumnSpec], predicate: str, runner:
     names = [n for c in specs for n in (c.name, computed_marker(c.name))]
     ckpt_dir = table.layout.column_checkpoints(table.name, specs[0].fingerprint)
     rows_dir = _one_pass_rows_dir(table, specs)
-    parallelism = getattr(runner, "parallelism", lambda: 1)()  # user runners may not say
+    parallelism = runner.parallelism()
     computed = resumed = 0
     computed_at = start
 

@@ -29,7 +29,6 @@ import pyarrow as pa
 from lance import LanceOperation, Transaction
 from lance.fragment import FragmentMetadata
 
-from mv_assets.execution.spark import SparkRunner
 from mv_assets.execution.tasks import TaskResult, TaskSpec, and_filters
 from mv_assets.model.definition import (
     READ_FIELDS_METADATA_KEY,
@@ -1062,9 +1061,7 @@ def estimated_seconds(plan: RefreshPlan) -> float:
 def _run_tasks(plan: RefreshPlan, runner: "Runner") -> list[TaskResult]:
     if not plan.tasks:
         return []
-    if isinstance(runner, SparkRunner):  # it decides between the driver and a Spark job
-        return runner.run(plan.tasks, plan.definition_raw, estimated_seconds=estimated_seconds(plan))
-    return runner.run(plan.tasks, plan.definition_raw)
+    return runner.run(plan.tasks, plan.definition_raw, estimated_seconds=estimated_seconds(plan))
 
 
 def _operation(removed: list[int], updated: list, new_fragments: list):
@@ -1134,14 +1131,13 @@ def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner") -> Refre
         # committed: the batch checkpoints are spent (refreshes of a view never overlap)
         objects.remove_tree(objects.join(plan.checkpoint_dir.rsplit("/", 1)[0], "batches"))
     done = time.perf_counter()
-    local = getattr(runner, "last_run_local", False)
     return RefreshResult(
         view=view.name, from_version=plan.from_version, to_version=plan.to_version, view_version=committed.version,
         full=plan.full, rows_inserted=plan.rows_to_insert, rows_updated=plan.rows_to_update,
         rows_deleted=plan.rows_to_delete, udf_rows_computed=udf_rows,
         udf_rows_resumed=_sum_counts([r.udf_rows_resumed for r in results]), tasks=len(plan.tasks),
         tasks_resumed=sum(1 for r in results if r.resumed), seconds=done - start,
-        runner="spark-driver-local" if local else getattr(runner, "name", type(runner).__name__),
+        runner=runner.describe_last_run(),
         rows_by_fragment=_rows_by_fragment(plan.tasks),
         timings={
             "execute_s": executed - start, "commit_s": done - executed,
