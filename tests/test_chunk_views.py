@@ -395,3 +395,18 @@ def test_random_chunk_view_histories_match_the_oracle(ops, tmp_path_factory):
             assert got <= want + 0, (got, want, ops)  # never more calls than changed parents
             if not any(o == "scoped_refresh" for o, _ in ops):
                 assert got == want, (got, want, ops)
+
+
+def test_checks_of_a_chunk_view_and_a_repair_after_another_tool_wrote_into_it(db, call_log):
+    docs, view = _setup(db, call_log)
+    view.refresh()
+    assert all(o.passed for o in view.check()), [(o.name, o.metadata) for o in view.check()]
+    lance.dataset(view.uri).delete("__chunk_index = 0 AND id = 4")  # another tool removes a chunk
+    outcomes = {o.name: o for o in view.check()}
+    assert not outcomes["matches_source_query"].passed
+    assert outcomes["matches_source_query"].metadata["parents_with_bad_numbering"] == 1
+    assert not view.status().valid
+    calls(call_log)
+    r = view.refresh()  # rows another tool wrote into a chunk view cannot be traced: rebuilt
+    assert r.full and actual(view) == expected(docs.uri, docs.version)
+    assert all(o.passed for o in view.check()) and view.status().valid

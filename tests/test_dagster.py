@@ -490,20 +490,25 @@ def test_a_chunk_view_is_an_asset_of_its_sources_lineage_refreshed_by_the_sensor
     partitioned by the source's fragments like other views; the sensor's run
     requests materialize it and it equals the oracle after appends, deletes,
     updates and compaction."""
-    from test_chunk_views import actual, calls, docs_rows, expected, make_split
+    from test_chunk_views import actual, calls, docs_rows, expected, make_embed, make_split
 
     db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
-    log = str(tmp_path / "calls")
+    log, embed_log = str(tmp_path / "calls"), str(tmp_path / "embed_calls")
     os.makedirs(log)
+    os.makedirs(embed_log)
     docs = db.create_table("docs", docs_rows(range(12)), primary_key="id")
-    db.create_udtf_view("chunks", docs.search(None).where("id > 0").select(["id", "title"]), make_split(log))
+    chunks = db.create_udtf_view("chunks", docs.search(None).where("id > 0").select(["id", "title"]), make_split(log))
+    chunks.add_columns({"emb": make_embed(embed_log)})  # computed from the chunks' rows
     defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
     graph = defs.get_repository_def().asset_graph
     assert graph.get(K(["chunks"])).parent_keys == {K(["docs"])}
+    assert graph.get(K(["chunks", "emb"])).parent_keys == {K(["chunks"])}  # documents -> chunks -> embeddings
     assert graph.get(K(["chunks"])).partitions_def.name == partitions_def_name("docs")
+    assert graph.get(K(["chunks", "emb"])).partitions_def.name == partitions_def_name("docs")
     assert "chunker `split`" in graph.get(K(["chunks"])).description
     sensor = _sensor(defs, "docs_changes")
     chunk_assets = [defs.get_repository_def().assets_defs_by_key[K(["chunks"])]]
+    embedded = 0
     with dg.instance_for_test() as instance:
         cursor = None
         for change in (None, lambda: docs.add(docs_rows(range(20, 24))), lambda: docs.delete("id < 4"),
@@ -517,4 +522,11 @@ def test_a_chunk_view_is_an_asset_of_its_sources_lineage_refreshed_by_the_sensor
                 assert dg.materialize(chunk_assets, instance=instance, tags=run.tags, selection=run.asset_selection).success
             view = db.open_view("chunks")
             assert actual(view) == expected(docs.uri, docs.version)
+            # the same runs computed the new chunks' embeddings, and only those
+            assert {c["column"]: c["stale"] for c in view.column_status()} == {"emb": 0}
+            embedded += calls(embed_log)
+            assert all(r["emb"] == len(r["text"]) * 10 + r["text"].count(" ") for r in view.to_arrow().to_pylist())
         assert calls(log) == 11 + 4 + 1  # each passing parent once, the updated one again; deletes and compaction: none
+        assert embedded == len(expected(docs.uri, 2)) + 4 + 3  # the first chunks, the appended, the re-chunked
+        mats = instance.fetch_materializations(K(["chunks", "emb"]), limit=100).records
+        assert mats and "udf_rows_computed" in mats[0].asset_materialization.metadata

@@ -47,6 +47,8 @@ class TableDescription:
     field_names: list[str] = field(default_factory=list)
     reads: list[str] = field(default_factory=list)  # computed source columns the view reads
     definition: dict = field(default_factory=dict, repr=False)  # a view's stored definition (JSON)
+    # a chunk view's added columns: computed from its own rows by backfill, as a table's
+    row_columns: list[dict] = field(default_factory=list)
 
 
 def _visible(schema: pa.Schema) -> list[tuple[str, str]]:
@@ -67,7 +69,7 @@ def describe_dataset(name: str, uri: str) -> TableDescription:
     return TableDescription(
         name, uri, True, ds.version, d["source"], d.get("filter"), d.get("limit"), d["columns"],
         RefreshPolicy.from_json(md.get(POLICY_METADATA_KEY.encode())), _visible(schema), schema.names,
-        tracked_source_columns(schema), d,
+        tracked_source_columns(schema), d, json.loads(md.get(COLUMNS_METADATA_KEY.encode(), b"[]")),
     )
 
 

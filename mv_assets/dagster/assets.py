@@ -277,10 +277,11 @@ def code_check_evaluations(info: TableInfo, db) -> dict[dg.AssetKey, tuple[bool,
 
 
 def _column_specs(info: TableInfo):
-    """The asset specs of a base table's computed columns."""
+    """The asset specs of a base table's computed columns (of a chunk view's:
+    the columns computed from its own rows)."""
     table_key = dg.AssetKey([info.name])
     specs, keys = [], {}
-    for col in info.columns:
+    for col in info.row_columns if info.is_view else info.columns:
         key = dg.AssetKey([info.name, col["name"]])
         keys[col["name"]] = key
         udf = col.get("udf")
@@ -296,7 +297,7 @@ def _column_specs(info: TableInfo):
                     if udf
                     else {"expression": col.get("expr", "")}
                 ),
-                group_name="sources",
+                group_name=safe_name(info.name) if info.is_view else "sources",
                 skippable=True,
             )
         )
@@ -314,9 +315,11 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
     specs, column_keys = _column_specs(table)
     checks: list[dg.AssetCheckSpec] = []
     views: dict[str, tuple[dg.AssetKey, dict[str, dg.AssetKey]]] = {}
+    row_keys: dict[str, dict[str, dg.AssetKey]] = {}
     for info in tree:
         v_specs, v_checks, view_key, col_keys = _view_specs(info, tables)
-        specs += v_specs
+        r_specs, row_keys[info.name] = _column_specs(info)  # a chunk view's: backfilled after its refresh
+        specs += v_specs + r_specs
         checks += v_checks
         views[info.name] = (view_key, col_keys)
 
@@ -339,6 +342,8 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
                 view_key, col_keys = views[info.name]
                 if any(k in selected for k in (view_key, *col_keys.values())):
                     _materialize(context, info, view_key, col_keys, pdef is not None)
+                if any(k in selected for k in row_keys[info.name].values()):
+                    _backfill_columns(context, info, row_keys[info.name])
         except UdfError as exc:
             raise _udf_failure(exc) from exc
         wanted = {(k.asset_key, k.name) for k in context.selected_asset_check_keys}
@@ -355,7 +360,7 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
                             asset_key=key, check_name=CODE_CHECK, passed=passed, description=text, metadata=md
                         )
 
-    keys = {name: [vk, *cols.values()] for name, (vk, cols) in views.items()}
+    keys = {name: [vk, *cols.values(), *row_keys[name].values()] for name, (vk, cols) in views.items()}
     return _refresh, keys, list(column_keys.values())
 
 
@@ -584,13 +589,15 @@ def _column_description(table: str, col: dict) -> str:
 
 
 def _backfill_columns(context, info: TableInfo, keys: dict[str, dg.AssetKey]):
-    """Materialize selected computed columns of a base table: a backfill of the
-    rows lacking a current value (exact in any partition run)."""
+    """Materialize selected computed columns of a base table (or of a chunk
+    view's rows): a backfill of the rows lacking a current value (exact in any
+    partition run)."""
     resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
     table = resource.connection().open_table(info.name)
     done: dict[str, Any] = {}
     parts = _run_partitions(context)
-    fingerprints = {c["name"]: (c.get("udf") or {}).get("fingerprint") for c in info.columns}
+    fingerprints = {c["name"]: (c.get("udf") or {}).get("fingerprint")
+                    for c in (info.row_columns if info.is_view else info.columns)}
     for name, key in keys.items():
         if key not in context.selected_asset_keys:
             continue

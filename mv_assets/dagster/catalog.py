@@ -36,6 +36,7 @@ class TableInfo:
     declared: Any = field(default=None, repr=False)  # the query declaring it in code (code-first views)
     declared_definition: Any = field(default=None, repr=False)  # its ViewDefinition, derived once at load
     code_changes: Any = field(default=None, repr=False)  # how the catalog differs from that code
+    row_columns: list[dict] = field(default_factory=list)  # a chunk view's columns computed from its rows
 
     @property
     def source_name(self) -> str:
@@ -58,13 +59,13 @@ class TableInfo:
     @property
     def computed(self) -> list[str]:
         """Columns other views can depend on as assets of their own."""
-        return [c["name"] for c in (self.udf_columns if self.is_view else self.columns)]
+        return [c["name"] for c in (self.udf_columns + self.row_columns if self.is_view else self.columns)]
 
 
 def _info(d: TableDescription) -> TableInfo:
     return TableInfo(
         d.name, d.uri, d.is_view, d.source, d.filter, d.limit, list(d.columns), d.policy, list(d.schema),
-        list(d.reads), root=d.name if not d.is_view else "", definition=d.definition,
+        list(d.reads), root=d.name if not d.is_view else "", definition=d.definition, row_columns=list(d.row_columns),
     )
 
 

@@ -11,6 +11,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mv_assets.model.definition import SOURCE_ROW_ID, SOURCE_ROW_VERSION
+from mv_assets.model.names import CHUNK_INDEX
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.model.planning import isin, positions, select_limited
 from mv_assets.storage import objects
@@ -58,6 +59,8 @@ def check_view(view: ViewRef) -> list[CheckOutcome]:
                 {"view_rows": int(len(keys))},
             )
         )
+    elif definition.kind == "chunker":
+        out.append(_chunks_match_query(view, src, keys, version))
     else:
         expected = _ids(src.to_table(columns=[], filter=definition.filter, with_row_id=True), "_rowid")
         if definition.limit is not None:
@@ -109,6 +112,28 @@ def check_view(view: ViewRef) -> list[CheckOutcome]:
         )
     )
     return out
+
+
+def _chunks_match_query(view: ViewRef, src, keys: np.ndarray, version: int) -> CheckOutcome:
+    """A chunk view's ``matches_source_query``: every row's parent passes the
+    query, and each parent's rows are numbered 0..k-1, once each. (A passing
+    parent without rows may have yielded no chunks: the chunker is not run
+    again to tell.)"""
+    expected = _ids(src.to_table(columns=[], filter=view.definition.filter, with_row_id=True), "_rowid")
+    extra = np.unique(keys[~isin(keys, expected)])
+    rows = view.dataset().to_table(columns=[SOURCE_ROW_ID, CHUNK_INDEX])
+    pairs = pa.table({"k": rows.column(SOURCE_ROW_ID), "i": rows.column(CHUNK_INDEX)})
+    per = pairs.group_by("k").aggregate([("i", "count"), ("i", "count_distinct"), ("i", "max"), ("i", "min")])
+    bad = int(pc.sum(pc.or_(pc.not_equal(per["i_count"], per["i_count_distinct"]),  # pyright: ignore[reportAttributeAccessIssue]
+                            pc.or_(pc.not_equal(per["i_min"], 0),  # pyright: ignore[reportAttributeAccessIssue]
+                                   pc.not_equal(pc.add(per["i_max"], 1), per["i_count"])))).as_py() or 0)  # pyright: ignore[reportAttributeAccessIssue]
+    return CheckOutcome(
+        "matches_source_query", len(extra) == 0 and bad == 0,
+        f"every row's parent passes the view query over the source at version {version}, and each parent's "
+        "chunks are numbered 0..k-1 once each",
+        {"parents_expected": int(len(expected)), "parents_in_view": int(len(np.unique(keys))), "view_rows": int(len(keys)),
+         "rows_of_parents_not_passing": int(isin(keys, extra).sum()), "parents_with_bad_numbering": bad},
+    )
 
 
 def _values_match_source(view: ViewRef, src, state, version: int) -> CheckOutcome:
