@@ -1,8 +1,10 @@
 """Seed a demo catalog and keep its views fresh: ``python -m mv_assets.demo``.
 
 The catalog (``$MV_ASSETS_DB``, default ``.demo/catalog``) holds a ``documents``
-source table and two views: ``doc_features`` (a filter, SQL columns and UDF
-columns doing real text work) and ``long_docs`` (a view over that view).
+source table and three views: ``doc_features`` (a filter, SQL columns and UDF
+columns doing real text work), ``long_docs`` (a view over that view) and
+``doc_chunks`` (each English document split into passages by a chunker, with
+an ``embedding`` column computed for new passages).
 
 ``python -m mv_assets.demo seed`` only creates the catalog (``make demo`` does
 this, then starts the Dagster UI, whose sensors refresh the views). Without
@@ -13,6 +15,7 @@ computed.
 
 import os
 import sys
+import typing
 import zlib
 
 import pyarrow as pa
@@ -56,6 +59,19 @@ def embedding(body: pa.Array) -> pa.Array:
 @mv.udf(data_type=pa.string())
 def summary(body: pa.Array) -> pa.Array:
     return pc.utf8_slice_codeunits(body, 0, 24)  # pyright: ignore[reportAttributeAccessIssue]  (generated at import)
+
+
+class Passage(typing.NamedTuple):
+    text: str
+    first_word: int
+
+
+@mv.chunker
+def passages(body: str) -> typing.Iterator[Passage]:
+    """Chunker: a document's body in passages of 12 words (RAG-style splitting)."""
+    words = body.split()
+    for start in range(0, len(words), 12):
+        yield Passage(" ".join(words[start:start + 12]), start)
 
 
 @mv.udf(on_error="skip")
@@ -112,7 +128,17 @@ def seed(uri: str) -> mv.Connection:
         for name, query in views(db).items():
             if name not in db:
                 db.create_materialized_view(name, query)
+    if "doc_chunks" not in db:  # documents -> passages -> their embeddings
+        chunks = db.create_udtf_view("doc_chunks", docs.search(None).where("lang = 'en'").select(["doc_id"]), passages)
+        chunks.add_columns({"embedding": (embedding, ["text"])})  # filled by backfill, for new passages only
     return db
+
+
+def _refresh_all(db: mv.Connection) -> None:
+    for r in db.refresh(["doc_features", "long_docs", "doc_chunks"]):
+        print(f"  {r.view:<13} src v{r.from_version}->v{r.to_version}: +{r.rows_inserted} ~{r.rows_updated} -{r.rows_deleted}  UDF rows {r.udf_rows_computed}  {r.seconds:.1f}s")
+    b = db.open_view("doc_chunks").backfill("embedding")
+    print(f"  doc_chunks.embedding: {b.udf_rows_computed} new passages embedded")
 
 
 def main() -> int:
@@ -133,16 +159,14 @@ def main() -> int:
     db = seed(uri)
     print(f"demo catalog: {db.uri}  tables: {db.table_names()}")
     print("refreshing in lineage order on Spark (first run starts the JVM)...")
-    for r in db.refresh(["doc_features", "long_docs"]):
-        print(f"  {r.view:<13} src v{r.from_version}->v{r.to_version}: +{r.rows_inserted} ~{r.rows_updated} -{r.rows_deleted}  UDF rows {r.udf_rows_computed}  {r.seconds:.1f}s")
+    _refresh_all(db)
     docs = db.open_table("documents")
     next_id = docs.count_rows() + 10_000
     docs.add(_documents(next_id, 20))
     docs.update("doc_id < 3", values_sql={"body": "concat(body, ' refresh')"})
     docs.delete("doc_id >= 100 AND doc_id < 110")
     print("appended 20, updated 3, deleted 10 source rows; refreshing again...")
-    for r in db.refresh(["doc_features", "long_docs"]):
-        print(f"  {r.view:<13} src v{r.from_version}->v{r.to_version}: +{r.rows_inserted} ~{r.rows_updated} -{r.rows_deleted}  UDF rows {r.udf_rows_computed}  {r.seconds:.1f}s")
+    _refresh_all(db)
     feats = db.open_table("doc_features")
     print(f"doc_features: {feats.count_rows()} rows; sample: {feats.to_arrow().slice(0, 1).to_pylist()[0]}")
     return 0
