@@ -121,16 +121,17 @@ def test_backfill_of_an_unread_column_leaves_the_source_data_version_and_views_a
             instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
         (run,) = first.run_requests  # one run carries the whole lineage
         assert sorted(k.to_user_string() for k in run.asset_selection) == [
-            "doc_features", "doc_features/embedding", "doc_features/summary", "doc_features/words",
-            "documents/checksum", "long_docs",
+            "doc_chunks", "doc_chunks/embedding", "doc_features", "doc_features/embedding", "doc_features/summary",
+            "doc_features/words", "documents/checksum", "long_docs",
         ]
         data_version = first.asset_events[0].tags["dagster/data_version"]
         # the run: backfill, view, view over the view, in lineage order, in one process
         result = _job(defs).execute_in_process(instance=instance, asset_selection=run.asset_selection, tags=run.tags)
         assert result.success
         assert docs.plan_backfill("checksum").rows == 0  # the backfill made a new Lance version...
-        for name in ("doc_features", "long_docs"):
+        for name in ("doc_features", "long_docs", "doc_chunks"):
             assert db.open_table(name).status().versions_behind == 0  # ...that no view needs
+        assert db.open_view("doc_chunks").plan_backfill("embedding").rows == 0  # the passages are embedded
         later = evaluate_sensor(sensor, instance=instance, cursor=first.cursor, definitions=defs, resources=defs.resources)
         assert later.run_requests == []
         assert later.asset_events[0].tags["dagster/data_version"] == data_version
