@@ -410,3 +410,41 @@ def test_checks_of_a_chunk_view_and_a_repair_after_another_tool_wrote_into_it(db
     r = view.refresh()  # rows another tool wrote into a chunk view cannot be traced: rebuilt
     assert r.full and actual(view) == expected(docs.uri, docs.version)
     assert all(o.passed for o in view.check()) and view.status().valid
+
+
+def test_chunker_options_on_error_stateful_and_input_columns(db, tmp_path):
+    docs = db.create_table("docs", docs_rows(range(1, 8)), primary_key="id")
+    log = str(tmp_path / "setup")
+    os.makedirs(log)
+
+    @mv.chunker(on_error="skip", input_columns=["body"])
+    class Splitter:
+        def __init__(self):  # a model loaded once per worker process
+            with open(os.path.join(log, f"init-{os.getpid()}"), "a") as fh:
+                fh.write("x\n")
+
+        def __call__(self, text: str) -> typing.Iterator[Chunk]:
+            if "w3_" in text:
+                raise RuntimeError("cannot split document 3")
+            for t, start in words(text):
+                yield Chunk(t, start)
+
+    view = db.create_udtf_view("chunks", docs.search(None).select(["id", "title"]), Splitter)
+    r = view.refresh()
+    assert calls(log) == 1  # set up once for the refresh's task
+    assert r.udf_rows_computed == {"Splitter": 7}
+    assert actual(view) == expected(docs.uri, docs.version, keep=lambda r: r["id"] != 3)  # 3 skipped: no chunks
+    (err,) = view.get_errors()
+    assert err.column == "Splitter" and "cannot split document 3" in err.message and err.row_id == 2
+
+    @mv.chunker
+    def strict(body: str) -> typing.Iterator[Chunk]:
+        if body.startswith("w4_"):
+            raise ValueError("bad document")
+        yield Chunk(body, 0)
+
+    strict_view = db.create_udtf_view("strict", docs.search(None).select(["id"]), strict)
+    with pytest.raises(mv.UdfError, match=r"(?s)strict.*bad document.*row") as failure:
+        strict_view.refresh()
+    assert failure.value.row_id == 3  # the stable row id of the document that failed
+    assert strict_view.count_rows() == 0  # nothing committed
