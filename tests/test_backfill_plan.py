@@ -89,3 +89,58 @@ def test_every_backfill_task_a_runner_runs_is_in_the_execution_layer(tmp_path):
     t.backfill("y", where="id < 5", checkpoint_size=4)
     assert {r.rpartition(":")[2] for r in refs} == {"run_fused_task", "run_compute_task", "run_write_task"}
     assert all(r.startswith("mv_assets.execution.") for r in refs), refs
+
+
+class TwoCores(mv.InlineRunner):
+    def parallelism(self) -> int:
+        return 2
+
+
+@pytest.mark.parametrize("path", ["one pass of a table", "one pass of a view", "staged UDF", "staged SQL"])
+def test_a_backfill_runs_the_plan_its_dry_run_shows(tmp_path, monkeypatch, path):
+    """backfill() plans with the function plan_backfill() is, and runs that plan:
+    the same rows, tasks and path (one pass or staged) as the dry run."""
+    from mv_assets.ops import backfill
+
+    planned = []
+
+    def recording(*args, **kwargs):
+        planned.append(real(*args, **kwargs))
+        return planned[-1]
+
+    real = backfill.plan_backfill
+    monkeypatch.setattr(backfill, "plan_backfill", recording)
+    db = mv.connect(str(tmp_path), runner=TwoCores())
+    t = db.create_table("t", _rows(1000))
+    for k in (1, 2):
+        t.add(_rows(1000, 1000 * k))
+    handle, column, kwargs = t, "y", {}
+    if path == "one pass of a view":
+        handle = db.create_materialized_view("v", t.search(None).select({"id": "id", "x": "x"}))
+        handle.refresh()
+    if path.startswith("staged"):
+        kwargs = {"checkpoint_size": 512, "max_rows_per_task": 1024}
+    if path == "staged SQL":
+        column, kwargs["where"] = "z", "id >= 100"  # (a SQL column is computed when added)
+    handle.add_columns({"y": plus, "z": "x * 2"})
+    handle.backfill("y", where="id < 100")  # some rows computed already
+    planned.clear()
+    dry = handle.plan_backfill(column, **kwargs)
+    assert dry.one_pass == path.startswith("one pass") and dry.rows == 2900 and dry.tasks >= 2
+    r = handle.backfill(column, **kwargs)
+    assert len(planned) == 1 and planned[0].summary() == dry.summary()
+    assert (planned[0].one_pass_tasks, planned[0].task_ranges) == (dry.one_pass_tasks, dry.task_ranges)
+    assert r.rows_planned == dry.rows == r.rows_written and r.timings["tasks"] == dry.tasks
+
+
+def test_a_one_pass_plan_shown_can_be_run_as_it_is(tmp_path):
+    from mv_assets.ops.backfill import execute_backfill, plan_backfill
+
+    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
+    t = db.create_table("t", _rows(30))
+    t.add_columns({"y": plus})
+    plan = plan_backfill(t.ref(), "y")
+    assert plan.one_pass and plan.rows == 30
+    r = execute_backfill(t.ref(), plan, mv.InlineRunner(), "job")
+    assert r.rows_written == 30 and t.plan_backfill("y").rows == 0
+    assert sorted(t.to_arrow().column("y").to_pylist()) == [i + 1.0 for i in range(30)]

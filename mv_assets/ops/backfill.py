@@ -8,12 +8,14 @@ fingerprint — a UDF that legitimately returns NULL is not computed again, and
 after ``alter_columns`` every row computed by the old code is.
 
 This module plans and commits (the driver); what the runner's tasks do, in
-both paths, is in :mod:`mv_assets.execution.backfill_tasks`.
+both paths, is in :mod:`mv_assets.execution.backfill_tasks`. A backfill runs
+the plan :func:`plan_backfill` returns (its dry run): which path is the plan's
+``one_pass``, and the tasks are the plan's.
 
 UDF columns take one pass by default (``run_fused_task``): tasks compute
 and write per fragment, UDF results checkpointed by time and row identity, one
-``rewrite_columns`` commit pinned to the version read (a conflict runs the
-pass again, finding the checkpointed results). A view's rows are those whose
+``rewrite_columns`` commit pinned to the version read (a conflict plans again
+and runs that pass, finding the checkpointed results). A view's rows are those whose
 source row still has the version the view holds (planned as in step 1
 below), their inputs read from the source. SQL columns and a given
 ``checkpoint_size`` take the staged path:
@@ -130,6 +132,9 @@ class BackfillPlan:
     input_version: int = field(default=0, repr=False)
     is_view: bool = field(default=False, repr=False)
     targeted: bool = field(default=False, repr=False)  # where= or row_ids= picked the rows
+    predicate: str = field(default="", repr=False)  # SQL selecting the rows (a one-pass table's tasks scan with it)
+    one_pass_tasks: list[dict] = field(default_factory=list, repr=False)  # the one pass's task payloads
+    request: dict = field(default_factory=dict, repr=False)  # plan_backfill's arguments: planned again after a conflict
 
     @property
     def rows_to_compute(self) -> int:
@@ -326,60 +331,76 @@ def plan_backfill(
     max_rows_per_task: int = 65_536,
     parallelism: int = 1,
 ) -> BackfillPlan:
-    """Plan a backfill of ``column`` (see :meth:`Table.backfill`): the path
-    :func:`backfill_column` takes with the same arguments. ``checkpoint_size``
-    None: UDF columns in one pass (``parallelism``: the runner's, for its
-    tasks), whose rows already checkpointed by an interrupted run are found by
-    identity as its tasks find them; SQL columns staged in ``SQL_BATCH_ROWS``."""
+    """Plan a backfill of ``column`` (see :meth:`Table.backfill`): the plan
+    :func:`backfill_column` runs with the same arguments (``parallelism``: the
+    runner's). ``checkpoint_size`` None: UDF columns in one pass, a task per
+    group of fragments (``one_pass_tasks``), rows already checkpointed by an
+    interrupted run found by identity as its tasks find them; SQL columns, and
+    any column given ``checkpoint_size``, staged (batches of ``SQL_BATCH_ROWS``
+    by default). Untargeted, after a whole one-pass backfill, only the
+    fragments written since are scanned (:func:`stale_fragments`)."""
     if checkpoint_size is not None and (
         isinstance(checkpoint_size, bool) or not isinstance(checkpoint_size, int) or checkpoint_size <= 0
     ):
         raise ValueError("checkpoint_size must be a positive int (or None: one pass, checkpoints sized by time)")
     if not isinstance(max_rows_per_task, int) or max_rows_per_task <= 0:
         raise ValueError("max_rows_per_task must be a positive int")
+    request = {"column": column, "udf": udf, "where": where, "row_ids": row_ids, "checkpoint_size": checkpoint_size,
+               "max_rows_per_task": max_rows_per_task, "parallelism": parallelism}
     specs = _backfill_specs(table, column, udf)
     one_pass = checkpoint_size is None and _fused(table, specs)
     ds = table.dataset()
     fingerprint = specs[0].fingerprint
-    # After a whole one-pass backfill, only fragments written since can hold stale rows
-    narrow = not isinstance(table, ViewRef) and where is None and row_ids is None
-    candidates = stale_fragments(ds, specs) if narrow else None
-    plan_rows, markers, input_uri, input_version = _plan_rows(
-        table, ds, specs, _rows_predicate(table, ds, specs, where, row_ids), candidates
-    )
-    ckpt_dir = table.layout.column_checkpoints(table.name, fingerprint)
-    if one_pass:
-        _, counts = np.unique(_ids(plan_rows, _TARGET_ADDR) >> 32, return_counts=True)
-        tasks = len(fragment_tasks(counts.tolist(), parallelism)) if plan_rows.num_rows else 0
-        batch_keys, done_batches, done_rows = [], 0, _rows_checkpointed_by_identity(table, specs, plan_rows)
-        task_ranges: list[tuple[int, int]] = []
-    else:
-        checkpoint_size = checkpoint_size or SQL_BATCH_ROWS
-        batch_keys, done_batches, done_rows = _batch_keys(
-            f"{table.uri}|{[c.name for c in specs]}|{fingerprint}", plan_rows, markers, checkpoint_size,
-            CheckpointStore(ckpt_dir),
-        )
-        per_task = max(1, max_rows_per_task // checkpoint_size)
-        task_ranges = [(lo, hi) for lo, hi in split_ranges(len(batch_keys), per_task)]
-        tasks = len(task_ranges)
-    return BackfillPlan(
+    is_view, targeted = isinstance(table, ViewRef), where is not None or row_ids is not None
+    predicate = _rows_predicate(table, ds, specs, where, row_ids)
+    candidates = None if targeted else stale_fragments(ds, specs)
+    plan = BackfillPlan(
         table=table.name, columns=[c.name for c in specs], udf=specs[0].udf.name if specs[0].udf is not None else None,
-        fingerprint=fingerprint, read_version=ds.version, where=where, rows=plan_rows.num_rows,
-        batches=tasks if one_pass else len(batch_keys), batches_checkpointed=done_batches, rows_checkpointed=done_rows,
-        tasks=tasks, checkpoint_size=checkpoint_size, one_pass=one_pass, specs=specs, plan_rows=plan_rows,
-        batch_keys=batch_keys, task_ranges=task_ranges, checkpoint_dir=ckpt_dir, input_uri=input_uri,
-        input_version=input_version, is_view=isinstance(table, ViewRef),
-        targeted=where is not None or row_ids is not None,
+        fingerprint=fingerprint, read_version=ds.version, where=where, rows=0, batches=0, batches_checkpointed=0,
+        rows_checkpointed=0, tasks=0, checkpoint_size=None, one_pass=one_pass, specs=specs,
+        checkpoint_dir=table.layout.column_checkpoints(table.name, fingerprint), input_uri=table.uri,
+        input_version=ds.version, is_view=is_view, targeted=targeted, predicate=predicate, request=request,
     )
+    if one_pass and not is_view:  # the tasks scan their fragments: only addresses here
+        groups, plan.rows = _fragment_groups(ds, predicate, parallelism, candidates)
+        plan.one_pass_tasks = [{"fragments": g} for g in groups]
+        files = _row_checkpoints(table, specs) if plan.rows else []
+        if files:  # an interrupted run's results: the rows they hold, by identity
+            plan_rows = _plan_rows(table, ds, specs, predicate, candidates)[0]
+            plan.rows_checkpointed = _rows_checkpointed_by_identity(files, plan_rows)
+        plan.tasks = plan.batches = len(groups)
+        return plan
+    plan_rows, markers, plan.input_uri, plan.input_version = _plan_rows(table, ds, specs, predicate, candidates)
+    plan.rows = plan_rows.num_rows
+    if one_pass:  # a view's: its rows sorted by view address, a task per group of view fragments
+        plan.plan_rows = plan_rows.take(pa.array(np.argsort(_ids(plan_rows, _TARGET_ADDR), kind="stable")))
+        fids, firsts, counts = np.unique(_ids(plan.plan_rows, _TARGET_ADDR) >> 32, return_index=True,
+                                         return_counts=True)
+        plan.one_pass_tasks = [
+            {"fragments": [int(fids[i]) for i in g], "lo": int(firsts[g[0]]), "hi": int(firsts[g[-1]] + counts[g[-1]])}
+            for g in (fragment_tasks(counts.tolist(), parallelism) if plan.rows else [])
+        ]
+        files = _row_checkpoints(table, specs) if plan.rows else []
+        plan.rows_checkpointed = _rows_checkpointed_by_identity(files, plan_rows) if files else 0
+        plan.tasks = plan.batches = len(plan.one_pass_tasks)
+        return plan
+    plan.plan_rows = plan_rows
+    plan.checkpoint_size = checkpoint_size or SQL_BATCH_ROWS
+    plan.batch_keys, plan.batches_checkpointed, plan.rows_checkpointed = _batch_keys(
+        f"{table.uri}|{[c.name for c in specs]}|{fingerprint}", plan_rows, markers, plan.checkpoint_size,
+        CheckpointStore(plan.checkpoint_dir),
+    )
+    plan.batches = len(plan.batch_keys)
+    per_task = max(1, max_rows_per_task // plan.checkpoint_size)
+    plan.task_ranges = [(lo, hi) for lo, hi in split_ranges(plan.batches, per_task)]
+    plan.tasks = len(plan.task_ranges)
+    return plan
 
 
-def _rows_checkpointed_by_identity(table: Ref, specs: list[ColumnSpec], plan_rows: pa.Table) -> int:
-    """Rows of the plan whose results the one-pass path's row checkpoints hold
-    (an interrupted run's), looked up by identity (input row id, row version,
-    input markers) in the store its tasks open: what the backfill resumes.
-    Files removed meanwhile (a running backfill committed) count for nothing."""
-    if not plan_rows.num_rows:
-        return 0
+def _row_checkpoints(table: Ref, specs: list[ColumnSpec]) -> list:
+    """The one-pass path's row checkpoints of these columns (an interrupted
+    run's), as its tasks' store reads them; files removed meanwhile (a running
+    backfill committed) are left out."""
     store = RowStore(_one_pass_rows_dir(table, specs), specs).store
     files = []
     for key in store.keys():
@@ -387,6 +408,15 @@ def _rows_checkpointed_by_identity(table: Ref, specs: list[ColumnSpec], plan_row
             files.append(store.read(key))
         except FileNotFoundError:
             continue
+    return files
+
+
+def _rows_checkpointed_by_identity(files: list, plan_rows: pa.Table) -> int:
+    """Rows of the plan whose results ``files`` (row checkpoints) hold, looked
+    up by identity (input row id, row version, input markers) as the one-pass
+    tasks look them up: what the backfill resumes."""
+    if not plan_rows.num_rows:
+        return 0
     pos = CheckpointIndex(files).lookup(_ids(plan_rows, _IN_ID), _ids(plan_rows, _IN_VER),
                                         np.asarray(plan_rows.column(ckpt.INPUTS).to_pylist(), dtype=object))
     return int((pos >= 0).sum())
@@ -614,66 +644,44 @@ def _fragment_groups(
     return [[int(fids[i]) for i in g] for g in fragment_tasks(counts.tolist(), parallelism)], len(addrs)
 
 
-def _view_work(table: ViewRef, ds: lance.LanceDataset, specs: list[ColumnSpec], predicate: str, parallelism: int,
-               candidates: list | None, ckpt_dir: str, job_id: str) -> tuple[list[dict], int, dict]:
-    """A view's one pass: its rows to compute whose source row still has the
-    version the view holds (the others are the next refresh's), sorted by view
-    address and cut into tasks of whole view fragments; the rows go to the
-    tasks in one plan file."""
-    if candidates is not None and not candidates:
-        return [], 0, {}
-    plan_rows, _, input_uri, input_version = _plan_rows(table, ds, specs, predicate, candidates)
-    if not plan_rows.num_rows:
-        return [], 0, {}
-    plan_rows = plan_rows.take(pa.array(np.argsort(_ids(plan_rows, _TARGET_ADDR), kind="stable")))
-    fids, firsts, counts = np.unique(_ids(plan_rows, _TARGET_ADDR) >> 32, return_index=True, return_counts=True)
-    payloads = [
-        {"fragments": [int(fids[i]) for i in g], "lo": int(firsts[g[0]]), "hi": int(firsts[g[-1]] + counts[g[-1]])}
-        for g in fragment_tasks(counts.tolist(), parallelism)
-    ]
-    path = _job_file(ckpt_dir, f"one-pass-{job_id}.arrow")
-    objects.write_arrow(path, plan_rows)
-    return payloads, plan_rows.num_rows, {"plan_path": path, "input_uri": input_uri, "input_version": input_version}
-
-
 def _record_failure(table: Ref, job_id: str, exc: UdfError, input_uri: str, input_version: int | None) -> None:
     """Name the failed row after the table and its primary key, and record it."""
     rows_of = table.source if isinstance(table, ViewRef) else table.name
     record_failure(table.layout, table.name, job_id, exc, objects.dataset(input_uri, version=input_version), rows_of)
 
 
-def _fused_backfill(table: Ref, specs: list[ColumnSpec], predicate: str, runner: "Runner", job_id: str,
-                    targeted: bool) -> BackfillResult:
-    """Compute and write in one pass, commit once; a commit conflict (a writer
-    changed those fragments meanwhile) runs the pass again on the new version,
-    finding the results checkpointed so far."""
+def _execute_one_pass(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: str) -> BackfillResult:
+    """Run a one-pass plan's tasks (compute and write per fragment), commit once.
+    A commit conflict (a writer changed those fragments meanwhile) plans again
+    with the same arguments and runs that plan on the new version, finding the
+    results checkpointed so far."""
     start = time.perf_counter()
-    names = [n for c in specs for n in (c.name, computed_marker(c.name))]
-    ckpt_dir = table.layout.column_checkpoints(table.name, specs[0].fingerprint)
+    specs, names = plan.specs, [n for c in plan.specs for n in (c.name, computed_marker(c.name))]
     rows_dir = _one_pass_rows_dir(table, specs)
-    parallelism = runner.parallelism()
     computed = resumed = 0
     computed_at = start
+    plans = iter([plan])
 
-    def build() -> tuple[Transaction | None, tuple[int, list[dict], list[dict]]]:
+    def build() -> tuple[Transaction | None, tuple[BackfillPlan, list[dict], list[dict]]]:
         nonlocal computed, resumed, computed_at
-        ds = table.dataset()
-        candidates = None if targeted else stale_fragments(ds, specs)
-        if isinstance(table, ViewRef):
-            payloads, rows, extra = _view_work(table, ds, specs, predicate, parallelism, candidates, ckpt_dir, job_id)
-        else:
-            groups, rows = _fragment_groups(ds, predicate, parallelism, candidates)
-            payloads, extra = [{"fragments": g} for g in groups], {}
-        if not rows:
-            return None, (0, [], [])
+        p = next(plans, None) or plan_backfill(table, **plan.request)
+        if not p.rows:
+            return None, (p, [], [])
+        extra = {}
+        if p.is_view:  # the tasks' rows, with their source rows' identities, in one file
+            assert p.plan_rows is not None
+            extra = {"plan_path": _job_file(p.checkpoint_dir, f"one-pass-{job_id}.arrow"), "input_uri": p.input_uri,
+                     "input_version": p.input_version}
+            objects.write_arrow(extra["plan_path"], p.plan_rows)
         shared = json.dumps({
-            "specs": [c.to_json() for c in specs], "names": names, "uri": table.uri, "version": ds.version,
-            "predicate": predicate, "rows_dir": rows_dir, "checkpoint_seconds": default_target_seconds(), **extra,
+            "specs": [c.to_json() for c in specs], "names": names, "uri": table.uri, "version": p.read_version,
+            "predicate": p.predicate, "rows_dir": rows_dir, "checkpoint_seconds": default_target_seconds(), **extra,
         }).encode()
         try:
-            outs = [json.loads(o) for o in runner.map(FUSED_TASK, [json.dumps(p) for p in payloads], shared, rows)]
+            outs = [json.loads(o) for o in runner.map(FUSED_TASK, [json.dumps(t) for t in p.one_pass_tasks], shared,
+                                                      p.rows)]
         except UdfError as exc:  # on_error="fail": the failed row is named and recorded, nothing is committed
-            _record_failure(table, job_id, exc, extra.get("input_uri", table.uri), extra.get("input_version", ds.version))
+            _record_failure(table, job_id, exc, p.input_uri, p.input_version)
             raise
         finally:
             if extra:
@@ -682,36 +690,35 @@ def _fused_backfill(table: Ref, specs: list[ColumnSpec], predicate: str, runner:
         computed += sum(o["udf_rows"] for o in outs)
         resumed += sum(o["resumed"] for o in outs)
         errors = [e for o in outs for e in o["errors"]]
-        _, every = column_field_ids(ds, names)
+        _, every = column_field_ids(table.dataset(p.read_version), names)
         txn = Transaction(
-            read_version=ds.version,
+            read_version=p.read_version,
             operation=LanceOperation.Update(
                 updated_fragments=[FragmentMetadata.from_json(json.dumps(m)) for o in outs for m in o["fragments"]],
                 fields_modified=sorted(every), update_mode="rewrite_columns",
             ),
             transaction_properties={BACKFILL_KEY: json.dumps({
-                "job_id": job_id, "columns": [c.name for c in specs], "fingerprint": specs[0].fingerprint,
-                "udf_rows_computed": computed, "errors": len(errors), "rows": rows,
-                "read_version": ds.version, "targeted": targeted,
+                "job_id": job_id, "columns": plan.columns, "fingerprint": plan.fingerprint,
+                "udf_rows_computed": computed, "errors": len(errors), "rows": p.rows,
+                "read_version": p.read_version, "targeted": p.targeted,
             })},
         )
-        return txn, (rows, outs, errors)
+        return txn, (p, outs, errors)
 
-    # a conflict (a writer changed those fragments meanwhile) runs the pass again on the new version
-    version, (rows, outs, errors) = commit_latest(
-        table.uri, build, what=f"the backfill of {[c.name for c in specs]} into {table.name!r}",
+    version, (done_plan, outs, errors) = commit_latest(
+        table.uri, build, what=f"the backfill of {plan.columns} into {table.name!r}",
         guard=lambda: table.lock(None),  # never between a view refresh's plan and its commit
     )
     if version is None:
-        return BackfillResult(job_id, table.name, [c.name for c in specs], 0, 0, 0, 0, computed, 0, 0, None,
+        return BackfillResult(job_id, table.name, plan.columns, 0, 0, 0, 0, computed, 0, 0, None,
                               time.perf_counter() - start)
     append_errors(table.layout, table.name, job_id, errors)
-    if not targeted:
+    if not plan.targeted:
         objects.remove_tree(rows_dir)  # committed: the checkpointed results are spent
-    failed = len({e["row_id"] for e in errors})
+    rows, failed = done_plan.rows, len({e["row_id"] for e in errors})
     done = time.perf_counter()
     return BackfillResult(
-        job_id=job_id, table=table.name, columns=[c.name for c in specs], rows_planned=rows,
+        job_id=job_id, table=table.name, columns=plan.columns, rows_planned=rows,
         rows_written=rows - failed, rows_failed=failed, rows_skipped=0, udf_rows_computed=computed,
         batches=len(outs), batches_resumed=0, version=version, seconds=done - start,
         timings={"compute_s": computed_at - start, "commit_s": done - computed_at,
@@ -736,34 +743,27 @@ def backfill_column(
     max_rows_per_task: int = 65_536,
     job_id: str | None = None,
 ) -> BackfillResult:
-    """Plan and run a backfill of ``column`` (see ``Table.backfill``): one
+    """Plan a backfill of ``column`` (see ``Table.backfill``) with
+    :func:`plan_backfill`, the dry run's function, and run that plan
+    (:func:`execute_backfill`): one pass or staged, as the plan says. One
     backfill of a column at a time; a second one waits, then finds only what
-    is left.
-
-    ``checkpoint_size`` None: a base table's UDF columns are computed and
-    written in one pass with checkpoints sized by time (``backfill_tasks.run_fused_task``);
-    SQL columns and a given ``checkpoint_size`` take the staged path
-    (checkpoint batches of that many rows, default ``SQL_BATCH_ROWS``, then
-    the write)."""
+    is left."""
     if isinstance(column, list):
         if len(column) != 1:
             raise ValueError("backfill one column at a time (siblings of a multi-column UDF come along)")
         column = column[0]
     key = udf.fingerprint if isinstance(udf, UDF) else _group_specs(table, column)[0].fingerprint
     with table.layout.lock(f"{table.name}.backfill.{key}", None):
-        specs = _backfill_specs(table, column, udf)
-        if checkpoint_size is None and _fused(table, specs):
-            predicate = _rows_predicate(table, table.dataset(), specs, where, row_ids)
-            return _fused_backfill(table, specs, predicate, runner, job_id or uuid.uuid4().hex[:12],
-                                   where is not None or row_ids is not None)
-        plan = plan_backfill(table, column, udf=udf, where=where, row_ids=row_ids,
-                             checkpoint_size=checkpoint_size or SQL_BATCH_ROWS,  # UDF columns take one pass
-                             max_rows_per_task=max_rows_per_task)
+        plan = plan_backfill(table, column, udf=udf, where=where, row_ids=row_ids, checkpoint_size=checkpoint_size,
+                             max_rows_per_task=max_rows_per_task, parallelism=runner.parallelism())
         return execute_backfill(table, plan, runner, job_id or uuid.uuid4().hex[:12])
 
 
 def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: str) -> BackfillResult:
-    """Run the plan's compute tasks, record errors, write and commit the results."""
+    """Run the plan: in one pass, or staged (the compute tasks, then errors
+    recorded, the results written and committed)."""
+    if plan.one_pass:
+        return _execute_one_pass(table, plan, runner, job_id)
     start = time.perf_counter()
     if plan.rows == 0:
         if not plan.targeted:
@@ -772,7 +772,7 @@ def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: s
                               time.perf_counter() - start)
     plan_path = _job_file(plan.checkpoint_dir, f"plan-{job_id}.arrow")
     assert plan.plan_rows is not None  # a plan with rows has its row table
-    assert plan.checkpoint_size is not None, "a one-pass plan is run by backfill_column, not in staged batches"
+    assert plan.checkpoint_size is not None  # a staged plan has its batch size
     objects.write_arrow(plan_path, plan.plan_rows)
     shared = json.dumps({
         "specs": [c.to_json() for c in plan.specs],
