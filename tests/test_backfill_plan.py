@@ -1,6 +1,7 @@
-"""A backfill's shape: what it commits is retried a bounded number of times
-against the latest version, then fails with a typed error naming what could
-not be committed."""
+"""A backfill's shape: the plan its dry run shows is the plan it runs (one pass
+or staged), its tasks are in the execution layer, and its commit is retried a
+bounded number of times against the latest version, then fails with a typed
+error naming what could not be committed."""
 
 import pytest
 
