@@ -24,6 +24,7 @@ import os
 import posixpath
 import tempfile
 import threading
+import typing
 from typing import Any
 from urllib.parse import urlparse
 
@@ -138,21 +139,17 @@ def dataset(uri: str, version: int | None = None, **kwargs: Any) -> lance.LanceD
     return _known(uri, ds) if handles is not None and not kwargs else ds
 
 
-_NO_TXN = object()
-
-
-def read_transaction(ds: lance.LanceDataset, version: int):
+def read_transaction(ds: lance.LanceDataset, version: int) -> "lance.Transaction | None":
     """``ds.read_transaction(version)``: a version's commit never changes, so
     within :func:`reusing_handles` each is read once (a refresh reads the
     newest ones for its history, its change feed and its writer checks)."""
     handles = _HANDLES.get()
     if handles is None:
         return ds.read_transaction(version)
-    txns = handles.setdefault(f"{ds.uri}#txn", {})
-    txn = txns.get(version, _NO_TXN)
-    if txn is _NO_TXN:
-        txn = txns[version] = ds.read_transaction(version)
-    return txn
+    txns = typing.cast("dict[int, Any]", handles.setdefault(f"{ds.uri}#txn", {}))
+    if version not in txns:
+        txns[version] = ds.read_transaction(version)
+    return txns[version]
 
 
 def write_dataset(data: Any, uri: str, **kwargs: Any) -> lance.LanceDataset:
