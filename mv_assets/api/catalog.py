@@ -18,6 +18,7 @@ from mv_assets.model.chunker import UDTF, Chunker
 from mv_assets.model.definition import VIEW_METADATA_KEY, ViewDefinition, is_reserved_name, output_schema, short_error
 from mv_assets.model.errors import CatalogNotFoundError, SourceBehindError, TableExistsError, TableNotFoundError
 from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
+from mv_assets.model.udtf_view import check_udtf_query, udtf_view_schema
 from mv_assets.ops.refresh import RefreshResult
 from mv_assets.storage import objects
 from mv_assets.storage.error_log import drop_errors
@@ -362,21 +363,30 @@ class Connection:
         *,
         refresh_policy: RefreshPolicy | None = None,
     ) -> MaterializedView:
-        """Create a view that is not one row per source row (Geneva's name):
-        ``function`` a ``@chunker`` (each passing source row gives zero or more
-        rows). ``query`` is ``source.search(None).where(...).select([...])``: the
+        """Create a view that is not one row per source row (Geneva's name).
+
+        ``function`` a ``@chunker``: each passing source row gives zero or more
+        rows. ``query`` is ``source.search(None).where(...).select([...])``: the
         selected columns are the parent columns every child row inherits (without
         ``select``, every source column but the chunker's inputs, unless
         ``inherit_input_columns=True``); the chunker's input columns need not be
-        selected. The view refreshes incrementally like any other (see
-        :mod:`mv_assets.ops.chunk_refresh`). Validates everything before writing."""
+        selected (see :mod:`mv_assets.ops.chunk_refresh`).
+
+        ``function`` a ``@udtf``: the passing source rows of each partition
+        (``partition_by``; without it the whole source is one partition) give
+        a table of the UDTF's ``output_schema``. ``query`` is
+        ``source.search(None).where(...)``: its filter picks the rows the UDTF
+        sees; a ``select`` is refused (the output schema makes the view's
+        columns). A refresh recomputes only the partitions whose rows changed
+        (see :mod:`mv_assets.ops.udtf_refresh`).
+
+        Either view refreshes incrementally, in one Lance commit, like any
+        other. Validates everything before writing."""
         validate_name(name)
-        if isinstance(function, UDTF):
+        if not isinstance(function, Chunker | UDTF):
             raise ValueError(
-                f"{function.name!r} is a @udtf: table-function views are not supported yet; a @chunker is"
+                f"create_udtf_view() needs a @chunker or @udtf function, got {type(function).__name__}"
             )
-        if not isinstance(function, Chunker):
-            raise ValueError(f"create_udtf_view() needs a @chunker function, got {type(function).__name__}")
         if refresh_policy is not None and not isinstance(refresh_policy, RefreshPolicy):
             raise ValueError("refresh_policy must be a RefreshPolicy, e.g. RefreshPolicy.ttl(3600)")
         if not isinstance(query, Query):
@@ -388,6 +398,8 @@ class Connection:
         if name == query.table.name:
             raise ValueError("a view cannot have the same name as its source")
         definition = query.to_definition()
+        if isinstance(function, UDTF):
+            return self._create_table_function_view(name, query, definition, function, with_no_data, refresh_policy)
         if query.selects_all and not function.inherit_input_columns:  # big inputs stay out of every child row
             definition = dataclasses.replace(
                 definition, columns=tuple(c for c in definition.columns if c.name not in function.input_columns)
@@ -397,6 +409,30 @@ class Connection:
         source = query.table._dataset()
         require_stable_row_ids(source, query.table.name, f"a chunk view ({name!r})")  # before any write
         schema = chunk_view_schema(definition, source)
+        policy = refresh_policy or RefreshPolicy.eager()
+        schema = schema.with_metadata({**schema.metadata, POLICY_METADATA_KEY.encode(): policy.to_json().encode()})
+        ensure_table_id(query.table.uri)
+        objects.write_dataset(pa.Table.from_batches([], schema=schema), self._table_uri(name), schema=schema,
+                              mode="create", enable_stable_row_ids=True)
+        view = MaterializedView(self, name, definition)
+        if not with_no_data:
+            try:
+                view.refresh()
+            except BaseException:
+                self.drop_table(name)
+                raise
+        return view
+
+    def _create_table_function_view(self, name: str, query: Query, definition: ViewDefinition, function: UDTF,
+                                    with_no_data: bool, refresh_policy: RefreshPolicy | None) -> MaterializedView:
+        """:meth:`create_udtf_view` with a ``@udtf`` (its common checks done)."""
+        assert isinstance(query.table, Table)
+        check_udtf_query(definition, name, query.selects_all)
+        # the view holds no source column: only the UDTF's output (model.udtf_view)
+        definition = dataclasses.replace(definition, columns=(), function=json.dumps(function.to_spec()))
+        source = query.table._dataset()
+        require_stable_row_ids(source, query.table.name, f"a table-function view ({name!r})")  # before any write
+        schema = udtf_view_schema(definition, source)
         policy = refresh_policy or RefreshPolicy.eager()
         schema = schema.with_metadata({**schema.metadata, POLICY_METADATA_KEY.encode(): policy.to_json().encode()})
         ensure_table_id(query.table.uri)

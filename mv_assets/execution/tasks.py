@@ -22,6 +22,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mv_assets.execution.chunk_tasks import chunk_batches
+from mv_assets.execution.udtf_tasks import udtf_batches
 from mv_assets.model.definition import (
     SOURCE_MARKER_PREFIX,
     SOURCE_ROW_ID,
@@ -76,6 +77,9 @@ class TaskSpec:
     # Chunk views: the view's rows (stable ids, at ``view_version``) of the
     # task's parents that the view already holds: reused if their inputs did not change.
     reuse_rows: list[int] | None = None
+    # Table-function views: the keys of the partitions the task computes, whole
+    # (model.udtf_view.partition_key); ``parts`` is then empty.
+    partitions: list[str] | None = None
 
     @property
     def fragment_ids(self) -> list[int]:
@@ -573,6 +577,9 @@ def _task_batches(spec: TaskSpec, definition: ViewDefinition, ds, view_schema: p
                   errors: list[dict], resumed: dict):
     """The task's view batches, computed as they are consumed. Parts sharing a
     predicate (whole small fragments) are read by one scan."""
+    if definition.kind == "udtf":  # a table-function view: whole partitions (execution.udtf_tasks)
+        yield from udtf_batches(ds, definition, view_schema, spec.partitions or [], udf_rows)
+        return
     for predicate, group in itertools.groupby(spec.parts, key=lambda part: part[1]):
         fragments = []
         for fragment_id, _, _ in group:

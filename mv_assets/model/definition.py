@@ -137,19 +137,21 @@ class ViewDefinition:
     shuffle: bool = False
     seed: int | None = None
     limit: int | None = None
-    # A view that is not one row per source row: the JSON spec of its chunker
-    # (model.chunker); ``columns`` are then the parent columns each child inherits.
+    # A view that is not one row per source row: the JSON spec of its chunker or
+    # UDTF (model.chunker); ``columns`` are then the parent columns each child
+    # inherits (a chunker), none (a UDTF: the view holds its output only).
     function: str | None = None
 
     @property
     def kind(self) -> str:
         """``"query"`` (one view row per passing source row) or the function's
-        kind (``"chunker"``: zero or more rows per passing source row)."""
+        kind (``"chunker"``: zero or more rows per passing source row;
+        ``"udtf"``: zero or more rows per partition of the passing source rows)."""
         return json.loads(self.function)["kind"] if self.function else "query"
 
     @property
     def table_function(self) -> Any:
-        """The view's chunker (unpickled once per definition object)."""
+        """The view's chunker or UDTF (unpickled once per definition object)."""
         if not self.function:
             raise ValueError("a query view has no table function")
         cached = self.__dict__.get("_table_function")

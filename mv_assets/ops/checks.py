@@ -32,6 +32,11 @@ class CheckOutcome:
 def check_view(view: ViewRef) -> list[CheckOutcome]:
     """Run every check on ``view`` at the source version it reflects."""
     definition = view.definition
+    if definition.kind == "udtf":
+        raise ValueError(
+            f"{view.name!r} is a table-function view: check() compares view rows with source rows one to one, "
+            "and its rows (a partition's output) are not; no check is available for it"
+        )
     state = read_refresh_state(view.dataset())
     version = state.source_version or view.source_dataset().version
     src = objects.dataset(view.source_uri, version=version)

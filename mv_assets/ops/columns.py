@@ -132,6 +132,11 @@ def add_columns(table: Ref, transforms: Any) -> list[str]:
     """Validate, then add the columns (all NULL, markers NULL) and store their
     definitions. SQL columns are filled right away; UDF columns by backfill."""
     is_view = isinstance(table, ViewRef)
+    if is_view and table.definition.kind == "udtf":  # its rows are a partition's output, not source rows
+        raise ValueError(
+            f"{table.name!r} is a table-function view: add_columns() is not supported on it (its rows come from "
+            "no one source row); add the column to the UDTF's output_schema, or compute it in a view over this one"
+        )
     input_ds = table.input_dataset()
     specs = parse_transforms(transforms, input_ds.schema, input_ds)
     ds = table.dataset()

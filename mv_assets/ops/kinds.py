@@ -2,18 +2,22 @@
 tasks' execution and its one commit, is shared: :func:`mv_assets.ops.refresh.execute_refresh`).
 
 * ``"query"``: one view row per passing source row (:mod:`mv_assets.ops.refresh`);
-* ``"chunker"``: zero or more rows per passing source row (:mod:`mv_assets.ops.chunk_refresh`).
+* ``"chunker"``: zero or more rows per passing source row (:mod:`mv_assets.ops.chunk_refresh`);
+* ``"udtf"``: zero or more rows per partition of the passing source rows (:mod:`mv_assets.ops.udtf_refresh`).
 """
 
 from collections.abc import Callable
 
 from mv_assets.ops.chunk_refresh import plan_chunk_refresh
 from mv_assets.ops.refresh import RefreshPlan, plan_refresh
+from mv_assets.ops.udtf_refresh import plan_udtf_refresh
 from mv_assets.storage.refs import ViewRef
 
 __all__ = ["PLANNERS", "plan_view_refresh"]
 
-PLANNERS: dict[str, Callable[..., RefreshPlan]] = {"query": plan_refresh, "chunker": plan_chunk_refresh}
+PLANNERS: dict[str, Callable[..., RefreshPlan]] = {
+    "query": plan_refresh, "chunker": plan_chunk_refresh, "udtf": plan_udtf_refresh,
+}
 
 
 def plan_view_refresh(view: ViewRef, *args, **kwargs) -> RefreshPlan:
