@@ -32,7 +32,16 @@ import pyarrow as pa
 from mv_assets.model.chunk_view import input_digests, processed_without_children
 from mv_assets.model.definition import computed_column_names, read_field_ids
 from mv_assets.model.names import CHUNK_INPUTS, SOURCE_ROW_ID, SOURCE_ROW_VERSION
-from mv_assets.model.planning import History, KeyPlan, choose_how, fit_to_fragments, isin, pieces_from_rows, task_rows
+from mv_assets.model.planning import (
+    History,
+    KeyPlan,
+    choose_how,
+    fit_to_fragments,
+    isin,
+    pieces_from_rows,
+    positions,
+    task_rows,
+)
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.ops.refresh import (
     ROW_VERSION_ALIAS,
@@ -173,8 +182,9 @@ def _changes(view_ds: lance.LanceDataset, src: lance.LanceDataset, definition, h
         ids = _ids(parents)
         in_view = isin(ids, held)
         return KeyPlan(ids[~in_view], ids[in_view], held[~isin(held, ids)]), parents, [], vk
-    vk = view_ds.to_table(columns=[SOURCE_ROW_ID, SOURCE_ROW_VERSION, CHUNK_INPUTS], with_row_id=True,
-                          with_row_address=True)
+    # every child's parent key (and, to compare, its version); the digests only of the touched ones
+    vk = view_ds.to_table(columns=[SOURCE_ROW_ID] + ([SOURCE_ROW_VERSION] if how != "incremental" else []),
+                          with_row_id=True, with_row_address=True)
     view_keys = _ids(vk, SOURCE_ROW_ID)
     if how == "incremental":
         assert v0 is not None
@@ -187,11 +197,10 @@ def _changes(view_ds: lance.LanceDataset, src: lance.LanceDataset, definition, h
     else:  # sync: every passing parent (in scope) against the view's children
         parents = _scan(src, definition.filter, scope_frags)
         ids, vers = _ids(parents), _ids(parents, ROW_VERSION_ALIAS)
-        has = isin(ids, view_keys)
-        holds = np.zeros(len(ids), dtype=bool)
-        if has.any():  # a parent is current when its children carry its version
-            pairs = {(int(k), int(v)) for k, v in zip(view_keys, _ids(vk, SOURCE_ROW_VERSION), strict=True)}
-            holds[has] = [(int(i), int(v)) in pairs for i, v in zip(ids[has], vers[has], strict=True)]
+        pos = positions(ids, view_keys)  # one child of each parent the view holds
+        has = pos >= 0
+        # a parent is current when its children (written together: one version) carry its version
+        holds = has & (_ids(vk, SOURCE_ROW_VERSION)[np.where(has, pos, 0)] == vers) if has.any() else has
         current = holds | processed_without_children(vers, has, v0, _ids(parents, "_rowaddr") >> 32,
                                                      scoped_since_whole(view_ds))
         parents = parents.filter(pa.array(~current))
@@ -204,6 +213,9 @@ def _changes(view_ds: lance.LanceDataset, src: lance.LanceDataset, definition, h
         touched = np.concatenate([_ids(parents), gone])
     mask = isin(view_keys, touched)
     vk = vk.filter(pa.array(mask))
+    if vk.num_rows:
+        digests = take_rows(view_ds, _ids(vk, "_rowid").tolist(), [CHUNK_INPUTS]).column(CHUNK_INPUTS)
+        vk = vk.append_column(CHUNK_INPUTS, digests)
     held = np.unique(_ids(vk, SOURCE_ROW_ID))
     compute = _ids(parents)
     in_view = isin(compute, held)
