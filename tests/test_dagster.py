@@ -530,3 +530,29 @@ def test_a_chunk_view_is_an_asset_of_its_sources_lineage_refreshed_by_the_sensor
         assert embedded == len(expected(docs.uri, 2)) + 4 + 3  # the first chunks, the appended, the re-chunked
         mats = instance.fetch_materializations(K(["chunks", "emb"]), limit=100).records
         assert mats and "udf_rows_computed" in mats[0].asset_materialization.metadata
+
+
+def test_a_table_function_view_is_refreshed_as_a_whole_in_any_run(tmp_path):
+    """A table-function view's partitions are its partition_by values, not the
+    source's fragments: its asset says so and every run refreshes it whole."""
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    src = db.create_table("ev", [{"id": i, "g": i % 3} for i in range(9)])
+    src.add([{"id": 9, "g": 1}])
+
+    @mv.udtf(output_schema=pa.schema([("g", pa.int64()), ("n", pa.int64())]), input_columns=["g"], partition_by="g")
+    def count(t: pa.Table) -> pa.Table:
+        return pa.table({"g": [t.column("g")[0].as_py()], "n": [t.num_rows]})
+
+    db.create_udtf_view("counts", src.search(None), count)
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    node = defs.get_repository_def().asset_graph.get(K(["counts"]))
+    assert node.parent_keys == {K(["ev"])}
+    assert "udtf `count` over each `g` partition" in node.description
+    assert "Refreshed as a whole in any partition run" in node.description
+    frag = str(lance.dataset(src.uri).get_fragments()[1].fragment_id)
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(partitions_def_name("ev"), [frag])
+        assets = [defs.get_repository_def().assets_defs_by_key[K(["counts"])]]
+        assert dg.materialize(assets, instance=instance, partition_key=frag, selection=[K(["counts"])]).success
+    got = sorted((r["g"], r["n"]) for r in db.open_view("counts").to_arrow().to_pylist())
+    assert got == [(0, 3), (1, 4), (2, 3)]  # every partition, not only the fragment's rows

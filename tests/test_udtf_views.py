@@ -289,10 +289,26 @@ def test_what_a_udtf_view_does_not_take(db, call_log):
         view.plan_refresh(recompute=["n"])
     with pytest.raises(ValueError, match="table-function view"):
         view.add_columns({"m": "n + 1"})
-    with pytest.raises(ValueError, match="table-function view"):
-        view.check()
     view.refresh(fragments=[0])
     assert calls(call_log) == ["a"] and actual(view) == expected(src.uri, src.version)
+
+
+def test_checks_of_a_udtf_view(db, call_log):
+    """Its rows are a partition's output: checked are the partitions it holds
+    (each has passing source rows) and writes by other tools."""
+    src, view = _setup(db, call_log)
+    view.refresh()
+    assert [(o.name, o.passed) for o in view.check()] == [("no_orphan_rows", True), ("values_match_source", True)]
+    lance.dataset(src.uri).delete("g = 'a'")
+    view.refresh()  # partition "a" is gone from the source and from the view
+    assert all(o.passed for o in view.check())
+    row = lance.dataset(view.uri).to_table().slice(0, 1)
+    row = row.set_column(row.schema.get_field_index("__partition"), "__partition", pa.array(['"zz"']))
+    lance.write_dataset(row, view.uri, mode="append")  # another tool adds a row of a partition with no rows
+    outcome = {o.name: o for o in view.check()}
+    assert not outcome["no_orphan_rows"].passed and outcome["no_orphan_rows"].metadata["sample"] == ['"zz"']
+    assert not outcome["values_match_source"].passed
+    assert outcome["values_match_source"].metadata["rows_written_outside_refreshes"] == 1
 
 
 def test_a_failing_udtf_commits_nothing_and_names_the_partition(db, call_log):

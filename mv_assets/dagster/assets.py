@@ -40,6 +40,7 @@ RESOURCE_KEY = "mv_assets"
 TAG_SOURCE_VERSION = "mv_assets/source_version"
 TAG_SCOPE = "mv_assets/scope"
 CHECK_NAMES = ("matches_source_query", "no_orphan_rows", "udf_values_present")
+UDTF_CHECK_NAMES = ("no_orphan_rows",)  # a table-function view's (ops.checks._udtf_checks)
 CODE_CHECK = "udf_code_current"  # on UDF columns of views declared in code
 # Per-partition metadata is computed for runs of at most this many partitions.
 PER_PARTITION_LIMIT = 2000
@@ -129,11 +130,16 @@ def _view_description(info: TableInfo) -> str:
         + ("; its upstream views are brought up to date first" if info.over_view else "")
     )
     function = info.definition.get("function")
-    what = (
-        f"Chunk view over `{info.source}`{where}: each row split by {function['kind']} `{function['name']}` into "
-        f"rows of {', '.join(function['output_schema'])}, each inheriting {cols or 'no column'}"
-        if function else f"Materialized view over `{info.source}`{where}{lim}: {cols}"
-    )
+    if function and function["kind"] == "udtf":
+        by = function.get("partition_by")
+        what = (f"Table-function view over `{info.source}`{where}: udtf `{function['name']}` over "
+                f"{f'each `{by}` partition' if by else 'the whole source'}, giving rows of "
+                f"{', '.join(function['output_schema'])}; a refresh recomputes the partitions whose rows changed")
+    elif function:
+        what = (f"Chunk view over `{info.source}`{where}: each row split by {function['kind']} `{function['name']}` "
+                f"into rows of {', '.join(function['output_schema'])}, each inheriting {cols or 'no column'}")
+    else:
+        what = f"Materialized view over `{info.source}`{where}{lim}: {cols}"
     text = f"{what}. {how}; refreshed incrementally on Spark. Policy: {info.policy.describe()}."
     diff = info.code_changes
     if diff is not None and diff.create:
@@ -224,7 +230,8 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo]):
                 skippable=True,
             )
         )
-    check_specs = [dg.AssetCheckSpec(name, asset=view_key) for name in CHECK_NAMES]
+    udtf = (info.definition.get("function") or {}).get("kind") == "udtf"  # rows per partition: fewer checks
+    check_specs = [dg.AssetCheckSpec(name, asset=view_key) for name in (UDTF_CHECK_NAMES if udtf else CHECK_NAMES)]
     if info.declared is not None:
         # Dagster shows no asset-level staleness for partitioned assets: this check
         # marks a column whose code changed on the asset itself, in the catalog and

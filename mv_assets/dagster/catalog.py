@@ -52,9 +52,12 @@ class TableInfo:
     @property
     def scoped(self) -> bool:
         """Whether a partition (source fragment) can be refreshed on its own:
-        views over a base table without a limit. Others refresh as a whole
-        whatever partitions a run names."""
-        return self.is_view and self.limit is None and not self.over_view
+        views over a base table without a limit (chunk views too: a fragment's
+        parents). Others (views over views, limited views, table-function
+        views) refresh as a whole whatever partitions a run names."""
+        function = self.definition.get("function") or {}
+        # a table-function view's partitions are its partition_by values, not source fragments
+        return self.is_view and self.limit is None and not self.over_view and function.get("kind") != "udtf"
 
     @property
     def computed(self) -> list[str]:

@@ -180,6 +180,8 @@ class _TableFunction:
             "output_schema": {f.name: str(f.type) for f in self._output_schema},
             "pickle": base64.b64encode(dumps_by_value(self)).decode("ascii"),  # pyright: ignore[reportArgumentType]
         }
+        if getattr(self, "partition_by", None) is not None:
+            spec["partition_by"] = self.partition_by  # pyright: ignore[reportAttributeAccessIssue]
         where = self.code_location()
         if where is not None:
             spec["source_file"], spec["source_line"] = where

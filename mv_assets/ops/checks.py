@@ -11,9 +11,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mv_assets.model.definition import SOURCE_ROW_ID, SOURCE_ROW_VERSION
-from mv_assets.model.names import CHUNK_INDEX
+from mv_assets.model.names import CHUNK_INDEX, PARTITION
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.model.planning import isin, positions, select_limited
+from mv_assets.model.udtf_view import WHOLE_SOURCE, partition_key
 from mv_assets.storage import objects
 from mv_assets.storage.refs import ViewRef
 from mv_assets.storage.state import read_refresh_state
@@ -33,10 +34,7 @@ def check_view(view: ViewRef) -> list[CheckOutcome]:
     """Run every check on ``view`` at the source version it reflects."""
     definition = view.definition
     if definition.kind == "udtf":
-        raise ValueError(
-            f"{view.name!r} is a table-function view: check() compares view rows with source rows one to one, "
-            "and its rows (a partition's output) are not; no check is available for it"
-        )
+        return _udtf_checks(view)
     state = read_refresh_state(view.dataset())
     version = state.source_version or view.source_dataset().version
     src = objects.dataset(view.source_uri, version=version)
@@ -117,6 +115,39 @@ def check_view(view: ViewRef) -> list[CheckOutcome]:
         )
     )
     return out
+
+
+def _udtf_checks(view: ViewRef) -> list[CheckOutcome]:
+    """A table-function view's checks: its rows are a partition's output, not
+    one per source row. ``no_orphan_rows``: every partition the view holds
+    rows of has passing source rows at the version it reflects;
+    ``values_match_source``: no view row was written outside a refresh. (A
+    partition with rows and no view rows may have given an empty output: the
+    UDTF is not run again to tell.)"""
+    udtf = view.definition.table_function
+    state = read_refresh_state(view.dataset())
+    version = state.source_version or view.source_dataset().version
+    src = objects.dataset(view.source_uri, version=version)
+    held = set(view.dataset().to_table(columns=[PARTITION]).column(PARTITION).unique().to_pylist())
+    by = udtf.partition_by
+    if by is None:
+        have = {WHOLE_SOURCE} if src.count_rows(filter=view.definition.filter) else set()
+    else:
+        values = src.to_table(columns=[by], filter=view.definition.filter).column(by).unique()
+        have = {partition_key(v) for v in values.to_pylist()}
+    orphans = sorted(held - have)
+    written = 0
+    if state.view_version is not None:
+        written = view.dataset().count_rows(
+            filter=f"_row_created_at_version > {int(state.view_version)} "
+                   f"OR _row_last_updated_at_version > {int(state.view_version)}")
+    return [
+        CheckOutcome("no_orphan_rows", not orphans,
+                     f"every partition the view holds rows of has passing source rows at version {version}",
+                     {"partitions_in_view": len(held), "orphan_partitions": len(orphans), "sample": orphans[:10]}),
+        CheckOutcome("values_match_source", written == 0, "no view row was written outside a refresh",
+                     {"rows_written_outside_refreshes": written}),
+    ]
 
 
 def _chunks_match_query(view: ViewRef, src, keys: np.ndarray, version: int) -> CheckOutcome:
