@@ -51,6 +51,8 @@ from mv_assets.ops.refresh import (
     _check_reads,
     _columns_replaced,
     _created_reading,
+    _moved_rows_in,
+    _no_rows,
     _nothing_read_changed,
     _open_source,
     _place,
@@ -140,7 +142,9 @@ def plan_chunk_refresh(
         plan.source_id, plan.read_fields = source_id, read_fields
         return plan
 
-    keys, parents, reuse, vk = _changes(view_ds, src, definition, how, v0, scope_frags)
+    # the fragments that can hold rows written since v0 ([]: deletes only), or None: any
+    moved = _moved_rows_in(src, v0, commits) if commits is not None else None
+    keys, parents, reuse, vk = _changes(view_ds, src, definition, how, v0, scope_frags, moved)
     n = len(_ids(parents))
 
     def place() -> "_TaskPlace":
@@ -170,7 +174,7 @@ def plan_chunk_refresh(
 
 
 def _changes(view_ds: lance.LanceDataset, src: lance.LanceDataset, definition, how: str, v0: int | None,
-             scope_frags: list | None):
+             scope_frags: list | None, moved: list | None = None):
     """The key plan (by parent), the parents to compute (ids, addresses), the
     view rows to reuse ``[(parent id, view row id)]`` and the view's rows of
     the parents the plan touches (their keys and addresses, for the deletions)."""
@@ -182,19 +186,24 @@ def _changes(view_ds: lance.LanceDataset, src: lance.LanceDataset, definition, h
         ids = _ids(parents)
         in_view = isin(ids, held)
         return KeyPlan(ids[~in_view], ids[in_view], held[~isin(held, ids)]), parents, [], vk
-    # every child's parent key (and, to compare, its version); the digests only of the touched ones
-    vk = view_ds.to_table(columns=[SOURCE_ROW_ID] + ([SOURCE_ROW_VERSION] if how != "incremental" else []),
-                          with_row_id=True, with_row_address=True)
-    view_keys = _ids(vk, SOURCE_ROW_ID)
     if how == "incremental":
         assert v0 is not None
         since = f"_row_last_updated_at_version > {int(v0)}"
-        parents = _scan(src, and_filters(since, definition.filter))
-        changed = _ids(_scan(src, since, with_version=False)) if definition.filter else _ids(parents)
+        if moved is not None and not moved:  # deletes only: no parent was written
+            parents = _no_rows([])
+            changed = empty
+        else:
+            parents = _scan(src, and_filters(since, definition.filter), moved)
+            changed = _ids(_scan(src, since, moved, with_version=False)) if definition.filter else _ids(parents)
         deleted = (_ids(src.delta(begin_version=v0, end_version=src.version).get_deleted_row_ids().read_all())
                    if src.version > v0 else empty)
         touched = np.concatenate([changed, deleted])
-    else:  # sync: every passing parent (in scope) against the view's children
+    # every child's parent key (and, to compare, its version); row ids (for the digests of
+    # the touched ones) only when some parent may be copied
+    vk = view_ds.to_table(columns=[SOURCE_ROW_ID] + ([SOURCE_ROW_VERSION] if how != "incremental" else []),
+                          with_row_id=how != "incremental" or parents.num_rows > 0, with_row_address=True)
+    view_keys = _ids(vk, SOURCE_ROW_ID)
+    if how != "incremental":  # sync: every passing parent (in scope) against the view's children
         parents = _scan(src, definition.filter, scope_frags)
         ids, vers = _ids(parents), _ids(parents, ROW_VERSION_ALIAS)
         pos = positions(ids, view_keys)  # one child of each parent the view holds
@@ -213,14 +222,14 @@ def _changes(view_ds: lance.LanceDataset, src: lance.LanceDataset, definition, h
         touched = np.concatenate([_ids(parents), gone])
     mask = isin(view_keys, touched)
     vk = vk.filter(pa.array(mask))
-    if vk.num_rows:
+    if vk.num_rows and "_rowid" in vk.column_names:
         digests = take_rows(view_ds, _ids(vk, "_rowid").tolist(), [CHUNK_INPUTS]).column(CHUNK_INPUTS)
         vk = vk.append_column(CHUNK_INPUTS, digests)
     held = np.unique(_ids(vk, SOURCE_ROW_ID))
     compute = _ids(parents)
     in_view = isin(compute, held)
     keys = KeyPlan(np.sort(compute[~in_view]), np.sort(compute[in_view]), held[~isin(held, compute)])
-    reuse = _reusable(src, definition, parents.filter(pa.array(in_view)), vk)
+    reuse = _reusable(src, definition, parents.filter(pa.array(in_view)), vk) if in_view.any() else []
     return keys, parents, reuse, vk
 
 
