@@ -76,6 +76,8 @@ bench: install
 	$(PY) bench/bench_small_refresh.py
 	$(PY) bench/bench_partitions.py
 	$(PY) bench/bench_lancedb.py
+	$(PY) bench/bench_chunks.py
+	$(PY) bench/bench_udtf.py
 
 demo-stop:
 	$(PY) -m mv_assets.execution.connect_server stop --state-dir .demo/spark-connect
