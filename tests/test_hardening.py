@@ -433,9 +433,12 @@ def test_a_no_op_refresh_reads_nothing_of_the_view_or_source_rows(tmp_path, monk
     r = db.open_table("v").refresh()
     assert r.rows_inserted == r.rows_deleted == 0 and r.runner == "none"
     assert scans == []
-    t.add([{"id": 5000, "x": 5000}])  # a real change is still found (and reads what it needs)
+    t.add([{"id": 5000, "x": 5000}])  # a real change is still found: planned from fragment metadata, counted by its task
     r = db.open_table("v").refresh()
-    assert r.rows_inserted == 1 and scans
+    assert r.rows_inserted == 1 and 5000 in db.open_table("v").to_arrow().column("id").to_pylist()
+    t.add([{"id": 6000, "x": 1}])  # appended rows the filter drops: nothing inserted, counted exactly
+    r = db.open_table("v").refresh()
+    assert r.rows_inserted == 0 and 6000 not in db.open_table("v").to_arrow().column("id").to_pylist()
 
 
 def test_a_refresh_after_only_compactions_reads_no_rows(tmp_path, monkeypatch):

@@ -793,7 +793,7 @@ class MaterializedView(Table):
             plan = plan_view_refresh(
                 ref, src_version, mode=mode, fragments=fragments, recompute=recompute,
                 max_rows_per_task=max_rows_per_task, checkpoint_size=checkpoint_size,
-                parallelism=self._runner(runner).parallelism(),
+                parallelism=self._runner(runner).parallelism(), exact=False,  # the tasks count its inserts
             )
             if plan.commits_nothing:
                 return execute_refresh(ref, plan, self._runner(runner))

@@ -91,6 +91,7 @@ def plan_chunk_refresh(
     max_rows_per_task: int | None = None,
     checkpoint_size: int | None = None,
     parallelism: int = 1,
+    exact: bool = True,  # (its counts are always exact)
 ) -> RefreshPlan:
     """Plan a refresh of chunk view ``view`` (see the module docstring);
     arguments as :func:`mv_assets.ops.refresh.plan_refresh`'s."""

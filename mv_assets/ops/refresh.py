@@ -134,6 +134,9 @@ class RefreshPlan:
     seconds_per_row: float | None = field(default=None, repr=False)  # measured by the last refresh
     source_id: str | None = field(default=None, repr=False)  # the source's identity (storage.identity); None: unstamped
     repaired: bool = False  # another tool wrote into the view since its last refresh: this refresh repairs it
+    # rows_to_insert is an upper bound (the source rows of the pieces, before the
+    # filter): the refresh counts the rows its tasks write (plan_refresh(exact=False))
+    counted_by_tasks: bool = field(default=False, repr=False)
     read_fields: dict[str, int] | None = field(default=None, repr=False)  # field ids of the columns it reads
 
     @property
@@ -332,6 +335,7 @@ def plan_refresh(
     max_rows_per_task: int | None = None,
     checkpoint_size: int | None = None,
     parallelism: int = 1,
+    exact: bool = True,
 ) -> RefreshPlan:
     """Plan a refresh of ``view`` to source version ``src_version`` (default latest).
 
@@ -346,6 +350,12 @@ def plan_refresh(
     ``max_rows_per_task`` None sizes tasks from the rows to compute, the
     view's measured cost per row and the runner's ``parallelism``
     (:func:`planning.task_rows`).
+
+    ``exact=False`` (what a refresh asks; a dry run is exact): rows only
+    inserted (a first refresh, rows only appended) that fit one task are
+    planned from fragment metadata, without reading which pass the filter
+    (the same task an exact plan makes); the task evaluates it and the refresh
+    counts what it wrote (``counted_by_tasks``).
     """
     _check_args(mode, max_rows_per_task, checkpoint_size)
     definition: ViewDefinition = view.definition
@@ -398,8 +408,8 @@ def plan_refresh(
 
     appended = _appended_since(src, v0, commits, reads, state, definition) if commits is not None else None
     moved = _moved_rows_in(src, v0, commits) if commits is not None and appended is None else None
-    where, tasks, keys, n_insert, udf_rows, vk = _plan_work(
-        place, src, view_ds, definition, how, v0, scope, scope_frags, recompute, appended, tainted, moved
+    where, tasks, keys, n_insert, udf_rows, vk, counted = _plan_work(
+        place, src, view_ds, definition, how, v0, scope, scope_frags, recompute, appended, tainted, moved, exact
     )
     for name in (c.name for c in definition.udf_columns):
         udf_rows[name] = udf_rows.get(name, 0) + int(sum(t.rows for t in tasks if t.recompute is None))
@@ -410,13 +420,13 @@ def plan_refresh(
         tasks=tasks, keys=keys, view_key_addrs=(_ids(vk, SOURCE_ROW_ID), _ids(vk, "_rowaddr")) if vk is not None else None,
         checkpoint_dir=where.checkpoint_dir, definition_raw=definition.encode(), load_number=state.load_number,
         scope=scope, scoped_since_whole=state.scoped_since_whole, seconds_per_row=state.seconds_per_row,
-        source_id=source_id, repaired=foreign is not None, read_fields=read_fields,
+        source_id=source_id, repaired=foreign is not None, read_fields=read_fields, counted_by_tasks=counted,
     )
 
 
 def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, definition: ViewDefinition,
                how: str, v0: int | None, scope, scope_frags, recompute, appended: list | None,
-               tainted: np.ndarray | None = None, moved: list | None = None):
+               tainted: np.ndarray | None = None, moved: list | None = None, exact: bool = True):
     """The tasks of a refresh and its row-level outcome: rows only appended since
     ``v0`` (in the fragments ``appended``) or a first refresh are all inserts
     (the view's keys are not read); otherwise the changes are found against the
@@ -434,20 +444,22 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
                                                       *(source_marker(m) for m in tracked)],
         with_row_address=True,
     ) if appended is None else None
+    counted = False  # inserts planned from fragment metadata (not exact): the tasks count them
     if appended is not None:
         # Rows only appended since v0: they are the inserts, the view's keys are not read.
-        where, tasks = _insert_tasks(place, src, appended, and_filters(f"_row_created_at_version > {v0}", definition.filter))
-        keys, n_insert, udf_rows = KeyPlan(), int(sum(t.rows for t in tasks)), {}
+        where, tasks = _insert_tasks(place, src, appended, and_filters(f"_row_created_at_version > {v0}", definition.filter),
+                                     exact)
+        keys, n_insert, udf_rows, counted = KeyPlan(), int(sum(t.rows for t in tasks)), {}, not exact
     elif how != "incremental" and vk is not None and vk.num_rows == 0 and definition.limit is None and recompute is None:
         # Into an empty view (a first refresh): every passing row is an insert.
         frags = scope_frags if scope_frags is not None else src.get_fragments()
-        where, tasks = _insert_tasks(place, src, frags, definition.filter)
-        keys, n_insert, udf_rows = KeyPlan(), int(sum(t.rows for t in tasks)), {}
+        where, tasks = _insert_tasks(place, src, frags, definition.filter, exact)
+        keys, n_insert, udf_rows, counted = KeyPlan(), int(sum(t.rows for t in tasks)), {}, not exact
     elif rebuild and vk is not None:
         # A rebuild: every passing row computed from whole fragments (as into an empty
         # view: address ranges, not scattered ids), every row the view holds removed.
         # The key plan only counts (nothing is deleted row by row): dense-id bitmaps, no sort.
-        where, tasks = _insert_tasks(place, src, src.get_fragments(), definition.filter)
+        where, tasks = _insert_tasks(place, src, src.get_fragments(), definition.filter, exact)
         held = _ids(vk, SOURCE_ROW_ID)
         pass_ids = _ids(_scan(src, definition.filter, with_version=False))
         in_view = isin(pass_ids, held)
@@ -462,15 +474,15 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
         where = place(rows.num_rows + current_rows.num_rows)
         tasks, udf_rows = _tasks_for(where, rows, current_rows, recompute)
         n_insert = int(len(keys.insert))
-    return where, tasks, keys, n_insert, udf_rows, vk
+    return where, tasks, keys, n_insert, udf_rows, vk, counted
 
 
-def _insert_tasks(place, src: lance.LanceDataset, fragments: list, filter_sql: str | None):
+def _insert_tasks(place, src: lance.LanceDataset, fragments: list, filter_sql: str | None, exact: bool = True):
     """Tasks computing every row of ``fragments`` passing ``filter_sql``, all
     inserts: planned while streaming the source's addresses, never holding its ids."""
     sizes = [f.count_rows() for f in fragments]
     where = place(sum(sizes), max(sizes, default=0))  # before the filter: an upper bound
-    return where, where.tasks(_pieces_into_empty_view(src, fragments, filter_sql, where.max_rows_per_task))
+    return where, where.tasks(_pieces_into_empty_view(src, fragments, filter_sql, where.max_rows_per_task, exact))
 
 
 def _appended_since(src: lance.LanceDataset, v0: int | None, commits: list, reads: list[str], state,
@@ -827,12 +839,14 @@ def _pack_tasks(
     return tasks
 
 
-def _pieces_into_empty_view(src: lance.LanceDataset, fragments: list, filter_sql: str | None, max_rows: int) -> list[list]:
+def _pieces_into_empty_view(src: lance.LanceDataset, fragments: list, filter_sql: str | None, max_rows: int,
+                            exact: bool = True) -> list[list]:
     """Pieces covering every row of ``fragments`` passing the view's filter,
     planned while streaming their row addresses in one ordered scan (driver
     memory: one scanner batch, whatever the source's size). Without a filter,
     a fragment without deletions is planned from its metadata (no scan: 1M
-    rows' addresses took ~15 ms to stream, 10M ~70 ms).
+    rows' addresses took ~15 ms to stream, 10M ~70 ms); not ``exact``, when all
+    the fragments' rows fit one task, every fragment is (counts are upper bounds).
 
     A piece is an address range of one fragment plus the filter, which the
     task evaluates again at the same pinned version: exact, and small however
@@ -840,7 +854,10 @@ def _pieces_into_empty_view(src: lance.LanceDataset, fragments: list, filter_sql
     """
     runs: dict[int, list[tuple[int, int, int]]] = {}  # fragment -> (first address, last address, rows)
     # Every row of a fragment without deletions, no filter: its runs follow from its size.
-    whole = [f for f in fragments if filter_sql is None and f.metadata.deletion_file is None]
+    # Not ``exact`` and every row fits one task (a small append): each fragment whole, its
+    # count an upper bound, no scan (the same one task an exact plan makes)
+    fits = not exact and sum(f.metadata.physical_rows for f in fragments) <= max_rows
+    whole = [f for f in fragments if fits or (filter_sql is None and f.metadata.deletion_file is None)]
     for f in whole:
         n, base = f.metadata.physical_rows, f.fragment_id << 32
         runs[f.fragment_id] = [(base + lo, base + min(n, lo + max_rows) - 1, min(n, lo + max_rows) - lo)
@@ -1115,6 +1132,8 @@ def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner") -> Refre
 
         append_errors(view.layout, view.name, job, errors)
     udf_rows = _sum_counts([r.udf_rows for r in results])
+    if plan.counted_by_tasks:  # inserts planned from metadata: what the tasks wrote is exact
+        plan.rows_to_insert = sum(r.rows_written for r in results)
     txn = Transaction(
         read_version=plan.view_version,
         operation=_rebuild(view, plan, new_fragments) or _operation(removed, updated, new_fragments),

@@ -86,6 +86,7 @@ def plan_udtf_refresh(
     max_rows_per_task: int | None = None,
     checkpoint_size: int | None = None,
     parallelism: int = 1,
+    exact: bool = True,  # (its counts are always exact)
 ) -> RefreshPlan:
     """Plan a refresh of table-function view ``view`` (see the module
     docstring); arguments as :func:`mv_assets.ops.refresh.plan_refresh`'s
