@@ -187,6 +187,7 @@ def _changes(view_ds: lance.LanceDataset, src: lance.LanceDataset, definition, h
         ids = _ids(parents)
         in_view = isin(ids, held)
         return KeyPlan(ids[~in_view], ids[in_view], held[~isin(held, ids)]), parents, [], vk
+    parents, touched = _no_rows([]), empty  # (the sync branch below reads both)
     if how == "incremental":
         assert v0 is not None
         since = f"_row_last_updated_at_version > {int(v0)}"
