@@ -63,7 +63,7 @@ def summary(body: pa.Array) -> pa.Array:
 
 class Passage(typing.NamedTuple):
     text: str
-    first_word: int
+    word_offset: int  # where in the document the passage starts (in words)
 
 
 @mv.chunker

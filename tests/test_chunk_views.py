@@ -206,10 +206,13 @@ def test_udf_columns_on_a_chunk_view_are_computed_only_for_new_children(db, tmp_
     docs.update("id = 8", values_sql={"body": "'a b c'"})  # chunk input: new children, computed again
     docs.delete("id = 7")
     view.refresh()
+    missing = {o.name: o for o in view.check()}["udf_values_present"]
+    assert not missing.passed and missing.metadata["missing_by_column"] == {"emb": 2, "label": 2}
     assert calls(chunk_log) == 1
     assert view.backfill("emb").udf_rows_computed == 2 == calls(embed_log)
     view.backfill("label")
     check()
+    assert all(o.passed for o in view.check())
 
 
 def test_bad_chunk_views_are_refused_before_anything_is_written(db, call_log):

@@ -526,10 +526,19 @@ def test_a_chunk_view_is_an_asset_of_its_sources_lineage_refreshed_by_the_sensor
             assert {c["column"]: c["stale"] for c in view.column_status()} == {"emb": 0}
             embedded += calls(embed_log)
             assert all(r["emb"] == len(r["text"]) * 10 + r["text"].count(" ") for r in view.to_arrow().to_pylist())
+            if change is None:  # each partition records its parents chunked and its rows (chunks), named so
+                frag_ids = [f.fragment_id for f in lance.dataset(docs.uri).get_fragments()]
+                first_rows = view.rows_by_fragment(docs.version, frag_ids)
+                assert sum(first_rows.values()) == len(expected(docs.uri, docs.version))
+                mds = [m.asset_materialization for m in instance.fetch_materializations(K(["chunks"]), limit=50).records]
+                assert mds and all("parents_chunked" in m.metadata and "rows_computed" not in m.metadata
+                                   and "run_parents_inserted" in m.metadata for m in mds)
+                first_counts = {int(m.partition): m.metadata["dagster/row_count"].value for m in mds}
         assert calls(log) == 11 + 4 + 1  # each passing parent once, the updated one again; deletes and compaction: none
         assert embedded == len(expected(docs.uri, 2)) + 4 + 3  # the first chunks, the appended, the re-chunked
         mats = instance.fetch_materializations(K(["chunks", "emb"]), limit=100).records
         assert mats and "udf_rows_computed" in mats[0].asset_materialization.metadata
+        assert first_counts and all(n == first_rows[fid] for fid, n in first_counts.items())
 
 
 def test_a_table_function_view_is_refreshed_as_a_whole_in_any_run(tmp_path):

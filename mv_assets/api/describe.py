@@ -12,11 +12,10 @@ from mv_assets.model.definition import (
     COLUMNS_METADATA_KEY,
     VIEW_METADATA_KEY,
     ViewDefinition,
-    is_marker,
     output_schema,
     tracked_source_columns,
 )
-from mv_assets.model.names import VIEW_KEY_COLUMNS
+from mv_assets.model.names import VIEW_KEY_COLUMNS, is_internal_column
 from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
 from mv_assets.storage import objects
 
@@ -52,7 +51,7 @@ class TableDescription:
 
 
 def _visible(schema: pa.Schema) -> list[tuple[str, str]]:
-    return [(f.name, str(f.type)) for f in schema if f.name not in _HIDDEN and not is_marker(f.name)]
+    return [(f.name, str(f.type)) for f in schema if not is_internal_column(f.name)]
 
 
 def describe_dataset(name: str, uri: str) -> TableDescription:

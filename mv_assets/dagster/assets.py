@@ -535,11 +535,14 @@ def _record_run(
         "scope": "changes since the last refresh" if whole else "selected fragments",
         "run_duration_s": round(duration, 3),
     }
+    # a chunk view's refresh counts parents (documents), its rows are their chunks
+    unit = "parents" if (info.definition.get("function") or {}).get("kind") == "chunker" else "rows"
+    computed_key = "parents_chunked" if unit == "parents" else "rows_computed"
     if result is not None:
-        run_md.update(
-            runner=result.runner, run_rows_inserted=result.rows_inserted, run_rows_updated=result.rows_updated,
-            run_rows_deleted=result.rows_deleted,
-        )
+        run_md.update({
+            "runner": result.runner, f"run_{unit}_inserted": result.rows_inserted,
+            f"run_{unit}_updated": result.rows_updated, f"run_{unit}_deleted": result.rows_deleted,
+        })
     by_fragment = result.rows_by_fragment if result is not None else {}
 
     def column_rows(name: str, fid: int | None = None) -> int:
@@ -563,7 +566,7 @@ def _record_run(
     col_tags = {n: _version_tags(fingerprints[n], view.version, {view_key: view.version}) for n in columns}
     if not keys:
         if view_key in selected:
-            md = {**run_md, "rows_computed": sum(by_fragment.values()), "dagster/row_count": view.count_rows(),
+            md = {**run_md, computed_key: sum(by_fragment.values()), "dagster/row_count": view.count_rows(),
                   **_status_metadata(view)}
             _record(context, view_key, None, md, view_tags)
         for name in columns:
@@ -575,7 +578,7 @@ def _record_run(
         else {}
     )
     for key_str, fid in zip(keys, fragments, strict=True):
-        part_md = {**run_md, "rows_computed": int(by_fragment.get(fid, 0)), "source_fragment": fid}
+        part_md = {**run_md, computed_key: int(by_fragment.get(fid, 0)), "source_fragment": fid}
         if fid in per_fragment:
             part_md["dagster/row_count"] = per_fragment[fid]
         if view_key in selected:

@@ -10,8 +10,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mv_assets.model.definition import SOURCE_ROW_ID, SOURCE_ROW_VERSION
-from mv_assets.model.names import CHUNK_INDEX, PARTITION
+from mv_assets.model.definition import SOURCE_ROW_ID, SOURCE_ROW_VERSION, stored_columns
+from mv_assets.model.markers import stale_sql
+from mv_assets.model.names import CHUNK_INDEX, PARTITION, Alias
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.model.planning import isin, positions, select_limited
 from mv_assets.model.udtf_view import WHOLE_SOURCE, partition_key
@@ -106,6 +107,8 @@ def check_view(view: ViewRef) -> list[CheckOutcome]:
         for c in inputs:
             has_all &= ~rows.column(c).is_null().to_numpy(zero_copy_only=False)
         missing_values[spec.name] = int(has_all.sum())
+    if definition.kind == "chunker":  # its added columns are computed from its own rows (as a table's)
+        missing_values.update(_row_columns_missing(view.dataset()))
     out.append(
         CheckOutcome(
             "udf_values_present",
@@ -114,6 +117,20 @@ def check_view(view: ViewRef) -> list[CheckOutcome]:
             {"missing_by_column": missing_values},
         )
     )
+    return out
+
+
+def _row_columns_missing(ds) -> dict[str, int]:
+    """Rows of each UDF column computed from the dataset's own rows (a chunk
+    view's) without a current value: never computed, failed, or computed by
+    other code or for an older version of the row."""
+    out = {}
+    for spec in stored_columns(ds.schema):
+        if spec.kind == "udf":
+            # (the row version is projected: Lance 14 errs on a filter naming it after compaction otherwise)
+            stale = ds.to_table(columns={Alias.ROW_VERSION: "_row_last_updated_at_version"},
+                                filter=stale_sql(spec.name, spec.fingerprint, versioned=True))
+            out[spec.name] = stale.num_rows
     return out
 
 

@@ -981,7 +981,7 @@ def _rows_by_fragment(tasks: list[TaskSpec]) -> dict[int, int]:
 
 def view_rows_by_fragment(view_uri: str, src_uri: str, src_version: int, fragments: list[int]) -> dict[int, int]:
     """How many rows of the view come from each of ``fragments`` of the source
-    at ``src_version`` (ids only are read: no data columns)."""
+    at ``src_version`` (ids only are read: no data columns; O(view keys) per fragment)."""
     src = objects.dataset(src_uri, version=src_version)
     present = {f.fragment_id: f for f in src.get_fragments()}
     keys = _ids(objects.dataset(view_uri).to_table(columns=[SOURCE_ROW_ID]), SOURCE_ROW_ID)
@@ -992,7 +992,7 @@ def view_rows_by_fragment(view_uri: str, src_uri: str, src_version: int, fragmen
             out[int(fid)] = 0
             continue
         ids = _ids(frag.to_table(columns=[], with_row_id=True))
-        out[int(fid)] = int(isin(ids, keys).sum())
+        out[int(fid)] = int(isin(keys, ids).sum())  # view rows (a chunk view: every chunk of the fragment's parents)
     return out
 
 
