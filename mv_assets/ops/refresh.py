@@ -352,10 +352,10 @@ def plan_refresh(
     (:func:`planning.task_rows`).
 
     ``exact=False`` (what a refresh asks; a dry run is exact): rows only
-    inserted (a first refresh, rows only appended) that fit one task are
-    planned from fragment metadata, without reading which pass the filter
-    (the same task an exact plan makes); the task evaluates it and the refresh
-    counts what it wrote (``counted_by_tasks``).
+    inserted (a first refresh, rows only appended) all in one fragment that
+    fits one task are planned from its metadata, without reading which pass
+    the filter (the same task an exact plan makes); the task evaluates it and
+    the refresh counts what it wrote (``counted_by_tasks``).
     """
     _check_args(mode, max_rows_per_task, checkpoint_size)
     definition: ViewDefinition = view.definition
@@ -447,19 +447,19 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
     counted = False  # inserts planned from fragment metadata (not exact): the tasks count them
     if appended is not None:
         # Rows only appended since v0: they are the inserts, the view's keys are not read.
-        where, tasks = _insert_tasks(place, src, appended, and_filters(f"_row_created_at_version > {v0}", definition.filter),
-                                     exact)
-        keys, n_insert, udf_rows, counted = KeyPlan(), int(sum(t.rows for t in tasks)), {}, not exact
+        where, tasks, counted = _insert_tasks(
+            place, src, appended, and_filters(f"_row_created_at_version > {v0}", definition.filter), exact)
+        keys, n_insert, udf_rows = KeyPlan(), int(sum(t.rows for t in tasks)), {}
     elif how != "incremental" and vk is not None and vk.num_rows == 0 and definition.limit is None and recompute is None:
         # Into an empty view (a first refresh): every passing row is an insert.
         frags = scope_frags if scope_frags is not None else src.get_fragments()
-        where, tasks = _insert_tasks(place, src, frags, definition.filter, exact)
-        keys, n_insert, udf_rows, counted = KeyPlan(), int(sum(t.rows for t in tasks)), {}, not exact
+        where, tasks, counted = _insert_tasks(place, src, frags, definition.filter, exact)
+        keys, n_insert, udf_rows = KeyPlan(), int(sum(t.rows for t in tasks)), {}
     elif rebuild and vk is not None:
         # A rebuild: every passing row computed from whole fragments (as into an empty
         # view: address ranges, not scattered ids), every row the view holds removed.
         # The key plan only counts (nothing is deleted row by row): dense-id bitmaps, no sort.
-        where, tasks = _insert_tasks(place, src, src.get_fragments(), definition.filter, exact)
+        where, tasks, _ = _insert_tasks(place, src, src.get_fragments(), definition.filter)
         held = _ids(vk, SOURCE_ROW_ID)
         pass_ids = _ids(_scan(src, definition.filter, with_version=False))
         in_view = isin(pass_ids, held)
@@ -479,10 +479,13 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
 
 def _insert_tasks(place, src: lance.LanceDataset, fragments: list, filter_sql: str | None, exact: bool = True):
     """Tasks computing every row of ``fragments`` passing ``filter_sql``, all
-    inserts: planned while streaming the source's addresses, never holding its ids."""
+    inserts: planned while streaming the source's addresses, never holding its
+    ids; and whether they were planned from metadata (not ``exact``: one
+    fragment that fits one task, its count an upper bound)."""
     sizes = [f.count_rows() for f in fragments]
     where = place(sum(sizes), max(sizes, default=0))  # before the filter: an upper bound
-    return where, where.tasks(_pieces_into_empty_view(src, fragments, filter_sql, where.max_rows_per_task, exact))
+    lazy = not exact and len(fragments) == 1 and fragments[0].metadata.physical_rows <= where.max_rows_per_task
+    return where, where.tasks(_pieces_into_empty_view(src, fragments, filter_sql, where.max_rows_per_task, lazy)), lazy
 
 
 def _appended_since(src: lance.LanceDataset, v0: int | None, commits: list, reads: list[str], state,
@@ -840,24 +843,22 @@ def _pack_tasks(
 
 
 def _pieces_into_empty_view(src: lance.LanceDataset, fragments: list, filter_sql: str | None, max_rows: int,
-                            exact: bool = True) -> list[list]:
+                            from_metadata: bool = False) -> list[list]:
     """Pieces covering every row of ``fragments`` passing the view's filter,
     planned while streaming their row addresses in one ordered scan (driver
     memory: one scanner batch, whatever the source's size). Without a filter,
     a fragment without deletions is planned from its metadata (no scan: 1M
-    rows' addresses took ~15 ms to stream, 10M ~70 ms); not ``exact``, when all
-    the fragments' rows fit one task, every fragment is (counts are upper bounds).
+    rows' addresses took ~15 ms to stream, 10M ~70 ms); ``from_metadata``,
+    every fragment is (counts are upper bounds).
 
     A piece is an address range of one fragment plus the filter, which the
     task evaluates again at the same pinned version: exact, and small however
     scattered the passing rows are.
     """
     runs: dict[int, list[tuple[int, int, int]]] = {}  # fragment -> (first address, last address, rows)
-    # Every row of a fragment without deletions, no filter: its runs follow from its size.
-    # Not ``exact`` and every row fits one task (a small append): each fragment whole, its
-    # count an upper bound, no scan (the same one task an exact plan makes)
-    fits = not exact and sum(f.metadata.physical_rows for f in fragments) <= max_rows
-    whole = [f for f in fragments if fits or (filter_sql is None and f.metadata.deletion_file is None)]
+    # Every row of a fragment without deletions, no filter: its runs follow from its size
+    # (``from_metadata``: every fragment so, each count an upper bound; no scan).
+    whole = [f for f in fragments if from_metadata or (filter_sql is None and f.metadata.deletion_file is None)]
     for f in whole:
         n, base = f.metadata.physical_rows, f.fragment_id << 32
         runs[f.fragment_id] = [(base + lo, base + min(n, lo + max_rows) - 1, min(n, lo + max_rows) - lo)
@@ -1157,7 +1158,9 @@ def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner") -> Refre
         udf_rows_resumed=_sum_counts([r.udf_rows_resumed for r in results]), tasks=len(plan.tasks),
         tasks_resumed=sum(1 for r in results if r.resumed), seconds=done - start,
         runner=runner.describe_last_run(),
-        rows_by_fragment=_rows_by_fragment(plan.tasks),
+        # (counted by its one task: its one fragment's rows are the rows it wrote)
+        rows_by_fragment=({t.fragment_ids[0]: plan.rows_to_insert for t in plan.tasks} if plan.counted_by_tasks
+                          else _rows_by_fragment(plan.tasks)),
         timings={
             "execute_s": executed - start, "commit_s": done - executed,
             "task_s_total": sum(r.seconds for r in results),
