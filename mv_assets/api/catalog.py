@@ -339,9 +339,17 @@ class Connection:
         definition = query.to_definition()
         source = query.table._dataset()
         require_stable_row_ids(source, query.table.name, f"a materialized view ({name!r})")  # before any write
-        schema = output_schema(definition, source)
+        return self._write_view(name, definition, output_schema(definition, source), query, refresh_policy,
+                                with_no_data)
+
+    def _write_view(self, name: str, definition: ViewDefinition, schema: pa.Schema, query: Query,
+                    refresh_policy: RefreshPolicy | None, with_no_data: bool) -> MaterializedView:
+        """Create the view's (empty) dataset with its schema and policy, then
+        fill it unless ``with_no_data`` (a view that could not be populated is
+        not left behind)."""
         policy = refresh_policy or RefreshPolicy.eager()
         schema = schema.with_metadata({**schema.metadata, POLICY_METADATA_KEY.encode(): policy.to_json().encode()})
+        assert isinstance(query.table, Table)  # (checked by the create_* calls)
         ensure_table_id(query.table.uri)  # the view records which table it reads (storage.identity)
         empty = pa.Table.from_batches([], schema=schema)
         objects.write_dataset(empty, self._table_uri(name), schema=schema, mode="create", enable_stable_row_ids=True)
@@ -350,7 +358,7 @@ class Connection:
             try:
                 view.refresh()
             except BaseException:
-                self.drop_table(name)  # a view that could not be populated is not left behind
+                self.drop_table(name)
                 raise
         return view
 
@@ -408,20 +416,8 @@ class Connection:
         check_chunk_query(definition, name)
         source = query.table._dataset()
         require_stable_row_ids(source, query.table.name, f"a chunk view ({name!r})")  # before any write
-        schema = chunk_view_schema(definition, source)
-        policy = refresh_policy or RefreshPolicy.eager()
-        schema = schema.with_metadata({**schema.metadata, POLICY_METADATA_KEY.encode(): policy.to_json().encode()})
-        ensure_table_id(query.table.uri)
-        objects.write_dataset(pa.Table.from_batches([], schema=schema), self._table_uri(name), schema=schema,
-                              mode="create", enable_stable_row_ids=True)
-        view = MaterializedView(self, name, definition)
-        if not with_no_data:
-            try:
-                view.refresh()
-            except BaseException:
-                self.drop_table(name)
-                raise
-        return view
+        return self._write_view(name, definition, chunk_view_schema(definition, source), query, refresh_policy,
+                                with_no_data)
 
     def _create_table_function_view(self, name: str, query: Query, definition: ViewDefinition, function: UDTF,
                                     with_no_data: bool, refresh_policy: RefreshPolicy | None) -> MaterializedView:
@@ -432,20 +428,8 @@ class Connection:
         definition = dataclasses.replace(definition, columns=(), function=json.dumps(function.to_spec()))
         source = query.table._dataset()
         require_stable_row_ids(source, query.table.name, f"a table-function view ({name!r})")  # before any write
-        schema = udtf_view_schema(definition, source)
-        policy = refresh_policy or RefreshPolicy.eager()
-        schema = schema.with_metadata({**schema.metadata, POLICY_METADATA_KEY.encode(): policy.to_json().encode()})
-        ensure_table_id(query.table.uri)
-        objects.write_dataset(pa.Table.from_batches([], schema=schema), self._table_uri(name), schema=schema,
-                              mode="create", enable_stable_row_ids=True)
-        view = MaterializedView(self, name, definition)
-        if not with_no_data:
-            try:
-                view.refresh()
-            except BaseException:
-                self.drop_table(name)
-                raise
-        return view
+        return self._write_view(name, definition, udtf_view_schema(definition, source), query, refresh_policy,
+                                with_no_data)
 
     def enable_stable_row_ids(self, name: str, *, drop_indexes: bool = False) -> AdoptResult:
         """Bring in a table created without stable row ids (lancedb's default,

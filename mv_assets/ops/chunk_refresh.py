@@ -30,12 +30,9 @@ import numpy as np
 import pyarrow as pa
 
 from mv_assets.model.chunk_view import input_digests, processed_without_children
-from mv_assets.model.definition import computed_column_names, read_field_ids
 from mv_assets.model.names import CHUNK_INPUTS, SOURCE_ROW_ID, SOURCE_ROW_VERSION
 from mv_assets.model.planning import (
-    History,
     KeyPlan,
-    choose_how,
     fit_to_fragments,
     isin,
     pieces_from_rows,
@@ -43,42 +40,24 @@ from mv_assets.model.planning import (
     task_rows,
 )
 from mv_assets.model.planning import column_ids as _ids
+from mv_assets.ops.function_plan import start_plan
 from mv_assets.ops.refresh import (
     ROW_VERSION_ALIAS,
     RefreshPlan,
-    _already_current,
-    _check_args,
-    _check_reads,
-    _columns_replaced,
-    _created_reading,
     _moved_rows_in,
     _no_rows,
-    _nothing_read_changed,
-    _open_source,
     _place,
     _scan,
-    _scope,
-    _source_at,
-    _source_replaced,
     and_filters,
-    read_history,
 )
-from mv_assets.storage.changes import backfill_commits, commits_since, foreign_writes
-from mv_assets.storage.identity import table_id
 from mv_assets.storage.lance_compat import take_rows
 from mv_assets.storage.refs import ViewRef
-from mv_assets.storage.state import read_refresh_state, scoped_since_whole
+from mv_assets.storage.state import scoped_since_whole
 
 if TYPE_CHECKING:
     from mv_assets.ops.refresh import _TaskPlace
 
 __all__ = ["plan_chunk_refresh"]
-
-
-def _computed_reads(view: ViewRef, src: lance.LanceDataset) -> list[str]:
-    """Computed columns of the source the chunk view reads (a backfill rewrites
-    their values without moving row versions)."""
-    return view.definition.reads(computed_column_names(src.schema), src.schema)
 
 
 def plan_chunk_refresh(
@@ -95,57 +74,18 @@ def plan_chunk_refresh(
 ) -> RefreshPlan:
     """Plan a refresh of chunk view ``view`` (see the module docstring);
     arguments as :func:`mv_assets.ops.refresh.plan_refresh`'s."""
-    _check_args(mode, max_rows_per_task, checkpoint_size)
-    if recompute:
-        raise ValueError(
-            f"recompute applies to UDF columns of query views; chunk view {view.name!r} is chunked again with "
-            "mode='full'"
-        )
-    definition = view.definition
+    start = start_plan(view, src_version, mode=mode, fragments=fragments, recompute=recompute,
+                       max_rows_per_task=max_rows_per_task, checkpoint_size=checkpoint_size, noun="chunk view",
+                       scoped=True, sync_ok=True)
+    if isinstance(start, RefreshPlan):
+        return start
+    definition, src, view_ds, state, how, v0 = start.definition, start.src, start.view_ds, start.state, start.how, start.v0
+    scope, commits = start.scope, start.commits
     chunker = definition.table_function
-    src_latest = _open_source(view)
-    view_ds = view.dataset()
-    state = read_refresh_state(view_ds)
-    source_id = table_id(src_latest)
-    read_fields = read_field_ids(definition, src_latest)
-    replaced = _source_replaced(view, state, source_id) or _columns_replaced(view, state, read_fields)
-    if replaced is not None:
-        if mode == "incremental_strict":
-            raise ValueError(f"refresh of {view.name!r} cannot be incremental: {replaced}")
-        fragments = None
-    foreign = foreign_writes(view_ds, state.view_version)
-    if foreign is not None:
-        fragments = None
-    src = _source_at(view.name, definition, src_latest, src_version)
-    _check_reads(view.name, definition, src, state.read_fields or _created_reading(view_ds))
-    scope, scope_frags = _scope(view.name, definition, src, fragments, None)
-    v0 = state.source_version
-    history = read_history(src, v0, src.version) if v0 is not None and replaced is None else History()
-    how, reason = choose_how(
-        mode=mode, definition_changed=state.definition not in (None, definition.shape_fingerprint()), v0=v0,
-        target=src.version, scope=scope, recompute=None, scoped_since_whole=state.scoped_since_whole,
-        history=history, source_replaced=replaced,
-        # rows another tool wrote into a chunk view cannot be traced to a parent: rebuilt
-        view_written=(True, foreign.describe()) if foreign else None,
-    )
-    computed = _computed_reads(view, src)
-    if how != "full" and v0 is not None and src.version < v0:
-        how, reason = "full", f"source version {src.version} is older than the reflected version {v0}"
-    elif how != "full" and v0 is not None and computed and src.version > v0 and backfill_commits(src, v0, src.version):
-        how, reason = "full", f"a backfill of {computed} (read by the view) rewrote values without moving row versions"
-    if how == "full" and mode == "incremental_strict" and v0 is not None:
-        raise ValueError(f"refresh of {view.name!r} cannot be incremental: {reason}")
-    if how == "full":
-        scope = scope_frags = None
-    commits = commits_since(src, v0) if how == "incremental" and v0 is not None and v0 <= src.version else None
-    if commits is not None and _nothing_read_changed(commits, computed, state):
-        plan = _already_current(view, src.version, view_ds.version, state)
-        plan.source_id, plan.read_fields = source_id, read_fields
-        return plan
 
     # the fragments that can hold rows written since v0 ([]: deletes only), or None: any
     moved = _moved_rows_in(src, v0, commits) if commits is not None else None
-    keys, parents, reuse, vk = _changes(view_ds, src, definition, how, v0, scope_frags, moved)
+    keys, parents, reuse, vk = _changes(view_ds, src, definition, how, v0, start.scope_frags, moved)
     n = len(_ids(parents))
 
     def place() -> "_TaskPlace":
@@ -164,13 +104,13 @@ def plan_chunk_refresh(
     copied = len({int(p) for p, _ in reuse})
     return RefreshPlan(
         view=view.name, source=definition.source, from_version=v0, to_version=src.version,
-        view_version=view_ds.version, full=how == "full", reason=reason, rows_to_insert=int(len(keys.insert)),
+        view_version=view_ds.version, full=how == "full", reason=start.reason, rows_to_insert=int(len(keys.insert)),
         rows_to_update=int(len(keys.update)), rows_to_delete=int(len(keys.delete)),
         udf_rows={chunker.name: n - copied}, tasks=tasks, keys=keys,
         view_key_addrs=(_ids(vk, SOURCE_ROW_ID), _ids(vk, "_rowaddr")) if vk is not None else None,
         checkpoint_dir=where.checkpoint_dir, definition_raw=definition.encode(), load_number=state.load_number,
         scope=scope, scoped_since_whole=state.scoped_since_whole, seconds_per_row=state.seconds_per_row,
-        source_id=source_id, repaired=foreign is not None, read_fields=read_fields,
+        source_id=start.source_id, repaired=start.foreign is not None, read_fields=start.read_fields,
     )
 
 

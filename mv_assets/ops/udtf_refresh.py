@@ -40,32 +40,21 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mv_assets.execution.tasks import TaskSpec
-from mv_assets.model.definition import computed_column_names, read_field_ids, sql_literal
+from mv_assets.model.definition import sql_literal
 from mv_assets.model.names import PARTITION, SOURCE_ROW_ID
-from mv_assets.model.planning import History, KeyPlan, choose_how, isin, pack_pieces, task_rows
+from mv_assets.model.planning import KeyPlan, isin, pack_pieces, task_rows
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.model.udtf_view import WHOLE_SOURCE, group_partitions, partition_ids, partition_predicate
+from mv_assets.ops.function_plan import start_plan
 from mv_assets.ops.refresh import (
     RefreshPlan,
-    _already_current,
-    _check_args,
-    _check_reads,
-    _columns_replaced,
-    _created_reading,
     _moved_rows_in,
-    _nothing_read_changed,
-    _open_source,
     _place,
-    _source_at,
-    _source_replaced,
     and_filters,
-    read_history,
 )
 from mv_assets.storage import objects
-from mv_assets.storage.changes import backfill_commits, commit_matters, commits_since, foreign_writes
-from mv_assets.storage.identity import table_id
+from mv_assets.storage.changes import commit_matters
 from mv_assets.storage.refs import ViewRef
-from mv_assets.storage.state import read_refresh_state
 
 __all__ = ["plan_udtf_refresh"]
 
@@ -92,49 +81,14 @@ def plan_udtf_refresh(
     docstring); arguments as :func:`mv_assets.ops.refresh.plan_refresh`'s
     (``max_rows_per_task`` bounds a task's source rows; a partition is never
     split, so one larger partition makes a task of its own)."""
-    _check_args(mode, max_rows_per_task, checkpoint_size)
-    if recompute:
-        raise ValueError(
-            f"recompute applies to UDF columns of query views; table-function view {view.name!r} is computed "
-            "again with mode='full'"
-        )
-    definition = view.definition
+    start = start_plan(view, src_version, mode=mode, fragments=fragments, recompute=recompute,
+                       max_rows_per_task=max_rows_per_task, checkpoint_size=checkpoint_size,
+                       noun="table-function view", scoped=False, sync_ok=False)
+    if isinstance(start, RefreshPlan):
+        return start
+    definition, src, view_ds, state, how, v0 = start.definition, start.src, start.view_ds, start.state, start.how, start.v0
+    commits, computed = start.commits, start.computed
     udtf = definition.table_function
-    src_latest = _open_source(view)
-    view_ds = view.dataset()
-    state = read_refresh_state(view_ds)
-    source_id = table_id(src_latest)
-    read_fields = read_field_ids(definition, src_latest)
-    replaced = _source_replaced(view, state, source_id) or _columns_replaced(view, state, read_fields)
-    if replaced is not None and mode == "incremental_strict":
-        raise ValueError(f"refresh of {view.name!r} cannot be incremental: {replaced}")
-    foreign = foreign_writes(view_ds, state.view_version)
-    src = _source_at(view.name, definition, src_latest, src_version)
-    _check_reads(view.name, definition, src, state.read_fields or _created_reading(view_ds))
-    v0 = state.source_version
-    history = read_history(src, v0, src.version) if v0 is not None and replaced is None else History()
-    how, reason = choose_how(
-        mode=mode, definition_changed=state.definition not in (None, definition.shape_fingerprint()), v0=v0,
-        target=src.version, scope=None, recompute=None, scoped_since_whole=state.scoped_since_whole,
-        history=history, source_replaced=replaced,
-        # rows another tool wrote into the view cannot be traced to a partition: rebuilt
-        view_written=(True, foreign.describe()) if foreign else None,
-    )
-    computed = definition.reads(computed_column_names(src.schema), src.schema)
-    if how == "incremental" and v0 is not None and computed and src.version > v0 \
-            and backfill_commits(src, v0, src.version):
-        how, reason = "full", f"a backfill of {computed} (read by the view) rewrote values without moving row versions"
-    if how != "incremental":  # no change feed to follow (first refresh, cleaned-up history, older target): all
-        how = "full"
-    if how == "full" and mode == "incremental_strict" and v0 is not None:
-        raise ValueError(f"refresh of {view.name!r} cannot be incremental: {reason}")
-    if fragments is not None:
-        reason += " (a table-function view refreshes as a whole: fragments= widened to the whole source)"
-    commits = commits_since(src, v0) if how == "incremental" and v0 is not None and v0 <= src.version else None
-    if commits is not None and _nothing_read_changed(commits, computed, state):
-        plan = _already_current(view, src.version, view_ds.version, state)
-        plan.source_id, plan.read_fields = source_id, read_fields
-        return plan
 
     if how == "full":
         counts = _partition_rows(src, udtf.partition_by, definition.filter, None)
@@ -170,13 +124,14 @@ def plan_udtf_refresh(
         ))
     return RefreshPlan(
         view=view.name, source=definition.source, from_version=v0, to_version=src.version,
-        view_version=view_ds.version, full=how == "full", reason=reason, rows_to_insert=int(len(key_plan.insert)),
+        view_version=view_ds.version, full=how == "full", reason=start.reason,
+        rows_to_insert=int(len(key_plan.insert)),
         rows_to_update=int(len(key_plan.update)), rows_to_delete=int(len(key_plan.delete)),
         udf_rows={udtf.name: len(keys)}, tasks=tasks, keys=key_plan,
         view_key_addrs=(_ids(vk, SOURCE_ROW_ID), _ids(vk, "_rowaddr")) if vk is not None else None,
         checkpoint_dir=where.checkpoint_dir, definition_raw=definition.encode(), load_number=state.load_number,
         scope=None, scoped_since_whole=state.scoped_since_whole, seconds_per_row=state.seconds_per_row,
-        source_id=source_id, repaired=foreign is not None, read_fields=read_fields,
+        source_id=start.source_id, repaired=start.foreign is not None, read_fields=start.read_fields,
     )
 
 
