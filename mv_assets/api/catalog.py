@@ -326,21 +326,27 @@ class Connection:
         ``refresh_policy`` (default eager) says when automation refreshes it.
         """
         validate_name(name)
+        self._check_new_view(name, query, refresh_policy, "create_materialized_view")
+        definition = query.to_definition()
+        assert isinstance(query.table, Table)
+        source = query.table._dataset()
+        require_stable_row_ids(source, query.table.name, f"a materialized view ({name!r})")  # before any write
+        return self._write_view(name, definition, output_schema(definition, source), query, refresh_policy,
+                                with_no_data)
+
+    def _check_new_view(self, name: str, query: Any, refresh_policy: Any, api: str) -> None:
+        """What every new view needs: a policy, a query over a table of this
+        catalog, a name that is free and not its source's."""
         if refresh_policy is not None and not isinstance(refresh_policy, RefreshPolicy):
             raise ValueError("refresh_policy must be a RefreshPolicy, e.g. RefreshPolicy.ttl(3600)")
         if not isinstance(query, Query):
-            raise ValueError("create_materialized_view() needs a query: table.search(None)...")
+            raise ValueError(f"{api}() needs a query: table.search(None)...")
         if not isinstance(query.table, Table) or query.table.connection.layout != self.layout:
             raise ValueError("the query's table belongs to another catalog")
         if name in self:
             raise TableExistsError(f"{name!r} already exists in {self.uri}")
         if name == query.table.name:
             raise ValueError("a view cannot have the same name as its source")
-        definition = query.to_definition()
-        source = query.table._dataset()
-        require_stable_row_ids(source, query.table.name, f"a materialized view ({name!r})")  # before any write
-        return self._write_view(name, definition, output_schema(definition, source), query, refresh_policy,
-                                with_no_data)
 
     def _write_view(self, name: str, definition: ViewDefinition, schema: pa.Schema, query: Query,
                     refresh_policy: RefreshPolicy | None, with_no_data: bool) -> MaterializedView:
@@ -395,16 +401,7 @@ class Connection:
             raise ValueError(
                 f"create_udtf_view() needs a @chunker or @udtf function, got {type(function).__name__}"
             )
-        if refresh_policy is not None and not isinstance(refresh_policy, RefreshPolicy):
-            raise ValueError("refresh_policy must be a RefreshPolicy, e.g. RefreshPolicy.ttl(3600)")
-        if not isinstance(query, Query):
-            raise ValueError("create_udtf_view() needs a query: table.search(None)...")
-        if not isinstance(query.table, Table) or query.table.connection.layout != self.layout:
-            raise ValueError("the query's table belongs to another catalog")
-        if name in self:
-            raise TableExistsError(f"{name!r} already exists in {self.uri}")
-        if name == query.table.name:
-            raise ValueError("a view cannot have the same name as its source")
+        self._check_new_view(name, query, refresh_policy, "create_udtf_view")
         definition = query.to_definition()
         if isinstance(function, UDTF):
             return self._create_table_function_view(name, query, definition, function, with_no_data, refresh_policy)
