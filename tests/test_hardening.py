@@ -500,3 +500,33 @@ def test_a_refresh_after_deletes_and_updates_scans_only_the_fragments_written_si
     monkeypatch.undo()
     expect = sorted((r["id"], 2 * r["x"]) for r in lance.dataset(t.uri).to_table().to_pylist() if r["x"] % 3 != 0)
     assert sorted((r["id"], r["y"]) for r in view.to_arrow().to_pylist()) == expect
+
+
+def test_a_released_lease_is_not_written_back_by_a_renewal_in_flight(tmp_path, monkeypatch):
+    """Releasing a lease waits for its heartbeat: a renewal that was writing
+    while the holder released wrote the record back after its removal, and the
+    next refresher waited for a lease nobody held (seen under load on S3)."""
+    import threading
+    import time
+
+    from mv_assets.storage import objects
+    from mv_assets.storage.layout import Lease
+
+    uri = str(tmp_path / "x.lease")
+    real = objects.write_text
+    renewing = threading.Event()
+
+    def slow_renewal(path, text, **kw):
+        if threading.current_thread().name.startswith("lease-"):
+            renewing.set()
+            time.sleep(0.3)  # the renewal is in flight when the holder releases
+        return real(path, text, **kw)
+
+    monkeypatch.setattr(objects, "write_text", slow_renewal)
+    lease = Lease(uri, "x", timeout=1, ttl=0.15)
+    with lease.held():
+        assert renewing.wait(2)
+    assert objects.read_text(uri) is None  # released, and stays so
+    time.sleep(0.4)
+    assert objects.read_text(uri) is None
+    Lease(uri, "x", timeout=0.2, ttl=5).acquire()  # free for the next one

@@ -133,6 +133,7 @@ class Lease:
         self.ttl = ttl if ttl is not None else float(os.environ.get("MV_ASSETS_LEASE_SECONDS") or 60)
         self.owner = uuid.uuid4().hex
         self._stop = threading.Event()
+        self._beat: threading.Thread | None = None  # the renewing thread while held
 
     def _record(self) -> str:
         return json.dumps({"owner": self.owner, "host": socket.gethostname(), "pid": os.getpid(),
@@ -173,6 +174,8 @@ class Lease:
 
     def release(self) -> None:
         self._stop.set()
+        if self._beat is not None:  # a renewal in flight would write the record back after the removal
+            self._beat.join()
         raw = objects.read_text(self.uri)
         if raw is not None and json.loads(raw).get("owner") == self.owner:
             objects.remove(self.uri)
@@ -180,8 +183,8 @@ class Lease:
     @contextlib.contextmanager
     def held(self):
         self.acquire()
-        beat = threading.Thread(target=self._heartbeat, name=f"lease-{self.name}", daemon=True)
-        beat.start()
+        self._beat = threading.Thread(target=self._heartbeat, name=f"lease-{self.name}", daemon=True)
+        self._beat.start()
         try:
             yield
         finally:
