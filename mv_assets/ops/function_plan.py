@@ -91,7 +91,9 @@ def start_plan(
     scope, scope_frags = (_scope(view.name, definition, src, fragments, None)
                           if scoped and replaced is None and foreign is None else (None, None))
     v0 = state.source_version
-    history = read_history(src, v0, src.version) if v0 is not None and replaced is None else History()
+    # (a source that has not moved has no commits to read: a no-change refresh reads none)
+    history = (read_history(src, v0, src.version) if v0 is not None and replaced is None and v0 != src.version
+               else History())
     how, reason = choose_how(
         mode=mode, definition_changed=state.definition not in (None, definition.shape_fingerprint()), v0=v0,
         target=src.version, scope=scope, recompute=None, scoped_since_whole=state.scoped_since_whole,

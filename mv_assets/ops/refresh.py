@@ -380,7 +380,9 @@ def plan_refresh(
     scope, scope_frags = _scope(view.name, definition, src, fragments, recompute)
     v0 = state.source_version
     def_fp = definition.shape_fingerprint()
-    history = read_history(src, v0, src.version) if v0 is not None and replaced is None else History()
+    # (a source that has not moved has no commits to read: a no-change refresh reads none)
+    history = (read_history(src, v0, src.version) if v0 is not None and replaced is None and v0 != src.version
+               else History())
     how, reason = choose_how(
         mode=mode, definition_changed=state.definition not in (None, def_fp), v0=v0, target=src.version,
         scope=scope, recompute=recompute, scoped_since_whole=state.scoped_since_whole, history=history,
