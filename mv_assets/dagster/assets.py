@@ -510,9 +510,13 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
 
 def _log_outcome(context, info: TableInfo, result, backfilled: dict, columns: list[str], duration: float) -> None:
     if result is not None:
+        kind = (info.definition.get("function") or {}).get("kind")
+        counted = {"chunker": "parents", "udtf": "partitions"}.get(kind, "rows")
+        calls = {"chunker": "chunker calls", "udtf": "UDTF calls"}.get(kind, "UDF rows")
+        since = "first refresh" if result.from_version is None else f"v{result.from_version}"
         context.log.info(
-            f"{info.name}: source v{result.from_version}->v{result.to_version}, +{result.rows_inserted} "
-            f"~{result.rows_updated} -{result.rows_deleted}, UDF rows {result.udf_rows_computed}, "
+            f"{info.name}: source {since} -> v{result.to_version}, {counted} +{result.rows_inserted} "
+            f"~{result.rows_updated} -{result.rows_deleted}, {calls} {result.udf_rows_computed}, "
             f"{result.tasks} tasks ({result.tasks_resumed} resumed) on {result.runner} in {duration:.2f}s"
         )
     if backfilled:
