@@ -510,7 +510,7 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
 
 def _log_outcome(context, info: TableInfo, result, backfilled: dict, columns: list[str], duration: float) -> None:
     if result is not None:
-        kind = (info.definition.get("function") or {}).get("kind")
+        kind = (info.definition.get("function") or {}).get("kind") or "query"
         counted = {"chunker": "parents", "udtf": "partitions"}.get(kind, "rows")
         calls = {"chunker": "chunker calls", "udtf": "UDTF calls"}.get(kind, "UDF rows")
         since = "first refresh" if result.from_version is None else f"v{result.from_version}"
