@@ -15,14 +15,11 @@ from mv_assets.model.definition import (
     output_schema,
     tracked_source_columns,
 )
-from mv_assets.model.names import VIEW_KEY_COLUMNS, is_internal_column
+from mv_assets.model.names import is_internal_column
 from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
 from mv_assets.storage import objects
 
 __all__ = ["TableDescription", "describe_dataset", "describe_definition"]
-
-_HIDDEN = frozenset(VIEW_KEY_COLUMNS)
-
 
 @dataclass(frozen=True)
 class TableDescription:

@@ -15,6 +15,7 @@ from typing import Any
 import lance
 import pyarrow as pa
 
+from mv_assets.model.chunker import from_spec as function_from_spec
 from mv_assets.model.names import (
     COMPUTED_PREFIX,
     LANCE_ROW_COLUMNS,
@@ -147,7 +148,16 @@ class ViewDefinition:
         """``"query"`` (one view row per passing source row) or the function's
         kind (``"chunker"``: zero or more rows per passing source row;
         ``"udtf"``: zero or more rows per partition of the passing source rows)."""
-        return json.loads(self.function)["kind"] if self.function else "query"
+        return self._function_spec["kind"] if self.function else "query"
+
+    @property
+    def _function_spec(self) -> dict:
+        """The function's stored spec (parsed once per definition object)."""
+        cached = self.__dict__.get("_spec")
+        if cached is None:
+            cached = json.loads(self.function or "{}")
+            object.__setattr__(self, "_spec", cached)
+        return cached
 
     @property
     def table_function(self) -> Any:
@@ -156,9 +166,7 @@ class ViewDefinition:
             raise ValueError("a query view has no table function")
         cached = self.__dict__.get("_table_function")
         if cached is None:
-            from mv_assets.model.chunker import from_spec
-
-            cached = from_spec(json.loads(self.function))
+            cached = function_from_spec(self._function_spec)
             object.__setattr__(self, "_table_function", cached)
         return cached
 

@@ -23,8 +23,6 @@ Keys are parents (source row ids); a view row is a child of one.
 ``udf_rows`` the chunker calls (parents chunked), exactly.
 """
 
-from typing import TYPE_CHECKING
-
 import lance
 import numpy as np
 import pyarrow as pa
@@ -53,9 +51,6 @@ from mv_assets.ops.refresh import (
 from mv_assets.storage.lance_compat import take_rows
 from mv_assets.storage.refs import ViewRef
 from mv_assets.storage.state import scoped_since_whole
-
-if TYPE_CHECKING:
-    from mv_assets.ops.refresh import _TaskPlace
 
 __all__ = ["plan_chunk_refresh"]
 
@@ -88,13 +83,10 @@ def plan_chunk_refresh(
     keys, parents, reuse, vk = _changes(view_ds, src, definition, how, v0, start.scope_frags, moved)
     n = len(_ids(parents))
 
-    def place() -> "_TaskPlace":
-        largest = max((f.count_rows() for f in src.get_fragments()), default=0)
-        per_task = max_rows_per_task or fit_to_fragments(task_rows(n, state.seconds_per_row, parallelism), largest)
-        return _place(view, src, view_ds.version, f"chunker|{v0}|{how}|{scope}", per_task, checkpoint_size,
-                      balanced=max_rows_per_task is None)
-
-    where = place()
+    largest = max((f.count_rows() for f in src.get_fragments()), default=0)
+    per_task = max_rows_per_task or fit_to_fragments(task_rows(n, state.seconds_per_row, parallelism), largest)
+    where = _place(view, src, view_ds.version, f"chunker|{v0}|{how}|{scope}", per_task, checkpoint_size,
+                   balanced=max_rows_per_task is None)
     tasks = where.tasks(pieces_from_rows(_ids(parents, "_rowaddr"), _ids(parents), where.max_rows_per_task)) if n else []
     reuse_by_fragment = _reuse_by_fragment(reuse, parents)
     for t in tasks:
@@ -107,7 +99,7 @@ def plan_chunk_refresh(
         view_version=view_ds.version, full=how == "full", reason=start.reason, rows_to_insert=int(len(keys.insert)),
         rows_to_update=int(len(keys.update)), rows_to_delete=int(len(keys.delete)),
         udf_rows={chunker.name: n - copied}, tasks=tasks, keys=keys,
-        view_key_addrs=(_ids(vk, SOURCE_ROW_ID), _ids(vk, "_rowaddr")) if vk is not None else None,
+        view_key_addrs=(_ids(vk, SOURCE_ROW_ID), _ids(vk, "_rowaddr")),
         checkpoint_dir=where.checkpoint_dir, definition_raw=definition.encode(), load_number=state.load_number,
         scope=scope, scoped_since_whole=state.scoped_since_whole, seconds_per_row=state.seconds_per_row,
         source_id=start.source_id, repaired=start.foreign is not None, read_fields=start.read_fields,

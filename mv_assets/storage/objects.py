@@ -24,7 +24,6 @@ import os
 import posixpath
 import tempfile
 import threading
-import typing
 from typing import Any
 from urllib.parse import urlparse
 
@@ -96,6 +95,8 @@ def options_for(uri: str) -> dict[str, str] | None:
 _HANDLES: contextvars.ContextVar[dict[str, dict[int, lance.LanceDataset]] | None] = contextvars.ContextVar(
     "mv_assets_handles", default=None
 )
+# ... and (uri, version) -> the transaction of that version, read once.
+_TXNS: contextvars.ContextVar[dict[tuple[str, int], Any] | None] = contextvars.ContextVar("mv_assets_txns", default=None)
 
 
 @contextlib.contextmanager
@@ -107,12 +108,15 @@ def reusing_handles():
     ms), so a version written meanwhile, by anyone, is still seen. A version's
     handle is reused only while it still is at that version (some Lance calls
     move a handle to the version they commit). Nested blocks share the outer one."""
-    token = _HANDLES.set({}) if _HANDLES.get() is None else None
+    if _HANDLES.get() is not None:
+        yield
+        return
+    token, txn_token = _HANDLES.set({}), _TXNS.set({})
     try:
         yield
     finally:
-        if token is not None:
-            _HANDLES.reset(token)
+        _HANDLES.reset(token)
+        _TXNS.reset(txn_token)
 
 
 def _known(uri: str, ds: lance.LanceDataset) -> lance.LanceDataset:
@@ -143,13 +147,13 @@ def read_transaction(ds: lance.LanceDataset, version: int) -> "lance.Transaction
     """``ds.read_transaction(version)``: a version's commit never changes, so
     within :func:`reusing_handles` each is read once (a refresh reads the
     newest ones for its history, its change feed and its writer checks)."""
-    handles = _HANDLES.get()
-    if handles is None:
+    txns = _TXNS.get()
+    if txns is None:
         return ds.read_transaction(version)
-    txns = typing.cast("dict[int, Any]", handles.setdefault(f"{ds.uri}#txn", {}))
-    if version not in txns:
-        txns[version] = ds.read_transaction(version)
-    return txns[version]
+    key = (ds.uri, version)
+    if key not in txns:
+        txns[key] = ds.read_transaction(version)
+    return txns[key]
 
 
 def write_dataset(data: Any, uri: str, **kwargs: Any) -> lance.LanceDataset:
