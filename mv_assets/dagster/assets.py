@@ -230,8 +230,8 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo]):
                 skippable=True,
             )
         )
-    udtf = (info.definition.get("function") or {}).get("kind") == "udtf"  # rows per partition: fewer checks
-    check_specs = [dg.AssetCheckSpec(name, asset=view_key) for name in (UDTF_CHECK_NAMES if udtf else CHECK_NAMES)]
+    names = UDTF_CHECK_NAMES if info.kind == "udtf" else CHECK_NAMES  # rows per partition: fewer checks
+    check_specs = [dg.AssetCheckSpec(name, asset=view_key) for name in names]
     if info.declared is not None:
         # Dagster shows no asset-level staleness for partitioned assets: this check
         # marks a column whose code changed on the asset itself, in the catalog and
@@ -510,9 +510,8 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
 
 def _log_outcome(context, info: TableInfo, result, backfilled: dict, columns: list[str], duration: float) -> None:
     if result is not None:
-        kind = (info.definition.get("function") or {}).get("kind") or "query"
-        counted = {"chunker": "parents", "udtf": "partitions"}.get(kind, "rows")
-        calls = {"chunker": "chunker calls", "udtf": "UDTF calls"}.get(kind, "UDF rows")
+        counted = {"chunker": "parents", "udtf": "partitions"}.get(info.kind, "rows")
+        calls = {"chunker": "chunker calls", "udtf": "UDTF calls"}.get(info.kind, "UDF rows")
         since = "first refresh" if result.from_version is None else f"v{result.from_version}"
         context.log.info(
             f"{info.name}: source {since} -> v{result.to_version}, {counted} +{result.rows_inserted} "
@@ -540,7 +539,7 @@ def _record_run(
         "run_duration_s": round(duration, 3),
     }
     # a chunk view's refresh counts parents (documents), its rows are their chunks
-    unit = "parents" if (info.definition.get("function") or {}).get("kind") == "chunker" else "rows"
+    unit = "parents" if info.kind == "chunker" else "rows"
     computed_key = "parents_chunked" if unit == "parents" else "rows_computed"
     if result is not None:
         run_md.update({

@@ -55,9 +55,15 @@ class TableInfo:
         views over a base table without a limit (chunk views too: a fragment's
         parents). Others (views over views, limited views, table-function
         views) refresh as a whole whatever partitions a run names."""
-        function = self.definition.get("function") or {}
         # a table-function view's partitions are its partition_by values, not source fragments
-        return self.is_view and self.limit is None and not self.over_view and function.get("kind") != "udtf"
+        return self.is_view and self.limit is None and not self.over_view and self.kind != "udtf"
+
+    @property
+    def kind(self) -> str:
+        """A view's kind ("query", "chunker", "udtf"); "table" for a base table."""
+        if not self.is_view:
+            return "table"
+        return (self.definition.get("function") or {}).get("kind") or "query"
 
     @property
     def computed(self) -> list[str]:
