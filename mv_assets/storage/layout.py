@@ -24,6 +24,11 @@ from dataclasses import dataclass
 
 import filelock
 
+try:
+    import fcntl
+except ImportError:  # not a POSIX system: filelock's own locks
+    fcntl = None
+
 from mv_assets.model.errors import ConcurrentRefreshError
 from mv_assets.storage import objects
 
@@ -88,6 +93,8 @@ class Layout:
             return Lease(self.state("locks", f"{name}.lease"), name, timeout).held()
         path = self.state("locks", f"{name}.lock")
         os.makedirs(os.path.dirname(path), exist_ok=True)
+        if fcntl is not None:
+            return _flocked(path, name, timeout)
         lock = filelock.FileLock(path, timeout=-1 if timeout is None else timeout)
 
         @contextlib.contextmanager
@@ -95,15 +102,47 @@ class Layout:
             try:
                 lock.acquire()
             except filelock.Timeout as exc:
-                raise ConcurrentRefreshError(
-                    f"another refresh of {name!r} is running (waited {timeout}s for {path}); try again later"
-                ) from exc
+                raise _busy(name, timeout, path) from exc
             try:
                 yield
             finally:
                 lock.release()
 
         return held()
+
+
+def _busy(name: str, timeout: float | None, path: str) -> ConcurrentRefreshError:
+    return ConcurrentRefreshError(
+        f"another refresh of {name!r} is running (waited {timeout}s for {path}); try again later"
+    )
+
+
+@contextlib.contextmanager
+def _flocked(path: str, name: str, timeout: float | None):
+    """An exclusive ``flock`` on ``path`` for the block, on a descriptor of its
+    own (so threads of one process exclude each other too); the OS releases it
+    when the process dies. ``filelock`` does the same with thread and fork
+    bookkeeping that cost ~0.3 ms a refresh (a no-change refresh is ~1.3 ms);
+    it stays the fallback where ``fcntl`` is missing."""
+    assert fcntl is not None
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        if timeout is None:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        else:
+            deadline, pause = time.monotonic() + timeout, 0.001
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise _busy(name, timeout, path) from None
+                    time.sleep(pause)
+                    pause = min(pause * 2, 0.05)
+        yield
+    finally:
+        os.close(fd)  # releases the lock
 
 
 def _pid_alive(pid: int) -> bool:

@@ -371,8 +371,16 @@ def copy_tree(src: str, dst: str, *, last: str = "_versions") -> int:
 
 
 def is_dataset(uri: str) -> bool:
-    """Whether a Lance dataset lives at ``uri``."""
-    return bool(listdir(join(uri, "_versions")))
+    """Whether a Lance dataset lives at ``uri``: a manifest under ``_versions``
+    (the first entry found answers: a table's history can hold thousands)."""
+    versions = join(uri, "_versions")
+    if is_local(versions):
+        try:
+            with os.scandir(_local_path(versions)) as it:
+                return any(True for _ in it)
+        except (FileNotFoundError, NotADirectoryError):
+            return False
+    return bool(listdir(versions))
 
 
 def write_arrow(uri: str, table: pa.Table, *, create: bool = False) -> bool:
