@@ -12,7 +12,9 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mv_assets.api.indexing import Indexed
 from mv_assets.api.query import Query
+from mv_assets.api.search import SearchQuery
 from mv_assets.execution.spark import InlineRunner, as_runner
 from mv_assets.model.definition import (
     SOURCE_ROW_ID,
@@ -199,7 +201,7 @@ def _quote(name: str) -> str:
     return "`" + name.replace("`", "``") + "`"
 
 
-class Table:
+class Table(Indexed):
     """A Lance dataset in a catalog. Plain ``lance.dataset(table.uri)`` opens it too."""
 
     def __init__(self, connection: Catalog, name: str) -> None:
@@ -282,11 +284,20 @@ class Table:
             return ds.to_table()
         return ds.to_table(columns=[n for n in ds.schema.names if not is_marker(n)])
 
-    def search(self, query: Any = None) -> Query:
-        """A query builder over this table (``None``: no vector / text query)."""
-        if query is not None:
-            raise ValueError("only search(None) is supported: vector and full-text search are not part of views")
-        return Query(self)
+    def search(
+        self, query: Any = None, vector_column_name: str | None = None, query_type: str = "auto",
+        ordering_field_name: str | None = None, fts_columns: str | list[str] | None = None,
+    ) -> Any:
+        """``search(None)``: a query builder over this table (what views are
+        declared with). A vector, a text string or ``query_type="hybrid"``: a
+        search (:class:`~mv_assets.api.search.SearchQuery`), with Geneva's
+        parameters."""
+        if query is None and str(query_type).lower() in ("auto", "vector"):
+            return Query(self)
+        if ordering_field_name is not None:
+            raise ValueError("ordering_field_name belongs to the tantivy full-text index; Lance's orders by score")
+        return SearchQuery(self, query, vector_column_name=vector_column_name, query_type=query_type,
+                           fts_columns=fts_columns)
 
     def list_versions(self) -> list[dict]:
         return [dict(v) for v in self._dataset().versions()]
@@ -616,9 +627,16 @@ class Table:
         if target_rows_per_fragment:
             kwargs["target_rows_per_fragment"] = target_rows_per_fragment
         ds.optimize.compact_files(**kwargs)
+        self._catch_up_indexes()
         if cleanup_older_than is not None:
             self._dataset().cleanup_old_versions(older_than=cleanup_older_than)
         return self.version
+
+    def _catch_up_indexes(self) -> None:
+        from mv_assets.storage.indexes import catch_up
+
+        with objects.reusing_handles():
+            catch_up(self.uri)
 
 
 class MaterializedView(Table):
@@ -697,6 +715,7 @@ class MaterializedView(Table):
                 ds.optimize.compact_files(target_rows_per_fragment=target_rows_per_fragment)
             else:
                 ds.optimize.compact_files()
+            self._catch_up_indexes()
             carry_refresh_state(self._dataset())
             if cleanup_older_than is not None:
                 self._dataset().cleanup_old_versions(older_than=cleanup_older_than)

@@ -60,7 +60,7 @@ from mv_assets.model.planning import (
     task_rows,
 )
 from mv_assets.model.planning import column_ids as _ids
-from mv_assets.storage import objects
+from mv_assets.storage import indexes, objects
 from mv_assets.storage.changes import (
     BACKFILL_KEY,
     NEUTRAL_OPERATIONS,
@@ -192,6 +192,9 @@ class RefreshResult:
     # rows whose UDF results came from checkpoints of an interrupted earlier run
     # (finished tasks and row batches alike); computed + resumed = planned
     udf_rows_resumed: dict[str, int] = field(default_factory=dict)
+    # the view's indexes brought up to date after the commit (storage.indexes):
+    # {"updated": [...], "rebuilt": [...], "failed": {name: why}}; empty: none needed it
+    indexes: dict = field(default_factory=dict)
 
     def summary(self) -> dict:
         return dict(self.__dict__)
@@ -1062,11 +1065,23 @@ def _view_changes(view: ViewRef, plan: RefreshPlan, results: list[TaskResult]):
 
 
 def _nothing_done(view: ViewRef, plan: RefreshPlan, seconds: float) -> RefreshResult:
+    # an index a refresh committed before could not update (a crash between the
+    # two commits, a failed build) catches up here (no index: two metadata reads)
+    upkeep = _index_upkeep(view.uri)
     return RefreshResult(
         view=view.name, from_version=plan.from_version, to_version=plan.to_version,
-        view_version=plan.view_version, full=False, rows_inserted=0, rows_updated=0,
-        rows_deleted=0, udf_rows_computed={}, tasks=0, tasks_resumed=0, seconds=seconds, runner="none",
+        view_version=plan.view_version, full=False,
+        rows_inserted=0, rows_updated=0, rows_deleted=0, udf_rows_computed={}, tasks=0, tasks_resumed=0,
+        seconds=seconds, runner="none", indexes=upkeep,
     )
+
+
+def _index_upkeep(uri: str, rebuild: "list[indexes.IndexSpec] | None" = None) -> dict:
+    """Bring the view's indexes up to date after its commit (storage.indexes.catch_up)."""
+    done = indexes.catch_up(uri, rebuild)
+    if not done.did_anything:
+        return {}
+    return {"updated": done.updated, "rebuilt": done.rebuilt, "failed": done.failed}
 
 
 # Until a view's refresh has measured its cost: a model-like UDF (~20 us/row).
@@ -1137,9 +1152,13 @@ def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner") -> Refre
     udf_rows = _sum_counts([r.udf_rows for r in results])
     if plan.counted_by_tasks:  # inserts planned from metadata: what the tasks wrote is exact
         plan.rows_to_insert = sum(r.rows_written for r in results)
+    operation = _rebuild(view, plan, new_fragments) or _operation(removed, updated, new_fragments)
+    # an Overwrite drops the view's indexes: they are built again after it, as they were declared
+    rebuild = (indexes.specs_to_rebuild(objects.dataset(view.uri, version=plan.view_version))
+               if isinstance(operation, LanceOperation.Overwrite) else None)
     txn = Transaction(
         read_version=plan.view_version,
-        operation=_rebuild(view, plan, new_fragments) or _operation(removed, updated, new_fragments),
+        operation=operation,
         transaction_properties={STATE_KEY: json.dumps(_state_record(view, plan, udf_rows, len(errors), results))},
     )
     try:
@@ -1153,12 +1172,14 @@ def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner") -> Refre
         # committed: the batch checkpoints are spent (refreshes of a view never overlap)
         objects.remove_tree(objects.join(plan.checkpoint_dir.rsplit("/", 1)[0], "batches"))
     done = time.perf_counter()
+    upkeep = _index_upkeep(view.uri, rebuild)
+    indexed = time.perf_counter()
     return RefreshResult(
         view=view.name, from_version=plan.from_version, to_version=plan.to_version, view_version=committed.version,
         full=plan.full, rows_inserted=plan.rows_to_insert, rows_updated=plan.rows_to_update,
         rows_deleted=plan.rows_to_delete, udf_rows_computed=udf_rows,
         udf_rows_resumed=_sum_counts([r.udf_rows_resumed for r in results]), tasks=len(plan.tasks),
-        tasks_resumed=sum(1 for r in results if r.resumed), seconds=done - start,
+        tasks_resumed=sum(1 for r in results if r.resumed), seconds=indexed - start,
         runner=runner.describe_last_run(),
         # (counted by its one task: its one fragment's rows are the rows it wrote)
         rows_by_fragment=({t.fragment_ids[0]: plan.rows_to_insert for t in plan.tasks} if plan.counted_by_tasks
@@ -1166,5 +1187,7 @@ def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner") -> Refre
         timings={
             "execute_s": executed - start, "commit_s": done - executed,
             "task_s_total": sum(r.seconds for r in results),
+            **({"index_s": indexed - done} if upkeep else {}),
         },
+        indexes=upkeep,
     )

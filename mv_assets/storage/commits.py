@@ -15,7 +15,7 @@ from typing import Callable, ContextManager, TypeVar
 from lance import Transaction
 
 from mv_assets.model.errors import ConcurrentWriteError
-from mv_assets.storage import objects
+from mv_assets.storage import indexes, objects
 from mv_assets.storage.lance_compat import CommitConflictError
 
 __all__ = ["COMMIT_ATTEMPTS", "commit_latest"]
@@ -42,6 +42,9 @@ def commit_latest(
     conflict calls ``build`` again, up to ``attempts`` times in all (default
     ``COMMIT_ATTEMPTS``); ``guard()`` is held around each commit (a lock).
 
+    Once committed, the table's indexes are brought up to date (a separate
+    commit after it; see :func:`mv_assets.storage.indexes.catch_up`).
+
     Returns (the committed version, or None, and the value of the last build).
     Raises ``ConcurrentWriteError`` naming ``what`` after the last conflict,
     chained from it: nothing was committed."""
@@ -61,6 +64,8 @@ def commit_latest(
         except CommitConflictError as exc:  # a concurrent writer won: build again against its version
             conflict = exc
             continue
+        # the rows or column values just written join the table's indexes (storage.indexes)
+        indexes.catch_up(uri)
         return committed.version, value
     raise ConcurrentWriteError(
         f"could not commit {what}: another writer committed first {tries} times in a row; nothing was "
