@@ -273,3 +273,15 @@ def test_indexes_on_a_view_refreshed_on_spark(spark_db):
     assert r.indexes == {"updated": ["emb_idx"], "rebuilt": [], "failed": {}}
     n = v.count_rows()
     assert lance_coverage(v.uri) == {"emb_idx": (n, 0)}
+
+
+def test_query_results_as_geneva_reads_them(db):
+    t = db.create_table("t", rows(0, 50), primary_key="id")
+    q = t.search(None).where("k = 1", prefilter=True).select(["id", "k"])
+    expected = [{"id": i, "k": 1} for i in range(50) if i % 7 == 1]
+    assert q.to_list() == expected
+    assert q.to_pandas().to_dict("records") == expected
+    batches = q.to_batches(batch_size=3)
+    assert [b.num_rows for b in batches] == [3, 3, 1] and pa.Table.from_batches(batches).to_pylist() == expected
+    with pytest.raises(ValueError, match="prefilter is True or False, got 'yes'"):
+        t.search(None).where("k = 1", prefilter="yes")

@@ -19,6 +19,7 @@ from mv_assets.model.definition import (
     is_reserved_name,
     output_schema,
 )
+from mv_assets.model.names import is_internal_column
 from mv_assets.model.udf import UDF
 
 __all__ = ["Query", "QuerySource"]
@@ -57,10 +58,14 @@ class Query:
         q.__dict__.update(changes)
         return q
 
-    def where(self, sql: str | None) -> "Query":
-        """Keep source rows for which the SQL predicate is true."""
+    def where(self, sql: str | None, prefilter: bool | None = None) -> "Query":
+        """Keep source rows for which the SQL predicate is true. (``prefilter``
+        orders a filter against a vector or text search; a query without one
+        filters every row either way, so it changes nothing here.)"""
         if sql is not None and (not isinstance(sql, str) or not sql.strip()):
             raise ValueError("where() takes a non-empty SQL predicate string")
+        if prefilter is not None and not isinstance(prefilter, bool):
+            raise ValueError(f"prefilter is True or False, got {prefilter!r}")
         return self._copy(_filter=sql)
 
     def select(self, columns: dict[str, Any] | list[Any]) -> "Query":
@@ -155,13 +160,26 @@ class Query:
         return definition
 
     def to_arrow(self) -> pa.Table:
-        """Evaluate the query in this process (no Spark) and return the rows."""
+        """Evaluate the query in this process (no Spark) and return the rows
+        (the user's columns: no row keys or markers, as a view's reader sees)."""
         from mv_assets.execution.tasks import compute_rows
 
         definition = self.to_definition()
         ds = self._table._dataset()
         rows = compute_rows(ds, definition, output_schema(definition, ds), filter_sql=definition.filter)
-        return rows.select([n for n in rows.column_names if not is_marker(n)])
+        return rows.select([n for n in rows.column_names if not is_internal_column(n)])  # the user's columns
+
+    def to_pandas(self):
+        """:meth:`to_arrow` as a pandas DataFrame."""
+        return self.to_arrow().to_pandas()
+
+    def to_list(self) -> list[dict]:
+        """:meth:`to_arrow` as a list of row dicts."""
+        return self.to_arrow().to_pylist()
+
+    def to_batches(self, batch_size: int | None = None) -> list[pa.RecordBatch]:
+        """:meth:`to_arrow` as record batches of at most ``batch_size`` rows."""
+        return self.to_arrow().to_batches(max_chunksize=batch_size)
 
     def __repr__(self) -> str:
         return (
