@@ -565,3 +565,30 @@ def test_a_table_function_view_is_refreshed_as_a_whole_in_any_run(tmp_path):
         assert dg.materialize(assets, instance=instance, partition_key=frag, selection=[K(["counts"])]).success
     got = sorted((r["g"], r["n"]) for r in db.open_view("counts").to_arrow().to_pylist())
     assert got == [(0, 3), (1, 4), (2, 3)]  # every partition, not only the fragment's rows
+
+
+def test_a_views_indexes_and_their_coverage_show_on_its_asset(tmp_path):
+    """Each run that refreshes a view brings its indexes up to date; the asset's
+    materialization says which indexes there are and how many rows each covers."""
+    db = _catalog(tmp_path / "cat")
+    src = db.open_table("src")
+    db.open_view("v").create_scalar_index("x", index_type="BTREE")  # pending: the view has no rows yet
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri))
+    sensor = _sensor(defs, "src_changes")
+    view_assets = [defs.get_repository_def().assets_defs_by_key[dg.AssetKey(["v"])]]
+    with dg.instance_for_test() as instance:
+        cursor = None
+        for change in (None, lambda: src.add([{"id": 50, "x": 50}, {"id": 51, "x": 51}])):
+            if change:
+                change()
+            result = call_sensor(sensor, instance=instance, cursor=cursor, definitions=defs, resources=defs.resources)
+            _apply(instance, result)
+            cursor = result.cursor
+            for run in result.run_requests:
+                assert dg.materialize(view_assets, instance=instance, tags=run.tags, selection=run.asset_selection).success
+            n = db.open_table("v").count_rows()
+            (info,) = db.open_table("v").list_indices()
+            assert (info.num_indexed_rows, info.num_unindexed_rows) == (n, 0)
+            mat = instance.get_latest_materialization_event(dg.AssetKey(["v"])).asset_materialization
+            assert mat.metadata["index_coverage"].value == 1.0
+            assert f"| x_idx | BTREE | x | {n:,} of {n:,} (100%) |" in mat.metadata["indexes"].value

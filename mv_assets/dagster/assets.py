@@ -180,6 +180,21 @@ def _status_metadata(view) -> dict:
     }
 
 
+def _index_metadata(view) -> dict:
+    """A view's indexes and the rows each covers, as the asset page shows them
+    (kept up to date by every refresh: see mv_assets.storage.indexes)."""
+    found = view.list_indices()
+    if not found:
+        return {}
+    lines = ["| index | type | column | rows covered |", "|---|---|---|---|"]
+    for i in found:
+        covered = ("pending (no rows yet)" if i.pending else
+                   f"{i.num_indexed_rows:,} of {i.num_indexed_rows + i.num_unindexed_rows:,} ({i.coverage:.0%})")
+        lines.append(f"| {i.name} | {i.index_type} | {', '.join(i.columns)} | {covered} |")
+    return {"indexes": dg.MetadataValue.md("\n".join(lines)),
+            "index_coverage": round(min(i.coverage for i in found), 6)}
+
+
 def _view_specs(info: TableInfo, tables: dict[str, TableInfo]):
     """The asset specs of one view and its UDF columns, and its check specs."""
     view_key = dg.AssetKey([info.name])
@@ -518,6 +533,13 @@ def _log_outcome(context, info: TableInfo, result, backfilled: dict, columns: li
             f"~{result.rows_updated} -{result.rows_deleted}, {calls} {result.udf_rows_computed}, "
             f"{result.tasks} tasks ({result.tasks_resumed} resumed) on {result.runner} in {duration:.2f}s"
         )
+    if result is not None and result.indexes:
+        up = result.indexes
+        context.log.info(
+            f"{info.name}: indexes brought up to date after the commit: updated {up['updated'] or 'none'}, "
+            f"rebuilt {up['rebuilt'] or 'none'}" + (f"; NOT updated {up['failed']} (searches stay right by "
+                                                   "scanning the rows outside them)" if up["failed"] else "")
+        )
     if backfilled:
         context.log.info(f"{info.name}: recomputed the stale rows of {backfilled} (UDF code changed)")
     elif result is None:
@@ -570,7 +592,7 @@ def _record_run(
     if not keys:
         if view_key in selected:
             md = {**run_md, computed_key: sum(by_fragment.values()), "dagster/row_count": view.count_rows(),
-                  **_status_metadata(view)}
+                  **_status_metadata(view), **_index_metadata(view)}
             _record(context, view_key, None, md, view_tags)
         for name in columns:
             _record(context, col_keys[name], None, {**run_md, "udf_rows_computed": column_rows(name)}, col_tags[name])
@@ -580,8 +602,9 @@ def _record_run(
         if info.scoped and len(fragments) <= PER_PARTITION_LIMIT and run_md["source_version"] is not None
         else {}
     )
+    index_md = _index_metadata(view) if view_key in selected else {}
     for key_str, fid in zip(keys, fragments, strict=True):
-        part_md = {**run_md, computed_key: int(by_fragment.get(fid, 0)), "source_fragment": fid}
+        part_md = {**run_md, computed_key: int(by_fragment.get(fid, 0)), "source_fragment": fid, **index_md}
         if fid in per_fragment:
             part_md["dagster/row_count"] = per_fragment[fid]
         if view_key in selected:
