@@ -273,9 +273,9 @@ def list_indexes(ds: lance.LanceDataset) -> list[IndexInfo]:
             out.append(IndexInfo(name, spec.index_type if spec else _type_name(t), cols, indexed,
                                  sum(rows.values()) - indexed, params=spec.params if spec else {}))
     for name, spec in sorted(declared.items()):
-        if name not in built:
-            n = ds.count_rows() if spec.pending else 0
-            out.append(IndexInfo(name, spec.index_type, [spec.column], 0, n, pending=True, params=spec.params))
+        if name not in built and spec.pending:  # (a built one dropped through Lance directly is gone)
+            out.append(IndexInfo(name, spec.index_type, [spec.column], 0, ds.count_rows(), pending=True,
+                                 params=spec.params))
     return out
 
 
