@@ -30,14 +30,14 @@ from mv_assets.model.names import (
     is_reserved_name,
     source_marker,
 )
-from mv_assets.model.udf import UDF
+from mv_assets.model.udf import UDF, field_metadata_of
 
 __all__ = [
     "ColumnSpec", "ViewDefinition", "SOURCE_ROW_ID", "SOURCE_ROW_VERSION", "VIEW_METADATA_KEY",
     "computed_marker", "source_marker", "is_marker", "is_reserved_name", "output_schema", "check_sql", "short_error",
     "read_field_ids", "READ_FIELDS_METADATA_KEY",
     "sql_literal", "tracked_source_columns", "computed_column_names", "definition_reads", "shape_fingerprint",
-    "udf_column_type", "quote_ident", "COLUMNS_METADATA_KEY", "stored_columns", "encode_columns",
+    "udf_column_type", "udf_field", "quote_ident", "COLUMNS_METADATA_KEY", "stored_columns", "encode_columns",
 ]
 
 
@@ -326,8 +326,7 @@ def output_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sche
     ]
     for c in definition.columns:
         if c.kind == "udf":
-            assert c.udf is not None
-            fields.append(pa.field(c.name, udf_column_type(c), nullable=True))
+            fields.append(udf_field(c))
         else:
             f = projected.field(c.name)
             fields.append(pa.field(c.name, f.type, nullable=True))
@@ -350,6 +349,11 @@ def udf_column_type(c: ColumnSpec) -> pa.DataType:
     if c.field is not None:
         return c.udf.data_type.field(c.field).type
     return c.udf.data_type
+
+
+def udf_field(c: ColumnSpec) -> pa.Field:
+    """The Arrow field of a UDF column: nullable, with the UDF's ``field_metadata``."""
+    return pa.field(c.name, udf_column_type(c), nullable=True, metadata=field_metadata_of(c.the_udf))
 
 
 def check_sql(ds: lance.LanceDataset, *, filter: str | None = None, columns: dict[str, str] | None = None) -> pa.Schema:

@@ -421,18 +421,24 @@ def balanced_groups(sizes: list[int], groups: int) -> list[list[int]]:
     return [g for g in out if g]
 
 
-def fragment_tasks(counts: list[int], parallelism: int) -> list[list[int]]:
+def fragment_tasks(counts: list[int], parallelism: int, rows_per_task: int | None = None) -> list[list[int]]:
     """Indexes of consecutive fragments (``counts`` rows to compute in each)
-    grouped into tasks sized automatically (:func:`task_rows`), of about equal
-    size (:func:`balanced_groups`).
+    grouped into tasks sized automatically (:func:`task_rows`), or of about
+    ``rows_per_task`` rows (whole fragments: a task holds at least one), of
+    about equal size (:func:`balanced_groups`).
 
     >>> fragment_tasks([121_000] + [125_000] * 7, 2)   # two cores: two tasks, not 4 + 3 + 1
     [[0, 1, 2, 3], [4, 5, 6, 7]]
     >>> fragment_tasks([300, 400], 2)                  # small work: one task (at least 1,024 rows each)
     [[0, 1]]
+    >>> fragment_tasks([300, 400, 500], 2, rows_per_task=400)   # a task size given: three tasks
+    [[0], [1], [2]]
     """
     total = sum(counts)
-    return balanced_groups(counts, -(-total // task_rows(total, None, parallelism))) if total else []
+    if not total:
+        return []
+    per_task = rows_per_task if rows_per_task else task_rows(total, None, parallelism)
+    return balanced_groups(counts, min(len(counts), -(-total // per_task)))
 
 
 def task_rows(total_rows: int, seconds_per_row: float | None, parallelism: int) -> int:

@@ -229,12 +229,20 @@ class UDF:
         skip_nulls: bool = True,
         on_error: "OnError | str | None" = None,
         batch_size: int | None = None,
+        checkpoint_size: int | None = None,
+        field_metadata: dict[str, str] | None = None,
     ) -> None:
         if not callable(func):
             raise ValueError(f"@udf needs a function or class, got {func!r}")
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0):
             raise ValueError(f"@udf batch_size must be a positive int (rows per call), got {batch_size!r}")
+        if checkpoint_size is not None and (
+            isinstance(checkpoint_size, bool) or not isinstance(checkpoint_size, int) or checkpoint_size <= 0
+        ):
+            raise ValueError(f"@udf checkpoint_size must be a positive int (rows per checkpoint), got {checkpoint_size!r}")
         self.batch_size = batch_size
+        self.checkpoint_size = checkpoint_size
+        self.field_metadata = _checked_field_metadata(field_metadata)
         self.func = func
         self.name = name or getattr(func, "__name__", "udf")
         self.stateful = inspect.isclass(func)
@@ -572,6 +580,32 @@ class UDF:
         return obj
 
 
+def _checked_field_metadata(metadata: Any) -> dict[str, str] | None:
+    """``field_metadata`` as ``{str: str}`` (bytes decoded), or None."""
+    if metadata is None:
+        return None
+    if not isinstance(metadata, dict):
+        raise ValueError(f"@udf field_metadata must be a dict of str -> str, got {type(metadata).__name__}")
+    out = {}
+    for k, v in metadata.items():
+        k = k.decode() if isinstance(k, bytes) else k
+        v = v.decode() if isinstance(v, bytes) else v
+        if not isinstance(k, str) or not isinstance(v, str):
+            raise ValueError(f"@udf field_metadata must be a dict of str -> str, got {k!r}: {v!r}")
+        out[k] = v
+    return out
+
+
+def field_metadata_of(u: "UDF") -> dict[str, str] | None:
+    """A UDF's ``field_metadata`` (None for UDFs pickled before it existed)."""
+    return getattr(u, "field_metadata", None)
+
+
+def checkpoint_size_of(u: "UDF") -> int | None:
+    """A UDF's ``checkpoint_size`` (None for UDFs pickled before it existed)."""
+    return getattr(u, "checkpoint_size", None)
+
+
 def _is_internal(name: str) -> bool:
     """Bookkeeping columns no UDF reads: markers, view keys, Lance's row columns."""
     return is_reserved_name(name)
@@ -649,6 +683,8 @@ def udf(
     skip_nulls: bool = True,
     on_error: "OnError | str | None" = None,
     batch_size: int | None = None,
+    checkpoint_size: int | None = None,
+    field_metadata: dict[str, str] | None = None,
 ) -> Any:
     """Declare a UDF; usable as ``@udf`` or ``@udf(data_type=...)``.
 
@@ -676,6 +712,15 @@ def udf(
         model's memory bound, say). By default a call gets up to 65,536 rows
         of a cheap UDF, fewer for an expensive one (sized by time) or for
         wide rows (32 MiB). Not part of the fingerprint.
+    checkpoint_size:
+        As in Geneva: rows per checkpoint. The default ``checkpoint_size`` of
+        a backfill of this column and of a refresh of a view computing it
+        (the smallest of its UDFs'); an explicit ``checkpoint_size=`` of the
+        call wins. Without one, results are checkpointed by time. Not part
+        of the fingerprint.
+    field_metadata:
+        As in Geneva: metadata of the output column's Arrow field (in the
+        table's or view's schema). Not part of the fingerprint.
 
     Examples
     --------
@@ -692,7 +737,8 @@ def udf(
     def wrap(f: Callable) -> UDF:
         return UDF(
             f, name=name, data_type=data_type, input_columns=input_columns, version=version,
-            skip_nulls=skip_nulls, on_error=on_error, batch_size=batch_size,
+            skip_nulls=skip_nulls, on_error=on_error, batch_size=batch_size, checkpoint_size=checkpoint_size,
+            field_metadata=field_metadata,
         )
 
     if func is not None:

@@ -47,7 +47,6 @@ below), their inputs read from the source. SQL columns and a given
 
 import hashlib
 import json
-import threading
 import time
 import uuid
 from dataclasses import asdict, dataclass, field
@@ -83,7 +82,8 @@ from mv_assets.model.names import Alias, nth_marker_alias
 from mv_assets.model.pacing import default_target_seconds
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.model.planning import fragment_tasks, positions, split_ranges
-from mv_assets.model.udf import UDF
+from mv_assets.model.udf import UDF, checkpoint_size_of
+from mv_assets.ops.jobs import Job
 from mv_assets.storage import checkpoints as ckpt
 from mv_assets.storage import objects
 from mv_assets.storage.changes import BACKFILL_KEY, NEUTRAL_OPERATIONS, fragments_after
@@ -98,7 +98,10 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BackfillPlan", "BackfillResult", "BackfillJob", "plan_backfill", "execute_backfill", "commit_column_values",
+    "udf_checkpoint_size",
 ]
+
+BackfillJob = Job  # (its name before refresh and load jobs had one)
 
 _IN_ID, _IN_VER, _TARGET_ID = Alias.INPUT_ID, Alias.INPUT_VERSION, Alias.TARGET_ID
 _IN_ADDR = Alias.INPUT_ADDRESS  # address of the input row at the input version (to read it fast)
@@ -140,6 +143,21 @@ class BackfillPlan:
     def rows_to_compute(self) -> int:
         return self.rows - self.rows_checkpointed
 
+    # -- Geneva's names for a plan (BackfillPlan) -----------------------------
+    @property
+    def has_work(self) -> bool:
+        """Whether the backfill would write any row."""
+        return self.rows > 0
+
+    @property
+    def total_rows_pending(self) -> int:
+        """Rows the backfill would write (those checkpointed by an interrupted run included)."""
+        return self.rows
+
+    @property
+    def total_tasks(self) -> int:
+        return self.tasks
+
     def summary(self) -> dict:
         return {
             "table": self.table,
@@ -177,6 +195,12 @@ class BackfillResult:
     seconds: float
     timings: dict[str, float] = field(default_factory=dict)
     rows_resumed: int = 0  # rows whose results came from checkpoints of an earlier, interrupted run
+
+    @property
+    def status(self) -> str:
+        """Geneva's job status of a result: a backfill that returned is ``"DONE"``
+        (rows a UDF skipped under ``on_error="skip"`` included, as in Geneva)."""
+        return "DONE"
 
     def summary(self) -> dict:
         return asdict(self)
@@ -330,6 +354,8 @@ def plan_backfill(
     checkpoint_size: int | None = None,
     max_rows_per_task: int = 65_536,
     parallelism: int = 1,
+    fragments: list[int] | None = None,
+    task_size: int | None = None,
 ) -> BackfillPlan:
     """Plan a backfill of ``column`` (see :meth:`Table.backfill`): the plan
     :func:`backfill_column` runs with the same arguments (``parallelism``: the
@@ -338,22 +364,34 @@ def plan_backfill(
     interrupted run found by identity as its tasks find them; SQL columns, and
     any column given ``checkpoint_size``, staged (batches of ``SQL_BATCH_ROWS``
     by default). Untargeted, after a whole one-pass backfill, only the
-    fragments written since are scanned (:func:`stale_fragments`)."""
+    fragments written since are scanned (:func:`stale_fragments`).
+
+    ``fragments`` limits the backfill to rows in those fragments (of the
+    table or view; a targeted backfill, like ``where``). ``task_size``: rows
+    per task (a one-pass task holds whole fragments: at least one; default:
+    sized by the rows and ``parallelism``)."""
     if checkpoint_size is not None and (
         isinstance(checkpoint_size, bool) or not isinstance(checkpoint_size, int) or checkpoint_size <= 0
     ):
         raise ValueError("checkpoint_size must be a positive int (or None: one pass, checkpoints sized by time)")
     if not isinstance(max_rows_per_task, int) or max_rows_per_task <= 0:
         raise ValueError("max_rows_per_task must be a positive int")
+    if task_size is not None and (isinstance(task_size, bool) or not isinstance(task_size, int) or task_size <= 0):
+        raise ValueError(f"task_size must be a positive int (rows per task), got {task_size!r}")
+    if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism <= 0:
+        raise ValueError(f"concurrency must be a positive int (tasks at once), got {parallelism!r}")
     request = {"column": column, "udf": udf, "where": where, "row_ids": row_ids, "checkpoint_size": checkpoint_size,
-               "max_rows_per_task": max_rows_per_task, "parallelism": parallelism}
+               "max_rows_per_task": max_rows_per_task, "parallelism": parallelism, "fragments": fragments,
+               "task_size": task_size}
     specs = _backfill_specs(table, column, udf)
     one_pass = checkpoint_size is None and _fused(table, specs)
     ds = table.dataset()
     fingerprint = specs[0].fingerprint
-    is_view, targeted = isinstance(table, ViewRef), where is not None or row_ids is not None
+    is_view = isinstance(table, ViewRef)
+    targeted = where is not None or row_ids is not None or fragments is not None
     predicate = _rows_predicate(table, ds, specs, where, row_ids)
-    candidates = None if targeted else stale_fragments(ds, specs)
+    candidates = _given_fragments(ds, table.name, fragments) if fragments is not None else (
+        None if targeted else stale_fragments(ds, specs))
     plan = BackfillPlan(
         table=table.name, columns=[c.name for c in specs], udf=specs[0].udf.name if specs[0].udf is not None else None,
         fingerprint=fingerprint, read_version=ds.version, where=where, rows=0, batches=0, batches_checkpointed=0,
@@ -362,7 +400,7 @@ def plan_backfill(
         input_version=ds.version, is_view=is_view, targeted=targeted, predicate=predicate, request=request,
     )
     if one_pass and not is_view:  # the tasks scan their fragments: only addresses here
-        groups, plan.rows = _fragment_groups(ds, predicate, parallelism, candidates)
+        groups, plan.rows = _fragment_groups(ds, predicate, parallelism, candidates, task_size)
         plan.one_pass_tasks = [{"fragments": g} for g in groups]
         files = _row_checkpoints(table, specs) if plan.rows else []
         if files:  # an interrupted run's results: the rows they hold, by identity
@@ -378,7 +416,7 @@ def plan_backfill(
                                          return_counts=True)
         plan.one_pass_tasks = [
             {"fragments": [int(fids[i]) for i in g], "lo": int(firsts[g[0]]), "hi": int(firsts[g[-1]] + counts[g[-1]])}
-            for g in (fragment_tasks(counts.tolist(), parallelism) if plan.rows else [])
+            for g in (fragment_tasks(counts.tolist(), parallelism, task_size) if plan.rows else [])
         ]
         files = _row_checkpoints(table, specs) if plan.rows else []
         plan.rows_checkpointed = _rows_checkpointed_by_identity(files, plan_rows) if files else 0
@@ -391,10 +429,42 @@ def plan_backfill(
         CheckpointStore(plan.checkpoint_dir),
     )
     plan.batches = len(plan.batch_keys)
-    per_task = max(1, max_rows_per_task // plan.checkpoint_size)
+    per_task = max(1, (task_size or max_rows_per_task) // plan.checkpoint_size)
     plan.task_ranges = [(lo, hi) for lo, hi in split_ranges(plan.batches, per_task)]
     plan.tasks = len(plan.task_ranges)
     return plan
+
+
+def _given_fragments(ds: lance.LanceDataset, name: str, ids: list[int]) -> list:
+    """The fragments of ``ds`` with these ids (ValueError naming those it lacks)."""
+    if isinstance(ids, (str, bytes)) or not all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        raise ValueError(f"fragments is a list of fragment ids (ints), got {ids!r}")
+    by_id = {f.fragment_id: f for f in ds.get_fragments()}
+    missing = sorted(set(ids) - set(by_id))
+    if missing:
+        raise ValueError(f"{name!r} has no fragments {missing} at version {ds.version} (it has {sorted(by_id)})")
+    return [by_id[i] for i in sorted(set(ids))]
+
+
+def plan_fragments(plan: BackfillPlan) -> list[int]:
+    """Ids of the fragments (of the table or view) holding the plan's rows, ascending."""
+    if plan.one_pass_tasks:
+        return sorted({int(f) for t in plan.one_pass_tasks for f in t["fragments"]})
+    if plan.plan_rows is None or not plan.plan_rows.num_rows:
+        return []
+    return sorted(int(f) for f in np.unique(_ids(plan.plan_rows, _TARGET_ADDR) >> 32))
+
+
+def udf_checkpoint_size(table: Ref, column: str, udf: Any = None) -> int | None:
+    """The ``@udf(checkpoint_size=)`` of the UDF computing ``column`` (of ``udf``
+    when given), the default checkpoint size of its backfills."""
+    if isinstance(udf, UDF):
+        return checkpoint_size_of(udf)
+    try:
+        spec = _group_specs(table, column)[0]
+    except ValueError:  # not a computed column: the plan says so in its words
+        return None
+    return checkpoint_size_of(spec.udf) if spec.udf is not None else None
 
 
 def _row_checkpoints(table: Ref, specs: list[ColumnSpec]) -> list:
@@ -627,7 +697,8 @@ def stale_fragments(ds: lance.LanceDataset, specs: list[ColumnSpec]) -> list | N
 
 
 def _fragment_groups(
-    ds: lance.LanceDataset, predicate: str, parallelism: int, candidates: list | None = None
+    ds: lance.LanceDataset, predicate: str, parallelism: int, candidates: list | None = None,
+    task_size: int | None = None,
 ) -> tuple[list[list[int]], int]:
     """Fragments holding rows to compute (among ``candidates``, None: all),
     packed into tasks (as many rows per task as keep every core busy), and the
@@ -641,7 +712,7 @@ def _fragment_groups(
     if not len(addrs):
         return [], 0
     fids, counts = np.unique(addrs >> 32, return_counts=True)
-    return [[int(fids[i]) for i in g] for g in fragment_tasks(counts.tolist(), parallelism)], len(addrs)
+    return [[int(fids[i]) for i in g] for g in fragment_tasks(counts.tolist(), parallelism, task_size)], len(addrs)
 
 
 def _record_failure(table: Ref, job_id: str, exc: UdfError, input_uri: str, input_version: int | None) -> None:
@@ -650,13 +721,15 @@ def _record_failure(table: Ref, job_id: str, exc: UdfError, input_uri: str, inpu
     record_failure(table.layout, table.name, job_id, exc, objects.dataset(input_uri, version=input_version), rows_of)
 
 
-def _execute_one_pass(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: str) -> BackfillResult:
+def _execute_one_pass(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: str,
+                      checkpoint_seconds: float | None = None) -> BackfillResult:
     """Run a one-pass plan's tasks (compute and write per fragment), commit once.
     A commit conflict (a writer changed those fragments meanwhile) plans again
     with the same arguments and runs that plan on the new version, finding the
     results checkpointed so far."""
-    start = time.perf_counter()
+    start, started_at = time.perf_counter(), time.time()
     specs, names = plan.specs, [n for c in plan.specs for n in (c.name, computed_marker(c.name))]
+    pace = default_target_seconds() if checkpoint_seconds is None else max(float(checkpoint_seconds), 1e-6)
     rows_dir = _one_pass_rows_dir(table, specs)
     computed = resumed = 0
     computed_at = start
@@ -675,7 +748,7 @@ def _execute_one_pass(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: 
             objects.write_arrow(extra["plan_path"], p.plan_rows)
         shared = json.dumps({
             "specs": [c.to_json() for c in specs], "names": names, "uri": table.uri, "version": p.read_version,
-            "predicate": p.predicate, "rows_dir": rows_dir, "checkpoint_seconds": default_target_seconds(), **extra,
+            "predicate": p.predicate, "rows_dir": rows_dir, "checkpoint_seconds": pace, **extra,
         }).encode()
         try:
             outs = [json.loads(o) for o in runner.map(FUSED_TASK, [json.dumps(t) for t in p.one_pass_tasks], shared,
@@ -700,7 +773,7 @@ def _execute_one_pass(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: 
             transaction_properties={BACKFILL_KEY: json.dumps({
                 "job_id": job_id, "columns": plan.columns, "fingerprint": plan.fingerprint,
                 "udf_rows_computed": computed, "errors": len(errors), "rows": p.rows,
-                "read_version": p.read_version, "targeted": p.targeted,
+                "read_version": p.read_version, "targeted": p.targeted, "started_at": started_at,
             })},
         )
         return txn, (p, outs, errors)
@@ -742,29 +815,84 @@ def backfill_column(
     checkpoint_size: int | None = None,
     max_rows_per_task: int = 65_536,
     job_id: str | None = None,
+    parallelism: int | None = None,
+    fragments: list[int] | None = None,
+    task_size: int | None = None,
+    commit_granularity: int | None = None,
+    checkpoint_seconds: float | None = None,
 ) -> BackfillResult:
     """Plan a backfill of ``column`` (see ``Table.backfill``) with
     :func:`plan_backfill`, the dry run's function, and run that plan
     (:func:`execute_backfill`): one pass or staged, as the plan says. One
     backfill of a column at a time; a second one waits, then finds only what
-    is left."""
+    is left.
+
+    ``parallelism`` (default: the runner's) sizes the tasks. With
+    ``commit_granularity`` N, the fragments holding rows to compute are
+    backfilled N at a time, each group committed as it is done (readers see
+    the values of finished groups; a backfill killed part way keeps them):
+    one job, several commits. ``checkpoint_seconds`` replaces
+    ``$MV_ASSETS_CHECKPOINT_SECONDS`` for the one pass."""
     if isinstance(column, list):
         if len(column) != 1:
             raise ValueError("backfill one column at a time (siblings of a multi-column UDF come along)")
         column = column[0]
+    if commit_granularity is not None and (
+        isinstance(commit_granularity, bool) or not isinstance(commit_granularity, int) or commit_granularity <= 0
+    ):
+        raise ValueError(f"commit_granularity must be a positive int (fragments per commit), got {commit_granularity!r}")
+    if checkpoint_seconds is not None and (
+        isinstance(checkpoint_seconds, bool) or not isinstance(checkpoint_seconds, (int, float)) or checkpoint_seconds < 0
+    ):
+        raise ValueError(f"checkpoint seconds must be a number >= 0, got {checkpoint_seconds!r}")
     key = udf.fingerprint if isinstance(udf, UDF) else _group_specs(table, column)[0].fingerprint
+    job_id = job_id or uuid.uuid4().hex[:12]
+    args = {"udf": udf, "where": where, "row_ids": row_ids, "checkpoint_size": checkpoint_size,
+            "max_rows_per_task": max_rows_per_task, "parallelism": parallelism or runner.parallelism(),
+            "task_size": task_size}
     with table.layout.lock(f"{table.name}.backfill.{key}", None):
-        plan = plan_backfill(table, column, udf=udf, where=where, row_ids=row_ids, checkpoint_size=checkpoint_size,
-                             max_rows_per_task=max_rows_per_task, parallelism=runner.parallelism())
-        return execute_backfill(table, plan, runner, job_id or uuid.uuid4().hex[:12])
+        plan = plan_backfill(table, column, fragments=fragments, **args)
+        groups = plan_fragments(plan) if commit_granularity is not None else []
+        if len(groups) <= (commit_granularity or 0) or commit_granularity is None:
+            return execute_backfill(table, plan, runner, job_id, checkpoint_seconds)
+        results = []
+        for lo in range(0, len(groups), commit_granularity):
+            present = {f.fragment_id for f in table.dataset().get_fragments()}  # (a compaction meanwhile: its
+            group = [f for f in groups[lo:lo + commit_granularity] if f in present]  # rows wait for the next one)
+            if group:
+                part = plan_backfill(table, column, fragments=group, **args)
+                results.append(execute_backfill(table, part, runner, job_id, checkpoint_seconds))
+        if plan.one_pass and not plan.targeted:
+            objects.remove_tree(_one_pass_rows_dir(table, plan.specs))  # committed: the checkpointed results are spent
+        return _combined(results, plan)
 
 
-def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: str) -> BackfillResult:
+def _combined(results: list[BackfillResult], plan: BackfillPlan) -> BackfillResult:
+    """One result of a backfill committed in several groups."""
+    first = results[0]
+    versions = [r.version for r in results if r.version is not None]
+    timings: dict[str, float] = {}
+    for r in results:
+        for k, v in r.timings.items():
+            timings[k] = timings.get(k, 0) + v
+    timings["commits"] = len(versions)
+    return BackfillResult(
+        job_id=first.job_id, table=first.table, columns=plan.columns,
+        rows_planned=sum(r.rows_planned for r in results), rows_written=sum(r.rows_written for r in results),
+        rows_failed=sum(r.rows_failed for r in results), rows_skipped=sum(r.rows_skipped for r in results),
+        udf_rows_computed=sum(r.udf_rows_computed for r in results), batches=sum(r.batches for r in results),
+        batches_resumed=sum(r.batches_resumed for r in results), version=versions[-1] if versions else None,
+        seconds=sum(r.seconds for r in results), timings=timings, rows_resumed=sum(r.rows_resumed for r in results),
+    )
+
+
+def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: str,
+                     checkpoint_seconds: float | None = None) -> BackfillResult:
     """Run the plan: in one pass, or staged (the compute tasks, then errors
     recorded, the results written and committed)."""
     if plan.one_pass:
-        return _execute_one_pass(table, plan, runner, job_id)
-    start = time.perf_counter()
+        return _execute_one_pass(table, plan, runner, job_id, checkpoint_seconds)
+    start, started_at = time.perf_counter(), time.time()
     if plan.rows == 0:
         if not plan.targeted:
             CheckpointStore(plan.checkpoint_dir).clear()  # left by a job killed after its commit
@@ -802,7 +930,7 @@ def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: s
         for e in errors:  # a view's rows are keyed by source row id, a table's by its own
             e["column"] = e.get("column") or plan.columns[0]
         append_errors(table.layout, table.name, job_id, errors)
-        stats = {"udf_rows_computed": sum(o["udf_rows"] for o in outs), "errors": len(errors)}
+        stats = {"udf_rows_computed": sum(o["udf_rows"] for o in outs), "errors": len(errors), "started_at": started_at}
         with table.lock(None):  # never between a view refresh's plan and its commit
             version, written, skipped = _commit_results(table, plan, job_id, stats, runner)
     finally:
@@ -827,40 +955,3 @@ def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: s
                  "task_s_total": sum(o["seconds"] for o in outs), "tasks": len(outs)},
         rows_resumed=sum(o["rows_resumed"] for o in outs),
     )
-
-
-class BackfillJob:
-    """A backfill running in a background (non-daemon) thread.
-
-    ``result(timeout)`` blocks and returns the :class:`BackfillResult` (or
-    raises the job's exception). The thread is not a daemon: the interpreter
-    waits for it before exiting, so a job is never cut off half-committed.
-    """
-
-    def __init__(self, job_id: str, target, args: tuple, kwargs: dict) -> None:
-        self.job_id = job_id
-        self._result: BackfillResult | None = None
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._run, args=(target, args, kwargs), name=f"backfill-{job_id}")
-        self._thread.start()
-
-    def _run(self, target, args, kwargs) -> None:
-        try:
-            self._result = target(*args, **kwargs)
-        except BaseException as exc:  # handed to result()
-            self._error = exc
-
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
-    def result(self, timeout: float | None = None) -> BackfillResult:
-        self._thread.join(timeout)
-        if self._thread.is_alive():
-            raise TimeoutError(f"backfill job {self.job_id} still running after {timeout}s")
-        if self._error is not None:
-            raise self._error
-        assert self._result is not None
-        return self._result
-
-    def __repr__(self) -> str:
-        return f"BackfillJob({self.job_id!r}, done={self.done()})"

@@ -11,6 +11,8 @@ holds). Every computed column has a hidden marker column (see
 
 import dataclasses
 import os
+import time
+import uuid
 from typing import Any
 
 import lance
@@ -35,6 +37,7 @@ from mv_assets.model.definition import (
     short_error,
     stored_columns,
     udf_column_type,
+    udf_field,
 )
 from mv_assets.model.markers import marker_value
 from mv_assets.model.names import LANCE_ROW_COLUMNS
@@ -160,7 +163,7 @@ def add_columns(table: Ref, transforms: Any) -> list[str]:
             )
     fields = []
     for c in specs:
-        fields.append(pa.field(c.name, _column_type(c, input_ds), nullable=True))
+        fields.append(udf_field(c) if c.kind == "udf" else pa.field(c.name, _column_type(c, input_ds), nullable=True))
         fields.append(pa.field(computed_marker(c.name), pa.string(), nullable=True))
     with table.lock():
         ds = table.dataset()
@@ -281,10 +284,13 @@ def load_columns(
     *,
     source_format: str | None = None,
     on_missing: str = "carry",
+    job_id: str | None = None,
 ) -> int | None:
     """Join ``columns`` from an external Parquet / Lance / Arrow IPC dataset
-    into ``table`` by primary key ``pk``; one commit. Returns the new version
-    (None when nothing changed). All checks run before anything is written."""
+    into ``table`` by primary key ``pk``; one commit (recorded as job
+    ``job_id``). Returns the new version (None when nothing changed). All
+    checks run before anything is written."""
+    started_at = time.time()
     if isinstance(table, ViewRef):
         raise ValueError(f"{table.name!r} is a materialized view: load columns into its source table instead")
     if on_missing not in ("carry", "null", "error"):
@@ -343,7 +349,8 @@ def load_columns(
         return None
     version, _, _ = commit_column_values(
         table, list(columns), _ids(rows), _ids(rows, "_row_last_updated_at_version"),
-        _driver_writer(res, list(columns)), is_view=False, bump_versions=True, props={"load_columns": {
+        _driver_writer(res, list(columns)), is_view=False, bump_versions=True, props={
+        "job_id": job_id or uuid.uuid4().hex[:12], "started_at": started_at, "load_columns": {
         "source": source if isinstance(source, str) else f"{len(source)} files", "pk": pk, "columns": columns,
         "on_missing": on_missing, "rows": res.num_rows}})
     return version

@@ -81,7 +81,7 @@ if TYPE_CHECKING:
     from mv_assets.execution.spark import Runner
 
 
-__all__ = ["RefreshPlan", "RefreshResult", "plan_refresh", "execute_refresh", "compact_if_fragmented"]
+__all__ = ["RefreshPlan", "RefreshResult", "plan_refresh", "execute_refresh", "compact_if_fragmented", "refresh_job_id"]
 
 MODES = ("auto", "full", "incremental_strict")
 _FULL_OPS = ("Overwrite", "Restore", "Clone")
@@ -153,6 +153,23 @@ class RefreshPlan:
             return False
         return self.scope is not None or (self.from_version == self.to_version and not self.scoped_since_whole)
 
+    # -- Geneva's names for a plan (RefreshPlan) ------------------------------
+    @property
+    def has_work(self) -> bool:
+        """Whether the refresh would change rows of the view (not only record the new source version)."""
+        return not self.is_noop or bool(self.tasks)
+
+    @property
+    def total_rows_pending(self) -> int:
+        """Rows the refresh would insert, update or delete in the view, and
+        rows it would recompute (``recompute=``)."""
+        recomputed = sum(t.rows for t in self.tasks if t.recompute is not None)
+        return self.rows_to_insert + self.rows_to_update + self.rows_to_delete + recomputed
+
+    @property
+    def total_tasks(self) -> int:
+        return len(self.tasks)
+
     def summary(self) -> dict:
         return {
             "view": self.view,
@@ -195,6 +212,13 @@ class RefreshResult:
     # the view's indexes brought up to date after the commit (storage.indexes):
     # {"updated": [...], "rebuilt": [...], "failed": {name: why}}; empty: none needed it
     indexes: dict = field(default_factory=dict)
+    job_id: str = ""  # recorded with the commit (db.list_jobs())
+
+    @property
+    def status(self) -> str:
+        """Geneva's job status of a result: a refresh that returned is ``"DONE"``
+        (rows a UDF skipped under ``on_error="skip"`` included, as in Geneva)."""
+        return "DONE"
 
     def summary(self) -> dict:
         return dict(self.__dict__)
@@ -1011,10 +1035,13 @@ def _sum_counts(counts: list[dict[str, int]]) -> dict[str, int]:
 
 
 def _state_record(
-    view: ViewRef, plan: RefreshPlan, udf_rows: dict[str, int], errors: int, results: list[TaskResult]
+    view: ViewRef, plan: RefreshPlan, udf_rows: dict[str, int], errors: int, results: list[TaskResult],
+    job_id: str = "", started_at: float | None = None,
 ) -> dict:
     """The refresh state committed with the data (see :func:`read_refresh_state`)."""
     return {
+        "job_id": job_id,
+        "started_at": started_at,
         "source_version": plan.to_version,
         "from_version": plan.from_version,
         "definition": view.definition.shape_fingerprint(),
@@ -1062,6 +1089,11 @@ def _view_changes(view: ViewRef, plan: RefreshPlan, results: list[TaskResult]):
     else:
         removed, updated = _deletions(view_ds, keys, addrs, plan.keys.remove_from_view)
     return removed, updated, [FragmentMetadata.from_json(json.dumps(f)) for r in results for f in r.fragments]
+
+
+def refresh_job_id(plan: RefreshPlan) -> str:
+    """The job id a refresh of ``plan`` is recorded under when it was given none."""
+    return f"refresh-{plan.load_number + 1}-{plan.checkpoint_dir[-8:] if plan.checkpoint_dir else ''}"
 
 
 def _nothing_done(view: ViewRef, plan: RefreshPlan, seconds: float) -> RefreshResult:
@@ -1126,13 +1158,15 @@ def _rebuild(view: ViewRef, plan: RefreshPlan, new_fragments: list):
     return LanceOperation.Overwrite(view_ds.schema, new_fragments)
 
 
-def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner") -> RefreshResult:
-    """Run the plan's tasks and commit the result as one Lance transaction."""
+def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner", job_id: str | None = None) -> RefreshResult:
+    """Run the plan's tasks and commit the result as one Lance transaction
+    (recorded as job ``job_id``, default :func:`refresh_job_id`)."""
     start = time.perf_counter()
+    started_at = time.time()
     if plan.commits_nothing:
         return _nothing_done(view, plan, time.perf_counter() - start)
     view.layout.clear_stale_checkpoints(view.name, keep=plan.checkpoint_dir)
-    job = f"refresh-{plan.load_number + 1}-{plan.checkpoint_dir[-8:] if plan.checkpoint_dir else ''}"
+    job = job_id or refresh_job_id(plan)
     try:
         results: list[TaskResult] = _run_tasks(plan, runner)
     except UdfError as exc:  # on_error="fail": the failed row is named and recorded, nothing is committed
@@ -1159,7 +1193,8 @@ def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner") -> Refre
     txn = Transaction(
         read_version=plan.view_version,
         operation=operation,
-        transaction_properties={STATE_KEY: json.dumps(_state_record(view, plan, udf_rows, len(errors), results))},
+        transaction_properties={STATE_KEY: json.dumps(_state_record(view, plan, udf_rows, len(errors), results, job,
+                                                                    started_at))},
     )
     try:
         committed = objects.commit(view.uri, txn, read_version=plan.view_version, max_retries=0)
@@ -1189,5 +1224,5 @@ def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner") -> Refre
             "task_s_total": sum(r.seconds for r in results),
             **({"index_s": indexed - done} if upkeep else {}),
         },
-        indexes=upkeep,
+        indexes=upkeep, job_id=job,
     )

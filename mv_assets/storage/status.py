@@ -45,6 +45,7 @@ __all__ = [
     "view_status",
     "unreadable_status",
     "record_load_state",
+    "load_record",
     "refresh_decision",
     "pending_source_versions",
     "source_replaced",
@@ -111,6 +112,16 @@ def _read_file(layout: Layout, view: str) -> dict:
         return {}
 
 
+def load_record(layout: Layout, view: str) -> dict:
+    """A view's load state record as stored (``load_state``, ``state_since``,
+    ``job_id``, ``last_error``...; empty: none), with ``process_gone`` True
+    when the process a LOADING record names is known to be gone."""
+    record = _read_file(layout, view)
+    if record:
+        record["process_gone"] = _dead(record)
+    return record
+
+
 def _dead(record: dict) -> bool:
     """Whether the process a LOADING record names is known to be gone (only
     decidable for processes of this host)."""
@@ -127,7 +138,8 @@ def _dead(record: dict) -> bool:
 
 
 def record_load_state(
-    layout: Layout, view: str, state: str, error: str | None = None, load_number: int | None = None
+    layout: Layout, view: str, state: str, error: str | None = None, load_number: int | None = None,
+    job_id: str | None = None,
 ) -> None:
     """Atomically record a view's load state (and error, for FAILED_LOAD).
 
@@ -137,7 +149,7 @@ def record_load_state(
     once, not twice."""
     current = _read_file(layout, view)
     current.update(load_state=state, state_since=time.time(), node=socket.gethostname(), pid=os.getpid(),
-                   load_number=load_number)
+                   load_number=load_number, job_id=job_id)
     if state == FAILED_LOAD:
         current["last_error"] = error
     elif state == LOADED:
