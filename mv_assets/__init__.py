@@ -13,9 +13,11 @@ import sys as _sys
 
 from mv_assets.api.catalog import Connection as Connection
 from mv_assets.api.catalog import connect as connect
+from mv_assets.api.geneva import GenevaCompatWarning as GenevaCompatWarning
 from mv_assets.api.query import Query as Query
 from mv_assets.api.table import MaterializedView as MaterializedView
 from mv_assets.api.table import Table as Table
+from mv_assets.api.views import View as View
 from mv_assets.execution.spark import InlineRunner as InlineRunner
 from mv_assets.execution.spark import SparkRunner as SparkRunner
 from mv_assets.model import udf as _udf_module
@@ -41,9 +43,11 @@ from mv_assets.model.udf import udf as udf
 from mv_assets.ops.backfill import BackfillJob as BackfillJob
 from mv_assets.ops.backfill import BackfillPlan as BackfillPlan
 from mv_assets.ops.backfill import BackfillResult as BackfillResult
+from mv_assets.ops.jobs import Job as Job
 from mv_assets.ops.refresh import RefreshPlan as RefreshPlan
 from mv_assets.ops.refresh import RefreshResult as RefreshResult
 from mv_assets.storage.error_log import ErrorRecord as ErrorRecord
+from mv_assets.storage.jobs import JobRecord as JobRecord
 
 __all__ = [
     "BackfillJob",
@@ -55,6 +59,10 @@ __all__ = [
     "udtf",
     "Columns",
     "ErrorRecord",
+    "GenevaCompatWarning",
+    "Job",
+    "JobRecord",
+    "View",
     "OnError",
     "UnpackedUDF",
     "Connection",

@@ -31,7 +31,8 @@ def expected_view(
 
 
 def actual_view(table, key: str = "__source_row_id") -> dict[int, dict]:
-    t = table.to_arrow() if not isinstance(table, pa.Table) else table
+    t = table.to_arrow(with_internal=True) if not isinstance(table, pa.Table) else table
+    t = t.select([n for n in t.column_names if not n.startswith(("__computed__", "__source_computed__"))])
     rows = t.to_pylist()
     out = {}
     for r in rows:

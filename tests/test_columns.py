@@ -428,7 +428,7 @@ def test_refresh_records_rows_a_view_udf_skipped(db):
     v = db.create_materialized_view("v", t.search(None).select({"id": "id", "r": inv}), with_no_data=False)
     assert _values(v, "r")[0] == (None,) and _values(v, "r")[4] == (0.25,)
     errors = v.get_errors(column_name="r")
-    assert [(e.error_type, e.row_id) for e in errors] == [("ZeroDivisionError", v.to_arrow().column("__source_row_id")[0].as_py())]
+    assert [(e.error_type, e.row_id) for e in errors] == [("ZeroDivisionError", v.to_arrow(with_internal=True).column("__source_row_id")[0].as_py())]
     assert errors[0].job_id.startswith("refresh-1")
     assert v.get_failed_row_ids("r") == [errors[0].row_id]
     assert v.plan_backfill("r").rows == 1  # the failed row is not computed: a backfill retries it

@@ -111,7 +111,7 @@ def _fragment_of(t, ids):
 
 
 def _assert_globally_shuffled(v, seed):
-    tab = v.to_arrow()
+    tab = v.to_arrow(with_internal=True)
     ids = tab.column("__source_row_id").to_pylist()
     keys = [shuffle_key(i, seed) for i in ids]
     assert keys == sorted(keys), "rows are not in shuffle order over the whole view"

@@ -201,7 +201,7 @@ def test_scoped_and_whole_refreshes_interleaved_match_the_oracle(ops, tmp_path_f
             _assert_matches(t, v)
             shuffled.refresh()
             _assert_matches(t, shuffled)
-            ids = shuffled.to_arrow().column("__source_row_id").to_pylist()
+            ids = shuffled.to_arrow(with_internal=True).column("__source_row_id").to_pylist()
             keys = [shuffle_key(i, 11) for i in ids]
             assert keys == sorted(keys)  # shuffle order over the whole view
 

@@ -81,7 +81,7 @@ def test_seed_video_example_end_to_end(spark_db, call_log):
     assert count_calls(call_log, "transcribe") == 50
     assert actual_view(view) == expected_view(raw.uri, raw.version, lambda r: True, project)
     # shuffle: the whole view (both refreshes' rows) is in one seeded order
-    ids = view.to_arrow().column("__source_row_id").to_pylist()
+    ids = view.to_arrow(with_internal=True).column("__source_row_id").to_pylist()
     assert [shuffle_key(i, 42) for i in ids] == sorted(shuffle_key(i, 42) for i in ids)
     assert sorted(ids) == list(range(50)) and max(ids[:10]) >= 40 > min(ids[:10])  # new rows all over
 
@@ -215,7 +215,7 @@ def test_random_histories_match_oracle(ops, spark_runner, tmp_path_factory):
             assert sorted(actual_view(shuffled).items()) == sorted(
                 (rid, {"id": r["id"], "x": r["x"]}) for rid, r in now.items() if _keep(r)
             )
-            ids = shuffled.to_arrow().column("__source_row_id").to_pylist()
+            ids = shuffled.to_arrow(with_internal=True).column("__source_row_id").to_pylist()
             assert [shuffle_key(i, 3) for i in ids] == sorted(shuffle_key(i, 3) for i in ids)
             # view == oracle at the same source version, keyed by stable row id
             assert view.source_version == v1

@@ -1,6 +1,7 @@
 """The catalog: a directory of Lance datasets, one per table or view."""
 
 import dataclasses
+import datetime as dt
 import functools
 import json
 import os
@@ -9,9 +10,11 @@ from typing import Any, overload
 
 import pyarrow as pa
 
+from mv_assets.api import geneva
 from mv_assets.api.describe import TableDescription, describe_dataset, describe_definition
 from mv_assets.api.query import Query
 from mv_assets.api.table import PRIMARY_KEY_METADATA_KEY, MaterializedView, Table, check_primary_key, to_arrow_table
+from mv_assets.api.views import View, read_view_definition, remove_view, view_names, write_view_definition
 from mv_assets.execution.spark import Runner, default_runner
 from mv_assets.model.chunk_view import check_chunk_query, chunk_view_schema
 from mv_assets.model.chunker import UDTF, Chunker
@@ -19,10 +22,12 @@ from mv_assets.model.definition import VIEW_METADATA_KEY, ViewDefinition, is_res
 from mv_assets.model.errors import CatalogNotFoundError, SourceBehindError, TableExistsError, TableNotFoundError
 from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
 from mv_assets.model.udtf_view import check_udtf_query, udtf_view_schema
+from mv_assets.ops.jobs import Job, process_jobs
 from mv_assets.ops.refresh import RefreshResult
 from mv_assets.storage import objects
 from mv_assets.storage.error_log import drop_errors
 from mv_assets.storage.identity import ensure_table_id
+from mv_assets.storage.jobs import JobRecord, job_records
 from mv_assets.storage.layout import Layout
 from mv_assets.storage.row_ids import AdoptResult, adopt, finish_interrupted, require_stable_row_ids
 from mv_assets.storage.status import (
@@ -189,15 +194,37 @@ class Connection:
     def __contains__(self, name: str) -> bool:
         return name in self.table_names()
 
-    def open_table(self, name: str) -> Table:
-        """Open a table or view by name (views come back as MaterializedView)."""
+    def _taken(self, name: str) -> bool:
+        """Whether ``name`` is a table, a materialized view or a view."""
+        return name in self or read_view_definition(self.layout, validate_name(name)) is not None
+
+    @overload
+    def open_table(self, name: str, version: int | None = None) -> Table: ...
+
+    @overload
+    def open_table(self, name: str, version: int | None = None, *, views: bool) -> "Table | View": ...
+
+    def open_table(self, name: str, version: int | None = None, *, views: bool = False) -> "Table | View":
+        """Open a table or view by name (materialized views come back as
+        MaterializedView). ``version``: a handle checked out at that version
+        (read-only, see :meth:`Table.checkout`). ``views``: a view that is not
+        materialized (:meth:`create_view`) may come back too (a :class:`View`)."""
         uri = self._table_uri(name)
         if not objects.is_dataset(uri):
+            raw = read_view_definition(self.layout, name) if views else None
+            if raw is not None:
+                if version is not None:
+                    raise ValueError(f"{name!r} is a view that is not materialized: it has no versions")
+                return View(self, name, raw)
             raise TableNotFoundError(f"no table or view named {name!r} in {self.uri}")
         md = objects.dataset(uri).schema.metadata or {}
         if VIEW_METADATA_KEY.encode() in md:  # its definition is decoded (UDFs unpickled) when first used
-            return MaterializedView(self, name, raw_definition=md[VIEW_METADATA_KEY.encode()])
-        return Table(self, name)
+            t: Table = MaterializedView(self, name, raw_definition=md[VIEW_METADATA_KEY.encode()])
+        else:
+            t = Table(self, name)
+        if version is not None:
+            t.checkout(version)
+        return t
 
     def open_view(self, name: str) -> MaterializedView:
         """Open a materialized view by name (ValueError if ``name`` is a table)."""
@@ -214,16 +241,24 @@ class Connection:
         schema: pa.Schema | None = None,
         primary_key: str | None = None,
         mode: str = "create",
+        exist_ok: bool = False,
     ) -> Table:
         """Create a table from data and/or a schema.
 
         ``mode="create"`` fails if the name exists; ``"overwrite"`` replaces it.
+        ``exist_ok=True`` (lancedb's): when a table of that name exists, it is
+        opened instead (``data`` is not added; a ``schema`` given must match
+        its columns, else ValueError).
         """
         validate_name(name)
         if mode not in ("create", "overwrite"):
             raise ValueError(f"mode must be 'create' or 'overwrite', got {mode!r}")
         if data is None and schema is None:
             raise ValueError("create_table() needs data or a schema")
+        if exist_ok and mode == "create" and name in self:
+            return self._existing(name, schema)
+        if read_view_definition(self.layout, name) is not None:
+            raise TableExistsError(f"{name!r} is a view in {self.uri}; drop it first")
         if name in self and mode == "create":
             raise TableExistsError(f"{name!r} already exists in {self.uri}; pass mode='overwrite' to replace it")
         if name in self and mode == "overwrite":
@@ -250,8 +285,24 @@ class Connection:
         objects.write_dataset(table, uri, schema=table.schema, mode="create", enable_stable_row_ids=True)
         return Table(self, name)
 
+    def _existing(self, name: str, schema: pa.Schema | None) -> Table:
+        """``create_table(exist_ok=True)`` of a name that exists: the table, if ``schema`` fits it."""
+        t = self.open_table(name)
+        if schema is not None:
+            have = t.schema
+            differ = [f.name for f in schema if f.name not in have.names or not have.field(f.name).type.equals(f.type)]
+            if differ:
+                raise ValueError(
+                    f"create_table({name!r}, exist_ok=True): the table exists with another schema (columns {differ} "
+                    f"differ; it has {[f'{f.name}: {f.type}' for f in have]})"
+                )
+        return t
+
     def drop_table(self, name: str) -> None:
-        """Drop a table or view. Fails while views are defined over it."""
+        """Drop a table or view (materialized or not). Fails while views are defined over it."""
+        if not objects.is_dataset(self._table_uri(name)) and read_view_definition(self.layout, name) is not None:
+            remove_view(self.layout, name)
+            return
         self.open_table(name)  # raises if missing
         deps = self.dependents(name)
         if deps:
@@ -271,8 +322,27 @@ class Connection:
         return out
 
     def dependents(self, name: str) -> list[str]:
-        """Views defined directly over ``name``."""
-        return [v.name for v in self.views() if v.source == name]
+        """Views defined directly over ``name`` (materialized or not)."""
+        return sorted(self._readers_of(name))
+
+    def _readers_of(self, name: str) -> dict[str, str]:
+        """The views over ``name`` (materialized or not), each with its stored
+        definition (JSON; no UDF is unpickled)."""
+        out = {}
+        for n in self.table_names():
+            raw = (objects.dataset(self.table_uri(n)).schema.metadata or {}).get(VIEW_METADATA_KEY.encode())
+            if raw is not None and json.loads(raw)["source"] == name:
+                out[n] = raw.decode()
+        for n in view_names(self.layout):
+            raw = read_view_definition(self.layout, n)
+            if raw is not None and json.loads(raw)["source"] == name:
+                out[n] = raw
+        return out
+
+    def view_names(self) -> list[str]:
+        """The views that are not materialized (:meth:`create_view`), sorted;
+        :meth:`table_names` lists the tables and materialized views."""
+        return view_names(self.layout)
 
     def lineage_order(self, names: list[str] | None = None) -> list[str]:
         """Views in an order where each comes after the view it reads."""
@@ -318,14 +388,18 @@ class Connection:
         with_no_data: bool = True,
         *,
         refresh_policy: RefreshPolicy | None = None,
+        auto_refresh: bool | None = None,
     ) -> MaterializedView:
         """Create a view from a query. Validates everything before writing.
 
         With ``with_no_data=True`` (the default) the view is created empty and
         filled by the first :meth:`refresh`; with ``False`` it is populated now.
-        ``refresh_policy`` (default eager) says when automation refreshes it.
+        ``refresh_policy`` (default eager) says when automation refreshes it;
+        Geneva's ``auto_refresh`` is that policy: ``True`` eager (refreshed
+        when its source changes), ``False`` manual (only by :meth:`refresh`).
         """
         validate_name(name)
+        refresh_policy = _auto_refresh_policy(auto_refresh, refresh_policy)
         self._check_new_view(name, query, refresh_policy, "create_materialized_view")
         definition = query.to_definition()
         assert isinstance(query.table, Table)
@@ -343,7 +417,10 @@ class Connection:
             raise ValueError(f"{api}() needs a query: table.search(None)...")
         if not isinstance(query.table, Table) or query.table.connection.layout != self.layout:
             raise ValueError("the query's table belongs to another catalog")
-        if name in self:
+        if query.table.checked_out is not None:
+            raise ValueError(f"the query's table {query.table.name!r} is checked out at version "
+                             f"{query.table.checked_out}; a view reads its source's latest version (checkout_latest())")
+        if self._taken(name):
             raise TableExistsError(f"{name!r} already exists in {self.uri}")
         if name == query.table.name:
             raise ValueError("a view cannot have the same name as its source")
@@ -367,6 +444,21 @@ class Connection:
                 self.drop_table(name)
                 raise
         return view
+
+    def create_view(self, name: str, query: Query) -> View:
+        """Create a view that is not materialized: ``query`` (a filter,
+        columns, UDFs, shuffle, limit over a table or materialized view) is
+        stored and computed each time the view is read (:class:`View`:
+        ``to_arrow``, ``to_pandas``, ``head``, ``count_rows``), over its
+        source's latest version, in this process. Nothing is refreshed or
+        kept; open it with ``open_table(name, views=True)``; drop it with
+        :meth:`drop_table`. Validates everything before writing."""
+        validate_name(name)
+        self._check_new_view(name, query, None, "create_view")
+        definition = query.to_definition()
+        if not write_view_definition(self.layout, name, definition):
+            raise TableExistsError(f"{name!r} already exists in {self.uri}")
+        return View(self, name, definition.encode().decode())
 
     def create_udtf_view(
         self,
@@ -454,7 +546,7 @@ class Connection:
             return finished
         if self.open_table(name)._dataset().has_stable_row_ids:  # every view and table mv_assets created
             return adopt(self.layout, name)  # nothing to do: says so
-        views = [self.open_view(v) for v in self.dependents(name)]
+        views = [v for v in self.views() if v.source == name]
         held = [v.name for v in views if v.count_rows() or v.source_version is not None]
         if held:
             raise ValueError(
@@ -510,13 +602,13 @@ class Connection:
     @overload
     def refresh(
         self, name: list[str], *, src_version: int | None = None, upstream: bool = False, mode: str = "auto",
-        runner: Runner | None = None,
+        runner: Runner | None = None, **kwargs: Any,
     ) -> list[RefreshResult]: ...
 
     @overload
     def refresh(
         self, name: str, *, src_version: int | None = None, upstream: bool = False, mode: str = "auto",
-        runner: Runner | None = None,
+        runner: Runner | None = None, **kwargs: Any,
     ) -> RefreshResult | list[RefreshResult]: ...
 
     @objects.reusing_handles()
@@ -528,13 +620,18 @@ class Connection:
         upstream: bool = False,
         mode: str = "auto",
         runner: Runner | None = None,
+        **kwargs: Any,
     ) -> RefreshResult | list[RefreshResult]:
         """Refresh one view, or several in lineage order.
 
         ``upstream=True`` first refreshes the views this one reads, in order.
         A view whose source view is behind is not refreshed silently: it raises
-        :class:`SourceBehindError` unless ``upstream=True``.
+        :class:`SourceBehindError` unless ``upstream=True``. Other keywords
+        (Geneva's ``concurrency``, ``max_rows_per_fragment``, ``where``...,
+        and :meth:`MaterializedView.refresh`'s) go to each view's refresh.
         """
+        ignored = {k: kwargs.pop(k) for k in list(kwargs) if k in geneva.REFRESH_IGNORED}
+        geneva.accept("refresh", ignored, geneva.REFRESH_IGNORED)
         names = [name] if isinstance(name, str) else list(name)
         if src_version is not None and len(names) != 1:
             raise ValueError("src_version applies to a single view")
@@ -542,7 +639,9 @@ class Connection:
             view = self.open_table(name)
             if not isinstance(view, MaterializedView):
                 raise ValueError(f"{name!r} is a table, not a materialized view")
-            return view.refresh(src_version=src_version, mode=mode, runner=runner)
+            return view.refresh(src_version=src_version, mode=mode, runner=runner, **kwargs)
+        if "job_id" in kwargs:
+            raise ValueError("job_id names the refresh of one view; refresh the views one at a time to name each")
         todo = list(names)
         if upstream:
             for n in names:
@@ -553,8 +652,78 @@ class Connection:
             view = self.open_table(n)
             assert isinstance(view, MaterializedView)
             pinned = src_version if (n in names and len(names) == 1) else None
-            results.append(view.refresh(src_version=pinned, mode=mode, runner=runner))
+            results.append(view.refresh(src_version=pinned, mode=mode, runner=runner, **kwargs))
         return results[0] if isinstance(name, str) and len(results) == 1 else results
+
+    def refresh_async(self, name: str, **kwargs: Any) -> Job:
+        """:meth:`MaterializedView.refresh_async` of view ``name``."""
+        view = self.open_table(name)
+        if not isinstance(view, MaterializedView):
+            raise ValueError(f"{name!r} is a table, not a materialized view")
+        return view.refresh_async(**kwargs)
+
+    # -- jobs ------------------------------------------------------------
+    def list_jobs(self, table_name: str | None = None, status: str | None = None) -> list[JobRecord]:
+        """Jobs (backfills, refreshes, column loads) with Geneva's fields:
+        ``job_id``, ``job_type``, ``table_name``, ``column_name``, ``status``
+        (``RUNNING``, ``DONE``, ``FAILED``), ``launched_at``, ``completed_at``,
+        ``metrics``, ``error``; oldest first. Read from what the jobs left
+        (their commits, error records and the views' load states: see
+        :mod:`mv_assets.storage.jobs`) and the jobs this process runs; a
+        cleanup of old versions forgets the jobs whose commits it removed."""
+        if status is not None and str(status).upper() not in ("RUNNING", "DONE", "FAILED", "PENDING", "CANCELLED"):
+            raise ValueError(f"status is one of RUNNING, DONE, FAILED (PENDING, CANCELLED: none here), got {status!r}")
+        tables = self.table_names()
+        if table_name is not None:
+            if table_name not in tables:
+                raise TableNotFoundError(f"no table or view named {table_name!r} in {self.uri}")
+            tables = [table_name]
+        views = [n for n in tables if VIEW_METADATA_KEY.encode() in (objects.dataset(self.table_uri(n)).schema.metadata
+                                                                     or {})]
+        found = {j.job_id: j for j in job_records(self.layout, tables, views)}
+        for job in process_jobs(self.layout.root):  # this process's: running ones, and those no record tells of
+            known = found.get(job.job_id)
+            if job.table_name in tables and (known is None or job.status == "RUNNING" or known.status == "RUNNING"):
+                found[job.job_id] = _job_record(job)
+        epoch = dt.datetime.min.replace(tzinfo=dt.timezone.utc)
+        jobs = sorted(found.values(), key=lambda j: (j.launched_at or j.completed_at or epoch, j.job_id))
+        if status is not None:
+            jobs = [j for j in jobs if j.status == str(status).upper()]
+        return jobs
+
+    def get_job(self, job_id: str) -> JobRecord | None:
+        """The record of job ``job_id`` (see :meth:`list_jobs`), or None."""
+        for job in process_jobs(self.layout.root):
+            if job.job_id == job_id and job.status == "RUNNING":
+                return _job_record(job)
+        for job in self.list_jobs():
+            if job.job_id == job_id:
+                return job
+        return None
+
+
+def _job_record(job: Job) -> JobRecord:
+    """A job of this process as a record."""
+    def when(t: float | None):
+        return dt.datetime.fromtimestamp(t, tz=dt.timezone.utc) if t else None
+
+    error = job.error
+    return JobRecord(job.job_id, job.job_type, job.table_name or "", job.column_name, job.status,
+                     when(job.launched_at), when(job.completed_at), None, {},
+                     f"{type(error).__name__}: {error}" if error is not None else None)
+
+
+def _auto_refresh_policy(auto_refresh: Any, policy: RefreshPolicy | None) -> RefreshPolicy | None:
+    """Geneva's ``auto_refresh`` as a refresh policy (``True``: eager, ``False``: manual)."""
+    if auto_refresh is None:
+        return policy
+    if not isinstance(auto_refresh, bool):
+        raise ValueError(f"auto_refresh is True or False, got {auto_refresh!r}")
+    wanted = RefreshPolicy.eager() if auto_refresh else RefreshPolicy.manual()
+    if policy is not None and policy != wanted:
+        raise ValueError(f"auto_refresh={auto_refresh} means refresh_policy {wanted.kind!r}, but refresh_policy "
+                         f"{policy.kind!r} was given; pass one of them")
+    return wanted
 
 
 def connect(

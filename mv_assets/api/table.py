@@ -1,5 +1,6 @@
 """Tables and materialized views: thin handles over Lance datasets."""
 
+import inspect
 import json
 import time
 import uuid
@@ -12,6 +13,7 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mv_assets.api import geneva
 from mv_assets.api.indexing import Indexed
 from mv_assets.api.query import Query
 from mv_assets.api.search import SearchQuery
@@ -30,17 +32,21 @@ from mv_assets.model.definition import (
 from mv_assets.model.markers import current_sql, stale_sql
 from mv_assets.model.names import PRIMARY_KEY_METADATA_KEY, Alias, is_internal_column
 from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy
-from mv_assets.ops.backfill import BackfillJob, _group_specs, backfill_column, plan_backfill
+from mv_assets.model.udf import checkpoint_size_of
+from mv_assets.ops.backfill import _group_specs, backfill_column, plan_backfill, udf_checkpoint_size
 from mv_assets.ops.checks import CheckOutcome, check_view
 from mv_assets.ops.columns import add_columns, alter_columns, load_columns, update_rows
+from mv_assets.ops.jobs import Job
 from mv_assets.ops.kinds import plan_view_refresh
 from mv_assets.ops.refresh import (
     RefreshPlan,
     RefreshResult,
     compact_if_fragmented,
     execute_refresh,
+    refresh_job_id,
     view_rows_by_fragment,
 )
+from mv_assets.ops.schema_changes import SCHEMA_KEYS, drop_columns, rename_or_relax_columns
 from mv_assets.storage import objects
 from mv_assets.storage.changes import FragmentChanges, data_version, fragment_changes
 from mv_assets.storage.error_log import read_errors
@@ -81,6 +87,8 @@ class Catalog(Protocol):
     def _refresh_lock(self, view: str, timeout: float | None) -> AbstractContextManager: ...
 
     def _check_source_current(self, view: "MaterializedView") -> None: ...
+
+    def _readers_of(self, name: str) -> dict[str, str]: ...
 
 __all__ = ["Table", "MaterializedView", "sql_literal", "to_arrow_table"]
 
@@ -123,6 +131,11 @@ def to_arrow_table(data: Any, schema: pa.Schema | None = None) -> pa.Table:
         table = pa.Table.from_batches([data])
     elif isinstance(data, pa.RecordBatchReader):
         table = data.read_all()
+    elif type(data).__module__.startswith("pandas") and hasattr(data, "columns") and hasattr(data, "dtypes"):
+        try:  # a pandas DataFrame (its index is not a column)
+            table = pa.Table.from_pandas(data, preserve_index=False)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
+            raise ValueError(f"the DataFrame does not convert to Arrow: {exc}") from exc
     elif isinstance(data, list):
         if data and not all(isinstance(r, dict) for r in data):
             raise ValueError("a list of rows must hold dicts")
@@ -149,7 +162,9 @@ def to_arrow_table(data: Any, schema: pa.Schema | None = None) -> pa.Table:
         except OverflowError as exc:
             raise _too_wide(((k, v) for k, col in data.items() for v in _values(col)), exc) from exc
     else:
-        raise ValueError(f"unsupported data of type {type(data).__name__}; pass a pyarrow Table or a list of dicts")
+        raise ValueError(
+            f"unsupported data of type {type(data).__name__}; pass a pyarrow Table, a pandas DataFrame or a list of dicts"
+        )
     if schema is not None:
         missing = [f.name for f in schema if f.name not in table.column_names and not f.nullable]
         extra = [n for n in table.column_names if n not in schema.names]
@@ -208,16 +223,54 @@ class Table(Indexed):
         self.connection = connection
         self.name = name
         self.uri = connection.table_uri(name)
+        self._checked_out: int | None = None  # checkout(version): this handle reads that version, read-only
 
     def __repr__(self) -> str:
         return f"{type(self).__name__}({self.name!r}, version={self.version})"
 
+    def __len__(self) -> int:
+        return self.count_rows()
+
     def _dataset(self, version: int | None = None) -> lance.LanceDataset:
         if version is None:
-            return objects.dataset(self.uri)
+            version = self._checked_out
+            if version is None:
+                return objects.dataset(self.uri)
         if isinstance(version, bool) or not isinstance(version, int):
             raise ValueError(f"a version is an int, got {version!r}")
         return dataset_at(self.uri, self.name, version)  # a cleaned-up or unknown version: said so
+
+    # -- versions (Geneva's / lancedb's checkout) --------------------------
+    def checkout(self, version: int) -> None:
+        """Read ``version`` through this handle from now on (as lancedb's
+        ``checkout``): reads (``to_arrow``, ``count_rows``, ``search``,
+        ``schema``, ``version``...) see that version, and every write is
+        refused until :meth:`checkout_latest` (or :meth:`restore`, which makes
+        that version the latest)."""
+        if isinstance(version, bool) or not isinstance(version, int):
+            raise ValueError(f"checkout() takes a version number (int), got {version!r}")
+        dataset_at(self.uri, self.name, version)  # an unknown or cleaned-up version: said so, nothing changed
+        self._checked_out = version
+        self._changed()
+
+    def checkout_latest(self) -> None:
+        """Follow the latest version again (writes allowed)."""
+        self._checked_out = None
+        self._changed()
+
+    @property
+    def checked_out(self) -> int | None:
+        """The version :meth:`checkout` pinned this handle to (None: it follows the latest)."""
+        return self._checked_out
+
+    def _require_latest(self, doing: str) -> None:
+        """Writes go to the latest version: refused on a checked-out handle."""
+        if self._checked_out is not None:
+            raise ValueError(
+                f"{self.name!r} is checked out at version {self._checked_out} and read-only: {doing} needs the "
+                f"latest version; call checkout_latest() first (or restore() to make version {self._checked_out} "
+                "the latest)"
+            )
 
     # -- reading ---------------------------------------------------------
     @property
@@ -226,11 +279,21 @@ class Table(Indexed):
 
     @property
     def schema(self) -> pa.Schema:
+        """The columns a reader sees (with the schema metadata): a view's key
+        columns (``__source_row_id``, ``__source_row_version``) and every
+        computed column's marker (``__computed__*``) are left out, as Geneva
+        shows none; :attr:`stored_schema` has them."""
+        full = self._dataset().schema
+        return pa.schema([f for f in full if not is_internal_column(f.name)], metadata=full.metadata)
+
+    @property
+    def stored_schema(self) -> pa.Schema:
+        """The schema as Lance stores it, the engine's internal columns included."""
         return self._dataset().schema
 
     @property
     def primary_key(self) -> str | None:
-        md = self.schema.metadata or {}
+        md = self._dataset().schema.metadata or {}
         raw = md.get(PRIMARY_KEY_METADATA_KEY.encode())
         return raw.decode() if raw else None
 
@@ -277,12 +340,27 @@ class Table(Indexed):
                 raise ValueError(f"invalid filter {filter!r}: {short_error(exc)}") from exc
         return ds.count_rows(filter=filter)
 
-    def to_arrow(self, version: int | None = None, *, with_markers: bool = False) -> pa.Table:
-        """The rows; the hidden per-row computed markers only with ``with_markers``."""
+    def to_arrow(self, version: int | None = None, *, with_internal: bool = False,
+                 with_markers: bool = False) -> pa.Table:
+        """The rows, in the columns of :attr:`schema`; ``with_internal`` (or
+        its older name ``with_markers``) adds the engine's columns: a view's
+        ``__source_row_id`` / ``__source_row_version`` and the computed
+        markers."""
         ds = self._dataset(version)
-        if with_markers:
+        if with_internal or with_markers:
             return ds.to_table()
-        return ds.to_table(columns=[n for n in ds.schema.names if not is_marker(n)])
+        return ds.to_table(columns=[n for n in ds.schema.names if not is_internal_column(n)])
+
+    def to_pandas(self) -> Any:
+        """:meth:`to_arrow` as a pandas DataFrame."""
+        return self.to_arrow().to_pandas()
+
+    def head(self, n: int = 5) -> pa.Table:
+        """The first ``n`` rows (in the columns of :attr:`schema`)."""
+        if isinstance(n, bool) or not isinstance(n, int) or n < 0:
+            raise ValueError(f"head() takes a number of rows >= 0, got {n!r}")
+        ds = self._dataset()
+        return ds.head(n, columns=[c for c in ds.schema.names if not is_internal_column(c)])
 
     def search(
         self, query: Any = None, vector_column_name: str | None = None, query_type: str = "auto",
@@ -347,6 +425,7 @@ class Table(Indexed):
         filled by :meth:`backfill`. On a view, the column belongs to the view:
         later refreshes compute it for new and changed rows.
         """
+        self._require_latest("add_columns()")
         self._require_stable_row_ids("computed columns (add_columns)")
         try:
             return add_columns(self.column_ref(), transforms)
@@ -354,42 +433,116 @@ class Table(Indexed):
             self._changed()
 
     def alter_columns(self, *alterations: dict) -> None:
-        """Swap computed columns' UDFs: ``alter_columns({"path": "col", "udf": new_udf})``.
+        """Alter columns, with Geneva's and lancedb's alterations:
 
-        Values are not touched: every row computed by the old code becomes
-        stale and the next :meth:`backfill` recomputes it.
+        * ``{"path": "col", "udf": new_udf}`` swaps a computed column's UDF.
+          Values are not touched: every row computed by the old code becomes
+          stale and the next :meth:`backfill` recomputes it;
+        * ``{"path": "col", "rename": "new"}`` renames a column of a table (a
+          computed column keeps its values, marker and definition);
+        * ``{"path": "col", "nullable": True}`` makes a column nullable
+          (``False``: not nullable, refused while it holds NULLs).
+
+        All alterations are checked before anything is written: a column a
+        view or another computed column reads is not renamed, a view's
+        columns are its query's (only its UDFs can be swapped), a type change
+        (``data_type``) is refused.
         """
+        self._require_latest("alter_columns()")
+        udfs = [a for a in alterations if isinstance(a, dict) and "udf" in a]
+        schema = [a for a in alterations if isinstance(a, dict) and "udf" not in a]
+        for a in schema:
+            if "path" not in a or set(a) - SCHEMA_KEYS:
+                raise ValueError(
+                    f"an alteration is {{'path': column, 'udf': new_udf}} or {{'path': column, 'rename': new_name, "
+                    f"'nullable': bool}}, got {a!r}"
+                )
+        if len(udfs) + len(schema) != len(alterations):
+            bad = [a for a in alterations if not isinstance(a, dict)]
+            raise ValueError(f"an alteration is {{'path': column, 'udf': new_udf}}, got {bad[0]!r}")
+        if udfs and schema:
+            raise ValueError("alter_columns(): swap UDFs and rename or relax columns in two calls (nothing was changed)")
         try:
-            alter_columns(self.column_ref(), alterations)
+            if schema:
+                rename_or_relax_columns(self.column_ref(), schema, self.connection._readers_of(self.name),
+                                        computed_only=self._holds_a_query())
+            else:
+                alter_columns(self.column_ref(), tuple(udfs))  # (none: its error says what an alteration is)
         finally:
             self._changed()
 
+    def _holds_a_query(self) -> bool:
+        """Whether the handle's rows are a view's (its columns are its query's)."""
+        return False
+
+    def drop_columns(self, columns: str | list[str]) -> int:
+        """Drop columns (a computed column goes with its marker and definition);
+        returns the new version. Refused, before anything is written, for a
+        column a view over the table or another computed column reads (drop
+        them in the same call, or first), the primary key, the engine's
+        columns, and on a view any column but those added with
+        :meth:`add_columns`."""
+        self._require_latest("drop_columns()")
+        try:
+            return drop_columns(self.column_ref(), columns, self.connection._readers_of(self.name),
+                                computed_only=self._holds_a_query())
+        finally:
+            self._changed()
+
+    def _backfill_options(self, api: str, column: Any, udf: Any, checkpoint_size: Any, stacklevel: int,
+                          **geneva_args: Any) -> geneva.BackfillOptions:
+        """Geneva's backfill parameters as this backfill's options (see :func:`geneva.backfill_options`)."""
+        col = column[0] if isinstance(column, list) and len(column) == 1 else column
+        default_size = udf_checkpoint_size(self.column_ref(), col, udf) if isinstance(col, str) else None
+        return geneva.backfill_options(api, self._dataset(), checkpoint_size=checkpoint_size,
+                                       udf_checkpoint_size=default_size, stacklevel=stacklevel, **geneva_args)
+
     def plan_backfill(
-        self, column: str, *, udf: Any = None, where: str | None = None, row_ids: list[int] | None = None,
-        checkpoint_size: int | None = None, max_rows_per_task: int = 65_536, runner: "Runner | None" = None,
+        self, col_name: str, *, udf: Any = None, where: str | None = None, read_version: int | None = None,
+        num_frags: int | None = None, skip_frags: int = 0, task_size: int | None = None,
+        row_ids: list[int] | None = None, checkpoint_size: int | None = None, max_rows_per_task: int = 65_536,
+        concurrency: int | None = None, runner: "Runner | None" = None,
     ) -> "BackfillPlan":
         """An exact dry run of :meth:`backfill` with the same arguments: rows,
         tasks, rows whose results an interrupted run already checkpointed (the
-        backfill resumes them) and rows to compute."""
+        backfill resumes them) and rows to compute. As Geneva's, it also
+        answers ``has_work``, ``total_rows_pending`` and ``total_tasks``."""
+        self._require_latest("plan_backfill()")
         self._require_stable_row_ids("a backfill")
-        parallelism = self._runner(runner).parallelism()
-        return plan_backfill(self.column_ref(), column, udf=udf, where=where, row_ids=row_ids,
-                             checkpoint_size=checkpoint_size, max_rows_per_task=max_rows_per_task,
-                             parallelism=parallelism)
+        opts = self._backfill_options("plan_backfill", col_name, udf, checkpoint_size, 5, concurrency=concurrency,
+                                      task_size=task_size, num_frags=num_frags, skip_frags=skip_frags,
+                                      read_version=read_version)
+        return plan_backfill(self.column_ref(), col_name, udf=udf, where=where, row_ids=row_ids,
+                             checkpoint_size=opts.checkpoint_size, max_rows_per_task=max_rows_per_task,
+                             parallelism=opts.parallelism or self._runner(runner).parallelism(),
+                             fragments=opts.fragments, task_size=opts.task_size)
 
     def backfill(
         self,
-        column: str | list[str],
+        columns: str | list[str],
         *,
         udf: Any = None,
         where: str | None = None,
+        concurrency: int | None = None,
+        timeout: Any = None,
+        min_checkpoint_size: int | None = None,
+        max_checkpoint_size: int | None = None,
+        batch_checkpoint_flush_interval_seconds: float | None = None,
+        job_id: str | None = None,
+        commit_granularity: int | None = None,
+        read_version: int | None = None,
+        batch_size: int | None = None,
+        checkpoint_size: int | None = None,
+        task_size: int | None = None,
+        num_frags: int | None = None,
+        skip_frags: int = 0,
         row_ids: list[int] | None = None,
         runner: "Runner | None" = None,
-        checkpoint_size: int | None = None,
         max_rows_per_task: int = 65_536,
-        job_id: str | None = None,
+        **geneva_only: Any,
     ) -> "BackfillResult":
-        """Compute ``column`` for the rows that need it, checkpointed and resumable.
+        """Compute ``columns`` (one column, or a one-element list) for the rows
+        that need it, checkpointed and resumable.
 
         By default only rows whose value was never computed by the column's
         current UDF (tracked per row: a UDF that returns NULL is not computed
@@ -398,30 +551,121 @@ class Table(Indexed):
         ids. ``udf`` computes with another UDF of the same type (recorded as
         such per row). UDF columns are computed and written in one
         pass, results checkpointed by time (every ``$MV_ASSETS_CHECKPOINT_SECONDS``,
-        default 10 s, of UDF work; keyed by row id, row version and input
-        markers): a killed backfill run again redoes at most that much per
-        task; a view computes the rows whose source row is unchanged since its
-        last refresh (the refresh recomputes the others). With
-        ``checkpoint_size`` (and for SQL columns: 65,536) results are
+        default 10 s, of UDF work, or ``batch_checkpoint_flush_interval_seconds``;
+        keyed by row id, row version and input markers): a killed backfill run
+        again redoes at most that much per task; a view computes the rows whose
+        source row is unchanged since its last refresh (the refresh recomputes
+        the others). With ``checkpoint_size`` (default: the UDF's
+        ``@udf(checkpoint_size=)``; for SQL columns: 65,536) results are
         checkpointed in batches of that many rows and written after: a killed
         backfill redoes at most one batch per task.
-        All results are committed in one Lance transaction at the end. Rows a UDF fails on under
+        All results are committed in one Lance transaction at the end, or with
+        ``commit_granularity`` N once every N fragments. Rows a UDF fails on under
         ``on_error="skip"`` stay NULL and are recorded (:meth:`get_errors`).
-        """
-        self._require_stable_row_ids("a backfill")
-        return backfill_column(
-            self.column_ref(), column, udf=udf, where=where, row_ids=row_ids, runner=self._runner(runner),
-            checkpoint_size=checkpoint_size, max_rows_per_task=max_rows_per_task, job_id=job_id,
-        )
 
-    def backfill_async(self, column: str | list[str], **kwargs: Any) -> "BackfillJob":
-        """Start :meth:`backfill` in a background thread; returns a job handle
-        whose ``result(timeout)`` blocks. Validation errors raise here."""
-        col = column[0] if isinstance(column, list) and len(column) == 1 else column
-        plan_kwargs = {k: kwargs[k] for k in ("udf", "where", "row_ids") if k in kwargs}
-        plan_backfill(self.column_ref(), col if isinstance(col, str) else col[0], **plan_kwargs)  # bad input raises now
-        job_id = kwargs.pop("job_id", None) or uuid.uuid4().hex[:12]
-        return BackfillJob(job_id, self.backfill, (column,), {**kwargs, "job_id": job_id})
+        Geneva's parameters: ``concurrency`` is the number of tasks the job is
+        cut into; ``task_size`` rows per task; ``num_frags`` / ``skip_frags``
+        pick fragments; ``timeout`` (seconds or a timedelta) raises
+        ``TimeoutError`` when the job is not over by then (it goes on);
+        ``read_version``, ``min_`` / ``max_checkpoint_size`` and the others are
+        explained in docs/geneva.md (those that do not apply warn).
+        """
+        run, wait = self._prepare_backfill("backfill", geneva.BACKFILL_IGNORED, columns, geneva_only, dict(
+            udf=udf, where=where, concurrency=concurrency, timeout=timeout, min_checkpoint_size=min_checkpoint_size,
+            max_checkpoint_size=max_checkpoint_size, job_id=job_id, commit_granularity=commit_granularity,
+            batch_checkpoint_flush_interval_seconds=batch_checkpoint_flush_interval_seconds, batch_size=batch_size,
+            read_version=read_version, checkpoint_size=checkpoint_size, task_size=task_size, num_frags=num_frags,
+            skip_frags=skip_frags, row_ids=row_ids, runner=runner, max_rows_per_task=max_rows_per_task,
+        ))
+        if wait is None:
+            return run()
+        job = Job(job_id or uuid.uuid4().hex[:12], run, job_type="backfill", table=self.name,
+                  catalog=self.connection.layout.root, column=columns if isinstance(columns, str) else ",".join(columns))
+        return job.result(timeout=wait)
+
+    def _prepare_backfill(self, api: str, ignored: dict, columns: Any, geneva_only: dict, a: dict):
+        """Check a backfill's arguments (Geneva's mapped, or warned about) and
+        return it as a call, with the seconds to wait for it (``timeout``)."""
+        self._require_latest(f"{api}()")
+        self._require_stable_row_ids("a backfill")
+        geneva.accept(api, geneva_only, ignored, stacklevel=4)
+        opts = self._backfill_options(
+            api, columns, a["udf"], a["checkpoint_size"], 6, concurrency=a["concurrency"], batch_size=a["batch_size"],
+            min_checkpoint_size=a["min_checkpoint_size"], max_checkpoint_size=a["max_checkpoint_size"],
+            task_size=a["task_size"], num_frags=a["num_frags"], skip_frags=a["skip_frags"],
+            read_version=a["read_version"], commit_granularity=a["commit_granularity"],
+            batch_checkpoint_flush_interval_seconds=a["batch_checkpoint_flush_interval_seconds"],
+        )
+        wait = geneva.seconds("timeout", a["timeout"])
+        ref, chosen = self.column_ref(), self._runner(a["runner"])
+        col = columns[0] if isinstance(columns, list) and len(columns) == 1 else columns
+        if not isinstance(col, str):
+            raise ValueError("backfill one column at a time (siblings of a multi-column UDF come along)")
+        if api == "backfill_async":  # bad input (an unknown column, bad SQL...) raises now, before the job starts
+            plan_backfill(ref, col, udf=a["udf"], where=a["where"], row_ids=a["row_ids"],
+                          checkpoint_size=opts.checkpoint_size, max_rows_per_task=a["max_rows_per_task"],
+                          parallelism=opts.parallelism or chosen.parallelism(), fragments=opts.fragments,
+                          task_size=opts.task_size)
+
+        def run() -> "BackfillResult":
+            return backfill_column(
+                ref, col, udf=a["udf"], where=a["where"], row_ids=a["row_ids"], runner=chosen,
+                checkpoint_size=opts.checkpoint_size, max_rows_per_task=a["max_rows_per_task"], job_id=a["job_id"],
+                parallelism=opts.parallelism, fragments=opts.fragments, task_size=opts.task_size,
+                commit_granularity=opts.commit_granularity, checkpoint_seconds=opts.checkpoint_seconds,
+            )
+
+        return run, wait
+
+    def backfill_async(
+        self,
+        columns: str | list[str],
+        *,
+        udf: Any = None,
+        where: str | None = None,
+        concurrency: int | None = None,
+        min_checkpoint_size: int | None = None,
+        max_checkpoint_size: int | None = None,
+        batch_checkpoint_flush_interval_seconds: float | None = None,
+        job_id: str | None = None,
+        commit_granularity: int | None = None,
+        read_version: int | None = None,
+        batch_size: int | None = None,
+        checkpoint_size: int | None = None,
+        task_size: int | None = None,
+        num_frags: int | None = None,
+        skip_frags: int = 0,
+        row_ids: list[int] | None = None,
+        runner: "Runner | None" = None,
+        max_rows_per_task: int = 65_536,
+        **geneva_only: Any,
+    ) -> Job:
+        """Start :meth:`backfill` (same parameters, Geneva's included) in a
+        background thread; returns a :class:`~mv_assets.ops.jobs.Job`:
+        ``job_id``, ``status``, ``done(timeout=)``, ``result(timeout=)`` (the
+        :class:`BackfillResult`). Bad input raises here, before the job starts
+        (the backfill is planned first)."""
+        job_id = job_id or uuid.uuid4().hex[:12]
+        run, _ = self._prepare_backfill("backfill_async", geneva.BACKFILL_ASYNC_IGNORED, columns, geneva_only, dict(
+            udf=udf, where=where, concurrency=concurrency, timeout=None, min_checkpoint_size=min_checkpoint_size,
+            max_checkpoint_size=max_checkpoint_size, job_id=job_id, commit_granularity=commit_granularity,
+            batch_checkpoint_flush_interval_seconds=batch_checkpoint_flush_interval_seconds, batch_size=batch_size,
+            read_version=read_version, checkpoint_size=checkpoint_size, task_size=task_size, num_frags=num_frags,
+            skip_frags=skip_frags, row_ids=row_ids, runner=runner, max_rows_per_task=max_rows_per_task,
+        ))
+        return Job(job_id, run, job_type="backfill", table=self.name, catalog=self.connection.layout.root,
+                   column=columns if isinstance(columns, str) else ",".join(columns))
+
+    def refresh_column(self, column: str, *, where: str | None = None, **kwargs: Any) -> "BackfillResult":
+        """Bring a computed column up to date (LanceDB's ``refresh_column``):
+        without ``where``, the rows never computed or whose inputs or UDF
+        changed; with it, every matching row again. It is :meth:`backfill`
+        (same parameters)."""
+        return self.backfill(column, where=where, **kwargs)
+
+    def refresh_column_async(self, column: str, *, where: str | None = None, **kwargs: Any) -> Job:
+        """:meth:`refresh_column` in a background thread (see :meth:`backfill_async`)."""
+        return self.backfill_async(column, where=where, **kwargs)
 
     def load_columns(
         self,
@@ -431,14 +675,37 @@ class Table(Indexed):
         *,
         source_format: str | None = None,
         on_missing: str = "carry",
+        job_id: str | None = None,
+        **geneva_only: Any,
     ) -> int | None:
         """Load columns from Parquet, Lance or Arrow IPC joined by primary key.
 
         ``on_missing``: ``"carry"`` keeps the value of rows with no match
         (NULL for a new column), ``"null"`` sets it NULL, ``"error"`` raises
-        before writing. New columns are added. One commit; returns the version.
+        before writing. New columns are added. One commit (recorded as job
+        ``job_id``: ``db.list_jobs()``); returns the new version (Geneva
+        returns the job id: it is ``job_id``). Geneva's task, checkpoint and
+        loader parameters do not apply (it runs here in one pass) and warn.
         """
-        return load_columns(self.ref(), source, pk, columns, source_format=source_format, on_missing=on_missing)
+        self._require_latest("load_columns()")
+        geneva.accept("load_columns", geneva_only, geneva.LOAD_IGNORED)
+        return load_columns(self.ref(), source, pk, columns, source_format=source_format, on_missing=on_missing,
+                            job_id=job_id)
+
+    def load_columns_async(
+        self, source: str | list[str], pk: str, columns: list[str], *, source_format: str | None = None,
+        on_missing: str = "carry", job_id: str | None = None, **geneva_only: Any,
+    ) -> Job:
+        """:meth:`load_columns` in a background thread; returns a job whose
+        ``result()`` is the new version. Geneva's parameters as there."""
+        self._require_latest("load_columns_async()")
+        geneva.accept("load_columns_async", geneva_only, geneva.LOAD_ASYNC_IGNORED)
+        job_id = job_id or uuid.uuid4().hex[:12]
+        ref = self.ref()
+        return Job(job_id, load_columns, (ref, source, pk, columns),
+                   {"source_format": source_format, "on_missing": on_missing, "job_id": job_id},
+                   job_type="load_columns", table=self.name, catalog=self.connection.layout.root, column=",".join(columns) if isinstance(columns, list)
+                   else None)
 
     def get_errors(
         self, job_id: str | None = None, column_name: str | None = None, error_type: str | None = None
@@ -464,6 +731,25 @@ class Table(Indexed):
             with_row_id=id_col == "_rowid",
         ).to_table()
         return sorted(int(i) for i in still.column(Alias.KEY if id_col != "_rowid" else "_rowid").to_pylist())
+
+    def get_failed_row_addresses(self, job_id: str | None, column_name: str) -> list[int]:
+        """Row addresses (``_rowaddr``) of the rows whose ``column_name`` the
+        job ``job_id`` (None: any job) failed on and that are still not
+        computed, as Geneva answers it: retry with
+        ``backfill(column, where=f"_rowaddr IN ({','.join(map(str, addrs))})")``.
+
+        Answered from the errors' stable row ids (:meth:`get_failed_row_ids`),
+        looked up at the latest version: the ids survive compaction, addresses
+        do not, so use these addresses at once (or keep the ids)."""
+        ids = self.get_failed_row_ids(column_name, job_id)
+        if not ids:
+            return []
+        id_col = SOURCE_ROW_ID if isinstance(self.column_ref(), ViewRef) else "_rowid"
+        rows = self._dataset().scanner(
+            columns={Alias.KEY: id_col} if id_col != "_rowid" else [], with_row_id=id_col == "_rowid",
+            with_row_address=True, filter=f"{id_col} IN ({', '.join(map(str, ids))})",
+        ).to_table()
+        return sorted(int(a) for a in rows.column("_rowaddr").to_pylist())
 
     def column_status(self) -> list[dict]:
         """One record per computed column: kind, UDF, fingerprint, rows computed by
@@ -506,10 +792,21 @@ class Table(Indexed):
         check_primary_key(table, self.primary_key)
         return ds, table
 
-    def add(self, data: Any) -> int:
-        """Append rows; returns the new version."""
+    def add(self, data: Any, mode: str = "append", **geneva_only: Any) -> int:
+        """Append rows (a pyarrow Table or batches, a pandas DataFrame, a list
+        of dicts); returns the new version. ``mode="overwrite"`` replaces every
+        row with ``data`` instead (views over the table then rebuild on their
+        next refresh: row ids do not carry over an overwrite; computed columns
+        are computed again by the next backfill)."""
+        self._require_latest("add()")
         self._check_writable()
+        geneva.accept("add", geneva_only, geneva.ADD_IGNORED)
+        if mode not in ("append", "overwrite"):
+            raise ValueError(f"add() mode is 'append' or 'overwrite', got {mode!r}")
         ds, table = self._new_rows(data)
+        if mode == "overwrite":
+            version = objects.write_dataset(table, self.uri, schema=ds.schema, mode="overwrite").version
+            return self._fill_sql_columns() or version
         if table.num_rows == 0:
             return ds.version
         pk = self.primary_key
@@ -531,6 +828,7 @@ class Table(Indexed):
         the others are added. Computed columns of replaced rows become stale
         and are recomputed by the next backfill. Returns the new version.
         """
+        self._require_latest("merge_insert()")
         self._check_writable()
         pk = self.primary_key
         if pk is None:
@@ -563,6 +861,7 @@ class Table(Indexed):
 
     def delete(self, where: str) -> int:
         """Delete rows matching the SQL predicate; returns the new version."""
+        self._require_latest("delete()")
         self._check_writable()
         if not isinstance(where, str) or not where.strip():
             raise ValueError("delete() needs a SQL predicate; use delete('true') to delete every row")
@@ -583,6 +882,7 @@ class Table(Indexed):
     ) -> int:
         """Update rows matching ``where``; ``values`` are Python literals,
         ``values_sql`` SQL expressions. Returns the new version."""
+        self._require_latest("update()")
         self._check_writable()
         if values is not None and values_sql is not None:
             raise ValueError("pass values or values_sql, not both")
@@ -620,17 +920,63 @@ class Table(Indexed):
         update_rows(ref, updates, self._stale_markers(set(updates)), where)
         return self._fill_sql_columns() or self.version
 
-    def optimize(self, *, cleanup_older_than: timedelta | None = None, target_rows_per_fragment: int | None = None) -> int:
-        """Compact small fragments (row ids and row versions are kept). Returns the new version."""
-        ds = self._dataset()
-        kwargs = {}
-        if target_rows_per_fragment:
-            kwargs["target_rows_per_fragment"] = target_rows_per_fragment
-        ds.optimize.compact_files(**kwargs)
-        self._catch_up_indexes()
+    def optimize(self, *, cleanup_older_than: timedelta | None = None, delete_unverified: bool = False,
+                 target_rows_per_fragment: int | None = None) -> int:
+        """Compact small fragments (row ids and row versions are kept), then,
+        given ``cleanup_older_than``, remove versions older than that
+        (``delete_unverified``: also files that no version references and
+        that are younger than 7 days, which a writer still running may be
+        about to commit: only when nothing else writes). Returns the new version."""
+        self._require_latest("optimize()")
+        if delete_unverified and cleanup_older_than is None:
+            geneva.warn("optimize", "delete_unverified", delete_unverified, "it applies to the cleanup of old "
+                        "versions, which optimize() runs only when given cleanup_older_than")
+        self._compact(**({"target_rows_per_fragment": target_rows_per_fragment} if target_rows_per_fragment else {}))
         if cleanup_older_than is not None:
-            self._dataset().cleanup_old_versions(older_than=cleanup_older_than)
+            self._cleanup(cleanup_older_than, delete_unverified)
         return self.version
+
+    def compact_files(self, **options: Any) -> Any:
+        """Compact small fragments (Lance's ``compact_files`` options:
+        ``target_rows_per_fragment``, ``materialize_deletions``...); row ids
+        and row versions are kept, views see no change. Returns Lance's
+        compaction metrics."""
+        self._require_latest("compact_files()")
+        return self._compact(**options)
+
+    def cleanup_old_versions(self, older_than: timedelta | None = None, *, delete_unverified: bool = False) -> Any:
+        """Remove versions older than ``older_than`` (Lance's default: 2
+        weeks) and the files only they use; returns Lance's cleanup stats.
+        Views over the table then recompute what they can no longer read from
+        its history (a view that reflects a removed version refreshes fully)."""
+        self._require_latest("cleanup_old_versions()")
+        return self._cleanup(older_than, delete_unverified)
+
+    def restore(self, version: int | None = None) -> int:
+        """Make ``version`` (default: the version this handle is checked out
+        at) the latest, as a new version: its rows, schema and computed
+        columns' definitions come back. The handle follows the latest again.
+        Views over a table notice the restore and rebuild on their next
+        refresh. Returns the new version."""
+        target = version if version is not None else self._checked_out
+        if target is None:
+            raise ValueError("restore() needs a version, or a handle checked out at one (checkout(version))")
+        self._check_restorable()
+        dataset_at(self.uri, self.name, target).restore()  # an unknown or cleaned-up version: said so
+        self._checked_out = None
+        self._changed()
+        return self.version
+
+    def _check_restorable(self) -> None:
+        pass
+
+    def _compact(self, **options: Any) -> Any:
+        metrics = self._dataset().optimize.compact_files(**options)
+        self._catch_up_indexes()
+        return metrics
+
+    def _cleanup(self, older_than: timedelta | None, delete_unverified: bool) -> Any:
+        return self._dataset().cleanup_old_versions(older_than=older_than, delete_unverified=delete_unverified)
 
     def _catch_up_indexes(self) -> None:
         from mv_assets.storage.indexes import catch_up
@@ -653,7 +999,7 @@ class MaterializedView(Table):
     @property
     def definition(self) -> ViewDefinition:
         if self._definition is None:
-            raw = self._raw_definition or (self.schema.metadata or {}).get(VIEW_METADATA_KEY.encode())
+            raw = self._raw_definition or (self._dataset().schema.metadata or {}).get(VIEW_METADATA_KEY.encode())
             if raw is None:
                 raise ValueError(f"{self.name!r} is not a materialized view")
             self._definition = ViewDefinition.decode(raw)
@@ -670,7 +1016,7 @@ class MaterializedView(Table):
         read; no UDF is unpickled, so ordering views never runs user code)."""
         if self._definition is not None:
             return self._definition.source
-        raw = (self.schema.metadata or {}).get(VIEW_METADATA_KEY.encode())
+        raw = (self._dataset().schema.metadata or {}).get(VIEW_METADATA_KEY.encode())
         if raw is None:
             raise ValueError(f"{self.name!r} is not a materialized view")
         return json.loads(raw)["source"]
@@ -698,28 +1044,34 @@ class MaterializedView(Table):
             "change the source table instead"
         )
 
+    def _check_restorable(self) -> None:
+        raise ValueError(
+            f"{self.name!r} is a materialized view: its rows are maintained by refresh() and restore() is refused "
+            "(the next refresh would rebuild it from its source anyway); checkout(version) reads an older version, "
+            "or restore the source table"
+        )
+
+    def _holds_a_query(self) -> bool:
+        return True
+
     def refresh_state(self) -> RefreshState:
         return read_refresh_state(self._dataset())
 
-    def optimize(self, *, cleanup_older_than: timedelta | None = None, target_rows_per_fragment: int | None = None) -> int:
-        """Compact the view's files and optionally clean up its history.
-
-        The refresh state (source version, load number, definition) lives in
-        the view's refresh commits; before anything can remove them, it is
-        carried to the newest commit (a config-only commit that changes no
-        rows), so it survives compaction and cleanup.
-        """
+    # Compaction and cleanup (optimize, compact_files, cleanup_old_versions):
+    # the refresh state (source version, load number, definition) lives in the
+    # view's refresh commits; before anything can remove them, it is carried
+    # to the newest commit (a config-only commit that changes no rows), so it
+    # survives compaction and cleanup. Both hold the view's refresh lock.
+    def _compact(self, **options: Any) -> Any:
         with self.connection._refresh_lock(self.name, 600.0):
-            ds = self._dataset()
-            if target_rows_per_fragment:
-                ds.optimize.compact_files(target_rows_per_fragment=target_rows_per_fragment)
-            else:
-                ds.optimize.compact_files()
-            self._catch_up_indexes()
+            metrics = super()._compact(**options)
             carry_refresh_state(self._dataset())
-            if cleanup_older_than is not None:
-                self._dataset().cleanup_old_versions(older_than=cleanup_older_than)
-            return self.version
+            return metrics
+
+    def _cleanup(self, older_than: timedelta | None, delete_unverified: bool) -> Any:
+        with self.connection._refresh_lock(self.name, 600.0):
+            carry_refresh_state(self._dataset())
+            return super()._cleanup(older_than, delete_unverified)
 
     @property
     def source_version(self) -> int | None:
@@ -730,22 +1082,41 @@ class MaterializedView(Table):
     def plan_refresh(
         self, *, src_version: int | None = None, mode: str = "auto", fragments: list[int] | None = None,
         recompute: list[str] | None = None, max_rows_per_task: int | None = None, checkpoint_size: int | None = None,
-        runner: "Runner | None" = None,
+        runner: "Runner | None" = None, concurrency: int | None = None, max_rows_per_fragment: int | None = None,
     ) -> RefreshPlan:
         """An exact dry run of :meth:`refresh` with the same arguments: rows to
-        insert, update and delete, UDF rows to compute, the tasks."""
-        return plan_view_refresh(
+        insert, update and delete, UDF rows to compute, the tasks. As Geneva's,
+        it also answers ``has_work``, ``total_rows_pending`` and ``total_tasks``."""
+        self._require_latest("plan_refresh()")
+        plan = plan_view_refresh(
             self.ref(), src_version, mode=mode, fragments=fragments, recompute=recompute,
-            max_rows_per_task=max_rows_per_task, checkpoint_size=checkpoint_size,
-            parallelism=self._runner(runner).parallelism(),
+            max_rows_per_task=max_rows_per_task, checkpoint_size=self._refresh_checkpoint_size(checkpoint_size),
+            parallelism=self._refresh_parallelism(runner, concurrency),
         )
+        return _with_fragment_size(plan, max_rows_per_fragment)
+
+    def _refresh_checkpoint_size(self, given: int | None) -> int | None:
+        """``given``, else the smallest ``@udf(checkpoint_size=)`` of the view's UDFs (None: sized by time)."""
+        if given is not None:
+            return given
+        sizes = [n for c in self.definition.udf_columns if (n := checkpoint_size_of(c.the_udf)) is not None]
+        return min(sizes) if sizes else None
+
+    def _refresh_parallelism(self, runner: "Runner | None", concurrency: Any) -> int:
+        """Geneva's ``concurrency`` (how many tasks the refresh is cut into), else the runner's cores."""
+        if concurrency is None:
+            return self._runner(runner).parallelism()
+        if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
+            raise ValueError(f"concurrency must be an int >= 1 (tasks at once), got {concurrency!r}")
+        return concurrency
 
     @property
     def refresh_policy(self) -> RefreshPolicy:
-        return RefreshPolicy.from_json((self.schema.metadata or {}).get(POLICY_METADATA_KEY.encode()))
+        return RefreshPolicy.from_json((self._dataset().schema.metadata or {}).get(POLICY_METADATA_KEY.encode()))
 
     def set_refresh_policy(self, policy: RefreshPolicy) -> None:
         """Change how the view is kept fresh (shown and acted on by Dagster)."""
+        self._require_latest("set_refresh_policy()")
         if not isinstance(policy, RefreshPolicy):
             raise ValueError("set_refresh_policy() takes a RefreshPolicy")
         self._dataset().update_schema_metadata({POLICY_METADATA_KEY: policy.to_json()})
@@ -784,6 +1155,10 @@ class MaterializedView(Table):
         max_rows_per_task: int | None = None,
         checkpoint_size: int | None = None,
         lock_timeout: float | None = 600.0,
+        concurrency: int | None = None,
+        max_rows_per_fragment: int | None = None,
+        job_id: str | None = None,
+        **geneva_only: Any,
     ) -> RefreshResult:
         """Bring the view up to ``src_version`` of its source (default: latest).
 
@@ -804,26 +1179,67 @@ class MaterializedView(Table):
         Two refreshes of one view never run at once: the second waits for the
         first (up to ``lock_timeout`` seconds, then ConcurrentRefreshError).
         Every refresh updates the view's status record (LOADING, then LOADED
-        once its commit lands, or FAILED_LOAD with the error).
+        once its commit lands, or FAILED_LOAD with the error), and is recorded
+        as job ``job_id`` (``db.list_jobs()``).
+
+        Geneva's parameters: ``concurrency`` is the number of tasks the refresh
+        is cut into, ``max_rows_per_fragment`` bounds the rows of each view
+        fragment a task writes; ``checkpoint_size`` defaults to the smallest
+        ``@udf(checkpoint_size=)`` of the view's UDFs. ``where``,
+        ``intra_applier_concurrency`` and the admission checks do not apply
+        here and warn (docs/geneva.md).
         """
+        self._require_latest("refresh()")
+        geneva.accept("refresh", geneva_only, geneva.REFRESH_IGNORED)
         self.connection._check_source_current(self)
         with self.connection._refresh_lock(self.name, lock_timeout):
             ref = self.ref()
             plan = plan_view_refresh(
                 ref, src_version, mode=mode, fragments=fragments, recompute=recompute,
-                max_rows_per_task=max_rows_per_task, checkpoint_size=checkpoint_size,
-                parallelism=self._runner(runner).parallelism(), exact=False,  # the tasks count its inserts
+                max_rows_per_task=max_rows_per_task, checkpoint_size=self._refresh_checkpoint_size(checkpoint_size),
+                parallelism=self._refresh_parallelism(runner, concurrency), exact=False,  # the tasks count its inserts
             )
+            plan = _with_fragment_size(plan, max_rows_per_fragment)
             if plan.commits_nothing:
                 return execute_refresh(ref, plan, self._runner(runner))
+            job_id = job_id or refresh_job_id(plan)
             # LOADING until the commit carrying this load number lands (then LOADED: storage.status)
-            record_load_state(self.connection.layout, self.name, LOADING, load_number=plan.load_number + 1)
+            record_load_state(self.connection.layout, self.name, LOADING, load_number=plan.load_number + 1,
+                              job_id=job_id)
             try:
-                result = execute_refresh(ref, plan, self._runner(runner))
+                result = execute_refresh(ref, plan, self._runner(runner), job_id)
             except BaseException as exc:
-                record_load_state(self.connection.layout, self.name, FAILED_LOAD, f"{type(exc).__name__}: {exc}")
+                record_load_state(self.connection.layout, self.name, FAILED_LOAD, f"{type(exc).__name__}: {exc}",
+                                  job_id=job_id)
                 raise
             start = time.perf_counter()
             if compact_if_fragmented(self._dataset()):
                 result.timings["compact_s"] = time.perf_counter() - start
             return result
+
+    def refresh_async(self, **kwargs: Any) -> Job:
+        """:meth:`refresh` (same parameters, Geneva's included) in a background
+        (non-daemon) thread; returns a :class:`~mv_assets.ops.jobs.Job`
+        whose ``result(timeout=)`` is the :class:`RefreshResult`. Geneva's
+        parameters are checked (and warned about) here."""
+        self._require_latest("refresh_async()")
+        given = {k: kwargs.pop(k) for k in list(kwargs) if k in geneva.REFRESH_IGNORED}
+        geneva.accept("refresh_async", given, geneva.REFRESH_IGNORED)
+        known = {n for n, p in inspect.signature(MaterializedView.refresh).parameters.items() if p.kind == p.KEYWORD_ONLY}
+        unknown = sorted(set(kwargs) - known)
+        if unknown:
+            raise TypeError(f"refresh_async() got an unexpected keyword argument {unknown[0]!r}")
+        job_id = kwargs.pop("job_id", None) or uuid.uuid4().hex[:12]
+        return Job(job_id, self.refresh, (), {**kwargs, "job_id": job_id}, job_type="refresh", table=self.name,
+                   catalog=self.connection.layout.root)
+
+
+def _with_fragment_size(plan: RefreshPlan, max_rows_per_fragment: Any) -> RefreshPlan:
+    """Geneva's ``max_rows_per_fragment``: each task writes view fragments of at most that many rows."""
+    if max_rows_per_fragment is None:
+        return plan
+    if isinstance(max_rows_per_fragment, bool) or not isinstance(max_rows_per_fragment, int) or max_rows_per_fragment < 1:
+        raise ValueError(f"max_rows_per_fragment must be an int >= 1, got {max_rows_per_fragment!r}")
+    for t in plan.tasks:
+        t.max_rows_per_file = max_rows_per_fragment
+    return plan
