@@ -8,9 +8,10 @@ keeps its indexes up to date itself:
 * after every refresh that commits rows (and every backfill or column load),
   :func:`catch_up` adds the fragments an index does not cover to it
   (``optimize_indices``: new rows are assigned to the existing partitions, no
-  retraining). When more than half the rows are not covered (a full rebuild
-  replaced them, say), the index is built again from scratch instead: an
-  incremental update would keep partitions trained on rows that are gone;
+  retraining, and merged into the index: one segment stays one). When more
+  than half the rows are not covered (a full rebuild replaced them, say), the
+  index is built again from scratch instead: an incremental update would keep
+  partitions trained on rows that are gone;
 * a full refresh that replaces every row (a Lance ``Overwrite``, which drops
   the indexes) builds each index that was there again, with the parameters it
   was declared with;
@@ -388,7 +389,9 @@ def catch_up(uri: str, rebuild: list[IndexSpec] | None = None) -> CatchUp:
             stale.append(name)
     if stale:
         try:
-            ds.optimize.optimize_indices(index_names=stale)
+            # merged into the index rather than added as a delta segment: a search reads one
+            # segment (two made searches of a 1M-row view 1.2x slower; merging costs ~1.4x the update)
+            ds.optimize.optimize_indices(index_names=stale, num_indices_to_merge=1)
             done.updated += stale
         except Exception as exc:
             for n in stale:
