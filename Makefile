@@ -78,6 +78,7 @@ bench: install
 	$(PY) bench/bench_lancedb.py
 	$(PY) bench/bench_chunks.py
 	$(PY) bench/bench_udtf.py
+	$(PY) bench/bench_search.py
 
 demo-stop:
 	$(PY) -m mv_assets.execution.connect_server stop --state-dir .demo/spark-connect
