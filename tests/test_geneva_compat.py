@@ -358,7 +358,8 @@ def test_async_jobs_refresh_column_and_plans(db):
     assert (r.rows_inserted, r.rows_deleted) == (2, 1)
     assert max(f.metadata.physical_rows for f in lance.dataset(v.uri).get_fragments()[-2:]) == 1
     with pytest.warns(mv.GenevaCompatWarning, match=r"refresh_async\(_admission_check=True\)"):
-        assert v.refresh_async(_admission_check=True).result(timeout=60).status == "DONE"
+        noop = v.refresh_async(_admission_check=True, job_id="r2").result(timeout=60)
+    assert (noop.status, noop.job_id, noop.rows_inserted) == ("DONE", "r2", 0)
     with pytest.raises(TypeError, match="unexpected keyword argument 'bogus'"):
         v.refresh_async(bogus=1)
     with pytest.raises(ValueError, match="concurrency must be an int >= 1"):
@@ -543,7 +544,10 @@ def test_checkout_restore_and_open_table_at_a_version(db):
                         ("optimize", ()), ("drop_columns", (["s"],)), ("compact_files", ())]:
         with pytest.raises(ValueError, match=rf"checked out at version {v1} and read-only: {write}\(\) needs"):
             getattr(old, write)(*args)
+    with pytest.raises(ValueError, match=rf"checked out at version {v1} and read-only: an index change needs"):
+        old.create_scalar_index("id")
     assert t.version == v1 + 2  # nothing was written
+    assert not old.list_indices() and bool(db.create_table("empty", schema=t.schema))  # (an empty table is truthy)
     t.checkout(v1)
     assert t.to_arrow().num_rows == 10 and t.search(None).to_arrow().num_rows == 10
     t.checkout_latest()

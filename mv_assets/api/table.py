@@ -231,6 +231,9 @@ class Table(Indexed):
     def __len__(self) -> int:
         return self.count_rows()
 
+    def __bool__(self) -> bool:  # a handle is a handle, however many rows it has (len() counts them)
+        return True
+
     def _dataset(self, version: int | None = None) -> lance.LanceDataset:
         if version is None:
             version = self._checked_out
@@ -262,6 +265,11 @@ class Table(Indexed):
     def checked_out(self) -> int | None:
         """The version :meth:`checkout` pinned this handle to (None: it follows the latest)."""
         return self._checked_out
+
+    def _index_lock(self):
+        """Index changes (create_index, drop_index...) are writes: refused on a checked-out handle."""
+        self._require_latest("an index change")
+        return super()._index_lock()
 
     def _require_latest(self, doing: str) -> None:
         """Writes go to the latest version: refused on a checked-out handle."""
@@ -1201,7 +1209,9 @@ class MaterializedView(Table):
             )
             plan = _with_fragment_size(plan, max_rows_per_fragment)
             if plan.commits_nothing:
-                return execute_refresh(ref, plan, self._runner(runner))
+                result = execute_refresh(ref, plan, self._runner(runner))
+                result.job_id = job_id or ""
+                return result
             job_id = job_id or refresh_job_id(plan)
             # LOADING until the commit carrying this load number lands (then LOADED: storage.status)
             record_load_state(self.connection.layout, self.name, LOADING, load_number=plan.load_number + 1,

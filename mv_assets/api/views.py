@@ -101,3 +101,6 @@ class View:
 
     def __len__(self) -> int:
         return self.count_rows()
+
+    def __bool__(self) -> bool:
+        return True
