@@ -13,6 +13,7 @@ is no parameter of the Geneva method raises ``TypeError``, as Python does.
 """
 
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -127,15 +128,16 @@ def seconds(name: str, value: Any) -> float | None:
     return float(s)
 
 
-def fragments_between(ds: lance.LanceDataset, skip_frags: Any, num_frags: Any) -> list[int] | None:
+def fragments_between(dataset: Callable[[], lance.LanceDataset], skip_frags: Any, num_frags: Any
+                      ) -> list[int] | None:
     """Geneva's ``skip_frags`` / ``num_frags``: the ids of the fragments
-    ``skip_frags`` .. ``skip_frags + num_frags - 1`` of ``ds`` in id order
-    (None: every fragment)."""
+    ``skip_frags`` .. ``skip_frags + num_frags - 1`` of the dataset in id
+    order (None: every fragment; the dataset is opened only when needed)."""
     skip = _positive("skip_frags", skip_frags if skip_frags is not None else 0, zero=True) or 0
     num = _positive("num_frags", num_frags)
     if not skip and num is None:
         return None
-    ids = sorted(f.fragment_id for f in ds.get_fragments())
+    ids = sorted(f.fragment_id for f in dataset().get_fragments())
     return ids[skip:] if num is None else ids[skip : skip + num]
 
 
@@ -153,14 +155,13 @@ class BackfillOptions:
 
 def backfill_options(
     api: str,
-    ds: lance.LanceDataset,
+    dataset: Callable[[], lance.LanceDataset],
     *,
     concurrency: Any = None,
     checkpoint_size: Any = None,
     batch_size: Any = None,
     min_checkpoint_size: Any = None,
     max_checkpoint_size: Any = None,
-    udf_checkpoint_size: int | None = None,
     task_size: Any = None,
     num_frags: Any = None,
     skip_frags: Any = None,
@@ -173,9 +174,9 @@ def backfill_options(
     ``ValueError`` before anything is written).
 
     * ``concurrency``: how many tasks the job is cut into (Geneva: Ray actors);
-    * ``checkpoint_size`` (its deprecated alias ``batch_size``; 0: none), else
+    * ``checkpoint_size`` (its deprecated alias ``batch_size``; 0: not given), else
       ``min_checkpoint_size == max_checkpoint_size`` (Geneva: a fixed size),
-      else the UDF's ``@udf(checkpoint_size=)``: rows per checkpoint; other
+      else (None) the UDF's ``@udf(checkpoint_size=)``: rows per checkpoint; other
       ``min_`` / ``max_checkpoint_size`` bounds warn (checkpoints are sized by
       time here, not by an adaptive row count);
     * ``task_size``: rows per task; ``num_frags`` / ``skip_frags``: which
@@ -201,10 +202,9 @@ def backfill_options(
         if high is not None:
             warn(api, "max_checkpoint_size", high, "checkpoints are sized by time here (or fixed by checkpoint_size), "
                  "not adaptively between bounds; @udf(batch_size=) bounds the rows of one call", stacklevel=stacklevel)
-    if size is None and alias is None:
-        size = udf_checkpoint_size
     rv = read_version
     if rv is not None:
+        ds = dataset()
         if isinstance(rv, bool) or not isinstance(rv, int) or rv < 1 or rv > ds.version:
             raise ValueError(f"read_version must be a version of the table (1 .. {ds.version}), got {rv!r}")
         if rv != ds.version:
@@ -213,7 +213,7 @@ def backfill_options(
                  "(rows unchanged since get the same values)", stacklevel=stacklevel)
     return BackfillOptions(
         parallelism=parallelism, checkpoint_size=size, task_size=_positive("task_size", task_size),
-        fragments=fragments_between(ds, skip_frags, num_frags),
+        fragments=fragments_between(dataset, skip_frags, num_frags),
         commit_granularity=_positive("commit_granularity", commit_granularity),
         checkpoint_seconds=seconds("batch_checkpoint_flush_interval_seconds", batch_checkpoint_flush_interval_seconds),
     )

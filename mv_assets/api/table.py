@@ -33,7 +33,7 @@ from mv_assets.model.markers import current_sql, stale_sql
 from mv_assets.model.names import PRIMARY_KEY_METADATA_KEY, Alias, is_internal_column
 from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy
 from mv_assets.model.udf import checkpoint_size_of
-from mv_assets.ops.backfill import _group_specs, backfill_column, plan_backfill, udf_checkpoint_size
+from mv_assets.ops.backfill import _group_specs, backfill_column, plan_backfill
 from mv_assets.ops.checks import CheckOutcome, check_view
 from mv_assets.ops.columns import add_columns, alter_columns, load_columns, update_rows
 from mv_assets.ops.jobs import Job
@@ -497,13 +497,13 @@ class Table(Indexed):
         finally:
             self._changed()
 
-    def _backfill_options(self, api: str, column: Any, udf: Any, checkpoint_size: Any, stacklevel: int,
-                          **geneva_args: Any) -> geneva.BackfillOptions:
-        """Geneva's backfill parameters as this backfill's options (see :func:`geneva.backfill_options`)."""
-        col = column[0] if isinstance(column, list) and len(column) == 1 else column
-        default_size = udf_checkpoint_size(self.column_ref(), col, udf) if isinstance(col, str) else None
-        return geneva.backfill_options(api, self._dataset(), checkpoint_size=checkpoint_size,
-                                       udf_checkpoint_size=default_size, stacklevel=stacklevel, **geneva_args)
+    def _backfill_options(self, api: str, checkpoint_size: Any, stacklevel: int, **geneva_args: Any
+                          ) -> geneva.BackfillOptions:
+        """Geneva's backfill parameters as this backfill's options (see
+        :func:`geneva.backfill_options`; the column's ``@udf(checkpoint_size=)``
+        is its default checkpoint size: :func:`~mv_assets.ops.backfill.plan_backfill`)."""
+        return geneva.backfill_options(api, self._dataset, checkpoint_size=checkpoint_size, stacklevel=stacklevel,
+                                       **geneva_args)
 
     def plan_backfill(
         self, col_name: str, *, udf: Any = None, where: str | None = None, read_version: int | None = None,
@@ -517,7 +517,7 @@ class Table(Indexed):
         answers ``has_work``, ``total_rows_pending`` and ``total_tasks``."""
         self._require_latest("plan_backfill()")
         self._require_stable_row_ids("a backfill")
-        opts = self._backfill_options("plan_backfill", col_name, udf, checkpoint_size, 5, concurrency=concurrency,
+        opts = self._backfill_options("plan_backfill", checkpoint_size, 5, concurrency=concurrency,
                                       task_size=task_size, num_frags=num_frags, skip_frags=skip_frags,
                                       read_version=read_version)
         return plan_backfill(self.column_ref(), col_name, udf=udf, where=where, row_ids=row_ids,
@@ -598,7 +598,7 @@ class Table(Indexed):
         self._require_stable_row_ids("a backfill")
         geneva.accept(api, geneva_only, ignored, stacklevel=4)
         opts = self._backfill_options(
-            api, columns, a["udf"], a["checkpoint_size"], 6, concurrency=a["concurrency"], batch_size=a["batch_size"],
+            api, a["checkpoint_size"], 6, concurrency=a["concurrency"], batch_size=a["batch_size"],
             min_checkpoint_size=a["min_checkpoint_size"], max_checkpoint_size=a["max_checkpoint_size"],
             task_size=a["task_size"], num_frags=a["num_frags"], skip_frags=a["skip_frags"],
             read_version=a["read_version"], commit_granularity=a["commit_granularity"],

@@ -98,7 +98,6 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BackfillPlan", "BackfillResult", "BackfillJob", "plan_backfill", "execute_backfill", "commit_column_values",
-    "udf_checkpoint_size",
 ]
 
 BackfillJob = Job  # (its name before refresh and load jobs had one)
@@ -362,8 +361,9 @@ def plan_backfill(
     runner's). ``checkpoint_size`` None: UDF columns in one pass, a task per
     group of fragments (``one_pass_tasks``), rows already checkpointed by an
     interrupted run found by identity as its tasks find them; SQL columns, and
-    any column given ``checkpoint_size``, staged (batches of ``SQL_BATCH_ROWS``
-    by default). Untargeted, after a whole one-pass backfill, only the
+    any column given ``checkpoint_size`` (default: its UDF's
+    ``@udf(checkpoint_size=)``), staged (batches of ``SQL_BATCH_ROWS`` by
+    default). Untargeted, after a whole one-pass backfill, only the
     fragments written since are scanned (:func:`stale_fragments`).
 
     ``fragments`` limits the backfill to rows in those fragments (of the
@@ -384,6 +384,8 @@ def plan_backfill(
                "max_rows_per_task": max_rows_per_task, "parallelism": parallelism, "fragments": fragments,
                "task_size": task_size}
     specs = _backfill_specs(table, column, udf)
+    if checkpoint_size is None and specs[0].udf is not None:  # @udf(checkpoint_size=): the column's default
+        checkpoint_size = checkpoint_size_of(specs[0].udf)
     one_pass = checkpoint_size is None and _fused(table, specs)
     ds = table.dataset()
     fingerprint = specs[0].fingerprint
@@ -453,18 +455,6 @@ def plan_fragments(plan: BackfillPlan) -> list[int]:
     if plan.plan_rows is None or not plan.plan_rows.num_rows:
         return []
     return sorted(int(f) for f in np.unique(_ids(plan.plan_rows, _TARGET_ADDR) >> 32))
-
-
-def udf_checkpoint_size(table: Ref, column: str, udf: Any = None) -> int | None:
-    """The ``@udf(checkpoint_size=)`` of the UDF computing ``column`` (of ``udf``
-    when given), the default checkpoint size of its backfills."""
-    if isinstance(udf, UDF):
-        return checkpoint_size_of(udf)
-    try:
-        spec = _group_specs(table, column)[0]
-    except ValueError:  # not a computed column: the plan says so in its words
-        return None
-    return checkpoint_size_of(spec.udf) if spec.udf is not None else None
 
 
 def _row_checkpoints(table: Ref, specs: list[ColumnSpec]) -> list:
