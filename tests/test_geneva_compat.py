@@ -312,10 +312,12 @@ def test_read_version_timeout_and_the_parameters_that_do_not_apply(db, tmp_path)
         return x
 
     t.add_columns({"slow": slow})
-    with pytest.raises(TimeoutError, match="still running after 0.2s"):
-        t.backfill("slow", timeout=timedelta(seconds=0.2), job_id="slowjob")
-    assert db.get_job("slowjob").status == "RUNNING"  # the job goes on
-    slow_flag.unlink()
+    try:
+        with pytest.raises(TimeoutError, match="still running after 0.2s"):
+            t.backfill("slow", timeout=timedelta(seconds=0.2), job_id="slowjob")
+        assert db.get_job("slowjob").status == "RUNNING"  # the job goes on
+    finally:
+        slow_flag.unlink()  # (the job's thread ends whatever happened: pytest can exit)
     deadline = time.time() + 60
     while db.get_job("slowjob").status == "RUNNING" and time.time() < deadline:
         time.sleep(0.05)
