@@ -10,7 +10,6 @@ export SPARK_LOCAL_IP ?= 127.0.0.1
 .PHONY: install lint test test-fast test-spark demo demo-append demo-python demo-stop bench clean
 
 $(STAMP): pyproject.toml
-	@command -v java >/dev/null 2>&1 || { echo "Java 17+ is required for Spark (apt-get install openjdk-17-jre-headless)"; exit 1; }
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e ".[test,connect,lint]"

