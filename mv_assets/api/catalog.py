@@ -16,6 +16,7 @@ from mv_assets.api.query import Query
 from mv_assets.api.table import PRIMARY_KEY_METADATA_KEY, MaterializedView, Table, check_primary_key, to_arrow_table
 from mv_assets.api.views import View, read_view_definition, remove_view, view_names, write_view_definition
 from mv_assets.execution.spark import Runner, default_runner
+from mv_assets.model.agg_view import agg_view_schema
 from mv_assets.model.chunk_view import check_chunk_query, chunk_view_schema
 from mv_assets.model.chunker import UDTF, Chunker
 from mv_assets.model.definition import VIEW_METADATA_KEY, ViewDefinition, is_reserved_name, output_schema, short_error
@@ -404,6 +405,10 @@ class Connection:
         definition = query.to_definition()
         assert isinstance(query.table, Table)
         source = query.table._dataset()
+        if definition.kind == "aggregate":  # group_by(...).agg(...): one row per group (model.agg_view)
+            require_stable_row_ids(source, query.table.name, f"an aggregate view ({name!r})")  # before any write
+            return self._write_view(name, definition, agg_view_schema(definition, source), query, refresh_policy,
+                                    with_no_data)
         require_stable_row_ids(source, query.table.name, f"a materialized view ({name!r})")  # before any write
         return self._write_view(name, definition, output_schema(definition, source), query, refresh_policy,
                                 with_no_data)

@@ -6,6 +6,7 @@ duplicate output names all raise ``ValueError``. The definition it produces
 lives in :mod:`mv_assets.definition` (re-exported here).
 """
 
+import json
 from typing import Any, Protocol
 
 import lance
@@ -51,6 +52,8 @@ class Query:
         self._shuffle = False
         self._seed: int | None = None
         self._limit: int | None = None
+        self._group_by: tuple[str, ...] | None = None
+        self._aggs: dict[str, str] | None = None
 
     def _copy(self, **changes: Any) -> "Query":
         q = Query(self._table)
@@ -87,6 +90,25 @@ class Query:
             raise ValueError("select() needs at least one column")
         return self._copy(_select=items)
 
+    def group_by(self, *keys: str) -> "Query":
+        """Group the passing rows by these columns (none: one group of every
+        row); give the outputs with :meth:`agg`. Materialized, it is an
+        aggregate view, maintained from the change feed
+        (:mod:`mv_assets.ops.agg_refresh`)."""
+        if not all(isinstance(k, str) and k for k in keys):
+            raise ValueError(f"group_by() takes column names, got {keys!r}")
+        if len(set(keys)) != len(keys):
+            raise ValueError(f"group_by() names a column twice: {list(keys)}")
+        return self._copy(_group_by=tuple(keys))
+
+    def agg(self, aggregates: dict[str, str]) -> "Query":
+        """The outputs of a :meth:`group_by` query: ``{name: "count(*)" |
+        "count(x)" | "sum(x)" | "avg(x)" | "min(x)" | "max(x)"}``."""
+        from mv_assets.model.agg_view import parse_aggs
+
+        parse_aggs(aggregates)  # refused now, in our words
+        return self._copy(_aggs=dict(aggregates))
+
     def shuffle(self, seed: int | None = None) -> "Query":
         """Order rows by a seeded hash of their stable source row id (see docs)."""
         if seed is not None and not isinstance(seed, int):
@@ -110,6 +132,8 @@ class Query:
 
     def to_definition(self) -> ViewDefinition:
         """Validate against the source schema and return the view definition."""
+        if self._group_by is not None or self._aggs is not None:
+            return self._aggregate_definition()
         source_schema = self._table.schema
         ds = self._table._dataset()
         columns: list[ColumnSpec] = []
@@ -159,6 +183,26 @@ class Query:
         output_schema(definition, ds)  # raises ValueError on bad SQL / columns
         return definition
 
+    def _aggregate_definition(self) -> ViewDefinition:
+        from mv_assets.model.agg_view import Aggregate, agg_view_schema, parse_aggs
+
+        if self._group_by is None:
+            raise ValueError("agg() needs group_by() first (group_by() with no columns: one group of every row)")
+        if self._aggs is None:
+            raise ValueError("group_by() needs agg({...}): the outputs of each group")
+        if self._select is not None:
+            raise ValueError("group_by() cannot be combined with select(): the keys and the agg() outputs are the "
+                             "view's columns")
+        if self._shuffle:
+            raise ValueError("group_by() cannot be combined with shuffle()")
+        if self._limit is not None:
+            raise ValueError("group_by() cannot be combined with limit()")
+        spec = Aggregate(self._group_by, tuple(parse_aggs(self._aggs))).to_spec()
+        definition = ViewDefinition(source=self._table.name, columns=(), filter=self._filter,
+                                    function=json.dumps(spec))
+        agg_view_schema(definition, self._table._dataset())  # raises ValueError on bad keys / columns / SQL
+        return definition
+
     def to_arrow(self) -> pa.Table:
         """Evaluate the query in this process (no Spark) and return the rows
         (the user's columns: no row keys or markers, as a view's reader sees)."""
@@ -166,6 +210,14 @@ class Query:
 
         definition = self.to_definition()
         ds = self._table._dataset()
+        if definition.kind == "aggregate":
+            from mv_assets.execution.agg_tasks import groups_from_rows
+            from mv_assets.model.agg_view import Aggregate, agg_view_schema
+
+            agg = Aggregate.from_definition(definition)
+            rows = groups_from_rows(ds.to_table(columns=agg.input_columns, filter=definition.filter), agg,
+                                    agg_view_schema(definition, ds))
+            return rows.select([n for n in rows.column_names if not is_internal_column(n) and n != "__agg__group"])
         rows = compute_rows(ds, definition, output_schema(definition, ds), filter_sql=definition.filter)
         return rows.select([n for n in rows.column_names if not is_internal_column(n)])  # the user's columns
 

@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mv_assets.execution.agg_tasks import agg_batches
 from mv_assets.execution.chunk_tasks import chunk_batches
 from mv_assets.execution.udtf_tasks import udtf_batches
 from mv_assets.model.definition import (
@@ -80,6 +81,9 @@ class TaskSpec:
     # Table-function views: the keys of the partitions the task computes, whole
     # (model.udtf_view.partition_key); ``parts`` is then empty.
     partitions: list[str] | None = None
+    # Arguments of a view kind's own task (aggregate views: the version whose
+    # changes the task applies, the groups they touch; execution.agg_tasks)
+    kind_args: dict | None = None
 
     @property
     def fragment_ids(self) -> list[int]:
@@ -579,6 +583,9 @@ def _task_batches(spec: TaskSpec, definition: ViewDefinition, ds, view_schema: p
     predicate (whole small fragments) are read by one scan."""
     if definition.kind == "udtf":  # a table-function view: whole partitions (execution.udtf_tasks)
         yield from udtf_batches(ds, definition, view_schema, spec.partitions or [], udf_rows)
+        return
+    if definition.kind == "aggregate":  # an aggregate view: its groups (execution.agg_tasks)
+        yield from agg_batches(ds, definition, view_schema, spec.kind_args)
         return
     for predicate, group in itertools.groupby(spec.parts, key=lambda part: part[1]):
         fragments = []

@@ -36,6 +36,8 @@ def check_view(view: ViewRef) -> list[CheckOutcome]:
     definition = view.definition
     if definition.kind == "udtf":
         return _udtf_checks(view)
+    if definition.kind == "aggregate":
+        return _agg_checks(view)
     state = read_refresh_state(view.dataset())
     version = state.source_version or view.source_dataset().version
     src = objects.dataset(view.source_uri, version=version)
@@ -164,6 +166,50 @@ def _udtf_checks(view: ViewRef) -> list[CheckOutcome]:
                      {"partitions_in_view": len(held), "orphan_partitions": len(orphans), "sample": orphans[:10]}),
         CheckOutcome("values_match_source", written == 0, "no view row was written outside a refresh",
                      {"rows_written_outside_refreshes": written}),
+    ]
+
+
+def _agg_checks(view: ViewRef) -> list[CheckOutcome]:
+    """An aggregate view's checks. ``no_orphan_rows``: every group the view
+    holds has passing source rows at the version it reflects;
+    ``values_match_source``: every group's key, aggregates and hidden state
+    equal the aggregate recomputed from scratch over the source at that
+    version (float sums and averages to a relative 1e-9), and no group is
+    missing or extra."""
+    from mv_assets.execution.agg_tasks import groups_from_rows
+    from mv_assets.model.agg_view import GROUP, Aggregate
+
+    agg = Aggregate.from_definition(view.definition)
+    view_ds = view.dataset()
+    state = read_refresh_state(view_ds)
+    version = state.source_version or view.source_dataset().version
+    src = objects.dataset(view.source_uri, version=version)
+    expected = groups_from_rows(src.to_table(columns=agg.input_columns, filter=view.definition.filter), agg,
+                                view_ds.schema)
+    got = view_ds.to_table()
+    want = {k: i for i, k in enumerate(expected.column(GROUP).to_pylist())}
+    have = {k: i for i, k in enumerate(got.column(GROUP).to_pylist())}
+    orphans = sorted(set(have) - set(want))
+    missing = sorted(set(want) - set(have))
+    differ = []
+    outputs = [a.name for a in agg.aggs]
+    exp_rows, got_rows = expected.to_pylist(), got.to_pylist()
+    for key in sorted(set(want) & set(have)):
+        e, g = exp_rows[want[key]], got_rows[have[key]]
+        for name in outputs:
+            a, b = e[name], g[name]
+            same = (a == b) if not (isinstance(a, float) and isinstance(b, float)) else (
+                abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b)))
+            if not same:
+                differ.append({"group": key, "column": name, "expected": a, "view": b})
+    return [
+        CheckOutcome("no_orphan_rows", not orphans,
+                     f"every group the view holds has passing source rows at version {version}",
+                     {"groups_in_view": len(have), "orphan_groups": len(orphans), "sample": orphans[:10]}),
+        CheckOutcome("values_match_source", not (orphans or missing or differ),
+                     f"every group equals the aggregate recomputed over the source at version {version}",
+                     {"groups_expected": len(want), "groups_missing": len(missing), "groups_extra": len(orphans),
+                      "values_differing": len(differ), "sample": (differ or missing)[:5]}),
     ]
 
 

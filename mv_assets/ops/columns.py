@@ -140,6 +140,11 @@ def add_columns(table: Ref, transforms: Any) -> list[str]:
             f"{table.name!r} is a table-function view: add_columns() is not supported on it (its rows come from "
             "no one source row); add the column to the UDTF's output_schema, or compute it in a view over this one"
         )
+    if is_view and table.definition.kind == "aggregate":  # its rows are groups, rewritten by each refresh
+        raise ValueError(
+            f"{table.name!r} is an aggregate view: add_columns() is not supported on it (its rows are groups); "
+            "add an aggregate to its agg(), or compute the column in a view over this one"
+        )
     input_ds = table.input_dataset()
     specs = parse_transforms(transforms, input_ds.schema, input_ds)
     ds = table.dataset()

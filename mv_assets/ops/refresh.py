@@ -138,6 +138,8 @@ class RefreshPlan:
     # filter): the refresh counts the rows its tasks write (plan_refresh(exact=False))
     counted_by_tasks: bool = field(default=False, repr=False)
     read_fields: dict[str, int] | None = field(default=None, repr=False)  # field ids of the columns it reads
+    # what a view kind's planner adds (aggregate views: groups, groups_recomputed, source_rows_read)
+    details: dict = field(default_factory=dict)
 
     @property
     def is_noop(self) -> bool:
@@ -212,6 +214,7 @@ class RefreshResult:
     # the view's indexes brought up to date after the commit (storage.indexes):
     # {"updated": [...], "rebuilt": [...], "failed": {name: why}}; empty: none needed it
     indexes: dict = field(default_factory=dict)
+    details: dict = field(default_factory=dict)  # the plan's details (RefreshPlan.details)
     job_id: str = ""  # recorded with the commit (db.list_jobs())
 
     @property
@@ -1224,5 +1227,5 @@ def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner", job_id: 
             "task_s_total": sum(r.seconds for r in results),
             **({"index_s": indexed - done} if upkeep else {}),
         },
-        indexes=upkeep, job_id=job,
+        indexes=upkeep, job_id=job, details=dict(plan.details),
     )

@@ -1,0 +1,233 @@
+"""Aggregate views (kind ``"aggregate"``): ``GROUP BY`` over the passing source
+rows, one view row per group, maintained from the change feed.
+
+``source.search(None).where(sql).group_by("k1", "k2").agg({"n": "count(*)",
+"s": "sum(x)", "a": "avg(x)", "lo": "min(x)", "hi": "max(x)", "nn": "count(x)"})``.
+
+A view row holds the group's key columns, its aggregates and hidden state in
+the view's own columns (so one Lance commit carries rows and state):
+
+* ``__source_row_id``: the group's id, a 63-bit hash of its key (the view's
+  rows are keyed by it where other views key by source row);
+* ``__agg__group``: the group's key, the JSON list of its key values
+  (:func:`group_key`; exact, compared as text);
+* ``__agg__rows``: the group's row count (the group goes when it reaches 0);
+* ``__agg__cnt__<x>``: non-NULL values of ``x`` (count(x); NULL rules of
+  sum/avg/min/max), ``__agg__sum__<x>`` their sum (int64 for integer
+  columns: exact; float64 for floats, with ``__agg__comp__<x>``, the
+  Neumaier compensation term carried across refreshes).
+
+SQL NULL semantics: ``count(x)`` skips NULLs; sum/avg/min/max of only NULLs is
+NULL; NULL keys form a group. Keys hold values compared exactly (integers,
+strings, booleans, dates).
+
+Pure: definitions, schemas and Arrow computations only.
+"""
+
+import json
+import re
+from dataclasses import dataclass
+
+import lance
+import pyarrow as pa
+
+from mv_assets.model.definition import (
+    READ_FIELDS_METADATA_KEY,
+    VIEW_METADATA_KEY,
+    ViewDefinition,
+    check_sql,
+    read_field_ids,
+    short_error,
+)
+from mv_assets.model.names import AGG_PREFIX, SOURCE_ROW_ID, is_reserved_name
+from mv_assets.model.udtf_view import check_partition_type, partition_key
+
+__all__ = [
+    "Agg", "Aggregate", "FUNCTIONS", "GROUP", "ROWS", "agg_view_schema", "check_agg_query", "group_key",
+    "parse_aggs", "cnt_col", "sum_col", "comp_col",
+]
+
+FUNCTIONS = ("count", "sum", "avg", "min", "max")
+GROUP = AGG_PREFIX + "group"
+ROWS = AGG_PREFIX + "rows"
+_CALL = re.compile(r"^\s*([A-Za-z_]+)\s*\(\s*(distinct\s+)?(\*|`[^`]+`|[A-Za-z_][A-Za-z0-9_.]*)\s*\)\s*$", re.I)
+
+
+def cnt_col(column: str) -> str:
+    return f"{AGG_PREFIX}cnt__{column}"
+
+
+def sum_col(column: str) -> str:
+    return f"{AGG_PREFIX}sum__{column}"
+
+
+def comp_col(column: str) -> str:
+    return f"{AGG_PREFIX}comp__{column}"
+
+
+@dataclass(frozen=True)
+class Agg:
+    """One output: ``name`` = ``fn(column)`` (``column`` None: ``count(*)``)."""
+
+    name: str
+    fn: str
+    column: str | None
+
+    def __str__(self) -> str:
+        return f"{self.fn}({self.column or '*'})"
+
+
+def parse_aggs(aggs: object) -> list[Agg]:
+    """``{"n": "count(*)", "s": "sum(x)", ...}`` as :class:`Agg` s; ValueError in our words."""
+    if not isinstance(aggs, dict) or not aggs:
+        raise ValueError('agg() takes {output name: "function(column)"}, e.g. {"n": "count(*)", "s": "sum(x)"}')
+    out = []
+    for name, call in aggs.items():
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"aggregate output names are non-empty strings, got {name!r}")
+        if is_reserved_name(name):
+            raise ValueError(f"output column name {name!r} is reserved (names starting with '__' and Lance's row columns)")
+        if not isinstance(call, str):
+            raise ValueError(f"aggregate {name!r}: give it as text, e.g. \"sum(x)\", got {type(call).__name__}")
+        m = _CALL.match(call)
+        if not m:
+            raise ValueError(f"aggregate {name!r}: cannot read {call!r}; write function(column), e.g. \"avg(price)\"")
+        fn, distinct, arg = m.group(1).lower(), m.group(2), m.group(3)
+        if fn not in FUNCTIONS:
+            raise ValueError(f"aggregate {name!r}: unknown function {m.group(1)!r}; use one of {list(FUNCTIONS)}")
+        if distinct:
+            raise ValueError(f"aggregate {name!r}: {fn}(distinct ...) is not supported (yet): it cannot be kept "
+                             "from counts and sums")
+        if arg == "*" and fn != "count":
+            raise ValueError(f"aggregate {name!r}: only count takes *; {fn} needs a column")
+        column = None if arg == "*" else arg.strip("`")
+        out.append(Agg(name, fn, column))
+    return out
+
+
+def group_key(values: list) -> str:
+    """The key of a group: the JSON list of its key values (dates as ISO text).
+
+    >>> group_key(["en", 3, None])
+    '["en", 3, null]'
+    """
+    return "[" + ", ".join(partition_key(v) for v in values) + "]"
+
+
+@dataclass(frozen=True)
+class Aggregate:
+    """An aggregate view's ``GROUP BY`` keys and aggregates (its stored spec)."""
+
+    keys: tuple[str, ...]
+    aggs: tuple[Agg, ...]
+
+    def to_spec(self) -> dict:
+        cols = [a.column for a in self.aggs if a.column is not None]
+        inputs = list(dict.fromkeys([*self.keys, *cols]))
+        return {"kind": "aggregate", "keys": list(self.keys), "aggs": [[a.name, a.fn, a.column] for a in self.aggs],
+                "input_columns": inputs}
+
+    @classmethod
+    def from_definition(cls, definition: ViewDefinition) -> "Aggregate":
+        spec = json.loads(definition.function or "{}")
+        if spec.get("kind") != "aggregate":
+            raise ValueError("not an aggregate view")
+        return cls(tuple(spec["keys"]), tuple(Agg(n, f, c) for n, f, c in spec["aggs"]))
+
+    @property
+    def value_columns(self) -> list[str]:
+        """Source columns the aggregates read (each once)."""
+        return list(dict.fromkeys(a.column for a in self.aggs if a.column is not None))
+
+    @property
+    def input_columns(self) -> list[str]:
+        return list(dict.fromkeys([*self.keys, *self.value_columns]))
+
+    def summed(self) -> list[str]:
+        """Columns whose sum is kept (sum and avg read them)."""
+        return list(dict.fromkeys(a.column for a in self.aggs if a.fn in ("sum", "avg") and a.column))
+
+    def extremes(self) -> list[tuple[str, str]]:
+        """(function, column) of each min / max, once each."""
+        return list(dict.fromkeys((a.fn, a.column) for a in self.aggs if a.fn in ("min", "max") and a.column))
+
+
+def _orderable(t: pa.DataType) -> bool:
+    return (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_string(t)
+            or pa.types.is_large_string(t) or pa.types.is_date(t) or pa.types.is_timestamp(t)
+            or pa.types.is_boolean(t) or pa.types.is_decimal(t))
+
+
+def _numeric(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+
+def check_agg_query(definition: ViewDefinition, name: str, selects_all: bool) -> None:
+    """What an aggregate view's query may hold, refused before anything is written."""
+    if not selects_all:
+        raise ValueError(f"aggregate view {name!r}: the query cannot select() columns; the group_by keys and the "
+                         "agg() outputs are the view's columns")
+    if definition.shuffle:
+        raise ValueError(f"aggregate view {name!r}: group_by cannot be combined with shuffle()")
+    if definition.limit is not None:
+        raise ValueError(f"aggregate view {name!r}: group_by cannot be combined with limit()")
+
+
+def sum_type(t: pa.DataType) -> pa.DataType:
+    return pa.int64() if pa.types.is_integer(t) else pa.float64()
+
+
+def agg_view_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Schema:
+    """The aggregate view's Arrow schema; validates keys, aggregates and filter against the source."""
+    agg = Aggregate.from_definition(definition)
+    src = ds.schema
+    visible = [f.name for f in src if not f.name.startswith("__")]
+    for k in agg.keys:
+        if k not in src.names:
+            raise ValueError(f"group_by: {definition.source!r} has no column {k!r}; its columns are {visible}")
+        check_partition_type("group_by", k, src.field(k).type)
+    outputs = {a.name for a in agg.aggs}
+    clash = sorted(outputs & set(agg.keys))
+    if clash:
+        raise ValueError(f"aggregate outputs {clash} have the names of group_by keys")
+    for a in agg.aggs:
+        if a.column is None:
+            continue
+        if a.column not in src.names:
+            raise ValueError(f"aggregate {a.name!r} = {a}: {definition.source!r} has no column {a.column!r}; "
+                             f"its columns are {visible}")
+        t = src.field(a.column).type
+        if a.fn in ("sum", "avg") and not _numeric(t):
+            raise ValueError(f"aggregate {a.name!r} = {a}: {a.fn} needs a numeric column; {a.column!r} is {t}")
+        if a.fn in ("min", "max") and not _orderable(t):
+            raise ValueError(f"aggregate {a.name!r} = {a}: {a.fn} needs an ordered column; {a.column!r} is {t}")
+    try:
+        check_sql(ds, filter=definition.filter)
+    except (ValueError, OSError) as exc:
+        raise ValueError(f"invalid view query over {definition.source!r}: {short_error(exc)}") from exc
+    fields = [pa.field(SOURCE_ROW_ID, pa.int64(), nullable=False), pa.field(GROUP, pa.string(), nullable=False)]
+    fields += [src.field(k).with_nullable(True) for k in agg.keys]
+    for a in agg.aggs:
+        t = src.field(a.column).type if a.column else None
+        if a.fn == "count":
+            fields.append(pa.field(a.name, pa.int64(), nullable=False))
+        elif a.fn == "sum":
+            assert t is not None
+            fields.append(pa.field(a.name, sum_type(t)))
+        elif a.fn == "avg":
+            fields.append(pa.field(a.name, pa.float64()))
+        else:
+            assert t is not None
+            fields.append(pa.field(a.name, t))
+    fields.append(pa.field(ROWS, pa.int64(), nullable=False))
+    for c in agg.value_columns:
+        fields.append(pa.field(cnt_col(c), pa.int64(), nullable=False))
+    for c in agg.summed():
+        t = src.field(c).type
+        fields.append(pa.field(sum_col(c), sum_type(t), nullable=False))
+        if pa.types.is_floating(t):
+            fields.append(pa.field(comp_col(c), pa.float64(), nullable=False))
+    return pa.schema(fields, metadata={
+        VIEW_METADATA_KEY: definition.encode(),
+        READ_FIELDS_METADATA_KEY: json.dumps(read_field_ids(definition, ds)),
+    })
