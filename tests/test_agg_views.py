@@ -31,7 +31,7 @@ def keep(r: dict) -> bool:
     return r["w"] != 3  # the view's filter: w != 3 (w is never NULL)
 
 
-def oracle(uri: str, version: int) -> dict[tuple, dict]:
+def oracle(uri: str, version: int | None) -> dict[tuple, dict]:
     rows = lance.dataset(uri, version=version).to_table().to_pylist()
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
@@ -42,7 +42,7 @@ def oracle(uri: str, version: int) -> dict[tuple, dict]:
         o = {}
         for name, call in AGGS.items():
             fn, col = call[:-1].split("(")
-            vals = [r[col] for r in rs if r[col] is not None] if col != "*" else None
+            vals = [r[col] for r in rs if r[col] is not None] if col != "*" else []
             if fn == "count":
                 o[name] = len(rs) if col == "*" else len(vals)
             elif not vals:
@@ -179,9 +179,10 @@ def test_random_histories_with_other_writers_match_the_oracle(tmp_path_factory, 
 
 
 def test_float_sums_stay_exact_over_a_long_history(db):
-    """Values of very different magnitudes, added and removed over 240
-    refreshes: the compensated sum stays within a few ulps of the exact sum,
-    where a plain running float sum drifts."""
+    """Values of very different magnitudes (1e16 next to 0.003), added and
+    removed over 240 refreshes: each refresh adds the exact sum of its changes
+    to a double-double, so the view's sum is the exact sum correctly rounded
+    (within an ulp), where a plain running float sum is off by far more."""
     rng = np.random.default_rng(3)
     src = db.create_table("src", pa.Table.from_pylist(
         [{"id": 0, "g": 0, "s": "a", "x": 1e16, "i": 0, "label": "p", "w": 0}], schema=SCHEMA), primary_key="id")
@@ -197,14 +198,14 @@ def test_float_sums_stay_exact_over_a_long_history(db):
         for x in vals:
             naive += float(x)
         if step % 3 == 2:
-            gone = src.to_arrow().filter(pa.compute.greater(pa.compute.field("id"), next_id - 9)).to_pylist()[:1]
+            gone = [r for r in src.to_arrow().to_pylist() if r["id"] > next_id - 9][:1]
             for r in gone:
                 src.delete(f"id = {r['id']}")
                 naive -= r["x"]
         db.refresh("agg")
     exact = math.fsum(lance.dataset(src.uri).to_table().column("x").to_pylist())
     got = v.to_arrow().column("sx")[0].as_py()
-    assert abs(got - exact) <= 4 * math.ulp(max(abs(exact), 1.0)), (got, exact)
+    assert abs(got - exact) <= math.ulp(abs(exact)), (got, exact)
     assert abs(naive - exact) > abs(got - exact)  # what a plain running sum does
 
 

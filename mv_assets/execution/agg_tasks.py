@@ -11,9 +11,11 @@
   state is then recomputed exactly: float sums re-based); a group whose row
   count reaches 0 goes.
 
-Float sums are carried with a Neumaier compensation term per group and
-column, so a long history of incremental refreshes adds about one rounding
-error per refresh to the sum's compensated value rather than one per row.
+Float sums are carried as double-doubles (the sum and a remainder column,
+about 106 bits): each incremental refresh adds the exact sum of its changed
+rows' values (``math.fsum``), so a long history adds no drift; a group
+recomputed for its min / max is re-based on its exact sum. A full refresh sums
+each group with Arrow (pairwise: within a few ulps of the exact sum per group).
 
 Used by the planner (exact counts for the dry run) and by the task (rows
 written), with the same pinned versions, so both see the same result.
@@ -44,16 +46,19 @@ def _and(*parts: str | None) -> str | None:
     return " AND ".join(f"({p})" for p in kept) if kept else None
 
 
-def _aggregate(rows: pa.Table, agg: Aggregate) -> pa.Table | None:
+def _aggregate(rows: pa.Table, agg: Aggregate, exact: bool = False) -> pa.Table | None:
     """Per group of ``rows``: ``__n`` rows, ``__c_<i>`` non-NULL counts, ``__s_<i>`` sums,
     ``__lo_<i>`` / ``__hi_<i>`` extremes (i: the value column's position), and the keys
-    (None: no rows)."""
+    (None: no rows). ``exact``: float sums as the exact sum's double-double
+    (``__s_<i>`` + ``__e_<i>``, by ``math.fsum`` of each group's values: for
+    changes, whose rows are few); else Arrow's (pairwise) sum."""
     cols = agg.value_columns
     specs: list = [([], "count_all")]
     for c in cols:
         specs.append((c, "count"))
+    floats = [c for c in agg.summed() if pa.types.is_floating(rows.schema.field(c).type)] if exact else []
     for c in agg.summed():
-        specs.append((c, "sum"))
+        specs.append((c, "list" if c in floats else "sum"))
     for fn, c in agg.extremes():
         specs.append((c, fn))
     keys = list(agg.keys)
@@ -65,11 +70,42 @@ def _aggregate(rows: pa.Table, agg: Aggregate) -> pa.Table | None:
         grouped = rows.append_column("__one", pa.array(np.zeros(rows.num_rows, np.int8))).group_by(
             ["__one"], use_threads=False).aggregate(specs)
     # pyarrow names an output "<column>_<function>" ("count_all"); where it puts the keys varies by version
-    produced = ["count_all"] + [f"{c}_count" for c in cols] + [f"{c}_sum" for c in agg.summed()] + [
-        f"{c}_{fn}" for fn, c in agg.extremes()]
+    produced = ["count_all"] + [f"{c}_count" for c in cols] + [
+        f"{c}_list" if c in floats else f"{c}_sum" for c in agg.summed()] + [f"{c}_{fn}" for fn, c in agg.extremes()]
     names = ["__n"] + [f"__c_{cols.index(c)}" for c in cols] + [f"__s_{cols.index(c)}" for c in agg.summed()] + [
         f"__{'lo' if fn == 'min' else 'hi'}_{cols.index(c)}" for fn, c in agg.extremes()]
-    return grouped.select(keys + produced).rename_columns(keys + names)
+    out = grouped.select(keys + produced).rename_columns(keys + names)
+    for c in floats:  # the exact sum of each group's values, as hi + lo
+        at = out.schema.get_field_index(f"__s_{cols.index(c)}")
+        pairs = [_exact([v for v in vals if v is not None]) for vals in out.column(at).to_pylist()]
+        out = out.set_column(at, f"__s_{cols.index(c)}", pa.array([p[0] for p in pairs], pa.float64()))
+        out = out.append_column(f"__e_{cols.index(c)}", pa.array([p[1] for p in pairs], pa.float64()))
+    return out
+
+
+def _exact(values: list[float]) -> tuple[float, float]:
+    """The exact sum of ``values`` as a double-double (hi, lo): hi the correctly
+    rounded sum, lo the rounded remainder."""
+    hi = math.fsum(values)
+    if not math.isfinite(hi):
+        return hi, 0.0
+    return hi, math.fsum([*values, -hi])
+
+
+def _two_sum(a: float, b: float) -> tuple[float, float]:
+    s = a + b
+    bb = s - a
+    return s, (a - (s - bb)) + (b - bb)
+
+
+def _dd_add(hi: float, lo: float, x_hi: float, x_lo: float) -> tuple[float, float]:
+    """(hi + lo) + (x_hi + x_lo) in double-double arithmetic (about 106 bits)."""
+    s, e = _two_sum(hi, x_hi)
+    if not math.isfinite(s):
+        return s, 0.0
+    e += lo + x_lo
+    t = s + e
+    return t, e - (t - s)
 
 
 def _keys_of(table: pa.Table, agg: Aggregate) -> list[str]:
@@ -91,13 +127,6 @@ class _State:
     ext: dict = field(default_factory=dict)  # (fn, column) -> extreme or None
 
 
-def _neumaier(s: float, c: float, x: float) -> tuple[float, float]:
-    t = s + x
-    if math.isfinite(t):
-        c += (s - t) + x if abs(s) >= abs(x) else (x - t) + s
-    return t, c
-
-
 def _states(grouped: pa.Table | None, agg: Aggregate) -> dict[str, _State]:
     """States of groups from :func:`_aggregate`'s output (exact: compensation 0)."""
     cols = agg.value_columns
@@ -113,7 +142,8 @@ def _states(grouped: pa.Table | None, agg: Aggregate) -> dict[str, _State]:
         for c in agg.summed():
             v = data[f"__s_{cols.index(c)}"][i]
             st.sums[c] = v if v is not None else 0
-            st.comp[c] = 0.0
+            err = data.get(f"__e_{cols.index(c)}")
+            st.comp[c] = float(err[i]) if err is not None else 0.0
         for fn, c in agg.extremes():
             st.ext[(fn, c)] = data[f"__{'lo' if fn == 'min' else 'hi'}_{cols.index(c)}"][i]
         out[key] = st
@@ -232,8 +262,8 @@ def apply_changes(src: lance.LanceDataset, old: lance.LanceDataset, view_rows: p
     """The touched groups' new rows (see the module docstring). ``view_rows``:
     the view's rows (all columns) of at least the touched groups."""
     plus, minus = changed_rows(src, old, filter_sql, agg, moved, appended)
-    add = _states(_aggregate(plus, agg), agg)
-    sub = _states(_aggregate(minus, agg), agg)
+    add = _states(_aggregate(plus, agg, exact=True), agg)
+    sub = _states(_aggregate(minus, agg, exact=True), agg)
     touched = set(add) | set(sub)
     held = {k: st for k, st in _view_states(view_rows, agg, schema).items() if k in touched}
     out: dict[str, _State] = {}
@@ -248,12 +278,12 @@ def apply_changes(src: lance.LanceDataset, old: lance.LanceDataset, view_rows: p
         st.rows += (a.rows if a else 0) - (s.rows if s else 0)
         for c in agg.summed():
             total, comp = (base.sums[c], base.comp[c]) if base else (0, 0.0)
-            if c in floats:
+            if c in floats:  # double-double: exact deltas add no drift
                 total, comp = float(total), float(comp)
                 if a and a.cnt[c]:
-                    total, comp = _neumaier(total, comp, float(a.sums[c]))
+                    total, comp = _dd_add(total, comp, float(a.sums[c]), a.comp[c])
                 if s and s.cnt[c]:
-                    total, comp = _neumaier(total, comp, -float(s.sums[c]))
+                    total, comp = _dd_add(total, comp, -float(s.sums[c]), -s.comp[c])
             else:
                 total = int(total) + (int(a.sums[c]) if a and a.cnt[c] else 0) - (int(s.sums[c]) if s and s.cnt[c] else 0)
             st.sums[c], st.comp[c] = total, comp
@@ -275,7 +305,7 @@ def apply_changes(src: lance.LanceDataset, old: lance.LanceDataset, view_rows: p
             chunk = recompute[lo:lo + GROUPS_PER_SCAN]
             rows = src.to_table(columns=agg.input_columns,
                                 filter=_and(_group_predicate(agg, [out[k] for k in chunk], src.schema), filter_sql))
-            exact = _states(_aggregate(rows, agg), agg)
+            exact = _states(_aggregate(rows, agg, exact=True), agg)
             for k in chunk:
                 out[k] = exact.get(k, _State(out[k].key_values, rows=0))
     new = _rows_table(out, agg, schema)

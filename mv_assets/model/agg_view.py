@@ -15,7 +15,8 @@ the view's own columns (so one Lance commit carries rows and state):
 * ``__agg__cnt__<x>``: non-NULL values of ``x`` (count(x); NULL rules of
   sum/avg/min/max), ``__agg__sum__<x>`` their sum (int64 for integer
   columns: exact; float64 for floats, with ``__agg__comp__<x>``, the
-  Neumaier compensation term carried across refreshes).
+  remainder of a double-double sum carried across refreshes: see
+  :mod:`mv_assets.execution.agg_tasks`).
 
 SQL NULL semantics: ``count(x)`` skips NULLs; sum/avg/min/max of only NULLs is
 NULL; NULL keys form a group. Keys hold values compared exactly (integers,
