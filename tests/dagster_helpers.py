@@ -2,6 +2,10 @@
 view, and applying a sensor's partition requests to an instance (a directly
 evaluated sensor does not apply them)."""
 
+import os
+import sys
+from contextlib import contextmanager
+
 import dagster as dg
 
 import mv_assets as mv
@@ -49,3 +53,53 @@ def evaluate_schedule(schedule, **kwargs):
     """One schedule tick, resources open."""
     with dg.build_schedule_context(**kwargs) as ctx:
         return schedule.evaluate_tick(ctx)
+
+
+UI_DEFS = '''
+from mv_assets.dagster import MvAssetsResource, build_definitions
+
+defs = build_definitions({uri!r}, views={views!r}, resource=MvAssetsResource(catalog_uri={uri!r}, runner="inline"))
+'''
+
+
+@contextmanager
+def ui_graphql(instance, folder, uri: str, views: str | None = None):
+    """``query(text, **variables)`` answering GraphQL as the Dagster UI asks
+    it (dagster-webserver's schema), over the definitions of the catalog at
+    ``uri`` loaded in this process from a file written in ``folder``."""
+    from dagster._core.test_utils import in_process_test_workspace
+    from dagster._core.types.loadable_target_origin import LoadableTargetOrigin
+    from dagster_graphql.test.utils import execute_dagster_graphql
+
+    path = os.path.join(str(folder), "ui_definitions.py")
+    with open(path, "w") as f:
+        f.write(UI_DEFS.format(uri=uri, views=views))
+    origin = LoadableTargetOrigin(python_file=path, attribute="defs", executable_path=sys.executable)
+    with in_process_test_workspace(instance, origin) as context:
+        def query(text: str, **variables):
+            result = execute_dagster_graphql(context, text, variables=variables or None)
+            assert not result.errors, result.errors
+            return result.data
+
+        yield query
+
+
+def run_requested(defs, instance, result) -> list:
+    """What the daemon does with a sensor tick's result: apply its partition
+    requests and asset events, then run each requested run in process. The
+    runs' results."""
+    apply_partition_requests(instance, result)
+    for event in getattr(result, "asset_events", None) or []:
+        instance.report_runless_asset_event(event)
+    job = defs.resolve_implicit_global_asset_job_def()
+    out = []
+    for run in getattr(result, "run_requests", None) or []:
+        done = job.execute_in_process(instance=instance, asset_selection=run.asset_selection, tags=run.tags)
+        assert done.success
+        out.append(done)
+    return out
+
+
+def run_log(instance, result) -> list[str]:
+    """The messages a run logged through ``context.log`` (its Dagster events left out)."""
+    return [r.user_message for r in instance.all_logs(result.run_id) if r.dagster_event is None and r.user_message]

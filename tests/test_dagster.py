@@ -533,11 +533,12 @@ def test_a_chunk_view_is_an_asset_of_its_sources_lineage_refreshed_by_the_sensor
                 mds = [m.asset_materialization for m in instance.fetch_materializations(K(["chunks"]), limit=50).records]
                 assert mds and all("parents_chunked" in m.metadata and "rows_computed" not in m.metadata
                                    and "run_parents_inserted" in m.metadata for m in mds)
-                first_counts = {int(m.partition): m.metadata["dagster/row_count"].value for m in mds}
+                first_counts = {int(m.partition): m.metadata["partition_row_count"].value for m in mds}
+                assert {m.metadata["dagster/row_count"].value for m in mds} == {view.count_rows()}
         assert calls(log) == 11 + 4 + 1  # each passing parent once, the updated one again; deletes and compaction: none
         assert embedded == len(expected(docs.uri, 2)) + 4 + 3  # the first chunks, the appended, the re-chunked
         mats = instance.fetch_materializations(K(["chunks", "emb"]), limit=100).records
-        assert mats and "udf_rows_computed" in mats[0].asset_materialization.metadata
+        assert mats and {"rows_computed", "run_udf_rows_computed"} <= set(mats[0].asset_materialization.metadata)
         assert first_counts and all(n == first_rows[fid] for fid, n in first_counts.items())
 
 

@@ -253,7 +253,7 @@ def test_ui_flows_in_chromium(tmp_path, artifacts):
             ui.page.get_by_role("button", name="Reload definitions").click()
             wait_until(lambda: _code_version(base, ["doc_features", "words"]) == new_fp, 90, "the reloaded definitions")
             ui.goto("/assets/doc_features/words")
-            ui.page.get_by_text("its code differed from the code that computed").wait_for(timeout=60_000)
+            ui.page.get_by_text(f"Code fingerprint {new_fp}").wait_for(timeout=60_000)
             ui.shot("words-code-changed")
             status, causes = _stale_causes(base, ["doc_features", "words"], "0")
             assert status == "STALE" and causes == ["has a new code version"]

@@ -42,6 +42,28 @@ TAG_SCOPE = "mv_assets/scope"
 CHECK_NAMES = ("matches_source_query", "no_orphan_rows", "udf_values_present")
 UDTF_CHECK_NAMES = ("no_orphan_rows",)  # a table-function view's (ops.checks._udtf_checks)
 CODE_CHECK = "udf_code_current"  # on UDF columns of views declared in code
+CHECK_DESCRIPTIONS = {  # what each check of a view verifies (mv_assets.ops.checks), as the UI shows it
+    "matches_source_query": (
+        "The view holds exactly the rows its query gives over the source at the version it reflects: the same "
+        "keys, none missing, none extra, none twice (a chunk view: every chunk's parent passes the query and "
+        "each parent's chunks are numbered 0..k-1)."
+    ),
+    "no_orphan_rows": "Every row of the view still has its source row at the source version the view reflects.",
+    "udf_values_present": (
+        "No UDF value is missing where the UDF's inputs are present (a row a UDF failed on under "
+        'on_error="skip" counts as missing: see `mv-assets errors`).'
+    ),
+    CODE_CHECK: (
+        "Every row of the column was computed by the UDF code declared now; fails while rows computed by other "
+        "code remain (after a code change, or a recompute that failed). Row counts in the metadata."
+    ),
+}
+UDTF_CHECK_DESCRIPTIONS = {
+    "no_orphan_rows": (
+        "Every partition (partition_by value) the view holds rows of still has source rows passing its query "
+        "at the source version the view reflects."
+    ),
+}
 # Per-partition metadata is computed for runs of at most this many partitions.
 PER_PARTITION_LIMIT = 2000
 
@@ -142,10 +164,12 @@ def _view_description(info: TableInfo) -> str:
         what = f"Materialized view over `{info.source}`{where}{lim}: {cols}"
     text = f"{what}. {how}; refreshed incrementally on Spark. Policy: {info.policy.describe()}."
     diff = info.code_changes
-    if diff is not None and diff.create:
-        text += " Declared in code; created by its first materialization."
-    elif diff is not None and (diff.altered or diff.added):
-        text += f" Code changed for {diff.altered + diff.added}: materialize those columns to apply it."
+    if diff is not None:
+        # what is true whatever runs after the definitions' load: a state as of the
+        # load ("the code changed") would read wrong after the next run
+        text += (" Declared in code: a materialization makes the view follow the code first (creates it, swaps"
+                 " changed UDFs in, adds new columns); each UDF column's udf_code_current check says whether"
+                 " rows computed by other code remain.")
     if diff is not None and diff.problems:
         text += " The code cannot be applied: " + "; ".join(diff.problems)
     return text
@@ -222,16 +246,15 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo]):
         )
     ]
     col_keys = {}
-    diff = info.code_changes
-    changed = set(diff.altered + diff.added) if diff is not None else set()
     for col in info.udf_columns:
         key = dg.AssetKey([info.name, col["name"]])
         col_keys[col["name"]] = key
         description = _udf_description(info.name, col)
-        if col["name"] in changed:
+        if info.declared is not None:
+            # (never a state as of the definitions' load: it would read wrong after the next run)
             description += (
-                " When these definitions were loaded, its code differed from the code that computed the view's"
-                " rows; the udf_code_current check says whether that is still so. Materialize it to recompute."
+                " Declared in code: its code version is this fingerprint. Materializing it recomputes the rows"
+                " computed by other code; the udf_code_current check says whether any remain."
             )
         specs.append(
             dg.AssetSpec(
@@ -246,16 +269,14 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo]):
             )
         )
     names = UDTF_CHECK_NAMES if info.kind == "udtf" else CHECK_NAMES  # rows per partition: fewer checks
-    check_specs = [dg.AssetCheckSpec(name, asset=view_key) for name in names]
+    described = {**CHECK_DESCRIPTIONS, **UDTF_CHECK_DESCRIPTIONS} if info.kind == "udtf" else CHECK_DESCRIPTIONS
+    check_specs = [dg.AssetCheckSpec(name, asset=view_key, description=described[name]) for name in names]
     if info.declared is not None:
         # Dagster shows no asset-level staleness for partitioned assets: this check
         # marks a column whose code changed on the asset itself, in the catalog and
         # the lineage graph (evaluated by the sensor and by the column's materialization)
         check_specs += [
-            dg.AssetCheckSpec(
-                CODE_CHECK, asset=key,
-                description="Every row of the column was computed by the UDF code declared now (row counts in the metadata).",
-            )
+            dg.AssetCheckSpec(CODE_CHECK, asset=key, description=CHECK_DESCRIPTIONS[CODE_CHECK])
             for key in col_keys.values()
         ]
     return specs, check_specs, view_key, col_keys
@@ -455,9 +476,10 @@ def _apply_code(context, info: TableInfo, db) -> None:
     except ValueError as exc:
         raise dg.Failure(description=f"{info.name!r} cannot follow its code: {exc}") from exc
     if not diff.in_sync:
-        context.log.info(
-            f"{info.name}: applied the code (created: {diff.create}, new code: {diff.altered}, added: {diff.added})"
-        )
+        done = (["created the view from its code"] if diff.create else []) + (
+            [f"swapped in the new code of {', '.join(diff.altered)} (rows it computed before are stale until "
+             "recomputed)"] if diff.altered else []) + ([f"added {', '.join(diff.added)}"] if diff.added else [])
+        context.log.info(f"{info.name}: applied the code: {'; '.join(done)}")
 
 
 def _refresh_view(context, info: TableInfo, view, fragments: list[int] | None, recompute):
@@ -505,7 +527,7 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
     whole = not info.scoped or not keys or context.run.tags.get(TAG_SCOPE) == "changes" or present <= set(fragments)
     started = time.perf_counter()
     result = None
-    backfilled: dict[str, int] = {}
+    recomputed: dict[str, Any] = {}  # column -> the backfill that recomputed its stale rows
     if view_key in selected:
         result = _refresh_view(context, info, view, None if whole else fragments, None)
     elif not whole:  # only UDF columns of some partitions: recompute them there
@@ -513,26 +535,48 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
     if whole:
         # UDF columns whose code changed have stale rows: recompute exactly those
         for name in columns:
-            if view.plan_backfill(name).rows:
-                backfilled[name] = view.backfill(name).udf_rows_computed
+            if name not in recomputed and view.plan_backfill(name).rows:
+                done = view.backfill(name)
+                for sibling in done.columns:  # a multi-column UDF fills its siblings too
+                    recomputed[sibling] = done
     duration = time.perf_counter() - started
-    _log_outcome(context, info, result, backfilled, columns, duration)
+    _log_outcome(context, info, result, recomputed, columns, duration)
     _record_run(
         context, info, db, view, view_key, col_keys, columns, keys if partitioned else [], fragments, whole, result,
-        backfilled, duration,
+        recomputed, duration,
     )
 
 
-def _log_outcome(context, info: TableInfo, result, backfilled: dict, columns: list[str], duration: float) -> None:
+def _counts(counts: dict) -> str:
+    """``{"words": 50, "embedding": 50}`` as ``words 50, embedding 50``."""
+    return ", ".join(f"{name} {n:,}" for name, n in counts.items()) or "none"
+
+
+def _log_outcome(context, info: TableInfo, result, recomputed: dict, columns: list[str], duration: float) -> None:
     if result is not None:
         counted = {"chunker": "parents", "udtf": "partitions"}.get(info.kind, "rows")
-        calls = {"chunker": "chunker calls", "udtf": "UDTF calls"}.get(info.kind, "UDF rows")
-        since = "first refresh" if result.from_version is None else f"v{result.from_version}"
-        context.log.info(
-            f"{info.name}: source {since} -> v{result.to_version}, {counted} +{result.rows_inserted} "
-            f"~{result.rows_updated} -{result.rows_deleted}, {calls} {result.udf_rows_computed}, "
-            f"{result.tasks} tasks ({result.tasks_resumed} resumed) on {result.runner} in {duration:.2f}s"
-        )
+        calls = {"chunker": "chunker calls", "udtf": "UDTF calls"}.get(info.kind, "UDF rows computed")
+        if result.tasks == 0 and not (result.rows_inserted or result.rows_updated or result.rows_deleted):
+            if result.from_version == result.to_version:
+                context.log.info(f"{info.name}: nothing to refresh: it reflects source v{result.to_version} already")
+            else:
+                context.log.info(
+                    f"{info.name}: source v{result.from_version} -> v{result.to_version} changed nothing it reads: "
+                    "nothing computed"
+                )
+        else:
+            since = (f"first refresh, at source v{result.to_version}" if result.from_version is None
+                     else f"source v{result.from_version} -> v{result.to_version}")
+            resumed = sum(result.udf_rows_resumed.values()) if result.udf_rows_resumed else 0
+            from_checkpoints = f", {resumed:,} UDF rows from checkpoints" if resumed else ""
+            tasks = f"{result.tasks} task{'s' if result.tasks != 1 else ''}"
+            if result.tasks_resumed:
+                tasks += f" ({result.tasks_resumed} resumed from checkpoints)"
+            context.log.info(
+                f"{info.name}: {since}: {counted} +{result.rows_inserted:,} ~{result.rows_updated:,} "
+                f"-{result.rows_deleted:,}, {calls}: {_counts(result.udf_rows_computed)}{from_checkpoints}; "
+                f"{tasks} on {result.runner} in {duration:.2f}s"
+            )
     if result is not None and result.indexes:
         up = result.indexes
         context.log.info(
@@ -540,41 +584,74 @@ def _log_outcome(context, info: TableInfo, result, backfilled: dict, columns: li
             f"rebuilt {up['rebuilt'] or 'none'}" + (f"; NOT updated {up['failed']} (searches stay right by "
                                                    "scanning the rows outside them)" if up["failed"] else "")
         )
-    if backfilled:
-        context.log.info(f"{info.name}: recomputed the stale rows of {backfilled} (UDF code changed)")
-    elif result is None:
-        context.log.info(f"{info.name}: {columns} are current for every row: nothing to compute")
+    for done in {id(r): r for r in recomputed.values()}.values():
+        resumed = f", {done.rows_resumed:,} from checkpoints" if done.rows_resumed else ""
+        context.log.info(
+            f"{info.name}: recomputed {', '.join(done.columns)} (UDF code changed): {done.rows_written:,} rows "
+            f"computed by other code rewritten ({done.udf_rows_computed:,} computed{resumed}, "
+            f"{done.rows_failed:,} failed)"
+        )
+    if result is None and not recomputed:
+        context.log.info(f"{info.name}: {', '.join(columns)}: every row is current: nothing to compute")
+
+
+SCOPE_CHANGES = "changes since the last refresh"
+SCOPE_FRAGMENTS = "selected fragments"
+SCOPE_RECOMPUTE = "rows computed by other code (the UDF code changed)"
+SCOPE_NOTHING = "nothing to compute: every row is current"
 
 
 def _record_run(
     context, info: TableInfo, db, view, view_key, col_keys: dict, columns: list[str], keys: list[str],
-    fragments: list[int], whole: bool, result, backfilled: dict, duration: float,
+    fragments: list[int], whole: bool, result, recomputed: dict, duration: float,
 ) -> None:
-    """Materialization events of the run: one per asset, or one per partition
-    with that partition's own numbers (and the code version Dagster compares to
-    tell a changed UDF from a current one)."""
+    """Materialization events of the run: one per asset, or one per partition.
+
+    A partition's numbers are its own (rows of its source fragment); the run's
+    totals are labelled ``run_*``. Every view materialization's
+    ``dagster/row_count`` (the asset page's "Row count") is the whole view's;
+    ``partition_row_count`` is the partition's. Views refreshed as a whole
+    (over views, limited, table-function) record only run totals: their rows
+    are not counted per source fragment."""
     selected = context.selected_asset_keys
-    run_md = {
+    view_scope = SCOPE_CHANGES if whole else SCOPE_FRAGMENTS
+    base_md = {
         "source_version": view.source_version if result is None else result.to_version,
         "view_version": view.version,
-        "scope": "changes since the last refresh" if whole else "selected fragments",
         "run_duration_s": round(duration, 3),
     }
     # a chunk view's refresh counts parents (documents), its rows are their chunks
     unit = "parents" if info.kind == "chunker" else "rows"
     computed_key = "parents_chunked" if unit == "parents" else "rows_computed"
+    run_md = dict(base_md)
     if result is not None:
         run_md.update({
             "runner": result.runner, f"run_{unit}_inserted": result.rows_inserted,
             f"run_{unit}_updated": result.rows_updated, f"run_{unit}_deleted": result.rows_deleted,
+            f"run_{computed_key}": sum(result.rows_by_fragment.values()),
         })
-    by_fragment = result.rows_by_fragment if result is not None else {}
+    # rows by source fragment: a partition's own only for views refreshed per fragment
+    by_fragment = result.rows_by_fragment if result is not None and info.scoped else {}
 
-    def column_rows(name: str, fid: int | None = None) -> int:
-        computed = sum(by_fragment.values()) if fid is None else int(by_fragment.get(fid, 0))
-        if result is None or name not in result.udf_rows_computed:
-            computed = 0
-        return computed + (backfilled.get(name, 0) if fid is None else 0)
+    def column_md(name: str, fid: int | None) -> dict:
+        refreshed = result is not None and name in result.udf_rows_computed
+        done = recomputed.get(name)
+        scope = "; ".join([view_scope] * refreshed + [SCOPE_RECOMPUTE] * (done is not None)) or SCOPE_NOTHING
+        md: dict[str, Any] = {**base_md, "scope": scope}
+        if result is not None and refreshed:
+            md["run_udf_rows_computed"] = result.udf_rows_computed[name] + (done.udf_rows_computed if done else 0)
+        elif done is not None:
+            md["run_udf_rows_computed"] = done.udf_rows_computed
+        if done is not None:
+            md["run_udf_rows_recomputed"] = done.rows_written
+        if fid is None or info.scoped:  # a partition's own count: rows of its fragment this run computed
+            rows = (sum(by_fragment.values()) if fid is None else int(by_fragment.get(fid, 0))) if refreshed else 0
+            if done is not None:
+                rows += sum(done.rows_by_fragment.values()) if fid is None else int(done.rows_by_fragment.get(fid, 0))
+            md["udf_rows_computed"] = rows
+        if fid is not None:
+            md["source_fragment"] = fid
+        return md
 
     fingerprints = {c["name"]: c["udf"]["fingerprint"] for c in info.udf_columns}
     source = db.open_table(info.source_name)
@@ -589,31 +666,33 @@ def _record_run(
     view_inputs.update({dg.AssetKey([info.source_name, c]): source.version for c in info.reads})
     view_tags = _version_tags(None, view.version, view_inputs)
     col_tags = {n: _version_tags(fingerprints[n], view.version, {view_key: view.version}) for n in columns}
+    view_rows = view.count_rows() if view_key in selected else 0
+    view_md = {**run_md, "scope": view_scope, "dagster/row_count": view_rows}
     if not keys:
         if view_key in selected:
-            md = {**run_md, computed_key: sum(by_fragment.values()), "dagster/row_count": view.count_rows(),
+            md = {**view_md, computed_key: sum(result.rows_by_fragment.values()) if result is not None else 0,
                   **_status_metadata(view), **_index_metadata(view)}
             _record(context, view_key, None, md, view_tags)
         for name in columns:
-            _record(context, col_keys[name], None, {**run_md, "udf_rows_computed": column_rows(name)}, col_tags[name])
+            _record(context, col_keys[name], None, column_md(name, None), col_tags[name])
         return
     per_fragment = (
-        view.rows_by_fragment(run_md["source_version"], fragments)
-        if info.scoped and len(fragments) <= PER_PARTITION_LIMIT and run_md["source_version"] is not None
+        view.rows_by_fragment(base_md["source_version"], fragments)
+        if info.scoped and view_key in selected and len(fragments) <= PER_PARTITION_LIMIT
+        and base_md["source_version"] is not None
         else {}
     )
     index_md = _index_metadata(view) if view_key in selected else {}
     for key_str, fid in zip(keys, fragments, strict=True):
-        part_md = {**run_md, computed_key: int(by_fragment.get(fid, 0)), "source_fragment": fid, **index_md}
-        if fid in per_fragment:
-            part_md["dagster/row_count"] = per_fragment[fid]
         if view_key in selected:
+            part_md = {**view_md, "source_fragment": fid, **index_md}
+            if info.scoped:
+                part_md[computed_key] = int(by_fragment.get(fid, 0))
+            if fid in per_fragment:
+                part_md["partition_row_count"] = per_fragment[fid]
             _record(context, view_key, key_str, part_md, view_tags)
         for name in columns:
-            md = {**run_md, "udf_rows_computed": column_rows(name, fid), "source_fragment": fid}
-            if backfilled:
-                md["run_udf_rows_recomputed"] = backfilled.get(name, 0)
-            _record(context, col_keys[name], key_str, md, col_tags[name])
+            _record(context, col_keys[name], key_str, column_md(name, fid), col_tags[name])
 
 
 def _column_description(table: str, col: dict) -> str:
@@ -641,21 +720,31 @@ def _backfill_columns(context, info: TableInfo, keys: dict[str, dg.AssetKey]):
             result = table.backfill(name)
             for c in result.columns:  # a multi-column UDF fills its siblings too
                 done[c] = result
-            context.log.info(
-                f"{info.name}.{name}: {result.rows_written} rows written, {result.rows_failed} failed, "
-                f"{result.rows_skipped} changed meanwhile, {result.batches_resumed}/{result.batches} batches "
-                f"resumed, job {result.job_id}"
-            )
+            if not result.rows_planned:
+                context.log.info(f"{info.name}.{name}: every row has a current value: nothing to backfill")
+            else:
+                context.log.info(
+                    f"{info.name}.{name}: backfill: {result.rows_written:,} rows written, {result.rows_failed:,} "
+                    f"failed, {result.rows_skipped:,} changed meanwhile (left for the next backfill); "
+                    f"{result.udf_rows_computed:,} computed, {result.rows_resumed:,} from checkpoints; "
+                    f"job {result.job_id}"
+                )
         r = done[name]
-        md = {
-            "job_id": r.job_id,
+        totals = {
             "rows_written": r.rows_written,
             "rows_failed": r.rows_failed,
             "rows_skipped": r.rows_skipped,
             "udf_rows_computed": r.udf_rows_computed,
+            "rows_resumed": r.rows_resumed,
             "batches_resumed": r.batches_resumed,
-            "table_version": r.version if r.version is not None else table.version,
         }
-        tags = _version_tags(fingerprints.get(name), md["table_version"], {dg.AssetKey([info.name]): table.data_version()})
-        for part in parts or [None]:  # the backfill covered every partition of the run
-            _record(context, key, part, md, tags)
+        version = r.version if r.version is not None else table.version
+        tags = _version_tags(fingerprints.get(name), version, {dg.AssetKey([info.name]): table.data_version()})
+        if not parts:
+            _record(context, key, None, {"job_id": r.job_id, **totals, "table_version": version}, tags)
+            continue
+        run_md = {"job_id": r.job_id, **{f"run_{k}": v for k, v in totals.items()}, "table_version": version}
+        for part in parts:  # the backfill covered every partition of the run: each records its own rows
+            fid = int(part) if part.isdigit() else None
+            rows = r.rows_by_fragment.get(fid, 0) if fid is not None else 0
+            _record(context, key, part, {**run_md, "rows_computed": rows, "source_fragment": fid}, tags)

@@ -21,6 +21,9 @@ the same state again requests nothing new.
 import json
 
 import dagster as dg
+from dagster._core.definitions.asset_checks.asset_check_evaluation import (  # not exported by dagster
+    AssetCheckEvaluationTargetMaterializationData,
+)
 
 from mv_assets.api.table import Table
 from mv_assets.dagster.assets import (
@@ -80,17 +83,32 @@ def _run_in_flight(context: dg.SensorEvaluationContext, table: str) -> bool:
     return bool(runs)
 
 
-def _code_checks(tree: list[TableInfo], db, reported: dict, state: dict):
+def _latest_materialization(instance, key: dg.AssetKey):
+    """What a check evaluated outside a run is about: the asset's latest
+    materialization (None: never materialized)."""
+    records = instance.fetch_materializations(key, limit=1).records
+    if not records:
+        return None
+    r = records[0]
+    return AssetCheckEvaluationTargetMaterializationData(storage_id=r.storage_id, run_id=r.run_id, timestamp=r.timestamp)
+
+
+def _code_checks(context, tree: list[TableInfo], db, reported: dict, state: dict):
     """Columns of views declared in code: a failed ``udf_code_current`` check
     marks the ones with rows not computed by the declared code (a code change,
-    a recompute that failed). Reported when the verdict or the counts change."""
+    a recompute that failed). Reported when the verdict or the counts change,
+    against the column's latest materialization: without it, the UI counts an
+    evaluation made outside a run as about the latest materialization only if
+    its timestamp (whole seconds in SQLite) is later, and shows "0/1 passed"
+    for a check that passed."""
     checks = []
     for v in tree:
         for key, (passed, text, md) in code_check_evaluations(v, db).items():
             state[key.to_user_string()] = text
             if reported.get(key.to_user_string()) != text:
                 checks.append(dg.AssetCheckEvaluation(
-                    asset_key=key, check_name=CODE_CHECK, passed=passed, description=text, metadata=md
+                    asset_key=key, check_name=CODE_CHECK, passed=passed, description=text, metadata=md,
+                    target_materialization_data=_latest_materialization(context.instance, key),
                 ))
     return checks, state
 
@@ -165,7 +183,7 @@ def table_sensor(
         db = mv_assets.reader()
         handle = db.open_table(table.name)
         ch, part_requests = _partition_changes(context, handle, pdef, since)
-        checks, code_state = _code_checks(tree, db, reported, {})
+        checks, code_state = _code_checks(context, tree, db, reported, {})
         if _run_in_flight(context, table.name):
             # One run of a lineage at a time: what it leaves due is seen on the first
             # tick after it ends (the version in the cursor stays, so nothing is missed).

@@ -124,6 +124,9 @@ class BackfillPlan:
     tasks: int
     checkpoint_size: int | None  # None: one pass, checkpoints sized by time (``batches`` are its tasks)
     one_pass: bool = False
+    # rows by fragment of their input: a view's source fragment (what a Dagster
+    # partition is), a table's own fragment
+    rows_by_fragment: dict[int, int] = field(default_factory=dict)
     # internals
     specs: list[ColumnSpec] = field(default_factory=list, repr=False)
     plan_rows: pa.Table | None = field(default=None, repr=False)
@@ -194,6 +197,8 @@ class BackfillResult:
     seconds: float
     timings: dict[str, float] = field(default_factory=dict)
     rows_resumed: int = 0  # rows whose results came from checkpoints of an earlier, interrupted run
+    # rows planned (written, failed or left for later), by fragment of their input (BackfillPlan.rows_by_fragment)
+    rows_by_fragment: dict[int, int] = field(default_factory=dict)
 
     @property
     def status(self) -> str:
@@ -402,7 +407,7 @@ def plan_backfill(
         input_version=ds.version, is_view=is_view, targeted=targeted, predicate=predicate, request=request,
     )
     if one_pass and not is_view:  # the tasks scan their fragments: only addresses here
-        groups, plan.rows = _fragment_groups(ds, predicate, parallelism, candidates, task_size)
+        groups, plan.rows, plan.rows_by_fragment = _fragment_groups(ds, predicate, parallelism, candidates, task_size)
         plan.one_pass_tasks = [{"fragments": g} for g in groups]
         files = _row_checkpoints(table, specs) if plan.rows else []
         if files:  # an interrupted run's results: the rows they hold, by identity
@@ -412,6 +417,8 @@ def plan_backfill(
         return plan
     plan_rows, markers, plan.input_uri, plan.input_version = _plan_rows(table, ds, specs, predicate, candidates)
     plan.rows = plan_rows.num_rows
+    in_fids, in_counts = np.unique(_ids(plan_rows, _IN_ADDR) >> 32, return_counts=True)
+    plan.rows_by_fragment = {int(f): int(n) for f, n in zip(in_fids, in_counts, strict=True)}
     if one_pass:  # a view's: its rows sorted by view address, a task per group of view fragments
         plan.plan_rows = plan_rows.take(pa.array(np.argsort(_ids(plan_rows, _TARGET_ADDR), kind="stable")))
         fids, firsts, counts = np.unique(_ids(plan.plan_rows, _TARGET_ADDR) >> 32, return_index=True,
@@ -689,20 +696,21 @@ def stale_fragments(ds: lance.LanceDataset, specs: list[ColumnSpec]) -> list | N
 def _fragment_groups(
     ds: lance.LanceDataset, predicate: str, parallelism: int, candidates: list | None = None,
     task_size: int | None = None,
-) -> tuple[list[list[int]], int]:
+) -> tuple[list[list[int]], int, dict[int, int]]:
     """Fragments holding rows to compute (among ``candidates``, None: all),
-    packed into tasks (as many rows per task as keep every core busy), and the
-    rows to compute."""
+    packed into tasks (as many rows per task as keep every core busy), the
+    rows to compute, and those rows by fragment."""
     if candidates is not None and not candidates:
-        return [], 0
+        return [], 0, {}
     # (the row version is projected: Lance 14 errs on filters reading it after compaction otherwise)
     scanner = ds.scanner(columns={Alias.ROW_VERSION: "_row_last_updated_at_version"}, filter=predicate,
                          with_row_address=True, fragments=candidates)
     addrs = _ids(scanner.to_table(), "_rowaddr")
     if not len(addrs):
-        return [], 0
+        return [], 0, {}
     fids, counts = np.unique(addrs >> 32, return_counts=True)
-    return [[int(fids[i]) for i in g] for g in fragment_tasks(counts.tolist(), parallelism, task_size)], len(addrs)
+    groups = [[int(fids[i]) for i in g] for g in fragment_tasks(counts.tolist(), parallelism, task_size)]
+    return groups, len(addrs), {int(f): int(n) for f, n in zip(fids, counts, strict=True)}
 
 
 def _record_failure(table: Ref, job_id: str, exc: UdfError, input_uri: str, input_version: int | None) -> None:
@@ -844,17 +852,24 @@ def backfill_column(
         plan = plan_backfill(table, column, fragments=fragments, **args)
         groups = plan_fragments(plan) if commit_granularity is not None else []
         if len(groups) <= (commit_granularity or 0) or commit_granularity is None:
-            return execute_backfill(table, plan, runner, job_id, checkpoint_seconds)
+            return _by_fragment(execute_backfill(table, plan, runner, job_id, checkpoint_seconds), plan)
         results = []
         for lo in range(0, len(groups), commit_granularity):
             present = {f.fragment_id for f in table.dataset().get_fragments()}  # (a compaction meanwhile: its
             group = [f for f in groups[lo:lo + commit_granularity] if f in present]  # rows wait for the next one)
             if group:
                 part = plan_backfill(table, column, fragments=group, **args)
-                results.append(execute_backfill(table, part, runner, job_id, checkpoint_seconds))
+                results.append(_by_fragment(execute_backfill(table, part, runner, job_id, checkpoint_seconds), part))
         if plan.one_pass and not plan.targeted:
             objects.remove_tree(_one_pass_rows_dir(table, plan.specs))  # committed: the checkpointed results are spent
         return _combined(results, plan)
+
+
+def _by_fragment(result: BackfillResult, plan: BackfillPlan) -> BackfillResult:
+    """The result with the rows its plan planned by input fragment (none when it committed nothing)."""
+    if result.version is not None:
+        result.rows_by_fragment = dict(plan.rows_by_fragment)
+    return result
 
 
 def _combined(results: list[BackfillResult], plan: BackfillPlan) -> BackfillResult:
@@ -873,6 +888,7 @@ def _combined(results: list[BackfillResult], plan: BackfillPlan) -> BackfillResu
         udf_rows_computed=sum(r.udf_rows_computed for r in results), batches=sum(r.batches for r in results),
         batches_resumed=sum(r.batches_resumed for r in results), version=versions[-1] if versions else None,
         seconds=sum(r.seconds for r in results), timings=timings, rows_resumed=sum(r.rows_resumed for r in results),
+        rows_by_fragment={f: n for r in results for f, n in r.rows_by_fragment.items()},
     )
 
 
