@@ -17,12 +17,13 @@ rows' values (``math.fsum``), so a long history adds no drift; a group
 recomputed for its min / max is re-based on its exact sum. A full refresh sums
 each group with Arrow (pairwise: within a few ulps of the exact sum per group).
 
-Used by the planner (exact counts for the dry run) and by the task (rows
-written), with the same pinned versions, so both see the same result.
+The planner applies the changes (so its counts are exact) and hands the new
+rows to the task; a full refresh's task computes every group itself. Group
+states are combined column-wise (Arrow and numpy), not group by group.
 """
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import lance
 import numpy as np
@@ -32,7 +33,7 @@ import pyarrow.compute as pc
 from mv_assets.model.agg_view import GROUP, ROWS, Aggregate, cnt_col, comp_col, group_key, sum_col
 from mv_assets.model.definition import quote_ident, sql_literal
 from mv_assets.model.names import SOURCE_ROW_ID
-from mv_assets.model.udtf_view import partition_id
+from mv_assets.model.udtf_view import partition_ids
 from mv_assets.storage import objects
 
 __all__ = ["GroupChanges", "groups_from_rows", "apply_changes", "changed_rows", "agg_batches"]
@@ -56,10 +57,10 @@ def _aggregate(rows: pa.Table, agg: Aggregate, exact: bool = False) -> pa.Table 
     specs: list = [([], "count_all")]
     for c in cols:
         specs.append((c, "count"))
-    floats = [c for c in agg.summed() if pa.types.is_floating(rows.schema.field(c).type)] if exact else []
-    for c in agg.summed():
+    floats = [c for c in agg.summed if pa.types.is_floating(rows.schema.field(c).type)] if exact else []
+    for c in agg.summed:
         specs.append((c, "list" if c in floats else "sum"))
-    for fn, c in agg.extremes():
+    for fn, c in agg.extremes:
         specs.append((c, fn))
     keys = list(agg.keys)
     if rows.num_rows == 0:
@@ -71,13 +72,16 @@ def _aggregate(rows: pa.Table, agg: Aggregate, exact: bool = False) -> pa.Table 
             ["__one"], use_threads=False).aggregate(specs)
     # pyarrow names an output "<column>_<function>" ("count_all"); where it puts the keys varies by version
     produced = ["count_all"] + [f"{c}_count" for c in cols] + [
-        f"{c}_list" if c in floats else f"{c}_sum" for c in agg.summed()] + [f"{c}_{fn}" for fn, c in agg.extremes()]
-    names = ["__n"] + [f"__c_{cols.index(c)}" for c in cols] + [f"__s_{cols.index(c)}" for c in agg.summed()] + [
-        f"__{'lo' if fn == 'min' else 'hi'}_{cols.index(c)}" for fn, c in agg.extremes()]
+        f"{c}_list" if c in floats else f"{c}_sum" for c in agg.summed] + [f"{c}_{fn}" for fn, c in agg.extremes]
+    names = ["__n"] + [f"__c_{cols.index(c)}" for c in cols] + [f"__s_{cols.index(c)}" for c in agg.summed] + [
+        f"__{'lo' if fn == 'min' else 'hi'}_{cols.index(c)}" for fn, c in agg.extremes]
     out = grouped.select(keys + produced).rename_columns(keys + names)
     for c in floats:  # the exact sum of each group's values, as hi + lo
         at = out.schema.get_field_index(f"__s_{cols.index(c)}")
-        pairs = [_exact([v for v in vals if v is not None]) for vals in out.column(at).to_pylist()]
+        lists = out.column(at).combine_chunks()
+        flat = np.asarray(lists.values.fill_null(0.0).to_numpy(zero_copy_only=False), np.float64)
+        bounds = np.asarray(lists.offsets.to_numpy(zero_copy_only=False), np.int64)
+        pairs = [_exact(flat[lo:hi].tolist()) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
         out = out.set_column(at, f"__s_{cols.index(c)}", pa.array([p[0] for p in pairs], pa.float64()))
         out = out.append_column(f"__e_{cols.index(c)}", pa.array([p[1] for p in pairs], pa.float64()))
     return out
@@ -92,118 +96,142 @@ def _exact(values: list[float]) -> tuple[float, float]:
     return hi, math.fsum([*values, -hi])
 
 
-def _two_sum(a: float, b: float) -> tuple[float, float]:
-    s = a + b
-    bb = s - a
-    return s, (a - (s - bb)) + (b - bb)
-
-
-def _dd_add(hi: float, lo: float, x_hi: float, x_lo: float) -> tuple[float, float]:
-    """(hi + lo) + (x_hi + x_lo) in double-double arithmetic (about 106 bits)."""
-    s, e = _two_sum(hi, x_hi)
-    if not math.isfinite(s):
-        return s, 0.0
-    e += lo + x_lo
-    t = s + e
-    return t, e - (t - s)
 
 
 def _keys_of(table: pa.Table, agg: Aggregate) -> list[str]:
+    """The group key of each row of ``table`` (which holds the key columns)."""
     if not agg.keys:
         return [group_key([])] * table.num_rows
     columns = [table.column(k).to_pylist() for k in agg.keys]
     return [group_key(list(vals)) for vals in zip(*columns, strict=True)]
 
 
+def _dd_add(hi: np.ndarray, lo: np.ndarray, x_hi: np.ndarray, x_lo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(hi + lo) + (x_hi + x_lo) elementwise in double-double arithmetic (about 106 bits)."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        s = hi + x_hi
+        bb = s - hi
+        e = (hi - (s - bb)) + (x_hi - bb) + lo + x_lo
+        t = s + e
+        low = e - (t - s)
+    return t, np.where(np.isfinite(t), low, 0.0)
+
+
+def _take(table: pa.Table | None, name: str, at: np.ndarray, dtype: pa.DataType) -> pa.Array:
+    """``table[name]`` at positions ``at`` (-1: NULL); all NULL without a table."""
+    if table is None:
+        return pa.nulls(len(at), dtype)
+    idx = pa.array(at, mask=at < 0)
+    return table.column(name).take(idx).combine_chunks().cast(dtype)
+
+
+def _num(a: pa.Array, dtype: type = np.int64) -> np.ndarray:
+    return np.asarray(a.fill_null(0).to_numpy(zero_copy_only=False), dtype=dtype)
+
+
 @dataclass
-class _State:
-    """One group's state while changes are applied (Python values)."""
-
-    key_values: list
-    rows: int = 0
-    cnt: dict = field(default_factory=dict)  # value column -> non-NULL count
-    sums: dict = field(default_factory=dict)  # summed column -> sum
-    comp: dict = field(default_factory=dict)  # float summed column -> compensation
-    ext: dict = field(default_factory=dict)  # (fn, column) -> extreme or None
+class _Combined:
+    rows: pa.Table  # the groups with rows, in the view's schema
+    counts: np.ndarray  # each key's new row count (<= 0: the group goes)
+    stale: np.ndarray  # the group's min / max may have left it: recompute it from the source
 
 
-def _states(grouped: pa.Table | None, agg: Aggregate) -> dict[str, _State]:
-    """States of groups from :func:`_aggregate`'s output (exact: compensation 0)."""
+def _combine(keys: list[str], agg: Aggregate, schema: pa.Schema, old: pa.Table | None, plus: pa.Table | None,
+             minus: pa.Table | None) -> _Combined:
+    """The new state of the groups ``keys`` (vectorized): ``old`` (view rows,
+    found by their ``GROUP`` key) plus ``plus`` minus ``minus``
+    (:func:`_aggregate` outputs, found by their key columns)."""
+    n = len(keys)
+    key_arr = pa.array(keys, pa.string())
+
+    def positions(table_keys: list[str] | None) -> np.ndarray:
+        if not table_keys:
+            return np.full(n, -1, np.int64)
+        at = pc.index_in(key_arr, value_set=pa.array(table_keys, pa.string()))  # pyright: ignore[reportAttributeAccessIssue]
+        return np.asarray(at.fill_null(-1).to_numpy(zero_copy_only=False), np.int64)
+
+    po = positions(old.column(GROUP).to_pylist() if old is not None else None)
+    pp = positions(_keys_of(plus, agg) if plus is not None else None)
+    pm = positions(_keys_of(minus, agg) if minus is not None else None)
     cols = agg.value_columns
-    out: dict[str, _State] = {}
-    if grouped is None or grouped.num_rows == 0:
-        return out
-    data = grouped.to_pydict()
+    typ = {f.name: f.type for f in schema}
+
+    def added(stored: str, name: str, dtype: type = np.int64) -> np.ndarray:
+        return (_num(_take(old, stored, po, pa.int64()), dtype) + _num(_take(plus, name, pp, pa.int64()), dtype)
+                - _num(_take(minus, name, pm, pa.int64()), dtype))
+
+    rows = added(ROWS, "__n")
+    cnt = {c: added(cnt_col(c), f"__c_{j}") for j, c in enumerate(cols)}
+    sums: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    for c in agg.summed:
+        j = cols.index(c)
+        if comp_col(c) in typ:  # floats: double-double
+            hi = _num(_take(old, sum_col(c), po, pa.float64()), np.float64)
+            lo = _num(_take(old, comp_col(c), po, pa.float64()), np.float64)
+            for t, at, sign in ((plus, pp, 1.0), (minus, pm, -1.0)):
+                if t is None:
+                    continue
+                x_hi = _num(_take(t, f"__s_{j}", at, pa.float64()), np.float64)
+                x_lo = (_num(_take(t, f"__e_{j}", at, pa.float64()), np.float64) if f"__e_{j}" in t.column_names
+                        else np.zeros(n))
+                hi, lo = _dd_add(hi, lo, sign * x_hi, sign * x_lo)
+            sums[c] = (hi, lo)
+        else:
+            sums[c] = (added(sum_col(c), f"__s_{j}"), np.zeros(n))
+    stale = np.zeros(n, dtype=bool)
+    ext: dict[tuple[str, str], pa.Array] = {}
+    out_name = {(a.fn, a.column): a.name for a in agg.aggs if a.fn in ("min", "max")}
+    for fn, c in agg.extremes:
+        j, t = cols.index(c), typ[out_name[(fn, c)]]
+        tag = "lo" if fn == "min" else "hi"
+        cur = _take(old, out_name[(fn, c)], po, t)
+        gone = _take(minus, f"__{tag}_{j}", pm, t)
+        left = (pc.less_equal if fn == "min" else pc.greater_equal)(gone, cur)  # pyright: ignore[reportAttributeAccessIssue]
+        stale |= np.asarray(left.fill_null(False).to_numpy(zero_copy_only=False), bool)  # its extreme left
+        pick = pc.min_element_wise if fn == "min" else pc.max_element_wise  # pyright: ignore[reportAttributeAccessIssue]
+        ext[(fn, c)] = pick(cur, _take(plus, f"__{tag}_{j}", pp, t), skip_nulls=True)
+    arrays: dict[str, pa.Array] = {
+        SOURCE_ROW_ID: pa.array(partition_ids(keys), pa.int64()), GROUP: key_arr, ROWS: pa.array(rows, pa.int64()),
+    }
+    for k in agg.keys:  # a group's key values are the same wherever it is found (NULL included)
+        arrays[k] = pc.coalesce(_take(old, k, po, typ[k]), _take(plus, k, pp, typ[k]), _take(minus, k, pm, typ[k]))  # pyright: ignore[reportAttributeAccessIssue]
+    for c in cols:
+        arrays[cnt_col(c)] = pa.array(cnt[c], pa.int64())
+    for c in agg.summed:
+        hi, lo = sums[c]
+        arrays[sum_col(c)] = pa.array(hi, typ[sum_col(c)])
+        if comp_col(c) in typ:
+            arrays[comp_col(c)] = pa.array(lo, pa.float64())
+    for a in agg.aggs:
+        c = a.column
+        if a.fn == "count":
+            arrays[a.name] = pa.array(rows if c is None else cnt[c], pa.int64())
+            continue
+        assert c is not None
+        none = cnt[c] <= 0  # only NULLs (or no rows): NULL
+        if a.fn == "sum":
+            hi, lo = sums[c]
+            arrays[a.name] = pa.array(hi + lo if comp_col(c) in typ else hi, typ[a.name], mask=none)
+        elif a.fn == "avg":
+            hi, lo = sums[c]
+            with np.errstate(invalid="ignore", divide="ignore"):
+                arrays[a.name] = pa.array((hi + lo) / np.where(none, 1, cnt[c]), pa.float64(), mask=none)
+        else:
+            arrays[a.name] = pc.if_else(pa.array(none), pa.nulls(n, typ[a.name]), ext[(a.fn, c)])  # pyright: ignore[reportAttributeAccessIssue]
+    table = pa.Table.from_arrays([arrays[f.name] for f in schema], schema=schema)
+    live = rows > 0
+    return _Combined(table.filter(pa.array(live)), rows, stale & live)
+
+
+def groups_from_rows(rows: pa.Table, agg: Aggregate, schema: pa.Schema, exact: bool = False) -> pa.Table:
+    """The view rows of every group of ``rows``, sorted by group key
+    (``exact``: float sums exact, see :func:`_aggregate`)."""
+    grouped = _aggregate(rows, agg, exact=exact)
+    if grouped is None:
+        return schema.empty_table()
     keys = _keys_of(grouped, agg)
-    for i, key in enumerate(keys):
-        st = _State([data[k][i] for k in agg.keys], rows=int(data["__n"][i]))
-        for j, c in enumerate(cols):
-            st.cnt[c] = int(data[f"__c_{j}"][i])
-        for c in agg.summed():
-            v = data[f"__s_{cols.index(c)}"][i]
-            st.sums[c] = v if v is not None else 0
-            err = data.get(f"__e_{cols.index(c)}")
-            st.comp[c] = float(err[i]) if err is not None else 0.0
-        for fn, c in agg.extremes():
-            st.ext[(fn, c)] = data[f"__{'lo' if fn == 'min' else 'hi'}_{cols.index(c)}"][i]
-        out[key] = st
-    return out
-
-
-def _view_states(view_rows: pa.Table, agg: Aggregate, schema: pa.Schema) -> dict[str, _State]:
-    out: dict[str, _State] = {}
-    if view_rows.num_rows == 0:
-        return out
-    data = view_rows.to_pydict()
-    by_fn = {(a.fn, a.column): a.name for a in agg.aggs if a.fn in ("min", "max")}
-    for i, key in enumerate(data[GROUP]):
-        st = _State([data[k][i] for k in agg.keys], rows=int(data[ROWS][i]))
-        for c in agg.value_columns:
-            st.cnt[c] = int(data[cnt_col(c)][i])
-        for c in agg.summed():
-            st.sums[c] = data[sum_col(c)][i]
-            st.comp[c] = data[comp_col(c)][i] if comp_col(c) in schema.names else 0.0
-        for fn, c in agg.extremes():
-            st.ext[(fn, c)] = data[by_fn[(fn, c)]][i]
-        out[key] = st
-    return out
-
-
-def _rows_table(states: dict[str, _State], agg: Aggregate, schema: pa.Schema) -> pa.Table:
-    """The view rows of groups with rows, in ``schema`` (sorted by key: deterministic files)."""
-    keys = sorted(k for k, st in states.items() if st.rows > 0)
-    cols: dict[str, list] = {f.name: [] for f in schema}
-    for key in keys:
-        st = states[key]
-        cols[SOURCE_ROW_ID].append(partition_id(key))
-        cols[GROUP].append(key)
-        for k, v in zip(agg.keys, st.key_values, strict=True):
-            cols[k].append(v)
-        for a in agg.aggs:
-            c = a.column
-            if a.fn == "count":
-                cols[a.name].append(st.rows if c is None else st.cnt[c])
-            elif a.fn == "sum":
-                assert c is not None
-                cols[a.name].append((st.sums[c] + st.comp[c]) if st.cnt[c] else None)
-            elif a.fn == "avg":
-                assert c is not None
-                cols[a.name].append(float(st.sums[c] + st.comp[c]) / st.cnt[c] if st.cnt[c] else None)
-            else:
-                cols[a.name].append(st.ext[(a.fn, c)] if st.cnt[c] else None)
-        cols[ROWS].append(st.rows)
-        for c in agg.value_columns:
-            cols[cnt_col(c)].append(st.cnt[c])
-        for c in agg.summed():
-            cols[sum_col(c)].append(st.sums[c])
-            if comp_col(c) in cols:
-                cols[comp_col(c)].append(st.comp[c])
-    return pa.Table.from_arrays([pa.array(cols[f.name], f.type) for f in schema], schema=schema)
-
-
-def groups_from_rows(rows: pa.Table, agg: Aggregate, schema: pa.Schema) -> pa.Table:
-    """The view rows of every group of ``rows`` (exact state)."""
-    return _rows_table(_states(_aggregate(rows, agg), agg), agg, schema)
+    order = sorted(range(len(keys)), key=keys.__getitem__)
+    return _combine([keys[i] for i in order], agg, schema, None, grouped.take(pa.array(order, pa.int64())), None).rows
 
 
 def changed_rows(src: lance.LanceDataset, old: lance.LanceDataset, filter_sql: str | None, agg: Aggregate,
@@ -235,12 +263,12 @@ def changed_rows(src: lance.LanceDataset, old: lance.LanceDataset, filter_sql: s
     return plus, minus
 
 
-def _group_predicate(agg: Aggregate, states: list[_State], schema: pa.Schema) -> str:
+def _group_predicate(agg: Aggregate, rows: pa.Table) -> str:
+    """SQL matching the source rows of the groups of ``rows`` (which hold the key columns)."""
     ors = []
-    for st in states:
-        ands = []
-        for k, v in zip(agg.keys, st.key_values, strict=True):
-            ands.append(f"{quote_ident(k)} IS NULL" if v is None else f"{quote_ident(k)} = {sql_literal(v)}")
+    for values in zip(*[rows.column(k).to_pylist() for k in agg.keys], strict=True) if agg.keys else [()]:
+        ands = [f"{quote_ident(k)} IS NULL" if v is None else f"{quote_ident(k)} = {sql_literal(v)}"
+                for k, v in zip(agg.keys, values, strict=True)]
         ors.append("(" + " AND ".join(ands) + ")" if ands else "true")
     return " OR ".join(ors) if ors else "false"
 
@@ -261,61 +289,32 @@ def apply_changes(src: lance.LanceDataset, old: lance.LanceDataset, view_rows: p
                   agg: Aggregate, schema: pa.Schema, moved: list[int] | None, appended: bool) -> GroupChanges:
     """The touched groups' new rows (see the module docstring). ``view_rows``:
     the view's rows (all columns) of at least the touched groups."""
-    plus, minus = changed_rows(src, old, filter_sql, agg, moved, appended)
-    add = _states(_aggregate(plus, agg, exact=True), agg)
-    sub = _states(_aggregate(minus, agg, exact=True), agg)
-    touched = set(add) | set(sub)
-    held = {k: st for k, st in _view_states(view_rows, agg, schema).items() if k in touched}
-    out: dict[str, _State] = {}
-    recompute: list[str] = []
-    floats = {c for c in agg.summed() if comp_col(c) in schema.names}
-    for key in sorted(touched):
-        base = held.get(key)
-        a, s = add.get(key), sub.get(key)
-        st = _State(list((base or a or s).key_values), rows=base.rows if base else 0)  # type: ignore[union-attr]
-        for c in agg.value_columns:
-            st.cnt[c] = (base.cnt[c] if base else 0) + (a.cnt[c] if a else 0) - (s.cnt[c] if s else 0)
-        st.rows += (a.rows if a else 0) - (s.rows if s else 0)
-        for c in agg.summed():
-            total, comp = (base.sums[c], base.comp[c]) if base else (0, 0.0)
-            if c in floats:  # double-double: exact deltas add no drift
-                total, comp = float(total), float(comp)
-                if a and a.cnt[c]:
-                    total, comp = _dd_add(total, comp, float(a.sums[c]), a.comp[c])
-                if s and s.cnt[c]:
-                    total, comp = _dd_add(total, comp, -float(s.sums[c]), -s.comp[c])
-            else:
-                total = int(total) + (int(a.sums[c]) if a and a.cnt[c] else 0) - (int(s.sums[c]) if s and s.cnt[c] else 0)
-            st.sums[c], st.comp[c] = total, comp
-        stale = False
-        for fn, c in agg.extremes():
-            cur = base.ext[(fn, c)] if base else None
-            gone = s.ext[(fn, c)] if s else None
-            if gone is not None and cur is not None and (gone <= cur if fn == "min" else gone >= cur):
-                stale = True  # the current extreme (or a value as extreme) left the group
-            new = a.ext[(fn, c)] if a else None
-            if new is not None and (cur is None or (new < cur if fn == "min" else new > cur)):
-                cur = new
-            st.ext[(fn, c)] = cur
-        if st.rows > 0 and stale:
-            recompute.append(key)
-        out[key] = st
-    if recompute:
-        for lo in range(0, len(recompute), GROUPS_PER_SCAN):
-            chunk = recompute[lo:lo + GROUPS_PER_SCAN]
-            rows = src.to_table(columns=agg.input_columns,
-                                filter=_and(_group_predicate(agg, [out[k] for k in chunk], src.schema), filter_sql))
-            exact = _states(_aggregate(rows, agg, exact=True), agg)
-            for k in chunk:
-                out[k] = exact.get(k, _State(out[k].key_values, rows=0))
-    new = _rows_table(out, agg, schema)
+    plus_rows, minus_rows = changed_rows(src, old, filter_sql, agg, moved, appended)
+    plus, minus = _aggregate(plus_rows, agg, exact=True), _aggregate(minus_rows, agg, exact=True)
+    touched = sorted(set(_keys_of(plus, agg) if plus is not None else [])
+                     | set(_keys_of(minus, agg) if minus is not None else []))
+    held_keys = set(view_rows.column(GROUP).to_pylist())
+    combined = _combine(touched, agg, schema, view_rows, plus, minus)
+    new = combined.rows
+    recompute = [k for k, s in zip(touched, combined.stale, strict=True) if s]
+    if recompute:  # their state anew from the source (exact): the extreme, and the sums re-based
+        redo = pa.array(recompute, pa.string())
+        keep = pc.invert(pc.is_in(new.column(GROUP), value_set=redo))  # pyright: ignore[reportAttributeAccessIssue]
+        stale_rows = new.filter(pc.is_in(new.column(GROUP), value_set=redo))  # pyright: ignore[reportAttributeAccessIssue]
+        parts = [new.filter(keep)]
+        for lo in range(0, stale_rows.num_rows, GROUPS_PER_SCAN):
+            chunk = stale_rows.slice(lo, GROUPS_PER_SCAN)
+            rows = src.to_table(columns=agg.input_columns, filter=_and(_group_predicate(agg, chunk), filter_sql))
+            parts.append(groups_from_rows(rows, agg, schema, exact=True))
+        new = pa.concat_tables(parts).sort_by(GROUP)
+    live = dict(zip(touched, combined.counts > 0, strict=True))
     return GroupChanges(
         rows=new,
-        inserted=sorted(k for k in touched if k not in held and out[k].rows > 0),
-        updated=sorted(k for k in touched if k in held and out[k].rows > 0),
-        deleted=sorted(k for k in touched if k in held and out[k].rows <= 0),
+        inserted=[k for k in touched if k not in held_keys and live[k]],
+        updated=[k for k in touched if k in held_keys and live[k]],
+        deleted=[k for k in touched if k in held_keys and not live[k]],
         recomputed=recompute,
-        source_rows=plus.num_rows + minus.num_rows,
+        source_rows=plus_rows.num_rows + minus_rows.num_rows,
     )
 
 
@@ -331,22 +330,12 @@ def view_rows_of(view_ds: lance.LanceDataset, keys: list[str] | None, with_addre
 
 
 def agg_batches(ds: lance.LanceDataset, definition, schema: pa.Schema, args: dict | None):
-    """The task's view rows: every group (``args`` None: a full refresh) or the
-    groups the changes since ``args["since"]`` touched."""
+    """The task's view rows: every group (``args`` None: a full refresh), or
+    the touched groups' new rows the plan computed (``args["rows"]``, an
+    Arrow file in the plan's checkpoint directory)."""
     agg = Aggregate.from_definition(definition)
     if not args:
         rows = ds.to_table(columns=agg.input_columns, filter=definition.filter)
         yield from groups_from_rows(rows, agg, schema).to_batches()
         return
-    old = ds.checkout_version(int(args["since"]))
-    view_ds = objects.dataset(args["view_uri"], version=int(args["view_version"]))
-    held = view_rows_of(view_ds, args.get("groups"))
-    changes = apply_changes(ds, old, held, definition.filter, agg, schema, args.get("moved"),
-                            bool(args.get("appended")))
-    yield from changes.rows.to_batches()
-
-
-def task_args(v0: int, view_uri: str, view_version: int, moved: list[int] | None, appended: bool,
-              groups: list[str]) -> dict:
-    return {"since": v0, "view_uri": view_uri, "view_version": view_version, "moved": moved,
-            "appended": appended, "groups": groups}
+    yield from objects.read_arrow(args["rows"]).cast(schema).to_batches()

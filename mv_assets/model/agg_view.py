@@ -25,6 +25,7 @@ strings, booleans, dates).
 Pure: definitions, schemas and Arrow computations only.
 """
 
+import functools
 import json
 import re
 from dataclasses import dataclass
@@ -135,19 +136,21 @@ class Aggregate:
             raise ValueError("not an aggregate view")
         return cls(tuple(spec["keys"]), tuple(Agg(n, f, c) for n, f, c in spec["aggs"]))
 
-    @property
+    @functools.cached_property
     def value_columns(self) -> list[str]:
         """Source columns the aggregates read (each once)."""
         return list(dict.fromkeys(a.column for a in self.aggs if a.column is not None))
 
-    @property
+    @functools.cached_property
     def input_columns(self) -> list[str]:
         return list(dict.fromkeys([*self.keys, *self.value_columns]))
 
+    @functools.cached_property
     def summed(self) -> list[str]:
         """Columns whose sum is kept (sum and avg read them)."""
         return list(dict.fromkeys(a.column for a in self.aggs if a.fn in ("sum", "avg") and a.column))
 
+    @functools.cached_property
     def extremes(self) -> list[tuple[str, str]]:
         """(function, column) of each min / max, once each."""
         return list(dict.fromkeys((a.fn, a.column) for a in self.aggs if a.fn in ("min", "max") and a.column))
@@ -223,7 +226,7 @@ def agg_view_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sc
     fields.append(pa.field(ROWS, pa.int64(), nullable=False))
     for c in agg.value_columns:
         fields.append(pa.field(cnt_col(c), pa.int64(), nullable=False))
-    for c in agg.summed():
+    for c in agg.summed:
         t = src.field(c).type
         fields.append(pa.field(sum_col(c), sum_type(t), nullable=False))
         if pa.types.is_floating(t):

@@ -17,10 +17,13 @@ groups (their ids, :func:`~mv_assets.model.udtf_view.partition_id` of
   ``mode="full"``, a new query, a recreated source, a write into the view by
   another tool, a cleaned-up change feed, a refresh to an older version.
 
-The plan is exact: it applies the changes (the same computation the task
-makes, at the same pinned versions) to count the groups inserted, updated and
-deleted; ``details`` adds ``groups_recomputed`` (min/max) and
-``source_rows_read``. An aggregate view refreshes as a whole (a group's rows
+The plan is exact: an incremental plan applies the changes (it reads only
+changed rows and the touched groups) and counts the groups inserted, updated
+and deleted; ``details`` adds ``groups_recomputed`` (min/max) and
+``source_rows_read``. Planned for a refresh (``exact=False``), it hands the
+groups' new rows to the task in an Arrow file of the plan's checkpoint
+directory (the task only writes them); a full plan's task computes every
+group itself. An aggregate view refreshes as a whole (a group's rows
 lie in any fragment): ``fragments=`` widens to the whole source.
 """
 
@@ -30,7 +33,7 @@ import json
 import numpy as np
 import pyarrow as pa
 
-from mv_assets.execution.agg_tasks import apply_changes, task_args, view_rows_of
+from mv_assets.execution.agg_tasks import apply_changes, view_rows_of
 from mv_assets.execution.tasks import TaskSpec
 from mv_assets.model.agg_view import GROUP, Aggregate, group_key
 from mv_assets.model.names import SOURCE_ROW_ID
@@ -78,7 +81,7 @@ def plan_agg_refresh(
         in_view = isin(ids, held)
         key_plan = KeyPlan(np.sort(ids[~in_view]), np.sort(ids[in_view]), np.sort(held[~isin(held, ids)]))
         addrs = None
-        kind_args = None
+        new_rows = None
         details.update(groups=len(keys), source_rows_read=rows, groups_recomputed=0)
     else:
         assert v0 is not None and start.commits is not None
@@ -97,19 +100,27 @@ def plan_agg_refresh(
         mask = pa.array([k in gone for k in held_rows.column(GROUP).to_pylist()], pa.bool_())
         touched_rows = held_rows.filter(mask)
         addrs = (_ids(touched_rows, SOURCE_ROW_ID), _ids(touched_rows, "_rowaddr"))
-        touched = sorted(set(changes.inserted) | gone)
-        kind_args = task_args(v0, view.uri, view_ds.version, moved_ids, appended, touched) if touched else None
         rows = changes.source_rows
-        details.update(groups=len(touched), source_rows_read=changes.source_rows,
+        new_rows = changes.rows
+        details.update(groups=len(changes.inserted) + len(gone), source_rows_read=changes.source_rows,
                        groups_recomputed=len(changes.recomputed))
     where = _place(view, src, view_ds.version, f"aggregate|{v0}|{how}", max_rows_per_task or max(rows, 1),
                    checkpoint_size, balanced=False)
     tasks = []
+    kind_args = None
+    if new_rows is not None and new_rows.num_rows and not exact:
+        # planned for a refresh: the groups' new rows go to the task, which writes them (a dry run writes nothing)
+        assert where.checkpoint_dir is not None
+        kind_args = {"rows": objects.join(where.checkpoint_dir, "groups.arrow")}
+        objects.write_arrow(kind_args["rows"], new_rows)
     if how == "full" or kind_args is not None:
         task_id = hashlib.sha256(f"{where.plan_key}|{json.dumps(kind_args, sort_keys=True)}".encode()).hexdigest()[:16]
         tasks.append(TaskSpec(task_id=task_id, src_uri=where.src_uri, src_version=where.src_version, parts=[],
                               view_uri=where.view_uri, rows=int(rows), checkpoint_dir=where.checkpoint_dir,
                               partitions=[], kind_args=kind_args))
+    elif new_rows is not None and new_rows.num_rows:  # a dry run: the task a refresh would run
+        tasks.append(TaskSpec(task_id="dry-run", src_uri=where.src_uri, src_version=where.src_version, parts=[],
+                              view_uri=where.view_uri, rows=int(rows), partitions=[]))
     return RefreshPlan(
         view=view.name, source=definition.source, from_version=v0, to_version=src.version,
         view_version=view_ds.version, full=how == "full", reason=start.reason,
