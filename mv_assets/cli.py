@@ -98,6 +98,9 @@ def main(ctx: click.Context, db_uri: str, runner: str, master: str | None, remot
     ctx.obj = _Ctx(db_uri, runner, master, remote)
 
 
+_KIND_LABELS = {"chunker": "chunk view", "udtf": "table-function view", "aggregate": "aggregate view"}
+
+
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
@@ -111,7 +114,7 @@ def tables(obj: _Ctx, as_json: bool) -> None:
         rows.append(
             {
                 "name": name,
-                "kind": ("chunk view" if t.definition.kind == "chunker" else "view") if is_view else "table",
+                "kind": _KIND_LABELS.get(t.definition.kind, "view") if is_view else "table",
                 "source": t.definition.source if is_view else None,
                 "version": t.version,
                 "rows": t.count_rows(),

@@ -175,3 +175,17 @@ def test_a_chunk_view_through_the_cli(catalog, call_log):
     assert r.exit_code == 0 and "+5" in r.output and calls(call_log) == 5
     status = {s["name"]: s for s in json.loads(run(catalog, "status", "--json").output)}
     assert status["chunks"]["load_state"] == "LOADED" and status["chunks"]["cardinality"] == 6
+
+
+def test_an_aggregate_view_through_the_cli(catalog):
+    src = catalog.create_table("ev", [{"id": i, "g": i % 2, "x": float(i)} for i in range(6)], primary_key="id")
+    catalog.create_materialized_view("per_g", src.search(None).group_by("g").agg({"n": "count(*)", "sx": "sum(x)"}))
+    rows = {t["name"]: t for t in json.loads(run(catalog, "tables", "--json").output)}
+    assert rows["per_g"]["kind"] == "aggregate view"
+    r = run(catalog, "refresh", "per_g")
+    assert r.exit_code == 0 and "+2" in r.output
+    src.delete("id = 5")
+    assert "insert 0, update 1, delete 0" in run(catalog, "plan", "per_g").output  # one group rewritten
+    assert run(catalog, "refresh", "per_g").exit_code == 0
+    got = {r["g"]: (r["n"], r["sx"]) for r in catalog.open_table("per_g").to_arrow().to_pylist()}
+    assert got == {0: (3, 6.0), 1: (2, 4.0)}
