@@ -1,6 +1,6 @@
 """Shared pieces of the Dagster tests: a small catalog with a view over a
-view, and applying a sensor's partition requests to an instance (a directly
-evaluated sensor does not apply them)."""
+view, applying a sensor's result to an instance as the daemon does (a
+directly evaluated sensor does not), and the UI's GraphQL over definitions."""
 
 import os
 import sys
@@ -27,6 +27,11 @@ def small_catalog(path) -> mv.Connection:
 
 
 def apply_partition_requests(instance, result) -> None:
+    """What the daemon does with a sensor tick's result besides its runs:
+    store its asset events (observations, check evaluations), then apply
+    its partition requests."""
+    for event in getattr(result, "asset_events", None) or []:
+        instance.report_runless_asset_event(event)
     for req in getattr(result, "dynamic_partitions_requests", None) or []:
         if isinstance(req, dg.AddDynamicPartitionsRequest):
             instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
@@ -89,8 +94,6 @@ def run_requested(defs, instance, result) -> list:
     requests and asset events, then run each requested run in process. The
     runs' results."""
     apply_partition_requests(instance, result)
-    for event in getattr(result, "asset_events", None) or []:
-        instance.report_runless_asset_event(event)
     job = defs.resolve_implicit_global_asset_job_def()
     out = []
     for run in getattr(result, "run_requests", None) or []:

@@ -172,6 +172,37 @@ def test_sensor_over_append_delete_update_compaction(tmp_path):
         assert "not-a-fragment" not in instance.get_dynamic_partitions(pname)
 
 
+def test_a_table_emptied_by_deletes_empties_its_views_then_retires_its_partitions(tmp_path):
+    """Every row deleted: no fragment is left. The sensor's run names the
+    partitions of the fragments that are gone (a run without partitions
+    cannot read its partitioned source's observations), the views are
+    emptied, and the next tick retires those partitions."""
+    from dagster_helpers import run_requested
+
+    db = _catalog(tmp_path / "cat")
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    sensor = _sensor(defs, "src_changes")
+    pname = partitions_def_name("src")
+    with dg.instance_for_test() as instance:
+        first = evaluate_sensor(sensor, instance=instance, definitions=defs, resources=defs.resources)
+        run_requested(defs, instance, first)
+        parts = instance.get_dynamic_partitions(pname)
+        db.open_table("src").delete("id >= 0")
+        emptied = evaluate_sensor(sensor, instance=instance, cursor=first.cursor, definitions=defs,
+                                  resources=defs.resources)
+        (run,) = emptied.run_requests
+        assert (run.tags["dagster/asset_partition_range_start"], run.tags["dagster/asset_partition_range_end"]) == (
+            parts[0], parts[-1])
+        run_requested(defs, instance, emptied)
+        assert (db.open_table("v").count_rows(), db.open_table("w").count_rows()) == (0, 0)
+        assert instance.get_dynamic_partitions(pname) == parts  # named by the run: kept until it ran
+        after = evaluate_sensor(sensor, instance=instance, cursor=emptied.cursor, definitions=defs,
+                                resources=defs.resources)
+        assert not after.run_requests
+        _apply(instance, after)
+        assert instance.get_dynamic_partitions(pname) == []
+
+
 def test_partition_run_with_a_key_that_is_no_fragment_fails_clearly(tmp_path):
     db = _catalog(tmp_path / "cat")
     defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
@@ -351,14 +382,15 @@ def test_table_computed_columns_are_assets_filled_by_backfill(tmp_path):
     with dg.instance_for_test() as instance:
         first = tick(None)
         (run,) = first.run_requests  # one run: the backfill of y, then the view that reads it
-        assert set(run.asset_selection) == {ykey, dg.AssetKey(["v"])}  # z (SQL) is already filled
+        # (z, a SQL column, is filled already: its partitions, new to the instance, record their input)
+        assert set(run.asset_selection) == {ykey, zkey, dg.AssetKey(["v"])}
         db.open_table("v").refresh()  # the view's run, before the backfill's
         assert not _runs(tick(first.cursor), ["v"])
         job = defs.resolve_implicit_global_asset_job_def()
-        run = job.execute_in_process(instance=instance, asset_selection=[ykey], resources={})
+        run = job.execute_in_process(instance=instance, asset_selection=[ykey], tags=run.tags)  # "Materialize"
         assert run.success
         mat = instance.get_latest_materialization_event(ykey).asset_materialization
-        assert mat.metadata["rows_written"].value == 5
+        assert mat.metadata["run_rows_written"].value == 5 == mat.metadata["rows_computed"].value
         assert [r["y"] for r in src.to_arrow().to_pylist()] == [0, 2, 4, 6, 8]
         # the backfill moved no row versions, yet the view reads y: it is refreshed; y itself is not stale
         after = tick(first.cursor)
@@ -424,8 +456,9 @@ def test_observing_a_source_table_reports_its_data_version(tmp_path):
 
 def test_materialized_partitions_are_in_sync_when_the_source_was_never_observed(tmp_path):
     """Materializing from the UI before any sensor tick or "Observe sources":
-    the partitions are not Unsynced (the run observes the table it read), and
-    appending to the table then makes them so."""
+    the partitions are not Unsynced (the run observes the fragments it read);
+    an append leaves them in sync (it touched none of their fragments); a
+    delete makes its fragment's partition Unsynced, and only that one."""
     from dagster._core.definitions.events import AssetKeyPartitionKey
     from dagster._utils.test.data_versions import get_stale_status_resolver  # what the UI's staleStatus uses
 
@@ -449,11 +482,67 @@ def test_materialized_partitions_are_in_sync_when_the_source_was_never_observed(
 
         assert set(statuses().values()) == {"FRESH"}
         src.add([{"id": 100, "x": 100}])
-        observe([defs.get_assets_def(K(["src"]))], instance=instance)  # as the sensor does
+        observe([defs.get_assets_def(K(["src"]))], instance=instance)  # "Observe sources"
+        assert set(statuses().values()) == {"FRESH"}
+        src.delete("id = 1")  # fragment 0
+        observe([defs.get_assets_def(K(["src"]))], instance=instance)
         resolver = get_stale_status_resolver(instance, every)
-        assert resolver.get_status(K(["v"]), frags[0]).value == "STALE"
+        assert [resolver.get_status(K(["v"]), p).value for p in frags] == ["STALE", "FRESH"]
         assert [c.dependency for c in resolver.get_stale_causes(K(["v"]), frags[0])] == [
-            AssetKeyPartitionKey(K(["src"]), None)]
+            AssetKeyPartitionKey(K(["src"]), frags[0])]
+
+
+def test_an_append_leaves_the_partitions_it_did_not_touch_in_sync(tmp_path):
+    """The demo's lineage driven by its sensor: after each change and the run
+    it requests, every partition of every asset is in sync, as `mv-assets
+    status` says no view is behind; between the tick and the run, partitions
+    the run does not cover are in sync, and a delete's partition is not
+    (before: an append left every other partition Unsynced forever)."""
+    from dagster._utils.test.data_versions import get_stale_status_resolver
+    from dagster_helpers import apply_partition_requests, run_requested
+
+    from mv_assets.demo import _documents, seed
+
+    db = seed(str(tmp_path / "demo"))
+    db.runner = mv.InlineRunner()
+    docs = db.open_table("documents")
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    repo = defs.get_repository_def()
+    every = [*repo.assets_defs_by_key.values(), defs.get_assets_def(K(["documents"]))]
+    sensor = repo.get_sensor_def("documents_changes")
+    keys = [k for k in repo.asset_graph.get_all_asset_keys() if k != K(["documents"])]
+
+    def fragment_of(doc_id: int) -> str:
+        rows = lance.dataset(docs.uri).to_table(columns=[], filter=f"doc_id = {doc_id}", with_row_address=True)
+        return str(rows.column("_rowaddr")[0].as_py() >> 32)
+
+    with dg.instance_for_test() as instance:
+        def stale(parts) -> set:
+            resolver = get_stale_status_resolver(instance, every)
+            return {(k.to_user_string(), p) for k in keys for p in parts if resolver.get_status(k, p).value != "FRESH"}
+
+        cursor = None
+        deleted_from = fragment_of(7)
+        changes = [None, lambda: docs.add(_documents(5000, 30)), lambda: docs.add(_documents(6000, 20)),
+                   lambda: docs.delete("doc_id = 7")]
+        for change in changes:
+            before = [str(f.fragment_id) for f in lance.dataset(docs.uri).get_fragments()]
+            if change:
+                change()
+            tick = evaluate_sensor(sensor, instance=instance, cursor=cursor, definitions=defs,
+                                   resources=defs.resources)
+            cursor = tick.cursor
+            if change:
+                apply_partition_requests(instance, tick)
+                (run,) = tick.run_requests
+                start, end = run.tags["dagster/asset_partition_range_start"], run.tags["dagster/asset_partition_range_end"]
+                covered = {str(f) for f in range(int(start), int(end) + 1)}
+                assert not stale([p for p in before if p not in covered])  # their fragments did not change
+                if change is changes[-1]:
+                    assert ("doc_features", deleted_from) in stale([deleted_from])
+            run_requested(defs, instance, tick)
+            assert all(db.open_table(n).status().versions_behind == 0 for n in ("doc_features", "long_docs", "doc_chunks"))
+            assert not stale(instance.get_dynamic_partitions(partitions_def_name("documents")))
 
 
 def test_a_failing_udf_fails_the_run_naming_column_udf_row_and_remedy(tmp_path):

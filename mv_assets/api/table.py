@@ -48,7 +48,7 @@ from mv_assets.ops.refresh import (
 )
 from mv_assets.ops.schema_changes import SCHEMA_KEYS, drop_columns, rename_or_relax_columns
 from mv_assets.storage import objects
-from mv_assets.storage.changes import FragmentChanges, data_version, fragment_changes
+from mv_assets.storage.changes import FragmentChanges, data_version, fragment_changes, fragment_data_versions
 from mv_assets.storage.error_log import read_errors
 from mv_assets.storage.layout import Layout
 from mv_assets.storage.refs import Ref, TableRef, ViewRef
@@ -338,6 +338,12 @@ class Table(Indexed):
     def fragment_changes(self, since: int | None, known: set[int] | list[int]) -> FragmentChanges:
         """Fragments added and retired since version ``since``, given the ``known`` ones."""
         return fragment_changes(self.uri, since, known)
+
+    def fragment_data_versions(self, fragments: Collection[int] | None = None) -> dict[int, str]:
+        """Each fragment's data version (``fragments``: only these): it moves
+        when a row of the fragment is inserted, updated or deleted, never
+        otherwise (see :func:`~mv_assets.storage.changes.fragment_data_versions`)."""
+        return fragment_data_versions(self.uri, fragments)
 
     def count_rows(self, filter: str | None = None) -> int:
         ds = self._dataset()

@@ -22,6 +22,8 @@ from datetime import timedelta
 from typing import Any
 
 import dagster as dg
+from dagster._core.definitions.data_version import DATA_VERSION_TAG  # not exported by dagster
+from dagster._core.events import DagsterEventType  # not exported by dagster
 
 from mv_assets.api.declare import apply as apply_declared
 from mv_assets.api.declare import reconcile
@@ -33,7 +35,8 @@ from mv_assets.model.policy import RefreshPolicy
 
 __all__ = [
     "RESOURCE_KEY", "TAG_SOURCE_VERSION", "TAG_SCOPE", "CHECK_NAMES", "CODE_CHECK", "code_check_evaluations", "safe_name", "partitions_def_name",
-    "source_asset", "lineage_asset", "fragment_keys",
+    "source_asset", "lineage_asset", "fragment_keys", "fragment_observation", "observe_fragments",
+    "unobserved_fragments",
 ]
 
 RESOURCE_KEY = "mv_assets"
@@ -113,8 +116,14 @@ def _code_references(udf: dict) -> dict:
         return {"dagster/code_references": dg.CodeReferencesMetadataValue(code_references=[ref])}
 
 
-def source_asset(info: TableInfo):
-    description = f"Lance table `{info.name}`. Its data version is the newest Lance version that changed rows."
+def source_asset(info: TableInfo, pdef=None):
+    """The table as an observable source asset. With ``pdef`` (the table has
+    views or computed columns) it is partitioned by its fragments like
+    everything downstream, each partition's data version its fragment's: a
+    partition downstream depends on its own fragment only, so an append
+    leaves the partitions it did not touch in sync."""
+    description = f"Lance table `{info.name}`. Its data version is the newest Lance version that changed rows"
+    description += (" of each fragment (a partition per fragment)." if pdef is not None else ".")
     if info.code_changes is not None and info.code_changes.problems:  # a view declared under its name
         description += " The code cannot be applied: " + "; ".join(info.code_changes.problems)
 
@@ -124,21 +133,69 @@ def source_asset(info: TableInfo):
         description=description,
         metadata=_table_metadata(info),
         tags={"dagster/kind/lance": ""},
+        partitions_def=pdef,
     )
-    def _observe(context, mv_assets: MvAssetsResource) -> dg.DataVersion:
-        return dg.DataVersion(str(mv_assets.reader().open_table(info.name).data_version()))
+    def _observe(context, mv_assets: MvAssetsResource):
+        table = mv_assets.reader().open_table(info.name)
+        if pdef is None:
+            return dg.DataVersion(str(table.data_version()))
+        known, _ = fragment_keys(context.instance.get_dynamic_partitions(pdef.name))
+        versions = table.fragment_data_versions(known)
+        return dg.DataVersionsByPartition({str(f): v for f, v in versions.items()})
 
     return _observe
 
 
 def source_observation(table: Table, version: int, current: int | None = None) -> dg.AssetObservation:
-    """The table's observation at ``version``; ``current``: its data version, when already read."""
+    """The table's observation at ``version`` (a table without partitions);
+    ``current``: its data version, when already read."""
     current = table.data_version() if current is None else current
     return dg.AssetObservation(
         asset_key=dg.AssetKey([table.name]),
         metadata={"lance_version": version, "data_version": current},
         tags={"dagster/data_version": str(current)},
     )
+
+
+def fragment_observation(table: Table, fragment: int, data_version: str) -> dg.AssetObservation:
+    """The observation of one fragment (a partition of the table's source asset)."""
+    return dg.AssetObservation(
+        asset_key=dg.AssetKey([table.name]), partition=str(fragment),
+        metadata={"lance_version": table.version, "data_version": data_version},
+        tags={"dagster/data_version": data_version},
+    )
+
+
+def unobserved_fragments(instance, table: Table, fragments) -> dict[int, str]:
+    """The data versions of those of ``fragments`` (ids; those still in the
+    table) whose latest observation in ``instance`` is missing or says
+    otherwise: what is left to observe (one scan, one query)."""
+    versions = table.fragment_data_versions(fragments)
+    if not versions:
+        return {}
+    seen = instance.event_log_storage.get_latest_tags_by_partition(
+        dg.AssetKey([table.name]), DagsterEventType.ASSET_OBSERVATION, [DATA_VERSION_TAG],
+        asset_partitions=[str(f) for f in versions],
+    )
+    return {f: v for f, v in versions.items() if seen.get(str(f), {}).get(DATA_VERSION_TAG) != v}
+
+
+def observe_fragments(context, table: Table, fragments: list[int]) -> dict[int, tuple[str, int | None]]:
+    """The data version of each of ``fragments`` (those still in the table),
+    and the storage id of the source partition's latest observation, which a
+    materialization names as its input (Dagster then reports the partition
+    stale when a later observation of that fragment has another data
+    version). Fragments whose latest observation is missing or says
+    otherwise are observed now: a scan and three queries, whatever the count."""
+    versions = table.fragment_data_versions(fragments)
+    if not versions:
+        return {}
+    for fid, version in unobserved_fragments(context.instance, table, list(versions)).items():
+        context.log_event(fragment_observation(table, fid, version))
+    key = dg.AssetKey([table.name])
+    ids = context.instance.get_latest_storage_id_by_partition(
+        key, DagsterEventType.ASSET_OBSERVATION, {str(f) for f in versions})
+    return {fid: (version, ids.get(str(fid))) for fid, version in versions.items()}
 
 
 def _view_description(info: TableInfo) -> str:
@@ -441,15 +498,19 @@ def _run_checks(context, info: TableInfo, view_key, names: set[str]):
             )
 
 
-def _version_tags(code_version: str | None, data_version, inputs: dict | None = None) -> dict[str, str]:
+def _version_tags(code_version: str | None, data_version, inputs: dict | None = None,
+                  pointers: dict | None = None) -> dict[str, str]:
     """What Dagster records with the materializations it makes from outputs
     (code version, data version, input data versions): logged ones need them
-    too, or the UI cannot tell a changed UDF. Input event pointers are left
-    NULL: freshness of data is the sensor's job, not the stale marker's."""
+    too, or the UI cannot tell a changed UDF. ``pointers``: the storage id of
+    the input partition's event the data version was read from (a source
+    fragment's observation); others are left NULL, which Dagster never
+    reports stale for partitioned inputs."""
     tags = {"dagster/data_version": str(data_version), "dagster/code_version": code_version or "none"}
     for key, version in (inputs or {}).items():
+        pointer = (pointers or {}).get(key)
         tags[f"dagster/input_data_version/{key.to_user_string()}"] = str(version)
-        tags[f"dagster/input_event_pointer/{key.to_user_string()}"] = "NULL"
+        tags[f"dagster/input_event_pointer/{key.to_user_string()}"] = "NULL" if pointer is None else str(pointer)
     return tags
 
 
@@ -655,16 +716,22 @@ def _record_run(
 
     fingerprints = {c["name"]: c["udf"]["fingerprint"] for c in info.udf_columns}
     source = db.open_table(info.source_name)
+    source_key = dg.AssetKey([info.source_name])
     source_version = source.version if info.over_view else source.data_version()
-    if not info.over_view:
-        # Dagster compares the source's data version recorded below with the
-        # source's latest observation: a table never observed in this instance
-        # ("INITIAL") would show every partition Unsynced right after it was
-        # materialized. The run read the table: it observes it, as of now.
-        context.log_event(source_observation(source, source.version, source_version))
-    view_inputs = {dg.AssetKey([info.source_name]): source_version}
+    view_inputs = {source_key: source_version}
     view_inputs.update({dg.AssetKey([info.source_name, c]): source.version for c in info.reads})
     view_tags = _version_tags(None, view.version, view_inputs)
+    # A view over a base table: each partition's input is its own source
+    # fragment, as observed (the run observes what the instance has not seen:
+    # never observed, a partition would show Unsynced right after this run).
+    fragment_inputs = observe_fragments(context, source, fragments) if keys and not info.over_view else {}
+
+    def partition_view_tags(fid: int) -> dict:
+        if info.over_view:
+            return view_tags
+        version, pointer = fragment_inputs.get(fid, ("gone", None))  # a fragment gone meanwhile (retired next)
+        return _version_tags(None, view.version, {**view_inputs, source_key: version}, {source_key: pointer})
+
     col_tags = {n: _version_tags(fingerprints[n], view.version, {view_key: view.version}) for n in columns}
     view_rows = view.count_rows() if view_key in selected else 0
     view_md = {**run_md, "scope": view_scope, "dagster/row_count": view_rows}
@@ -690,7 +757,7 @@ def _record_run(
                 part_md[computed_key] = int(by_fragment.get(fid, 0))
             if fid in per_fragment:
                 part_md["partition_row_count"] = per_fragment[fid]
-            _record(context, view_key, key_str, part_md, view_tags)
+            _record(context, view_key, key_str, part_md, partition_view_tags(fid))
         for name in columns:
             _record(context, col_keys[name], key_str, column_md(name, fid), col_tags[name])
 
@@ -710,6 +777,7 @@ def _backfill_columns(context, info: TableInfo, keys: dict[str, dg.AssetKey]):
     resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
     table = resource.connection().open_table(info.name)
     done: dict[str, Any] = {}
+    inputs: dict | None = None
     parts = _run_partitions(context)
     fingerprints = {c["name"]: (c.get("udf") or {}).get("fingerprint")
                     for c in (info.row_columns if info.is_view else info.columns)}
@@ -739,12 +807,20 @@ def _backfill_columns(context, info: TableInfo, keys: dict[str, dg.AssetKey]):
             "batches_resumed": r.batches_resumed,
         }
         version = r.version if r.version is not None else table.version
-        tags = _version_tags(fingerprints.get(name), version, {dg.AssetKey([info.name]): table.data_version()})
+        table_key = dg.AssetKey([info.name])
         if not parts:
+            tags = _version_tags(fingerprints.get(name), version, {table_key: table.data_version()})
             _record(context, key, None, {"job_id": r.job_id, **totals, "table_version": version}, tags)
             continue
+        if inputs is None:  # each partition's input: its own fragment (the table's), as observed
+            inputs = {} if info.is_view else observe_fragments(context, table, fragment_keys(parts)[0])
         run_md = {"job_id": r.job_id, **{f"run_{k}": v for k, v in totals.items()}, "table_version": version}
         for part in parts:  # the backfill covered every partition of the run: each records its own rows
             fid = int(part) if part.isdigit() else None
             rows = r.rows_by_fragment.get(fid, 0) if fid is not None else 0
+            if info.is_view:  # a chunk view's columns: their input is the view
+                tags = _version_tags(fingerprints.get(name), version, {table_key: table.version})
+            else:
+                observed, pointer = inputs.get(fid, ("gone", None)) if fid is not None else ("gone", None)
+                tags = _version_tags(fingerprints.get(name), version, {table_key: observed}, {table_key: pointer})
             _record(context, key, part, {**run_md, "rows_computed": rows, "source_fragment": fid}, tags)

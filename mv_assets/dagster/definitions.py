@@ -57,7 +57,7 @@ def build_definitions(
     view_infos = [t for t in tables.values() if t.is_view and t.source in tables]
     roots = sorted({v.root for v in view_infos} | {t.name for t in tables.values() if not t.is_view and t.columns})
     pdefs = {r: dg.DynamicPartitionsDefinition(name=partitions_def_name(r)) for r in roots}
-    assets: list[Any] = [source_asset(t) for t in tables.values() if not t.is_view]
+    assets: list[Any] = [source_asset(t, pdefs.get(t.name)) for t in tables.values() if not t.is_view]
     view_assets: dict[str, list[dg.AssetKey]] = {}
     column_keys: dict[str, list[dg.AssetKey]] = {}
     for root in roots:

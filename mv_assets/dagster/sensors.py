@@ -32,8 +32,10 @@ from mv_assets.dagster.assets import (
     TAG_SOURCE_VERSION,
     code_check_evaluations,
     fragment_keys,
+    fragment_observation,
     safe_name,
     source_observation,
+    unobserved_fragments,
 )
 from mv_assets.dagster.catalog import TableInfo
 from mv_assets.dagster.resource import MvAssetsResource
@@ -114,9 +116,10 @@ def _code_checks(context, tree: list[TableInfo], db, reported: dict, state: dict
 
 
 def _partition_changes(context, table: Table, pdef, since: int | None):
-    """The table's fragment changes since the cursor's version, and the dynamic
-    partition requests that follow (new fragments added; gone ones and keys that
-    are not fragment ids retired)."""
+    """The table's fragment changes since the cursor's version, the dynamic
+    partition requests that follow (new fragments added, keys that are not
+    fragment ids retired), and the request retiring the partitions of
+    fragments that are gone (held back while a run may still name them)."""
     part_requests = []
     known: list[int] = []
     if pdef is not None:
@@ -130,9 +133,8 @@ def _partition_changes(context, table: Table, pdef, since: int | None):
     ch = table.fragment_changes(since, known)
     if pdef is not None and ch.added:
         part_requests.append(pdef.build_add_request([str(f) for f in ch.added]))
-    if pdef is not None and ch.retired:
-        part_requests.append(pdef.build_delete_request([str(f) for f in ch.retired]))
-    return ch, part_requests
+    retire = pdef.build_delete_request([str(f) for f in ch.retired]) if pdef is not None and ch.retired else None
+    return ch, part_requests, retire
 
 
 def _due_views(context, db, tree: list[TableInfo]) -> tuple[dict[str, str], dict[str, int]]:
@@ -182,11 +184,12 @@ def table_sensor(
         since, reported = _parse_cursor(context.cursor)
         db = mv_assets.reader()
         handle = db.open_table(table.name)
-        ch, part_requests = _partition_changes(context, handle, pdef, since)
+        ch, part_requests, retire = _partition_changes(context, handle, pdef, since)
         checks, code_state = _code_checks(context, tree, db, reported, {})
         if _run_in_flight(context, table.name):
             # One run of a lineage at a time: what it leaves due is seen on the first
-            # tick after it ends (the version in the cursor stays, so nothing is missed).
+            # tick after it ends (the version in the cursor stays, so nothing is missed);
+            # partitions it may name are retired after it.
             if not part_requests and not checks:
                 return dg.SkipReason(f"a run of {table.name}'s lineage is in progress")
             return dg.SensorResult(
@@ -195,9 +198,17 @@ def table_sensor(
             )
         moved = since != ch.version
         runs = []
+        # Fragments whose rows changed since their last observation (all of them on the
+        # first tick): one observation each, so a partition downstream depends on its
+        # own fragment only. Computed columns are part of the run then: their
+        # partitions of those fragments record the new input (a backfill with
+        # nothing to compute), or they would show Unsynced though current.
+        observed = (unobserved_fragments(context.instance, handle, sorted(set(ch.to_refresh) | set(ch.added)))
+                    if pdef is not None and (moved or ch.added) else {})
         stale: list[dg.AssetKey] = []
-        if column_keys and moved:
-            stale = [k for k, c in zip(column_keys, columns, strict=True) if handle.plan_backfill(c).rows > 0]
+        if column_keys and (moved or observed):
+            stale = [k for k, c in zip(column_keys, columns, strict=True)
+                     if observed or handle.plan_backfill(c).rows > 0]
         due, loads = _due_views(context, db, tree)
         # One run for everything due downstream of the table: its partitions
         # definition is shared, so the run carries the whole lineage in order.
@@ -207,15 +218,23 @@ def table_sensor(
         if wanted:
             key = f"{table.name}@{ch.version}:" + ",".join(f"{v.name}#{loads[v.name]}" for v in tree if v.name in due)
             todo = [str(f) for f in (ch.to_refresh or ch.fragments)]
+            if not todo and retire is not None:
+                # the table has no fragment left: the run names the partitions of the fragments
+                # that are gone (it refreshes the views as a whole); a later tick retires them
+                todo, retire = [str(f) for f in ch.retired], None
             tags = {TAG_SOURCE_VERSION: str(ch.version), TAG_SCOPE: "changes", TAG_LINEAGE: table.name}
             if todo:
                 runs.append(dg.RunRequest(run_key=key, asset_selection=wanted, tags={**tags, **_range_tags(todo)}))
-            else:  # the table has no fragment left: a run without partitions (Dagster cannot
+            else:  # no fragment and no partition either: a run without partitions (Dagster cannot
                 # check a partitioned asset in such a run, so it runs no checks)
                 runs.append(dg.RunRequest(run_key=key, asset_selection=wanted, tags=tags, asset_check_keys=[]))
+        if retire is not None:
+            part_requests.append(retire)
         if not runs and not part_requests and not moved and not checks:
             return dg.SkipReason(f"{table.name} is still at version {ch.version} and no view is due")
-        events = [source_observation(handle, ch.version)] if moved else []
+        events = [fragment_observation(handle, f, v) for f, v in observed.items()]
+        if moved and pdef is None:
+            events = [source_observation(handle, ch.version)]
         return dg.SensorResult(
             run_requests=runs,
             dynamic_partitions_requests=part_requests,

@@ -17,6 +17,7 @@ from mv_assets.storage import objects
 __all__ = [
     "FragmentChanges",
     "fragment_changes",
+    "fragment_data_versions",
     "commit_matters",
     "pending_versions",
     "data_version",
@@ -248,6 +249,40 @@ def fragment_changes(uri: str, since: int | None, known: set[int] | list[int], v
     changed |= _backfilled_fragments(ds, since) & set(fragments)
     result.changed = sorted(changed)
     return result
+
+
+def fragment_data_versions(uri: str, fragments: Collection[int] | None = None, version: int | None = None
+                           ) -> dict[int, str]:
+    """Each fragment's data version: what a reader of its rows would notice,
+    as text: ``"v7"`` (its rows were last inserted or updated at version 7)
+    or ``"v7-3"`` (and 3 of them are deleted since). It moves when a row of
+    the fragment is inserted, updated or deleted, never otherwise (column
+    backfills, compactions elsewhere and other fragments' changes leave it),
+    and never comes back to an earlier value: a fragment's deletions only
+    grow, and for a given count its newest row version only grows.
+    ``fragments``: only these (ids not in the table are left out); cost: one
+    scan of the row versions of their rows (metadata, no data column)."""
+    ds = objects.dataset(uri, version=version)
+    present = {f.fragment_id: f for f in ds.get_fragments()}
+    wanted = sorted(present) if fragments is None else sorted({int(f) for f in fragments} & set(present))
+    if not wanted:
+        return {}
+    # (the row version is projected under another name: Lance 14 errs on reading it after compaction otherwise)
+    rows = ds.scanner(columns={"v": "_row_last_updated_at_version"}, with_row_address=True,
+                      fragments=[present[f] for f in wanted]).to_table()
+    newest: dict[int, int] = {}
+    if rows.num_rows:
+        fids = rows.column("_rowaddr").to_numpy() >> 32
+        vers = rows.column("v").to_numpy().astype(np.int64)
+        order = np.lexsort((vers, fids))
+        last = np.r_[fids[order][1:] != fids[order][:-1], True]
+        newest = {int(f): int(v) for f, v in zip(fids[order][last], vers[order][last], strict=True)}
+    out = {}
+    for fid in wanted:
+        deletion = present[fid].metadata.deletion_file
+        deleted = deletion.num_deleted_rows if deletion is not None else 0
+        out[fid] = f"v{newest.get(fid, 0)}" + (f"-{deleted}" if deleted else "")
+    return out
 
 
 def _backfilled_fragments(ds: lance.LanceDataset, since: int) -> set[int]:
