@@ -120,22 +120,27 @@ def test_an_aggregate_view_follows_appends_deletes_updates_and_group_moves(db):
     assert {c.name: c.passed for c in v.check()} == {"no_orphan_rows": True, "values_match_source": True}
 
 
-def test_min_max_are_recomputed_only_for_groups_whose_extreme_left(db):
+def test_min_max_survive_deleted_extremes_and_recompute_only_when_a_groups_buffer_runs_out(db):
     src = db.create_table("src", pa.Table.from_pylist(
-        [{"id": i, "g": i % 3, "s": "a", "x": float(i), "i": i, "label": f"p{i:02d}", "w": 0} for i in range(30)],
-        schema=SCHEMA), primary_key="id")
+        [{"id": i, "g": i % 2, "s": "a", "x": float(i // 2), "i": i, "label": f"p{i:02d}", "w": 0}
+         for i in range(80)], schema=SCHEMA), primary_key="id")  # groups 0 and 1: x = 0..39 each
     v = aggregate_view(db, src)
     db.refresh("agg")
-    src.delete("id = 28")  # the max of group 1 (28 = 3*9+1)
-    src.delete("id = 3")  # not an extreme of group 0 (0 is its min, 27 its max)
+    src.delete("g = 1 AND x = 39")  # group 1's max: the next value is in its buffer
     r = db.refresh("agg")
-    assert r.details["groups_recomputed"] == 1 and r.rows_updated == 2
+    assert r.details["groups_recomputed"] == 0 and r.rows_updated == 1
     same(actual(v), oracle(src.uri, v.source_version))
-    src.add(pa.Table.from_pylist([{"id": 100, "g": 2, "s": "a", "x": -1.0, "i": 1, "label": "z", "w": 0}],
+    src.delete("g = 1 AND x >= 20")  # every value its max buffer holds: recomputed from the source
+    r = db.refresh("agg")
+    assert r.details["groups_recomputed"] == 1
+    same(actual(v), oracle(src.uri, v.source_version))
+    src.add(pa.Table.from_pylist([{"id": 100, "g": 0, "s": "a", "x": -1.0, "i": 1, "label": "z", "w": 0}],
                                  schema=SCHEMA))
+    src.delete("g = 0 AND x = 0")
     r = db.refresh("agg")
-    assert r.details["groups_recomputed"] == 0  # a new extreme is absorbed
+    assert r.details["groups_recomputed"] == 0  # a new extreme is absorbed, the old one replaced
     same(actual(v), oracle(src.uri, v.source_version))
+    assert {c.name: c.passed for c in v.check()} == {"no_orphan_rows": True, "values_match_source": True}
 
 
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

@@ -30,7 +30,17 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mv_assets.model.agg_view import GROUP, ROWS, Aggregate, cnt_col, comp_col, group_key, sum_col
+from mv_assets.model.agg_view import (
+    EXTREMES_KEPT,
+    GROUP,
+    ROWS,
+    Aggregate,
+    cnt_col,
+    comp_col,
+    ext_col,
+    group_key,
+    sum_col,
+)
 from mv_assets.model.definition import quote_ident, sql_literal
 from mv_assets.model.names import SOURCE_ROW_ID
 from mv_assets.model.udtf_view import partition_ids
@@ -62,6 +72,9 @@ def _aggregate(rows: pa.Table, agg: Aggregate, exact: bool = False) -> pa.Table 
         specs.append((c, "list" if c in floats else "sum"))
     for fn, c in agg.extremes:
         specs.append((c, fn))
+    listed = list(dict.fromkeys(c for _, c in agg.extremes if c not in floats))  # their values: extreme buffers
+    for c in listed:
+        specs.append((c, "list"))
     keys = list(agg.keys)
     if rows.num_rows == 0:
         return None
@@ -72,13 +85,16 @@ def _aggregate(rows: pa.Table, agg: Aggregate, exact: bool = False) -> pa.Table 
             ["__one"], use_threads=False).aggregate(specs)
     # pyarrow names an output "<column>_<function>" ("count_all"); where it puts the keys varies by version
     produced = ["count_all"] + [f"{c}_count" for c in cols] + [
-        f"{c}_list" if c in floats else f"{c}_sum" for c in agg.summed] + [f"{c}_{fn}" for fn, c in agg.extremes]
+        f"{c}_list" if c in floats else f"{c}_sum" for c in agg.summed] + [f"{c}_{fn}" for fn, c in agg.extremes] + [
+        f"{c}_list" for c in listed]
     names = ["__n"] + [f"__c_{cols.index(c)}" for c in cols] + [f"__s_{cols.index(c)}" for c in agg.summed] + [
-        f"__{'lo' if fn == 'min' else 'hi'}_{cols.index(c)}" for fn, c in agg.extremes]
+        f"__{'lo' if fn == 'min' else 'hi'}_{cols.index(c)}" for fn, c in agg.extremes] + [
+        f"__l_{cols.index(c)}" for c in listed]
     out = grouped.select(keys + produced).rename_columns(keys + names)
-    for c in floats:  # the exact sum of each group's values, as hi + lo
+    for c in floats:  # the exact sum of each group's values, as hi + lo (the values stay: __l_<i>)
         at = out.schema.get_field_index(f"__s_{cols.index(c)}")
         lists = out.column(at).combine_chunks()
+        out = out.append_column(f"__l_{cols.index(c)}", lists)
         flat = np.asarray(lists.values.fill_null(0.0).to_numpy(zero_copy_only=False), np.float64)
         bounds = np.asarray(lists.offsets.to_numpy(zero_copy_only=False), np.int64)
         pairs = [_exact(flat[lo:hi].tolist()) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
@@ -127,6 +143,61 @@ def _take(table: pa.Table | None, name: str, at: np.ndarray, dtype: pa.DataType)
 
 def _num(a: pa.Array, dtype: type = np.int64) -> np.ndarray:
     return np.asarray(a.fill_null(0).to_numpy(zero_copy_only=False), dtype=dtype)
+
+
+def _values(table: pa.Table | None, name: str, at: np.ndarray, dtype: pa.DataType) -> list[list]:
+    """Each position's list of non-NULL values (empty where -1 or no table)."""
+    if table is None:
+        return [[] for _ in at]
+    lists = _take(table, name, at, pa.list_(dtype))
+    return [[v for v in vals if v is not None] if vals else [] for vals in lists.to_pylist()]
+
+
+def _sortable(t: pa.DataType) -> bool:
+    return pa.types.is_integer(t) or pa.types.is_floating(t)
+
+
+def _fresh_buffers(lists: pa.Array, t: pa.DataType, descending: bool) -> pa.Array:
+    """Each group's :data:`EXTREMES_KEPT` most extreme non-NULL values, sorted,
+    from all its values (``lists``; numeric types: numpy, no Python per value)."""
+    lists = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
+    flat = lists.values
+    valid = np.asarray(flat.is_valid().to_numpy(zero_copy_only=False), bool)
+    vals = np.asarray(flat.fill_null(0).to_numpy(zero_copy_only=False))
+    bounds = np.asarray(lists.offsets.to_numpy(zero_copy_only=False), np.int64)
+    parts, offsets = [], [0]
+    k = EXTREMES_KEPT
+    for lo, hi in zip(bounds[:-1], bounds[1:], strict=True):
+        seg = vals[lo:hi][valid[lo:hi]]
+        if len(seg) > k:  # the k smallest (min) or largest (max), unordered
+            seg = np.partition(seg, len(seg) - k)[len(seg) - k:] if descending else np.partition(seg, k - 1)[:k]
+        seg = np.sort(seg)
+        parts.append(seg[::-1] if descending else seg)
+        offsets.append(offsets[-1] + len(seg))
+    values = pa.array(np.concatenate(parts) if parts else np.empty(0), t)
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
+
+
+def _buffer(held: list, before: int, removed: list, added: list, descending: bool, after: int) -> tuple[list, bool]:
+    """A group's extreme buffer after a change: ``held`` is a prefix of its
+    non-NULL values sorted (ascending for min, descending for max; all of them
+    when ``len(held) == before``); ``removed`` / ``added`` values left / joined
+    it. Returns the new prefix (at most :data:`EXTREMES_KEPT`) and False when
+    it ran out while the group still has ``after`` values (recompute)."""
+    complete = len(held) == before
+    bound = held[-1] if held else None
+    buf = list(held)
+    for v in removed:
+        if v in buf:  # every value more extreme than the buffer's last is in it (a prefix)
+            buf.remove(v)
+    if complete:
+        keep = added
+    else:  # only values up to the old bound are known to precede what the buffer lacks
+        keep = [v for v in added if (v >= bound if descending else v <= bound)]
+    if keep:
+        buf = sorted(buf + keep, reverse=descending)
+    buf = buf[:EXTREMES_KEPT]
+    return buf, bool(buf) or after <= 0
 
 
 @dataclass
@@ -180,16 +251,26 @@ def _combine(keys: list[str], agg: Aggregate, schema: pa.Schema, old: pa.Table |
             sums[c] = (added(sum_col(c), f"__s_{j}"), np.zeros(n))
     stale = np.zeros(n, dtype=bool)
     ext: dict[tuple[str, str], pa.Array] = {}
+    buffers: dict[tuple[str, str], pa.Array] = {}
     out_name = {(a.fn, a.column): a.name for a in agg.aggs if a.fn in ("min", "max")}
     for fn, c in agg.extremes:
         j, t = cols.index(c), typ[out_name[(fn, c)]]
-        tag = "lo" if fn == "min" else "hi"
-        cur = _take(old, out_name[(fn, c)], po, t)
-        gone = _take(minus, f"__{tag}_{j}", pm, t)
-        left = (pc.less_equal if fn == "min" else pc.greater_equal)(gone, cur)  # pyright: ignore[reportAttributeAccessIssue]
-        stale |= np.asarray(left.fill_null(False).to_numpy(zero_copy_only=False), bool)  # its extreme left
-        pick = pc.min_element_wise if fn == "min" else pc.max_element_wise  # pyright: ignore[reportAttributeAccessIssue]
-        ext[(fn, c)] = pick(cur, _take(plus, f"__{tag}_{j}", pp, t), skip_nulls=True)
+        if old is None and minus is None and _sortable(t):  # every group new (a full refresh): numpy
+            buffers[(fn, c)] = _fresh_buffers(_take(plus, f"__l_{j}", pp, pa.list_(t)), t, fn == "max")
+            ext[(fn, c)] = pa.array([b[0] if b else None for b in buffers[(fn, c)].to_pylist()], t)
+            continue
+        held = _take(old, ext_col(fn, c), po, pa.list_(t)).to_pylist()
+        before = _num(_take(old, cnt_col(c), po, pa.int64()))
+        joined = _values(plus, f"__l_{j}", pp, t)
+        left = _values(minus, f"__l_{j}", pm, t)
+        new_bufs, gone = [], np.zeros(n, dtype=bool)
+        for i in range(n):
+            buf, ok = _buffer(held[i] or [], int(before[i]), left[i], joined[i], fn == "max", int(cnt[c][i]))
+            new_bufs.append(buf)
+            gone[i] = not ok
+        stale |= gone  # the buffer ran out while the group still has values: recompute it
+        buffers[(fn, c)] = pa.array(new_bufs, pa.list_(t))
+        ext[(fn, c)] = pa.array([b[0] if b else None for b in new_bufs], t)
     arrays: dict[str, pa.Array] = {
         SOURCE_ROW_ID: pa.array(partition_ids(keys), pa.int64()), GROUP: key_arr, ROWS: pa.array(rows, pa.int64()),
     }
@@ -197,6 +278,8 @@ def _combine(keys: list[str], agg: Aggregate, schema: pa.Schema, old: pa.Table |
         arrays[k] = pc.coalesce(_take(old, k, po, typ[k]), _take(plus, k, pp, typ[k]), _take(minus, k, pm, typ[k]))  # pyright: ignore[reportAttributeAccessIssue]
     for c in cols:
         arrays[cnt_col(c)] = pa.array(cnt[c], pa.int64())
+    for (fn, c), bufs in buffers.items():
+        arrays[ext_col(fn, c)] = bufs
     for c in agg.summed:
         hi, lo = sums[c]
         arrays[sum_col(c)] = pa.array(hi, typ[sum_col(c)])

@@ -16,7 +16,11 @@ the view's own columns (so one Lance commit carries rows and state):
   sum/avg/min/max), ``__agg__sum__<x>`` their sum (int64 for integer
   columns: exact; float64 for floats, with ``__agg__comp__<x>``, the
   remainder of a double-double sum carried across refreshes: see
-  :mod:`mv_assets.execution.agg_tasks`).
+  :mod:`mv_assets.execution.agg_tasks`);
+* ``__agg__min__<x>`` / ``__agg__max__<x>``: the group's :data:`EXTREMES_KEPT`
+  most extreme values of ``x`` (a sorted prefix of them): a deleted minimum
+  is replaced by the next one; the group is recomputed from the source only
+  when the buffer runs out.
 
 SQL NULL semantics: ``count(x)`` skips NULLs; sum/avg/min/max of only NULLs is
 NULL; NULL keys form a group. Keys hold values compared exactly (integers,
@@ -46,7 +50,7 @@ from mv_assets.model.udtf_view import check_partition_type, partition_key
 
 __all__ = [
     "Agg", "Aggregate", "FUNCTIONS", "GROUP", "ROWS", "agg_view_schema", "check_agg_query", "group_key",
-    "parse_aggs", "cnt_col", "sum_col", "comp_col",
+    "parse_aggs", "cnt_col", "sum_col", "comp_col", "ext_col", "EXTREMES_KEPT",
 ]
 
 FUNCTIONS = ("count", "sum", "avg", "min", "max")
@@ -65,6 +69,16 @@ def sum_col(column: str) -> str:
 
 def comp_col(column: str) -> str:
     return f"{AGG_PREFIX}comp__{column}"
+
+
+def ext_col(fn: str, column: str) -> str:
+    """A min's / max's buffer: the group's most extreme values of ``column``."""
+    return f"{AGG_PREFIX}{fn}__{column}"
+
+
+# values kept per group and min / max: deleting the extreme recomputes the
+# group from the source only once this many of its most extreme values are gone
+EXTREMES_KEPT = 16
 
 
 @dataclass(frozen=True)
@@ -226,6 +240,8 @@ def agg_view_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sc
     fields.append(pa.field(ROWS, pa.int64(), nullable=False))
     for c in agg.value_columns:
         fields.append(pa.field(cnt_col(c), pa.int64(), nullable=False))
+    for fn, c in agg.extremes:
+        fields.append(pa.field(ext_col(fn, c), pa.list_(src.field(c).type)))
     for c in agg.summed:
         t = src.field(c).type
         fields.append(pa.field(sum_col(c), sum_type(t), nullable=False))
