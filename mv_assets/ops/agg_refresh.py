@@ -11,7 +11,8 @@ groups (their ids, :func:`~mv_assets.model.udtf_view.partition_id` of
   (passing the filter now) are added with weight +1, the rows updated or
   deleted since (passing it at ``v0``, their values there, by stable row id)
   with weight -1; only the groups they touch are rewritten; a group's min /
-  max is recomputed from the source only when its extreme left it. Cost:
+  max is recomputed from the source only when its buffer of extreme values
+  runs out (:mod:`mv_assets.model.agg_view`). Cost:
   O(changed rows + touched groups + rows of the groups recomputed for min/max).
 * **full**: every group from every passing row: the first refresh,
   ``mode="full"``, a new query, a recreated source, a write into the view by
