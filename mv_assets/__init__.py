@@ -11,9 +11,11 @@ nothing here starts a JVM until a refresh has work to do.
 
 import sys as _sys
 
+from mv_assets.api import progress as progress
 from mv_assets.api.catalog import Connection as Connection
 from mv_assets.api.catalog import connect as connect
 from mv_assets.api.geneva import GenevaCompatWarning as GenevaCompatWarning
+from mv_assets.api.progress import Progress as Progress
 from mv_assets.api.query import Query as Query
 from mv_assets.api.table import MaterializedView as MaterializedView
 from mv_assets.api.table import Table as Table
@@ -82,6 +84,8 @@ __all__ = [
     "RefreshResult",
     "InlineRunner",
     "SparkRunner",
+    "Progress",
+    "progress",
     "MaterializedView",
     "Table",
     "UDF",

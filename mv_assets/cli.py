@@ -8,13 +8,18 @@ another refresh or a stale upstream view. No command creates a catalog: a
 
 import json
 import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timezone
 from typing import Any
 
 import click
+from rich import box
 from rich.console import Console
 from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table as RichTable
 
+from mv_assets.api import progress
 from mv_assets.api.catalog import Connection, connect
 from mv_assets.api.runners import InlineRunner, SparkRunner
 from mv_assets.api.table import MaterializedView
@@ -39,6 +44,54 @@ def _print_rows(rows: list[dict], title: str) -> None:
     for r in rows:
         table.add_row(*["" if v is None else str(v) for v in r.values()])
     Console().print(table)
+
+
+def _bars(as_json: bool) -> Progress:
+    """Progress bars on stderr when it is a terminal (a count of items, and
+    the rows of the work under way: see :func:`_follow`)."""
+    return Progress(
+        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(bar_width=None),
+        TextColumn("{task.fields[detail]}"), TimeElapsedColumn(),
+        disable=as_json or not sys.stderr.isatty(), console=Console(stderr=True), expand=True,
+    )
+
+
+def _detail(p: progress.Progress) -> str:
+    """``1,200/5,000 rows, 400 rows/s, 10 s left; 300 from checkpoints``."""
+    text = f"{min(p.rows_done, p.rows_planned):,}/{p.rows_planned:,} rows"
+    if p.rows_done and p.seconds > 0:
+        text += f", {p.rate:,.0f}/s"
+    left = p.seconds_left
+    if left is not None and not p.done:
+        text += f", {progress.format_seconds(left)} left"
+    if p.rows_resumed:
+        text += f"; {p.rows_resumed:,} from checkpoints"
+    return text
+
+
+@contextmanager
+def _follow(bars: Progress, what: str, as_json: bool) -> Iterator[None]:
+    """Follow the engine's progress of the work inside: a bar of its rows on
+    a terminal, else a line on stderr every $MV_ASSETS_PROGRESS_SECONDS
+    (nothing with --json, nor for work that ends sooner)."""
+    if as_json:
+        yield
+        return
+    if bars.disable:
+        with progress.listen(lambda p: click.echo(f"{what}: {p}", err=True)):
+            yield
+        return
+    bar = bars.add_task(what, total=None, detail="", visible=False)
+
+    def show(p: progress.Progress) -> None:
+        bars.update(bar, description=f"{what}: {p.stage}", total=max(1, p.rows_planned),
+                    completed=min(p.rows_done, p.rows_planned), detail=_detail(p), visible=True)
+
+    try:
+        with progress.listen(show, every=0.2):
+            yield
+    finally:
+        bars.remove_task(bar)
 
 
 class _Ctx:
@@ -137,9 +190,53 @@ def status(obj: _Ctx, view: str | None, as_json: bool) -> None:
     if as_json:
         _print_json(rows[0] if view else rows)
         return
-    keep = ("name", "load_state", "valid", "cardinality", "load_number", "source_version",
-            "versions_behind", "stale_count", "policy", "updated", "last_error")
-    _print_rows([{k: r[k] for k in keep} for r in rows], "view status")
+    _print_status(rows)
+
+
+def _age(iso: str | None, now: datetime | None = None) -> str:
+    """``"2026-01-02T03:04:05+00:00"`` as ``"5m ago"``."""
+    if not iso:
+        return "never"
+    then = datetime.fromisoformat(iso)
+    then = then if then.tzinfo else then.replace(tzinfo=timezone.utc)
+    s = max(0, int(((now or datetime.now(timezone.utc)) - then).total_seconds()))
+    for unit, size in (("d", 86_400), ("h", 3_600), ("m", 60)):
+        if s >= size:
+            return f"{s // size}{unit} ago"
+    return f"{s}s ago"
+
+
+def _print_status(rows: list[dict]) -> None:
+    """The status table, readable at 80 columns: one line per view (its
+    state, rows, load number, source version, how far behind, stale rows,
+    policy, last update), then each view's last error on lines of its own."""
+    if not rows:
+        click.echo("view status: no views")
+        return
+    table = RichTable(title="view status", box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left",
+                      padding=(0, 1), collapse_padding=True, show_edge=False)
+    for name, justify, wrap in (("view", "left", False), ("state", "left", False), ("rows", "right", False),
+                                ("load", "right", False), ("source", "right", False), ("behind", "right", False),
+                                ("stale", "right", False), ("policy", "left", True), ("updated", "left", False)):
+        table.add_column(name, justify=justify, no_wrap=not wrap, overflow="fold")  # type: ignore[arg-type]
+    for r in rows:
+        state = r["load_state"] + ("" if r["valid"] or r["load_state"] == "NEVER_LOADED" else " (invalid)")
+        table.add_row(
+            r["name"], state, _n(r["cardinality"]), _n(r["load_number"]),
+            "" if r["source_version"] is None else f"v{r['source_version']}", _n(r["versions_behind"]),
+            _n(r["stale_count"]), r["policy"] or "", _age(r["updated"]),
+        )
+    console = Console()
+    console.print(table)
+    for r in rows:
+        if r["last_error"]:
+            console.print(f"{r['name']}: last error: {r['last_error']}", highlight=False, soft_wrap=False)
+    console.print("behind: source versions since the view's that change what it reads\nstale: rows to refresh",
+                  style="dim", highlight=False)
+
+
+def _n(value: Any) -> str:
+    return "" if value is None else f"{value:,}" if isinstance(value, int) else str(value)
 
 
 @main.command()
@@ -183,15 +280,13 @@ def refresh(obj: _Ctx, views: tuple[str, ...], src_version: int | None, mode: st
             todo = obj.db.upstream(v) + todo
     order = obj.db.lineage_order(list(dict.fromkeys(todo)))
     results = []
-    with Progress(
-        SpinnerColumn(), TextColumn("{task.description}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-        TimeElapsedColumn(), disable=as_json or not sys.stderr.isatty(), console=Console(stderr=True),
-    ) as progress:
-        bar = progress.add_task("refreshing", total=len(order))
-        for name in order:
-            progress.update(bar, description=f"refreshing {name}")
+    with _bars(as_json) as bars:
+        bar = bars.add_task("refreshing", total=len(order), detail=f"0/{len(order)} views")
+        for i, name in enumerate(order):
+            bars.update(bar, description=f"refreshing {name}")
             try:
-                r = obj.view(name).refresh(src_version=src_version if name in views else None, mode=mode)
+                with _follow(bars, f"refreshing {name}", as_json):
+                    r = obj.view(name).refresh(src_version=src_version if name in views else None, mode=mode)
             except Exception as exc:
                 if isinstance(exc, (MvAssetsError, ValueError)) and not isinstance(exc, UdfError):
                     raise
@@ -200,15 +295,26 @@ def refresh(obj: _Ctx, views: tuple[str, ...], src_version: int | None, mode: st
                     _print_json([r.summary() for r in results])
                 sys.exit(EXIT_FAILED)
             results.append(r)
-            progress.advance(bar)
+            bars.update(bar, advance=1, detail=f"{i + 1}/{len(order)} views")
     if as_json:
         _print_json([r.summary() for r in results])
         return
     for r in results:
-        click.echo(
-            f"{r.view}: v{r.from_version} -> v{r.to_version}  +{r.rows_inserted} ~{r.rows_updated} "
-            f"-{r.rows_deleted}  UDF rows {r.udf_rows_computed}  {r.seconds:.2f}s"
-        )
+        click.echo(_refreshed(r))
+
+
+def _refreshed(r) -> str:
+    """A refresh's outcome in a line (``first refresh``, never ``vNone``)."""
+    if r.tasks == 0 and not (r.rows_inserted or r.rows_updated or r.rows_deleted):
+        if r.from_version == r.to_version:
+            return f"{r.view}: nothing to refresh: it reflects source v{r.to_version} already"
+        return f"{r.view}: source v{r.from_version} -> v{r.to_version} changed nothing it reads: nothing computed"
+    since = f"first refresh, at source v{r.to_version}" if r.from_version is None else (
+        f"source v{r.from_version} -> v{r.to_version}")
+    computed = ", ".join(f"{c} {n:,}" for c, n in r.udf_rows_computed.items()) or "none"
+    resumed = sum((r.udf_rows_resumed or {}).values())
+    return (f"{r.view}: {since}: +{r.rows_inserted:,} ~{r.rows_updated:,} -{r.rows_deleted:,}, UDF rows computed: "
+            f"{computed}" + (f", {resumed:,} from checkpoints" if resumed else "") + f"; {r.seconds:.2f}s")
 
 
 @main.command()
@@ -249,11 +355,13 @@ def backfill(obj: _Ctx, table: str, column: str, where: str | None, retry_failed
                 f"{s['rows_checkpointed']} rows already checkpointed -> {s['rows_to_compute']} rows to compute"
             )
         return
-    with Progress(SpinnerColumn(), TextColumn("{task.description}"), TimeElapsedColumn(),
-                  disable=as_json or not sys.stderr.isatty(), console=Console(stderr=True)) as progress:
-        progress.add_task(f"backfilling {table}.{column}: {plan.rows_to_compute} rows to compute", total=None)
+    if plan.rows_checkpointed and not as_json:
+        click.echo(f"{table}.{column}: resuming: {plan.rows_checkpointed:,} of {plan.rows:,} rows have results "
+                   "checkpointed by an interrupted run", err=True)
+    with _bars(as_json) as bars:
         try:
-            r = t.backfill(column, **kwargs)
+            with _follow(bars, f"backfilling {table}.{column}", as_json):
+                r = t.backfill(column, **kwargs)
         except Exception as exc:
             if isinstance(exc, (MvAssetsError, ValueError)) and not isinstance(exc, UdfError):
                 raise

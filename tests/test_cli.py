@@ -52,7 +52,8 @@ def test_plan_and_refresh_in_lineage_order(catalog):
     assert [x["view"] for x in json.loads(r.output)] == ["a", "b"]
     assert catalog.open_table("b").count_rows() == 3
     r = run(catalog, "refresh", "a", "b")
-    assert r.exit_code == 0 and "a: v2 -> v2" in r.output  # v2: the identity stamp of creating a view over it
+    # v2: the identity stamp of creating a view over it
+    assert r.exit_code == 0 and "a: nothing to refresh: it reflects source v2 already" in r.output
 
 
 def test_status_json_and_failed_load(catalog):
@@ -189,3 +190,50 @@ def test_an_aggregate_view_through_the_cli(catalog):
     assert run(catalog, "refresh", "per_g").exit_code == 0
     got = {r["g"]: (r["n"], r["sx"]) for r in catalog.open_table("per_g").to_arrow().to_pylist()}
     assert got == {0: (3, 6.0), 1: (2, 4.0)}
+
+
+def test_status_is_readable_at_80_columns(catalog):
+    """One line per view at 80 columns, no name, state or number cut short (the
+    table had 11 columns cut to '…' at 80); each last error on lines of its own."""
+    catalog.refresh("a")
+    run(catalog, "refresh", "bad")  # fails: LOADING -> FAILED with the UDF's error
+    r = CliRunner().invoke(main, ["--db", catalog.uri, "status"], env={"COLUMNS": "80"}, catch_exceptions=False)
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert all(len(line) <= 80 for line in lines), r.output
+    assert "…" not in r.output
+    by_view = {line.split()[0]: line.split() for line in lines if line.split() and line.split()[0] in ("a", "b", "bad")}
+    assert by_view["a"][:6] == ["a", "LOADED", "5", "1", "v2", "0"]
+    assert by_view["b"][1] == "NEVER_LOADED" and by_view["bad"][1] == "FAILED_LOAD"
+    assert any(line.startswith("bad: last error: ") and "no model today" in r.output for line in lines)
+
+
+@mv.udf
+def slow_inc(x: int) -> int:
+    import time
+
+    time.sleep(0.002)
+    return x + 1
+
+
+def test_refresh_and_backfill_report_progress_and_a_first_refresh_in_words(tmp_path, monkeypatch):
+    """Long work reports its rows done of planned, rate and time left while it
+    runs (a bar on a terminal; lines on stderr otherwise, as here); a first
+    refresh says so (before: 'vNone -> v1')."""
+    monkeypatch.setenv("MV_ASSETS_PROGRESS_SECONDS", "0.05")
+    monkeypatch.setenv("MV_ASSETS_CHECKPOINT_SECONDS", "0.05")
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(200)], primary_key="id")
+    db.create_materialized_view("v", src.search(None).select({"id": "id", "y": slow_inc}))
+    r = run(db, "refresh", "v")
+    assert r.exit_code == 0, r.output
+    assert f"v: first refresh, at source v{src.version}: +200 ~0 -0, UDF rows computed: y 200;" in r.stdout
+    running = [line for line in r.stderr.splitlines() if line.startswith("refreshing v: computing: ")]
+    assert len(running) >= 3 and any("left" in line and "rows/s" in line for line in running)
+    assert running[-1].startswith("refreshing v: computing: 200 of 200 rows (100%)")
+    src.add_columns({"z": slow_inc})
+    r = run(db, "backfill", "src", "z")
+    assert r.exit_code == 0, r.output
+    lines = [line for line in r.stderr.splitlines() if line.startswith("backfilling src.z: computing: ")]
+    assert len(lines) >= 3 and lines[-1].startswith("backfilling src.z: computing: 200 of 200 rows (100%)")
+    assert run(db, "refresh", "v", "--json").stderr == ""  # --json: nothing but the JSON

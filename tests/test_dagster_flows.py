@@ -363,3 +363,71 @@ def test_a_table_columns_backfill_records_each_partitions_own_rows(tmp_path):
         parts = _latest_by_partition(instance, K(["src", "y"]))
         assert {p: md["rows_computed"] for p, md in parts.items()} == {frags[0]: 6, frags[1]: 4}
         assert all(md["run_rows_written"] == 10 and "rows_written" not in md for md in parts.values())
+
+
+@mv.udf
+def slow_next(x: int) -> int:
+    import os
+    import time
+
+    time.sleep(0.002)
+    if x >= 150 and os.path.exists(os.environ["MV_ASSETS_TEST_FAIL_FLAG"]):
+        raise RuntimeError("the model server is down")
+    return x + 1
+
+
+@mv.udf
+def slow_next_v2(x: int) -> int:  # new code for the same column
+    import os
+    import time
+
+    time.sleep(0.002)
+    if x >= 150 and os.path.exists(os.environ["MV_ASSETS_TEST_FAIL_FLAG"]):
+        raise RuntimeError("the model server is down")
+    return 1 + x
+
+
+def test_long_runs_log_their_progress_and_a_resumed_recompute_says_what_came_from_checkpoints(
+        tmp_path, monkeypatch):
+    """A run that computes for a while logs its progress (rows done of planned,
+    rate, time left) every $MV_ASSETS_PROGRESS_SECONDS, not only its outcome
+    at the end; a recompute that failed part way and runs again says how many
+    rows came from the checkpoints the failed run left."""
+    from dagster_helpers import run_log
+
+    monkeypatch.setenv("MV_ASSETS_PROGRESS_SECONDS", "0.05")
+    monkeypatch.setenv("MV_ASSETS_CHECKPOINT_SECONDS", "0.02")
+    flag = tmp_path / "fail"
+    monkeypatch.setenv("MV_ASSETS_TEST_FAIL_FLAG", str(flag))
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(200)], primary_key="id")
+    view = db.create_materialized_view("v", src.search(None).select({"id": "id", "y": slow_next}))
+    defs = _defs(db)
+    frags = _frags(db)
+    tags = {"dagster/asset_partition_range_start": frags[0], "dagster/asset_partition_range_end": frags[-1]}
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(partitions_def_name("src"), frags)
+        first = _job(defs).execute_in_process(instance=instance, asset_selection=[K(["v"]), K(["v", "y"])],
+                                              tags=tags)
+        assert first.success
+        log = run_log(instance, first)
+        running = [line for line in log if line.startswith("v: refresh: computing: ") and "left" in line]
+        assert len(running) >= 3 and all(" of 200 rows (" in line and "rows/s" in line for line in running)
+        assert any(line.startswith("v: refresh: computing: 200 of 200 rows (100%)") and line.endswith("done")
+                   for line in log)
+        # the UDF's code changes (from Python), and its recompute fails part way
+        view.alter_columns({"path": "y", "udf": slow_next_v2})
+        flag.write_text("down")
+        failed = _job(defs).execute_in_process(instance=instance, asset_selection=[K(["v", "y"])], tags=tags,
+                                               raise_on_error=False)
+        assert not failed.success
+        flag.unlink()
+        again = _job(defs).execute_in_process(instance=instance, asset_selection=[K(["v", "y"])], tags=tags)
+        assert again.success
+        log = run_log(instance, again)
+        (start,) = [line for line in log if line.startswith("v: recomputing y (UDF code changed): 200 rows")]
+        resumed = int(start.split("; ")[1].split(" of them")[0].replace(",", ""))
+        assert 0 < resumed < 200 and start.endswith("have results checkpointed by an interrupted run")
+        (outcome,) = [line for line in log if line.startswith("v: recomputed y (UDF code changed)")]
+        assert f"{200 - resumed:,} computed, {resumed:,} from checkpoints" in outcome
+    assert view.plan_backfill("y").rows == 0

@@ -18,6 +18,7 @@ partition run, and record every partition the run names.
 
 import time
 import warnings
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
 
@@ -25,6 +26,7 @@ import dagster as dg
 from dagster._core.definitions.data_version import DATA_VERSION_TAG  # not exported by dagster
 from dagster._core.events import DagsterEventType  # not exported by dagster
 
+from mv_assets.api import progress
 from mv_assets.api.declare import apply as apply_declared
 from mv_assets.api.declare import reconcile
 from mv_assets.api.table import Table
@@ -543,6 +545,15 @@ def _apply_code(context, info: TableInfo, db) -> None:
         context.log.info(f"{info.name}: applied the code: {'; '.join(done)}")
 
 
+@contextmanager
+def _progress(context, what: str):
+    """Log the progress of the engine's work started inside (rows done of
+    planned, rate, time left, rows from checkpoints) to the run log, every
+    $MV_ASSETS_PROGRESS_SECONDS (10) while it runs: work that ends sooner logs none."""
+    with progress.listen(lambda p: context.log.info(f"{what}: {p}")):
+        yield
+
+
 def _refresh_view(context, info: TableInfo, view, fragments: list[int] | None, recompute):
     """Refresh the view (views over views bring their upstream along first)."""
     if info.over_view:
@@ -553,9 +564,11 @@ def _refresh_view(context, info: TableInfo, view, fragments: list[int] | None, r
         for name in db.upstream(info.name):
             up = db.open_view(name)
             if up.pending_source_versions() or up.refresh_state().scoped_since_whole:
-                r = up.refresh()
+                with _progress(context, f"{name} (upstream of {info.name}): refresh"):
+                    r = up.refresh()
                 context.log.info(f"brought upstream view {name} to source v{r.to_version} first")
-        return view.refresh(recompute=recompute)
+        with _progress(context, f"{info.name}: refresh"):
+            return view.refresh(recompute=recompute)
     tags = context.run.tags
     pinned = int(tags[TAG_SOURCE_VERSION]) if TAG_SOURCE_VERSION in tags else None
     in_run = context.run.asset_selection or set()
@@ -564,7 +577,9 @@ def _refresh_view(context, info: TableInfo, view, fragments: list[int] | None, r
     current = view.source_version
     if pinned is not None and current is not None and pinned < current:
         pinned = current  # another run got further already: never go back
-    return view.refresh(src_version=pinned, fragments=fragments, recompute=recompute)
+    what = f"{info.name}: refresh" + (f" of {', '.join(recompute)}" if recompute else "")
+    with _progress(context, what):
+        return view.refresh(src_version=pinned, fragments=fragments, recompute=recompute)
 
 
 def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned: bool):
@@ -596,8 +611,14 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
     if whole:
         # UDF columns whose code changed have stale rows: recompute exactly those
         for name in columns:
-            if name not in recomputed and view.plan_backfill(name).rows:
-                done = view.backfill(name)
+            plan = view.plan_backfill(name) if name not in recomputed else None
+            if plan is not None and plan.rows:
+                resuming = (f"; {plan.rows_checkpointed:,} of them have results checkpointed by an interrupted run"
+                            if plan.rows_checkpointed else "")
+                context.log.info(f"{info.name}: recomputing {name} (UDF code changed): {plan.rows:,} rows computed "
+                                 f"by other code{resuming}")
+                with _progress(context, f"{info.name}: recomputing {name}"):
+                    done = view.backfill(name)
                 for sibling in done.columns:  # a multi-column UDF fills its siblings too
                     recomputed[sibling] = done
     duration = time.perf_counter() - started
@@ -785,7 +806,8 @@ def _backfill_columns(context, info: TableInfo, keys: dict[str, dg.AssetKey]):
         if key not in context.selected_asset_keys:
             continue
         if name not in done:
-            result = table.backfill(name)
+            with _progress(context, f"{info.name}.{name}: backfill"):
+                result = table.backfill(name)
             for c in result.columns:  # a multi-column UDF fills its siblings too
                 done[c] = result
             if not result.rows_planned:

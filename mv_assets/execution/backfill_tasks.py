@@ -25,6 +25,7 @@ import numpy as np
 import pyarrow as pa
 from lance.fragment import DataFile, FragmentMetadata
 
+from mv_assets.execution import progress
 from mv_assets.execution.tasks import (
     PacedRowStore,
     checkpointed_udf_columns,
@@ -101,6 +102,7 @@ def run_compute_task(payload: str, shared: bytes) -> str:
             errors.extend(store.read(key)[1])
             resumed += 1
             resumed_rows += hi - lo
+            progress.resumed(hi - lo)  # (not among the rows planned: those are the rows to compute)
         else:
             todo.append((key, lo, hi))
     if todo:
@@ -118,6 +120,7 @@ def run_compute_task(payload: str, shared: bytes) -> str:
             store.save(ids, vers, ins, values, errs, key=key)
             errors.extend(errs)
             computed += 1
+            progress.advance(hi - lo)
     return json.dumps(
         {
             "udf_rows": sum(udf_rows.get(c.name, 0) for c in specs[:1]),
@@ -271,6 +274,7 @@ def run_write_task(payload: str, shared: bytes) -> str:
     base[needed] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     values = pa.table(index.values(base[batch] + row, job["names"]))
     meta = write_fragment_file(ds, task["fragment_id"], job["names"], assign.column("offset").to_numpy(), values)
+    progress.advance(assign.num_rows)
     return json.dumps(meta.to_json())
 
 
@@ -312,6 +316,7 @@ def run_fused_task(payload: str, shared: bytes) -> str:
             )
             if store.pacer.computed(batch.num_rows, time.perf_counter() - started):
                 store.flush()
+            progress.advance(batch.num_rows)
             if "plan_path" not in job:  # a table's markers name the row version the inputs were read at
                 for spec in specs:
                     marker = computed_marker(spec.name)

@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
+from mv_assets.execution import progress
 from mv_assets.model.chunk_view import child_index, inherited_columns, input_digests
 from mv_assets.model.definition import ViewDefinition, quote_ident, stored_columns
 from mv_assets.model.errors import UdfError
@@ -92,6 +93,7 @@ def chunk_batches(
     for batch in scanner.to_batches():
         if batch.num_rows == 0:
             continue
+        progress.advance(batch.num_rows)  # parents
         ids = batch.column("_rowid").cast(pa.int64()).to_numpy()
         vers = batch.column(_ROW_VERSION).cast(pa.int64())
         args = pa.RecordBatch.from_arrays([batch.column(input_alias(c)) for c in inputs], names=inputs)

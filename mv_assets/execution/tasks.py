@@ -21,6 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mv_assets.execution import progress
 from mv_assets.execution.agg_tasks import agg_batches
 from mv_assets.execution.chunk_tasks import chunk_batches
 from mv_assets.execution.udtf_tasks import udtf_batches
@@ -224,6 +225,7 @@ def _compute_batches(
         )
         if isinstance(store, PacedRowStore) and store.pacer.computed(batch.num_rows, time.perf_counter() - started):
             store.flush()
+        progress.advance(batch.num_rows)
         for f in schema:
             if f.name == SOURCE_ROW_ID:
                 arrays.append(row_ids)
@@ -436,6 +438,8 @@ def checkpointed_udf_columns(
     index = store.index
     pos = np.full(len(ids), -1, dtype=np.int64) if store.empty else index.lookup(ids, vers, identities())
     found = pos >= 0
+    if not store.empty:
+        progress.resumed(int(found.sum()))
     for c in specs:
         udf_rows.setdefault(c.name, 0)
         if resumed is not None:
@@ -615,9 +619,15 @@ def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
     Idempotent: a task whose checkpoint exists returns the checkpointed result
     without recomputing anything.
     """
-    done = load_checkpoint(spec)
-    if done is not None:
-        return done
+    with progress.task(spec.rows):
+        done = load_checkpoint(spec)
+        if done is not None:
+            progress.resumed(spec.rows)  # a finished task of an interrupted run
+            return done
+        return _run_task(spec, definition_raw)
+
+
+def _run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
     start = time.perf_counter()
     definition = decode_definition(definition_raw)
     ds = objects.dataset(spec.src_uri, version=spec.src_version)
