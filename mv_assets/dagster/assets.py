@@ -46,6 +46,7 @@ TAG_SOURCE_VERSION = "mv_assets/source_version"
 TAG_SCOPE = "mv_assets/scope"
 CHECK_NAMES = ("matches_source_query", "no_orphan_rows", "udf_values_present")
 UDTF_CHECK_NAMES = ("no_orphan_rows",)  # a table-function view's (ops.checks._udtf_checks)
+AGG_CHECK_NAMES = ("no_orphan_rows", "values_match_source")  # an aggregate view's (ops.checks._agg_checks)
 CODE_CHECK = "udf_code_current"  # on UDF columns of views declared in code
 CHECK_DESCRIPTIONS = {  # what each check of a view verifies (mv_assets.ops.checks), as the UI shows it
     "matches_source_query": (
@@ -62,6 +63,13 @@ CHECK_DESCRIPTIONS = {  # what each check of a view verifies (mv_assets.ops.chec
         "Every row of the column was computed by the UDF code declared now; fails while rows computed by other "
         "code remain (after a code change, or a recompute that failed). Row counts in the metadata."
     ),
+}
+AGG_CHECK_DESCRIPTIONS = {
+    "no_orphan_rows": "Every group the view holds still has source rows passing its query at the source version "
+                      "the view reflects.",
+    "values_match_source": "Every group's key and aggregates equal the aggregate recomputed from scratch over the "
+                           "source at the version the view reflects (floats to a relative 1e-9); no group missing "
+                           "or extra.",
 }
 UDTF_CHECK_DESCRIPTIONS = {
     "no_orphan_rows": (
@@ -182,13 +190,18 @@ def unobserved_fragments(instance, table: Table, fragments) -> dict[int, str]:
     return {f: v for f, v in versions.items() if seen.get(str(f), {}).get(DATA_VERSION_TAG) != v}
 
 
-def observe_fragments(context, table: Table, fragments: list[int]) -> dict[int, tuple[str, int | None]]:
-    """The data version of each of ``fragments`` (those still in the table),
-    and the storage id of the source partition's latest observation, which a
-    materialization names as its input (Dagster then reports the partition
-    stale when a later observation of that fragment has another data
-    version). Fragments whose latest observation is missing or says
-    otherwise are observed now: a scan and three queries, whatever the count."""
+def observe_fragments(context, table: Table, fragments: list[int], read: int | None = None
+                      ) -> dict[int, tuple[str, int | None]]:
+    """The input a materialization records for each of ``fragments`` (those
+    still in the table) of the source it read at version ``read`` (None: the
+    latest): the fragment's data version then, and the storage id of an
+    observation of the fragment, which Dagster compares with its latest
+    observation (stale when the data versions differ). Fragments whose
+    latest observation is missing or says otherwise are observed now (as
+    they are now: a scan and three queries, whatever the count). A fragment
+    changed since ``read`` (a write after the version the run was pinned to)
+    points before the observation of its change: the partition shows
+    Unsynced, as it is."""
     versions = table.fragment_data_versions(fragments)
     if not versions:
         return {}
@@ -197,7 +210,26 @@ def observe_fragments(context, table: Table, fragments: list[int]) -> dict[int, 
     key = dg.AssetKey([table.name])
     ids = context.instance.get_latest_storage_id_by_partition(
         key, DagsterEventType.ASSET_OBSERVATION, {str(f) for f in versions})
-    return {fid: (version, ids.get(str(fid))) for fid, version in versions.items()}
+    out = {fid: (version, ids.get(str(fid))) for fid, version in versions.items()}
+    if read is not None and read != table.version:
+        for fid, then in table.fragment_data_versions(list(versions), version=read).items():
+            if then != versions[fid]:
+                out[fid] = (then, _pointer_before(context.instance, key, fid, versions[fid]))
+    return out
+
+
+def _pointer_before(instance, key: dg.AssetKey, fragment: int, current: str) -> int:
+    """A storage id before the first observation of ``fragment`` at its
+    ``current`` data version (after any observation of another version): a
+    materialization pointing there reads as made before that change."""
+    records = instance.fetch_observations(
+        dg.AssetRecordsFilter(asset_key=key, asset_partitions=[str(fragment)]), limit=100).records  # newest first
+    first_current = records[0].storage_id
+    for r in records:
+        if (r.event_log_entry.tags or {}).get(DATA_VERSION_TAG) != current:
+            return r.storage_id
+        first_current = r.storage_id
+    return first_current - 1
 
 
 def _view_description(info: TableInfo) -> str:
@@ -211,7 +243,12 @@ def _view_description(info: TableInfo) -> str:
         + ("; its upstream views are brought up to date first" if info.over_view else "")
     )
     function = info.definition.get("function")
-    if function and function["kind"] == "udtf":
+    if function and function["kind"] == "aggregate":
+        keys = ", ".join(f"`{k}`" for k in function["keys"]) or "nothing (one group)"
+        outs = ", ".join(f"{n} = {fn}({c or '*'})" for n, fn, c in function["aggs"])
+        what = (f"Aggregate view over `{info.source}`{where}: group by {keys}; {outs}; a refresh applies the "
+                "changed rows to the groups they touch")
+    elif function and function["kind"] == "udtf":
         by = function.get("partition_by")
         what = (f"Table-function view over `{info.source}`{where}: udtf `{function['name']}` over "
                 f"{f'each `{by}` partition' if by else 'the whole source'}, giving rows of "
@@ -327,8 +364,10 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo]):
                 skippable=True,
             )
         )
-    names = UDTF_CHECK_NAMES if info.kind == "udtf" else CHECK_NAMES  # rows per partition: fewer checks
-    described = {**CHECK_DESCRIPTIONS, **UDTF_CHECK_DESCRIPTIONS} if info.kind == "udtf" else CHECK_DESCRIPTIONS
+    # rows per partition or per group: other checks
+    names = {"udtf": UDTF_CHECK_NAMES, "aggregate": AGG_CHECK_NAMES}.get(info.kind, CHECK_NAMES)
+    described = {**CHECK_DESCRIPTIONS, **{"udtf": UDTF_CHECK_DESCRIPTIONS, "aggregate": AGG_CHECK_DESCRIPTIONS}.get(
+        info.kind, {})}
     check_specs = [dg.AssetCheckSpec(name, asset=view_key, description=described[name]) for name in names]
     if info.declared is not None:
         # Dagster shows no asset-level staleness for partitioned assets: this check
@@ -636,7 +675,7 @@ def _counts(counts: dict) -> str:
 
 def _log_outcome(context, info: TableInfo, result, recomputed: dict, columns: list[str], duration: float) -> None:
     if result is not None:
-        counted = {"chunker": "parents", "udtf": "partitions"}.get(info.kind, "rows")
+        counted = {"chunker": "parents", "udtf": "partitions", "aggregate": "groups"}.get(info.kind, "rows")
         calls = {"chunker": "chunker calls", "udtf": "UDTF calls"}.get(info.kind, "UDF rows computed")
         if result.tasks == 0 and not (result.rows_inserted or result.rows_updated or result.rows_deleted):
             if result.from_version == result.to_version:
@@ -702,8 +741,8 @@ def _record_run(
         "view_version": view.version,
         "run_duration_s": round(duration, 3),
     }
-    # a chunk view's refresh counts parents (documents), its rows are their chunks
-    unit = "parents" if info.kind == "chunker" else "rows"
+    # a chunk view's refresh counts parents (documents), its rows are their chunks; an aggregate view's, groups
+    unit = {"chunker": "parents", "aggregate": "groups"}.get(info.kind, "rows")
     computed_key = "parents_chunked" if unit == "parents" else "rows_computed"
     run_md = dict(base_md)
     if result is not None:
@@ -745,7 +784,8 @@ def _record_run(
     # A view over a base table: each partition's input is its own source
     # fragment, as observed (the run observes what the instance has not seen:
     # never observed, a partition would show Unsynced right after this run).
-    fragment_inputs = observe_fragments(context, source, fragments) if keys and not info.over_view else {}
+    read = None if result is None else result.to_version
+    fragment_inputs = observe_fragments(context, source, fragments, read) if keys and not info.over_view else {}
 
     def partition_view_tags(fid: int) -> dict:
         if info.over_view:

@@ -54,13 +54,14 @@ class TableInfo:
         """Whether a partition (source fragment) can be refreshed on its own:
         views over a base table without a limit (chunk views too: a fragment's
         parents). Others (views over views, limited views, table-function
-        views) refresh as a whole whatever partitions a run names."""
-        # a table-function view's partitions are its partition_by values, not source fragments
-        return self.is_view and self.limit is None and not self.over_view and self.kind != "udtf"
+        and aggregate views) refresh as a whole whatever partitions a run names."""
+        # a table-function view's partitions are its partition_by values, an aggregate view's rows are
+        # groups: neither maps to source fragments
+        return self.is_view and self.limit is None and not self.over_view and self.kind not in ("udtf", "aggregate")
 
     @property
     def kind(self) -> str:
-        """A view's kind ("query", "chunker", "udtf"); "table" for a base table."""
+        """A view's kind ("query", "chunker", "udtf", "aggregate"); "table" for a base table."""
         if not self.is_view:
             return "table"
         return (self.definition.get("function") or {}).get("kind") or "query"
