@@ -172,6 +172,43 @@ def test_sensor_over_append_delete_update_compaction(tmp_path):
         assert "not-a-fragment" not in instance.get_dynamic_partitions(pname)
 
 
+def test_a_partition_refreshed_to_a_pinned_version_shows_a_later_change_of_its_fragment(tmp_path):
+    """The sensor pins the source version its run refreshes to. A delete in the
+    same fragment after the tick and before the run: the run refreshes the
+    partition to the pinned version, so it is Unsynced after the run (before:
+    in sync, the run recorded the fragment as it was at the run's end), and in
+    sync after the next tick's run."""
+    from dagster._utils.test.data_versions import get_stale_status_resolver
+    from dagster_helpers import run_requested
+
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(6)], primary_key="id")
+    src.add([{"id": i, "x": i} for i in range(6, 10)])
+    db.create_materialized_view("v", src.search(None).select({"id": "id", "y": double}))  # no view over it
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    sensor = _sensor(defs, "src_changes")
+    every = [*defs.get_repository_def().assets_defs_by_key.values(), defs.get_assets_def(K(["src"]))]
+    with dg.instance_for_test() as instance:
+        def status(partition):
+            return get_stale_status_resolver(instance, every).get_status(K(["v"]), partition).value
+
+        first = evaluate_sensor(sensor, instance=instance, definitions=defs, resources=defs.resources)
+        run_requested(defs, instance, first)
+        src.delete("id = 1")  # fragment 0
+        tick = evaluate_sensor(sensor, instance=instance, cursor=first.cursor, definitions=defs,
+                               resources=defs.resources)
+        assert tick.run_requests[0].tags["dagster/asset_partition_range_start"] == "0"
+        src.delete("id = 2")  # fragment 0 again, after the tick: the run is pinned before it
+        run_requested(defs, instance, tick)
+        assert 2 in db.open_table("v").to_arrow().column("id").to_pylist()
+        assert (status("0"), status("1")) == ("STALE", "FRESH")
+        later = evaluate_sensor(sensor, instance=instance, cursor=tick.cursor, definitions=defs,
+                                resources=defs.resources)
+        run_requested(defs, instance, later)
+        assert 2 not in db.open_table("v").to_arrow().column("id").to_pylist()
+        assert (status("0"), status("1")) == ("FRESH", "FRESH")
+
+
 def test_a_table_emptied_by_deletes_empties_its_views_then_retires_its_partitions(tmp_path):
     """Every row deleted: no fragment is left. The sensor's run names the
     partitions of the fragments that are gone (a run without partitions

@@ -339,11 +339,13 @@ class Table(Indexed):
         """Fragments added and retired since version ``since``, given the ``known`` ones."""
         return fragment_changes(self.uri, since, known)
 
-    def fragment_data_versions(self, fragments: Collection[int] | None = None) -> dict[int, str]:
-        """Each fragment's data version (``fragments``: only these): it moves
-        when a row of the fragment is inserted, updated or deleted, never
-        otherwise (see :func:`~mv_assets.storage.changes.fragment_data_versions`)."""
-        return fragment_data_versions(self.uri, fragments)
+    def fragment_data_versions(self, fragments: Collection[int] | None = None, version: int | None = None
+                               ) -> dict[int, str]:
+        """Each fragment's data version (``fragments``: only these; at
+        ``version``, default the latest): it moves when a row of the fragment
+        is inserted, updated or deleted, never otherwise (see
+        :func:`~mv_assets.storage.changes.fragment_data_versions`)."""
+        return fragment_data_versions(self.uri, fragments, version)
 
     def count_rows(self, filter: str | None = None) -> int:
         ds = self._dataset()
