@@ -1,10 +1,12 @@
 """Seed a demo catalog and keep its views fresh: ``python -m mv_assets.demo``.
 
 The catalog (``$MV_ASSETS_DB``, default ``.demo/catalog``) holds a ``documents``
-source table and three views: ``doc_features`` (a filter, SQL columns and UDF
-columns doing real text work), ``long_docs`` (a view over that view) and
+source table and four views: ``doc_features`` (a filter, SQL columns and UDF
+columns doing real text work), ``long_docs`` (a view over that view),
 ``doc_chunks`` (each English document split into passages by a chunker, with
-an ``embedding`` column computed for new passages).
+an ``embedding`` column computed for new passages) and ``corpus_stats`` (an
+aggregate view over ``doc_features``: documents, words per document from the
+``word_count`` UDF, kept from the change feed).
 
 ``python -m mv_assets.demo seed`` only creates the catalog (``make demo`` does
 this, then starts the Dagster UI, whose sensors refresh the views). Without
@@ -131,11 +133,14 @@ def seed(uri: str) -> mv.Connection:
     if "doc_chunks" not in db:  # documents -> passages -> their embeddings
         chunks = db.create_udtf_view("doc_chunks", docs.search(None).where("lang = 'en'").select(["doc_id"]), passages)
         chunks.add_columns({"embedding": (embedding, ["text"])})  # filled by backfill, for new passages only
+    if "corpus_stats" not in db and "doc_features" in db:  # an aggregate of a UDF's output
+        db.create_materialized_view("corpus_stats", db.open_table("doc_features").search(None).group_by().agg(
+            {"documents": "count(*)", "avg_words": "avg(words)", "max_words": "max(words)", "chars": "sum(chars)"}))
     return db
 
 
 def _refresh_all(db: mv.Connection) -> None:
-    for r in db.refresh(["doc_features", "long_docs", "doc_chunks"]):
+    for r in db.refresh(["doc_features", "long_docs", "doc_chunks", "corpus_stats"]):
         print(f"  {r.view:<13} src v{r.from_version}->v{r.to_version}: +{r.rows_inserted} ~{r.rows_updated} -{r.rows_deleted}  UDF rows {r.udf_rows_computed}  {r.seconds:.1f}s")
     b = db.open_view("doc_chunks").backfill("embedding")
     print(f"  doc_chunks.embedding: {b.udf_rows_computed} new passages embedded")

@@ -123,8 +123,8 @@ def test_backfill_of_an_unread_column_leaves_the_source_data_version_and_views_a
             instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
         (run,) = first.run_requests  # one run carries the whole lineage
         assert sorted(k.to_user_string() for k in run.asset_selection) == [
-            "doc_chunks", "doc_chunks/embedding", "doc_features", "doc_features/embedding", "doc_features/summary",
-            "doc_features/words", "documents/checksum", "long_docs",
+            "corpus_stats", "doc_chunks", "doc_chunks/embedding", "doc_features", "doc_features/embedding",
+            "doc_features/summary", "doc_features/words", "documents/checksum", "long_docs",
         ]
         data_versions = {e.partition: e.tags["dagster/data_version"] for e in first.asset_events
                          if isinstance(e, dg.AssetObservation)}
@@ -133,8 +133,11 @@ def test_backfill_of_an_unread_column_leaves_the_source_data_version_and_views_a
         result = _job(defs).execute_in_process(instance=instance, asset_selection=run.asset_selection, tags=run.tags)
         assert result.success
         assert docs.plan_backfill("checksum").rows == 0  # the backfill made a new Lance version...
-        for name in ("doc_features", "long_docs", "doc_chunks"):
+        for name in ("doc_features", "long_docs", "doc_chunks", "corpus_stats"):
             assert db.open_table(name).status().versions_behind == 0  # ...that no view needs
+        (stats,) = db.open_table("corpus_stats").to_arrow().to_pylist()  # the aggregate of the UDF's output
+        words = db.open_table("doc_features").to_arrow().column("words").to_pylist()
+        assert stats["documents"] == len(words) and stats["max_words"] == max(words)
         assert db.open_view("doc_chunks").plan_backfill("embedding").rows == 0  # the passages are embedded
         later = evaluate_sensor(sensor, instance=instance, cursor=first.cursor, definitions=defs, resources=defs.resources)
         assert later.run_requests == []
