@@ -209,6 +209,45 @@ def test_a_partition_refreshed_to_a_pinned_version_shows_a_later_change_of_its_f
         assert (status("0"), status("1")) == ("FRESH", "FRESH")
 
 
+def test_a_view_over_a_view_is_unsynced_exactly_where_its_upstream_partition_changed(tmp_path):
+    """w reads v (and v's UDF column y). Materializing v's partition of a changed
+    fragment alone makes w's partition of that fragment Unsynced ("v has a new
+    data version"), and only that one; materializing v's partition of an
+    unchanged fragment again changes nothing downstream (a partition's data
+    version is what it holds: its fragment's rows as read, not the view's Lance
+    version); the sensor's run brings w back in sync."""
+    from dagster._core.definitions.events import AssetKeyPartitionKey
+    from dagster._utils.test.data_versions import get_stale_status_resolver
+    from dagster_helpers import run_requested
+
+    db = _catalog(tmp_path / "cat")
+    src = db.open_table("src")
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    repo = defs.get_repository_def()
+    sensor = _sensor(defs, "src_changes")
+    every = [*repo.assets_defs_by_key.values(), defs.get_assets_def(K(["src"]))]
+    v_asset = [repo.assets_defs_by_key[K(["v"])]]
+    with dg.instance_for_test() as instance:
+        def w_status():
+            resolver = get_stale_status_resolver(instance, every)
+            return [resolver.get_status(K(["w"]), p).value for p in ("0", "1")]
+
+        first = evaluate_sensor(sensor, instance=instance, definitions=defs, resources=defs.resources)
+        run_requested(defs, instance, first)
+        assert w_status() == ["FRESH", "FRESH"]
+        assert dg.materialize(v_asset, instance=instance, partition_key="1", selection=[K(["v"]), K(["v", "y"])]).success
+        assert w_status() == ["FRESH", "FRESH"]  # nothing changed in fragment 1
+        src.delete("id = 5")  # fragment 0, a row w holds
+        assert dg.materialize(v_asset, instance=instance, partition_key="0", selection=[K(["v"]), K(["v", "y"])]).success
+        assert w_status() == ["STALE", "FRESH"]
+        causes = get_stale_status_resolver(instance, every).get_stale_causes(K(["w"]), "0")
+        assert {c.dependency for c in causes} == {AssetKeyPartitionKey(K(["v"]), "0"), AssetKeyPartitionKey(K(["v", "y"]), "0")}
+        tick = evaluate_sensor(sensor, instance=instance, cursor=first.cursor, definitions=defs, resources=defs.resources)
+        run_requested(defs, instance, tick)
+        assert 5 not in db.open_table("w").to_arrow().column("id").to_pylist()
+        assert w_status() == ["FRESH", "FRESH"]
+
+
 def test_a_table_emptied_by_deletes_empties_its_views_then_retires_its_partitions(tmp_path):
     """Every row deleted: no fragment is left. The sensor's run names the
     partitions of the fragments that are gone (a run without partitions

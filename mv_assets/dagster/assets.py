@@ -786,12 +786,21 @@ def _record_run(
     # never observed, a partition would show Unsynced right after this run).
     read = None if result is None else result.to_version
     fragment_inputs = observe_fragments(context, source, fragments, read) if keys and not info.over_view else {}
+    # A view over a view: each partition's inputs are the upstream view's partition and the upstream
+    # columns it reads, as last materialized (Dagster reports it Unsynced when they change after).
+    upstream_keys = [source_key, *(dg.AssetKey([info.source_name, c]) for c in info.reads)]
+    upstream = _latest_materializations(context.instance, upstream_keys, keys) if keys and info.over_view else {}
 
-    def partition_view_tags(fid: int) -> dict:
+    def partition_inputs(fid: int, key_str: str) -> tuple[dict, dict, str]:
+        """A partition's inputs (data versions, event pointers) and its own data
+        version: what it holds, its source fragment's rows as read (over a view:
+        the upstream partitions'), so a run that changes nothing there leaves it."""
         if info.over_view:
-            return view_tags
+            got = {k: upstream.get((k, key_str), ("none", None)) for k in upstream_keys}
+            inputs = {k: v for k, (v, _) in got.items()}
+            return inputs, {k: p for k, (_, p) in got.items()}, "|".join(inputs.values())
         version, pointer = fragment_inputs.get(fid, ("gone", None))  # a fragment gone meanwhile (retired next)
-        return _version_tags(None, view.version, {**view_inputs, source_key: version}, {source_key: pointer})
+        return {**view_inputs, source_key: version}, {source_key: pointer}, version
 
     col_tags = {n: _version_tags(fingerprints[n], view.version, {view_key: view.version}) for n in columns}
     view_rows = view.count_rows() if view_key in selected else 0
@@ -812,15 +821,31 @@ def _record_run(
     )
     index_md = _index_metadata(view) if view_key in selected else {}
     for key_str, fid in zip(keys, fragments, strict=True):
+        inputs, pointers, held = partition_inputs(fid, key_str)
         if view_key in selected:
             part_md = {**view_md, "source_fragment": fid, **index_md}
             if info.scoped:
                 part_md[computed_key] = int(by_fragment.get(fid, 0))
             if fid in per_fragment:
                 part_md["partition_row_count"] = per_fragment[fid]
-            _record(context, view_key, key_str, part_md, partition_view_tags(fid))
-        for name in columns:
-            _record(context, col_keys[name], key_str, column_md(name, fid), col_tags[name])
+            _record(context, view_key, key_str, part_md, _version_tags(None, held, inputs, pointers))
+        for name in columns:  # (computed with the view's rows, in the same op: no pointer to them)
+            tags = _version_tags(fingerprints[name], f"{held}@{fingerprints[name]}", {view_key: held})
+            _record(context, col_keys[name], key_str, column_md(name, fid), tags)
+
+
+def _latest_materializations(instance, keys: list[dg.AssetKey], partitions: list[str]) -> dict:
+    """``{(asset key, partition): (data version, storage id)}`` of the latest
+    materialization of each (two queries per asset, whatever the count)."""
+    out = {}
+    storage = instance.event_log_storage
+    for key in keys:
+        tags = storage.get_latest_tags_by_partition(
+            key, DagsterEventType.ASSET_MATERIALIZATION, [DATA_VERSION_TAG], asset_partitions=partitions)
+        ids = instance.get_latest_storage_id_by_partition(key, DagsterEventType.ASSET_MATERIALIZATION, set(partitions))
+        for p, sid in ids.items():
+            out[(key, p)] = (tags.get(p, {}).get(DATA_VERSION_TAG, "none"), sid)
+    return out
 
 
 def _column_description(table: str, col: dict) -> str:
