@@ -16,6 +16,7 @@ columns, views over views and views with a limit refresh as a whole in any
 partition run, and record every partition the run names.
 """
 
+import re
 import time
 import warnings
 from contextlib import contextmanager
@@ -315,6 +316,53 @@ def _index_metadata(view) -> dict:
             "index_coverage": round(min(i.coverage for i in found), 6)}
 
 
+def _named_in(text: str, names: list[str]) -> list[str]:
+    """The ``names`` a SQL text names (as whole identifiers)."""
+    return [n for n in names if re.search(r"(?<![A-Za-z0-9_])" + re.escape(n) + r"(?![A-Za-z0-9_])", text)]
+
+
+def column_reads(info: TableInfo, source_names: list[str]) -> dict[str, list[str]]:
+    """What each column of a view reads of its source (``source_names``: the
+    source's visible columns), from the stored definition (no UDF unpickled):
+    a copied column its source column, a SQL column the columns its SQL
+    names, a UDF column its UDF's inputs (all columns when it takes the
+    row); an aggregate view's outputs their aggregated column (none for
+    ``count(*)``), its keys themselves; a chunk or table-function view's
+    outputs the function's inputs, a chunk view's inherited columns their
+    parent column."""
+    d = info.definition
+    function = d.get("function") or {}
+    if function.get("kind") == "aggregate":
+        out = {k: [k] for k in function["keys"]}
+        out.update({n: [c] if c else [] for n, _fn, c in function["aggs"]})
+        return out
+    out = {}
+    for c in d.get("columns", []):
+        if c["kind"] == "column":
+            out[c["name"]] = [c.get("expr") or c["name"]]
+        elif c["kind"] == "sql":
+            out[c["name"]] = _named_in(c.get("expr") or "", source_names)
+        elif c["kind"] == "udf":
+            out[c["name"]] = list(c["udf"].get("input_columns") or source_names)
+    for name in function.get("output_schema") or {}:
+        out[name] = list(function.get("input_columns") or source_names)
+    return out
+
+
+def _column_lineage(info: TableInfo, src: TableInfo) -> dg.TableColumnLineage:
+    """``dagster/column_lineage``: each view column <- the source columns it
+    reads, on the source's asset or, for a computed column of the source
+    (an asset of its own), on that column's asset."""
+    def dep(column: str) -> dg.TableColumnDep:
+        key = [src.name, column] if column in src.computed and column in info.reads else [src.name]
+        return dg.TableColumnDep(asset_key=dg.AssetKey(key), column_name=column)
+
+    reads = column_reads(info, [n for n, _ in src.schema])
+    return dg.TableColumnLineage(deps_by_column={
+        name: [dep(c) for c in cols] for name, cols in reads.items() if cols and not name.startswith("__")
+    })
+
+
 def _view_specs(info: TableInfo, tables: dict[str, TableInfo]):
     """The asset specs of one view and its UDF columns, and its check specs."""
     view_key = dg.AssetKey([info.name])
@@ -331,6 +379,7 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo]):
             kinds={"lance", "spark"},
             metadata={
                 **_table_metadata(info),
+                "dagster/column_lineage": _column_lineage(info, src),
                 "source": info.source,
                 "filter": info.filter or "",
                 "refresh_policy": info.policy.describe(),
