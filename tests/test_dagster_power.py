@@ -89,3 +89,43 @@ def test_an_aggregate_views_keys_come_from_themselves(tmp_path):
     src = db.create_table("ev", [{"id": i, "g": i % 3, "x": i} for i in range(9)], primary_key="id")
     db.create_materialized_view("by_g", src.search(None).group_by("g").agg({"n": "count(*)", "total": "sum(x)"}))
     assert _lineage(_defs(db), "by_g") == {"g": {("ev", "g")}, "total": {("ev", "x")}}
+
+
+def _columns(defs, key: dg.AssetKey) -> dict[str, tuple[str, str | None]]:
+    schema = _spec_metadata(defs, key)["dagster/column_schema"]
+    if not isinstance(schema, dg.TableSchema):
+        schema = schema.schema
+    return {c.name: (c.type, c.description) for c in schema.columns}
+
+
+def test_view_and_table_assets_describe_each_visible_column(tmp_path):
+    from mv_assets.demo import word_count
+
+    db = _demo(tmp_path)
+    defs = _defs(db)
+    feats = _columns(defs, K(["doc_features"]))
+    assert set(feats) == {"doc_id", "chars", "words", "embedding", "summary"}  # no internal column
+    assert feats["doc_id"] == ("int64", "Copied from `documents`.`doc_id`.")
+    assert feats["chars"][1] == "SQL: `length(body)`."
+    assert feats["words"] == ("int64", f"UDF `word_count`(body) -> int64; code fingerprint {word_count.fingerprint}.")
+    assert feats["embedding"][0] == "list<item: float>"
+    stats = _columns(defs, K(["corpus_stats"]))
+    assert stats["avg_words"][1] == "Aggregate: avg(words) over each group's rows of `doc_features`."
+    assert stats["documents"][1] == "Aggregate: count(*) over each group's rows of `doc_features`."
+    chunks = _columns(defs, K(["doc_chunks"]))
+    assert chunks["doc_id"][1] == "Inherited from the parent row: `documents`.`doc_id`."
+    assert chunks["text"][1].startswith("Output of chunker `passages`(body); code fingerprint ")
+    assert chunks["embedding"][1].startswith("Computed from the view's rows: UDF `embedding`(text) -> ")
+    assert _columns(defs, K(["langs"]))["n"][1].startswith("Output of UDTF `per_lang`(lang); ")
+    # a table: plain columns with their types, computed ones described
+    docs = _columns(defs, K(["documents"]))
+    assert set(docs) == {"doc_id", "lang", "body", "checksum"}
+    assert docs["lang"] == ("string", None)
+    assert docs["checksum"][1].startswith("Computed column: UDF `checksum`(body) -> int64; code fingerprint ")
+    # the column lists hold every visible column and no internal one, on every asset
+    for info_name in ("doc_features", "long_docs", "doc_chunks", "corpus_stats", "langs", "checked"):
+        cols = _columns(defs, K([info_name]))
+        assert cols and not any(n.startswith("__") for n in cols)
+        stored = [f.name for f in db.open_table(info_name).schema if not f.name.startswith("__")]
+        assert set(cols) == set(stored), info_name
+        assert all(description for _, description in cols.values()), info_name  # every view column says what it is

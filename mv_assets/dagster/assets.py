@@ -106,14 +106,61 @@ def fragment_keys(keys) -> tuple[list[int], list[str]]:
     return ids, bad
 
 
+def _udf_text(udf: dict, field: str | None = None) -> str:
+    inputs = ", ".join(udf.get("input_columns") or ["<all columns>"])
+    part = f", field `{field}` of its result" if field else ""
+    return f"UDF `{udf['name']}`({inputs}) -> {udf['data_type']}{part}; code fingerprint {udf['fingerprint']}"
+
+
+def _spec_text(source: str | None, col: dict) -> str:
+    """A stored column spec in words: where a view's (or a table's computed) column comes from."""
+    if col["kind"] == "column":
+        return f"Copied from `{source}`.`{col.get('expr') or col['name']}`."
+    if col["kind"] == "sql":
+        return f"SQL: `{col.get('expr') or ''}`."
+    return f"{_udf_text(col['udf'], col.get('field'))}."
+
+
+def column_descriptions(info: TableInfo) -> dict[str, str]:
+    """What each column of a table or view is, from stored metadata (no UDF
+    unpickled): a view's copied, SQL and UDF columns, an aggregate's keys and
+    functions, a chunk or table-function view's outputs; a table's computed
+    columns. Plain columns of a base table have none."""
+    if not info.is_view:
+        return {c["name"]: "Computed column: " + _spec_text(info.name, c) for c in info.columns}
+    function = info.definition.get("function") or {}
+    kind = function.get("kind")
+    out: dict[str, str] = {}
+    if kind == "aggregate":
+        out.update({k: f"Group key: `{info.source}`.`{k}`." for k in function["keys"]})
+        out.update({n: f"Aggregate: {fn}({c or '*'}) over each group's rows of `{info.source}`."
+                    for n, fn, c in function["aggs"]})
+        return out
+    for c in info.definition.get("columns", []):
+        out[c["name"]] = _spec_text(info.source, c)
+        if kind == "chunker" and c["kind"] == "column":
+            out[c["name"]] = f"Inherited from the parent row: `{info.source}`.`{c.get('expr') or c['name']}`."
+    label = "chunker" if kind == "chunker" else "UDTF"
+    inputs = ", ".join(function.get("input_columns") or ["<all columns>"])
+    for name in function.get("output_schema") or {}:
+        out[name] = f"Output of {label} `{function['name']}`({inputs}); code fingerprint {function.get('fingerprint')}."
+    for c in info.row_columns:  # a chunk view's columns computed from its own rows
+        out[c["name"]] = "Computed from the view's rows: " + _spec_text(info.name, c)
+    return out
+
+
 def _table_metadata(info: TableInfo) -> dict:
-    """Dagster's standard keys: the catalog shows the table's columns and where it lives."""
+    """Dagster's standard keys: the catalog shows the table's columns (with
+    their types and what each is) and where it lives. Internal columns (keys,
+    markers: ``__...``) are never shown."""
+    described = column_descriptions(info)
     return {
         "dagster/table_name": info.name,
         "dagster/uri": info.uri,
-        "dagster/column_schema": dg.TableSchema(
-            columns=[dg.TableColumn(name, type_) for name, type_ in info.schema]
-        ),
+        "dagster/column_schema": dg.TableSchema(columns=[
+            dg.TableColumn(name, type_, description=described.get(name))
+            for name, type_ in info.schema if not name.startswith("__")
+        ]),
     }
 
 
