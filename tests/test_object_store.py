@@ -2,11 +2,13 @@
 server (moto's, on 127.0.0.1), checked against an oracle read straight from
 the bucket, and nothing written to local disk."""
 
+import getpass
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 import time
 
 import dagster as dg
@@ -26,9 +28,16 @@ N = 300
 
 
 def _local_files_since(marker: float, roots: list[str]) -> list[str]:
+    """Files under ``roots`` modified since ``marker``, leaving out pytest's
+    temporary trees: library code never writes there, and other pytest
+    sessions on the machine (tests run side by side) do."""
     out = []
+    pytest_trees = os.path.join(tempfile.gettempdir(), f"pytest-of-{getpass.getuser()}")
     for root in roots:
-        for dirpath, _, files in os.walk(root):
+        for dirpath, dirs, files in os.walk(root):
+            if dirpath == pytest_trees or dirpath.startswith(pytest_trees + os.sep):
+                dirs[:] = []
+                continue
             for f in files:
                 p = os.path.join(dirpath, f)
                 try:
