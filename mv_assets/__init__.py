@@ -14,6 +14,7 @@ import sys as _sys
 from mv_assets.api import progress as progress
 from mv_assets.api.catalog import Connection as Connection
 from mv_assets.api.catalog import connect as connect
+from mv_assets.api.declare import DeclaredView as DeclaredView
 from mv_assets.api.geneva import GenevaCompatWarning as GenevaCompatWarning
 from mv_assets.api.progress import Progress as Progress
 from mv_assets.api.query import Query as Query
@@ -69,6 +70,7 @@ __all__ = [
     "UnpackedUDF",
     "Connection",
     "connect",
+    "DeclaredView",
     "CatalogNotFoundError",
     "ConcurrentRefreshError",
     "ConcurrentWriteError",

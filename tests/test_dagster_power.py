@@ -4,9 +4,12 @@ source table. Real catalogs (the demo's) and Dagster's own definitions."""
 
 import dagster as dg
 import pyarrow as pa
+import pytest
+from dagster_helpers import run_log
 
 import mv_assets as mv
 from mv_assets.dagster import MvAssetsResource, build_definitions
+from mv_assets.dagster.definitions import partitions_def_name
 from mv_assets.demo import seed
 
 K = dg.AssetKey
@@ -129,3 +132,138 @@ def test_view_and_table_assets_describe_each_visible_column(tmp_path):
         stored = [f.name for f in db.open_table(info_name).schema if not f.name.startswith("__")]
         assert set(cols) == set(stored), info_name
         assert all(description for _, description in cols.values()), info_name  # every view column says what it is
+
+
+def _node(defs, key: dg.AssetKey):
+    return defs.get_repository_def().asset_graph.get(key)
+
+
+def _small(tmp_path) -> tuple[mv.Connection, mv.Table]:
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(6)], primary_key="id")
+    return db, src
+
+
+@mv.udf
+def triple(x: int) -> int:
+    return 3 * x
+
+
+def test_owners_and_tags_given_at_creation_are_the_assets_and_can_change(tmp_path):
+    db, src = _small(tmp_path)
+    view = db.create_materialized_view("v", src.search(None).select({"id": "id", "t": triple}),
+                                       owners=["team:ml", "alice@example.com"], tags={"domain": "search"})
+    assert view.owners == ["team:ml", "alice@example.com"] and view.tags == {"domain": "search"}
+    defs = _defs(db)
+    for key in (K(["v"]), K(["v", "t"])):  # the view and its UDF column
+        assert _node(defs, key).owners == ["team:ml", "alice@example.com"]
+        assert _node(defs, key).tags["domain"] == "search"
+    assert _node(defs, K(["v"])).tags["mv_assets/policy"] == "eager"  # the wiring's own tags stay
+    # changed later, the next load shows them; owners and tags change on their own
+    db.open_view("v").set_owners(["team:search"])
+    db.open_view("v").set_tags({"domain": "ranking", "tier": "gold"})
+    again = db.open_view("v")
+    assert again.owners == ["team:search"] and again.tags == {"domain": "ranking", "tier": "gold"}
+    defs = _defs(db)
+    assert _node(defs, K(["v"])).owners == ["team:search"]
+    assert {k: v for k, v in _node(defs, K(["v"])).tags.items() if not k.startswith(("mv_assets/", "dagster/"))} == {
+        "domain": "ranking", "tier": "gold"}
+    db.open_view("v").set_owners([])
+    assert _node(_defs(db), K(["v"])).owners == []
+    # a chunk or table-function view takes them too
+    db.create_udtf_view("langs", src.search(None), per_count, owners=["team:ml"], tags={"kind": "udtf"})
+    assert _node(_defs(db), K(["langs"])).owners == ["team:ml"]
+
+
+@mv.udtf(output_schema=pa.schema([("n", pa.int64())]), input_columns=["x"])
+def per_count(t: pa.Table) -> pa.Table:
+    return pa.table({"n": [t.num_rows]})
+
+
+def test_invalid_owners_and_tags_are_refused_before_anything_is_written(tmp_path):
+    db, src = _small(tmp_path)
+    query = src.search(None).select({"id": "id"})
+    with pytest.raises(ValueError, match=r"invalid owner 'ml': an owner is an email address or a team name"):
+        db.create_materialized_view("v", query, owners=["ml"])
+    with pytest.raises(ValueError, match=r"owners must be a list of strings"):
+        db.create_materialized_view("v", query, owners="team:ml")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"invalid tag key 'a b'"):
+        db.create_materialized_view("v", query, tags={"a b": "x"})
+    with pytest.raises(ValueError, match=r"invalid value 'two words' of tag 'domain'"):
+        db.create_materialized_view("v", query, tags={"domain": "two words"})
+    with pytest.raises(ValueError, match=r"tag key 'mv_assets/policy': the prefixes dagster/, mv_assets/ are reserved"):
+        db.create_materialized_view("v", query, tags={"mv_assets/policy": "manual"})
+    with pytest.raises(ValueError, match=r"invalid owner 'team:'"):
+        db.create_udtf_view("u", src.search(None), per_count, owners=["team:"])
+    assert "v" not in db and "u" not in db  # nothing written
+    view = db.create_materialized_view("v", query, owners=["team:ml"])
+    with pytest.raises(ValueError, match=r"invalid owner 'bob@'"):
+        view.set_owners(["bob@"])
+    with pytest.raises(ValueError, match=r"tags must be a dict"):
+        view.set_tags(["x"])  # type: ignore[arg-type]
+    assert db.open_view("v").owners == ["team:ml"] and db.open_view("v").tags == {}  # unchanged
+    # every accepted owner and tag is one Dagster accepts
+    db.open_view("v").set_owners(["team:ml", "a.b+c@mail.example.org"])
+    db.open_view("v").set_tags({"team.io/area": "x-1", "empty": ""})
+    assert _node(_defs(db), K(["v"])).owners == ["team:ml", "a.b+c@mail.example.org"]
+
+
+def _run(defs, instance, db, selection):
+    """A run over every partition of src's lineage, as "Materialize" in the UI."""
+    frags = [str(f) for f in db.open_table("src").fragment_ids()]
+    instance.add_dynamic_partitions(partitions_def_name("src"), frags)
+    tags = {"dagster/asset_partition_range_start": frags[0], "dagster/asset_partition_range_end": frags[-1]}
+    return defs.resolve_implicit_global_asset_job_def().execute_in_process(
+        instance=instance, asset_selection=selection, tags=tags)
+
+
+DECLARED = '''
+import mv_assets as mv
+
+
+@mv.udf
+def quad(x: int) -> int:
+    return 4 * x
+
+
+def views(db):
+    src = db.open_table("src")
+    return {{"d": mv.DeclaredView(src.search(None).select({{"id": "id", "q": quad}}), owners={owners!r},
+                                  tags={tags!r})}}
+'''
+
+
+def test_views_declared_in_code_carry_their_owners_and_tags_into_the_catalog(tmp_path):
+    db, _src = _small(tmp_path)
+    module = tmp_path / "declared_views.py"
+    module.write_text(DECLARED.format(owners=["team:ml"], tags={"domain": "search"}))
+    defs = _defs(db, views=str(module))
+    # before the view exists, from the code
+    assert _node(defs, K(["d"])).owners == ["team:ml"] and _node(defs, K(["d"])).tags["domain"] == "search"
+    assert _node(defs, K(["d", "q"])).owners == ["team:ml"]
+    assert "d" not in db  # loading wrote nothing
+    with dg.instance_for_test() as instance:
+        assert _run(defs, instance, db, [K(["d"])]).success
+        view = db.open_view("d")
+        assert view.owners == ["team:ml"] and view.tags == {"domain": "search"}  # created with them
+        # the code changes them: the next load shows the code's, the next materialization stores them
+        module.write_text(DECLARED.format(owners=["bob@example.com"], tags={}))
+        defs = _defs(db, views=str(module))
+        assert _node(defs, K(["d"])).owners == ["bob@example.com"]
+        assert "domain" not in _node(defs, K(["d"])).tags
+        assert db.open_view("d").owners == ["team:ml"]  # loading wrote nothing
+        result = _run(defs, instance, db, [K(["d"])])
+        assert result.success
+        assert any("d: applied the code: set its owners and tags" in m for m in run_log(instance, result))
+        view = db.open_view("d")
+        assert view.owners == ["bob@example.com"] and view.tags == {}
+    # owners the code gets wrong are refused when the definitions load, before anything is written
+    module.write_text(DECLARED.format(owners=["nobody"], tags={}))
+    with pytest.raises(ValueError, match=r"invalid owner 'nobody'"):
+        _defs(db, views=str(module))
+    assert db.open_view("d").owners == ["bob@example.com"]
+    # a bare query says nothing of them: the catalog's stand (set from Python, say)
+    module.write_text(DECLARED.replace("mv.DeclaredView(", "(lambda q, owners, tags: q)(").format(owners=[], tags={}))
+    db.open_view("d").set_tags({"tier": "gold"})
+    defs = _defs(db, views=str(module))
+    assert _node(defs, K(["d"])).owners == ["bob@example.com"] and _node(defs, K(["d"])).tags["tier"] == "gold"

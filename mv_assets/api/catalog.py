@@ -21,6 +21,7 @@ from mv_assets.model.chunk_view import check_chunk_query, chunk_view_schema
 from mv_assets.model.chunker import UDTF, Chunker
 from mv_assets.model.definition import VIEW_METADATA_KEY, ViewDefinition, is_reserved_name, output_schema, short_error
 from mv_assets.model.errors import CatalogNotFoundError, SourceBehindError, TableExistsError, TableNotFoundError
+from mv_assets.model.ownership import OWNERSHIP_METADATA_KEY, Ownership
 from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
 from mv_assets.model.udtf_view import check_udtf_query, udtf_view_schema
 from mv_assets.ops.jobs import Job, process_jobs
@@ -390,6 +391,8 @@ class Connection:
         *,
         refresh_policy: RefreshPolicy | None = None,
         auto_refresh: bool | None = None,
+        owners: list[str] | None = None,
+        tags: dict[str, str] | None = None,
     ) -> MaterializedView:
         """Create a view from a query. Validates everything before writing.
 
@@ -398,9 +401,13 @@ class Connection:
         ``refresh_policy`` (default eager) says when automation refreshes it;
         Geneva's ``auto_refresh`` is that policy: ``True`` eager (refreshed
         when its source changes), ``False`` manual (only by :meth:`refresh`).
+        ``owners`` (``["team:ml", "alice@example.com"]``) and ``tags``
+        (``{"domain": "search"}``) are the view's asset owners and tags in
+        Dagster (see :meth:`MaterializedView.set_owners`).
         """
         validate_name(name)
         refresh_policy = _auto_refresh_policy(auto_refresh, refresh_policy)
+        ownership = Ownership.of(owners, tags)  # (validated before anything is written)
         self._check_new_view(name, query, refresh_policy, "create_materialized_view")
         definition = query.to_definition()
         assert isinstance(query.table, Table)
@@ -408,10 +415,10 @@ class Connection:
         if definition.kind == "aggregate":  # group_by(...).agg(...): one row per group (model.agg_view)
             require_stable_row_ids(source, query.table.name, f"an aggregate view ({name!r})")  # before any write
             return self._write_view(name, definition, agg_view_schema(definition, source), query, refresh_policy,
-                                    with_no_data)
+                                    with_no_data, ownership)
         require_stable_row_ids(source, query.table.name, f"a materialized view ({name!r})")  # before any write
         return self._write_view(name, definition, output_schema(definition, source), query, refresh_policy,
-                                with_no_data)
+                                with_no_data, ownership)
 
     def _check_new_view(self, name: str, query: Any, refresh_policy: Any, api: str) -> None:
         """What every new view needs: a policy, a query over a table of this
@@ -431,12 +438,16 @@ class Connection:
             raise ValueError("a view cannot have the same name as its source")
 
     def _write_view(self, name: str, definition: ViewDefinition, schema: pa.Schema, query: Query,
-                    refresh_policy: RefreshPolicy | None, with_no_data: bool) -> MaterializedView:
-        """Create the view's (empty) dataset with its schema and policy, then
-        fill it unless ``with_no_data`` (a view that could not be populated is
-        not left behind)."""
+                    refresh_policy: RefreshPolicy | None, with_no_data: bool,
+                    ownership: Ownership | None = None) -> MaterializedView:
+        """Create the view's (empty) dataset with its schema, policy, owners
+        and tags, then fill it unless ``with_no_data`` (a view that could not
+        be populated is not left behind)."""
         policy = refresh_policy or RefreshPolicy.eager()
-        schema = schema.with_metadata({**schema.metadata, POLICY_METADATA_KEY.encode(): policy.to_json().encode()})
+        md = {**schema.metadata, POLICY_METADATA_KEY.encode(): policy.to_json().encode()}
+        if ownership is not None and not ownership.empty:
+            md[OWNERSHIP_METADATA_KEY.encode()] = ownership.to_json().encode()
+        schema = schema.with_metadata(md)
         assert isinstance(query.table, Table)  # (checked by the create_* calls)
         ensure_table_id(query.table.uri)  # the view records which table it reads (storage.identity)
         empty = pa.Table.from_batches([], schema=schema)
@@ -473,6 +484,8 @@ class Connection:
         with_no_data: bool = True,
         *,
         refresh_policy: RefreshPolicy | None = None,
+        owners: list[str] | None = None,
+        tags: dict[str, str] | None = None,
     ) -> MaterializedView:
         """Create a view that is not one row per source row (Geneva's name).
 
@@ -492,8 +505,10 @@ class Connection:
         (see :mod:`mv_assets.ops.udtf_refresh`).
 
         Either view refreshes incrementally, in one Lance commit, like any
-        other. Validates everything before writing."""
+        other. Validates everything before writing. ``owners`` and ``tags``: as
+        in :meth:`create_materialized_view`."""
         validate_name(name)
+        ownership = Ownership.of(owners, tags)
         if not isinstance(function, Chunker | UDTF):
             raise ValueError(
                 f"create_udtf_view() needs a @chunker or @udtf function, got {type(function).__name__}"
@@ -501,7 +516,8 @@ class Connection:
         self._check_new_view(name, query, refresh_policy, "create_udtf_view")
         definition = query.to_definition()
         if isinstance(function, UDTF):
-            return self._create_table_function_view(name, query, definition, function, with_no_data, refresh_policy)
+            return self._create_table_function_view(name, query, definition, function, with_no_data, refresh_policy,
+                                                    ownership)
         if query.selects_all and not function.inherit_input_columns:  # big inputs stay out of every child row
             definition = dataclasses.replace(
                 definition, columns=tuple(c for c in definition.columns if c.name not in function.input_columns)
@@ -511,10 +527,11 @@ class Connection:
         source = query.table._dataset()
         require_stable_row_ids(source, query.table.name, f"a chunk view ({name!r})")  # before any write
         return self._write_view(name, definition, chunk_view_schema(definition, source), query, refresh_policy,
-                                with_no_data)
+                                with_no_data, ownership)
 
     def _create_table_function_view(self, name: str, query: Query, definition: ViewDefinition, function: UDTF,
-                                    with_no_data: bool, refresh_policy: RefreshPolicy | None) -> MaterializedView:
+                                    with_no_data: bool, refresh_policy: RefreshPolicy | None,
+                                    ownership: Ownership | None = None) -> MaterializedView:
         """:meth:`create_udtf_view` with a ``@udtf`` (its common checks done)."""
         assert isinstance(query.table, Table)
         check_udtf_query(definition, name, query.selects_all)
@@ -523,7 +540,7 @@ class Connection:
         source = query.table._dataset()
         require_stable_row_ids(source, query.table.name, f"a table-function view ({name!r})")  # before any write
         return self._write_view(name, definition, udtf_view_schema(definition, source), query, refresh_policy,
-                                with_no_data)
+                                with_no_data, ownership)
 
     def enable_stable_row_ids(self, name: str, *, drop_indexes: bool = False) -> AdoptResult:
         """Bring in a table created without stable row ids (lancedb's default,

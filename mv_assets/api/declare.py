@@ -7,6 +7,10 @@ views, swaps the UDF of columns whose code changed (``alter_columns``: their
 rows become stale, values stay until recomputed) and adds new UDF columns.
 Changes to what rows a view holds (source, filter, plain or SQL columns) are
 refused: the view has to be dropped and created again.
+
+A value of ``views(db)`` is a query, or a :class:`DeclaredView` (the query
+with its asset owners and tags): then the code is the truth for those too,
+and :func:`apply` writes them to the view when they differ.
 """
 
 import hashlib
@@ -19,11 +23,12 @@ from typing import TYPE_CHECKING, Any
 
 from mv_assets.api.query import Query
 from mv_assets.model.definition import VIEW_METADATA_KEY, ViewDefinition, shape_fingerprint
+from mv_assets.model.ownership import OWNERSHIP_METADATA_KEY, Ownership
 
 if TYPE_CHECKING:
     from mv_assets.api.catalog import Connection
 
-__all__ = ["Reconcile", "load_declared", "reconcile", "apply"]
+__all__ = ["Reconcile", "DeclaredView", "load_declared", "reconcile", "apply"]
 
 
 @dataclass
@@ -35,13 +40,30 @@ class Reconcile:
     altered: list[str] = field(default_factory=list)  # UDF columns whose code changed
     added: list[str] = field(default_factory=list)  # UDF columns new in the code
     problems: list[str] = field(default_factory=list)  # differences apply() refuses
+    ownership: bool = False  # the owners or tags declared differ from the stored ones
 
     @property
     def in_sync(self) -> bool:
-        return not (self.create or self.altered or self.added or self.problems)
+        return not (self.create or self.altered or self.added or self.problems or self.ownership)
 
 
-def load_declared(spec: str, db: "Connection") -> dict[str, Query]:
+class DeclaredView:
+    """A view declared in code with its Dagster asset owners (``["team:ml",
+    "alice@example.com"]``) and tags (``{"domain": "search"}``): a value
+    ``views(db)`` may return instead of a bare query. Validated when built
+    (``ValueError``), before anything is written."""
+
+    def __init__(self, query: Query, *, owners: list[str] | None = None, tags: dict[str, str] | None = None):
+        if not isinstance(query, Query):
+            raise ValueError(f"DeclaredView() needs a query (table.search(None)...), got {type(query).__name__}")
+        self.query = query
+        self.ownership = Ownership.of(owners, tags)
+
+    def to_definition(self) -> ViewDefinition:
+        return self.query.to_definition()
+
+
+def load_declared(spec: str, db: "Connection") -> dict[str, Query | DeclaredView]:
     """Call ``views(db)`` of a module given by dotted name or ``.py`` path."""
     if spec.endswith(".py") or os.sep in spec:
         path = os.path.abspath(spec)
@@ -57,8 +79,9 @@ def load_declared(spec: str, db: "Connection") -> dict[str, Query]:
     if not callable(func):
         raise ValueError(f"views module {spec!r} has no views(db) function returning {{name: query}}")
     declared = func(db)
-    if not isinstance(declared, dict) or not all(isinstance(q, Query) for q in declared.values()):
-        raise ValueError(f"{spec}.views(db) must return a dict of view name -> query (table.search(None)...)")
+    if not isinstance(declared, dict) or not all(isinstance(q, Query | DeclaredView) for q in declared.values()):
+        raise ValueError(f"{spec}.views(db) must return a dict of view name -> query (table.search(None)...) or "
+                         "DeclaredView(query, owners=..., tags=...)")
     return declared
 
 
@@ -68,10 +91,14 @@ def _stored(db: "Connection", name: str) -> dict | None:
     return json.loads(raw) if raw is not None else None
 
 
-def reconcile(db: "Connection", name: str, query: Query | ViewDefinition) -> Reconcile:
+def reconcile(db: "Connection", name: str, query: Query | DeclaredView | ViewDefinition,
+              ownership: Ownership | None = None) -> Reconcile:
     """Compare the declared query (or its definition) with the stored view (no
-    UDF is unpickled, and none pickled)."""
+    UDF is unpickled, and none pickled). ``ownership``: the owners and tags
+    declared (a DeclaredView's); None: the code says nothing of them."""
     out = Reconcile(name)
+    if isinstance(query, DeclaredView):
+        query, ownership = query.query, ownership or query.ownership
     if name not in db:
         out.create = True
         return out
@@ -79,6 +106,9 @@ def reconcile(db: "Connection", name: str, query: Query | ViewDefinition) -> Rec
     if stored is None:
         out.problems.append(f"{name!r} is a table in the catalog, not a view")
         return out
+    if ownership is not None:
+        md = db.open_table(name).schema.metadata or {}
+        out.ownership = Ownership.from_json(md.get(OWNERSHIP_METADATA_KEY.encode())) != ownership
     declared = query.to_definition() if isinstance(query, Query) else query
     declared_cols = {c.name: c for c in declared.columns}
     stored_cols = {c["name"]: c for c in stored["columns"]}
@@ -115,17 +145,24 @@ def reconcile(db: "Connection", name: str, query: Query | ViewDefinition) -> Rec
     return out
 
 
-def apply(db: "Connection", name: str, query: Query, **create_kwargs: Any) -> Reconcile:
+def apply(db: "Connection", name: str, query: Query | DeclaredView, **create_kwargs: Any) -> Reconcile:
     """Make the catalog match the declared query (see the module docstring)."""
     diff = reconcile(db, name, query)
     if diff.problems:
         raise ValueError("; ".join(diff.problems))
+    ownership = query.ownership if isinstance(query, DeclaredView) else None
+    query = query.query if isinstance(query, DeclaredView) else query
     if diff.create:
+        if ownership is not None:
+            create_kwargs = {"owners": list(ownership.owners), "tags": ownership.tags, **create_kwargs}
         db.create_materialized_view(name, query, **create_kwargs)
         return diff
     declared: ViewDefinition = query.to_definition()
     specs = {c.name: c for c in declared.columns}
     view = db.open_table(name)
+    if diff.ownership and ownership is not None:
+        view.set_owners(list(ownership.owners))  # type: ignore[attr-defined]  (a view: reconcile said so)
+        view.set_tags(ownership.tags)  # type: ignore[attr-defined]
     if diff.altered:
         view.alter_columns(*({"path": c, "udf": specs[c].udf} for c in diff.altered))
     if diff.added:

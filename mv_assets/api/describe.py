@@ -16,6 +16,7 @@ from mv_assets.model.definition import (
     tracked_source_columns,
 )
 from mv_assets.model.names import is_internal_column
+from mv_assets.model.ownership import OWNERSHIP_METADATA_KEY, Ownership
 from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
 from mv_assets.storage import objects
 
@@ -45,6 +46,7 @@ class TableDescription:
     definition: dict = field(default_factory=dict, repr=False)  # a view's stored definition (JSON)
     # a chunk view's added columns: computed from its own rows by backfill, as a table's
     row_columns: list[dict] = field(default_factory=list)
+    ownership: Ownership = field(default_factory=Ownership)  # a view's owners and tags
 
 
 def _visible(schema: pa.Schema) -> list[tuple[str, str]]:
@@ -66,6 +68,7 @@ def describe_dataset(name: str, uri: str) -> TableDescription:
         name, uri, True, ds.version, d["source"], d.get("filter"), d.get("limit"), d["columns"],
         RefreshPolicy.from_json(md.get(POLICY_METADATA_KEY.encode())), _visible(schema), schema.names,
         tracked_source_columns(schema), d, json.loads(md.get(COLUMNS_METADATA_KEY.encode(), b"[]")),
+        Ownership.from_json(md.get(OWNERSHIP_METADATA_KEY.encode())),
     )
 
 

@@ -31,6 +31,7 @@ from mv_assets.model.definition import (
 )
 from mv_assets.model.markers import current_sql, stale_sql
 from mv_assets.model.names import PRIMARY_KEY_METADATA_KEY, Alias, is_internal_column
+from mv_assets.model.ownership import OWNERSHIP_METADATA_KEY, Ownership
 from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy
 from mv_assets.model.udf import checkpoint_size_of
 from mv_assets.ops.backfill import _group_specs, backfill_column, plan_backfill
@@ -1136,6 +1137,34 @@ class MaterializedView(Table):
         if not isinstance(policy, RefreshPolicy):
             raise ValueError("set_refresh_policy() takes a RefreshPolicy")
         self._dataset().update_schema_metadata({POLICY_METADATA_KEY: policy.to_json()})
+
+    @property
+    def ownership(self) -> Ownership:
+        """The view's owners and tags (its Dagster asset's)."""
+        return Ownership.from_json((self._dataset().schema.metadata or {}).get(OWNERSHIP_METADATA_KEY.encode()))
+
+    @property
+    def owners(self) -> list[str]:
+        return list(self.ownership.owners)
+
+    @property
+    def tags(self) -> dict[str, str]:
+        return dict(self.ownership.tags)
+
+    def set_owners(self, owners: list[str]) -> None:
+        """Change who owns the view (``["team:ml", "alice@example.com"]``; ``[]``
+        for nobody): its Dagster asset's owners after the next definitions load.
+        Validated before anything is written (``ValueError``)."""
+        self._set_ownership(Ownership.of(owners, self.tags))
+
+    def set_tags(self, tags: dict[str, str]) -> None:
+        """Replace the view's tags (``{}`` for none): its Dagster asset's tags
+        after the next definitions load. Validated before anything is written."""
+        self._set_ownership(Ownership.of(list(self.ownership.owners), tags))
+
+    def _set_ownership(self, ownership: Ownership) -> None:
+        self._require_latest("set_owners() / set_tags()")
+        self._dataset().update_schema_metadata({OWNERSHIP_METADATA_KEY: ownership.to_json()})
 
     @objects.reusing_handles()
     def status(self) -> ViewStatus:

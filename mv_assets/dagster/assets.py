@@ -431,7 +431,8 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo]):
                 "filter": info.filter or "",
                 "refresh_policy": info.policy.describe(),
             },
-            tags={"mv_assets/policy": info.policy.kind},
+            tags={**info.ownership.tags, "mv_assets/policy": info.policy.kind},
+            owners=list(info.ownership.owners),
             freshness_policy=_freshness(info.policy),
             group_name=group,
             skippable=True,
@@ -456,6 +457,8 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo]):
                 kinds={"python", "spark"},
                 code_version=col["udf"]["fingerprint"],
                 metadata={"udf": col["udf"]["name"], "data_type": col["udf"]["data_type"], **_code_references(col["udf"])},
+                owners=list(info.ownership.owners),  # the view's: a part of it
+                tags=dict(info.ownership.tags),
                 group_name=group,
                 skippable=True,
             )
@@ -676,7 +679,8 @@ def _apply_code(context, info: TableInfo, db) -> None:
     if not diff.in_sync:
         done = (["created the view from its code"] if diff.create else []) + (
             [f"swapped in the new code of {', '.join(diff.altered)} (rows it computed before are stale until "
-             "recomputed)"] if diff.altered else []) + ([f"added {', '.join(diff.added)}"] if diff.added else [])
+             "recomputed)"] if diff.altered else []) + ([f"added {', '.join(diff.added)}"] if diff.added else []) + (
+            ["set its owners and tags"] if diff.ownership and not diff.create else [])
         context.log.info(f"{info.name}: applied the code: {'; '.join(done)}")
 
 

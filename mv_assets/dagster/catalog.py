@@ -7,9 +7,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from mv_assets.api.catalog import Connection
-from mv_assets.api.declare import Reconcile, reconcile
+from mv_assets.api.declare import DeclaredView, Reconcile, reconcile
 from mv_assets.api.describe import TableDescription
 from mv_assets.model.definition import definition_reads
+from mv_assets.model.ownership import Ownership
 from mv_assets.model.policy import RefreshPolicy
 
 __all__ = ["TableInfo", "catalog_tables"]
@@ -37,6 +38,7 @@ class TableInfo:
     declared_definition: Any = field(default=None, repr=False)  # its ViewDefinition, derived once at load
     code_changes: Any = field(default=None, repr=False)  # how the catalog differs from that code
     row_columns: list[dict] = field(default_factory=list)  # a chunk view's columns computed from its rows
+    ownership: Ownership = field(default_factory=Ownership)  # a view's asset owners and tags
 
     @property
     def source_name(self) -> str:
@@ -76,6 +78,7 @@ def _info(d: TableDescription) -> TableInfo:
     return TableInfo(
         d.name, d.uri, d.is_view, d.source, d.filter, d.limit, list(d.columns), d.policy, list(d.schema),
         list(d.reads), root=d.name if not d.is_view else "", definition=d.definition, row_columns=list(d.row_columns),
+        ownership=d.ownership,
     )
 
 
@@ -84,7 +87,8 @@ def _declare(out: dict[str, "TableInfo"], names: dict[str, list[str]], db: Conne
     come from the code; views not created yet are described from the query."""
     for name, query in declared.items():
         definition = query.to_definition()
-        diff = reconcile(db, name, definition)
+        ownership = query.ownership if isinstance(query, DeclaredView) else None  # None: the code says nothing
+        diff = reconcile(db, name, definition, ownership)
         if diff.create:
             try:
                 described = db.describe_query(name, definition)
@@ -116,6 +120,8 @@ def _declare(out: dict[str, "TableInfo"], names: dict[str, list[str]], db: Conne
             info.columns = [code.get(c["name"], c) if c["kind"] == "udf" else c for c in info.columns]
             info.columns += [code[c] for c in diff.added]
         info.declared, info.declared_definition, info.code_changes = query, definition, diff
+        if ownership is not None:  # the code is the truth for owners and tags too
+            info.ownership = ownership
 
 
 def catalog_tables(db: Connection, declared: dict | None = None) -> dict[str, TableInfo]:
