@@ -31,8 +31,8 @@ def keep(r: dict) -> bool:
     return r["w"] != 3  # the view's filter: w != 3 (w is never NULL)
 
 
-def oracle(uri: str, version: int | None) -> dict[tuple, dict]:
-    rows = lance.dataset(uri, version=version).to_table().to_pylist()
+def oracle(uri: str, version: int | None, storage_options: dict | None = None) -> dict[tuple, dict]:
+    rows = lance.dataset(uri, version=version, storage_options=storage_options).to_table().to_pylist()
     groups: dict[tuple, list[dict]] = {}
     for r in rows:
         if keep(r):
