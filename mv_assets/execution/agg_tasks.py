@@ -401,15 +401,10 @@ def apply_changes(src: lance.LanceDataset, old: lance.LanceDataset, view_rows: p
     )
 
 
-def view_rows_of(view_ds: lance.LanceDataset, keys: list[str] | None, with_address: bool = False) -> pa.Table:
-    """The view's rows of the groups ``keys`` (None: all), all columns."""
-    if keys is not None and len(keys) <= 1000:
-        flt = f"{GROUP} IN ({', '.join(sql_literal(k) for k in keys)})" if keys else "false"
-        return view_ds.to_table(filter=flt, with_row_address=with_address)
-    rows = view_ds.to_table(with_row_address=with_address)
-    if keys is None:
-        return rows
-    return rows.filter(pc.is_in(rows.column(GROUP), value_set=pa.array(keys, pa.string())))  # pyright: ignore[reportAttributeAccessIssue]
+def view_rows_of(view_ds: lance.LanceDataset) -> pa.Table:
+    """Every row of the aggregate view (one per group: the planner finds the
+    touched groups' state and addresses among them), with row addresses."""
+    return view_ds.to_table(with_row_address=True)
 
 
 def agg_batches(ds: lance.LanceDataset, definition, schema: pa.Schema, args: dict | None):

@@ -91,7 +91,7 @@ def plan_agg_refresh(
         moved = _moved_rows_in(src, v0, start.commits)
         moved_ids = None if moved is None else [int(f.fragment_id) for f in moved]
         old = objects.dataset(src.uri, version=v0)
-        held_rows = view_rows_of(view_ds, None, with_address=True)
+        held_rows = view_rows_of(view_ds)
         changes = apply_changes(src, old, held_rows.drop_columns(["_rowaddr"]), definition.filter, agg,
                                 view_ds.schema, moved_ids, appended)
         ins, upd, dele = (partition_ids(changes.inserted), partition_ids(changes.updated),
