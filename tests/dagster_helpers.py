@@ -91,12 +91,17 @@ def ui_graphql(instance, folder, uri: str, views: str | None = None):
 
 def run_requested(defs, instance, result) -> list:
     """What the daemon does with a sensor tick's result: apply its partition
-    requests and asset events, then run each requested run in process. The
+    requests and asset events, then run each requested run in process, in
+    the job the sensor launches it in (its table's ``refresh_<table>``). The
     runs' results."""
+    from mv_assets.dagster.definitions import job_name
+    from mv_assets.dagster.sensors import TAG_LINEAGE
+
     apply_partition_requests(instance, result)
-    job = defs.resolve_implicit_global_asset_job_def()
     out = []
     for run in getattr(result, "run_requests", None) or []:
+        lineage = run.tags.get(TAG_LINEAGE)
+        job = defs.resolve_job_def(job_name(lineage)) if lineage else defs.resolve_implicit_global_asset_job_def()
         done = job.execute_in_process(instance=instance, asset_selection=run.asset_selection, tags=run.tags)
         assert done.success
         out.append(done)

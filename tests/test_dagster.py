@@ -342,7 +342,7 @@ def test_ui_partition_materialization_is_idempotent(tmp_path):
         for attempt in range(2):
             out = dg.materialize(assets, instance=instance, partition_key=frag, selection=[K(["v"]), K(["v", "y"])])
             assert out.success
-            (mat,) = [m for m in out.asset_materializations_for_node("refresh_src") if m.asset_key == K(["v"])]
+            (mat,) = [m for m in out.asset_materializations_for_node("src_lineage") if m.asset_key == K(["v"])]
             computed = mat.metadata["rows_computed"].value
             assert computed == (4 if attempt == 0 else 0)
         assert sorted(db.open_table("v").to_arrow().column("id").to_pylist()) == [6, 7, 8, 9]

@@ -10,7 +10,7 @@ from oracle import actual_view, expected_view
 
 import mv_assets as mv
 from mv_assets.dagster import MvAssetsResource, build_definitions
-from mv_assets.dagster.definitions import partitions_def_name
+from mv_assets.dagster.definitions import job_name, partitions_def_name
 from mv_assets.demo import seed
 
 K = dg.AssetKey
@@ -23,8 +23,9 @@ def _defs(db):
     return build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
 
 
-def _job(defs):
-    return defs.resolve_implicit_global_asset_job_def()
+def _job(defs, table: str = "src"):
+    """The job the table's sensor launches its runs in (``refresh_<table>``)."""
+    return defs.resolve_job_def(job_name(table))
 
 
 def _frags(db, name="src"):
@@ -101,7 +102,7 @@ def test_materializing_only_a_list_typed_udf_column_of_the_demo(tmp_path):
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(partitions_def_name("documents"), frags)
         for column in ("words", "embedding"):
-            result = _job(defs).execute_in_process(
+            result = _job(defs, "documents").execute_in_process(
                 instance=instance, asset_selection=[K(["doc_features", column])], partition_key=frags[0]
             )
             assert result.success
@@ -130,7 +131,8 @@ def test_backfill_of_an_unread_column_leaves_the_source_data_version_and_views_a
                          if isinstance(e, dg.AssetObservation)}
         assert set(data_versions) == set(_frags(db, "documents"))  # one observation per fragment
         # the run: backfill, view, view over the view, in lineage order, in one process
-        result = _job(defs).execute_in_process(instance=instance, asset_selection=run.asset_selection, tags=run.tags)
+        result = _job(defs, "documents").execute_in_process(instance=instance, asset_selection=run.asset_selection,
+                                                            tags=run.tags)
         assert result.success
         assert docs.plan_backfill("checksum").rows == 0  # the backfill made a new Lance version...
         for name in ("doc_features", "long_docs", "doc_chunks", "corpus_stats"):
@@ -185,7 +187,7 @@ def test_sensor_requests_nothing_while_a_run_of_the_lineage_is_in_flight(tmp_pat
         (run,) = first.run_requests
         assert run.tags["mv_assets/lineage"] == "src"
         in_flight = instance.add_run(
-            DagsterRun(job_name="__ASSET_JOB", run_id="a" * 36, tags=run.tags, status=dg.DagsterRunStatus.STARTED)
+            DagsterRun(job_name=sensor.job_name, run_id="a" * 36, tags=run.tags, status=dg.DagsterRunStatus.STARTED)
         )
         db.open_table("src").add([{"id": 99, "x": 99}])
         during = evaluate_sensor(sensor, instance=instance, cursor=first.cursor, definitions=defs, resources=defs.resources)

@@ -5,7 +5,7 @@ source table. Real catalogs (the demo's) and Dagster's own definitions."""
 import dagster as dg
 import pyarrow as pa
 import pytest
-from dagster_helpers import run_log
+from dagster_helpers import apply_partition_requests, evaluate_sensor, run_log, ui_graphql
 
 import mv_assets as mv
 from mv_assets.dagster import MvAssetsResource, build_definitions
@@ -267,3 +267,49 @@ def test_views_declared_in_code_carry_their_owners_and_tags_into_the_catalog(tmp
     db.open_view("d").set_tags({"tier": "gold"})
     defs = _defs(db, views=str(module))
     assert _node(defs, K(["d"])).owners == ["bob@example.com"] and _node(defs, K(["d"])).tags["tier"] == "gold"
+
+
+def test_each_source_table_has_a_named_job_its_sensor_and_schedules_launch(tmp_path):
+    db = _demo(tmp_path)
+    other = db.create_table("events", [{"id": i, "x": i} for i in range(4)], primary_key="id")
+    db.create_materialized_view("cron_events", other.search(None).select({"id": "id", "t": triple}),
+                                refresh_policy=mv.RefreshPolicy.cron_schedule("0 * * * *"))
+    defs = _defs(db)
+    repo = defs.get_repository_def()
+    docs_job = defs.resolve_job_def("refresh_documents")
+    # a table's job: its computed columns, its views (views over views too) with their column assets and checks
+    assert sorted(k.to_user_string() for k in docs_job.asset_layer.selected_asset_keys) == [
+        "checked", "corpus_stats", "doc_chunks", "doc_chunks/embedding", "doc_features", "doc_features/embedding",
+        "doc_features/summary", "doc_features/words", "documents/checksum", "langs", "long_docs",
+    ]
+    assert dg.AssetCheckKey(K(["doc_features"]), "matches_source_query") in docs_job.asset_layer.asset_graph.asset_check_keys
+    assert docs_job.partitions_def.name == partitions_def_name("documents")
+    events_job = defs.resolve_job_def("refresh_events")
+    assert sorted(k.to_user_string() for k in events_job.asset_layer.selected_asset_keys) == [
+        "cron_events", "cron_events/t"]
+    # the sensors and the cron schedule launch their runs in their table's job
+    assert repo.get_sensor_def("documents_changes").job_name == "refresh_documents"
+    assert repo.get_sensor_def("events_changes").job_name == "refresh_events"
+    assert repo.get_schedule_def("cron_events_schedule").job_name == "refresh_events"
+    sensor = repo.get_sensor_def("documents_changes")
+    with dg.instance_for_test() as instance:
+        first = evaluate_sensor(sensor, instance=instance, definitions=defs, resources=defs.resources)
+        apply_partition_requests(instance, first)
+        (run,) = first.run_requests
+        result = defs.resolve_job_def(sensor.job_name).execute_in_process(
+            instance=instance, asset_selection=run.asset_selection, tags=run.tags)
+        assert result.success and result.dagster_run.job_name == "refresh_documents"
+        assert {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()} == {
+            k.to_user_string() for k in run.asset_selection}
+    for name in ("doc_features", "long_docs", "doc_chunks", "corpus_stats", "checked", "langs"):
+        assert db.open_table(name).status().versions_behind == 0, name
+
+
+def test_the_ui_loads_the_definitions_with_their_jobs(tmp_path):
+    """The webserver's workspace loads the definitions (a job's graph and the
+    lineage's op have distinct names) and lists each table's job."""
+    db = _demo(tmp_path)
+    with dg.instance_for_test() as instance, ui_graphql(instance, tmp_path, db.uri) as query:
+        data = query("{ repositoriesOrError { ... on RepositoryConnection { nodes { jobs { name } } } } }")
+        (repo,) = data["repositoriesOrError"]["nodes"]
+        assert "refresh_documents" in {j["name"] for j in repo["jobs"]}

@@ -564,7 +564,7 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
         views[info.name] = (view_key, col_keys)
 
     @dg.multi_asset(
-        name=f"refresh_{safe_name(table.name)}",
+        name=f"{safe_name(table.name)}_lineage",  # (refresh_<table> is the job: its graph has that name)
         specs=specs,
         check_specs=checks,
         can_subset=True,

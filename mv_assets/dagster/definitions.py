@@ -17,6 +17,7 @@ from mv_assets.dagster.assets import (
     TAG_SOURCE_VERSION,
     lineage_asset,
     partitions_def_name,
+    safe_name,
     source_asset,
 )
 from mv_assets.dagster.catalog import TableInfo, catalog_tables
@@ -25,8 +26,32 @@ from mv_assets.dagster.sensors import lineage_order, table_sensor, view_schedule
 
 __all__ = [
     "build_definitions", "TableInfo", "catalog_tables", "TAG_SOURCE_VERSION", "TAG_SCOPE", "RESOURCE_KEY",
-    "partitions_def_name",
+    "partitions_def_name", "job_name",
 ]
+
+
+def job_name(table: str) -> str:
+    """The job refreshing everything downstream of base table ``table``."""
+    return f"refresh_{safe_name(table)}"
+
+
+def lineage_job(table: TableInfo, views: list[TableInfo], view_assets: dict[str, list[dg.AssetKey]],
+                column_keys: list[dg.AssetKey]):
+    """``refresh_<table>``: the table's computed columns, its views (and views
+    over them) with their column assets and checks. The table's sensor and
+    its views' schedules launch their runs in it, so the runs of one lineage
+    are found under one job in the UI."""
+    keys = [*column_keys, *(k for v in views for k in view_assets[v.name])]
+    return dg.define_asset_job(
+        name=job_name(table.name),
+        selection=dg.AssetSelection.assets(*keys),  # (partitioned as they are: by the table's fragments)
+        description=(
+            f"Everything downstream of Lance table `{table.name}`: backfills its computed columns "
+            f"({', '.join(c['name'] for c in table.columns) or 'none'}) and refreshes its views in lineage order "
+            f"({', '.join(v.name for v in views) or 'none'}), with their UDF columns and checks. Its sensor "
+            f"`{safe_name(table.name)}_changes` launches its runs here."
+        ),
+    )
 
 
 def build_definitions(
@@ -66,18 +91,21 @@ def build_definitions(
         assets.append(asset)
         view_assets.update(keys)
         column_keys[root] = columns
+    jobs = {r: lineage_job(tables[r], [v for v in view_infos if v.root == r], view_assets, column_keys[r]) for r in roots}
     sensors = [
-        table_sensor(tables[r], tables, pdefs[r], view_assets, column_keys[r], sensor_interval_seconds, status)
+        table_sensor(tables[r], tables, pdefs[r], view_assets, column_keys[r], sensor_interval_seconds, status,
+                     jobs[r])
         for r in roots
     ]
     schedule_status = dg.DefaultScheduleStatus.RUNNING if sensors_running else dg.DefaultScheduleStatus.STOPPED
     schedules = [
-        view_schedule(v, pdefs.get(v.root), view_assets[v.name], schedule_status)
+        view_schedule(v, pdefs.get(v.root), view_assets[v.name], schedule_status, jobs.get(v.root))
         for v in view_infos
         if v.policy.kind == "cron"
     ]
     return dg.Definitions(
         assets=assets,
+        jobs=list(jobs.values()),
         sensors=sensors,
         schedules=schedules,
         resources={RESOURCE_KEY: resource},

@@ -163,7 +163,10 @@ def table_sensor(
     column_keys: list[dg.AssetKey],
     interval: int,
     status,
+    job=None,
 ):
+    """The sensor ``<table>_changes``; its runs are runs of ``job`` (the
+    lineage's ``refresh_<table>``), each selecting what is due."""
     tree = lineage_order([t for t in tables.values() if t.is_view and t.root == table.name and t.name in view_assets], tables)
     selection = [k for v in tree for k in view_assets[v.name]] + list(column_keys)
     columns = [c["name"] for c in table.columns]
@@ -172,7 +175,8 @@ def table_sensor(
         name=f"{safe_name(table.name)}_changes",
         minimum_interval_seconds=interval,
         default_status=status,
-        asset_selection=selection,
+        job=job,
+        asset_selection=selection if job is None else None,
         description=(
             f"Watches Lance table `{table.name}`. On a new version it adds partitions for new fragments, retires "
             f"partitions of fragments that are gone, backfills its computed columns "
@@ -245,14 +249,16 @@ def table_sensor(
     return _sensor
 
 
-def view_schedule(view: TableInfo, pdef, keys: list[dg.AssetKey], status):
+def view_schedule(view: TableInfo, pdef, keys: list[dg.AssetKey], status, job=None):
+    """The schedule of a view with a cron policy; its runs are runs of ``job``
+    (its lineage's ``refresh_<table>``) selecting the view's assets."""
     if view.policy.cron is None:
         raise ValueError(f"{view.name!r} has no cron policy to schedule")
 
     @dg.schedule(
         name=f"{safe_name(view.name)}_schedule",
         cron_schedule=view.policy.cron,
-        target=keys,
+        target=job if job is not None else keys,
         default_status=status,
         description=f"Refreshes `{view.name}` on its cron policy '{view.policy.cron}' when its source moved.",
     )
