@@ -187,3 +187,51 @@ def test_udfs_pickled_under_the_old_module_path_still_load():
 
     # a protocol-0 reference to the class as views stored before the layered tree pickled it
     assert pickle.loads(b"cmv_assets.udf\nUDF\n.") is mv.UDF
+
+
+def test_resource_hints_are_accepted_stored_shown_and_said_unscheduled(tmp_path):
+    """Geneva's @udf(num_cpus=, num_gpus=, memory=): accepted (no TypeError),
+    outside the fingerprint, stored with the view (read back without
+    unpickling), shown by describe(), and a refresh says it does not schedule
+    them rather than failing."""
+    import warnings
+
+    import mv_assets as mv
+
+    def triple(x: float) -> float:
+        return x * 3
+
+    assert mv.udf(triple, num_gpus=1).fingerprint == mv.udf(triple).fingerprint  # hints: not the code
+
+    @mv.udf(num_cpus=2, num_gpus=0.5, memory=1 << 30)
+    def embed(x: float) -> float:
+        return x * 2
+
+    @mv.udf
+    def embed_plain(x: float) -> float:
+        return x * 2
+
+    assert (embed.num_cpus, embed.num_gpus, embed.memory) == (2.0, 0.5, 1 << 30)
+    assert embed.to_spec()["resources"] == {"num_cpus": 2.0, "num_gpus": 0.5, "memory": 1 << 30}
+    assert "resources" not in embed_plain.to_spec()
+    with pytest.raises(ValueError, match="UDF 'f': num_gpus must be a number >= 0, got -1"):
+        mv.udf(lambda x: x, name="f", data_type=pa.float64(), num_gpus=-1)
+    with pytest.raises(ValueError, match="UDF 'f': num_cpus must be a positive number, got 0"):
+        mv.udf(lambda x: x, name="f", data_type=pa.float64(), num_cpus=0)
+    with pytest.raises(ValueError, match=r"UDF 'f': memory must be a positive int \(bytes\), got '1G'"):
+        mv.udf(lambda x: x, name="f", data_type=pa.float64(), memory="1G")
+
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    src = db.create_table("t", pa.table({"id": [1, 2, 3], "x": [1.0, 2.0, 3.0]}), primary_key="id")
+    db.create_materialized_view("v", src.search(None).select({"id": "id", "y": embed}))
+    again = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())  # a fresh process's view of it
+    (col,) = [c for c in again.describe()["v"].columns if c["name"] == "y"]
+    assert col["udf"]["resources"] == {"num_cpus": 2.0, "num_gpus": 0.5, "memory": 1 << 30}
+    with pytest.warns(UserWarning, match=r"view 'v': resource hints \{'y': .*'num_gpus': 0.5.*\} are recorded but "
+                                         "not scheduled"):
+        again.refresh("v")
+    assert sorted(again.open_table("v").to_arrow().column("y").to_pylist()) == [2.0, 4.0, 6.0]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        db.create_materialized_view("w", src.search(None).select({"id": "id", "y": embed_plain}))
+        db.refresh("w")  # no hints: nothing said

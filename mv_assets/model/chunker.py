@@ -52,8 +52,10 @@ from mv_assets.model.udf import (
     _compatible,
     _signature,
     _type_hints,
+    check_resources,
     dumps_by_value,
     python_type_to_arrow,
+    resources_spec,
 )
 
 __all__ = ["Chunker", "UDTF", "chunker", "udtf", "from_spec"]
@@ -100,13 +102,7 @@ class _TableFunction:
         self.stateful = inspect.isclass(func)
         self.version = version or None  # "" (Geneva's default) means: hash the code
         self.on_error = self._policy(on_error)
-        if isinstance(num_cpus, bool) or not isinstance(num_cpus, int | float) or num_cpus <= 0:
-            raise ValueError(f"{self.label} {self.name!r}: num_cpus must be a positive number, got {num_cpus!r}")
-        if isinstance(num_gpus, bool) or not isinstance(num_gpus, int | float) or num_gpus < 0:
-            raise ValueError(f"{self.label} {self.name!r}: num_gpus must be a number >= 0, got {num_gpus!r}")
-        if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0):
-            raise ValueError(f"{self.label} {self.name!r}: memory must be a positive int (bytes), got {memory!r}")
-        self.num_cpus, self.num_gpus, self.memory = float(num_cpus), float(num_gpus), memory
+        self.num_cpus, self.num_gpus, self.memory = check_resources(self.label, self.name, num_cpus, num_gpus, memory)
         if output_schema is not None and not isinstance(output_schema, pa.Schema):
             raise ValueError(f"{self.label} {self.name!r}: output_schema must be a pyarrow Schema, got {output_schema!r}")
         self._fingerprint: str | None = None
@@ -182,6 +178,9 @@ class _TableFunction:
         }
         if getattr(self, "partition_by", None) is not None:
             spec["partition_by"] = self.partition_by  # pyright: ignore[reportAttributeAccessIssue]
+        hints = resources_spec(self.num_cpus, self.num_gpus, self.memory)
+        if hints is not None:
+            spec["resources"] = hints
         where = self.code_location()
         if where is not None:
             spec["source_file"], spec["source_line"] = where

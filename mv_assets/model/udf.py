@@ -215,6 +215,30 @@ def _type_hints(func: Callable) -> dict[str, Any]:
         return dict(getattr(_call_target(func), "__annotations__", {}))
 
 
+def resource_hints(obj: Any) -> tuple[float, float, int | None]:
+    """(num_cpus, num_gpus, memory) of a UDF or table function (UDFs pickled
+    before the hints existed: the defaults)."""
+    return (float(getattr(obj, "num_cpus", 1.0)), float(getattr(obj, "num_gpus", 0.0)), getattr(obj, "memory", None))
+
+
+def check_resources(label: str, name: str, num_cpus: Any, num_gpus: Any, memory: Any) -> tuple[float, float, int | None]:
+    """Geneva's resource hints of a UDF, chunker or UDTF, checked (ValueError in our words)."""
+    if isinstance(num_cpus, bool) or not isinstance(num_cpus, int | float) or num_cpus <= 0:
+        raise ValueError(f"{label} {name!r}: num_cpus must be a positive number, got {num_cpus!r}")
+    if isinstance(num_gpus, bool) or not isinstance(num_gpus, int | float) or num_gpus < 0:
+        raise ValueError(f"{label} {name!r}: num_gpus must be a number >= 0, got {num_gpus!r}")
+    if memory is not None and (isinstance(memory, bool) or not isinstance(memory, int) or memory <= 0):
+        raise ValueError(f"{label} {name!r}: memory must be a positive int (bytes), got {memory!r}")
+    return float(num_cpus), float(num_gpus), memory
+
+
+def resources_spec(num_cpus: float, num_gpus: float, memory: int | None) -> dict | None:
+    """The hints as stored in a spec (None: the defaults, one CPU and nothing else)."""
+    if num_cpus == 1.0 and num_gpus == 0.0 and memory is None:
+        return None
+    return {"num_cpus": num_cpus, "num_gpus": num_gpus, "memory": memory}
+
+
 class UDF:
     """A user-defined column function. Create with :func:`udf`."""
 
@@ -231,9 +255,14 @@ class UDF:
         batch_size: int | None = None,
         checkpoint_size: int | None = None,
         field_metadata: dict[str, str] | None = None,
+        num_cpus: float = 1.0,
+        num_gpus: float = 0.0,
+        memory: int | None = None,
     ) -> None:
         if not callable(func):
             raise ValueError(f"@udf needs a function or class, got {func!r}")
+        self.num_cpus, self.num_gpus, self.memory = check_resources(
+            "UDF", name or getattr(func, "__name__", "udf"), num_cpus, num_gpus, memory)
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0):
             raise ValueError(f"@udf batch_size must be a positive int (rows per call), got {batch_size!r}")
         if checkpoint_size is not None and (
@@ -558,6 +587,9 @@ class UDF:
             "kind": self.kind,
             "pickle": base64.b64encode(dumps_by_value(self)).decode("ascii"),
         }
+        hints = resources_spec(*resource_hints(self))
+        if hints is not None:
+            spec["resources"] = hints
         where = self.code_location()
         if where is not None:
             spec["source_file"], spec["source_line"] = where
@@ -685,6 +717,9 @@ def udf(
     batch_size: int | None = None,
     checkpoint_size: int | None = None,
     field_metadata: dict[str, str] | None = None,
+    num_cpus: float = 1.0,
+    num_gpus: float = 0.0,
+    memory: int | None = None,
 ) -> Any:
     """Declare a UDF; usable as ``@udf`` or ``@udf(data_type=...)``.
 
@@ -721,6 +756,12 @@ def udf(
     field_metadata:
         As in Geneva: metadata of the output column's Arrow field (in the
         table's or view's schema). Not part of the fingerprint.
+    num_cpus, num_gpus, memory:
+        As in Geneva: what one call of the UDF needs (CPUs, GPUs, possibly a
+        fraction, and bytes of memory). Stored with the view or column and
+        shown by ``describe()``; Spark does not schedule them yet (a refresh
+        or backfill says so in a warning and runs CPU tasks). Not part of
+        the fingerprint.
 
     Examples
     --------
@@ -738,7 +779,7 @@ def udf(
         return UDF(
             f, name=name, data_type=data_type, input_columns=input_columns, version=version,
             skip_nulls=skip_nulls, on_error=on_error, batch_size=batch_size, checkpoint_size=checkpoint_size,
-            field_metadata=field_metadata,
+            field_metadata=field_metadata, num_cpus=num_cpus, num_gpus=num_gpus, memory=memory,
         )
 
     if func is not None:

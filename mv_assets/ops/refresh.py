@@ -20,6 +20,7 @@ import json
 import re
 import socket
 import time
+import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -1131,7 +1132,25 @@ def estimated_seconds(plan: RefreshPlan) -> float:
 def _run_tasks(plan: RefreshPlan, runner: "Runner") -> list[TaskResult]:
     if not plan.tasks:
         return []
+    warn_unscheduled_resources(plan.view, plan.definition_raw)
     return runner.run(plan.tasks, plan.definition_raw, estimated_seconds=estimated_seconds(plan))
+
+
+def warn_unscheduled_resources(view: str, definition_raw: bytes) -> None:
+    """Resource hints (``@udf(num_gpus=...)``, on chunkers and UDTFs too) are
+    stored and shown, not scheduled yet: said once per run, not failed. (The
+    stored JSON is read: nothing is unpickled; views without hints pay a
+    byte search.)"""
+    if b'"resources"' not in definition_raw:
+        return
+    d = json.loads(definition_raw)
+    hints = {c["name"]: c["udf"]["resources"] for c in d.get("columns", []) if (c.get("udf") or {}).get("resources")}
+    if (d.get("function") or {}).get("resources"):
+        hints[d["function"]["name"]] = d["function"]["resources"]
+    if hints:
+        warnings.warn(
+            f"view {view!r}: resource hints {hints} are recorded but not scheduled by this version: its tasks run as "
+            "CPU tasks (one per core), a GPU is not reserved for them", stacklevel=3)
 
 
 def _operation(removed: list[int], updated: list, new_fragments: list):
