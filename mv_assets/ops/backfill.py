@@ -49,6 +49,7 @@ import hashlib
 import json
 import time
 import uuid
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -82,7 +83,7 @@ from mv_assets.model.names import Alias, nth_marker_alias
 from mv_assets.model.pacing import default_target_seconds
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.model.planning import fragment_tasks, positions, split_ranges
-from mv_assets.model.udf import UDF, checkpoint_size_of
+from mv_assets.model.udf import UDF, checkpoint_size_of, resource_hints, resources_spec
 from mv_assets.ops.jobs import Job
 from mv_assets.storage import checkpoints as ckpt
 from mv_assets.storage import objects
@@ -896,6 +897,13 @@ def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: s
                      checkpoint_seconds: float | None = None) -> BackfillResult:
     """Run the plan: in one pass, or staged (the compute tasks, then errors
     recorded, the results written and committed)."""
+    if plan.rows:  # hints are recorded, not scheduled yet: said, not failed
+        hints = {c.name: resources_spec(*resource_hints(c.udf)) for c in plan.specs if c.udf is not None}
+        hints = {k: v for k, v in hints.items() if v is not None}
+        if hints:
+            warnings.warn(f"backfill of {table.name!r}: resource hints {hints} are recorded but not scheduled by this "
+                          "version: its tasks run as CPU tasks (one per core), a GPU is not reserved for them",
+                          stacklevel=3)
     if plan.one_pass:
         return _execute_one_pass(table, plan, runner, job_id, checkpoint_seconds)
     start, started_at = time.perf_counter(), time.time()
