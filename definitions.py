@@ -1,7 +1,9 @@
 """Dagster entry point: the asset graph of the catalog at $MV_ASSETS_DB.
 
 Defaults to the demo catalog (``make demo`` seeds it first). Views declared in
-code come from the module named by $MV_ASSETS_VIEWS (see docs/dagster.md).
+code come from the module named by $MV_ASSETS_VIEWS (see docs/dagster.md);
+$MV_ASSETS_AUTOMATION picks what launches refreshes: "sensor" (default) or
+"conditions" (AutomationConditions, see docs/dagster.md).
 Loading this module reads catalog metadata only: it writes nothing, and no JVM
 starts until a run refreshes a view.
 """
@@ -34,4 +36,5 @@ defs = build_definitions(
     views=_views(),
     sensor_interval_seconds=int(os.environ.get("MV_ASSETS_SENSOR_INTERVAL", "15")),
     sensors_running=os.environ.get("MV_ASSETS_SENSORS", "running") != "stopped",
+    automation=os.environ.get("MV_ASSETS_AUTOMATION") or "sensor",
 )

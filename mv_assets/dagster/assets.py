@@ -410,8 +410,45 @@ def _column_lineage(info: TableInfo, src: TableInfo) -> dg.TableColumnLineage:
     })
 
 
-def _view_specs(info: TableInfo, tables: dict[str, TableInfo]):
-    """The asset specs of one view and its UDF columns, and its check specs."""
+_MINUTE_STEPS = (1, 2, 3, 4, 5, 6, 10, 12, 15, 20, 30)
+_HOUR_STEPS = (1, 2, 3, 4, 6, 8, 12)
+
+
+def ttl_cron(ttl_seconds: float) -> str:
+    """The coarsest simple cron that ticks at least once every ``ttl_seconds``
+    (rounded down to steps that divide an hour or a day; a day at most)."""
+    minutes = max(1, int(ttl_seconds // 60))
+    if minutes < 60:
+        return f"*/{max(s for s in _MINUTE_STEPS if s <= minutes)} * * * *"
+    hours = minutes // 60
+    if hours < 24:
+        step = max(s for s in _HOUR_STEPS if s <= hours)
+        return "0 * * * *" if step == 1 else f"0 */{step} * * *"
+    return "0 0 * * *"
+
+
+def automation_condition(policy: RefreshPolicy) -> dg.AutomationCondition | None:
+    """The AutomationCondition standing for a view's refresh policy (automation
+    "conditions"): eager -> eager(); cron -> on_cron(schedule); ttl ->
+    on_cron(:func:`ttl_cron`) (a refresh at the latest a ttl after the source
+    moved, never while it did not: on_cron waits for the deps to update);
+    manual and staleness (it counts changed rows, which no condition sees) ->
+    none."""
+    if policy.kind == "eager":
+        return dg.AutomationCondition.eager()
+    if policy.kind == "cron":
+        assert policy.cron is not None
+        return dg.AutomationCondition.on_cron(policy.cron)
+    if policy.kind == "ttl":
+        assert policy.ttl_seconds is not None
+        return dg.AutomationCondition.on_cron(ttl_cron(policy.ttl_seconds))
+    return None
+
+
+def _view_specs(info: TableInfo, tables: dict[str, TableInfo], conditions: bool = False):
+    """The asset specs of one view and its UDF columns, and its check specs
+    (``conditions``: with the AutomationCondition of the view's policy)."""
+    condition = automation_condition(info.policy) if conditions else None
     view_key = dg.AssetKey([info.name])
     src = tables[info.source]  # type: ignore[index]
     deps = [dg.AssetDep(dg.AssetKey([src.name]))] + [
@@ -434,6 +471,7 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo]):
             tags={**info.ownership.tags, "mv_assets/policy": info.policy.kind},
             owners=list(info.ownership.owners),
             freshness_policy=_freshness(info.policy),
+            automation_condition=condition,
             group_name=group,
             skippable=True,
         )
@@ -459,6 +497,7 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo]):
                 metadata={"udf": col["udf"]["name"], "data_type": col["udf"]["data_type"], **_code_references(col["udf"])},
                 owners=list(info.ownership.owners),  # the view's: a part of it
                 tags=dict(info.ownership.tags),
+                automation_condition=condition,
                 group_name=group,
                 skippable=True,
             )
@@ -516,9 +555,9 @@ def code_check_evaluations(info: TableInfo, db) -> dict[dg.AssetKey, tuple[bool,
     return out
 
 
-def _column_specs(info: TableInfo):
+def _column_specs(info: TableInfo, condition: dg.AutomationCondition | None = None):
     """The asset specs of a base table's computed columns (of a chunk view's:
-    the columns computed from its own rows)."""
+    the columns computed from its own rows), with ``condition``."""
     table_key = dg.AssetKey([info.name])
     specs, keys = [], {}
     for col in info.row_columns if info.is_view else info.columns:
@@ -538,13 +577,15 @@ def _column_specs(info: TableInfo):
                     else {"expression": col.get("expr", "")}
                 ),
                 group_name=safe_name(info.name) if info.is_view else "sources",
+                automation_condition=condition,
                 skippable=True,
             )
         )
     return specs, keys
 
 
-def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, TableInfo], pdef):
+def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, TableInfo], pdef,
+                  conditions: bool = False):
     """One multi-asset for everything downstream of a base table: its computed
     columns, its views and views over them (``tree``, in lineage order).
 
@@ -552,13 +593,15 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
     order; each asset still materializes on its own (the op is subsettable),
     and partitions record their own numbers.
     """
-    specs, column_keys = _column_specs(table)
+    # conditions: a table's computed columns are backfilled eagerly (views reading them wait for them)
+    specs, column_keys = _column_specs(table, dg.AutomationCondition.eager() if conditions else None)
     checks: list[dg.AssetCheckSpec] = []
     views: dict[str, tuple[dg.AssetKey, dict[str, dg.AssetKey]]] = {}
     row_keys: dict[str, dict[str, dg.AssetKey]] = {}
     for info in tree:
-        v_specs, v_checks, view_key, col_keys = _view_specs(info, tables)
-        r_specs, row_keys[info.name] = _column_specs(info)  # a chunk view's: backfilled after its refresh
+        v_specs, v_checks, view_key, col_keys = _view_specs(info, tables, conditions)
+        # a chunk view's row columns: backfilled after its refresh, on the view's condition
+        r_specs, row_keys[info.name] = _column_specs(info, automation_condition(info.policy) if conditions else None)
         specs += v_specs + r_specs
         checks += v_checks
         views[info.name] = (view_key, col_keys)

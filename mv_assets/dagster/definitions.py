@@ -22,12 +22,15 @@ from mv_assets.dagster.assets import (
 )
 from mv_assets.dagster.catalog import TableInfo, catalog_tables
 from mv_assets.dagster.resource import MvAssetsResource
-from mv_assets.dagster.sensors import lineage_order, table_sensor, view_schedule
+from mv_assets.dagster.sensors import lineage_order, observe_sensor, table_sensor, view_schedule
 
 __all__ = [
     "build_definitions", "TableInfo", "catalog_tables", "TAG_SOURCE_VERSION", "TAG_SCOPE", "RESOURCE_KEY",
-    "partitions_def_name", "job_name",
+    "partitions_def_name", "job_name", "AUTOMATIONS", "AUTOMATION_SENSOR",
 ]
+
+AUTOMATIONS = ("sensor", "conditions")
+AUTOMATION_SENSOR = "mv_assets_automation"
 
 
 def job_name(table: str) -> str:
@@ -61,6 +64,7 @@ def build_definitions(
     sensor_interval_seconds: int = 15,
     sensors_running: bool = True,
     views: dict | str | None = None,
+    automation: str = "sensor",
 ) -> dg.Definitions:
     """Definitions for every table and view of the catalog ``db`` (a Connection or URI).
 
@@ -69,8 +73,20 @@ def build_definitions(
     code is the code version of the column assets; a materialization first
     makes the catalog follow the code (see :mod:`mv_assets.declare`).
 
+    ``automation``: what launches refreshes. "sensor" (the default): a
+    sensor ``<table>_changes`` per source table (one run per change, the
+    whole lineage) and a schedule per cron view. "conditions": each view
+    asset carries the AutomationCondition of its refresh policy (see
+    :func:`~mv_assets.dagster.assets.automation_condition`), evaluated by the
+    automation condition sensor ``mv_assets_automation``; a sensor
+    ``<table>_observe`` per source table adds its fragments' partitions and
+    observes their data versions, and launches no run.
+
     Runs execute in process (one Spark session per run, shared by its assets).
     """
+    if automation not in AUTOMATIONS:
+        raise ValueError(f"automation must be one of {AUTOMATIONS}, got {automation!r}")
+    conditions = automation == "conditions"
     conn = db if isinstance(db, Connection) else connect(db)
     declared = load_declared(views, conn) if isinstance(views, str) else views
     tables = catalog_tables(conn, declared)
@@ -87,22 +103,35 @@ def build_definitions(
     column_keys: dict[str, list[dg.AssetKey]] = {}
     for root in roots:
         tree = lineage_order([v for v in view_infos if v.root == root], tables)
-        asset, keys, columns = lineage_asset(tables[root], tree, tables, pdefs[root])
+        asset, keys, columns = lineage_asset(tables[root], tree, tables, pdefs[root], conditions)
         assets.append(asset)
         view_assets.update(keys)
         column_keys[root] = columns
     jobs = {r: lineage_job(tables[r], [v for v in view_infos if v.root == r], view_assets, column_keys[r]) for r in roots}
-    sensors = [
-        table_sensor(tables[r], tables, pdefs[r], view_assets, column_keys[r], sensor_interval_seconds, status,
-                     jobs[r])
-        for r in roots
-    ]
     schedule_status = dg.DefaultScheduleStatus.RUNNING if sensors_running else dg.DefaultScheduleStatus.STOPPED
-    schedules = [
-        view_schedule(v, pdefs.get(v.root), view_assets[v.name], schedule_status, jobs.get(v.root))
-        for v in view_infos
-        if v.policy.kind == "cron"
-    ]
+    sensors: list[Any]
+    if conditions:
+        sensors = [observe_sensor(tables[r], pdefs[r], sensor_interval_seconds, status) for r in roots]
+        targets = [k for r in roots for k in column_keys[r]] + [k for keys in view_assets.values() for k in keys]
+        if targets:
+            sensors.append(dg.AutomationConditionSensorDefinition(
+                AUTOMATION_SENSOR, target=dg.AssetSelection.assets(*targets), default_status=status,
+                minimum_interval_seconds=sensor_interval_seconds,
+                description="Evaluates the AutomationConditions of the views (from their refresh policies) "
+                            "and of the tables' computed columns, and requests their runs.",
+            ))
+        schedules = []
+    else:
+        sensors = [
+            table_sensor(tables[r], tables, pdefs[r], view_assets, column_keys[r], sensor_interval_seconds, status,
+                         jobs[r])
+            for r in roots
+        ]
+        schedules = [
+            view_schedule(v, pdefs.get(v.root), view_assets[v.name], schedule_status, jobs.get(v.root))
+            for v in view_infos
+            if v.policy.kind == "cron"
+        ]
     return dg.Definitions(
         assets=assets,
         jobs=list(jobs.values()),

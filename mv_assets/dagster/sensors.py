@@ -40,7 +40,7 @@ from mv_assets.dagster.assets import (
 from mv_assets.dagster.catalog import TableInfo
 from mv_assets.dagster.resource import MvAssetsResource
 
-__all__ = ["table_sensor", "view_schedule", "lineage_order"]
+__all__ = ["table_sensor", "observe_sensor", "view_schedule", "lineage_order"]
 
 
 def lineage_order(views: list[TableInfo], tables: dict[str, TableInfo]) -> list[TableInfo]:
@@ -276,3 +276,38 @@ def view_schedule(view: TableInfo, pdef, keys: list[dg.AssetKey], status, job=No
 
     return _schedule
 
+
+
+def observe_sensor(table: TableInfo, pdef, interval: int, status):
+    """The sensor ``<table>_observe`` (automation "conditions", in place of
+    ``<table>_changes``): it launches no run. On a new Lance version it adds
+    partitions for new fragments, retires those of fragments that are gone,
+    and observes the fragments whose rows changed (the table, when it has no
+    partitions): AutomationConditions see the new data versions."""
+
+    @dg.sensor(
+        name=f"{safe_name(table.name)}_observe",
+        minimum_interval_seconds=interval,
+        default_status=status,
+        description=(
+            f"Observes Lance table `{table.name}`: partitions for its fragments and their data versions, "
+            "which the automation conditions of everything downstream see. Launches no run."
+        ),
+    )
+    def _sensor(context: dg.SensorEvaluationContext, mv_assets: MvAssetsResource):
+        since, _ = _parse_cursor(context.cursor)
+        handle = mv_assets.reader().open_table(table.name)
+        ch, part_requests, retire = _partition_changes(context, handle, pdef, since)
+        if retire is not None:
+            part_requests.append(retire)
+        if pdef is not None:
+            events = [fragment_observation(handle, f, v)
+                      for f, v in unobserved_fragments(context.instance, handle, ch.fragments).items()]
+        else:
+            events = [source_observation(handle, ch.version)] if since != ch.version else []
+        if not events and not part_requests and since == ch.version:
+            return dg.SkipReason(f"{table.name} is still at version {ch.version}")
+        return dg.SensorResult(dynamic_partitions_requests=part_requests, asset_events=events,
+                               cursor=json.dumps({"version": ch.version}))
+
+    return _sensor

@@ -1,0 +1,140 @@
+"""Declarative automation (``automation="conditions"``): views carry the
+AutomationCondition of their refresh policy, a sensor per source table only
+observes it, and Dagster's own evaluation requests the stale partitions.
+Real Lance files and a real Dagster instance."""
+
+import os
+import subprocess
+import sys
+
+import dagster as dg
+import pytest
+from dagster_helpers import apply_partition_requests, double, evaluate_sensor
+
+import mv_assets as mv
+from mv_assets.dagster import MvAssetsResource, build_definitions
+from mv_assets.dagster.assets import ttl_cron
+from mv_assets.dagster.definitions import AUTOMATION_SENSOR, partitions_def_name
+
+K = dg.AssetKey
+P = mv.RefreshPolicy
+AC = dg.AutomationCondition
+POLICIES = {
+    "eager_v": (P.eager(), AC.eager()),
+    "cron_v": (P.cron_schedule("*/5 * * * *"), AC.on_cron("*/5 * * * *")),
+    "ttl_v": (P.ttl(3600), AC.on_cron("0 * * * *")),
+    "manual_v": (P.manual(), None),
+    "stale_v": (P.staleness(25), None),
+}
+
+
+def _catalog(path) -> mv.Connection:
+    """src (two fragments) and a view per policy, each with a UDF column y."""
+    db = mv.connect(str(path), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(6)], primary_key="id")
+    src.add([{"id": i, "x": i} for i in range(6, 10)])
+    for name, (policy, _) in POLICIES.items():
+        db.create_materialized_view(name, src.search(None).select({"id": "id", "y": double}), refresh_policy=policy)
+    return db
+
+
+def _defs(db, **kwargs):
+    return build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"), **kwargs)
+
+
+def _requested(result, name: str) -> set[str]:
+    return {k for k in result.get_requested_partitions(K(name.split("/"))) if k is not None}
+
+
+def _run(defs, instance, result) -> None:
+    """The eager view's requested partitions, run as the automation's runs would (one per partition)."""
+    assets = [defs.get_repository_def().assets_defs_by_key[K(["eager_v"])]]
+    for frag in sorted(_requested(result, "eager_v")):
+        out = dg.materialize(assets, instance=instance, partition_key=frag, selection=[K(["eager_v"]), K(["eager_v", "y"])])
+        assert out.success
+
+
+def test_an_unknown_automation_is_refused(tmp_path):
+    db = _catalog(tmp_path / "cat")
+    with pytest.raises(ValueError, match="automation must be one of"):
+        _defs(db, automation="daemon")
+
+
+@pytest.mark.parametrize("setting, sensors", [(None, "src_changes"), ("conditions", "mv_assets_automation,src_observe")])
+def test_the_definitions_module_takes_the_automation_from_the_environment(tmp_path, setting, sensors):
+    _catalog(tmp_path / "cat")
+    env = {**os.environ, "MV_ASSETS_DB": str(tmp_path / "cat")}
+    env.pop("MV_ASSETS_AUTOMATION", None)
+    if setting:
+        env["MV_ASSETS_AUTOMATION"] = setting
+    code = "import definitions; print(','.join(sorted(s.name for s in definitions.defs.sensors)))"
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=root, env=env)
+    assert out.stdout.strip().splitlines()[-1] == sensors
+
+
+def test_ttl_maps_to_the_coarsest_cron_ticking_within_it():
+    assert ttl_cron(30) == "*/1 * * * *"
+    assert ttl_cron(7 * 60) == "*/6 * * * *"
+    assert ttl_cron(3600) == "0 * * * *"
+    assert ttl_cron(5 * 3600) == "0 */4 * * *"
+    assert ttl_cron(3 * 86400) == "0 0 * * *"
+
+
+def test_the_sensor_automation_stays_the_default(tmp_path):
+    defs = _defs(_catalog(tmp_path / "cat"))
+    graph = defs.get_repository_def().asset_graph
+    assert graph.get(K(["eager_v"])).automation_condition is None
+    assert {s.name for s in defs.sensors or []} == {"src_changes"}
+    assert len(list(defs.schedules or [])) == 1  # the cron view's
+
+
+def test_conditions_follow_the_policies_and_request_the_stale_partitions(tmp_path):
+    db = _catalog(tmp_path / "cat")
+    defs = _defs(db, automation="conditions")
+    graph = defs.get_repository_def().asset_graph
+    for name, (_, condition) in POLICIES.items():
+        assert graph.get(K([name])).automation_condition == condition, name
+        assert graph.get(K([name, "y"])).automation_condition == condition, name  # its UDF column's too
+    # no <table>_changes sensor and no schedule: an observation sensor and Dagster's automation sensor
+    sensors = {s.name: s for s in defs.sensors or []}
+    assert set(sensors) == {"src_observe", AUTOMATION_SENSOR}
+    assert isinstance(sensors[AUTOMATION_SENSOR], dg.AutomationConditionSensorDefinition)
+    assert {s.default_status for s in sensors.values()} == {dg.DefaultSensorStatus.RUNNING}  # enabled
+    assert not list(defs.schedules or [])
+    with dg.instance_for_test() as instance:
+        # Dagster's first evaluation is a baseline: conditions act on what changes after it
+        result = dg.evaluate_automation_conditions(defs=defs, instance=instance)
+        assert result.total_requested == 0
+        # the observation sensor adds the fragments' partitions and observes them; it launches no run
+        tick = evaluate_sensor(sensors["src_observe"], instance=instance, resources=defs.resources)
+        assert not tick.run_requests
+        apply_partition_requests(instance, tick)
+        assert set(instance.get_dynamic_partitions(partitions_def_name("src"))) == {"0", "1"}
+        result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=result.cursor)
+        assert _requested(result, "eager_v") == {"0", "1"}
+        assert _requested(result, "eager_v/y") == {"0", "1"}
+        for name in ("manual_v", "stale_v", "cron_v", "ttl_v"):
+            assert not _requested(result, name), name
+        _run(defs, instance, result)
+        # requested once: the next evaluation over the same state asks nothing
+        result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=result.cursor)
+        assert not _requested(result, "eager_v")
+        # a new Lance version: an append (new fragment 2) and a delete in fragment 0
+        src = db.open_table("src")
+        src.add([{"id": 10, "x": 10}])
+        src.delete("id = 1")
+        tick = evaluate_sensor(sensors["src_observe"], instance=instance, resources=defs.resources,
+                               cursor=tick.cursor)
+        apply_partition_requests(instance, tick)
+        result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=result.cursor)
+        # exactly the stale partitions of the eager view; nothing for the manual view
+        assert _requested(result, "eager_v") == {"0", "2"}
+        assert _requested(result, "eager_v/y") == {"0", "2"}
+        assert not _requested(result, "manual_v")
+        _run(defs, instance, result)
+        rows = db.open_view("eager_v").to_arrow().to_pylist()
+        assert sorted((r["id"], r["y"]) for r in rows) == [(i, 2 * i) for i in (0, *range(2, 11))]
+        # refreshed: the next evaluation asks nothing more of it
+        result = dg.evaluate_automation_conditions(defs=defs, instance=instance, cursor=result.cursor)
+        assert not _requested(result, "eager_v")
