@@ -40,20 +40,6 @@ class Indexed:
         with self._index_lock(), objects.reusing_handles():
             return indexes.create_index(self.uri, spec, replace=replace, table=self.name)
 
-    def _vector_column(self, requested: str | None) -> str:
-        candidates = indexes.vector_columns(self._dataset().schema)
-        if requested and requested != VECTOR_COLUMN_NAME:
-            return requested  # checked with the spec
-        if requested == VECTOR_COLUMN_NAME and VECTOR_COLUMN_NAME in self._dataset().schema.names:
-            return VECTOR_COLUMN_NAME
-        if len(candidates) == 1:
-            return candidates[0]
-        if not candidates:
-            raise ValueError(f"{self.name!r} has no vector column (a fixed-size list of floats) to index or search")
-        raise ValueError(
-            f"{self.name!r} has several vector columns {candidates}: name one with vector_column_name="
-        )
-
     def create_index(
         self,
         metric: str = "L2",
@@ -75,7 +61,7 @@ class Indexed:
         """A vector index on ``vector_column_name`` (default ``"vector"``, or
         the table's only vector column). Returns what was built (or declared:
         ``pending`` on a table or view without rows yet)."""
-        column = self._vector_column(vector_column_name)
+        column = indexes.pick_vector_column(self._dataset().schema, self.name, vector_column_name, VECTOR_COLUMN_NAME)
         itype = str(index_type).upper()
         params: dict[str, Any] = {"metric": str(metric).lower()}
         if num_partitions is not None:

@@ -189,18 +189,11 @@ class SearchQuery:
         return [n for n in ds.schema.names if not is_internal_column(n)]
 
     def _vector_col(self, ds: lance.LanceDataset) -> str:
+        col = indexes.pick_vector_column(ds.schema, self._table.name, self._vector_column)
         candidates = indexes.vector_columns(ds.schema)
-        if self._vector_column:
-            if self._vector_column not in candidates:
-                raise ValueError(f"{self._table.name!r} has no vector column {self._vector_column!r}; "
-                                 f"its vector columns are {candidates}")
-            return self._vector_column
-        if len(candidates) == 1:
-            return candidates[0]
-        if not candidates:
-            raise ValueError(f"{self._table.name!r} has no vector column (a fixed-size list of floats) to search")
-        raise ValueError(f"{self._table.name!r} has several vector columns {candidates}: "
-                         "pass vector_column_name= to search()")
+        if col not in candidates:
+            raise ValueError(f"{self._table.name!r} has no vector column {col!r}; its vector columns are {candidates}")
+        return col
 
     def _fts_cols(self, ds: lance.LanceDataset) -> list[str] | None:
         indexed = [i.columns[0] for i in indexes.list_indexes(ds)

@@ -40,7 +40,7 @@ from mv_assets.storage import objects
 
 __all__ = [
     "VECTOR_INDEX_TYPES", "SCALAR_INDEX_TYPES", "FTS_INDEX_TYPE", "IndexSpec", "IndexInfo", "create_index",
-    "drop_index", "list_indexes", "index_stats", "catch_up", "specs_to_rebuild", "vector_columns",
+    "drop_index", "list_indexes", "index_stats", "catch_up", "specs_to_rebuild", "vector_columns", "pick_vector_column",
 ]
 
 CONFIG_PREFIX = "mv_assets.index."
@@ -144,6 +144,20 @@ def _is_float_vector(t: pa.DataType) -> bool:
 def vector_columns(schema: pa.Schema) -> list[str]:
     """Visible columns holding fixed-size vectors (what vector search can use)."""
     return [f.name for f in schema if not is_internal_column(f.name) and _is_float_vector(f.type)]
+
+
+def pick_vector_column(schema: pa.Schema, table: str, requested: str | None, default: str | None = None) -> str:
+    """The vector column an index or a search uses: ``requested`` as given
+    (the caller checks it), the ``default`` name when the table has it, else
+    the table's only vector column; ValueError when there is none or several."""
+    if requested and (requested != default or requested in schema.names):
+        return requested
+    candidates = vector_columns(schema)
+    if len(candidates) == 1:
+        return candidates[0]
+    if not candidates:
+        raise ValueError(f"{table!r} has no vector column (a fixed-size list of floats) to index or search")
+    raise ValueError(f"{table!r} has several vector columns {candidates}: name one with vector_column_name=")
 
 
 def _column(schema: pa.Schema, column: Any, table: str) -> pa.Field:
