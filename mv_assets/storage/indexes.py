@@ -99,11 +99,6 @@ class IndexInfo:
         total = self.num_indexed_rows + self.num_unindexed_rows
         return 1.0 if total == 0 else self.num_indexed_rows / total
 
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "index_type": self.index_type, "columns": list(self.columns),
-                "num_indexed_rows": self.num_indexed_rows, "num_unindexed_rows": self.num_unindexed_rows,
-                "coverage": round(self.coverage, 6), "pending": self.pending}
-
     def __str__(self) -> str:
         state = "pending (no rows yet)" if self.pending else f"{self.coverage:.0%} of {self.num_indexed_rows + self.num_unindexed_rows:,} rows"
         return f"{self.name} ({self.index_type} on {', '.join(self.columns)}): {state}"
