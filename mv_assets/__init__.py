@@ -99,3 +99,21 @@ __version__ = "0.1.0"
 # Views stored before the layers had folders pickled their UDFs as
 # ``mv_assets.udf.UDF``: that module path keeps resolving, so old catalogs load.
 _sys.modules.setdefault("mv_assets.udf", _udf_module)
+
+# Dagster Components (``type: mv_assets.ViewComponent`` in a defs.yaml, ``dg scaffold defs
+# mv_assets.ViewComponent``; docs/dagster.md): the Dagster layer's, imported on first use of
+# these names only (by dg, through dir() and the registry entry point in pyproject.toml), so
+# that importing the engine never imports Dagster (by name: no static import of the wiring here).
+_COMPONENTS = ("ViewComponent", "CatalogComponent")
+
+
+def __getattr__(name: str):
+    if name in _COMPONENTS:
+        import importlib
+
+        return getattr(importlib.import_module("mv_assets.dagster.components"), name)
+    raise AttributeError(f"module 'mv_assets' has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_COMPONENTS])

@@ -9,8 +9,9 @@ Changes to what rows a view holds (source, filter, plain or SQL columns) are
 refused: the view has to be dropped and created again.
 
 A value of ``views(db)`` is a query, or a :class:`DeclaredView` (the query
-with its asset owners and tags): then the code is the truth for those too,
-and :func:`apply` writes them to the view when they differ.
+with its asset owners and tags, and maybe its refresh policy): then the code
+is the truth for those too, and :func:`apply` writes them to the view when
+they differ.
 """
 
 import hashlib
@@ -24,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 from mv_assets.api.query import Query
 from mv_assets.model.definition import VIEW_METADATA_KEY, ViewDefinition, shape_fingerprint
 from mv_assets.model.ownership import OWNERSHIP_METADATA_KEY, Ownership
+from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
 
 if TYPE_CHECKING:
     from mv_assets.api.catalog import Connection
@@ -41,23 +43,30 @@ class Reconcile:
     added: list[str] = field(default_factory=list)  # UDF columns new in the code
     problems: list[str] = field(default_factory=list)  # differences apply() refuses
     ownership: bool = False  # the owners or tags declared differ from the stored ones
+    policy: bool = False  # the refresh policy declared differs from the stored one
 
     @property
     def in_sync(self) -> bool:
-        return not (self.create or self.altered or self.added or self.problems or self.ownership)
+        return not (self.create or self.altered or self.added or self.problems or self.ownership or self.policy)
 
 
 class DeclaredView:
     """A view declared in code with its Dagster asset owners (``["team:ml",
     "alice@example.com"]``) and tags (``{"domain": "search"}``): a value
     ``views(db)`` may return instead of a bare query. Validated when built
-    (``ValueError``), before anything is written."""
+    (``ValueError``), before anything is written. ``refresh_policy``: the
+    view's, when the code says it (None: the catalog's is kept; eager for a
+    view created from the code)."""
 
-    def __init__(self, query: Query, *, owners: list[str] | None = None, tags: dict[str, str] | None = None):
+    def __init__(self, query: Query, *, owners: list[str] | None = None, tags: dict[str, str] | None = None,
+                 refresh_policy: RefreshPolicy | None = None):
         if not isinstance(query, Query):
             raise ValueError(f"DeclaredView() needs a query (table.search(None)...), got {type(query).__name__}")
+        if refresh_policy is not None and not isinstance(refresh_policy, RefreshPolicy):
+            raise ValueError(f"DeclaredView(refresh_policy=) takes a RefreshPolicy, got {type(refresh_policy).__name__}")
         self.query = query
         self.ownership = Ownership.of(owners, tags)
+        self.refresh_policy = refresh_policy
 
     def to_definition(self) -> ViewDefinition:
         return self.query.to_definition()
@@ -92,13 +101,14 @@ def _stored(db: "Connection", name: str) -> dict | None:
 
 
 def reconcile(db: "Connection", name: str, query: Query | DeclaredView | ViewDefinition,
-              ownership: Ownership | None = None) -> Reconcile:
+              ownership: Ownership | None = None, policy: RefreshPolicy | None = None) -> Reconcile:
     """Compare the declared query (or its definition) with the stored view (no
     UDF is unpickled, and none pickled). ``ownership``: the owners and tags
-    declared (a DeclaredView's); None: the code says nothing of them."""
+    declared (a DeclaredView's); None: the code says nothing of them. The same
+    for ``policy``, the refresh policy."""
     out = Reconcile(name)
     if isinstance(query, DeclaredView):
-        query, ownership = query.query, ownership or query.ownership
+        query, ownership, policy = query.query, ownership or query.ownership, policy or query.refresh_policy
     if name not in db:
         out.create = True
         return out
@@ -109,6 +119,9 @@ def reconcile(db: "Connection", name: str, query: Query | DeclaredView | ViewDef
     if ownership is not None:
         md = db.open_table(name).schema.metadata or {}
         out.ownership = Ownership.from_json(md.get(OWNERSHIP_METADATA_KEY.encode())) != ownership
+    if policy is not None:
+        md = db.open_table(name).schema.metadata or {}
+        out.policy = RefreshPolicy.from_json(md.get(POLICY_METADATA_KEY.encode())) != policy
     declared = query.to_definition() if isinstance(query, Query) else query
     declared_cols = {c.name: c for c in declared.columns}
     stored_cols = {c["name"]: c for c in stored["columns"]}
@@ -151,10 +164,13 @@ def apply(db: "Connection", name: str, query: Query | DeclaredView, **create_kwa
     if diff.problems:
         raise ValueError("; ".join(diff.problems))
     ownership = query.ownership if isinstance(query, DeclaredView) else None
+    policy = query.refresh_policy if isinstance(query, DeclaredView) else None
     query = query.query if isinstance(query, DeclaredView) else query
     if diff.create:
         if ownership is not None:
             create_kwargs = {"owners": list(ownership.owners), "tags": ownership.tags, **create_kwargs}
+        if policy is not None:
+            create_kwargs = {"refresh_policy": policy, **create_kwargs}
         db.create_materialized_view(name, query, **create_kwargs)
         return diff
     declared: ViewDefinition = query.to_definition()
@@ -163,6 +179,8 @@ def apply(db: "Connection", name: str, query: Query | DeclaredView, **create_kwa
     if diff.ownership and ownership is not None:
         view.set_owners(list(ownership.owners))  # type: ignore[attr-defined]  (a view: reconcile said so)
         view.set_tags(ownership.tags)  # type: ignore[attr-defined]
+    if diff.policy and policy is not None:
+        view.set_refresh_policy(policy)  # type: ignore[attr-defined]
     if diff.altered:
         view.alter_columns(*({"path": c, "udf": specs[c].udf} for c in diff.altered))
     if diff.added:

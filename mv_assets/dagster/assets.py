@@ -723,7 +723,8 @@ def _apply_code(context, info: TableInfo, db) -> None:
         done = (["created the view from its code"] if diff.create else []) + (
             [f"swapped in the new code of {', '.join(diff.altered)} (rows it computed before are stale until "
              "recomputed)"] if diff.altered else []) + ([f"added {', '.join(diff.added)}"] if diff.added else []) + (
-            ["set its owners and tags"] if diff.ownership and not diff.create else [])
+            ["set its owners and tags"] if diff.ownership and not diff.create else []) + (
+            ["set its refresh policy"] if diff.policy and not diff.create else [])
         context.log.info(f"{info.name}: applied the code: {'; '.join(done)}")
 
 

@@ -88,7 +88,8 @@ def _declare(out: dict[str, "TableInfo"], names: dict[str, list[str]], db: Conne
     for name, query in declared.items():
         definition = query.to_definition()
         ownership = query.ownership if isinstance(query, DeclaredView) else None  # None: the code says nothing
-        diff = reconcile(db, name, definition, ownership)
+        policy = query.refresh_policy if isinstance(query, DeclaredView) else None
+        diff = reconcile(db, name, definition, ownership, policy)
         if diff.create:
             try:
                 described = db.describe_query(name, definition)
@@ -122,6 +123,8 @@ def _declare(out: dict[str, "TableInfo"], names: dict[str, list[str]], db: Conne
         info.declared, info.declared_definition, info.code_changes = query, definition, diff
         if ownership is not None:  # the code is the truth for owners and tags too
             info.ownership = ownership
+        if policy is not None:  # and for the refresh policy it declares
+            info.policy = policy
 
 
 def catalog_tables(db: Connection, declared: dict | None = None) -> dict[str, TableInfo]:

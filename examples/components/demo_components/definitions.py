@@ -1,0 +1,10 @@
+"""The definitions of every defs.yaml under defs/ (what `dg` and `dagster dev` load)."""
+
+from pathlib import Path
+
+import dagster as dg
+
+
+@dg.definitions
+def defs() -> dg.Definitions:
+    return dg.load_from_defs_folder(path_within_project=Path(__file__).parent.parent)

@@ -1,0 +1,310 @@
+"""Dagster Components: views and catalogs declared in ``defs.yaml`` files.
+
+``dg scaffold defs mv_assets.CatalogComponent catalog`` and ``dg scaffold defs
+mv_assets.ViewComponent my_view`` write commented templates; ``dg check defs``
+validates them and ``dg list defs`` shows their assets (docs/dagster.md,
+"Dagster Components").
+
+The design: a :class:`ViewComponent` declares one view (a
+:class:`~mv_assets.api.declare.DeclaredView`, the same object a views module's
+``views(db)`` returns) and builds no asset itself. The
+:class:`CatalogComponent` of its catalog (one per catalog, the yaml
+counterpart of ``definitions.py``) collects every ViewComponent of the
+project, adds the views of its ``views_module`` if it names one, and builds
+the whole graph with :func:`~mv_assets.dagster.build_definitions`: one asset
+per source table however many views read it, one multi-asset, job and sensor
+per lineage, exactly as the Python module way builds them. Views of one
+lineage are refreshed together by one multi-asset, so a component per view
+building its own assets would split that lineage (and duplicate the source
+table's asset); this way nothing is built twice.
+
+Loading reads catalog metadata only (``connect(create=False)``, no UDF
+unpickled): it writes nothing and starts no JVM. A view not created yet is
+created by its first materialization, as a view declared in code is.
+"""
+
+import importlib
+import logging
+import os
+from typing import Any
+
+import dagster as dg
+from dagster.components.component_scaffolding import scaffold_component
+
+from mv_assets.api.catalog import Connection, connect
+from mv_assets.api.declare import DeclaredView, load_declared
+from mv_assets.dagster.definitions import AUTOMATIONS, build_definitions
+from mv_assets.dagster.resource import MvAssetsResource
+from mv_assets.model.errors import CatalogNotFoundError
+from mv_assets.model.ownership import Ownership
+from mv_assets.model.policy import KINDS, RefreshPolicy
+from mv_assets.model.udf import UDF
+
+__all__ = ["ViewComponent", "CatalogComponent", "ViewComponentScaffolder", "CatalogComponentScaffolder",
+           "resolve_reference", "parse_policy"]
+
+log = logging.getLogger(__name__)
+
+CATALOG_ENV = "MV_ASSETS_DB"
+_POLICY_FIELDS = {"ttl": "ttl_seconds", "cron": "cron", "staleness": "max_staleness_pct"}
+
+
+class ComponentError(ValueError):
+    """A ``defs.yaml`` of ours that cannot be loaded (said at ``dg check defs``)."""
+
+
+def resolve_reference(ref: str, where: str) -> UDF:
+    """The ``mv.udf`` at ``module:attr`` (``attr`` may be dotted)."""
+    module_name, sep, attr = ref.partition(":") if isinstance(ref, str) else ("", "", "")
+    if not sep or not module_name or not attr:
+        raise ComponentError(f"{where}: a UDF is referenced as 'module:function' (say 'my_pkg.udfs:embed'), "
+                             f"got {ref!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ComponentError(f"{where}: cannot import module {module_name!r} of UDF {ref!r}: {exc}") from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ComponentError(f"{where}: module {module_name!r} has no {attr!r} (UDF {ref!r})")
+        obj = getattr(obj, part)
+    if not isinstance(obj, UDF):
+        raise ComponentError(f"{where}: {ref!r} is a {type(obj).__name__}, not a UDF: decorate it with @mv.udf")
+    return obj
+
+
+def parse_policy(raw: Any, where: str) -> RefreshPolicy | None:
+    """``eager`` / ``manual``, or ``{kind: cron, cron: "0 6 * * *"}``, ``{kind:
+    ttl, ttl_seconds: 3600}``, ``{kind: staleness, max_staleness_pct: 10}``."""
+    if raw is None:
+        return None
+    fields: dict[str, Any] = {"kind": raw} if isinstance(raw, str) else dict(raw) if isinstance(raw, dict) else {}
+    kind = fields.get("kind")
+    if kind not in KINDS:
+        raise ComponentError(f"{where}: refresh_policy kind must be one of {', '.join(KINDS)}, got {raw!r}")
+    allowed = {"kind", *([_POLICY_FIELDS[kind]] if kind in _POLICY_FIELDS else [])}
+    if set(fields) - allowed:
+        raise ComponentError(f"{where}: refresh_policy of kind {kind!r} takes {sorted(allowed)}, "
+                             f"got {sorted(fields)}")
+    try:
+        return RefreshPolicy(**fields)
+    except (TypeError, ValueError) as exc:
+        raise ComponentError(f"{where}: refresh_policy: {exc}") from exc
+
+
+def _view_catalog(view: "ViewComponent", catalogs: list["CatalogComponent"]) -> str:
+    """The catalog of a view: its own, else the project's only CatalogComponent's, else $MV_ASSETS_DB."""
+    if view.catalog is None and len(catalogs) == 1:
+        return catalogs[0].uri()
+    return _catalog_uri(view.catalog, view._where())
+
+
+def _catalog_uri(uri: str | None, where: str) -> str:
+    uri = uri or os.environ.get(CATALOG_ENV)
+    if not uri:
+        raise ComponentError(f"{where}: no catalog: set `catalog:` or ${CATALOG_ENV}")
+    return uri
+
+
+_VIEW_TEMPLATE = """\
+type: mv_assets.ViewComponent
+
+# A materialized view of an mv_assets catalog (docs/dagster.md, "Dagster Components").
+# Its assets are built by the project's mv_assets.CatalogComponent (scaffold one:
+# `dg scaffold defs mv_assets.CatalogComponent catalog`). Check with `dg check defs`.
+attributes:
+  name: {name}
+  source: documents                 # a table (or view) of the catalog
+  filter: "lang = 'en'"             # optional SQL predicate on source rows
+  columns:                          # optional (default: every source column)
+    doc_id: doc_id                  # a source column
+    chars: length(body)             # a SQL expression
+    words:                          # a UDF column: an @mv.udf by module:function
+      udf: mv_assets.demo:word_count
+  # refresh_policy: eager           # eager | manual | {{kind: cron, cron: "0 6 * * *"}}
+  #                                 # | {{kind: ttl, ttl_seconds: 3600}} | {{kind: staleness, max_staleness_pct: 10}}
+  # owners: ["team:ml"]
+  # tags: {{domain: search}}
+  # catalog: /path/to/catalog       # only where the project has several CatalogComponents
+"""
+
+_CATALOG_TEMPLATE = """\
+type: mv_assets.CatalogComponent
+
+# Every table and view of an mv_assets catalog as Dagster assets, with the views of this
+# project's mv_assets.ViewComponents (docs/dagster.md, "Dagster Components").
+attributes:
+  # catalog: /path/to/catalog       # a path or object-store URI (default: $MV_ASSETS_DB)
+  # views_module: my_pkg.views      # views declared in Python too: views(db) -> {{name: query}}
+  automation: sensor                # sensor | conditions (AutomationConditions from refresh policies)
+  # sensor_interval_seconds: 15
+  # sensors_running: true
+  # runner: spark                   # spark | inline (default $MV_ASSETS_RUNNER, else spark)
+"""
+
+
+class ViewComponentScaffolder(dg.Scaffolder):
+    """``dg scaffold defs mv_assets.ViewComponent <name>``: a commented defs.yaml."""
+
+    def scaffold(self, request: dg.ScaffoldRequest) -> None:
+        _write_template(request, _VIEW_TEMPLATE.format(name=request.target_path.name))
+
+
+class CatalogComponentScaffolder(dg.Scaffolder):
+    """``dg scaffold defs mv_assets.CatalogComponent <name>``: a commented defs.yaml."""
+
+    def scaffold(self, request: dg.ScaffoldRequest) -> None:
+        _write_template(request, _CATALOG_TEMPLATE.format())
+
+
+def _write_template(request: dg.ScaffoldRequest, text: str) -> None:
+    if request.scaffold_format != "yaml":  # python: dagster's component.py stub
+        scaffold_component(request)
+        return
+    request.target_path.mkdir(parents=True, exist_ok=True)
+    with open(request.target_path / "defs.yaml", "w") as f:
+        f.write(text)
+
+
+@dg.scaffold_with(ViewComponentScaffolder)
+class ViewComponent(dg.Component, dg.Resolvable, dg.Model):
+    """A materialized view of an mv_assets catalog, declared in yaml.
+
+    ``columns`` maps each output column to a source column name, a SQL
+    expression, or ``{udf: "module:function"}`` (an ``@mv.udf``; ``inputs:
+    [col, ...]`` binds its arguments to other columns). No ``columns``: every
+    source column. The view's assets are built by the project's
+    :class:`CatalogComponent` of the same catalog, with the graph's others.
+    """
+
+    name: str
+    source: str
+    filter: str | None = None
+    columns: dict[str, Any] | None = None
+    refresh_policy: str | dict[str, Any] | None = None
+    owners: list[str] | None = None
+    tags: dict[str, str] | None = None
+    catalog: str | None = None  # default: the project's CatalogComponent (the only one), else $MV_ASSETS_DB
+
+    def _where(self) -> str:
+        return f"view {self.name!r} (mv_assets.ViewComponent)"
+
+    def model_post_init(self, context: Any, /) -> None:
+        self.check_attributes()  # when its defs.yaml is loaded: `dg check defs` names that file
+
+    def check_attributes(self) -> None:
+        """What can be checked without the catalog: UDF references, policy, owners and tags."""
+        for col, spec in (self.columns or {}).items():
+            self._column(col, spec)
+        parse_policy(self.refresh_policy, self._where())
+        try:
+            Ownership.of(self.owners, self.tags)  # (as DeclaredView validates them)
+        except ValueError as exc:
+            raise ComponentError(f"{self._where()}: {exc}") from exc
+
+    def _column(self, col: str, spec: Any) -> Any:
+        where = f"{self._where()}, column {col!r}"
+        if isinstance(spec, str) and spec.strip():
+            return spec
+        if isinstance(spec, dict) and "udf" in spec and set(spec) <= {"udf", "inputs"}:
+            udf = resolve_reference(spec["udf"], where)
+            inputs = spec.get("inputs")
+            if inputs is None:
+                return udf
+            if not isinstance(inputs, list) or not all(isinstance(i, str) for i in inputs):
+                raise ComponentError(f"{where}: inputs must be a list of column names, got {inputs!r}")
+            return (udf, inputs)
+        raise ComponentError(f"{where}: a column is a source column name, a SQL expression or "
+                             f"{{udf: 'module:function'}} (with optional inputs: [...]), got {spec!r}")
+
+    def declared(self, db: Connection) -> DeclaredView:
+        """The view as code declares it, validated against the catalog (nothing written)."""
+        where = self._where()
+        if self.source not in db.table_names():
+            raise ComponentError(f"{where}: source {self.source!r} is not a table or view of {db.uri} "
+                                 f"(it has {', '.join(sorted(db.table_names())) or 'none'})")
+        query = db.open_table(self.source).search(None)
+        try:
+            if self.filter:
+                query = query.where(self.filter)
+            if self.columns:
+                query = query.select({col: self._column(col, spec) for col, spec in self.columns.items()})
+            query.to_definition()  # unknown columns, bad SQL, UDF inputs the source lacks
+            return DeclaredView(query, owners=self.owners, tags=self.tags,
+                                refresh_policy=parse_policy(self.refresh_policy, where))
+        except ComponentError:
+            raise
+        except ValueError as exc:
+            raise ComponentError(f"{where}: {exc}") from exc
+
+    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        catalogs = context.component_tree.get_all_components(of_type=CatalogComponent)
+        uri = _view_catalog(self, catalogs)
+        if not any(c.uri() == uri for c in catalogs):
+            raise ComponentError(
+                f"{self._where()} at {context.path}: no mv_assets.CatalogComponent for catalog {uri!r} in this "
+                "project builds its assets: scaffold one (`dg scaffold defs mv_assets.CatalogComponent catalog`)"
+                + (f"; the project's catalogs are {sorted(c.uri() for c in catalogs)}" if catalogs else ""))
+        return dg.Definitions()  # its assets are the CatalogComponent's (see the module docstring)
+
+
+@dg.scaffold_with(CatalogComponentScaffolder)
+class CatalogComponent(dg.Component, dg.Resolvable, dg.Model):
+    """Every table and view of an mv_assets catalog as Dagster assets: the
+    yaml counterpart of ``definitions.py`` (:func:`build_definitions`), with
+    the views of the project's :class:`ViewComponent` s and of ``views_module``."""
+
+    catalog: str | None = None  # default: $MV_ASSETS_DB
+    views_module: str | None = None  # a module with views(db) (dotted name or .py path), as $MV_ASSETS_VIEWS
+    automation: str = "sensor"  # or "conditions" (AutomationConditions)
+    sensor_interval_seconds: int = 15
+    sensors_running: bool = True
+    runner: str | None = None  # "spark" or "inline"; default $MV_ASSETS_RUNNER, else spark
+
+    def model_post_init(self, context: Any, /) -> None:
+        where = "mv_assets.CatalogComponent"  # (checked when its defs.yaml is loaded)
+        if self.automation not in AUTOMATIONS:
+            raise ComponentError(f"{where}: automation must be one of {', '.join(AUTOMATIONS)}, "
+                                 f"got {self.automation!r}")
+        if self.runner not in (None, "spark", "inline"):
+            raise ComponentError(f"{where}: runner must be 'spark' or 'inline', got {self.runner!r}")
+        if self.sensor_interval_seconds < 1:
+            raise ComponentError(f"{where}: sensor_interval_seconds must be >= 1, got {self.sensor_interval_seconds}")
+
+    def uri(self) -> str:
+        return _catalog_uri(self.catalog, "mv_assets.CatalogComponent")
+
+    def build_defs(self, context: dg.ComponentLoadContext) -> dg.Definitions:
+        where = f"mv_assets.CatalogComponent at {context.path}"
+        uri = self.uri()
+        catalogs = context.component_tree.get_all_components(of_type=CatalogComponent)
+        if sum(c.uri() == uri for c in catalogs) > 1:
+            raise ComponentError(f"{where}: more than one mv_assets.CatalogComponent for catalog {uri!r}: "
+                                 "keep one (each would build the same assets)")
+        try:
+            db = connect(uri, create=False)
+        except CatalogNotFoundError as exc:
+            raise ComponentError(f"{where}: {exc}") from exc
+        views = [v for v in context.component_tree.get_all_components(of_type=ViewComponent)
+                 if _view_catalog(v, catalogs) == uri]
+        module = self.views_module
+        if module and (module.endswith(".py") or os.sep in module) and not os.path.isabs(module):
+            module = str(context.path / module)  # a .py path: relative to this defs.yaml's folder
+        declared: dict[str, Any] = load_declared(module, db) if module else {}
+        for view in views:
+            if view.name in declared:
+                raise ComponentError(f"view {view.name!r} is declared twice (two mv_assets.ViewComponents, or a "
+                                     f"ViewComponent and views_module {self.views_module!r}): keep one")
+            if view.source not in db.table_names() and view.source in {v.name for v in views} | set(declared):
+                # over a declared view not created yet: loaded once its first materialization created it
+                log.warning(f"view {view.name!r} is not loaded: its source view {view.source!r} is not created yet "
+                            "(materialize it first, then reload)")
+                continue
+            declared[view.name] = view.declared(db)
+        resource = None
+        if self.runner:
+            options = db.storage_options if db.storage_options_given else None
+            resource = MvAssetsResource.from_env(uri, storage_options=options).model_copy(
+                update={"runner": self.runner})
+        return build_definitions(db, views=declared, resource=resource, automation=self.automation,
+                                 sensor_interval_seconds=self.sensor_interval_seconds,
+                                 sensors_running=self.sensors_running)
