@@ -271,6 +271,9 @@ def test_the_demo_views_as_components_give_the_python_module_assets(tmp_path, mo
     assert sorted(j.name for j in components.get_all_jobs() if not j.name.startswith("__")) == sorted(
         j.name for j in module.get_all_jobs() if not j.name.startswith("__"))
     assert sorted(s.name for s in components.sensor_defs) == sorted(s.name for s in module.sensor_defs)
+    # and the real dg takes the shipped project as it is
+    check = _dg(REPO / "examples" / "components", "check", "defs", uri=db.uri)
+    assert check.returncode == 0 and "All definitions loaded successfully" in check.stdout + check.stderr, check.stderr
 
 
 def test_components_and_a_views_module_make_one_graph(tmp_path, monkeypatch):

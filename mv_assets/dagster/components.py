@@ -99,10 +99,12 @@ def _view_catalog(view: "ViewComponent", catalogs: list["CatalogComponent"]) -> 
 
 
 def _catalog_uri(uri: str | None, where: str) -> str:
+    """The catalog named (``$MV_ASSETS_DB`` if none); a local path made absolute
+    (relative: to the working directory, the project root under dg)."""
     uri = uri or os.environ.get(CATALOG_ENV)
     if not uri:
         raise ComponentError(f"{where}: no catalog: set `catalog:` or ${CATALOG_ENV}")
-    return uri
+    return uri if "://" in uri else os.path.abspath(os.path.expanduser(uri))
 
 
 _VIEW_TEMPLATE = """\
