@@ -288,14 +288,29 @@ OPEN_OPS = st.lists(
 OPEN_EXAMPLES = int(os.environ.get("MV_ASSETS_HYPOTHESIS_EXAMPLES", "12"))
 
 
+@pytest.mark.parametrize("overlap", [False, True], ids=["sequential", "overlapped"])
 @settings(max_examples=OPEN_EXAMPLES, deadline=None, suppress_health_check=list(HealthCheck), derandomize=True)
 @given(ops=OPEN_OPS)
-def test_random_open_world_histories_match_the_oracle(ops, tmp_path_factory):
+def test_random_open_world_histories_match_the_oracle(overlap, ops, tmp_path_factory):
     """Views (one with a UDF) and a table's computed column through histories
     where plain pylance and lancedb write the source (and pylance the view
     too), and the source is dropped and created again. After every refresh the view equals the oracle
     (plain pyarrow over the source at the same version); after every backfill
-    the table's computed column equals its function of the row as it is."""
+    the table's computed column equals its function of the row as it is.
+    "overlapped": every refresh task reads, computes and writes at once
+    (execution.pipeline), as large tasks do; "sequential": one step after
+    the other, as small tasks do."""
+    from mv_assets.execution import tasks
+
+    before = tasks.OVERLAP_MIN_ROWS
+    tasks.OVERLAP_MIN_ROWS = 0 if overlap else 2**62
+    try:
+        _open_world_history(ops, tmp_path_factory)
+    finally:
+        tasks.OVERLAP_MIN_ROWS = before
+
+
+def _open_world_history(ops, tmp_path_factory):
     from oracle import actual_view, expected_view
 
     root = tmp_path_factory.mktemp("open")

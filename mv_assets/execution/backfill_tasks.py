@@ -14,6 +14,7 @@ Tasks take a JSON payload and the job's shared bytes, return JSON, and open
 Lance themselves; nothing here imports ``ops``.
 """
 
+import concurrent.futures
 import functools
 import json
 import os
@@ -26,13 +27,16 @@ import pyarrow as pa
 from lance.fragment import DataFile, FragmentMetadata
 
 from mv_assets.execution import progress
+from mv_assets.execution.pipeline import prefetched
 from mv_assets.execution.tasks import (
+    OVERLAP_BATCH_BYTES,
     PacedRowStore,
     checkpointed_udf_columns,
     compute_udf_columns,
     input_identity,
     paced,
     repeat_string,
+    udf_batch_rows,
 )
 from mv_assets.model.definition import (
     SOURCE_ROW_ID,
@@ -301,11 +305,30 @@ def run_fused_task(payload: str, shared: bytes) -> str:
     udf_rows: dict[str, int] = {}
     errors: list[dict] = []
     resumed: dict[str, int] = {}
-    fragments = []
     parts = _view_input_batches(task, job, specs) if "plan_path" in job else _table_input_batches(ds, task, job, specs)
-    for fid, inputs, batches, identity in parts:
-        out, offsets = [], []
-        for batch in paced(batches, store):
+
+    def read():
+        """(fragment, inputs, identity, batch) per batch, then batch None at the fragment's end."""
+        for fid, inputs, batches, identity in parts:
+            for batch in paced(batches, store, udf_batch_rows(specs), OVERLAP_BATCH_BYTES):
+                yield fid, inputs, identity, batch
+            yield fid, inputs, identity, None
+
+    # Overlapped (execution.pipeline): the next batches are read while the UDF
+    # runs, and a fragment's column file is written while the next one computes.
+    fragments: list[dict] = []
+    writing: concurrent.futures.Future | None = None
+    out, offsets = [], []
+    with concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="mv_assets-write") as writer:
+        for fid, inputs, identity, batch in prefetched(read()):
+            if batch is None:  # the fragment is computed: write its file
+                if out:
+                    if writing is not None:
+                        fragments.append(writing.result().to_json())
+                    writing = writer.submit(write_fragment_file, ds, fid, job["names"], np.concatenate(offsets),
+                                            pa.concat_tables(out))
+                out, offsets = [], []
+                continue
             if batch.num_rows == 0:
                 continue
             started = time.perf_counter()
@@ -323,9 +346,8 @@ def run_fused_task(payload: str, shared: bytes) -> str:
                     values[marker] = stamp(values[marker], batch.column(Alias.ROW_VERSION).cast(pa.int64()))
             out.append(pa.table({n: values[n] for n in job["names"]}))
             offsets.append((_ids(batch, "_rowaddr") & 0xFFFFFFFF).astype(np.int64))
-        if out:
-            meta = write_fragment_file(ds, fid, job["names"], np.concatenate(offsets), pa.concat_tables(out))
-            fragments.append(meta.to_json())
+        if writing is not None:
+            fragments.append(writing.result().to_json())
     return json.dumps({
         "fragments": fragments, "udf_rows": udf_rows.get(specs[0].name, 0),
         "resumed": resumed.get(specs[0].name, 0), "errors": errors, "seconds": time.perf_counter() - start,
