@@ -21,6 +21,8 @@ from mv_assets.api.query import Query as Query
 from mv_assets.api.table import MaterializedView as MaterializedView
 from mv_assets.api.table import Table as Table
 from mv_assets.api.views import View as View
+from mv_assets.execution.resources import ResourceRequest as ResourceRequest
+from mv_assets.execution.resources import current_device as current_device
 from mv_assets.execution.spark import InlineRunner as InlineRunner
 from mv_assets.execution.spark import SparkRunner as SparkRunner
 from mv_assets.model import udf as _udf_module

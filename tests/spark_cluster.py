@@ -14,7 +14,8 @@ from mv_assets.execution.java import ensure_java
 
 
 class StandaloneCluster:
-    def __init__(self, workdir: str, workers: int = 2, cores: int = 1, memory: str = "1g") -> None:
+    def __init__(self, workdir: str, workers: int = 2, cores: int = 1, memory: str = "1g",
+                 worker_conf: dict[str, str] | None = None) -> None:
         self.home = os.path.dirname(pyspark.__file__)
         self.port = free_port()
         self.master_url = f"spark://127.0.0.1:{self.port}"
@@ -27,6 +28,12 @@ class StandaloneCluster:
         }
         spark_class = os.path.join(self.home, "bin", "spark-class")
         os.makedirs(workdir, exist_ok=True)
+        worker_args: list[str] = []
+        if worker_conf:  # e.g. spark.worker.resource.gpu.amount and its discovery script
+            props = os.path.join(workdir, "worker.properties")
+            with open(props, "w") as fh:
+                fh.writelines(f"{k}={v}\n" for k, v in worker_conf.items())
+            worker_args = ["--properties-file", props]
         try:
             self._start([spark_class, "org.apache.spark.deploy.master.Master", "--host", "127.0.0.1",
                          "--port", str(self.port), "--webui-port", str(free_port())], env, workdir, "master")
@@ -36,7 +43,8 @@ class StandaloneCluster:
                 os.makedirs(work, exist_ok=True)
                 self._start([spark_class, "org.apache.spark.deploy.worker.Worker", self.master_url,
                              "--host", "127.0.0.1", "--cores", str(cores), "--memory", memory,
-                             "--webui-port", str(free_port()), "--work-dir", work], env, workdir, f"worker{i}")
+                             "--webui-port", str(free_port()), "--work-dir", work, *worker_args], env, workdir,
+                            f"worker{i}")
         except BaseException:
             self.stop()
             raise

@@ -69,7 +69,7 @@ def test_a_runner_is_given_the_refresh_estimate_and_names_its_runs(tmp_path):
     class Estimating(InlineRunner):
         name = "estimating"
 
-        def run(self, tasks, definition_raw, *, estimated_seconds=None):
+        def run(self, tasks, definition_raw, *, estimated_seconds=None, resources=None):
             seen.append(estimated_seconds)
             return super().run(tasks, definition_raw)
 
@@ -78,6 +78,105 @@ def test_a_runner_is_given_the_refresh_estimate_and_names_its_runs(tmp_path):
     _, v = _catalog(tmp_path, runner)
     assert v.refresh().runner == "estimating"
     assert len(seen) == 1 and seen[0] > 0  # rows x the default cost per row before any was measured
+
+
+@mv.udf(num_gpus=0.5, memory=1 << 20)
+def on_half_a_gpu(x: float) -> float:
+    return x * 2
+
+
+@mv.udf(num_cpus=3)
+def on_three_cores(x: float) -> float:
+    return x * 3
+
+
+def test_a_runner_is_asked_for_the_most_the_views_columns_ask(tmp_path):
+    """Each task computes all the view's UDF columns: the request is the largest hint of each kind."""
+    seen = []
+
+    class Scheduling(InlineRunner):
+        def run(self, tasks, definition_raw, *, estimated_seconds=None, resources=None):
+            seen.append(resources)
+            return super().run(tasks, definition_raw)
+
+    db = mv.connect(str(tmp_path), runner=Scheduling())
+    t = db.create_table("t", [{"id": i, "x": float(i)} for i in range(4)])
+    db.create_materialized_view("v", t.search(None).select(
+        {"id": "id", "y": plus, "g": on_half_a_gpu, "c": on_three_cores}))
+    db.create_materialized_view("w", t.search(None).select({"id": "id", "y": plus}))
+    db.refresh("v")
+    db.refresh("w")
+    request, none = seen
+    assert none is None  # no hints: nothing asked
+    assert (request.label, request.num_cpus, request.num_gpus, request.memory, request.task_cpus) == \
+        ("view 'v'", 3.0, 0.5, 1 << 20, 3)
+    assert request.hints_dict() == {"g": {"num_cpus": 1.0, "num_gpus": 0.5, "memory": 1 << 20},
+                                    "c": {"num_cpus": 3.0, "num_gpus": 0.0, "memory": None}}
+
+
+def test_a_runner_without_resource_requests_is_warned_about_and_runs(tmp_path):
+    """A runner written before resource requests (run with the estimate, map without requests) keeps working: the
+    hints are said unscheduled, by the runner's name, for refreshes and backfills alike."""
+
+    class Estimating(InlineRunner):
+        name = "estimating"
+
+        def run(self, tasks, definition_raw, *, estimated_seconds=None):
+            return super().run(tasks, definition_raw)
+
+        def map(self, func_ref, payloads, shared, rows=0):
+            return super().map(func_ref, payloads, shared, rows)
+
+    runner = Estimating()
+    assert as_runner(runner) is not runner
+    db = mv.connect(str(tmp_path), runner=runner)
+    t = db.create_table("t", [{"id": i, "x": float(i)} for i in range(4)])
+    db.create_materialized_view("v", t.search(None).select({"id": "id", "g": on_half_a_gpu}))
+    said = r"are not scheduled: runner 'estimating' takes no resource requests \(Runner protocol: run/map\(\.\.\., " \
+           r"resources=\)\); its tasks run as CPU tasks, no GPU is reserved, and mv.current_device\(\) is 'cpu'$"
+    with pytest.warns(UserWarning, match=r"^view 'v': resource hints \{'g': .*\} " + said):
+        assert db.refresh("v").udf_rows_computed == {"g": 4}
+    t.add_columns({"z": on_half_a_gpu})
+    with pytest.warns(UserWarning, match=r"^backfill of 't': resource hints \{'z': .*\} " + said):
+        assert t.backfill("z").rows_written == 4
+
+
+def test_current_device_is_the_tasks_gpu_else_the_override_else_cpu(monkeypatch):
+    """Inside a Spark task holding a GPU: cuda:<its address>; a worker that moves to a task on another GPU makes
+    stateful UDF instances anew (their set-up placed them on the old one)."""
+    import types
+
+    import pyspark
+
+    from mv_assets.execution.resources import spark_task_device
+    from mv_assets.model.udf import UDF
+
+    monkeypatch.delenv("MV_ASSETS_DEVICE", raising=False)
+    assert mv.current_device() == "cpu"
+    monkeypatch.setenv("MV_ASSETS_DEVICE", "cuda:7")
+    assert mv.current_device() == "cuda:7"
+
+    class Task:
+        def __init__(self, addresses):
+            self.addresses = addresses
+
+        def resources(self):
+            return {"gpu": types.SimpleNamespace(name="gpu", addresses=self.addresses)} if self.addresses else {}
+
+    task = Task(["1"])
+    monkeypatch.setattr(pyspark.TaskContext, "get", classmethod(lambda cls: task))
+    with spark_task_device() as device:
+        assert device == mv.current_device() == "cuda:1"
+        UDF._instances["model"] = object()
+    assert mv.current_device() == "cuda:7"  # after the task: the override again
+    with spark_task_device():  # the same GPU: the instances stay
+        assert "model" in UDF._instances
+    task.addresses = ["0"]
+    with spark_task_device():  # another GPU: made anew
+        assert mv.current_device() == "cuda:0" and "model" not in UDF._instances
+    task.addresses = []
+    with spark_task_device() as device:  # a task without a GPU: the override
+        assert device is None and mv.current_device() == "cuda:7"
 
 
 def _echo(payload: str, shared: bytes) -> str:

@@ -192,8 +192,9 @@ def test_udfs_pickled_under_the_old_module_path_still_load():
 def test_resource_hints_are_accepted_stored_shown_and_said_unscheduled(tmp_path):
     """Geneva's @udf(num_cpus=, num_gpus=, memory=): accepted (no TypeError),
     outside the fingerprint, stored with the view (read back without
-    unpickling), shown by describe(), and a refresh says it does not schedule
-    them rather than failing."""
+    unpickling), shown by describe(), and a refresh on a runner that cannot
+    schedule them (inline here; Spark: tests/test_gpu_scheduling.py) says so
+    rather than failing."""
     import warnings
 
     import mv_assets as mv
@@ -227,8 +228,9 @@ def test_resource_hints_are_accepted_stored_shown_and_said_unscheduled(tmp_path)
     again = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())  # a fresh process's view of it
     (col,) = [c for c in again.describe()["v"].columns if c["name"] == "y"]
     assert col["udf"]["resources"] == {"num_cpus": 2.0, "num_gpus": 0.5, "memory": 1 << 30}
-    with pytest.warns(UserWarning, match=r"view 'v': resource hints \{'y': .*'num_gpus': 0.5.*\} are recorded but "
-                                         "not scheduled"):
+    with pytest.warns(UserWarning, match=r"view 'v': resource hints \{'y': .*'num_gpus': 0.5.*\} are not scheduled: "
+                                         "the inline runner runs them one after another in this process; its tasks "
+                                         "run as CPU tasks"):
         again.refresh("v")
     assert sorted(again.open_table("v").to_arrow().column("y").to_pylist()) == [2.0, 4.0, 6.0]
     with warnings.catch_warnings():

@@ -19,10 +19,17 @@ Configuration (constructor arguments win over the environment):
   the driver set on the executors.
 * ``MV_ASSETS_SPARK_RESOURCE_WAIT``: seconds a job waits for a cluster
   executor before failing with a clear error (default 120).
+
+Resource hints (``@udf(num_gpus=...)``): on a cluster master, or a Spark
+Connect server on one, a job's tasks run under a task ``ResourceProfile``
+(stage-level scheduling, see :mod:`mv_assets.execution.resources`); in local
+mode they are warned about and run as CPU tasks.
 """
 
 import inspect
 import json
+import logging
+import math
 import os
 import shutil
 import sys
@@ -36,30 +43,42 @@ from typing import Any, Callable, Protocol
 import pyarrow as pa
 
 from mv_assets.execution import progress
+from mv_assets.execution import resources as resource_requests
 from mv_assets.execution.java import ensure_java
+from mv_assets.execution.resources import ResourceRequest
 from mv_assets.execution.tasks import TaskResult, TaskSpec, run_task
 from mv_assets.model.errors import UdfError
 from mv_assets.storage import objects
 
 __all__ = ["Runner", "SparkRunner", "InlineRunner", "as_runner", "default_runner", "set_default_runner"]
 
+log = logging.getLogger(__name__)
+
 
 class Runner(Protocol):
     """Everything ops asks of a runner. :class:`InlineRunner` and
     :class:`SparkRunner` are runners; :func:`as_runner` makes one of an object
-    written for the older protocol (``run(tasks, definition_raw)`` and ``map``)."""
+    written for an older protocol (``run(tasks, definition_raw)`` and ``map``,
+    without ``estimated_seconds`` or ``resources``)."""
 
     def run(
-        self, tasks: list[TaskSpec], definition_raw: bytes, *, estimated_seconds: float | None = None
+        self, tasks: list[TaskSpec], definition_raw: bytes, *, estimated_seconds: float | None = None,
+        resources: ResourceRequest | None = None,
     ) -> list[TaskResult]:
         """Run a refresh's tasks; their results, in any order. ``estimated_seconds``
         is the work's estimated cost: a runner that can run small work on the
-        driver decides with it, others ignore it."""
+        driver decides with it, others ignore it. ``resources``: what each task
+        asks for (the view's resource hints, None: nothing special); a runner
+        schedules it or says why not (:func:`resources.unscheduled`)."""
         ...
 
-    def map(self, func_ref: str, payloads: list[str], shared: bytes, rows: int = 0) -> list[str]:
+    def map(
+        self, func_ref: str, payloads: list[str], shared: bytes, rows: int = 0, *,
+        resources: ResourceRequest | None = None,
+    ) -> list[str]:
         """``func_ref(payload, shared)`` (``"module:function"``, resolved where it
-        runs) for each payload: one result per payload; ``rows``: the work's size."""
+        runs) for each payload: one result per payload; ``rows``: the work's size;
+        ``resources`` as for :meth:`run`."""
         ...
 
     def parallelism(self) -> int:
@@ -74,26 +93,31 @@ class Runner(Protocol):
 
 def as_runner(runner: Any) -> Runner:
     """``runner`` itself if it has the whole :class:`Runner` protocol, else an
-    adapter: ``estimated_seconds`` is passed only to a ``run`` that takes it, a
-    runner that does not say its parallelism runs one task at a time, and its
-    runs are described by its ``name`` (else its class's name)."""
+    adapter: ``estimated_seconds`` and ``resources`` are passed only to a
+    ``run``/``map`` that takes them (a request it cannot take is warned about,
+    its tasks run as the runner runs them), a runner that does not say its
+    parallelism runs one task at a time, and its runs are described by its
+    ``name`` (else its class's name)."""
     if isinstance(runner, _OlderRunner):
         return runner
     for method in ("run", "map"):
         if not callable(getattr(runner, method, None)):
             raise TypeError(f"a runner needs run() and map(): {type(runner).__name__} has no {method}()")
-    if (_takes_estimate(runner.run) and callable(getattr(runner, "parallelism", None))
+    if (_takes(runner.run, "estimated_seconds") and _takes(runner.run, "resources")
+            and _takes(runner.map, "resources") and callable(getattr(runner, "parallelism", None))
             and callable(getattr(runner, "describe_last_run", None))):
         return runner
     return _OlderRunner(runner)
 
 
-def _takes_estimate(run: Callable) -> bool:
+def _takes(method: Callable, keyword: str) -> bool:
+    """Whether ``method`` can be called with ``keyword=``."""
     try:
-        params = inspect.signature(run).parameters.values()
+        params = inspect.signature(method).parameters.values()
     except (TypeError, ValueError):  # no signature to read: call it the older way
         return False
-    return any(p.name == "estimated_seconds" or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+    return any((p.name == keyword and p.kind is not inspect.Parameter.POSITIONAL_ONLY)
+               or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
 @dataclass(frozen=True)
@@ -103,14 +127,33 @@ class _OlderRunner:
     inner: Any
 
     def run(
-        self, tasks: list[TaskSpec], definition_raw: bytes, *, estimated_seconds: float | None = None
+        self, tasks: list[TaskSpec], definition_raw: bytes, *, estimated_seconds: float | None = None,
+        resources: ResourceRequest | None = None,
     ) -> list[TaskResult]:
-        if _takes_estimate(self.inner.run):
-            return self.inner.run(tasks, definition_raw, estimated_seconds=estimated_seconds)
-        return self.inner.run(tasks, definition_raw)
+        kwargs: dict[str, Any] = {}
+        if _takes(self.inner.run, "estimated_seconds"):
+            kwargs["estimated_seconds"] = estimated_seconds
+        if resources is not None:
+            if _takes(self.inner.run, "resources"):
+                kwargs["resources"] = resources
+            else:
+                self._unscheduled(resources)
+        return self.inner.run(tasks, definition_raw, **kwargs)
 
-    def map(self, func_ref: str, payloads: list[str], shared: bytes, rows: int = 0) -> list[str]:
+    def map(
+        self, func_ref: str, payloads: list[str], shared: bytes, rows: int = 0, *,
+        resources: ResourceRequest | None = None,
+    ) -> list[str]:
+        if resources is not None:
+            if _takes(self.inner.map, "resources"):
+                return self.inner.map(func_ref, payloads, shared, rows, resources=resources)
+            self._unscheduled(resources)
         return self.inner.map(func_ref, payloads, shared, rows)
+
+    def _unscheduled(self, resources: ResourceRequest) -> None:
+        resource_requests.unscheduled(
+            resources, f"runner {self.describe_last_run()!r} takes no resource requests (Runner protocol: "
+                       "run/map(..., resources=))")
 
     def parallelism(self) -> int:
         get = getattr(self.inner, "parallelism", None)
@@ -145,8 +188,10 @@ class InlineRunner:
     name = "inline"
 
     def run(
-        self, tasks: list[TaskSpec], definition_raw: bytes, *, estimated_seconds: float | None = None
+        self, tasks: list[TaskSpec], definition_raw: bytes, *, estimated_seconds: float | None = None,
+        resources: ResourceRequest | None = None,
     ) -> list[TaskResult]:
+        resource_requests.unscheduled(resources, _INLINE)
         with progress.stage(sum(t.rows for t in tasks)):
             return [run_task(t, definition_raw) for t in tasks]
 
@@ -154,13 +199,20 @@ class InlineRunner:
         """Tasks that run at once: one at a time here."""
         return 1
 
-    def map(self, func_ref: str, payloads: list[str], shared: bytes, rows: int = 0) -> list[str]:
+    def map(
+        self, func_ref: str, payloads: list[str], shared: bytes, rows: int = 0, *,
+        resources: ResourceRequest | None = None,
+    ) -> list[str]:
+        resource_requests.unscheduled(resources, _INLINE)
         fn = resolve(func_ref)
         with progress.stage(rows, _stage_name(func_ref)):
             return [fn(p, shared) for p in payloads]
 
     def describe_last_run(self) -> str:
         return self.name
+
+
+_INLINE = "the inline runner runs them one after another in this process"
 
 
 def _stage_name(func_ref: str) -> str:
@@ -223,6 +275,7 @@ def _task_runner(func_ref: str, payloads: list[str], shared: bytes) -> Callable:
         import os as _os
 
         _os.environ.setdefault("LANCE_LOG", "error")
+        from mv_assets.execution.resources import spark_task_device as _task_device
         from mv_assets.execution.spark import _UDF_FAILURE as _failure
         from mv_assets.execution.spark import resolve as _resolve
         from mv_assets.model.errors import UdfError as _UdfError
@@ -231,11 +284,12 @@ def _task_runner(func_ref: str, payloads: list[str], shared: bytes) -> Callable:
         _objects.register_all(storage)
         work = _resolve(func_ref)
         out = []
-        for i in indexes:
-            try:
-                out.append(work(payloads[int(i)], shared))
-            except _UdfError as exc:
-                return [_failure + _json.dumps(exc.to_dict(), default=str)]
+        with _task_device():  # mv.current_device(): the task's GPU, if Spark assigned it one
+            for i in indexes:
+                try:
+                    out.append(work(payloads[int(i)], shared))
+                except _UdfError as exc:
+                    return [_failure + _json.dumps(exc.to_dict(), default=str)]
         return out
 
     return run
@@ -393,12 +447,50 @@ class SparkRunner:
         tracker = spark.sparkContext._jsc.sc()
         while tracker.getExecutorMemoryStatus().size() <= 1:  # the driver alone
             if time.monotonic() >= deadline:
+                gpus = spark.sparkContext.getConf().get("spark.executor.resource.gpu.amount")
+                asked = (f"; each executor asks for {gpus} GPU(s) (spark.executor.resource.gpu.amount): a worker "
+                         "must offer them (spark.worker.resource.gpu.amount and discoveryScript, docs/deploy.md)"
+                         if gpus else "")
                 raise RuntimeError(
                     f"no Spark executor joined within {wait:g}s on {self.resolved_master()}: the cluster has no "
-                    "free cores or memory for this application (raise MV_ASSETS_SPARK_RESOURCE_WAIT, or free "
-                    "resources); nothing was committed"
+                    f"free cores or memory for this application{asked} (raise MV_ASSETS_SPARK_RESOURCE_WAIT, or "
+                    "free resources); nothing was committed"
                 )
             time.sleep(0.5)
+
+    def _task_profile(self, spark, remote: bool, resources: ResourceRequest | None):
+        """The task ResourceProfile the job's tasks run under (stage-level
+        scheduling), or None: no request, or one that cannot be scheduled here
+        (warned: local mode). On a classic cluster session the executors are
+        checked first: a task asking for more GPUs or cores than any executor
+        has would wait forever."""
+        if resources is None:
+            return None
+        if remote:
+            master = spark.conf.get("spark.master", None) or "unknown"
+        else:
+            master = spark.sparkContext.master
+        if master.startswith("local"):
+            resource_requests.unscheduled(
+                resources, f"Spark local mode ({master}) has no resource profiles (stage-level scheduling needs a "
+                           "standalone, Kubernetes or YARN cluster)")
+            return None
+        if resources.memory is not None:
+            log.info("%s: memory=%d is not reserved per task (executors have spark.executor.memory)",
+                     resources.label, resources.memory)
+        if not resources.schedulable:
+            return None
+        if not remote:
+            _check_executors(spark.sparkContext, resources)
+        from pyspark.resource import ResourceProfileBuilder, TaskResourceRequests
+
+        requests = TaskResourceRequests().cpus(resources.task_cpus)
+        if resources.num_gpus > 0:
+            requests = requests.resource("gpu", resources.num_gpus)
+        profile = ResourceProfileBuilder().require(requests).build
+        log.info("%s: tasks scheduled on %s with a task resource profile: %d CPU(s) and %g GPU(s) each",
+                 resources.label, master, resources.task_cpus, resources.num_gpus)
+        return profile
 
     def resolved_local_below_rows(self) -> int:
         if self.local_below_rows is not None:
@@ -440,22 +532,30 @@ class SparkRunner:
         return "spark-driver-local" if getattr(self._last_run, "local", False) else "spark"
 
     def run(
-        self, tasks: list[TaskSpec], definition_raw: bytes, *, estimated_seconds: float | None = None
+        self, tasks: list[TaskSpec], definition_raw: bytes, *, estimated_seconds: float | None = None,
+        resources: ResourceRequest | None = None,
     ) -> list[TaskResult]:
         out = self.map(_RUN_TASK, [t.to_json() for t in tasks], definition_raw, sum(t.rows for t in tasks),
-                       estimated_seconds=estimated_seconds)
+                       estimated_seconds=estimated_seconds, resources=resources)
         return [TaskResult.from_json(r) for r in out]
 
     def map(
-        self, func_ref: str, payloads: list[str], shared: bytes, rows: int = 0, estimated_seconds: float | None = None
+        self, func_ref: str, payloads: list[str], shared: bytes, rows: int = 0, estimated_seconds: float | None = None,
+        *, resources: ResourceRequest | None = None,
     ) -> list[str]:
         """Run ``func_ref(payload, shared)`` for each payload, one Spark partition each
-        (or all on the driver when the work is small, see ``runs_on_driver``)."""
+        (or all on the driver when the work is small, see ``runs_on_driver``;
+        never work asking for GPUs on a cluster). ``resources``: the tasks' task
+        resource profile on a cluster; warned about and run as CPU tasks in
+        local mode or on the driver."""
         if not payloads:
             return []
         with progress.stage(rows, _stage_name(func_ref)) as st:
-            if self.runs_on_driver(rows, estimated_seconds):
+            wants_gpus = resources is not None and resources.num_gpus > 0 and not self._is_local_master()
+            if self.runs_on_driver(rows, estimated_seconds) and not wants_gpus:
                 self._last_run.local = True
+                resource_requests.unscheduled(resources, "work this small runs on the Spark driver "
+                                                         "(local_below_seconds / local_below_rows)")
                 return InlineRunner().map(func_ref, payloads, shared)
             self._last_run.local = False
             spark = self.session()
@@ -463,17 +563,21 @@ class SparkRunner:
             n = len(payloads)
             run = _task_runner(func_ref, payloads, shared)
             remote = bool(self.resolved_remote())
+            profile = self._task_profile(spark, remote, resources)
             stop = None
             if st is not None:  # someone listens: follow the job's finished tasks
                 st.poll, stop = _spark_progress(spark, remote, st, n, f"mv_assets-{uuid.uuid4().hex[:12]}")
             try:
                 if remote:  # Spark Connect: DataFrames only
                     df = spark.range(0, n, 1, n).selectExpr("cast(id as int) as i")
-                    return _raise_udf_failure(
-                        [r["result"] for r in df.mapInArrow(_map_in_arrow(run), "result string").collect()])
+                    mapped = df.mapInArrow(_map_in_arrow(run), "result string", profile=profile)
+                    return _raise_udf_failure([r["result"] for r in mapped.collect()])
                 # A classic session: an RDD job (no SQL plan, no Arrow hand-over), ~0.08 s
                 # less per job than mapInArrow (measured: empty 2-task jobs 0.11 s vs 0.19 s).
-                return _raise_udf_failure(spark.sparkContext.parallelize(range(n), n).mapPartitions(run).collect())
+                rdd = spark.sparkContext.parallelize(range(n), n).mapPartitions(run)
+                if profile is not None:
+                    rdd = rdd.withResources(profile)
+                return _raise_udf_failure(rdd.collect())
             finally:
                 if stop is not None:
                     stop()
@@ -484,6 +588,46 @@ class SparkRunner:
             if self._session is not None and self._owns_session:
                 self._session.stop()
             self._session = None
+
+
+def _executors(sc) -> list[tuple[str, int, int]]:
+    """(id, cores, GPUs) of each executor of a classic session: from Spark's
+    status store, else (an API it lacks) as the configuration asks for them."""
+    try:
+        store = sc._jsc.sc().statusStore()
+        for _ in range(20):  # an executor registered just now reaches the store shortly after
+            out = []
+            it = store.executorList(True).iterator()
+            while it.hasNext():
+                e = it.next()
+                if e.id() == "driver":
+                    continue
+                res = e.resources()
+                gpus = len(res.apply("gpu").addresses()) if res.contains("gpu") else 0
+                out.append((str(e.id()), int(e.totalCores()), gpus))
+            if out:
+                return out
+            time.sleep(0.25)
+    except Exception:  # py4j or an API change: what the configuration asks for
+        pass
+    conf = sc.getConf()
+    return [("(configured)", int(conf.get("spark.executor.cores") or 1),
+             int(float(conf.get("spark.executor.resource.gpu.amount") or 0)))]
+
+
+def _check_executors(sc, resources: ResourceRequest) -> None:
+    """Fail before the job when no executor can run one of its tasks (Spark
+    would wait for such an executor forever)."""
+    gpus = math.ceil(resources.num_gpus)
+    executors = _executors(sc)
+    if any(cores >= resources.task_cpus and have >= gpus for _, cores, have in executors):
+        return
+    have = ", ".join(f"executor {i}: {c} core(s), {g} GPU(s)" for i, c, g in executors)
+    raise RuntimeError(
+        f"{resources.label}: each task asks for {resources.task_cpus} CPU(s) and {resources.num_gpus:g} GPU(s) "
+        f"({resources.hints_dict()}), but no executor of {sc.master} has them ({have}). Give executors GPUs "
+        "(spark.executor.resource.gpu.amount, with spark.worker.resource.gpu.amount and a discovery script on the "
+        "workers; docs/deploy.md) and cores (spark.executor.cores); nothing was committed")
 
 
 def lance_dataframe(spark, uri: str, version: int | None, columns: list[str]):

@@ -49,7 +49,6 @@ import hashlib
 import json
 import time
 import uuid
-import warnings
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -67,6 +66,7 @@ from mv_assets.execution.backfill_tasks import (
     input_columns,
     write_fragment_file,
 )
+from mv_assets.execution.resources import ResourceRequest, request_of
 from mv_assets.execution.tasks import RowStore
 from mv_assets.model.definition import (
     SOURCE_ROW_ID,
@@ -83,7 +83,7 @@ from mv_assets.model.names import Alias, nth_marker_alias
 from mv_assets.model.pacing import default_target_seconds
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.model.planning import fragment_tasks, positions, split_ranges
-from mv_assets.model.udf import UDF, checkpoint_size_of, resource_hints, resources_spec
+from mv_assets.model.udf import UDF, checkpoint_size_of, resource_hints
 from mv_assets.ops.jobs import Job
 from mv_assets.storage import checkpoints as ckpt
 from mv_assets.storage import objects
@@ -751,7 +751,7 @@ def _execute_one_pass(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: 
         }).encode()
         try:
             outs = [json.loads(o) for o in runner.map(FUSED_TASK, [json.dumps(t) for t in p.one_pass_tasks], shared,
-                                                      p.rows)]
+                                                      p.rows, resources=_request(table, specs))]
         except UdfError as exc:  # on_error="fail": the failed row is named and recorded, nothing is committed
             _record_failure(table, job_id, exc, p.input_uri, p.input_version)
             raise
@@ -893,17 +893,16 @@ def _combined(results: list[BackfillResult], plan: BackfillPlan) -> BackfillResu
     )
 
 
+def _request(table: Ref, specs: list) -> ResourceRequest | None:
+    """What the compute tasks ask of the runner: the most the columns' UDFs' resource hints ask."""
+    return request_of(f"backfill of {table.name!r}",
+                      {c.name: resource_hints(c.udf) for c in specs if c.udf is not None})
+
+
 def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: str,
                      checkpoint_seconds: float | None = None) -> BackfillResult:
     """Run the plan: in one pass, or staged (the compute tasks, then errors
     recorded, the results written and committed)."""
-    if plan.rows:  # hints are recorded, not scheduled yet: said, not failed
-        hints = {c.name: resources_spec(*resource_hints(c.udf)) for c in plan.specs if c.udf is not None}
-        hints = {k: v for k, v in hints.items() if v is not None}
-        if hints:
-            warnings.warn(f"backfill of {table.name!r}: resource hints {hints} are recorded but not scheduled by this "
-                          "version: its tasks run as CPU tasks (one per core), a GPU is not reserved for them",
-                          stacklevel=3)
     if plan.one_pass:
         return _execute_one_pass(table, plan, runner, job_id, checkpoint_seconds)
     start, started_at = time.perf_counter(), time.time()
@@ -935,7 +934,7 @@ def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: s
     try:
         try:
             outs = [json.loads(o) for o in runner.map(COMPUTE_TASK, payloads, shared,
-                                                      plan.rows_to_compute)]
+                                                      plan.rows_to_compute, resources=_request(table, plan.specs))]
         except UdfError as exc:  # on_error="fail": the failed row is named and recorded, nothing is committed
             _record_failure(table, job_id, exc, plan.input_uri, plan.input_version)
             raise

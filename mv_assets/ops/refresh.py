@@ -20,7 +20,6 @@ import json
 import re
 import socket
 import time
-import warnings
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -30,6 +29,7 @@ import pyarrow as pa
 from lance import LanceOperation, Transaction
 from lance.fragment import FragmentMetadata
 
+from mv_assets.execution.resources import request_of_definition
 from mv_assets.execution.tasks import TaskResult, TaskSpec, and_filters
 from mv_assets.model.definition import (
     READ_FIELDS_METADATA_KEY,
@@ -1130,27 +1130,13 @@ def estimated_seconds(plan: RefreshPlan) -> float:
 
 
 def _run_tasks(plan: RefreshPlan, runner: "Runner") -> list[TaskResult]:
+    """The plan's tasks on the runner, asking for the view's resource hints (the
+    most any UDF column, or its chunker's / UDTF's function, asks: each task
+    computes them all); the runner schedules them or says why not."""
     if not plan.tasks:
         return []
-    warn_unscheduled_resources(plan.view, plan.definition_raw)
-    return runner.run(plan.tasks, plan.definition_raw, estimated_seconds=estimated_seconds(plan))
-
-
-def warn_unscheduled_resources(view: str, definition_raw: bytes) -> None:
-    """Resource hints (``@udf(num_gpus=...)``, on chunkers and UDTFs too) are
-    stored and shown, not scheduled yet: said once per run, not failed. (The
-    stored JSON is read: nothing is unpickled; views without hints pay a
-    byte search.)"""
-    if b'"resources"' not in definition_raw:
-        return
-    d = json.loads(definition_raw)
-    hints = {c["name"]: c["udf"]["resources"] for c in d.get("columns", []) if (c.get("udf") or {}).get("resources")}
-    if (d.get("function") or {}).get("resources"):
-        hints[d["function"]["name"]] = d["function"]["resources"]
-    if hints:
-        warnings.warn(
-            f"view {view!r}: resource hints {hints} are recorded but not scheduled by this version: its tasks run as "
-            "CPU tasks (one per core), a GPU is not reserved for them", stacklevel=3)
+    request = request_of_definition(f"view {plan.view!r}", plan.definition_raw)
+    return runner.run(plan.tasks, plan.definition_raw, estimated_seconds=estimated_seconds(plan), resources=request)
 
 
 def _operation(removed: list[int], updated: list, new_fragments: list):
