@@ -321,3 +321,64 @@ def test_a_filter_on_lances_row_columns_reads_old_values_from_the_source(db):
     want = {g: (sum(1 for i in kept if i % 3 == g), float(max(i for i in kept if i % 3 == g))) for g in range(3)}
     assert {r["g"]: (r["n"], r["hi"]) for r in v.to_arrow().to_pylist()} == want
     assert {c.name: c.passed for c in v.check()} == {"no_orphan_rows": True, "values_match_source": True}
+
+
+@st.composite
+def _buffer_cases(draw):
+    """Groups' extreme buffers and a change to them, as the engine holds them:
+    ``held`` a sorted prefix of the group's ``before`` values (all of them
+    when complete), values removed from the group (some of them held) and
+    added to it."""
+    from mv_assets.model.agg_view import EXTREMES_KEPT
+
+    descending = draw(st.booleans())
+    floats = draw(st.booleans())
+    value = (st.floats(-1e6, 1e6, allow_nan=False, allow_infinity=False, width=64) if floats
+             else st.integers(-50, 50))
+    groups = []
+    for _ in range(draw(st.integers(1, 8))):
+        values = draw(st.lists(value, max_size=40))
+        ordered = sorted(values, reverse=descending)
+        held = ordered[:EXTREMES_KEPT]
+        removed = draw(st.lists(st.sampled_from(values), max_size=len(values), unique_by=None)) if values else []
+        removed = [v for v in removed if v in values][: len(values)]
+        added = draw(st.lists(value, max_size=10))
+        after = len(values) - len(removed) + len(added)
+        groups.append((held, len(values), removed, added, after))
+    return descending, floats, groups
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(case=_buffer_cases())
+def test_vectorized_extreme_buffers_equal_the_per_group_rule(case):
+    """agg_tasks._buffers (numpy, all groups at once) gives what _buffer gives group by group."""
+    from mv_assets.execution.agg_tasks import _buffer, _buffers
+
+    descending, floats, groups = case
+    t = pa.float64() if floats else pa.int64()
+    held = pa.array([g[0] for g in groups], pa.list_(t))
+    before = np.array([g[1] for g in groups], np.int64)
+    removed = pa.array([g[2] for g in groups], pa.list_(t))
+    added = pa.array([g[3] for g in groups], pa.list_(t))
+    after = np.array([g[4] for g in groups], np.int64)
+    got = _buffers(held, before, removed, added, descending, after, t)
+    assert got is not None
+    lists, ok = got
+    for i, (h, b, r, a, n) in enumerate(groups):
+        want, want_ok = _buffer(h, b, r, a, descending, n)
+        assert lists[i].as_py() == want, (i, h, r, a)
+        assert bool(ok[i]) == want_ok, i
+
+
+def test_vectorized_extreme_buffers_leave_nan_and_missing_groups_to_the_per_group_rule():
+    from mv_assets.execution.agg_tasks import _buffers
+
+    t = pa.float64()
+    nan = _buffers(pa.array([[1.0]], pa.list_(t)), np.array([1]), pa.array([[]], pa.list_(t)),
+                   pa.array([[float("nan")]], pa.list_(t)), False, np.array([2]), t)
+    assert nan is None
+    # NULL lists (a group absent from the view, or from the change) hold nothing
+    lists, ok = _buffers(pa.array([None, [2.0, 3.0]], pa.list_(t)), np.array([0, 2]),
+                         pa.array([None, [2.0]], pa.list_(t)), pa.array([[5.0, 4.0], None], pa.list_(t)),
+                         False, np.array([2, 1]), t)
+    assert lists.to_pylist() == [[4.0, 5.0], [3.0]] and ok.tolist() == [True, True]

@@ -23,9 +23,8 @@ states are combined column-wise (Arrow and numpy), not group by group.
 """
 
 import math
-import os
 import re
-import tempfile
+import uuid
 from dataclasses import dataclass
 
 import lance
@@ -204,6 +203,89 @@ def _buffer(held: list, before: int, removed: list, added: list, descending: boo
     return buf, bool(buf) or after <= 0
 
 
+def _flat(lists: pa.Array, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(group position, value) of every non-NULL value of ``lists`` (one list per
+    group position; NULL lists hold nothing)."""
+    if isinstance(lists, pa.ChunkedArray):
+        lists = lists.combine_chunks()
+    if len(lists) == 0 or n == 0:
+        return np.empty(0, np.int64), np.empty(0)
+    values = pc.list_flatten(lists)  # pyright: ignore[reportAttributeAccessIssue]
+    parents = np.asarray(pc.list_parent_indices(lists).to_numpy(zero_copy_only=False), np.int64)  # pyright: ignore[reportAttributeAccessIssue]
+    valid = np.asarray(values.is_valid().to_numpy(zero_copy_only=False), bool)
+    return parents[valid], np.asarray(values.filter(pa.array(valid)).to_numpy(zero_copy_only=False))
+
+
+def _buffers(held: pa.Array, before: np.ndarray, removed: pa.Array, added: pa.Array, descending: bool,
+             after: np.ndarray, t: pa.DataType) -> tuple[pa.Array, np.ndarray] | None:
+    """:func:`_buffer` for every group at once (numeric types, numpy: no Python
+    per group or value): the new buffers as a list array and, per group, False
+    where the buffer ran out while the group still has values. None where
+    this cannot say what :func:`_buffer` would (NaN values, whose order and
+    equality Python's and numpy's sorts disagree on; a group with values and
+    an empty buffer): the caller runs :func:`_buffer` per group."""
+    n = len(before)
+    hg, hv = _flat(held, n)
+    rg, rv = _flat(removed, n)
+    ag, av = _flat(added, n)
+    if any(v.dtype.kind == "f" and np.isnan(v).any() for v in (hv, rv, av)):
+        return None
+    held_len = np.bincount(hg, minlength=n)
+    complete = held_len == before
+    if (~complete & (held_len == 0)).any():
+        return None
+    # removed values leave the buffer, one occurrence each (a multiset difference per group)
+    g = np.concatenate([hg, rg])
+    v = np.concatenate([hv, rv]) if len(rv) else hv
+    w = np.concatenate([np.ones(len(hg), np.int64), -np.ones(len(rg), np.int64)])
+    order = np.lexsort((v, g))
+    g, v, w = g[order], v[order], w[order]
+    new_run = np.ones(len(g), bool)
+    new_run[1:] = (g[1:] != g[:-1]) | (v[1:] != v[:-1])
+    run = np.cumsum(new_run) - 1
+    starts = np.flatnonzero(new_run)
+    held_n = np.bincount(run, weights=(w > 0), minlength=len(starts)).astype(np.int64)
+    gone_n = np.bincount(run, weights=(w < 0), minlength=len(starts)).astype(np.int64)
+    keep = np.maximum(held_n - gone_n, 0)
+    kg, kv = np.repeat(g[starts], keep), np.repeat(v[starts], keep)
+    # added values join: all of them in a complete buffer, else only those up to its old bound
+    last = np.zeros(n, hv.dtype if len(hv) else av.dtype)
+    if len(hv):
+        ends = np.cumsum(held_len) - 1  # held is sorted within each group: its last value is the bound
+        has = held_len > 0
+        last[has] = hv[ends[has]]
+    if len(ag):
+        ok_add = complete[ag] | ((av >= last[ag]) if descending else (av <= last[ag]))
+        kg, kv = np.concatenate([kg, ag[ok_add]]), np.concatenate([kv, av[ok_add]]) if len(kv) else av[ok_add]
+    # each group's EXTREMES_KEPT most extreme values, in order
+    order = np.lexsort((kv, kg))
+    kg, kv = kg[order], kv[order]
+    counts = np.bincount(kg, minlength=n)
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    pos = np.arange(len(kg)) - first[kg]
+    if descending:
+        pos = counts[kg] - 1 - pos
+        keep_k = pos < EXTREMES_KEPT
+        kg, kv, pos = kg[keep_k], kv[keep_k], pos[keep_k]
+        order = np.lexsort((pos, kg))
+        kg, kv = kg[order], kv[order]
+    else:
+        keep_k = pos < EXTREMES_KEPT
+        kg, kv = kg[keep_k], kv[keep_k]
+    sizes = np.bincount(kg, minlength=n)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    lists = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(kv, t))
+    return lists, (sizes > 0) | (after <= 0)
+
+
+def _firsts(lists: pa.ListArray, t: pa.DataType) -> pa.Array:
+    """Each list's first value (NULL for an empty list)."""
+    offsets = np.asarray(lists.offsets.to_numpy(zero_copy_only=False), np.int64)
+    sizes = np.diff(offsets)
+    at = np.where(sizes > 0, offsets[:-1], -1)
+    return lists.values.take(pa.array(at, mask=at < 0)).cast(t) if len(lists.values) else pa.nulls(len(lists), t)
+
+
 @dataclass
 class _Combined:
     rows: pa.Table  # the groups with rows, in the view's schema
@@ -263,8 +345,19 @@ def _combine(keys: list[str], agg: Aggregate, schema: pa.Schema, old: pa.Table |
             buffers[(fn, c)] = _fresh_buffers(_take(plus, f"__l_{j}", pp, pa.list_(t)), t, fn == "max")
             ext[(fn, c)] = pa.array([b[0] if b else None for b in buffers[(fn, c)].to_pylist()], t)
             continue
-        held = _take(old, ext_col(fn, c), po, pa.list_(t)).to_pylist()
         before = _num(_take(old, cnt_col(c), po, pa.int64()))
+        done = None
+        if _sortable(t):  # numpy, every group at once
+            done = _buffers(_take(old, ext_col(fn, c), po, pa.list_(t)), before,
+                            _take(minus, f"__l_{j}", pm, pa.list_(t)), _take(plus, f"__l_{j}", pp, pa.list_(t)),
+                            fn == "max", cnt[c], t)
+        if done is not None:
+            bufs, ok = done
+            stale |= ~ok  # the buffer ran out while the group still has values: recompute it
+            buffers[(fn, c)] = bufs
+            ext[(fn, c)] = _firsts(bufs, t)
+            continue
+        held = _take(old, ext_col(fn, c), po, pa.list_(t)).to_pylist()
         joined = _values(plus, f"__l_{j}", pp, t)
         left = _values(minus, f"__l_{j}", pm, t)
         new_bufs, gone = [], np.zeros(n, dtype=bool)
@@ -349,7 +442,7 @@ def _old_rows(old: lance.LanceDataset, ids: np.ndarray, inputs: list[str], filte
     """The rows ``ids`` (stable ids; those absent at ``old``'s version are
     skipped) as they were at ``old``'s version, if they passed ``filter_sql``
     then. Taken by id (~1 us a row); the filter is evaluated by Lance on just
-    those rows, in a temporary local dataset. A filter naming Lance's row
+    those rows, in a temporary in-memory dataset. A filter naming Lance's row
     columns (``_rowid``, row versions: they would be the temporary dataset's)
     is evaluated by a scan of the source with an id list instead."""
     if len(ids) == 0:
@@ -364,9 +457,9 @@ def _old_rows(old: lance.LanceDataset, ids: np.ndarray, inputs: list[str], filte
         taken = take_rows(old, pa.array(ids.astype(np.uint64)), list(dict.fromkeys([*inputs, *reads])))
         if not filter_sql:
             return taken.select(inputs)
-        with tempfile.TemporaryDirectory(prefix="mv_assets_agg_") as tmp:
-            rows = lance.write_dataset(taken, os.path.join(tmp, "rows.lance"))
-            return rows.to_table(columns=inputs, filter=filter_sql)
+        # in memory: Lance's memory store lives as long as the handle (no files to write and remove)
+        rows = lance.write_dataset(taken, f"memory://mv_assets_agg_{uuid.uuid4().hex}")
+        return rows.to_table(columns=inputs, filter=filter_sql)
     parts = []  # the scan, by id lists
     for lo in range(0, len(ids), ID_CHUNK):
         chunk = ", ".join(str(int(i)) for i in ids[lo:lo + ID_CHUNK])
