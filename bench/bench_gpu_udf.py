@@ -59,7 +59,9 @@ class Embed:
         if os.environ.get("BENCH_TORCH") == "1":
             import torch
 
-            device = mv.current_device() if hasattr(mv, "current_device") else "cuda"
+            device = mv.current_device()  # a Spark task's GPU; inline or in the pool: $MV_ASSETS_DEVICE
+            if device == "cpu" and torch.cuda.is_available():
+                device = "cuda:0"  # one GPU shared by the worker processes
             self.torch, self.device = torch, device
             self.model = torch.nn.Sequential(
                 torch.nn.Linear(self.dim, 1024), torch.nn.GELU(), torch.nn.Linear(1024, self.out_dim)
