@@ -35,7 +35,7 @@ from mv_assets.model.ownership import OWNERSHIP_METADATA_KEY, Ownership
 from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy
 from mv_assets.model.udf import checkpoint_size_of
 from mv_assets.ops.backfill import _group_specs, backfill_column, plan_backfill
-from mv_assets.ops.checks import CheckOutcome, check_view
+from mv_assets.ops.checks import CheckOutcome, check_computed_columns, check_view
 from mv_assets.ops.columns import add_columns, alter_columns, load_columns, update_rows
 from mv_assets.ops.jobs import Job
 from mv_assets.ops.kinds import plan_view_refresh
@@ -789,6 +789,18 @@ class Table(Indexed):
                 "failed": len(self.get_failed_row_ids(c.name)) if c.kind == "udf" else 0,
             })
         return out
+
+    def check_columns(self, columns: list[str] | None = None) -> dict[str, list[CheckOutcome]]:
+        """The checks of this table's computed columns (a chunk view's columns
+        computed from its rows too), per column: ``values_current`` (no stale
+        row: never computed, failed, computed by older code, or whose inputs
+        were written since, by any tool) and, for UDF columns,
+        ``no_failed_rows`` (see :func:`mv_assets.ops.checks.check_computed_columns`).
+        A query view's UDF columns follow its source rows: :meth:`check` covers them."""
+        ref = self.column_ref()
+        if not isinstance(ref, TableRef):
+            raise ValueError(f"{self.name!r} is a view whose columns follow its source rows: use check()")
+        return check_computed_columns(ref, columns)
 
     def retry_errors(self, column: str, job_id: str | None = None, **kwargs: Any) -> "BackfillResult":
         """Backfill just the rows whose ``column`` failed (one call; works after compaction)."""

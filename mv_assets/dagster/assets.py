@@ -2,7 +2,8 @@
 
 * a base table -> an observable source asset (data version: the newest Lance
   version whose commit changes rows; compactions and column backfills do not);
-* its computed columns -> assets materialized by a checkpointed backfill;
+* its computed columns -> assets materialized by a checkpointed backfill,
+  checked after it (values_current, no_failed_rows), with their column lineage;
 * a view -> an asset materialized with its UDF columns (downstream assets,
   code version = UDF fingerprint); a view over a view brings its upstream
   views along.
@@ -37,7 +38,7 @@ from mv_assets.model.errors import UdfError
 from mv_assets.model.policy import RefreshPolicy
 
 __all__ = [
-    "RESOURCE_KEY", "TAG_SOURCE_VERSION", "TAG_SCOPE", "CHECK_NAMES", "CODE_CHECK", "code_check_evaluations", "safe_name", "partitions_def_name",
+    "RESOURCE_KEY", "TAG_SOURCE_VERSION", "TAG_SCOPE", "CHECK_NAMES", "CODE_CHECK", "COLUMN_CHECK_NAMES", "code_check_evaluations", "safe_name", "partitions_def_name",
     "source_asset", "lineage_asset", "fragment_keys", "fragment_observation", "observe_fragments",
     "unobserved_fragments",
 ]
@@ -71,6 +72,20 @@ AGG_CHECK_DESCRIPTIONS = {
     "values_match_source": "Every group's key and aggregates equal the aggregate recomputed from scratch over the "
                            "source at the version the view reflects (floats to a relative 1e-9); no group missing "
                            "or extra.",
+}
+COLUMN_CHECK_NAMES = ("values_current", "no_failed_rows")  # a table's computed columns' (ops.checks)
+COLUMN_CHECK_DESCRIPTIONS = {  # warnings: a backfill (materializing the column) mends them
+    "values_current": (
+        "Every row's value is current: computed by the column's code as stored now, from the row as it is now. "
+        "Warns while rows are stale: never computed, failed, computed by older code, or whose inputs were written "
+        "since (by mv_assets or any other tool: a plain Lance update, merge_insert, Spark). Counts by cause in the "
+        "metadata; materializing the column backfills exactly those rows."
+    ),
+    "no_failed_rows": (
+        'No row of the column is left without a value by a UDF that raised on it (on_error="skip" writes an error '
+        "record and leaves the row NULL). Warns with the count and the first row's error; see `mv-assets errors`, "
+        "and retry with `table.retry_errors(column)`."
+    ),
 }
 UDTF_CHECK_DESCRIPTIONS = {
     "no_orphan_rows": (
@@ -555,33 +570,94 @@ def code_check_evaluations(info: TableInfo, db) -> dict[dg.AssetKey, tuple[bool,
     return out
 
 
+def computed_column_reads(info: TableInfo) -> dict[str, list[str]]:
+    """What each computed column of a table (of a chunk view: its columns
+    computed from its own rows) reads of that table, from the stored
+    metadata (no UDF unpickled): a UDF column its UDF's inputs (every other
+    visible column when it takes the whole row), a SQL column the columns
+    its SQL names."""
+    names = [n for n, _ in info.schema if not n.startswith("__")]
+    out = {}
+    for col in info.row_columns if info.is_view else info.columns:
+        others = [n for n in names if n != col["name"]]
+        if col.get("udf"):
+            out[col["name"]] = list(col["udf"].get("input_columns") or others)
+        else:
+            out[col["name"]] = _named_in(col.get("expr") or "", others)
+    return out
+
+
+def _computed_column_metadata(info: TableInfo, col: dict, reads: list[str], computed: set[str]) -> dict:
+    """``dagster/column_lineage`` (the column <- the table's columns it reads: a
+    computed one from that column's asset, any other from the table's) and
+    ``dagster/column_schema`` (the column, its type and what computes it)."""
+    name = col["name"]
+    types = dict(info.schema)
+    deps = [dg.TableColumnDep(asset_key=dg.AssetKey([info.name, c] if c in computed else [info.name]), column_name=c)
+            for c in reads]
+    return {
+        "dagster/column_lineage": dg.TableColumnLineage(deps_by_column={name: deps} if deps else {}),
+        "dagster/column_schema": dg.TableSchema(columns=[
+            dg.TableColumn(name, types.get(name, "unknown"), description=column_descriptions(info).get(name))]),
+    }
+
+
 def _column_specs(info: TableInfo, condition: dg.AutomationCondition | None = None):
     """The asset specs of a base table's computed columns (of a chunk view's:
-    the columns computed from its own rows), with ``condition``."""
+    the columns computed from its own rows), with ``condition``, and their
+    check specs (``COLUMN_CHECK_NAMES``: SQL columns have no failed rows)."""
     table_key = dg.AssetKey([info.name])
-    specs, keys = [], {}
-    for col in info.row_columns if info.is_view else info.columns:
+    specs, keys, checks = [], {}, []
+    reads = computed_column_reads(info)
+    cols = info.row_columns if info.is_view else info.columns
+    computed = {c["name"] for c in cols}
+    for col in cols:
         key = dg.AssetKey([info.name, col["name"]])
         keys[col["name"]] = key
         udf = col.get("udf")
+        inputs = reads.get(col["name"], [])
         specs.append(
             dg.AssetSpec(
                 key,
-                deps=[table_key],
+                # the table, and the computed columns it reads (filled first: added before it)
+                deps=[table_key, *(dg.AssetKey([info.name, c]) for c in inputs if c in computed)],
                 description=_column_description(info.name, col),
                 kinds={"python", "spark"} if udf else {"sql"},
                 code_version=udf["fingerprint"] if udf else None,
-                metadata=(
-                    {"udf": udf["name"], "data_type": udf["data_type"], **_code_references(udf)}
-                    if udf
-                    else {"expression": col.get("expr", "")}
-                ),
+                metadata={
+                    **(
+                        {"udf": udf["name"], "data_type": udf["data_type"], **_code_references(udf)}
+                        if udf
+                        else {"expression": col.get("expr", "")}
+                    ),
+                    **_computed_column_metadata(info, col, inputs, computed),
+                },
                 group_name=safe_name(info.name) if info.is_view else "sources",
                 automation_condition=condition,
                 skippable=True,
             )
         )
-    return specs, keys
+        checks += [dg.AssetCheckSpec(n, asset=key, description=COLUMN_CHECK_DESCRIPTIONS[n])
+                   for n in COLUMN_CHECK_NAMES if udf or n == "values_current"]
+    return specs, keys, checks
+
+
+def _run_column_checks(context, info: TableInfo, keys: dict[str, dg.AssetKey], wanted: set):
+    """The selected checks of a table's computed columns (of a chunk view's),
+    evaluated by the engine after the run's backfills: warnings, with the
+    counts as metadata."""
+    columns = [n for n, k in keys.items() if any((k, c) in wanted for c in COLUMN_CHECK_NAMES)]
+    if not columns:
+        return
+    table = getattr(context.resources, RESOURCE_KEY).connection().open_table(info.name)
+    for name, outcomes in table.check_columns(columns).items():
+        for outcome in outcomes:
+            if (keys[name], outcome.name) in wanted:
+                yield dg.AssetCheckResult(
+                    asset_key=keys[name], check_name=outcome.name, passed=outcome.passed,
+                    severity=dg.AssetCheckSeverity.WARN, description=outcome.description,
+                    metadata=_check_metadata(outcome.metadata),
+                )
 
 
 def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, TableInfo], pdef,
@@ -594,16 +670,16 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
     and partitions record their own numbers.
     """
     # conditions: a table's computed columns are backfilled eagerly (views reading them wait for them)
-    specs, column_keys = _column_specs(table, dg.AutomationCondition.eager() if conditions else None)
-    checks: list[dg.AssetCheckSpec] = []
+    specs, column_keys, checks = _column_specs(table, dg.AutomationCondition.eager() if conditions else None)
     views: dict[str, tuple[dg.AssetKey, dict[str, dg.AssetKey]]] = {}
     row_keys: dict[str, dict[str, dg.AssetKey]] = {}
     for info in tree:
         v_specs, v_checks, view_key, col_keys = _view_specs(info, tables, conditions)
         # a chunk view's row columns: backfilled after its refresh, on the view's condition
-        r_specs, row_keys[info.name] = _column_specs(info, automation_condition(info.policy) if conditions else None)
+        r_specs, row_keys[info.name], r_checks = _column_specs(
+            info, automation_condition(info.policy) if conditions else None)
         specs += v_specs + r_specs
-        checks += v_checks
+        checks += v_checks + r_checks
         views[info.name] = (view_key, col_keys)
 
     @dg.multi_asset(
@@ -630,6 +706,7 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
         except UdfError as exc:
             raise _udf_failure(exc) from exc
         wanted = {(k.asset_key, k.name) for k in context.selected_asset_check_keys}
+        yield from _run_column_checks(context, table, column_keys, wanted)
         for info in tree:
             view_key, col_keys = views[info.name]
             if any(key == view_key for key, _ in wanted):
@@ -642,6 +719,7 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
                         yield dg.AssetCheckResult(
                             asset_key=key, check_name=CODE_CHECK, passed=passed, description=text, metadata=md
                         )
+            yield from _run_column_checks(context, info, row_keys[info.name], wanted)
 
     keys = {name: [vk, *cols.values(), *row_keys[name].values()] for name, (vk, cols) in views.items()}
     return _refresh, keys, list(column_keys.values())
@@ -675,10 +753,12 @@ def _run_checks(context, info: TableInfo, view_key, names: set[str]):
                 check_name=outcome.name,
                 passed=outcome.passed,
                 description=outcome.description,
-                metadata={
-                    k: dg.MetadataValue.json(v) if isinstance(v, (dict, list)) else v for k, v in outcome.metadata.items()
-                },
+                metadata=_check_metadata(outcome.metadata),
             )
+
+
+def _check_metadata(metadata: dict) -> dict:
+    return {k: dg.MetadataValue.json(v) if isinstance(v, (dict, list)) else v for k, v in metadata.items()}
 
 
 def _version_tags(code_version: str | None, data_version, inputs: dict | None = None,
