@@ -22,6 +22,7 @@ rows to the task; a full refresh's task computes every group itself. Group
 states are combined column-wise (Arrow and numpy), not group by group.
 """
 
+import concurrent.futures
 import math
 import re
 import uuid
@@ -234,6 +235,14 @@ def _buffers(held: pa.Array, before: np.ndarray, removed: pa.Array, added: pa.Ar
     complete = held_len == before
     if (~complete & (held_len == 0)).any():
         return None
+    last = np.zeros(n, hv.dtype if len(hv) else (av.dtype if len(av) else np.float64))
+    if len(hv):
+        ends = np.cumsum(held_len) - 1  # held is sorted within each group: its last value is the bound
+        has = held_len > 0
+        last[has] = hv[ends[has]]
+    if len(rg):  # a removed value past a buffer's bound is not in it: drop it before sorting
+        inside = complete[rg] | ((rv >= last[rg]) if descending else (rv <= last[rg]))
+        rg, rv = rg[inside], rv[inside]
     # removed values leave the buffer, one occurrence each (a multiset difference per group)
     g = np.concatenate([hg, rg])
     v = np.concatenate([hv, rv]) if len(rv) else hv
@@ -249,11 +258,6 @@ def _buffers(held: pa.Array, before: np.ndarray, removed: pa.Array, added: pa.Ar
     keep = np.maximum(held_n - gone_n, 0)
     kg, kv = np.repeat(g[starts], keep), np.repeat(v[starts], keep)
     # added values join: all of them in a complete buffer, else only those up to its old bound
-    last = np.zeros(n, hv.dtype if len(hv) else av.dtype)
-    if len(hv):
-        ends = np.cumsum(held_len) - 1  # held is sorted within each group: its last value is the bound
-        has = held_len > 0
-        last[has] = hv[ends[has]]
     if len(ag):
         ok_add = complete[ag] | ((av >= last[ag]) if descending else (av <= last[ag]))
         kg, kv = np.concatenate([kg, ag[ok_add]]), np.concatenate([kv, av[ok_add]]) if len(kv) else av[ok_add]
@@ -434,7 +438,8 @@ def changed_rows(src: lance.LanceDataset, old: lance.LanceDataset, filter_sql: s
     deleted = (src.delta(begin_version=v0, end_version=src.version).get_deleted_row_ids().read_all()
                .column(0).to_numpy().astype(np.int64) if src.version > v0 and not appended
                else np.empty(0, np.int64))
-    old_ids = np.unique(np.concatenate([written, deleted]))
+    # sorted and unique (deleted ids are: a delete-only change needs no second pass)
+    old_ids = np.sort(deleted) if len(written) == 0 else np.unique(np.concatenate([written, deleted]))
     return plus, _old_rows(old, old_ids, inputs, filter_sql)
 
 
@@ -454,7 +459,7 @@ def _old_rows(old: lance.LanceDataset, ids: np.ndarray, inputs: list[str], filte
 
     if not any(named(n) for n in LANCE_ROW_COLUMNS):
         reads = [n for n in old.schema.names if named(n)]
-        taken = take_rows(old, pa.array(ids.astype(np.uint64)), list(dict.fromkeys([*inputs, *reads])))
+        taken = _taken(old, ids, list(dict.fromkeys([*inputs, *reads])))
         if not filter_sql:
             return taken.select(inputs)
         # in memory: Lance's memory store lives as long as the handle (no files to write and remove)
@@ -464,6 +469,22 @@ def _old_rows(old: lance.LanceDataset, ids: np.ndarray, inputs: list[str], filte
     for lo in range(0, len(ids), ID_CHUNK):
         chunk = ", ".join(str(int(i)) for i in ids[lo:lo + ID_CHUNK])
         parts.append(old.to_table(columns=inputs, filter=_and(f"_rowid IN ({chunk})", filter_sql)))
+    return pa.concat_tables(parts)
+
+
+# Ids taken per thread: a take of scattered rows waits on many small reads,
+# which threads overlap (100k ids of 10M rows: 125 ms in one call, ~80 ms in 4).
+TAKE_CHUNK = 25_000
+
+
+def _taken(ds: lance.LanceDataset, ids: np.ndarray, columns: list[str]) -> pa.Table:
+    """Rows ``ids`` (stable ids; sorted, each chunk is read from few fragments) of
+    ``ds``, taken in chunks by parallel threads."""
+    chunks = [ids[lo:lo + TAKE_CHUNK] for lo in range(0, len(ids), TAKE_CHUNK)]
+    if len(chunks) <= 1:
+        return take_rows(ds, pa.array(ids.astype(np.uint64)), columns)
+    with concurrent.futures.ThreadPoolExecutor(min(len(chunks), 8), thread_name_prefix="mv_assets-take") as pool:
+        parts = list(pool.map(lambda c: take_rows(ds, pa.array(c.astype(np.uint64)), columns), chunks))
     return pa.concat_tables(parts)
 
 
