@@ -306,10 +306,11 @@ def check_computed_columns(table: TableRef, columns: list[str] | None = None) ->
       ``on_error="skip"`` is still without a current value (as
       ``column_status()`` counts them), with the first such row's error.
 
-    Row ids in the metadata (``sample_row_ids``: the first ten) are stable row ids.
+    Row ids in the metadata (``sample_row_ids``: up to ten) are stable row ids.
 
-    One scan of each column's marker for its stale rows, one read of its
-    error records."""
+    Counts, not scans of the stale rows (a table never backfilled may hold
+    millions): four counts per column, one read of its error records and one
+    scan of the rows they name."""
     ds = table.dataset()
     total = ds.count_rows()
     out: dict[str, list[CheckOutcome]] = {}
@@ -317,32 +318,50 @@ def check_computed_columns(table: TableRef, columns: list[str] | None = None) ->
         if columns is not None and spec.name not in columns:
             continue
         fingerprint = spec.fingerprint
-        # (the row version is projected: Lance 14 errs on a filter naming it after compaction otherwise)
-        stale = ds.to_table(columns={"m": f"`{computed_marker(spec.name)}`", Alias.ROW_VERSION: ROW_VERSION_COLUMN},
-                            filter=stale_sql(spec.name, fingerprint, versioned=True), with_row_id=True)
-        ids = _ids(stale, "_rowid")
-        errors = read_errors(table.layout, table.name, column=spec.name) if spec.kind == "udf" else []
-        last_error = {e.row_id: e for e in errors}  # oldest first: each row's latest error wins
-        failed = isin(ids, np.fromiter(last_error, dtype=np.int64, count=len(last_error)))
-        marker = stale.column("m")
-        unset = marker.is_null().to_numpy(zero_copy_only=False)
-        same_code = pc.fill_null(pc.starts_with(marker, f"{fingerprint}@"), False).to_numpy(  # pyright: ignore[reportAttributeAccessIssue]
-            zero_copy_only=False)
+        m = f"`{computed_marker(spec.name)}`"
+        stale_filter = stale_sql(spec.name, fingerprint, versioned=True)
+        older_filter = f"{m} IS NOT NULL AND {m} NOT LIKE '{fingerprint}@%'"  # (fingerprints are hex)
+        stale = ds.count_rows(filter=stale_filter)
+        by_cause = {"never": 0, "older": 0, "rewritten": 0}
+        failed_ids: list[int] = []
+        last_error: dict = {}
+        sample: list[int] = []
+        if stale:
+            by_cause["never"] = ds.count_rows(filter=f"{m} IS NULL")
+            by_cause["older"] = ds.count_rows(filter=older_filter)
+            by_cause["rewritten"] = stale - by_cause["never"] - by_cause["older"]
+            # (the row version is projected: Lance 14 errs on a filter naming it after compaction otherwise)
+            projection = {"m": m, Alias.ROW_VERSION: ROW_VERSION_COLUMN}
+            sample = sorted(int(i) for i in _ids(
+                ds.scanner(columns=projection, filter=stale_filter, with_row_id=True, limit=10).to_table()))
+            errors = read_errors(table.layout, table.name, column=spec.name) if spec.kind == "udf" else []
+            last_error = {e.row_id: e for e in errors}  # oldest first: each row's latest error wins
+            if last_error:  # the rows they name that are still stale: failed, whatever their marker says
+                rows = ds.scanner(columns=projection, with_row_id=True, filter=(
+                    f"(_rowid IN ({', '.join(str(int(i)) for i in sorted(last_error))})) AND {stale_filter}")
+                ).to_table()
+                failed_ids = sorted(int(i) for i in _ids(rows))
+                marker = rows.column("m")
+                unset = marker.is_null().to_numpy(zero_copy_only=False)
+                same_code = pc.fill_null(pc.starts_with(marker, f"{fingerprint}@"), False).to_numpy(  # pyright: ignore[reportAttributeAccessIssue]
+                    zero_copy_only=False)
+                by_cause["never"] -= int(unset.sum())
+                by_cause["older"] -= int((~unset & ~same_code).sum())
+                by_cause["rewritten"] -= int((~unset & same_code).sum())
         counts = {
             "rows": int(total),
-            "rows_current": int(total - len(ids)),
-            "rows_stale": int(len(ids)),
-            "rows_never_computed": int((unset & ~failed).sum()),
-            "rows_failed": int(failed.sum()),
-            "rows_older_code": int((~unset & ~failed & ~same_code).sum()),
-            "rows_inputs_rewritten": int((~unset & ~failed & same_code).sum()),
+            "rows_current": int(total - stale),
+            "rows_stale": int(stale),
+            "rows_never_computed": by_cause["never"],
+            "rows_failed": len(failed_ids),
+            "rows_older_code": by_cause["older"],
+            "rows_inputs_rewritten": by_cause["rewritten"],
             "table_version": int(ds.version),
             "code_fingerprint": fingerprint,
-            "sample_row_ids": [int(i) for i in np.sort(ids)[:10]],
+            "sample_row_ids": sample,
         }
         out[spec.name] = [_values_current(spec.name, counts)]
         if spec.kind == "udf":
-            failed_ids = sorted(int(i) for i in ids[failed])
             out[spec.name].append(_no_failed_rows(spec.name, total, failed_ids, last_error))
     return out
 
