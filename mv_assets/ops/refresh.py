@@ -139,6 +139,9 @@ class RefreshPlan:
     # filter): the refresh counts the rows its tasks write (plan_refresh(exact=False))
     counted_by_tasks: bool = field(default=False, repr=False)
     read_fields: dict[str, int] | None = field(default=None, repr=False)  # field ids of the columns it reads
+    # the largest fragment id of the source at to_version: the next refresh finds the
+    # fragments appended since without checking that version out again
+    source_top_fragment: int | None = field(default=None, repr=False)
     # what a view kind's planner adds (aggregate views: groups, groups_recomputed, source_rows_read)
     details: dict = field(default_factory=dict)
 
@@ -430,7 +433,7 @@ def plan_refresh(
     reads = tracked_source_columns(view_ds.schema)
     if commits is not None and _nothing_read_changed(commits, reads, state):
         plan = _already_current(view, src.version, view_ds.version, state)
-        plan.source_id, plan.read_fields = source_id, read_fields
+        plan.source_id, plan.read_fields, plan.source_top_fragment = source_id, read_fields, _top_fragment(src)
         return plan
     def place(rows_to_compute: int, largest_fragment: int = 0) -> _TaskPlace:
         per_task = max_rows_per_task or fit_to_fragments(
@@ -454,7 +457,12 @@ def plan_refresh(
         checkpoint_dir=where.checkpoint_dir, definition_raw=definition.encode(), load_number=state.load_number,
         scope=scope, scoped_since_whole=state.scoped_since_whole, seconds_per_row=state.seconds_per_row,
         source_id=source_id, repaired=foreign is not None, read_fields=read_fields, counted_by_tasks=counted,
+        source_top_fragment=_top_fragment(src),
     )
+
+
+def _top_fragment(src: lance.LanceDataset) -> int:
+    return max((f.fragment_id for f in src.get_fragments()), default=-1)
 
 
 def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, definition: ViewDefinition,
@@ -534,6 +542,8 @@ def _appended_since(src: lance.LanceDataset, v0: int | None, commits: list, read
         return None
     if any(commit_matters(txn, reads) and type(txn.operation).__name__ != "Append" for txn in commits):
         return None
+    if state.source_top_fragment is not None and state.source_version == v0:  # recorded by the last refresh
+        return [f for f in src.get_fragments() if f.fragment_id > state.source_top_fragment]
     return fragments_after(src, v0)
 
 
@@ -1064,6 +1074,7 @@ def _state_record(
         # which table the source is: stamped now if another tool made it (storage.identity)
         "source_id": plan.source_id or ensure_table_id(view.source_uri),
         "read_fields": plan.read_fields,
+        "source_top_fragment": plan.source_top_fragment,
     }
 
 

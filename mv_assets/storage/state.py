@@ -39,6 +39,9 @@ class RefreshState:
     # refreshed: a column dropped and added again gets a new id (its values
     # changed without any row version moving)
     read_fields: dict[str, int] | None = None
+    # the largest fragment id of the source at the version the newest refresh
+    # reflects (ids only grow: fragments above it were written since)
+    source_top_fragment: int | None = None
 
     @property
     def refreshed(self) -> bool:
@@ -79,6 +82,7 @@ def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
                     seconds_per_row=latest.get("seconds_per_row"),
                     source_id=latest.get("source_id"),
                     read_fields=latest.get("read_fields"),
+                    source_top_fragment=latest.get("source_top_fragment") if whole else None,
                 )
         v -= 1
     if latest is None:
