@@ -93,7 +93,12 @@ def aggregate_view(db, src, name="agg"):
     return db.create_materialized_view(name, src.search(None).where("w != 3").group_by(*KEYS).agg(AGGS))
 
 
-def test_an_aggregate_view_follows_appends_deletes_updates_and_group_moves(db):
+@pytest.mark.parametrize("take_chunk", [25_000, 7], ids=["one-take", "threaded-takes"])
+def test_an_aggregate_view_follows_appends_deletes_updates_and_group_moves(db, monkeypatch, take_chunk):
+    """(threaded-takes: the old values of changed rows are taken 7 ids per thread, as large changes are)"""
+    from mv_assets.execution import agg_tasks
+
+    monkeypatch.setattr(agg_tasks, "TAKE_CHUNK", take_chunk)
     rng = random.Random(1)
     src = db.create_table("src", make_rows(rng, 0, 300), primary_key="id")
     v = aggregate_view(db, src)

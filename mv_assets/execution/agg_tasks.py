@@ -24,7 +24,9 @@ states are combined column-wise (Arrow and numpy), not group by group.
 
 import concurrent.futures
 import math
+import os
 import re
+import threading
 import uuid
 from dataclasses import dataclass
 
@@ -483,9 +485,23 @@ def _taken(ds: lance.LanceDataset, ids: np.ndarray, columns: list[str]) -> pa.Ta
     chunks = [ids[lo:lo + TAKE_CHUNK] for lo in range(0, len(ids), TAKE_CHUNK)]
     if len(chunks) <= 1:
         return take_rows(ds, pa.array(ids.astype(np.uint64)), columns)
-    with concurrent.futures.ThreadPoolExecutor(min(len(chunks), 8), thread_name_prefix="mv_assets-take") as pool:
-        parts = list(pool.map(lambda c: take_rows(ds, pa.array(c.astype(np.uint64)), columns), chunks))
+    parts = list(_take_pool().map(lambda c: take_rows(ds, pa.array(c.astype(np.uint64)), columns), chunks))
     return pa.concat_tables(parts)
+
+
+_POOL: list[concurrent.futures.ThreadPoolExecutor] = []
+_POOL_LOCK = threading.Lock()
+# a forked child (Spark's Python workers fork) has none of its parent's threads: it starts its own
+os.register_at_fork(after_in_child=_POOL.clear)
+
+
+def _take_pool() -> concurrent.futures.ThreadPoolExecutor:
+    """The process's take threads, started once (starting threads per refresh
+    cost up to 35 ms on a busy 2-core machine)."""
+    with _POOL_LOCK:
+        if not _POOL:
+            _POOL.append(concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="mv_assets-take"))
+        return _POOL[0]
 
 
 def _group_predicate(agg: Aggregate, rows: pa.Table) -> str:
