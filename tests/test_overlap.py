@@ -240,3 +240,21 @@ def test_backfill_reads_ahead_and_writes_fragments_while_the_udf_runs(db):
     t = src.to_arrow()
     assert t.column("d").to_pylist() == [x * 2.0 for x in t.column("x").to_pylist()]
     assert not _pipeline_threads()
+
+
+@mv.udf(data_type=pa.float64(), batch_size=4096)
+def tripled(x: pa.Array) -> pa.Array:
+    return pc.multiply(x, 3.0)
+
+
+@pytest.mark.spark
+def test_a_spark_task_reads_computes_and_writes_at_once_and_equals_the_oracle(spark_db):
+    """The same overlapped task in a Spark Python worker (forced onto Spark)."""
+    src = _source(spark_db)
+    view = spark_db.create_materialized_view("v", src.search(None).select({"id": "id", "y": tripled}))
+    result = view.refresh()  # the spark_db runner always runs a Spark job
+    assert result.udf_rows_computed == {"y": ROWS}
+    t = src.to_arrow()
+    want = dict(zip(t.column("id").to_pylist(), (x * 3.0 for x in t.column("x").to_pylist()), strict=True))
+    got = view.to_arrow()
+    assert dict(zip(got.column("id").to_pylist(), got.column("y").to_pylist(), strict=True)) == want
