@@ -8,6 +8,7 @@ In local mode the hint is warned about and the tasks run as CPU tasks."""
 import glob
 import json
 import os
+import re
 import stat
 import time
 import uuid
@@ -88,16 +89,20 @@ def _rows(db, view: str) -> list[tuple[int, int]]:
 def test_local_mode_warns_and_runs_gpu_columns_as_cpu_tasks(spark_runner, tmp_path, monkeypatch):
     """(First in the module: the cluster's session replaces the local one after it.)"""
     monkeypatch.delenv("MV_ASSETS_DEVICE", raising=False)
+    master = spark_runner.resolved_master()
+    if not master.startswith("local"):
+        pytest.skip(f"the suite's Spark is {master}, not local mode")
     log_dir = tmp_path / "calls"
     log_dir.mkdir()
     db = mv.connect(str(tmp_path / "cat"), runner=spark_runner)
     t, oracle = _source(db, "t", fragments=2)
     db.create_materialized_view("v", t.search(None).select({"id": "id", "y": _recording_udf(str(log_dir), 1, 0)}))
-    with pytest.warns(UserWarning, match=r"^view 'v': resource hints \{'y': \{'num_cpus': 1.0, 'num_gpus': 1.0, "
-                                         r"'memory': None\}\} are not scheduled: Spark local mode \(local\[2\]\) has no "
-                                         r"resource profiles \(stage-level scheduling needs a standalone, Kubernetes or "
-                                         r"YARN cluster\); its tasks run as CPU tasks, no GPU is reserved, and "
-                                         r"mv.current_device\(\) is 'cpu'$"):
+    said = (r"^view 'v': resource hints \{'y': \{'num_cpus': 1.0, 'num_gpus': 1.0, 'memory': None\}\} are not "
+            r"scheduled: Spark local mode \(" + re.escape(master) + r"\) has no "
+            r"resource profiles \(stage-level scheduling needs a standalone, Kubernetes or "
+            r"YARN cluster\); its tasks run as CPU tasks, no GPU is reserved, and "
+            r"mv.current_device\(\) is 'cpu'$")
+    with pytest.warns(UserWarning, match=said):
         r = db.open_table("v").refresh(max_rows_per_task=5)
     assert r.runner == "spark" and r.tasks >= 2
     assert _rows(db, "v") == oracle
@@ -114,21 +119,31 @@ def _gpus_script(directory) -> str:
 
 
 @pytest.fixture(scope="module")
-def gpu_runner(tmp_path_factory, spark_runner):
-    """A runner on a one-worker cluster with 4 cores and two fake GPUs (one executor holding both)."""
+def gpu_cluster(tmp_path_factory, spark_runner):
+    """A one-worker cluster with 4 cores and two fake GPUs."""
     spark_runner.stop()  # one SparkContext per process: the local one steps aside
     work = tmp_path_factory.mktemp("gpu_cluster")
     cluster = StandaloneCluster(str(work / "spark"), workers=1, cores=4, worker_conf={
         "spark.worker.resource.gpu.amount": "2", "spark.worker.resource.gpu.discoveryScript": _gpus_script(work)})
-    runner = SparkRunner(master=cluster.master_url, driver_host="127.0.0.1", bind_address="127.0.0.1",
-                         local_below_rows=0, resource_wait_seconds=90, conf={
-                             "spark.executor.memory": "512m", "spark.cores.max": "4", "spark.executor.cores": "4",
-                             "spark.executor.resource.gpu.amount": "2"})
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+# What an application on it asks for: one executor holding the worker's 4 cores and both GPUs.
+EXECUTOR_CONF = {"spark.executor.memory": "512m", "spark.cores.max": "4", "spark.executor.cores": "4",
+                 "spark.executor.resource.gpu.amount": "2"}
+
+
+@pytest.fixture(scope="module")
+def gpu_runner(gpu_cluster):
+    runner = SparkRunner(master=gpu_cluster.master_url, driver_host="127.0.0.1", bind_address="127.0.0.1",
+                         local_below_rows=0, resource_wait_seconds=90, conf=dict(EXECUTOR_CONF))
     try:
         yield runner
     finally:
         runner.stop()
-        cluster.stop()
 
 
 def test_one_gpu_per_task_distinct_addresses_never_more_than_the_gpus(gpu_runner, tmp_path, caplog):
@@ -191,3 +206,36 @@ def test_more_gpus_than_any_executor_has_fail_before_running(gpu_runner, tmp_pat
     with pytest.warns(UserWarning, match=r"^view 'v': resource hints .* are not scheduled: the inline runner"):
         db.open_table("v").refresh(runner=mv.InlineRunner(), lock_timeout=1)  # the lock was released
     assert _rows(db, "v") == oracle
+
+
+def test_spark_connect_on_the_cluster_schedules_the_profile_too(gpu_cluster, gpu_runner, tmp_path, caplog,
+                                                                monkeypatch):
+    """(Last in the module: the classic session steps aside, its executor's cores go to the Connect server's.)"""
+    from mv_assets.dagster.devserver import free_port
+    from mv_assets.execution import connect_server
+
+    # pyspark marks the process as a Connect client for good (then no classic session starts): undone after the test
+    monkeypatch.setenv("SPARK_CONNECT_MODE_ENABLED", "1")
+    gpu_runner.stop()
+    state = str(tmp_path / "connect")
+    url = connect_server.start(port=free_port(), master=gpu_cluster.master_url, state_dir=state,
+                               conf={**EXECUTOR_CONF, "spark.driver.host": "127.0.0.1"})
+    try:
+        log_dir = tmp_path / "calls"
+        log_dir.mkdir()
+        runner = SparkRunner(remote=url, local_below_rows=0)
+        db = mv.connect(str(tmp_path / "cat"), runner=runner)
+        t, oracle = _source(db, "t", fragments=4)
+        gpu_column = _recording_udf(str(log_dir), 1, partner="any")
+        db.create_materialized_view("v", t.search(None).select({"id": "id", "y": gpu_column}))
+        with caplog.at_level("INFO", logger="mv_assets.execution.spark"):
+            r = db.open_table("v").refresh(max_rows_per_task=5)
+        assert f"view 'v': tasks scheduled on {gpu_cluster.master_url} with a task resource profile: 1 CPU(s) and " \
+               "1 GPU(s) each" in caplog.messages
+        assert r.tasks == 4 and _rows(db, "v") == oracle
+        records = _records(str(log_dir))
+        assert len(records) == 4 and {x["device"] for x in records} == {"cuda:0", "cuda:1"}
+        assert _overlapping(records) and all(a["device"] != b["device"] for a, b in _overlapping(records))
+        runner.stop()
+    finally:
+        connect_server.stop(state)

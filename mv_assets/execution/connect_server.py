@@ -63,8 +63,10 @@ def _owned_pid(state_dir: str) -> int | None:
     return None
 
 
-def start(port: int = 15002, master: str = "local[*]", state_dir: str = ".spark-connect", wait_s: float = 90) -> str:
-    """Start the server and return its sc:// URL.
+def start(port: int = 15002, master: str = "local[*]", state_dir: str = ".spark-connect", wait_s: float = 90,
+          conf: dict[str, str] | None = None) -> str:
+    """Start the server and return its sc:// URL (``conf``: more Spark
+    settings of its application, e.g. ``spark.executor.resource.gpu.amount``).
 
     A server this state directory started earlier is reused; anything else
     listening on ``port`` is refused (it may be someone else's server, with
@@ -89,6 +91,7 @@ def start(port: int = 15002, master: str = "local[*]", state_dir: str = ".spark-
             "--conf", f"spark.connect.grpc.binding.port={port}",
             "--conf", "spark.ui.enabled=false",
             "--conf", "spark.python.worker.reuse=true",
+            *[arg for k, v in (conf or {}).items() for arg in ("--conf", f"{k}={v}")],
         ],
         env=_env(state_dir), check=True, capture_output=True,
     )
