@@ -23,7 +23,8 @@ WAIT_S = 5.0
 
 
 def _pipeline_threads() -> list[str]:
-    return [t.name for t in threading.enumerate() if t.name.startswith("mv_assets-") and t.is_alive()]
+    return [t.name for t in threading.enumerate()
+            if t.name.startswith(("mv_assets-read", "mv_assets-write")) and t.is_alive()]
 
 
 # -- the pipeline ---------------------------------------------------------------

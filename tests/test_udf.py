@@ -237,3 +237,44 @@ def test_resource_hints_are_accepted_stored_shown_and_said_unscheduled(tmp_path)
         warnings.simplefilter("error")
         db.create_materialized_view("w", src.search(None).select({"id": "id", "y": embed_plain}))
         db.refresh("w")  # no hints: nothing said
+
+
+def _scaler(factor: float):
+    """A factory of stateful UDFs: one class's code, a captured value per UDF."""
+
+    class Scale:
+        def __init__(self):
+            self.factor = factor  # set-up reads what the factory captured (a model path, say)
+
+        def __call__(self, x: float) -> float:
+            return x * self.factor
+
+    return udf(Scale, data_type=pa.float64(), input_columns=["x"])
+
+
+def test_stateful_udfs_of_one_code_with_different_captured_values_keep_their_own_instances(db):
+    """The same class code capturing different values: each UDF computes with
+    its own set-up (they once shared one instance, keyed by the code alone)."""
+    src = db.create_table("src", pa.table({"id": [1, 2, 3], "x": [1.0, 2.0, 3.0]}))
+    view = db.create_materialized_view("v", src.search(None).select({"id": "id", "double": _scaler(2.0),
+                                                                      "triple": _scaler(3.0)}))
+    view.refresh()
+    rows = sorted(view.to_arrow().to_pylist(), key=lambda r: r["id"])
+    assert [(r["double"], r["triple"]) for r in rows] == [(2.0, 3.0), (4.0, 6.0), (6.0, 9.0)]
+
+
+def _multiplier(factor: float):
+    @udf
+    def times(x: float) -> float:
+        return x * factor
+
+    return times
+
+
+def test_udfs_of_one_code_with_different_captured_values_are_computed_each(db):
+    src = db.create_table("src", pa.table({"id": [1, 2], "x": [1.0, 2.0]}))
+    view = db.create_materialized_view("v", src.search(None).select({"id": "id", "a": _multiplier(10.0),
+                                                                      "b": _multiplier(100.0)}))
+    view.refresh()
+    rows = sorted(view.to_arrow().to_pylist(), key=lambda r: r["id"])
+    assert [(r["a"], r["b"]) for r in rows] == [(10.0, 100.0), (20.0, 200.0)]

@@ -335,7 +335,9 @@ def compute_udf_columns(
     for spec in specs:
         u = spec.udf
         assert u is not None and inputs is not None
-        key = (u.fingerprint, tuple(u.input_columns))
+        # one run for a multi-column UDF's sibling columns (one function: its pickle), never
+        # for two functions of one code that captured different values
+        key = (u.instance_key(), tuple(u.input_columns))
         if key not in runs:
             row_errors: list[RowError] = []
             try:

@@ -84,11 +84,12 @@ class _TableFunction:
     input_columns: list[str]
     _output_schema: pa.Schema
 
-    # The UDF model's own methods: they read only name, on_error, func and fingerprint.
+    # The UDF model's own methods: they read only name, on_error, func and fingerprint (and cache in __dict__).
     _call = UDF._call
     _row_error = UDF._row_error
     _failure = UDF._failure
     _instance = UDF._instance
+    instance_key = UDF.instance_key
     code_location = UDF.code_location
 
     def __init__(

@@ -380,12 +380,25 @@ class UDF:
     _instances: dict[str, Any] = {}
 
     def _instance(self) -> Any:
-        key = self.fingerprint
+        key = self.instance_key()
         inst = UDF._instances.get(key)
         if inst is None:
             inst = self.func()
             UDF._instances[key] = inst
         return inst
+
+    def instance_key(self) -> str:
+        """Which function this is: the code fingerprint and the function as
+        pickled, so two functions (or stateful classes) of the same code that
+        captured different values (a factory's ``model_path``) never share an
+        instance or a computation. Found once per UDF object (a stored UDF:
+        from its stored pickle, the same for a multi-column UDF's siblings)."""
+        key = self.__dict__.get("_ikey")
+        if key is None:
+            stored = self.__dict__.get("_stored_spec")
+            raw = stored["pickle"].encode() if stored else cloudpickle.dumps(self.func)
+            key = self._ikey = f"{self.fingerprint}:{hashlib.sha256(raw).hexdigest()[:16]}"
+        return key
 
     def _target(self) -> Callable:
         return self._instance() if self.stateful else self.func
@@ -627,6 +640,7 @@ class UDF:
         state = dict(self.__dict__)
         state.pop("_stored_spec", None)
         state.pop("_location", None)
+        state.pop("_ikey", None)
         return state
 
 
