@@ -66,16 +66,21 @@ def prefetched(items: Iterable, depth: int = 2, name: str = "mv_assets-read") ->
     worker = threading.Thread(target=produce, name=name, daemon=True)
     worker.start()
     try:
-        while True:
-            item = q.get()
-            if item is _DONE:
-                return
-            if isinstance(item, _Failed):
-                raise item.exc
-            yield item
+        yield from _drained(q)
     finally:
         stop.set()
         worker.join()
+
+
+def _drained(q: queue.Queue) -> Iterator:
+    """The items put on ``q`` up to the end, a failure put there raised."""
+    while True:
+        item = q.get()
+        if item is _DONE:
+            return
+        if isinstance(item, _Failed):
+            raise item.exc
+        yield item
 
 
 def write_behind(batches: Iterable, write: Callable[[Iterator], Any], depth: int = 2,
@@ -88,18 +93,9 @@ def write_behind(batches: Iterable, write: Callable[[Iterator], Any], depth: int
     stop = threading.Event()
     outcome: dict[str, Any] = {}
 
-    def consumed() -> Iterator:
-        while True:
-            item = q.get()
-            if item is _DONE:
-                return
-            if isinstance(item, _Failed):
-                raise item.exc
-            yield item
-
     def run() -> None:
         try:
-            outcome["value"] = write(consumed())
+            outcome["value"] = write(_drained(q))
         except BaseException as exc:  # noqa: BLE001 - raised in the caller
             outcome["error"] = exc
         finally:
