@@ -248,15 +248,19 @@ def _n(value: Any) -> str:
 @_guard
 def plan(obj: _Ctx, view: str, src_version: int | None, mode: str, as_json: bool) -> None:
     """Dry run: rows to insert, update, delete and UDF rows to compute."""
-    p = obj.view(view).plan_refresh(src_version=src_version, mode=mode)
+    v = obj.view(view)
+    p = v.plan_refresh(src_version=src_version, mode=mode)
     s = p.summary()
+    request = v.resource_request()
     if as_json:
-        _print_json(s)
+        _print_json({**s, "resources": request.hints_dict() if request else None})
         return
     click.echo(
         f"{s['view']}: source {s['source']} v{s['from_version']} -> v{s['to_version']} ({s['reason']})\n"
         f"  insert {s['rows_to_insert']}, update {s['rows_to_update']}, delete {s['rows_to_delete']}\n"
         f"  UDF rows {s['udf_rows']} in {s['tasks']} tasks"
+        + (f"\n  each task asks for {request.describe()} (scheduled on a Spark cluster; see docs/deploy.md)"
+           if request else "")
     )
 
 

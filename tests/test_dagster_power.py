@@ -313,3 +313,37 @@ def test_the_ui_loads_the_definitions_with_their_jobs(tmp_path):
         data = query("{ repositoriesOrError { ... on RepositoryConnection { nodes { jobs { name } } } } }")
         (repo,) = data["repositoriesOrError"]["nodes"]
         assert "refresh_documents" in {j["name"] for j in repo["jobs"]}
+
+
+@mv.udf(num_gpus=0.5, num_cpus=2)
+def _on_gpu(x: int) -> int:
+    return x + 1
+
+
+def test_resource_hints_read_in_the_columns_description_and_the_cli_plan(tmp_path):
+    """A column's @udf(num_cpus=, num_gpus=) hints are said where users look:
+    the asset's column description, the UDF column asset's description, and
+    `mv-assets plan` (text and JSON)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from mv_assets.cli import main
+
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    src = db.create_table("ev", [{"id": i, "x": i} for i in range(4)], primary_key="id")
+    view = db.create_materialized_view("g", src.search(None).select({"id": "id", "y": _on_gpu}))
+    assert view.resource_request() is not None and view.resource_request().num_gpus == 0.5
+    defs = _defs(db)
+    _, text = _columns(defs, K(["g"]))["y"]
+    assert "asks for num_cpus=2, num_gpus=0.5 per task" in (text or "")
+    column_asset = defs.get_repository_def().asset_graph.get(K(["g", "y"]))
+    assert "It asks for num_cpus=2, num_gpus=0.5 per task" in (column_asset.description or "")
+    run = CliRunner().invoke(main, ["--db", db.uri, "--runner", "inline", "plan", "g"], catch_exceptions=False)
+    assert "each task asks for num_cpus=2, num_gpus=0.5" in run.output
+    run = CliRunner().invoke(main, ["--db", db.uri, "--runner", "inline", "plan", "g", "--json"],
+                             catch_exceptions=False)
+    assert json.loads(run.output)["resources"] == {"y": {"num_cpus": 2.0, "num_gpus": 0.5, "memory": None}}
+    # a view without hints says nothing of them
+    plain = db.create_materialized_view("p", src.search(None).select({"id": "id"}))
+    assert plain.resource_request() is None

@@ -17,6 +17,7 @@ from mv_assets.api import geneva
 from mv_assets.api.indexing import Indexed
 from mv_assets.api.query import Query
 from mv_assets.api.search import SearchQuery
+from mv_assets.execution.resources import ResourceRequest, request_of_definition
 from mv_assets.execution.spark import InlineRunner, as_runner
 from mv_assets.model.definition import (
     SOURCE_ROW_ID,
@@ -1138,6 +1139,12 @@ class MaterializedView(Table):
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise ValueError(f"concurrency must be an int >= 1 (tasks at once), got {concurrency!r}")
         return concurrency
+
+    def resource_request(self) -> "ResourceRequest | None":
+        """What each of the view's refresh tasks asks for (the most any of its UDF
+        columns or its function asks: ``@udf(num_cpus=, num_gpus=, memory=)``),
+        None without hints. Scheduled by Spark on a cluster (docs/deploy.md)."""
+        return request_of_definition(f"view {self.name!r}", self.definition.encode())
 
     @property
     def refresh_policy(self) -> RefreshPolicy:

@@ -121,10 +121,22 @@ def fragment_keys(keys) -> tuple[list[int], list[str]]:
     return ids, bad
 
 
+def _resources_text(spec: dict) -> str:
+    """A UDF's (or function's) resource hints in words, "" without any."""
+    hints = spec.get("resources")
+    if not hints:
+        return ""
+    parts = [f"num_cpus={hints.get('num_cpus', 1.0):g}", f"num_gpus={hints.get('num_gpus', 0.0):g}"]
+    if hints.get("memory") is not None:
+        parts.append(f"memory={hints['memory']}")
+    return f"; asks for {', '.join(parts)} per task"
+
+
 def _udf_text(udf: dict, field: str | None = None) -> str:
     inputs = ", ".join(udf.get("input_columns") or ["<all columns>"])
     part = f", field `{field}` of its result" if field else ""
-    return f"UDF `{udf['name']}`({inputs}) -> {udf['data_type']}{part}; code fingerprint {udf['fingerprint']}"
+    return (f"UDF `{udf['name']}`({inputs}) -> {udf['data_type']}{part}; code fingerprint {udf['fingerprint']}"
+            f"{_resources_text(udf)}")
 
 
 def _spec_text(source: str | None, col: dict) -> str:
@@ -158,7 +170,8 @@ def column_descriptions(info: TableInfo) -> dict[str, str]:
     label = "chunker" if kind == "chunker" else "UDTF"
     inputs = ", ".join(function.get("input_columns") or ["<all columns>"])
     for name in function.get("output_schema") or {}:
-        out[name] = f"Output of {label} `{function['name']}`({inputs}); code fingerprint {function.get('fingerprint')}."
+        out[name] = (f"Output of {label} `{function['name']}`({inputs}); code fingerprint "
+                     f"{function.get('fingerprint')}{_resources_text(function)}.")
     for c in info.row_columns:  # a chunk view's columns computed from its own rows
         out[c["name"]] = "Computed from the view's rows: " + _spec_text(info.name, c)
     return out
@@ -337,7 +350,9 @@ def _view_description(info: TableInfo) -> str:
 def _udf_description(owner: str, col: dict) -> str:
     u = col["udf"]
     inputs = ", ".join(u.get("input_columns") or ["<all columns>"])
-    return f"UDF column `{col['name']}` of `{owner}`: `{u['name']}`({inputs}) -> {u['data_type']}. Code fingerprint {u['fingerprint']}."
+    hints = _resources_text(u)
+    return (f"UDF column `{col['name']}` of `{owner}`: `{u['name']}`({inputs}) -> {u['data_type']}. Code fingerprint "
+            f"{u['fingerprint']}{'. It a' + hints[3:] if hints else ''}.")
 
 
 def _freshness(policy: RefreshPolicy):
