@@ -718,6 +718,7 @@ def dumps_by_value(obj: UDF) -> bytes:
     value: its code and globals travel with the pickle, including helpers it
     calls from other local modules. Installed packages stay references.
     """
+    obj.fingerprint  # noqa: B018 - computed here, where the code's source is, and carried by the pickle
     registered = []
     for name, module in list(sys.modules.items()):
         if module is None or name == "__main__" or _module_is_installed(name):
