@@ -349,7 +349,7 @@ def _combine(keys: list[str], agg: Aggregate, schema: pa.Schema, old: pa.Table |
         j, t = cols.index(c), typ[out_name[(fn, c)]]
         if old is None and minus is None and _sortable(t):  # every group new (a full refresh): numpy
             buffers[(fn, c)] = _fresh_buffers(_take(plus, f"__l_{j}", pp, pa.list_(t)), t, fn == "max")
-            ext[(fn, c)] = pa.array([b[0] if b else None for b in buffers[(fn, c)].to_pylist()], t)
+            ext[(fn, c)] = _firsts(buffers[(fn, c)], t)
             continue
         before = _num(_take(old, cnt_col(c), po, pa.int64()))
         done = None

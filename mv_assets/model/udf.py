@@ -792,9 +792,10 @@ def udf(
     num_cpus, num_gpus, memory:
         As in Geneva: what one call of the UDF needs (CPUs, GPUs, possibly a
         fraction, and bytes of memory). Stored with the view or column and
-        shown by ``describe()``; Spark does not schedule them yet (a refresh
-        or backfill says so in a warning and runs CPU tasks). Not part of
-        the fingerprint.
+        shown by ``describe()``, ``mv-assets plan`` and Dagster. On a Spark
+        cluster a refresh's or backfill's tasks run under a task resource
+        profile (docs/deploy.md); local mode and the inline runner warn and
+        run CPU tasks. Not part of the fingerprint.
 
     Examples
     --------

@@ -71,6 +71,7 @@ from mv_assets.storage.changes import (
     commits_since,
     foreign_writes,
     fragments_after,
+    top_fragment,
 )
 from mv_assets.storage.identity import ensure_table_id, table_id
 from mv_assets.storage.lance_compat import CommitConflictError, delete_offsets, field_ids, take_rows
@@ -433,7 +434,7 @@ def plan_refresh(
     reads = tracked_source_columns(view_ds.schema)
     if commits is not None and _nothing_read_changed(commits, reads, state):
         plan = _already_current(view, src.version, view_ds.version, state)
-        plan.source_id, plan.read_fields, plan.source_top_fragment = source_id, read_fields, _top_fragment(src)
+        plan.source_id, plan.read_fields, plan.source_top_fragment = source_id, read_fields, top_fragment(src)
         return plan
     def place(rows_to_compute: int, largest_fragment: int = 0) -> _TaskPlace:
         per_task = max_rows_per_task or fit_to_fragments(
@@ -457,12 +458,8 @@ def plan_refresh(
         checkpoint_dir=where.checkpoint_dir, definition_raw=definition.encode(), load_number=state.load_number,
         scope=scope, scoped_since_whole=state.scoped_since_whole, seconds_per_row=state.seconds_per_row,
         source_id=source_id, repaired=foreign is not None, read_fields=read_fields, counted_by_tasks=counted,
-        source_top_fragment=_top_fragment(src),
+        source_top_fragment=top_fragment(src),
     )
-
-
-def _top_fragment(src: lance.LanceDataset) -> int:
-    return max((f.fragment_id for f in src.get_fragments()), default=-1)
 
 
 def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, definition: ViewDefinition,

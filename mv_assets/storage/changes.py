@@ -84,8 +84,13 @@ def fragments_after(ds: lance.LanceDataset, version: int) -> list | None:
         before = ds.checkout_version(version)
     except Exception:
         return None
-    top = max((f.fragment_id for f in before.get_fragments()), default=-1)
+    top = top_fragment(before)
     return [f for f in ds.get_fragments() if f.fragment_id > top]
+
+
+def top_fragment(ds: lance.LanceDataset) -> int:
+    """The largest fragment id of ``ds`` (-1: none); later fragments get larger ones."""
+    return max((f.fragment_id for f in ds.get_fragments()), default=-1)
 
 
 # Operations that rewrite a dataset so that no row can be traced to what was

@@ -82,7 +82,8 @@ def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
                     seconds_per_row=latest.get("seconds_per_row"),
                     source_id=latest.get("source_id"),
                     read_fields=latest.get("read_fields"),
-                    source_top_fragment=latest.get("source_top_fragment") if whole else None,
+                    # recorded for the version this record reflects: only a newest whole refresh's is ours
+                    source_top_fragment=latest.get("source_top_fragment") if whole and latest["view_version"] == v else None,
                 )
         v -= 1
     if latest is None:
