@@ -623,3 +623,63 @@ def test_compacting_a_view_rewrites_only_its_small_fragments(tmp_path, monkeypat
     assert frags[0].fragment_id == big[0] and frags[0].metadata.physical_rows == 900
     assert len(frags) < 5
     assert actual_view(v) == expected_view(t.uri, t.version, lambda r: True, lambda r: {"id": r["id"], "x": r["x"]})
+
+
+def _task_predicates(plan) -> list[str]:
+    return [p[1] for t in plan.tasks for p in t.parts]
+
+
+def test_scattered_changed_rows_are_read_by_their_span_and_the_filter_not_a_list_of_ids(tmp_path):
+    """Rows an update rewrote, of which only some pass the view's filter, are
+    scattered in the rewritten fragment: the task reads them by their address
+    span and the change and view filters (every candidate of the span is to be
+    computed), not by a list of hundreds of ids; when only some candidates of a
+    span are to be computed (a refresh comparing row versions), by their ids."""
+    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(900)], primary_key="id")
+    view = db.create_materialized_view("v", src.search(None).where("x % 3 != 0").select({"id": "id", "y": plus}))
+    view.refresh()
+    src.update("id < 600", values_sql={"x": "x + 3"})  # 600 rows rewritten, 400 of them pass: 200 runs
+    plan = view.plan_refresh()
+    assert plan.rows_to_update == 400 and plan.reason == "incremental"
+    predicates = _task_predicates(plan)
+    assert predicates and all("_rowid IN" not in p and "_row_last_updated_at_version >" in p for p in predicates)
+    assert sum(p[2] for t in plan.tasks for p in t.parts) == 400
+    r = view.refresh()
+    assert (r.rows_inserted, r.rows_updated, r.rows_deleted) == (0, 400, 0)
+    assert actual_view(view) == expected_view(src.uri, src.version, _keep, _project)
+    # another tool overwrote every other row of the view: the refresh repairs them, and as
+    # the other candidates of their span are current, it chooses them by id
+    lance.dataset(view.uri).update({"y": "-1"}, where="id % 2 = 0")
+    plan = view.plan_refresh()
+    assert plan.repaired and plan.rows_to_update == 300
+    assert any(p.startswith("_rowid IN (") for p in _task_predicates(plan))
+    view.refresh()
+    assert actual_view(view) == expected_view(src.uri, src.version, _keep, _project)
+
+
+def test_an_incremental_refresh_reads_the_views_keys_not_their_row_versions(tmp_path, monkeypatch):
+    """In an incremental refresh the view reflects exactly its source version:
+    no changed row can be current in it, so only its keys are read."""
+    from mv_assets.model.names import SOURCE_ROW_VERSION
+
+    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(100)], primary_key="id")
+    view = db.create_materialized_view("v", src.search(None).where("x % 3 != 0").select({"id": "id", "y": plus}))
+    view.refresh()
+    src.update("id < 10", values_sql={"x": "x + 1"})
+    src.delete("id = 50")
+    read = []
+    real = lance.LanceDataset.to_table
+
+    def to_table(self, *a, **k):
+        if self.uri == view.uri:
+            read.append(list(k.get("columns") or []))
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(lance.LanceDataset, "to_table", to_table)
+    r = view.refresh()
+    monkeypatch.undo()
+    assert read and all(SOURCE_ROW_VERSION not in cols for cols in read)
+    assert (r.rows_inserted, r.rows_updated, r.rows_deleted) == (4, 3, 4)
+    assert actual_view(view) == expected_view(src.uri, src.version, _keep, _project)

@@ -22,11 +22,8 @@ rows to the task; a full refresh's task computes every group itself. Group
 states are combined column-wise (Arrow and numpy), not group by group.
 """
 
-import concurrent.futures
 import math
-import os
 import re
-import threading
 import uuid
 from dataclasses import dataclass
 
@@ -49,7 +46,7 @@ from mv_assets.model.agg_view import (
 from mv_assets.model.definition import quote_ident, sql_literal
 from mv_assets.model.names import LANCE_ROW_COLUMNS, SOURCE_ROW_ID
 from mv_assets.model.udtf_view import partition_ids
-from mv_assets.storage import objects
+from mv_assets.storage import objects, threads
 from mv_assets.storage.lance_compat import take_rows
 
 __all__ = ["GroupChanges", "groups_from_rows", "apply_changes", "changed_rows", "agg_batches"]
@@ -485,23 +482,8 @@ def _taken(ds: lance.LanceDataset, ids: np.ndarray, columns: list[str]) -> pa.Ta
     chunks = [ids[lo:lo + TAKE_CHUNK] for lo in range(0, len(ids), TAKE_CHUNK)]
     if len(chunks) <= 1:
         return take_rows(ds, pa.array(ids.astype(np.uint64)), columns)
-    parts = list(_take_pool().map(lambda c: take_rows(ds, pa.array(c.astype(np.uint64)), columns), chunks))
+    parts = list(threads.pool("take", 4).map(lambda c: take_rows(ds, pa.array(c.astype(np.uint64)), columns), chunks))
     return pa.concat_tables(parts)
-
-
-_POOL: list[concurrent.futures.ThreadPoolExecutor] = []
-_POOL_LOCK = threading.Lock()
-# a forked child (Spark's Python workers fork) has none of its parent's threads: it starts its own
-os.register_at_fork(after_in_child=_POOL.clear)
-
-
-def _take_pool() -> concurrent.futures.ThreadPoolExecutor:
-    """The process's take threads, started once (starting threads per refresh
-    cost up to 35 ms on a busy 2-core machine)."""
-    with _POOL_LOCK:
-        if not _POOL:
-            _POOL.append(concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="mv_assets-take"))
-        return _POOL[0]
 
 
 def _group_predicate(agg: Aggregate, rows: pa.Table) -> str:

@@ -243,27 +243,46 @@ def _in_list(ids: np.ndarray) -> str:
     return ", ".join(str(int(i)) for i in ids)
 
 
-def pieces_from_rows(addrs: np.ndarray, ids: np.ndarray, max_rows: int) -> list[list]:
+def pieces_from_rows(addrs: np.ndarray, ids: np.ndarray, max_rows: int,
+                     within: "tuple[np.ndarray, str | None] | None" = None) -> list[list]:
     """Pieces ``[fragment id, predicate, rows]`` selecting exactly the given
     rows (row addresses and ids), at most ``max_rows`` each, fragment by
     fragment: address ranges when the rows are contiguous runs (appends, whole
     fragments), else their row ids.
 
+    ``within``: the addresses of the candidate rows the given rows were chosen
+    from and SQL selecting exactly those candidates (None: every row), say
+    the rows an update rewrote that pass the view's filter. Rows that are
+    scattered but are every candidate of their address span are selected by
+    that span and the SQL: a task then scans that span with a short predicate
+    instead of a list of thousands of ids (1% of 1M rows updated, 90% of them
+    passing the filter: a list of 9,000 ids cost 3 ms to write and ~12 ms to scan).
+
     >>> pieces_from_rows(np.array([0, 1, 2, (1 << 32) + 4]), np.array([10, 11, 12, 20]), 2)
     [[0, '(_rowaddr >= 0 AND _rowaddr <= 1)', 2], [0, '(_rowaddr >= 2 AND _rowaddr <= 2)', 1], [1, '(_rowaddr >= 4294967300 AND _rowaddr <= 4294967300)', 1]]
+    >>> every_other = np.arange(0, 140, 2)  # 70 runs: too scattered for ranges
+    >>> pieces_from_rows(every_other, every_other, 100, within=(np.arange(0, 142, 2), "x > 1"))
+    [[0, '(_rowaddr >= 0 AND _rowaddr <= 138) AND (x > 1)', 70]]
     """
     addrs = np.asarray(addrs, dtype=np.int64)
     ids = np.asarray(ids, dtype=np.int64)
     order = np.argsort(addrs, kind="stable")
     addrs, ids = addrs[order], ids[order]
+    candidates = np.sort(np.asarray(within[0], dtype=np.int64)) if within is not None else None
     frag_ids = addrs >> 32
     pieces: list[list] = []
     for fid in np.unique(frag_ids):
         sel = frag_ids == fid
         f_addrs, f_ids = addrs[sel], ids[sel]
         for lo, hi in split_ranges(len(f_addrs), max_rows):
-            predicate = ranges_predicate(f_addrs[lo:hi]) or f"_rowid IN ({_in_list(f_ids[lo:hi])})"
-            pieces.append([int(fid), predicate, int(hi - lo)])
+            predicate = ranges_predicate(f_addrs[lo:hi])
+            if not predicate and candidates is not None and within is not None:
+                first, last = int(f_addrs[lo]), int(f_addrs[hi - 1])
+                in_span = int(np.searchsorted(candidates, last, "right") - np.searchsorted(candidates, first, "left"))
+                if in_span == hi - lo:  # the rows are every candidate of their span
+                    span = f"(_rowaddr >= {first} AND _rowaddr <= {last})"
+                    predicate = f"{span} AND ({within[1]})" if within[1] else span
+            pieces.append([int(fid), predicate or f"_rowid IN ({_in_list(f_ids[lo:hi])})", int(hi - lo)])
     return pieces
 
 

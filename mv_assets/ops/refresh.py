@@ -477,9 +477,15 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
     # A full refresh of the whole view replaces every row it holds: only its keys count.
     rebuild = (how == "full" and scope is None and recompute is None and definition.limit is None
                and not definition.shuffle)
+    # An incremental refresh starts from a view that reflects exactly ``v0``: every row it
+    # holds is at a version <= v0, so no changed row (version > v0) can be current in it and
+    # the view's row versions are not read (900k view rows: their keys and versions read in
+    # ~9 ms, their keys alone in ~4).
+    # Computed source columns' markers are compared with versions: then they are read.
+    ids_only = deletes_only or rebuild or (how == "incremental" and not tracked)
     vk = view_ds.to_table(
-        columns=[SOURCE_ROW_ID] if deletes_only or rebuild else [SOURCE_ROW_ID, SOURCE_ROW_VERSION,
-                                                      *(source_marker(m) for m in tracked)],
+        columns=[SOURCE_ROW_ID] if ids_only else [SOURCE_ROW_ID, SOURCE_ROW_VERSION,
+                                                  *(source_marker(m) for m in tracked)],
         with_row_address=True,
     ) if appended is None else None
     counted = False  # inserts planned from fragment metadata (not exact): the tasks count them
@@ -506,11 +512,11 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
         n_insert, udf_rows = int(len(keys.insert)), {}
     else:
         assert vk is not None
-        keys, rows, current_rows, vk = _changed_rows(
+        keys, rows, current_rows, vk, within = _changed_rows(
             src, src.uri, definition, how, v0, src.version, scope, scope_frags, vk, tracked, recompute, tainted, moved
         )
         where = place(rows.num_rows + current_rows.num_rows)
-        tasks, udf_rows = _tasks_for(where, rows, current_rows, recompute)
+        tasks, udf_rows = _tasks_for(where, rows, current_rows, recompute, within)
         n_insert = int(len(keys.insert))
     return where, tasks, keys, n_insert, udf_rows, vk, counted
 
@@ -720,15 +726,18 @@ class _TaskPlace:
         return tasks
 
 
-def _tasks_for(where: _TaskPlace, rows: pa.Table, current_rows: pa.Table, recompute: list[str] | None):
+def _tasks_for(where: _TaskPlace, rows: pa.Table, current_rows: pa.Table, recompute: list[str] | None,
+               within: "tuple[np.ndarray, str | None] | None" = None):
     """Tasks computing the changed ``rows``, plus tasks recomputing only the
-    ``recompute`` columns of ``current_rows``; and those columns' UDF rows."""
+    ``recompute`` columns of ``current_rows``; and those columns' UDF rows.
+    ``within``: the candidates the rows were chosen from (see :func:`pieces_from_rows`)."""
     tasks = []
     if rows.num_rows:
-        tasks = where.tasks(pieces_from_rows(_ids(rows, "_rowaddr"), _ids(rows), where.max_rows_per_task))
+        tasks = where.tasks(pieces_from_rows(_ids(rows, "_rowaddr"), _ids(rows), where.max_rows_per_task, within))
     udf_rows: dict[str, int] = {}
     if current_rows.num_rows:
-        pieces = pieces_from_rows(_ids(current_rows, "_rowaddr"), _ids(current_rows), where.max_rows_per_task)
+        pieces = pieces_from_rows(_ids(current_rows, "_rowaddr"), _ids(current_rows), where.max_rows_per_task,
+                                  within)
         rewrite = where.tasks(pieces, recompute=list(recompute or []))
         tasks += rewrite
         for name in recompute or []:
@@ -750,13 +759,14 @@ def _changed_rows(
     recompute: list[str] | None,
     tainted: np.ndarray | None = None,
     moved: list | None = None,
-) -> tuple[KeyPlan, pa.Table, pa.Table, pa.Table]:
+) -> "tuple[KeyPlan, pa.Table, pa.Table, pa.Table, tuple[np.ndarray, str | None] | None]":
     """The key plan, the source rows to compute, (``recompute``) the rows the
-    view holds current whose UDF columns are computed again, and the view's
-    keys the plan touches (an incremental refresh: only those of changed rows)."""
+    view holds current whose UDF columns are computed again, the view's keys
+    the plan touches (an incremental refresh: only those of changed rows), and
+    the candidates the rows were chosen from (see ``pieces_from_rows``)."""
     view_keys = _ids(vk, SOURCE_ROW_ID)
     view_vers = (_ids(vk, SOURCE_ROW_VERSION) if SOURCE_ROW_VERSION in vk.column_names
-                 else np.zeros(len(view_keys), np.int64))  # not read after deletes alone: nothing compares them
+                 else np.zeros(len(view_keys), np.int64))  # not read when nothing can be current (_plan_work)
     base_filter = definition.filter
     candidates = None
     if how == "incremental":
@@ -767,6 +777,7 @@ def _changed_rows(
             passing = _no_rows(tracked)
         else:
             passing = _scan(src, and_filters(version_filter, base_filter), moved, markers=tracked)
+        within = (_ids(passing, "_rowaddr"), and_filters(version_filter, base_filter))
         changed_all = None
         if base_filter and (moved is None or moved):
             changed_all = _ids(_scan(src, version_filter, moved, with_version=False))
@@ -782,6 +793,7 @@ def _changed_rows(
                 every = _scan(src, base_filter, markers=tracked)
                 extra = every.filter(pa.array(isin(_ids(every), remarked)))
                 passing = pa.concat_tables([passing, extra])
+                within = None  # rows the version filter does not select: chosen by id
                 if base_filter:
                     fail = np.concatenate([fail, remarked[~isin(remarked, _ids(extra))]])
         deleted = (
@@ -797,6 +809,7 @@ def _changed_rows(
             view_keys, view_vers = view_keys[touched], view_vers[touched]
     else:
         passing = _scan(src, base_filter, scope_frags, markers=tracked)
+        within = (_ids(passing, "_rowaddr"), base_filter)
         pass_ids = _ids(passing)
         if scope is None:
             fail = np.empty(0, np.int64)
@@ -825,10 +838,11 @@ def _changed_rows(
         rows = (
             _scan(src, f"_rowid IN ({_in_list(compute)})", with_version=False) if len(compute) else passing.slice(0, 0)
         )
+        within = None
     else:
         rows = passing
 
-    return keys, rows, current_rows, vk
+    return keys, rows, current_rows, vk, within
 
 
 def _current(
