@@ -236,28 +236,35 @@ def _in_list(ids: np.ndarray) -> str:
     return ", ".join(str(int(i)) for i in ids)
 
 
-def read_history(src: lance.LanceDataset, v0: int, v1: int) -> History:
+def read_history(src: lance.LanceDataset, v0: int, v1: int, appends_need_no_base: bool = False) -> History:
     """One pass over the source's commits between the reflected version ``v0``
     and the target ``v1``: the first commit after which row ids no longer mean
     the same rows (Overwrite, Restore, Clone), and the newest version whose
     commit a history cleanup removed.
 
     Stable row ids and row versions survive cleanup: a removed commit only
-    means the change feed cannot be read (see :func:`choose_how`)."""
-    breaks, cleaned = None, None
-    for v in range(min(v0, v1), max(v0, v1) + 1):
-        if v < 1:
-            continue
+    means the change feed cannot be read (see :func:`choose_how`).
+    ``appends_need_no_base``: when every commit after ``v0`` is an Append, the
+    refresh reads nothing of version ``v0`` (the view recorded the source's
+    largest fragment id then), so whether ``v0`` was cleaned up is not read."""
+    breaks, cleaned, appends = None, None, v1 > v0
+    lo, hi = min(v0, v1), max(v0, v1)
+    for v in range(hi, lo, -1):  # newest first: the newest removed commit is found first
         try:
             txn = objects.read_transaction(src, v)
         except Exception:
-            cleaned = v
+            cleaned = cleaned or v
+            appends = False
             continue
-        if txn is None or v == min(v0, v1) or breaks is not None:
-            continue
-        op = type(txn.operation).__name__
+        op = type(txn.operation).__name__ if txn is not None else None
+        appends = appends and op == "Append"
         if op in _FULL_OPS:
-            breaks = f"source version {v} is an {op}"
+            breaks = f"source version {v} is an {op}"  # (the last assigned is the first commit)
+    if cleaned is None and lo >= 1 and not (appends and appends_need_no_base):
+        try:
+            objects.read_transaction(src, lo)
+        except Exception:
+            cleaned = lo
     return History(breaks_row_ids=breaks, cleaned_up_at=cleaned)
 
 
@@ -416,8 +423,8 @@ def plan_refresh(
     v0 = state.source_version
     def_fp = definition.shape_fingerprint()
     # (a source that has not moved has no commits to read: a no-change refresh reads none)
-    history = (read_history(src, v0, src.version) if v0 is not None and replaced is None and v0 != src.version
-               else History())
+    history = (read_history(src, v0, src.version, appends_need_no_base=_top_fragment_known(state, definition))
+               if v0 is not None and replaced is None and v0 != src.version else History())
     how, reason = choose_how(
         mode=mode, definition_changed=state.definition not in (None, def_fp), v0=v0, target=src.version,
         scope=scope, recompute=recompute, scoped_since_whole=state.scoped_since_whole, history=history,
@@ -545,9 +552,17 @@ def _appended_since(src: lance.LanceDataset, v0: int | None, commits: list, read
         return None
     if any(commit_matters(txn, reads) and type(txn.operation).__name__ != "Append" for txn in commits):
         return None
-    if state.source_top_fragment is not None and state.source_version == v0:  # recorded by the last refresh
+    if _top_fragment_known(state, definition):  # recorded by the last refresh
         return [f for f in src.get_fragments() if f.fragment_id > state.source_top_fragment]
     return fragments_after(src, v0)
+
+
+def _top_fragment_known(state, definition) -> bool:
+    """Whether rows only appended since the last refresh are found from the
+    source's largest fragment id it recorded, reading nothing of the version
+    it reflects (see :func:`_appended_since`)."""
+    return (state.source_top_fragment is not None and not state.scoped_since_whole and definition.limit is None
+            and not definition.shuffle)
 
 
 def _columns_replaced(view: ViewRef, state, read_fields: dict[str, int]) -> str | None:
