@@ -387,3 +387,28 @@ def test_vectorized_extreme_buffers_leave_nan_and_missing_groups_to_the_per_grou
                          pa.array([None, [2.0]], pa.list_(t)), pa.array([[5.0, 4.0], None], pa.list_(t)),
                          False, np.array([2, 1]), t)
     assert lists.to_pylist() == [[4.0, 5.0], [3.0]] and ok.tolist() == [True, True]
+
+
+_KEY_VALUES = {
+    "int": (pa.int64(), st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1))),
+    "bool": (pa.bool_(), st.one_of(st.none(), st.booleans())),
+    "text": (pa.string(), st.one_of(st.none(), st.text(max_size=6))),  # quotes, backslashes, non-ASCII included
+    "ascii": (pa.string(), st.one_of(st.none(), st.text(st.characters(min_codepoint=32, max_codepoint=126),
+                                                         max_size=6))),
+}
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(kinds=st.lists(st.sampled_from(sorted(_KEY_VALUES)), min_size=1, max_size=3), data=st.data())
+def test_group_keys_built_by_arrow_equal_the_json_keys(kinds, data):
+    """agg_tasks._keys_of (Arrow, column-wise where values' text is plain) gives
+    model.agg_view.group_key of each row's key values."""
+    from mv_assets.execution.agg_tasks import _keys_of
+    from mv_assets.model.agg_view import Aggregate, group_key
+
+    n = data.draw(st.integers(0, 8))
+    columns = {f"k{i}": pa.array(data.draw(st.lists(_KEY_VALUES[k][1], min_size=n, max_size=n)), _KEY_VALUES[k][0])
+               for i, k in enumerate(kinds)}
+    table = pa.table(columns)
+    agg = Aggregate(keys=tuple(columns), aggs=())
+    assert _keys_of(table, agg) == [group_key([r[k] for k in columns]) for r in table.to_pylist()]

@@ -118,11 +118,37 @@ def _exact(values: list[float]) -> tuple[float, float]:
 
 
 def _keys_of(table: pa.Table, agg: Aggregate) -> list[str]:
-    """The group key of each row of ``table`` (which holds the key columns)."""
+    """The group key of each row of ``table`` (which holds the key columns):
+    :func:`group_key` of its key values, built column-wise by Arrow where the
+    JSON text of every value is plain (integers, booleans, printable ASCII
+    strings without quotes or backslashes), else value by value."""
     if not agg.keys:
         return [group_key([])] * table.num_rows
+    texts = [_json_texts(table.column(k)) for k in agg.keys]
+    if all(t is not None for t in texts):
+        inner = texts[0] if len(texts) == 1 else pc.binary_join_element_wise(*texts, ", ")  # pyright: ignore[reportAttributeAccessIssue]
+        return pc.binary_join_element_wise("[", inner, "]", "").to_pylist()  # pyright: ignore[reportAttributeAccessIssue]
     columns = [table.column(k).to_pylist() for k in agg.keys]
     return [group_key(list(vals)) for vals in zip(*columns, strict=True)]
+
+
+_PLAIN_TEXT = r"^[ !#-\[\]-~]*$"  # printable ASCII but '"' and '\': its JSON text is itself quoted
+
+
+def _json_texts(column: "pa.ChunkedArray | pa.Array") -> "pa.Array | pa.ChunkedArray | None":
+    """``json.dumps`` of each value of ``column`` (NULL: ``null``), or None
+    where Arrow's text of a value may differ from JSON's."""
+    t = column.type
+    if pa.types.is_integer(t) or pa.types.is_boolean(t):  # "12", "-3", "true": as JSON writes them
+        text = pc.cast(column, pa.string())
+    elif pa.types.is_string(t) or pa.types.is_large_string(t):
+        plain = pc.match_substring_regex(column, _PLAIN_TEXT)  # pyright: ignore[reportAttributeAccessIssue]
+        if pc.any(pc.invert(plain)).as_py():  # pyright: ignore[reportAttributeAccessIssue]
+            return None
+        text = pc.binary_join_element_wise('"', pc.cast(column, pa.string()), '"', "")  # pyright: ignore[reportAttributeAccessIssue]
+    else:
+        return None
+    return pc.fill_null(text, "null")
 
 
 def _dd_add(hi: np.ndarray, lo: np.ndarray, x_hi: np.ndarray, x_lo: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -257,12 +283,13 @@ def _buffers(held: pa.Array, before: np.ndarray, removed: pa.Array, added: pa.Ar
     keep = np.maximum(held_n - gone_n, 0)
     kg, kv = np.repeat(g[starts], keep), np.repeat(v[starts], keep)
     # added values join: all of them in a complete buffer, else only those up to its old bound
-    if len(ag):
-        ok_add = complete[ag] | ((av >= last[ag]) if descending else (av <= last[ag]))
+    ok_add = (complete[ag] | ((av >= last[ag]) if descending else (av <= last[ag]))) if len(ag) else None
+    if ok_add is not None and ok_add.any():
         kg, kv = np.concatenate([kg, ag[ok_add]]), np.concatenate([kv, av[ok_add]]) if len(kv) else av[ok_add]
+        order = np.lexsort((kv, kg))
+        kg, kv = kg[order], kv[order]
+    # (else the kept values are in order already: sorted by group and value above)
     # each group's EXTREMES_KEPT most extreme values, in order
-    order = np.lexsort((kv, kg))
-    kg, kv = kg[order], kv[order]
     counts = np.bincount(kg, minlength=n)
     first = np.concatenate([[0], np.cumsum(counts)[:-1]])
     pos = np.arange(len(kg)) - first[kg]
@@ -461,9 +488,15 @@ def _old_rows(old: lance.LanceDataset, ids: np.ndarray, inputs: list[str], filte
         taken = _taken(old, ids, list(dict.fromkeys([*inputs, *reads])))
         if not filter_sql:
             return taken.select(inputs)
-        # in memory: Lance's memory store lives as long as the handle (no files to write and remove)
-        rows = lance.write_dataset(taken, f"memory://mv_assets_agg_{uuid.uuid4().hex}")
-        return rows.to_table(columns=inputs, filter=filter_sql)
+        # Only the columns the filter reads go to Lance, in memory (its memory store lives
+        # as long as the handle: no files to write and remove); the rows passing it are
+        # taken from the Arrow table by position (one fragment, no deletions: a row's
+        # address is its position). 100k rows of 4 columns written whole: ~13 ms; the filter's 1: ~4.
+        probe = taken.select(reads) if reads else pa.table({"__row": pa.nulls(taken.num_rows, pa.int8())})
+        rows = lance.write_dataset(probe, f"memory://mv_assets_agg_{uuid.uuid4().hex}",
+                                   max_rows_per_file=max(1, probe.num_rows))  # one fragment
+        passing = rows.to_table(columns=[], filter=filter_sql, with_row_address=True).column("_rowaddr")
+        return taken.select(inputs).take(passing)
     parts = []  # the scan, by id lists
     for lo in range(0, len(ids), ID_CHUNK):
         chunk = ", ".join(str(int(i)) for i in ids[lo:lo + ID_CHUNK])
