@@ -280,3 +280,41 @@ def test_a_view_whose_record_cannot_be_read_is_listed_as_unreadable(db):
     assert rows["ok"]["load_state"] == "NEVER_LOADED"
     assert (rows["newer"]["load_state"], rows["newer"]["source"], rows["newer"]["valid"]) == ("UNREADABLE", "raw", False)
     assert "unsupported view definition format 999" in rows["newer"]["last_error"]
+
+
+def test_a_view_whose_dataset_is_damaged_is_listed_and_hides_nothing(db, caplog):
+    """Another tool (or a disk) damages a view's manifests: the status table, the
+    CLI's status and listing views show every other view as usual and the damaged
+    one as UNREADABLE with the reason in our words (no Rust paths); Dagster's
+    asset graph leaves it out with a warning and keeps the others."""
+    import glob
+    import logging
+
+    from click.testing import CliRunner
+
+    from mv_assets.cli import main
+    from mv_assets.dagster.catalog import catalog_tables
+
+    t = db.create_table("raw", [{"id": i} for i in range(3)])
+    db.create_materialized_view("ok", t.search(None).select(["id"])).refresh()
+    broken = db.create_materialized_view("broken", t.search(None).select(["id"]))
+    broken.refresh()
+    for manifest in glob.glob(os.path.join(broken.uri, "_versions", "*.manifest")):
+        with open(manifest, "wb") as fh:
+            fh.write(b"garbage")
+
+    rows = {r["name"]: r for r in db.status().to_pylist()}
+    assert set(rows) == {"ok", "broken"}
+    assert rows["ok"]["load_state"] == "LOADED" and rows["ok"]["cardinality"] == 3
+    assert rows["broken"]["load_state"] == "UNREADABLE" and not rows["broken"]["valid"]
+    assert rows["broken"]["last_error"].startswith("the dataset cannot be read")
+    assert ".rs:" not in rows["broken"]["last_error"]
+    with pytest.warns(UserWarning, match=r"left out of the views of .*'broken': the dataset cannot be read"):
+        assert [v.name for v in db.views()] == ["ok"]
+    out = CliRunner().invoke(main, ["--db", db.uri, "status"])
+    assert out.exit_code == 0, out.output
+    assert "UNREADABLE" in out.output and "LOADED" in out.output and ".rs:" not in out.output
+    with caplog.at_level(logging.WARNING, logger="mv_assets.dagster.catalog"):
+        tables = catalog_tables(db)
+    assert set(tables) == {"raw", "ok"}
+    assert any("'broken'" in r.getMessage() and "left out of the asset graph" in r.getMessage() for r in caplog.records)

@@ -6,6 +6,7 @@ import functools
 import json
 import os
 import re
+import warnings
 from typing import Any, overload
 
 import pyarrow as pa
@@ -169,16 +170,24 @@ class Connection:
                 break
         return sorted(n for n in set(names) if objects.is_dataset(self.table_uri(n)))
 
-    def describe(self, name: str | None = None) -> dict[str, TableDescription]:
+    def describe(self, name: str | None = None, *, unreadable: dict[str, str] | None = None
+                 ) -> dict[str, TableDescription]:
         """Descriptions of every table and view (or of ``name``) from stored
-        metadata only: no UDF is unpickled (see :mod:`mv_assets.api.describe`)."""
+        metadata only: no UDF is unpickled (see :mod:`mv_assets.api.describe`).
+        ``unreadable``: a dict that receives the datasets that cannot be read
+        (damaged files: name -> why) instead of the first one raising."""
         present = self.table_names()
         names = present if name is None else [name]
         out = {}
         for n in names:
             if n not in present:
                 raise TableNotFoundError(f"no table or view named {n!r} in {self.uri}")
-            out[n] = describe_dataset(n, self.table_uri(n))
+            try:
+                out[n] = describe_dataset(n, self.table_uri(n))
+            except Exception as exc:
+                if unreadable is None:
+                    raise
+                unreadable[n] = _unreadable_reason(exc)
         return out
 
     def describe_query(self, name: str, query: "Query | ViewDefinition") -> TableDescription:
@@ -316,11 +325,23 @@ class Connection:
         drop_errors(self.layout, name)
 
     def views(self) -> list[MaterializedView]:
-        out = []
+        """The materialized views. A dataset that cannot be opened (damaged
+        files) is left out with a warning naming it; :meth:`status` lists it
+        as UNREADABLE with the reason."""
+        out, broken = [], {}
         for n in self.table_names():
-            t = self.open_table(n)
+            try:
+                t = self.open_table(n)
+            except TableNotFoundError:
+                continue  # dropped meanwhile
+            except Exception as exc:
+                broken[n] = _unreadable_reason(exc)
+                continue
             if isinstance(t, MaterializedView):
                 out.append(t)
+        if broken:
+            warnings.warn("left out of the views of " + self.uri + ", as they cannot be read: "
+                          + "; ".join(f"{n!r}: {why}" for n, why in sorted(broken.items())), stacklevel=2)
         return out
 
     def dependents(self, name: str) -> list[str]:
@@ -588,7 +609,16 @@ class Connection:
         UNREADABLE, each with the reason in ``last_error``: one broken view
         never hides the others."""
         out = []
-        for view in [self.open_view(name)] if name else self.views():
+        for n in [name] if name else self.table_names():
+            try:
+                view = self.open_view(name) if name else self.open_table(n)
+            except Exception as exc:  # a dataset that cannot be opened (damaged files): listed, not hiding the others
+                if name:
+                    raise
+                out.append(unreadable_status(n, None, _unreadable_reason(exc)))
+                continue
+            if not isinstance(view, MaterializedView):
+                continue
             try:
                 out.append(view_status(view.ref()))
             except Exception as exc:  # a status listing reports what it cannot read, it does not stop
@@ -769,3 +799,8 @@ def connect(
     []
     """
     return Connection(uri, runner=runner, storage_options=storage_options, create=create)
+
+
+def _unreadable_reason(exc: Exception) -> str:
+    """Why a dataset of the catalog cannot be opened, in our words and Lance's (no Rust paths)."""
+    return f"the dataset cannot be read ({type(exc).__name__}: {short_error(exc)})"

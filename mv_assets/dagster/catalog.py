@@ -130,7 +130,10 @@ def _declare(out: dict[str, "TableInfo"], names: dict[str, list[str]], db: Conne
 def catalog_tables(db: Connection, declared: dict | None = None) -> dict[str, TableInfo]:
     """Every table and view of ``db`` with its lineage; ``declared`` (name ->
     query) overlays views declared in code (see :mod:`mv_assets.declare`)."""
-    described = db.describe()
+    unreadable: dict[str, str] = {}
+    described = db.describe(unreadable=unreadable)
+    for name, why in sorted(unreadable.items()):  # the others still load (`mv-assets status` lists it)
+        log.warning(f"{name!r} of catalog {db.uri} is left out of the asset graph: {why}")
     out = {name: _info(d) for name, d in described.items()}
     names = {name: d.field_names for name, d in described.items()}
     if declared:
