@@ -403,18 +403,27 @@ def columns(obj: _Ctx, table: str, as_json: bool) -> None:
 @click.argument("table")
 @click.option("--column", default=None, help="Only this column.")
 @click.option("--job", "job_id", default=None, help="Only this job.")
+@click.option("--failing", is_flag=True, help="Only rows whose value is still not computed (not fixed since).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON (with tracebacks).")
 @click.pass_obj
 @_guard
-def errors(obj: _Ctx, table: str, column: str | None, job_id: str | None, as_json: bool) -> None:
-    """Rows a UDF failed on: job, column, stable row id, exception."""
-    records = obj.db.open_table(table).get_errors(job_id=job_id, column_name=column)
+def errors(obj: _Ctx, table: str, column: str | None, job_id: str | None, failing: bool, as_json: bool) -> None:
+    """Rows a UDF failed on: job, column, stable row id, exception, and
+    whether the row still fails (no value computed since) or was fixed by a
+    later backfill or refresh (or is gone)."""
+    t = obj.db.open_table(table)
+    records = t.get_errors(job_id=job_id, column_name=column)
+    still = {c: set(t.get_failed_row_ids(c)) for c in sorted({r.column for r in records})}
+    rows = [(r, r.row_id in still[r.column]) for r in records]
+    if failing:
+        rows = [(r, s) for r, s in rows if s]
     if as_json:
-        _print_json([r.__dict__ for r in records])
+        _print_json([{**r.__dict__, "still_failing": s} for r, s in rows])
         return
     _print_rows(
-        [{"job": r.job_id, "column": r.column, "row_id": r.row_id, "error": r.error_type,
-          "message": (r.message or "")[:80], "attempts": r.attempts, "at": r.created_at} for r in records],
+        [{"job": r.job_id, "column": r.column, "row_id": r.row_id, "now": "failing" if s else "fixed",
+          "error": r.error_type, "message": (r.message or "")[:80], "attempts": r.attempts, "at": r.created_at}
+         for r, s in rows],
         f"errors in {table}",
     )
 

@@ -106,8 +106,17 @@ def test_backfill_dry_run_errors_and_retry(tmp_path):
     flag.unlink()
     status = {c["column"]: c for c in json.loads(run(db, "columns", "t", "--json").output)}
     assert (status["y"]["current"], status["y"]["stale"], status["y"]["failed"]) == (7, 3, 3)
+    r = run(db, "errors", "t", "--json")
+    assert [e["still_failing"] for e in json.loads(r.output)] == [True] * 3
     r = run(db, "backfill", "t", "y", "--retry-failed")
     assert r.exit_code == 0 and "3 rows written, 0 failed" in r.output
+    # the records stay (what happened), each saying it was fixed since
+    r = run(db, "errors", "t", "--json")
+    assert [e["still_failing"] for e in json.loads(r.output)] == [False] * 3
+    r = run(db, "errors", "t")
+    assert r.exit_code == 0 and r.output.count("fixed") == 3 and "failing" not in r.output
+    r = run(db, "errors", "t", "--failing", "--json")
+    assert r.exit_code == 0 and json.loads(r.output) == []
     status = {c["column"]: c for c in json.loads(run(db, "columns", "t", "--json").output)}
     assert (status["y"]["current"], status["y"]["stale"], status["y"]["failed"]) == (10, 0, 0)
     assert [row["y"] for row in t.to_arrow().to_pylist()] == [i + 1 for i in range(10)]
