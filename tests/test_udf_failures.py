@@ -68,13 +68,36 @@ def test_backfill_failure_names_the_table_row_and_lists_it_as_failed(db):
     assert src.get_failed_row_ids("score") == [row_id]
 
 
-def test_batched_udf_failure_names_the_batch(db):
+def test_batched_udf_failure_names_the_failing_row(db):
+    """A batched UDF raises for its whole batch: halves of it are run again
+    until the row that raises alone is found, and the error and its record
+    name that row, not the batch."""
     src = _source(db, pk=None)
     view = db.create_materialized_view("v", src.search(None).select({"id": "id", "score": fragile_batch}))
-    with pytest.raises(UdfError, match=r"UDF 'fragile_batch' raised KeyError.* a batch of \d+ rows .*source row ids") as info:
+    row_id = _row_id_of(src, 3)
+    with pytest.raises(UdfError, match=rf"UDF 'fragile_batch' raised KeyError: 'no score for 3' .*on source row id "
+                                       rf"{row_id} of 'src'") as info:
         view.refresh()
-    assert info.value.rows > 1 and info.value.key is None
-    assert [e.error_type for e in view.get_errors(column_name="score")] == ["KeyError"]
+    assert info.value.rows == 1 and info.value.row_id == row_id and info.value.key is None
+    assert [(e.error_type, e.row_id) for e in view.get_errors(column_name="score")] == [("KeyError", row_id)]
+
+
+@mv.udf(data_type=pa.int64())
+def needs_small_batches(x: pa.Array) -> pa.Array:
+    if len(x) > 2:
+        raise MemoryError(f"out of memory for {len(x)} rows")
+    return pa.array([v * 10 for v in x.to_pylist()], pa.int64())
+
+
+def test_a_batch_that_fails_only_as_a_whole_is_named_as_a_batch(db):
+    """No row fails alone (the batch is too large for the model, say): the
+    error names the smallest part that still fails, as a batch of rows."""
+    src = _source(db, pk=None)
+    view = db.create_materialized_view("v", src.search(None).select({"id": "id", "s": needs_small_batches}))
+    with pytest.raises(UdfError, match=r"raised MemoryError: out of memory for 3 rows .* a batch of 3 rows .*source "
+                                       r"row ids \d+\.\.\d+; a batched UDF does not say which row") as info:
+        view.refresh()
+    assert info.value.rows == 3
 
 
 def test_udf_error_survives_pickling():

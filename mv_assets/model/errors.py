@@ -48,8 +48,10 @@ class UdfError(MvAssetsError, RuntimeError):
 
     Names the UDF, the column, the row (stable row id of the table the row
     belongs to, for a view its source; the primary key value if that table has
-    one) and the remedy. A batched UDF that raises names its batch (first and
-    last row ids). Built where the UDF runs (the row's position in its batch),
+    one) and the remedy. A batched UDF that raises is run again on halves of
+    its batch until one row raises alone, which is named; where no row raises
+    alone (the batch fails as a whole), the smallest failing part is named
+    (first and last row ids). Built where the UDF runs (the row's position in its batch),
     located by the task (column, row ids), attributed on the driver (table,
     primary key); it crosses process boundaries as plain data
     (:meth:`to_dict`, pickling), so a Spark job re-raises it on the driver.

@@ -456,8 +456,8 @@ class UDF:
 
     def _failure(self, index: int, rows: int, exc: BaseException) -> UdfError:
         """The error that stops the job (on_error "fail"): rows ``index`` ..
-        ``index + rows - 1`` of the batch (one row for a scalar UDF, the batch
-        for a batched one, which does not say which row raised)."""
+        ``index + rows - 1`` of the batch (one row, or for a batched UDF the
+        smallest part of its batch that raised, see :meth:`_failing_part`)."""
         e = self._row_error(index, exc)
         return UdfError(self.name, e.error_type, e.message, traceback=e.traceback, attempts=e.attempts,
                         row_index=index, rows=rows)
@@ -516,7 +516,8 @@ class UDF:
             if getattr(exc, "__mv_output_error__", False):
                 raise
             if not skip:
-                raise self._failure(0, n, exc) from exc
+                index, rows, cause = self._failing_part(fn, batch, exc)
+                raise self._failure(index, rows, cause) from cause
         # The batch failed: find the failing rows one by one.
         parts = []
         for i in range(n):
@@ -531,6 +532,28 @@ class UDF:
                 parts.append(pa.nulls(1, self.data_type))
         out = pa.concat_arrays(parts) if parts else pa.array([], self.data_type)
         return out, n
+
+    def _failing_part(self, fn: Callable, batch: pa.RecordBatch, exc: Exception) -> tuple[int, int, Exception]:
+        """The smallest part of a batch that raised (on_error "fail") found by
+        halving it: (first row, rows, its exception). A half that raises alone
+        is halved again, so a row that fails names itself after about log2(n)
+        calls and n rows computed again (on the failure path only); where
+        neither half raises alone (the batch fails as a whole: out of memory,
+        say), that part is named."""
+        lo, n = 0, batch.num_rows
+        attempts = getattr(exc, "__mv_attempts__", 1)  # the batch's: the parts are called once each
+        while n > 1:
+            half = n // 2
+            for start, size in ((lo, half), (lo + half, n - half)):
+                try:
+                    self._call_batch(fn, batch.slice(start, size))
+                except Exception as found:
+                    found.__mv_attempts__ = attempts  # type: ignore[attr-defined]
+                    lo, n, exc = start, size, found
+                    break
+            else:
+                break  # neither half raises alone
+        return lo, n, exc
 
     def _apply_in_slices(self, batch: pa.RecordBatch, limit: int, errors: list[RowError] | None):
         """``apply`` over consecutive slices of at most ``limit`` rows (``batch_size``)."""
