@@ -3,6 +3,7 @@ UDF and the row (source row id, primary key value), gives the remedy, is
 recorded in the catalog's errors table, and crosses the Spark worker boundary
 as our error, not as a Py4J stack."""
 
+import os
 import pickle
 
 import lance
@@ -121,3 +122,64 @@ def test_spark_refresh_failure_is_our_error_not_a_py4j_stack(spark_db):
     assert "Py4J" not in str(err) and "java" not in str(err).lower() and len(str(err)) < 600
     assert "raise ZeroDivisionError" in err.traceback  # the worker's traceback travels as text
     assert [e.row_id for e in view.get_errors(column_name="score")] == [row_id]
+
+
+_CONNECT_CLIENT = r"""
+import json, sys
+import mv_assets as mv
+from mv_assets.execution.spark import SparkRunner
+from mv_assets.model.errors import UdfError
+
+def fragile(x: int) -> int:
+    if x == 3:
+        raise ZeroDivisionError("cannot score row three")
+    return x * 10
+
+runner = SparkRunner(remote=sys.argv[1], local_below_rows=0)
+db = mv.connect(sys.argv[2], runner=runner)
+src = db.create_table("src", [{"id": 100 + i, "x": i} for i in range(6)], primary_key="id")
+view = db.create_materialized_view("v", src.search(None).select({"id": "id", "score": mv.udf(fragile)}))
+try:
+    view.refresh()
+    print(json.dumps({"raised": None}))
+except UdfError as err:
+    print(json.dumps({"raised": "UdfError", "text": str(err), **err.to_dict(),
+                      "records": [e.row_id for e in view.get_errors(column_name="score")]}))
+except Exception as exc:
+    print(json.dumps({"raised": type(exc).__name__, "text": str(exc)[:2000]}))
+finally:
+    runner.stop()
+"""
+
+
+@pytest.mark.spark
+def test_spark_connect_refresh_failure_is_our_error_too(tmp_path):
+    """A UDF failing in a task run by a Spark Connect server comes back to the
+    client as our UdfError (column, UDF, row, key, the worker's traceback as
+    text), recorded in the errors table, not as a gRPC/JVM stack. (The client
+    runs in a process of its own: pyspark marks a process as a Connect client
+    for good.)"""
+    import json
+    import subprocess
+    import sys
+
+    from mv_assets.dagster.devserver import free_port
+    from mv_assets.execution import connect_server
+
+    state = str(tmp_path / "connect")
+    url = connect_server.start(port=free_port(), master="local[2]", state_dir=state)
+    try:
+        script = tmp_path / "client.py"
+        script.write_text(_CONNECT_CLIENT)
+        out = subprocess.run([sys.executable, str(script), url, str(tmp_path / "cat")], capture_output=True,
+                             text=True, timeout=300, env={**os.environ, "SPARK_CONNECT_MODE_ENABLED": "1"})
+    finally:
+        connect_server.stop(state)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["raised"] == "UdfError", got
+    assert "UDF 'fragile' raised ZeroDivisionError: cannot score row three" in got["text"]
+    assert (got["column"], got["key"]) == ("score", ["id", 103])
+    assert "raise ZeroDivisionError" in got["traceback"]
+    assert "grpc" not in got["text"].lower() and "java" not in got["text"].lower()
+    assert got["records"] == [got["row_id"]]
