@@ -21,7 +21,7 @@ from hypothesis import strategies as st
 import mv_assets as mv
 
 AGGS = {"n": "count(*)", "nx": "count(x)", "sx": "sum(x)", "ax": "avg(x)", "lo": "min(x)", "hi": "max(x)",
-        "si": "sum(i)", "ai": "avg(i)", "hs": "max(label)"}
+        "si": "sum(i)", "ai": "avg(i)", "hs": "max(label)", "dl": "count(distinct label)", "di": "count(distinct i)"}
 KEYS = ("g", "s")
 SCHEMA = pa.schema([("id", pa.int64()), ("g", pa.int64()), ("s", pa.string()), ("x", pa.float64()),
                     ("i", pa.int64()), ("label", pa.string()), ("w", pa.int64())])
@@ -42,8 +42,12 @@ def oracle(uri: str, version: int | None, storage_options: dict | None = None) -
         o = {}
         for name, call in AGGS.items():
             fn, col = call[:-1].split("(")
+            distinct = col.startswith("distinct ")
+            col = col.removeprefix("distinct ")
             vals = [r[col] for r in rs if r[col] is not None] if col != "*" else []
-            if fn == "count":
+            if distinct:
+                o[name] = len(set(vals))
+            elif fn == "count":
                 o[name] = len(rs) if col == "*" else len(vals)
             elif not vals:
                 o[name] = None
@@ -224,8 +228,11 @@ def test_bad_aggregate_queries_are_refused_before_anything_is_written(db):
     q = src.search(None)
     with pytest.raises(ValueError, match="unknown function 'median'"):
         q.group_by("g").agg({"m": "median(x)"})
-    with pytest.raises(ValueError, match=r"count\(distinct ...\) is not supported"):
-        q.group_by("g").agg({"d": "count(distinct x)"})
+    with pytest.raises(ValueError, match=r"sum\(distinct ...\) is not supported; of the distinct aggregates only "
+                                         r"count\(distinct column\) is"):
+        q.group_by("g").agg({"d": "sum(distinct x)"})
+    with pytest.raises(ValueError, match=r"only count takes \*; count\(distinct \*\) needs a column"):
+        q.group_by("g").agg({"d": "count(distinct *)"})
     with pytest.raises(ValueError, match=r"only count takes \*"):
         q.group_by("g").agg({"s": "sum(*)"})
     with pytest.raises(ValueError, match="cannot read 'x'"):
@@ -412,3 +419,43 @@ def test_group_keys_built_by_arrow_equal_the_json_keys(kinds, data):
     table = pa.table(columns)
     agg = Aggregate(keys=tuple(columns), aggs=())
     assert _keys_of(table, agg) == [group_key([r[k] for k in columns]) for r in table.to_pylist()]
+
+
+def test_count_distinct_follows_values_leaving_and_coming_back(db):
+    """count(distinct x): NULLs are not counted; a value leaves a group when its
+    last row goes (deleted, updated away, moved to another group) and counts
+    again when a row brings it back; a group of only NULLs counts 0; the
+    group's state (its values and their row counts) stays hidden."""
+    rows = [{"id": i, "g": i % 2, "s": "a", "x": None, "i": i % 3, "label": ["p", "q", None][i % 3], "w": 0}
+            for i in range(12)]
+    src = db.create_table("src", pa.Table.from_pylist(rows, schema=SCHEMA), primary_key="id")
+    v = db.create_materialized_view("d", src.search(None).group_by("g").agg(
+        {"n": "count(*)", "dl": "count(distinct label)", "di": "count(distinct i)", "dx": "count(distinct x)",
+         "dg": "count(distinct g)"}))
+
+    def got():
+        return {r["g"]: (r["n"], r["dl"], r["di"], r["dx"], r["dg"]) for r in v.to_arrow().to_pylist()}
+
+    def want():
+        t = lance.dataset(src.uri, version=v.source_version).to_table().to_pylist()
+        out = {}
+        for g in {r["g"] for r in t}:
+            rs = [r for r in t if r["g"] == g]
+            out[g] = (len(rs), *(len({r[c] for r in rs if r[c] is not None}) for c in ("label", "i", "x", "g")))
+        return out
+
+    v.refresh()
+    assert got() == want() == {0: (6, 2, 3, 0, 1), 1: (6, 2, 3, 0, 1)}
+    src.delete("g = 0 AND label = 'q'")  # the last rows of value q in group 0
+    src.update("id = 1", values_sql={"g": "0"})  # label q joins group 0 again, from group 1
+    v.refresh()
+    assert got() == want()
+    src.update("g = 1", values_sql={"i": "7", "x": "1.5"})
+    src.delete("g = 0")  # the group empties out and goes
+    v.refresh()
+    assert got() == want() == {1: (5, 2, 1, 1, 1)}
+    assert {c.name: c.passed for c in v.check()} == {"no_orphan_rows": True, "values_match_source": True}
+    assert not [c for c in v.to_arrow().column_names if c.startswith("__")]
+    with pytest.raises(ValueError, match=r"count\(distinct\) needs a column of numbers, text, dates or booleans"):
+        t = db.create_table("nested", [{"id": 1, "tags": [1, 2]}])
+        db.create_materialized_view("bad", t.search(None).group_by("id").agg({"d": "count(distinct tags)"}))

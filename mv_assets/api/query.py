@@ -103,7 +103,7 @@ class Query:
 
     def agg(self, aggregates: dict[str, str]) -> "Query":
         """The outputs of a :meth:`group_by` query: ``{name: "count(*)" |
-        "count(x)" | "sum(x)" | "avg(x)" | "min(x)" | "max(x)"}``."""
+        "count(x)" | "count(distinct x)" | "sum(x)" | "avg(x)" | "min(x)" | "max(x)"}``."""
         from mv_assets.model.agg_view import parse_aggs
 
         parse_aggs(aggregates)  # refused now, in our words

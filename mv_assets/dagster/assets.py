@@ -34,6 +34,7 @@ from mv_assets.api.declare import reconcile
 from mv_assets.api.table import Table
 from mv_assets.dagster.catalog import TableInfo
 from mv_assets.dagster.resource import MvAssetsResource
+from mv_assets.model.agg_view import agg_text
 from mv_assets.model.errors import UdfError
 from mv_assets.model.policy import RefreshPolicy
 
@@ -160,7 +161,7 @@ def column_descriptions(info: TableInfo) -> dict[str, str]:
     out: dict[str, str] = {}
     if kind == "aggregate":
         out.update({k: f"Group key: `{info.source}`.`{k}`." for k in function["keys"]})
-        out.update({n: f"Aggregate: {fn}({c or '*'}) over each group's rows of `{info.source}`."
+        out.update({n: f"Aggregate: {agg_text(fn, c)} over each group's rows of `{info.source}`."
                     for n, fn, c in function["aggs"]})
         return out
     for c in info.definition.get("columns", []):
@@ -321,7 +322,7 @@ def _view_description(info: TableInfo) -> str:
     function = info.definition.get("function")
     if function and function["kind"] == "aggregate":
         keys = ", ".join(f"`{k}`" for k in function["keys"]) or "nothing (one group)"
-        outs = ", ".join(f"{n} = {fn}({c or '*'})" for n, fn, c in function["aggs"])
+        outs = ", ".join(f"{n} = {agg_text(fn, c)}" for n, fn, c in function["aggs"])
         what = (f"Aggregate view over `{info.source}`{where}: group by {keys}; {outs}; a refresh applies the "
                 "changed rows to the groups they touch")
     elif function and function["kind"] == "udtf":

@@ -39,6 +39,8 @@ from mv_assets.model.agg_view import (
     Aggregate,
     cnt_col,
     comp_col,
+    dist_col,
+    distinct_type,
     ext_col,
     group_key,
     sum_col,
@@ -103,7 +105,34 @@ def _aggregate(rows: pa.Table, agg: Aggregate, exact: bool = False) -> pa.Table 
         pairs = [_exact(flat[lo:hi].tolist()) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
         out = out.set_column(at, f"__s_{cols.index(c)}", pa.array([p[0] for p in pairs], pa.float64()))
         out = out.append_column(f"__e_{cols.index(c)}", pa.array([p[1] for p in pairs], pa.float64()))
+    if agg.distincts:
+        texts = _keys_of(out, agg)
+        for c in agg.distincts:
+            out = out.append_column(f"__d_{cols.index(c)}", _distinct_lists(rows, agg, c, texts))
     return out
+
+
+def _distinct_lists(rows: pa.Table, agg: Aggregate, c: str, group_texts: list[str]) -> pa.Array:
+    """Per group (in the order of ``group_texts``, the groups' keys): its
+    distinct non-NULL values of ``c`` in ``rows``, each with its row count."""
+    t = rows.schema.field(c).type
+    valued = rows.filter(pc.is_valid(rows.column(c)))  # pyright: ignore[reportAttributeAccessIssue]
+    by = list(dict.fromkeys([*agg.keys, c]))
+    pairs = valued.group_by(by, use_threads=False).aggregate([([], "count_all")])
+    entries = pa.StructArray.from_arrays([pairs.column(c).combine_chunks().cast(t),
+                                          pairs.column("count_all").combine_chunks().cast(pa.int64())],
+                                         names=["v", "n"])
+    at = pc.index_in(pa.array(_keys_of(pairs, agg), pa.string()), value_set=pa.array(group_texts, pa.string()))  # pyright: ignore[reportAttributeAccessIssue]
+    return _lists_by_group(np.asarray(at.to_numpy(zero_copy_only=False), np.int64), entries, len(group_texts), t)
+
+
+def _lists_by_group(groups: np.ndarray, entries: pa.Array, n: int, t: pa.DataType) -> pa.Array:
+    """A list per group position ``0..n-1`` of the ``entries`` whose position ``groups`` holds."""
+    order = np.argsort(groups, kind="stable")
+    sizes = np.bincount(groups, minlength=n) if len(groups) else np.zeros(n, np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    taken = entries.take(pa.array(order)) if len(order) else entries.slice(0, 0)
+    return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), taken, type=distinct_type(t))
 
 
 def _exact(values: list[float]) -> tuple[float, float]:
@@ -398,9 +427,16 @@ def _combine(keys: list[str], agg: Aggregate, schema: pa.Schema, old: pa.Table |
         stale |= gone  # the buffer ran out while the group still has values: recompute it
         buffers[(fn, c)] = pa.array(new_bufs, pa.list_(t))
         ext[(fn, c)] = pa.array([b[0] if b else None for b in new_bufs], t)
+    distinct: dict[str, tuple[pa.Array, np.ndarray]] = {}
+    for c in agg.distincts:
+        j, t = cols.index(c), typ[dist_col(c)].value_type.field("v").type
+        distinct[c] = _distinct_state(t, n, [(old, dist_col(c), po, 1), (plus, f"__d_{j}", pp, 1),
+                                             (minus, f"__d_{j}", pm, -1)])
     arrays: dict[str, pa.Array] = {
         SOURCE_ROW_ID: pa.array(partition_ids(keys), pa.int64()), GROUP: key_arr, ROWS: pa.array(rows, pa.int64()),
     }
+    for c, (lists, _) in distinct.items():
+        arrays[dist_col(c)] = lists
     for k in agg.keys:  # a group's key values are the same wherever it is found (NULL included)
         arrays[k] = pc.coalesce(_take(old, k, po, typ[k]), _take(plus, k, pp, typ[k]), _take(minus, k, pm, typ[k]))  # pyright: ignore[reportAttributeAccessIssue]
     for c in cols:
@@ -417,6 +453,10 @@ def _combine(keys: list[str], agg: Aggregate, schema: pa.Schema, old: pa.Table |
         if a.fn == "count":
             arrays[a.name] = pa.array(rows if c is None else cnt[c], pa.int64())
             continue
+        if a.fn == "count_distinct":
+            assert c is not None
+            arrays[a.name] = pa.array(distinct[c][1], pa.int64())
+            continue
         assert c is not None
         none = cnt[c] <= 0  # only NULLs (or no rows): NULL
         if a.fn == "sum":
@@ -431,6 +471,34 @@ def _combine(keys: list[str], agg: Aggregate, schema: pa.Schema, old: pa.Table |
     table = pa.Table.from_arrays([arrays[f.name] for f in schema], schema=schema)
     live = rows > 0
     return _Combined(table.filter(pa.array(live)), rows, stale & live)
+
+
+def _distinct_state(t: pa.DataType, n: int, parts: list) -> tuple[pa.Array, np.ndarray]:
+    """Each group's distinct values with their row counts after a change, and
+    how many values each group has: the counts of ``parts`` (table, its state
+    column, each group's position in it (-1: none), +1 / -1) added per (group,
+    value); values whose count reaches 0 leave."""
+    gs, vs, ns = [], [], []
+    for table, name, at, sign in parts:
+        if table is None:
+            continue
+        lists = _take(table, name, at, distinct_type(t))
+        if len(lists.values) == 0:
+            continue
+        flat = pc.list_flatten(lists)  # pyright: ignore[reportAttributeAccessIssue]
+        gs.append(np.asarray(pc.list_parent_indices(lists).to_numpy(zero_copy_only=False), np.int64))  # pyright: ignore[reportAttributeAccessIssue]
+        vs.append(flat.field("v"))
+        ns.append(np.asarray(flat.field("n").to_numpy(zero_copy_only=False), np.int64) * sign)
+    if not gs:
+        return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], distinct_type(t).value_type),
+                                        type=distinct_type(t)), np.zeros(n, np.int64)
+    summed = pa.table({"g": np.concatenate(gs), "v": pa.concat_arrays([v.cast(t) for v in vs]),
+                       "n": np.concatenate(ns)}).group_by(["g", "v"], use_threads=False).aggregate([("n", "sum")])
+    live = summed.filter(pc.greater(summed.column("n_sum"), 0))  # pyright: ignore[reportAttributeAccessIssue]
+    groups = np.asarray(live.column("g").to_numpy(), np.int64)
+    entries = pa.StructArray.from_arrays([live.column("v").combine_chunks(), live.column("n_sum").combine_chunks()],
+                                         names=["v", "n"])
+    return _lists_by_group(groups, entries, n, t), np.bincount(groups, minlength=n).astype(np.int64)
 
 
 def groups_from_rows(rows: pa.Table, agg: Aggregate, schema: pa.Schema, exact: bool = False) -> pa.Table:

@@ -20,7 +20,12 @@ the view's own columns (so one Lance commit carries rows and state):
 * ``__agg__min__<x>`` / ``__agg__max__<x>``: the group's :data:`EXTREMES_KEPT`
   most extreme values of ``x`` (a sorted prefix of them): a deleted minimum
   is replaced by the next one; the group is recomputed from the source only
-  when the buffer runs out.
+  when the buffer runs out;
+* ``__agg__dist__<x>`` (``count(distinct x)``): the group's distinct non-NULL
+  values of ``x``, each with its number of rows (a list of ``{v, n}``): rows
+  added and removed change the counts, a value whose count reaches 0 leaves,
+  the output is the number of values left. Its size grows with the distinct
+  values per group (a group of a million distinct ids holds a million entries).
 
 SQL NULL semantics: ``count(x)`` skips NULLs; sum/avg/min/max of only NULLs is
 NULL; NULL keys form a group. Keys hold values compared exactly (integers,
@@ -50,7 +55,7 @@ from mv_assets.model.udtf_view import check_partition_type, partition_key
 
 __all__ = [
     "Agg", "Aggregate", "FUNCTIONS", "GROUP", "ROWS", "agg_view_schema", "check_agg_query", "group_key",
-    "parse_aggs", "cnt_col", "sum_col", "comp_col", "ext_col", "EXTREMES_KEPT",
+    "parse_aggs", "cnt_col", "sum_col", "comp_col", "ext_col", "dist_col", "agg_text", "EXTREMES_KEPT",
 ]
 
 FUNCTIONS = ("count", "sum", "avg", "min", "max")
@@ -69,6 +74,18 @@ def sum_col(column: str) -> str:
 
 def comp_col(column: str) -> str:
     return f"{AGG_PREFIX}comp__{column}"
+
+
+def dist_col(column: str) -> str:
+    """A count(distinct)'s state: the group's distinct values of ``column`` with their row counts."""
+    return f"{AGG_PREFIX}dist__{column}"
+
+
+def agg_text(fn: str, column: str | None) -> str:
+    """An aggregate as written: ``count(*)``, ``sum(x)``, ``count(distinct x)``."""
+    if fn == "count_distinct":
+        return f"count(distinct {column})"
+    return f"{fn}({column or '*'})"
 
 
 def ext_col(fn: str, column: str) -> str:
@@ -90,7 +107,7 @@ class Agg:
     column: str | None
 
     def __str__(self) -> str:
-        return f"{self.fn}({self.column or '*'})"
+        return agg_text(self.fn, self.column)
 
 
 def parse_aggs(aggs: object) -> list[Agg]:
@@ -111,13 +128,13 @@ def parse_aggs(aggs: object) -> list[Agg]:
         fn, distinct, arg = m.group(1).lower(), m.group(2), m.group(3)
         if fn not in FUNCTIONS:
             raise ValueError(f"aggregate {name!r}: unknown function {m.group(1)!r}; use one of {list(FUNCTIONS)}")
-        if distinct:
-            raise ValueError(f"aggregate {name!r}: {fn}(distinct ...) is not supported (yet): it cannot be kept "
-                             "from counts and sums")
-        if arg == "*" and fn != "count":
-            raise ValueError(f"aggregate {name!r}: only count takes *; {fn} needs a column")
+        if distinct and fn != "count":
+            raise ValueError(f"aggregate {name!r}: {fn}(distinct ...) is not supported; of the distinct "
+                             "aggregates only count(distinct column) is")
+        if arg == "*" and (fn != "count" or distinct):
+            raise ValueError(f"aggregate {name!r}: only count takes *; {m.group(0).strip()} needs a column")
         column = None if arg == "*" else arg.strip("`")
-        out.append(Agg(name, fn, column))
+        out.append(Agg(name, "count_distinct" if distinct else fn, column))
     return out
 
 
@@ -165,6 +182,11 @@ class Aggregate:
         return list(dict.fromkeys(a.column for a in self.aggs if a.fn in ("sum", "avg") and a.column))
 
     @functools.cached_property
+    def distincts(self) -> list[str]:
+        """Columns whose distinct values are counted (count(distinct)), once each."""
+        return list(dict.fromkeys(a.column for a in self.aggs if a.fn == "count_distinct" and a.column))
+
+    @functools.cached_property
     def extremes(self) -> list[tuple[str, str]]:
         """(function, column) of each min / max, once each."""
         return list(dict.fromkeys((a.fn, a.column) for a in self.aggs if a.fn in ("min", "max") and a.column))
@@ -189,6 +211,11 @@ def check_agg_query(definition: ViewDefinition, name: str, selects_all: bool) ->
         raise ValueError(f"aggregate view {name!r}: group_by cannot be combined with shuffle()")
     if definition.limit is not None:
         raise ValueError(f"aggregate view {name!r}: group_by cannot be combined with limit()")
+
+
+def distinct_type(t: pa.DataType) -> pa.DataType:
+    """A count(distinct)'s state type: each distinct value ``v`` with its row count ``n``."""
+    return pa.list_(pa.struct([pa.field("v", t), pa.field("n", pa.int64())]))
 
 
 def sum_type(t: pa.DataType) -> pa.DataType:
@@ -219,6 +246,9 @@ def agg_view_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sc
             raise ValueError(f"aggregate {a.name!r} = {a}: {a.fn} needs a numeric column; {a.column!r} is {t}")
         if a.fn in ("min", "max") and not _orderable(t):
             raise ValueError(f"aggregate {a.name!r} = {a}: {a.fn} needs an ordered column; {a.column!r} is {t}")
+        if a.fn == "count_distinct" and not _orderable(t):
+            raise ValueError(f"aggregate {a.name!r} = {a}: count(distinct) needs a column of numbers, text, dates "
+                             f"or booleans; {a.column!r} is {t}")
     try:
         check_sql(ds, filter=definition.filter)
     except (ValueError, OSError) as exc:
@@ -227,7 +257,7 @@ def agg_view_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sc
     fields += [src.field(k).with_nullable(True) for k in agg.keys]
     for a in agg.aggs:
         t = src.field(a.column).type if a.column else None
-        if a.fn == "count":
+        if a.fn in ("count", "count_distinct"):
             fields.append(pa.field(a.name, pa.int64(), nullable=False))
         elif a.fn == "sum":
             assert t is not None
@@ -242,6 +272,8 @@ def agg_view_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sc
         fields.append(pa.field(cnt_col(c), pa.int64(), nullable=False))
     for fn, c in agg.extremes:
         fields.append(pa.field(ext_col(fn, c), pa.list_(src.field(c).type)))
+    for c in agg.distincts:
+        fields.append(pa.field(dist_col(c), distinct_type(src.field(c).type)))
     for c in agg.summed:
         t = src.field(c).type
         fields.append(pa.field(sum_col(c), sum_type(t), nullable=False))
