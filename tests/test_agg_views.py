@@ -21,7 +21,9 @@ from hypothesis import strategies as st
 import mv_assets as mv
 
 AGGS = {"n": "count(*)", "nx": "count(x)", "sx": "sum(x)", "ax": "avg(x)", "lo": "min(x)", "hi": "max(x)",
-        "si": "sum(i)", "ai": "avg(i)", "hs": "max(label)", "dl": "count(distinct label)", "di": "count(distinct i)"}
+        "si": "sum(i)", "ai": "avg(i)", "hs": "max(label)", "dl": "count(distinct label)", "di": "count(distinct i)",
+        "q50": "approx_quantile(x, 0.5)", "q90": "approx_quantile(x, 0.9)", "qi": "approx_quantile(i, 0)"}
+QUANTILE_ERROR = 0.01  # approx_quantile's relative accuracy (model.agg_view.QUANTILE_ACCURACY)
 KEYS = ("g", "s")
 SCHEMA = pa.schema([("id", pa.int64()), ("g", pa.int64()), ("s", pa.string()), ("x", pa.float64()),
                     ("i", pa.int64()), ("label", pa.string()), ("w", pa.int64())])
@@ -42,6 +44,11 @@ def oracle(uri: str, version: int | None, storage_options: dict | None = None) -
         o = {}
         for name, call in AGGS.items():
             fn, col = call[:-1].split("(")
+            if fn == "approx_quantile":  # the exact quantile: the value of rank q * (n - 1), sorted
+                col, q = col.split(", ")
+                vals = sorted(r[col] for r in rs if r[col] is not None)
+                o[name] = ("~", vals[math.floor(float(q) * (len(vals) - 1))]) if vals else None
+                continue
             distinct = col.startswith("distinct ")
             col = col.removeprefix("distinct ")
             vals = [r[col] for r in rs if r[col] is not None] if col != "*" else []
@@ -72,7 +79,9 @@ def same(got: dict, want: dict) -> None:
     for key, w in want.items():
         for name, a in w.items():
             b = got[key][name]
-            if isinstance(a, float) and b is not None:
+            if isinstance(a, tuple):  # approximate: within the sketch's relative accuracy
+                assert b is not None and abs(b - a[1]) <= QUANTILE_ERROR * abs(a[1]) + 1e-12, (key, name, a[1], b)
+            elif isinstance(a, float) and b is not None:
                 assert math.isclose(a, b, rel_tol=1e-9, abs_tol=1e-9), (key, name, a, b)
             else:
                 assert a == b, (key, name, a, b)
@@ -459,3 +468,48 @@ def test_count_distinct_follows_values_leaving_and_coming_back(db):
     with pytest.raises(ValueError, match=r"count\(distinct\) needs a column of numbers, text, dates or booleans"):
         t = db.create_table("nested", [{"id": 1, "tags": [1, 2]}])
         db.create_materialized_view("bad", t.search(None).group_by("id").agg({"d": "count(distinct tags)"}))
+
+
+def test_approx_quantiles_stay_within_their_accuracy_through_inserts_and_deletes(db):
+    """approx_quantile(x, q): within 1% (relative) of the exact quantile of the
+    group's values at every step, negative, zero and wide-ranging values
+    included; a delete removes its rows from the sketch exactly, so the
+    estimate does not drift; bad input is refused before anything is written."""
+    rng = np.random.default_rng(7)
+
+    def rows(start, n):
+        x = rng.lognormal(0, 3, n) * rng.choice([-1.0, 1.0, 1.0, 1.0], n)
+        x[rng.random(n) < 0.05] = 0.0
+        return pa.table({"id": np.arange(start, start + n), "g": rng.integers(0, 3, n), "x": x})
+
+    src = db.create_table("src", rows(0, 3000), primary_key="id")
+    qs = {"p0": 0.0, "p10": 0.1, "p50": 0.5, "p99": 0.99, "p100": 1.0}
+    v = db.create_materialized_view("q", src.search(None).group_by("g").agg(
+        {name: f"approx_quantile(x, {q})" for name, q in qs.items()}))
+
+    def check():
+        t = lance.dataset(src.uri, version=v.source_version).to_table().to_pylist()
+        got = {r["g"]: r for r in v.to_arrow().to_pylist()}
+        assert set(got) == {r["g"] for r in t}
+        for g, r in got.items():
+            vals = sorted(x["x"] for x in t if x["g"] == g)
+            for name, q in qs.items():
+                exact = vals[math.floor(q * (len(vals) - 1))]
+                assert abs(r[name] - exact) <= 0.01 * abs(exact) + 1e-12, (g, name, exact, r[name])
+
+    v.refresh()
+    check()
+    for step in (lambda: src.add(rows(3000, 500)), lambda: src.delete("id % 3 = 0"),
+                 lambda: src.update("id % 5 = 1", values_sql={"x": "x * 1000"}), lambda: src.delete("g = 2 AND id > 10")):
+        step()
+        assert not v.refresh().full
+        check()
+    # the sketch kept through the history equals the one built from scratch: the same estimates
+    assert {c.name: c.passed for c in v.check()} == {"no_orphan_rows": True, "values_match_source": True}
+    t = db.create_table("t", [{"id": 1, "s": "a", "x": 1.0}])
+    for call, message in [("approx_quantile(x, 1.5)", r"approx_quantile\(column, q\) takes q between 0 and 1, got '1.5'"),
+                          ("approx_quantile(s, 0.5)", r"approx_quantile needs a numeric column; 's' is string"),
+                          ("approx_quantile(x)", r"approx_quantile takes a column and a quantile between 0 and 1")]:
+        with pytest.raises(ValueError, match=message):
+            db.create_materialized_view("bad", t.search(None).group_by("id").agg({"a": call}))
+    assert "bad" not in db.table_names()

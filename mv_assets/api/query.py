@@ -103,7 +103,8 @@ class Query:
 
     def agg(self, aggregates: dict[str, str]) -> "Query":
         """The outputs of a :meth:`group_by` query: ``{name: "count(*)" |
-        "count(x)" | "count(distinct x)" | "sum(x)" | "avg(x)" | "min(x)" | "max(x)"}``."""
+        "count(x)" | "count(distinct x)" | "sum(x)" | "avg(x)" | "min(x)" | "max(x)" |
+        "approx_quantile(x, q)"}`` (see docs/concepts.md)."""
         from mv_assets.model.agg_view import parse_aggs
 
         parse_aggs(aggregates)  # refused now, in our words

@@ -161,8 +161,8 @@ def column_descriptions(info: TableInfo) -> dict[str, str]:
     out: dict[str, str] = {}
     if kind == "aggregate":
         out.update({k: f"Group key: `{info.source}`.`{k}`." for k in function["keys"]})
-        out.update({n: f"Aggregate: {agg_text(fn, c)} over each group's rows of `{info.source}`."
-                    for n, fn, c in function["aggs"]})
+        out.update({n: f"Aggregate: {agg_text(fn, c, *q)} over each group's rows of `{info.source}`."
+                    for n, fn, c, *q in function["aggs"]})
         return out
     for c in info.definition.get("columns", []):
         out[c["name"]] = _spec_text(info.source, c)
@@ -322,7 +322,7 @@ def _view_description(info: TableInfo) -> str:
     function = info.definition.get("function")
     if function and function["kind"] == "aggregate":
         keys = ", ".join(f"`{k}`" for k in function["keys"]) or "nothing (one group)"
-        outs = ", ".join(f"{n} = {agg_text(fn, c)}" for n, fn, c in function["aggs"])
+        outs = ", ".join(f"{n} = {agg_text(fn, c, *q)}" for n, fn, c, *q in function["aggs"])
         what = (f"Aggregate view over `{info.source}`{where}: group by {keys}; {outs}; a refresh applies the "
                 "changed rows to the groups they touch")
     elif function and function["kind"] == "udtf":
@@ -412,7 +412,7 @@ def column_reads(info: TableInfo, source_names: list[str]) -> dict[str, list[str
     function = d.get("function") or {}
     if function.get("kind") == "aggregate":
         out = {k: [k] for k in function["keys"]}
-        out.update({n: [c] if c else [] for n, _fn, c in function["aggs"]})
+        out.update({n: [c] if c else [] for n, _fn, c, *_q in function["aggs"]})
         return out
     out = {}
     for c in d.get("columns", []):

@@ -37,12 +37,15 @@ from mv_assets.model.agg_view import (
     GROUP,
     ROWS,
     Aggregate,
+    bucket_value,
     cnt_col,
     comp_col,
     dist_col,
     distinct_type,
     ext_col,
     group_key,
+    qs_col,
+    quantile_bucket,
     sum_col,
 )
 from mv_assets.model.definition import quote_ident, sql_literal
@@ -105,10 +108,16 @@ def _aggregate(rows: pa.Table, agg: Aggregate, exact: bool = False) -> pa.Table 
         pairs = [_exact(flat[lo:hi].tolist()) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
         out = out.set_column(at, f"__s_{cols.index(c)}", pa.array([p[0] for p in pairs], pa.float64()))
         out = out.append_column(f"__e_{cols.index(c)}", pa.array([p[1] for p in pairs], pa.float64()))
-    if agg.distincts:
+    if agg.distincts or agg.sketched:
         texts = _keys_of(out, agg)
         for c in agg.distincts:
             out = out.append_column(f"__d_{cols.index(c)}", _distinct_lists(rows, agg, c, texts))
+        for c in agg.sketched:  # the sketch: rows per bucket of the finite values, kept as distinct bucket counts
+            x = np.asarray(rows.column(c).cast(pa.float64()).fill_null(np.nan).to_numpy(zero_copy_only=False))
+            finite = np.isfinite(x)
+            buckets = pa.array(quantile_bucket(np.where(finite, x, 0.0)), pa.int64(), mask=~finite)
+            keyed = rows.select(list(agg.keys)).append_column("__bucket", buckets)
+            out = out.append_column(f"__q_{cols.index(c)}", _distinct_lists(keyed, agg, "__bucket", texts))
     return out
 
 
@@ -437,6 +446,11 @@ def _combine(keys: list[str], agg: Aggregate, schema: pa.Schema, old: pa.Table |
     }
     for c, (lists, _) in distinct.items():
         arrays[dist_col(c)] = lists
+    sketches: dict[str, pa.Array] = {}
+    for c in agg.sketched:
+        j = cols.index(c)
+        sketches[c] = arrays[qs_col(c)] = _distinct_state(pa.int64(), n, [
+            (old, qs_col(c), po, 1), (plus, f"__q_{j}", pp, 1), (minus, f"__q_{j}", pm, -1)])[0]
     for k in agg.keys:  # a group's key values are the same wherever it is found (NULL included)
         arrays[k] = pc.coalesce(_take(old, k, po, typ[k]), _take(plus, k, pp, typ[k]), _take(minus, k, pm, typ[k]))  # pyright: ignore[reportAttributeAccessIssue]
     for c in cols:
@@ -457,6 +471,10 @@ def _combine(keys: list[str], agg: Aggregate, schema: pa.Schema, old: pa.Table |
             assert c is not None
             arrays[a.name] = pa.array(distinct[c][1], pa.int64())
             continue
+        if a.fn == "approx_quantile":
+            assert c is not None and a.q is not None
+            arrays[a.name] = _quantiles(sketches[c], a.q)
+            continue
         assert c is not None
         none = cnt[c] <= 0  # only NULLs (or no rows): NULL
         if a.fn == "sum":
@@ -471,6 +489,28 @@ def _combine(keys: list[str], agg: Aggregate, schema: pa.Schema, old: pa.Table |
     table = pa.Table.from_arrays([arrays[f.name] for f in schema], schema=schema)
     live = rows > 0
     return _Combined(table.filter(pa.array(live)), rows, stale & live)
+
+
+def _quantiles(sketches: pa.Array, q: float) -> pa.Array:
+    """Each group's ``q`` quantile from its sketch (a list of bucket and row
+    count): the value of the bucket holding the row of rank ``q * (n - 1)``
+    in the group's finite values, sorted (NULL for a group with none)."""
+    n = len(sketches)
+    if len(sketches.values) == 0 or n == 0:
+        return pa.nulls(n, pa.float64())
+    flat = pc.list_flatten(sketches)  # pyright: ignore[reportAttributeAccessIssue]
+    g = np.asarray(pc.list_parent_indices(sketches).to_numpy(zero_copy_only=False), np.int64)  # pyright: ignore[reportAttributeAccessIssue]
+    k = np.asarray(flat.field("v").to_numpy(zero_copy_only=False), np.int64)
+    c = np.asarray(flat.field("n").to_numpy(zero_copy_only=False), np.int64)
+    order = np.lexsort((k, g))
+    g, k, c = g[order], k[order], c[order]
+    cum = np.cumsum(c)
+    totals = np.bincount(g, weights=c, minlength=n).astype(np.int64)
+    start = np.cumsum(totals) - totals  # rows of the groups before each one
+    has = totals > 0
+    target = start + np.floor(q * (np.maximum(totals, 1) - 1)).astype(np.int64)
+    at = np.minimum(np.searchsorted(cum, target, side="right"), len(cum) - 1)
+    return pa.array(np.where(has, bucket_value(k[at]), 0.0), pa.float64(), mask=~has)
 
 
 def _distinct_state(t: pa.DataType, n: int, parts: list) -> tuple[pa.Array, np.ndarray]:

@@ -25,7 +25,14 @@ the view's own columns (so one Lance commit carries rows and state):
   values of ``x``, each with its number of rows (a list of ``{v, n}``): rows
   added and removed change the counts, a value whose count reaches 0 leaves,
   the output is the number of values left. Its size grows with the distinct
-  values per group (a group of a million distinct ids holds a million entries).
+  values per group (a group of a million distinct ids holds a million entries);
+* ``__agg__qs__<x>`` (``approx_quantile(x, q)``, any number of q): a
+  DDSketch-style sketch of the group's finite values of ``x``: the row count of
+  each logarithmic bucket (:func:`quantile_bucket`, relative accuracy
+  :data:`QUANTILE_ACCURACY`), kept like a count(distinct)'s values (rows
+  added and removed change bucket counts), so deletes are exact and the sketch
+  never drifts; its size is bounded by the values' range (about 4,000 buckets
+  from 1e-9 to 1e9), not by the rows.
 
 SQL NULL semantics: ``count(x)`` skips NULLs; sum/avg/min/max of only NULLs is
 NULL; NULL keys form a group. Keys hold values compared exactly (integers,
@@ -40,6 +47,7 @@ import re
 from dataclasses import dataclass
 
 import lance
+import numpy as np
 import pyarrow as pa
 
 from mv_assets.model.definition import (
@@ -55,10 +63,17 @@ from mv_assets.model.udtf_view import check_partition_type, partition_key
 
 __all__ = [
     "Agg", "Aggregate", "FUNCTIONS", "GROUP", "ROWS", "agg_view_schema", "check_agg_query", "group_key",
-    "parse_aggs", "cnt_col", "sum_col", "comp_col", "ext_col", "dist_col", "agg_text", "EXTREMES_KEPT",
+    "parse_aggs", "cnt_col", "sum_col", "comp_col", "ext_col", "dist_col", "qs_col", "agg_text", "EXTREMES_KEPT",
+    "QUANTILE_ACCURACY", "quantile_bucket", "bucket_value",
 ]
 
-FUNCTIONS = ("count", "sum", "avg", "min", "max")
+FUNCTIONS = ("count", "sum", "avg", "min", "max", "approx_quantile")
+# approx_quantile(x, q): the relative error of the value returned, and the buckets it implies
+QUANTILE_ACCURACY = 0.01
+_GAMMA = (1 + QUANTILE_ACCURACY) / (1 - QUANTILE_ACCURACY)
+_BUCKET_OFFSET = 40_000  # |log_gamma(x)| of a finite double is below 36,000: keys of nonzero values are nonzero
+_QUANTILE = re.compile(r"^\s*approx_quantile\s*\(\s*(`[^`]+`|[A-Za-z_][A-Za-z0-9_.]*)\s*,\s*([0-9.eE+-]+)\s*\)\s*$",
+                       re.I)
 GROUP = AGG_PREFIX + "group"
 ROWS = AGG_PREFIX + "rows"
 _CALL = re.compile(r"^\s*([A-Za-z_]+)\s*\(\s*(distinct\s+)?(\*|`[^`]+`|[A-Za-z_][A-Za-z0-9_.]*)\s*\)\s*$", re.I)
@@ -81,11 +96,47 @@ def dist_col(column: str) -> str:
     return f"{AGG_PREFIX}dist__{column}"
 
 
-def agg_text(fn: str, column: str | None) -> str:
-    """An aggregate as written: ``count(*)``, ``sum(x)``, ``count(distinct x)``."""
+def qs_col(column: str) -> str:
+    """An approx_quantile's state: the sketch of the group's values of ``column``."""
+    return f"{AGG_PREFIX}qs__{column}"
+
+
+def agg_text(fn: str, column: str | None, q: float | None = None) -> str:
+    """An aggregate as written: ``count(*)``, ``sum(x)``, ``count(distinct x)``,
+    ``approx_quantile(x, 0.9)``."""
     if fn == "count_distinct":
         return f"count(distinct {column})"
+    if fn == "approx_quantile":
+        return f"approx_quantile({column}, {q})"
     return f"{fn}({column or '*'})"
+
+
+def quantile_bucket(values: "np.ndarray") -> "np.ndarray":
+    """The sketch bucket of each value (int64, ordered as the values are):
+    0 for 0, +-(ceil(log_gamma |x|) + offset) otherwise. Every value of a
+    bucket is within :data:`QUANTILE_ACCURACY` (relative) of the bucket's
+    :func:`bucket_value`.
+
+    >>> quantile_bucket(np.array([-2.0, 0.0, 1.0, 1.015, 100.0])).tolist()
+    [-40035, 0, 40000, 40001, 40231]
+    """
+    x = np.asarray(values, np.float64)
+    mag = np.abs(x)
+    with np.errstate(divide="ignore"):
+        idx = np.ceil(np.log(np.where(mag > 0, mag, 1.0)) / np.log(_GAMMA)).astype(np.int64)
+    return np.where(mag > 0, np.sign(x).astype(np.int64) * (idx + _BUCKET_OFFSET), 0)
+
+
+def bucket_value(keys: "np.ndarray") -> "np.ndarray":
+    """The value a bucket stands for: ``2 gamma^i / (gamma + 1)`` (its values'
+    relative error is at most :data:`QUANTILE_ACCURACY`), signed; 0 for 0.
+
+    >>> [round(float(v), 4) for v in bucket_value(np.array([0, 40000, -40035]))]
+    [0.0, 0.99, -1.9937]
+    """
+    k = np.asarray(keys, np.int64)
+    i = np.abs(k) - _BUCKET_OFFSET
+    return np.where(k == 0, 0.0, np.sign(k) * 2.0 * np.power(_GAMMA, i.astype(np.float64)) / (_GAMMA + 1))
 
 
 def ext_col(fn: str, column: str) -> str:
@@ -105,9 +156,10 @@ class Agg:
     name: str
     fn: str
     column: str | None
+    q: float | None = None  # approx_quantile's quantile
 
     def __str__(self) -> str:
-        return agg_text(self.fn, self.column)
+        return agg_text(self.fn, self.column, self.q)
 
 
 def parse_aggs(aggs: object) -> list[Agg]:
@@ -122,10 +174,24 @@ def parse_aggs(aggs: object) -> list[Agg]:
             raise ValueError(f"output column name {name!r} is reserved (names starting with '__' and Lance's row columns)")
         if not isinstance(call, str):
             raise ValueError(f"aggregate {name!r}: give it as text, e.g. \"sum(x)\", got {type(call).__name__}")
+        quantile = _QUANTILE.match(call)
+        if quantile:
+            try:
+                q = float(quantile.group(2))
+            except ValueError:
+                q = -1.0
+            if not 0.0 <= q <= 1.0:
+                raise ValueError(f"aggregate {name!r}: approx_quantile(column, q) takes q between 0 and 1, got "
+                                 f"{quantile.group(2)!r}")
+            out.append(Agg(name, "approx_quantile", quantile.group(1).strip("`"), q))
+            continue
         m = _CALL.match(call)
         if not m:
             raise ValueError(f"aggregate {name!r}: cannot read {call!r}; write function(column), e.g. \"avg(price)\"")
         fn, distinct, arg = m.group(1).lower(), m.group(2), m.group(3)
+        if fn == "approx_quantile":
+            raise ValueError(f"aggregate {name!r}: approx_quantile takes a column and a quantile between 0 and 1, "
+                             "e.g. \"approx_quantile(latency, 0.9)\"")
         if fn not in FUNCTIONS:
             raise ValueError(f"aggregate {name!r}: unknown function {m.group(1)!r}; use one of {list(FUNCTIONS)}")
         if distinct and fn != "count":
@@ -157,7 +223,8 @@ class Aggregate:
     def to_spec(self) -> dict:
         cols = [a.column for a in self.aggs if a.column is not None]
         inputs = list(dict.fromkeys([*self.keys, *cols]))
-        return {"kind": "aggregate", "keys": list(self.keys), "aggs": [[a.name, a.fn, a.column] for a in self.aggs],
+        return {"kind": "aggregate", "keys": list(self.keys),
+                "aggs": [[a.name, a.fn, a.column] + ([a.q] if a.q is not None else []) for a in self.aggs],
                 "input_columns": inputs}
 
     @classmethod
@@ -165,7 +232,7 @@ class Aggregate:
         spec = json.loads(definition.function or "{}")
         if spec.get("kind") != "aggregate":
             raise ValueError("not an aggregate view")
-        return cls(tuple(spec["keys"]), tuple(Agg(n, f, c) for n, f, c in spec["aggs"]))
+        return cls(tuple(spec["keys"]), tuple(Agg(*entry) for entry in spec["aggs"]))
 
     @functools.cached_property
     def value_columns(self) -> list[str]:
@@ -185,6 +252,11 @@ class Aggregate:
     def distincts(self) -> list[str]:
         """Columns whose distinct values are counted (count(distinct)), once each."""
         return list(dict.fromkeys(a.column for a in self.aggs if a.fn == "count_distinct" and a.column))
+
+    @functools.cached_property
+    def sketched(self) -> list[str]:
+        """Columns whose values are sketched (approx_quantile), once each."""
+        return list(dict.fromkeys(a.column for a in self.aggs if a.fn == "approx_quantile" and a.column))
 
     @functools.cached_property
     def extremes(self) -> list[tuple[str, str]]:
@@ -242,7 +314,7 @@ def agg_view_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sc
             raise ValueError(f"aggregate {a.name!r} = {a}: {definition.source!r} has no column {a.column!r}; "
                              f"its columns are {visible}")
         t = src.field(a.column).type
-        if a.fn in ("sum", "avg") and not _numeric(t):
+        if a.fn in ("sum", "avg", "approx_quantile") and not _numeric(t):
             raise ValueError(f"aggregate {a.name!r} = {a}: {a.fn} needs a numeric column; {a.column!r} is {t}")
         if a.fn in ("min", "max") and not _orderable(t):
             raise ValueError(f"aggregate {a.name!r} = {a}: {a.fn} needs an ordered column; {a.column!r} is {t}")
@@ -262,7 +334,7 @@ def agg_view_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sc
         elif a.fn == "sum":
             assert t is not None
             fields.append(pa.field(a.name, sum_type(t)))
-        elif a.fn == "avg":
+        elif a.fn in ("avg", "approx_quantile"):
             fields.append(pa.field(a.name, pa.float64()))
         else:
             assert t is not None
@@ -274,6 +346,8 @@ def agg_view_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sc
         fields.append(pa.field(ext_col(fn, c), pa.list_(src.field(c).type)))
     for c in agg.distincts:
         fields.append(pa.field(dist_col(c), distinct_type(src.field(c).type)))
+    for c in agg.sketched:
+        fields.append(pa.field(qs_col(c), distinct_type(pa.int64())))
     for c in agg.summed:
         t = src.field(c).type
         fields.append(pa.field(sum_col(c), sum_type(t), nullable=False))
