@@ -5,8 +5,8 @@ source table and four views: ``doc_features`` (a filter, SQL columns and UDF
 columns doing real text work), ``long_docs`` (a view over that view),
 ``doc_chunks`` (each English document split into passages by a chunker, with
 an ``embedding`` column computed for new passages) and ``corpus_stats`` (an
-aggregate view over ``doc_features``: documents, words per document from the
-``word_count`` UDF, kept from the change feed).
+aggregate view over ``doc_features``: documents, words per document (mean, max,
+90th percentile) from the ``word_count`` UDF, kept from the change feed).
 
 ``python -m mv_assets.demo seed`` only creates the catalog (``make demo`` does
 this, then starts the Dagster UI, whose sensors refresh the views). Without
@@ -135,7 +135,8 @@ def seed(uri: str) -> mv.Connection:
         chunks.add_columns({"embedding": (embedding, ["text"])})  # filled by backfill, for new passages only
     if "corpus_stats" not in db and "doc_features" in db:  # an aggregate of a UDF's output
         db.create_materialized_view("corpus_stats", db.open_table("doc_features").search(None).group_by().agg(
-            {"documents": "count(*)", "avg_words": "avg(words)", "max_words": "max(words)", "chars": "sum(chars)"}))
+            {"documents": "count(*)", "avg_words": "avg(words)", "max_words": "max(words)",
+             "p90_words": "approx_quantile(words, 0.9)", "chars": "sum(chars)"}))
     return db
 
 

@@ -140,6 +140,8 @@ def test_backfill_of_an_unread_column_leaves_the_source_data_version_and_views_a
         (stats,) = db.open_table("corpus_stats").to_arrow().to_pylist()  # the aggregate of the UDF's output
         words = db.open_table("doc_features").to_arrow().column("words").to_pylist()
         assert stats["documents"] == len(words) and stats["max_words"] == max(words)
+        p90 = sorted(words)[int(0.9 * (len(words) - 1))]
+        assert abs(stats["p90_words"] - p90) <= 0.01 * p90  # approx_quantile's accuracy
         assert db.open_view("doc_chunks").plan_backfill("embedding").rows == 0  # the passages are embedded
         later = evaluate_sensor(sensor, instance=instance, cursor=first.cursor, definitions=defs, resources=defs.resources)
         assert later.run_requests == []

@@ -76,7 +76,7 @@ def test_each_view_asset_carries_its_column_lineage(tmp_path):
     # an aggregate view: each output <- its aggregated column (count(*) reads none), keys <- themselves
     assert _lineage(defs, "corpus_stats") == {
         "avg_words": {("doc_features/words", "words")}, "max_words": {("doc_features/words", "words")},
-        "chars": {("doc_features", "chars")},
+        "p90_words": {("doc_features/words", "words")}, "chars": {("doc_features", "chars")},
     }
     # a table-function view: its outputs <- the UDTF's inputs
     assert _lineage(defs, "langs") == {"lang": {("documents", "lang")}, "n": {("documents", "lang")}}
@@ -115,6 +115,8 @@ def test_view_and_table_assets_describe_each_visible_column(tmp_path):
     stats = _columns(defs, K(["corpus_stats"]))
     assert stats["avg_words"][1] == "Aggregate: avg(words) over each group's rows of `doc_features`."
     assert stats["documents"][1] == "Aggregate: count(*) over each group's rows of `doc_features`."
+    assert stats["p90_words"] == ("double", "Aggregate: approx_quantile(words, 0.9) over each group's rows of "
+                                            "`doc_features`.")
     chunks = _columns(defs, K(["doc_chunks"]))
     assert chunks["doc_id"][1] == "Inherited from the parent row: `documents`.`doc_id`."
     assert chunks["text"][1].startswith("Output of chunker `passages`(body); code fingerprint ")
