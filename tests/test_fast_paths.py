@@ -714,3 +714,19 @@ def test_rows_only_appended_after_a_cleaned_up_version_are_still_refreshed_incre
     assert view.plan_refresh().reason.startswith("the source's history up to version")
     view.refresh()
     assert actual_view(view) == expected_view(src.uri, src.version, _keep, _project)
+
+
+@pytest.mark.parametrize("appended", [7, 301])
+def test_appended_rows_split_into_small_tasks_refresh(tmp_path, appended):
+    """Rows only appended, split into tasks of 3 rows: the last task may hold one
+    row, read by a one-address range with the creation-version filter, which
+    Lance 14 evaluates only when that column is read too (it failed with
+    "number of columns..." / "No field named _row_created_at_version")."""
+    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(10)], primary_key="id")
+    view = db.create_materialized_view("v", src.search(None).where("x % 3 != 0").select({"id": "id", "y": plus}))
+    view.refresh()
+    src.add([{"id": i, "x": 3 * i + 1} for i in range(10, 10 + appended)])  # every appended row passes
+    r = view.refresh(max_rows_per_task=3)
+    assert r.rows_inserted == appended and r.tasks == -(-appended // 3)
+    assert actual_view(view) == expected_view(src.uri, src.version, _keep, _project)

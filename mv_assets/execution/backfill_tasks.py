@@ -52,7 +52,7 @@ from mv_assets.model.planning import positions
 from mv_assets.storage import checkpoints as ckpt
 from mv_assets.storage import objects
 from mv_assets.storage.checkpoints import CheckpointStore
-from mv_assets.storage.lance_compat import field_ids, take_rows
+from mv_assets.storage.lance_compat import field_ids, take_rows, with_filter_columns
 
 __all__ = [
     "COMPUTE_TASK", "WRITE_TASK", "FUSED_TASK", "run_compute_task", "run_write_task", "run_fused_task",
@@ -367,7 +367,8 @@ def _table_input_batches(ds: lance.LanceDataset, task: dict, job: dict, specs: l
         if fragment is None:
             raise RuntimeError(f"fragment {fid} of {ds.uri} disappeared while backfilling")
         scanner = fragment.scanner(
-            columns=projection, filter=job["predicate"], with_row_id=True, with_row_address=True, batch_size=8192
+            columns=with_filter_columns(projection, job["predicate"]), filter=job["predicate"], with_row_id=True,
+            with_row_address=True, batch_size=8192,
         )
         yield int(fid), inputs, scanner.to_batches(), functools.partial(input_identity, computed_inputs=computed_inputs)
 

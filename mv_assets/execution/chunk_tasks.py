@@ -30,7 +30,7 @@ from mv_assets.model.names import (
 )
 from mv_assets.model.udf import RowError
 from mv_assets.storage import objects
-from mv_assets.storage.lance_compat import take_rows
+from mv_assets.storage.lance_compat import take_rows, with_filter_columns
 
 __all__ = ["chunk_batches"]
 
@@ -83,7 +83,8 @@ def chunk_batches(
     for col in inputs:
         projection[input_alias(col)] = quote_ident(col)
     projection[_ROW_VERSION] = "_row_last_updated_at_version"
-    scanner = scanner_source.scanner(columns=projection, filter=predicate, with_row_id=True, batch_size=batch_size)
+    scanner = scanner_source.scanner(columns=with_filter_columns(projection, predicate), filter=predicate,
+                                     with_row_id=True, batch_size=batch_size)
     old = _old_children(view_uri, view_version, reuse_rows, schema)
     kept = _kept_computed(schema, outputs)
     # A copied child is a new row of the refresh's commit, which lands at the next

@@ -42,6 +42,7 @@ from mv_assets.model.planning import column_ids, positions, shuffle_keys
 from mv_assets.model.udf import RowError
 from mv_assets.storage import objects
 from mv_assets.storage.checkpoints import CheckpointIndex, CheckpointStore
+from mv_assets.storage.lance_compat import with_filter_columns
 
 __all__ = [
     "TaskSpec", "TaskResult", "run_task", "compute_rows", "and_filters", "PacedRowStore", "checkpointed_udf_columns",
@@ -199,7 +200,7 @@ def _compute_batches(
         projection[_in_marker_name(col)] = f"`{computed_marker(col)}`"
     projection[_ROW_VERSION] = "_row_last_updated_at_version"
     scanner = scanner_source.scanner(
-        columns=projection,
+        columns=with_filter_columns(projection, predicate),
         filter=predicate,
         with_row_id=True,
         batch_size=batch_size,

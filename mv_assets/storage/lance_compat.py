@@ -10,7 +10,10 @@ import pyarrow as pa
 from lance.commit import CommitConflictError  # a concurrent writer won (``.retryable``)
 from lance.fragment import Bitmap  # pyright: ignore[reportPrivateImportUsage]
 
-__all__ = ["CommitConflictError", "take_rows", "roaring_bitmap_bytes", "delete_offsets", "field_ids"]
+__all__ = ["CommitConflictError", "take_rows", "roaring_bitmap_bytes", "delete_offsets", "field_ids",
+           "with_filter_columns"]
+
+_ROW_VERSION_COLUMNS = ("_row_created_at_version", "_row_last_updated_at_version")
 
 
 def take_rows(ds: lance.LanceDataset, row_ids: "list[int] | pa.Array", columns) -> pa.Table:
@@ -51,3 +54,17 @@ def field_ids(ds: lance.LanceDataset, names: "list[str] | None" = None) -> list[
     for n in names if names is not None else list(by_name):
         walk(by_name[n])
     return out
+
+
+def with_filter_columns(projection: dict, predicate: str | None) -> dict:
+    """``projection`` plus Lance's row-version columns ``predicate`` names, read
+    under aliases of their own. Lance 14 fails to evaluate a filter on them
+    over some scans unless they are read too: a one-row address range
+    (``_rowaddr >= a AND _rowaddr <= a``: "Invalid argument error: number of
+    columns..." or "No field named _row_created_at_version"), a fragment
+    rewritten by compaction."""
+    if not predicate:
+        return projection
+    extra = {f"__mv_assets_filter{name}": name for name in _ROW_VERSION_COLUMNS
+             if name in predicate and name not in projection.values()}
+    return {**projection, **extra} if extra else projection
