@@ -279,7 +279,7 @@ OPEN_OPS = st.lists(
         st.tuples(st.just("ldb_update"), st.integers(0, 4)),
         st.tuples(st.just("ldb_merge_insert"), st.integers(0, 4)),
         st.tuples(st.just("ldb_recreate"), st.integers(1, 4)),  # drop_table + create_table
-        st.tuples(st.just("refresh"), st.just(0)),
+        st.tuples(st.just("refresh"), st.integers(0, 3)),  # tasks of at most that many rows (0: sized automatically)
         st.tuples(st.just("backfill"), st.just(0)),
     ),
     min_size=1,
@@ -405,7 +405,7 @@ def _open_world_history(ops, tmp_path_factory):
                 batch = batch.set_column(1, "x", pa.array([v + 4 for v in batch.column("x").to_pylist()]))
                 tbl.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(batch)
         elif op == "refresh":
-            view.refresh()
+            view.refresh(max_rows_per_task=arg or None)
             assert actual_view(view) == expected_view(t.uri, view.source_version, keep, project)
             assert all(c.passed for c in view.check()), [c for c in view.check() if not c.passed]
         elif op == "backfill":
