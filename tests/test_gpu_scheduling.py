@@ -65,6 +65,20 @@ def _records(log_dir: str) -> list[dict]:
     return [json.load(open(p)) for p in glob.glob(os.path.join(log_dir, "*.json"))]
 
 
+def _refresh_one_gpu_view(db, tmp_path, caplog, **source_kw):
+    """View ``v`` over a new source ``t`` with a one-GPU recording UDF column,
+    refreshed in tasks of 5 rows with the runner's log captured: the result,
+    the oracle and the UDF's call records."""
+    log_dir = tmp_path / "calls"
+    log_dir.mkdir()
+    t, oracle = _source(db, "t", **source_kw)
+    gpu_column = _recording_udf(str(log_dir), 1, partner="any")
+    db.create_materialized_view("v", t.search(None).select({"id": "id", "y": gpu_column}))
+    with caplog.at_level("INFO", logger="mv_assets.execution.spark"):
+        r = db.open_table("v").refresh(max_rows_per_task=5)
+    return r, oracle, _records(str(log_dir))
+
+
 def _overlapping(records: list[dict]) -> list[tuple[dict, dict]]:
     return [(a, b) for i, a in enumerate(records) for b in records[i + 1:]
             if a["start"] < b["end"] and b["start"] < a["end"]]
@@ -147,19 +161,12 @@ def gpu_runner(gpu_cluster):
 
 
 def test_one_gpu_per_task_distinct_addresses_never_more_than_the_gpus(gpu_runner, tmp_path, caplog):
-    log_dir = tmp_path / "calls"
-    log_dir.mkdir()
     db = mv.connect(str(tmp_path / "cat"), runner=gpu_runner)
-    t, oracle = _source(db, "t")
-    gpu_column = _recording_udf(str(log_dir), 1, partner="any")
-    db.create_materialized_view("v", t.search(None).select({"id": "id", "y": gpu_column}))
-    with caplog.at_level("INFO", logger="mv_assets.execution.spark"):
-        r = db.open_table("v").refresh(max_rows_per_task=5)
+    r, oracle, records = _refresh_one_gpu_view(db, tmp_path, caplog)
     assert f"view 'v': tasks scheduled on {gpu_runner.master} with a task resource profile: 1 CPU(s) and 1 GPU(s) " \
            "each" in caplog.messages
     assert r.runner == "spark" and r.tasks == 6
     assert _rows(db, "v") == oracle  # the plain-Python oracle: y = 2x
-    records = _records(str(log_dir))
     assert len(records) == 6 and sum(x["rows"] for x in records) == 30
     assert {x["device"] for x in records} == {"cuda:0", "cuda:1"}  # every task had a GPU, both were used
     assert all(x["setup_device"] == x["device"] for x in records)  # set-up ran on the task's GPU
@@ -172,6 +179,7 @@ def test_one_gpu_per_task_distinct_addresses_never_more_than_the_gpus(gpu_runner
     # A backfill of a GPU column runs under the profile too.
     backfill_log = tmp_path / "backfill"
     backfill_log.mkdir()
+    t = db.open_table("t")
     t.add_columns({"z": _recording_udf(str(backfill_log), 1, 0)})
     assert t.backfill("z").rows_written == 30
     assert {x["device"] for x in _records(str(backfill_log))} <= {"cuda:0", "cuda:1"}
@@ -221,19 +229,12 @@ def test_spark_connect_on_the_cluster_schedules_the_profile_too(gpu_cluster, gpu
     url = connect_server.start(port=free_port(), master=gpu_cluster.master_url, state_dir=state,
                                conf={**EXECUTOR_CONF, "spark.driver.host": "127.0.0.1"})
     try:
-        log_dir = tmp_path / "calls"
-        log_dir.mkdir()
         runner = SparkRunner(remote=url, local_below_rows=0)
         db = mv.connect(str(tmp_path / "cat"), runner=runner)
-        t, oracle = _source(db, "t", fragments=4)
-        gpu_column = _recording_udf(str(log_dir), 1, partner="any")
-        db.create_materialized_view("v", t.search(None).select({"id": "id", "y": gpu_column}))
-        with caplog.at_level("INFO", logger="mv_assets.execution.spark"):
-            r = db.open_table("v").refresh(max_rows_per_task=5)
+        r, oracle, records = _refresh_one_gpu_view(db, tmp_path, caplog, fragments=4)
         assert f"view 'v': tasks scheduled on {gpu_cluster.master_url} with a task resource profile: 1 CPU(s) and " \
                "1 GPU(s) each" in caplog.messages
         assert r.tasks == 4 and _rows(db, "v") == oracle
-        records = _records(str(log_dir))
         assert len(records) == 4 and {x["device"] for x in records} == {"cuda:0", "cuda:1"}
         assert _overlapping(records) and all(a["device"] != b["device"] for a, b in _overlapping(records))
         runner.stop()
