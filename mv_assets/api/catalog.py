@@ -328,6 +328,14 @@ class Connection:
         """The materialized views. A dataset that cannot be opened (damaged
         files) is left out with a warning naming it; :meth:`status` lists it
         as UNREADABLE with the reason."""
+        out, broken = self._open_views()
+        if broken:
+            warnings.warn("left out of the views of " + self.uri + ", as they cannot be read: "
+                          + "; ".join(f"{n!r}: {why}" for n, why in sorted(broken.items())), stacklevel=2)
+        return out
+
+    def _open_views(self) -> tuple[list["MaterializedView"], dict[str, str]]:
+        """The materialized views that open, and the datasets that cannot be opened (name -> why)."""
         out, broken = [], {}
         for n in self.table_names():
             try:
@@ -339,10 +347,7 @@ class Connection:
                 continue
             if isinstance(t, MaterializedView):
                 out.append(t)
-        if broken:
-            warnings.warn("left out of the views of " + self.uri + ", as they cannot be read: "
-                          + "; ".join(f"{n!r}: {why}" for n, why in sorted(broken.items())), stacklevel=2)
-        return out
+        return out, broken
 
     def dependents(self, name: str) -> list[str]:
         """Views defined directly over ``name`` (materialized or not)."""
@@ -609,16 +614,10 @@ class Connection:
         UNREADABLE, each with the reason in ``last_error``: one broken view
         never hides the others."""
         out = []
-        for n in [name] if name else self.table_names():
-            try:
-                view = self.open_view(name) if name else self.open_table(n)
-            except Exception as exc:  # a dataset that cannot be opened (damaged files): listed, not hiding the others
-                if name:
-                    raise
-                out.append(unreadable_status(n, None, _unreadable_reason(exc)))
-                continue
-            if not isinstance(view, MaterializedView):
-                continue
+        views, broken = ([self.open_view(name)], {}) if name else self._open_views()
+        # a dataset that cannot be opened (damaged files) is listed, not hiding the others
+        out += [unreadable_status(n, None, why) for n, why in broken.items()]
+        for view in views:
             try:
                 out.append(view_status(view.ref()))
             except Exception as exc:  # a status listing reports what it cannot read, it does not stop
@@ -627,7 +626,7 @@ class Connection:
                 except Exception:
                     source = None
                 out.append(unreadable_status(view.name, source, f"{type(exc).__name__}: {short_error(exc)}"))
-        return out
+        return sorted(out, key=lambda s: s.name)  # (the unreadable ones among the others, by name)
 
     def status(self, name: str | None = None) -> pa.Table:
         """The status table: one row per view (or just ``name``), as an Arrow table
