@@ -634,8 +634,11 @@ class Connection:
         return status_table(self.view_statuses(name))
 
     def _check_source_current(self, view: MaterializedView) -> None:
-        if not objects.is_dataset(self.table_uri(view.definition.source)):
+        uri = self.table_uri(view.definition.source)
+        if not objects.is_dataset(uri):
             return  # a source that is gone: the refresh's plan says so in its own words
+        if VIEW_METADATA_KEY.encode() not in (objects.dataset(uri).schema.metadata or {}):
+            return  # a table: nothing it reads can be behind (the handle serves the plan)
         src = self.open_table(view.definition.source)
         if isinstance(src, MaterializedView):
             behind = self._versions_behind(src)

@@ -1279,7 +1279,8 @@ class MaterializedView(Table):
                                   job_id=job_id)
                 raise
             start = time.perf_counter()
-            if compact_if_fragmented(self._dataset()):
+            # (the version it committed, unless index upkeep committed after it)
+            if compact_if_fragmented(objects.dataset(self.uri, version=None if result.indexes else result.view_version)):
                 result.timings["compact_s"] = time.perf_counter() - start
             return result
 

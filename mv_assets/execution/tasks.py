@@ -68,6 +68,7 @@ class TaskSpec:
     # Set for tasks that rewrite rows the view already holds: only these UDF
     # columns are computed, the other values are copied from ``view_version``.
     recompute: list[str] | None = None
+    # The view's version the plan read (its schema is the one the task writes)
     view_version: int | None = None
     # Where UDF results are checkpointed per scanner batch (by the UDFs'
     # fingerprints and each row's stable id and version, see RowStore): a task
@@ -229,8 +230,8 @@ def _compute_batches(
             input_batch = pa.RecordBatch.from_arrays(
                 [batch.column(_in_name(c)) for c in inputs], names=inputs
             )
-        row_ids = batch.column("_rowid").cast(pa.int64())
-        row_versions = batch.column(_ROW_VERSION).cast(pa.int64())
+        row_ids = _as(batch.column("_rowid"), pa.int64())
+        row_versions = _as(batch.column(_ROW_VERSION), pa.int64())
         started = time.perf_counter()
         udf_values = checkpointed_udf_columns(
             specs, input_batch, row_ids, row_versions, udf_rows, errors, store,
@@ -245,12 +246,17 @@ def _compute_batches(
             elif f.name == SOURCE_ROW_VERSION:
                 arrays.append(row_versions)
             elif f.name in udf_values:
-                arrays.append(udf_values[f.name].cast(f.type))
+                arrays.append(_as(udf_values[f.name], f.type))
             elif f.name in sql_markers:  # a SQL column added to the view: computed by the projection
                 arrays.append(repeat_string(sql_markers[f.name], batch.num_rows))
             else:
-                arrays.append(batch.column(f.name).cast(f.type))
+                arrays.append(_as(batch.column(f.name), f.type))
         yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+
+
+def _as(values: pa.Array, to: pa.DataType) -> pa.Array:
+    """``values`` cast to ``to`` (a cast call costs ~20 us even when there is nothing to do)."""
+    return values if values.type == to else values.cast(to)
 
 
 COMPUTE_BATCH_BYTES = 32 * 1024 * 1024
@@ -577,12 +583,13 @@ def _coalesced(batches, rows: int = WRITE_CHUNK_ROWS, max_bytes: int | None = No
     group: list[pa.RecordBatch] = []
     size = nbytes = 0
     for b in batches:
-        if group and (size + b.num_rows > rows or (max_bytes is not None and nbytes + b.nbytes > max_bytes)):
+        b_bytes = 0 if max_bytes is None else b.nbytes  # (summing buffer sizes is not free)
+        if group and (size + b.num_rows > rows or (max_bytes is not None and nbytes + b_bytes > max_bytes)):
             yield from _joined(group)
             group, size, nbytes = [], 0, 0
         group.append(b)
         size += b.num_rows
-        nbytes += b.nbytes
+        nbytes += b_bytes
     yield from _joined(group)
 
 
@@ -664,7 +671,7 @@ def _run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
     start = time.perf_counter()
     definition = decode_definition(definition_raw)
     ds = objects.dataset(spec.src_uri, version=spec.src_version)
-    view_schema = objects.dataset(spec.view_uri).schema
+    view_schema = objects.dataset(spec.view_uri, version=spec.view_version).schema
     udf_rows: dict[str, int] = {c.name: 0 for c in definition.udf_columns}
     errors: list[dict] = []
     resumed: dict[str, int] = {}

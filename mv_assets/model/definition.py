@@ -243,9 +243,13 @@ class ViewDefinition:
 
         UDF columns and columns added later are left out: a changed UDF makes
         its column stale row by row (see ``computed_marker``), it does not
-        make the view recompute everything.
+        make the view recompute everything. Computed once per definition (a
+        refresh asks twice).
         """
-        return shape_fingerprint(self.to_json())
+        known = self.__dict__.get("_shape_fingerprint")
+        if known is None:
+            known = self.__dict__["_shape_fingerprint"] = shape_fingerprint(self.to_json())
+        return known
 
     def fingerprint(self) -> str:
         """Hash of the definition; UDFs count by their code fingerprint."""

@@ -729,7 +729,7 @@ class _TaskPlace:
     def tasks(self, pieces: list[list], recompute: list[str] | None = None) -> list[TaskSpec]:
         tasks = _pack_tasks(
             pieces, self.src_version, self.src_uri, self.view_uri, self.checkpoint_dir, self.max_rows_per_task,
-            self.plan_key, recompute, self.view_version if recompute is not None else None, self.balanced,
+            self.plan_key, recompute, self.view_version, self.balanced,
         )
         # Row checkpoints are looked up only when an earlier run left some (a
         # resume); a fresh refresh only writes them.
@@ -1149,9 +1149,9 @@ def _nothing_done(view: ViewRef, plan: RefreshPlan, seconds: float) -> RefreshRe
     )
 
 
-def _index_upkeep(uri: str, rebuild: "list[indexes.IndexSpec] | None" = None) -> dict:
-    """Bring the view's indexes up to date after its commit (storage.indexes.catch_up)."""
-    done = indexes.catch_up(uri, rebuild)
+def _index_upkeep(uri: str, rebuild: "list[indexes.IndexSpec] | None" = None, version: int | None = None) -> dict:
+    """Bring the view's indexes up to date after its commit (``version``; storage.indexes.catch_up)."""
+    done = indexes.catch_up(uri, rebuild, version)
     if not done.did_anything:
         return {}
     return {"updated": done.updated, "rebuilt": done.rebuilt, "failed": done.failed}
@@ -1252,7 +1252,7 @@ def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner", job_id: 
         # committed: the batch checkpoints are spent (refreshes of a view never overlap)
         objects.remove_tree(objects.join(plan.checkpoint_dir.rsplit("/", 1)[0], "batches"))
     done = time.perf_counter()
-    upkeep = _index_upkeep(view.uri, rebuild)
+    upkeep = _index_upkeep(view.uri, rebuild, committed.version)
     indexed = time.perf_counter()
     return RefreshResult(
         view=view.name, from_version=plan.from_version, to_version=plan.to_version, view_version=committed.version,

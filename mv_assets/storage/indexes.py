@@ -364,7 +364,7 @@ class CatchUp:
         return bool(self.updated or self.rebuilt or self.failed)
 
 
-def catch_up(uri: str, rebuild: list[IndexSpec] | None = None) -> CatchUp:
+def catch_up(uri: str, rebuild: list[IndexSpec] | None = None, version: int | None = None) -> CatchUp:
     """Make every index of the dataset at ``uri`` cover every row.
 
     ``rebuild``: declarations of indexes a commit just dropped (see
@@ -372,9 +372,10 @@ def catch_up(uri: str, rebuild: list[IndexSpec] | None = None) -> CatchUp:
     once there are rows. An index covering less than half the rows is built
     again from its declaration; one covering more is updated in place. A
     failure does not raise (the rows are committed and searches stay right,
-    by flat scan): it is warned about and reported."""
+    by flat scan): it is warned about and reported. ``version``: the one a
+    commit just made (default: the latest)."""
     done = CatchUp()
-    ds = objects.dataset(uri)
+    ds = objects.dataset(uri, version=version)
     built = _coverage(ds)
     declared = _declared(ds)
     if not built and not declared and not rebuild:

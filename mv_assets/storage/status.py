@@ -105,7 +105,7 @@ class ViewStatus:
 
 
 def _read_file(layout: Layout, view: str) -> dict:
-    raw = objects.read_text(layout.status_file(view))
+    raw = objects.read_record(layout.status_file(view))
     try:
         return json.loads(raw) if raw else {}
     except json.JSONDecodeError:
@@ -155,7 +155,7 @@ def record_load_state(
     elif state == LOADED:
         current["last_error"] = None
     # not fsynced: a load state describes a process (a LOADING one whose process is gone reads as failed)
-    objects.write_text(layout.status_file(view), json.dumps(current), durable=False)
+    objects.write_record(layout.status_file(view), json.dumps(current))
 
 
 def stale_count(src_uri: str, since: int | None, latest: int) -> int:
