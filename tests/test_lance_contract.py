@@ -285,3 +285,60 @@ def test_one_session_for_every_open_still_sees_each_dataset_as_it_is(tmp_path):
         objects.dataset(u, version=2)
     assert _ids_at(u) == [7]
 
+
+
+def test_a_commit_read_again_is_the_same_commit_and_a_table_made_anew_is_read_anew(tmp_path):
+    """A version's transaction is kept once read (a view's status and its next
+    refresh read its last refresh's commit first), keyed by the dataset, the
+    version and the commit's time: the same version number of a table removed
+    and made again, with the same operation and properties of the same size,
+    is read from the new table."""
+    import shutil
+
+    from mv_assets.storage import objects
+
+    u = str(tmp_path / "t.lance")
+
+    def make(tag: str) -> None:
+        lance.write_dataset(pa.table({"id": [1, 2]}), u, enable_stable_row_ids=True)
+        ds = lance.dataset(u)
+        fragments = lance.fragment.write_fragments(pa.table({"id": [3]}), ds)
+        lance.LanceDataset.commit(ds, lance.Transaction(read_version=1, operation=LanceOperation.Append(fragments),
+                                                        transaction_properties={"who": tag}))
+
+    def props() -> dict:
+        ds = objects.dataset(u)
+        return dict(objects.read_transaction(ds, ds.version).transaction_properties or {})
+
+    make("first")
+    assert props() == {"who": "first"} and props() == {"who": "first"}
+    shutil.rmtree(u)
+    make("other")  # the same version, operation and property sizes
+    assert props() == {"who": "other"}
+
+
+def test_a_commit_remembered_as_committed_is_the_one_lance_reads_back(tmp_path):
+    """The engine's appends are remembered as committed (the next refresh reads
+    its state from the last one): what it remembers equals what Lance stored. An
+    Update is read back (Lance stores it with its update mode filled in)."""
+    from mv_assets.storage import objects
+
+    u = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"id": [1, 2, 3]}), u, enable_stable_row_ids=True)
+    ds = lance.dataset(u)
+    appended = lance.fragment.write_fragments(pa.table({"id": [4]}), ds)
+    done = objects.commit(u, lance.Transaction(read_version=1, operation=LanceOperation.Append(appended),
+                                               transaction_properties={"k": "v"}), max_retries=0)
+    fragment = done.get_fragments()[0]
+    deleted = fragment.delete("id = 2")
+    assert deleted is not None
+    done = objects.commit(u, lance.Transaction(read_version=done.version, operation=LanceOperation.Update(
+        updated_fragments=[deleted], new_fragments=lance.fragment.write_fragments(pa.table({"id": [9]}), done)),
+        transaction_properties={"k": "w"}), max_retries=0)
+    assert objects._commit_key(objects.dataset(u, version=2)) in objects._COMMITTED
+    assert objects._commit_key(done) not in objects._COMMITTED
+    assert objects.read_transaction(objects.dataset(u, version=2), 2) == lance.dataset(u).read_transaction(2)
+    update = objects.read_transaction(done, 3)
+    assert update is not None and isinstance(update.operation, LanceOperation.Update)
+    assert (update.operation.update_mode, update.transaction_properties) == ("rewrite_rows", {"k": "w"})
+    assert objects.dataset(u).to_table().column("id").to_pylist() == [1, 3, 4, 9]
