@@ -286,7 +286,9 @@ def test_a_view_whose_dataset_is_damaged_is_listed_and_hides_nothing(db, caplog)
     """Another tool (or a disk) damages a view's manifests: the status table, the
     CLI's status and listing views show every other view as usual and the damaged
     one as UNREADABLE with the reason in our words (no Rust paths); Dagster's
-    asset graph leaves it out with a warning and keeps the others."""
+    asset graph keeps the others with their lineage and shows the damaged one
+    as an UNREADABLE asset with the reason, which cannot be materialized; once
+    dropped it is gone from all of them."""
     import glob
     import logging
 
@@ -317,7 +319,23 @@ def test_a_view_whose_dataset_is_damaged_is_listed_and_hides_nothing(db, caplog)
     with caplog.at_level(logging.WARNING, logger="mv_assets.dagster.catalog"):
         tables = catalog_tables(db)
     assert set(tables) == {"raw", "ok"}
-    assert any("'broken'" in r.getMessage() and "left out of the asset graph" in r.getMessage() for r in caplog.records)
+    assert any("'broken'" in r.getMessage() and "shown as UNREADABLE" in r.getMessage() for r in caplog.records)
+
+    import dagster as dg
+
+    from mv_assets.dagster import build_definitions
+
+    graph = build_definitions(db).resolve_asset_graph()
+    assert {"raw", "ok", "broken"} <= {k.path[0] for k in graph.get_all_asset_keys()}
+    node = graph.get(dg.AssetKey(["broken"]))
+    assert not node.is_materializable and not node.parent_keys
+    assert node.description is not None and node.description.startswith("**UNREADABLE**")
+    assert "the dataset cannot be read" in node.description and ".rs:" not in node.description
+    assert graph.get(dg.AssetKey(["ok"])).parent_keys == {dg.AssetKey(["raw"])}
+
+    db.drop_table("broken")
+    assert [r["name"] for r in db.status().to_pylist()] == ["ok"]
+    assert dg.AssetKey(["broken"]) not in build_definitions(db).resolve_asset_graph().get_all_asset_keys()
 
 
 # -- the load state record: rewritten in place, read whole ------------------

@@ -310,11 +310,14 @@ class Connection:
         return t
 
     def drop_table(self, name: str) -> None:
-        """Drop a table or view (materialized or not). Fails while views are defined over it."""
-        if not objects.is_dataset(self._table_uri(name)) and read_view_definition(self.layout, name) is not None:
-            remove_view(self.layout, name)
-            return
-        self.open_table(name)  # raises if missing
+        """Drop a table or view (materialized or not). Fails while views are
+        defined over it. A dataset whose files are damaged (status UNREADABLE)
+        can be dropped: it is not opened."""
+        if not objects.is_dataset(self._table_uri(name)):
+            if read_view_definition(self.layout, name) is not None:
+                remove_view(self.layout, name)
+                return
+            self.open_table(name)  # raises: nothing of that name
         deps = self.dependents(name)
         if deps:
             raise ValueError(f"cannot drop {name!r}: views {deps} are defined over it; drop them first")
@@ -358,7 +361,13 @@ class Connection:
         definition (JSON; no UDF is unpickled)."""
         out = {}
         for n in self.table_names():
-            raw = (objects.dataset(self.table_uri(n)).schema.metadata or {}).get(VIEW_METADATA_KEY.encode())
+            if n == name:
+                continue
+            try:
+                md = objects.dataset(self.table_uri(n)).schema.metadata or {}
+            except (ValueError, OSError):  # damaged files (status UNREADABLE): what it reads is unknown
+                continue
+            raw = md.get(VIEW_METADATA_KEY.encode())
             if raw is not None and json.loads(raw)["source"] == name:
                 out[n] = raw.decode()
         for n in view_names(self.layout):

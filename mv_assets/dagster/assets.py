@@ -233,6 +233,24 @@ def source_asset(info: TableInfo, pdef=None):
     return _observe
 
 
+def unreadable_asset(name: str, why: str) -> dg.AssetSpec:
+    """A table or view whose Lance dataset cannot be read (damaged files): shown
+    in the asset graph with the reason, not materializable, without lineage
+    (its definition cannot be read either), so the graph never hides it."""
+    return dg.AssetSpec(
+        dg.AssetKey([name]),
+        description=(
+            f"**UNREADABLE**: the Lance dataset of `{name}` cannot be read, so it has no lineage and no runs "
+            f"here until it can: {why}. `mv-assets status` lists it too. Restore its files, or drop it "
+            f"(`db.drop_table({name!r})`) and create it again."
+        ),
+        kinds={"lance"},
+        metadata={"load_state": "UNREADABLE", "reason": why},
+        tags={"mv_assets/state": "unreadable"},
+        group_name="unreadable",
+    )
+
+
 def source_observation(table: Table, version: int, current: int | None = None) -> dg.AssetObservation:
     """The table's observation at ``version`` (a table without partitions);
     ``current``: its data version, when already read."""

@@ -127,13 +127,16 @@ def _declare(out: dict[str, "TableInfo"], names: dict[str, list[str]], db: Conne
             info.policy = policy
 
 
-def catalog_tables(db: Connection, declared: dict | None = None) -> dict[str, TableInfo]:
+def catalog_tables(db: Connection, declared: dict | None = None,
+                   unreadable: dict[str, str] | None = None) -> dict[str, TableInfo]:
     """Every table and view of ``db`` with its lineage; ``declared`` (name ->
-    query) overlays views declared in code (see :mod:`mv_assets.declare`)."""
-    unreadable: dict[str, str] = {}
+    query) overlays views declared in code (see :mod:`mv_assets.declare`).
+    Datasets that cannot be read are left out, with the reason in ``unreadable``
+    (name -> why): the others still load."""
+    unreadable = {} if unreadable is None else unreadable
     described = db.describe(unreadable=unreadable)
-    for name, why in sorted(unreadable.items()):  # the others still load (`mv-assets status` lists it)
-        log.warning(f"{name!r} of catalog {db.uri} is left out of the asset graph: {why}")
+    for name, why in sorted(unreadable.items()):  # (`mv-assets status` lists it too)
+        log.warning(f"{name!r} of catalog {db.uri} is left out of the lineage (shown as UNREADABLE): {why}")
     out = {name: _info(d) for name, d in described.items()}
     names = {name: d.field_names for name, d in described.items()}
     if declared:

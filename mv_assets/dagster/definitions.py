@@ -19,6 +19,7 @@ from mv_assets.dagster.assets import (
     partitions_def_name,
     safe_name,
     source_asset,
+    unreadable_asset,
 )
 from mv_assets.dagster.catalog import TableInfo, catalog_tables
 from mv_assets.dagster.resource import MvAssetsResource
@@ -89,7 +90,8 @@ def build_definitions(
     conditions = automation == "conditions"
     conn = db if isinstance(db, Connection) else connect(db)
     declared = load_declared(views, conn) if isinstance(views, str) else views
-    tables = catalog_tables(conn, declared)
+    unreadable: dict[str, str] = {}
+    tables = catalog_tables(conn, declared, unreadable)
     # options given in code go into the resource; options from the environment
     # stay there (they may hold credentials the UI would show)
     options = conn.storage_options if conn.storage_options_given else None
@@ -99,6 +101,8 @@ def build_definitions(
     roots = sorted({v.root for v in view_infos} | {t.name for t in tables.values() if not t.is_view and t.columns})
     pdefs = {r: dg.DynamicPartitionsDefinition(name=partitions_def_name(r)) for r in roots}
     assets: list[Any] = [source_asset(t, pdefs.get(t.name)) for t in tables.values() if not t.is_view]
+    # a damaged dataset is in the graph, with its reason, not hidden (a view declared in code under its name: not here)
+    assets += [unreadable_asset(name, why) for name, why in sorted(unreadable.items()) if name not in tables]
     view_assets: dict[str, list[dg.AssetKey]] = {}
     column_keys: dict[str, list[dg.AssetKey]] = {}
     for root in roots:
