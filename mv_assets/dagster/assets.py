@@ -240,9 +240,9 @@ def unreadable_asset(name: str, why: str) -> dg.AssetSpec:
     return dg.AssetSpec(
         dg.AssetKey([name]),
         description=(
-            f"**UNREADABLE**: the Lance dataset of `{name}` cannot be read, so it has no lineage and no runs "
-            f"here until it can: {why}. `mv-assets status` lists it too. Restore its files, or drop it "
-            f"(`db.drop_table({name!r})`) and create it again."
+            f"UNREADABLE: {why}. It has no lineage and no runs here until its Lance dataset can be read; "
+            f"`mv-assets status` lists it too. Restore its files, or drop it (`db.drop_table({name!r})`) and "
+            "create it again."
         ),
         kinds={"lance"},
         metadata={"load_state": "UNREADABLE", "reason": why},
