@@ -342,3 +342,16 @@ def test_a_commit_remembered_as_committed_is_the_one_lance_reads_back(tmp_path):
     assert update is not None and isinstance(update.operation, LanceOperation.Update)
     assert (update.operation.update_mode, update.transaction_properties) == ("rewrite_rows", {"k": "w"})
     assert objects.dataset(u).to_table().column("id").to_pylist() == [1, 3, 4, 9]
+
+
+def test_the_session_cache_bounds_come_from_the_environment_in_megabytes(monkeypatch):
+    from mv_assets.storage import objects
+
+    monkeypatch.setenv("MV_ASSETS_LANCE_INDEX_CACHE_MB", "64")
+    assert objects._megabytes("MV_ASSETS_LANCE_INDEX_CACHE_MB", 2048) == 64 * 1024 * 1024
+    monkeypatch.delenv("MV_ASSETS_LANCE_INDEX_CACHE_MB")
+    assert objects._megabytes("MV_ASSETS_LANCE_INDEX_CACHE_MB", 2048) == 2048 * 1024 * 1024
+    for bad in ("1GB", "-5"):
+        monkeypatch.setenv("MV_ASSETS_LANCE_METADATA_CACHE_MB", bad)
+        with pytest.raises(ValueError, match=r"MV_ASSETS_LANCE_METADATA_CACHE_MB is a number of megabytes"):
+            objects._megabytes("MV_ASSETS_LANCE_METADATA_CACHE_MB", 512)

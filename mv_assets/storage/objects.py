@@ -143,12 +143,22 @@ def _session() -> "lance.Session":  # pyright: ignore[reportPrivateImportUsage]
     global _SESSION
     held = _SESSION
     if held is None or held[0] != os.getpid():
-        mb = 1024 * 1024
         held = _SESSION = (os.getpid(), lance.Session(  # pyright: ignore[reportPrivateImportUsage]
-            metadata_cache_size_bytes=int(os.environ.get("MV_ASSETS_LANCE_METADATA_CACHE_MB", "512")) * mb,
-            index_cache_size_bytes=int(os.environ.get("MV_ASSETS_LANCE_INDEX_CACHE_MB", "2048")) * mb,
+            metadata_cache_size_bytes=_megabytes("MV_ASSETS_LANCE_METADATA_CACHE_MB", 512),
+            index_cache_size_bytes=_megabytes("MV_ASSETS_LANCE_INDEX_CACHE_MB", 2048),
         ))
     return held[1]
+
+
+def _megabytes(variable: str, default: int) -> int:
+    raw = os.environ.get(variable, "").strip()
+    try:
+        mb = int(raw) if raw else default
+    except ValueError:
+        mb = -1
+    if mb < 0:
+        raise ValueError(f"${variable} is a number of megabytes (0 or more), got {raw!r}")
+    return mb * 1024 * 1024
 
 
 def dataset(uri: str, version: int | None = None, **kwargs: Any) -> lance.LanceDataset:
