@@ -221,8 +221,9 @@ def _remember(ds: lance.LanceDataset, txn: "lance.Transaction") -> None:
 
 def _read_committed(ds: lance.LanceDataset, version: int) -> "lance.Transaction | None":
     key = _commit_key(ds) if ds.version == version else None
-    if key is not None and key in _COMMITTED:
-        return _COMMITTED[key]
+    known = _COMMITTED.get(key) if key is not None else None  # (one lookup: another thread may clear it)
+    if known is not None:
+        return known
     txn = ds.read_transaction(version)
     if key is not None and txn is not None:
         _remember(ds, txn)
