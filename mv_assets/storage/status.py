@@ -3,7 +3,8 @@
 The durable facts (what the view reflects, load number, cardinality) live in
 the view's own Lance commits; the load state (LOADING / LOADED / FAILED_LOAD)
 and the last error are kept in ``<catalog>/_mv_assets/status/<view>.json``,
-written atomically by every refresh. Staleness is measured live from the
+written by every refresh (rewritten in place with a checksum, so a reader gets
+one whole record: ``objects.write_record``). Staleness is measured live from the
 source's change feed when the status is read.
 
 A view whose source dataset is gone (removed by another tool) shows as
