@@ -44,6 +44,7 @@ from mv_assets.model.udf import UDF as UDF
 from mv_assets.model.udf import Columns as Columns
 from mv_assets.model.udf import OnError as OnError
 from mv_assets.model.udf import UnpackedUDF as UnpackedUDF
+from mv_assets.model.udf import skip_on_error as skip_on_error
 from mv_assets.model.udf import udf as udf
 from mv_assets.ops.backfill import BackfillJob as BackfillJob
 from mv_assets.ops.backfill import BackfillPlan as BackfillPlan
@@ -94,6 +95,7 @@ __all__ = [
     "Table",
     "UDF",
     "udf",
+    "skip_on_error",
 ]
 
 __version__ = "0.1.0"

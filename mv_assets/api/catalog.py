@@ -25,14 +25,22 @@ from mv_assets.model.errors import CatalogNotFoundError, SourceBehindError, Tabl
 from mv_assets.model.ownership import OWNERSHIP_METADATA_KEY, Ownership
 from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
 from mv_assets.model.udtf_view import check_udtf_query, udtf_view_schema
+from mv_assets.model.volatility import check_deterministic
 from mv_assets.ops.jobs import Job, process_jobs
 from mv_assets.ops.refresh import RefreshResult
 from mv_assets.storage import objects
-from mv_assets.storage.error_log import drop_errors
+from mv_assets.storage.error_log import drop_errors, failures_unrecorded
 from mv_assets.storage.identity import ensure_table_id
 from mv_assets.storage.jobs import JobRecord, job_records
 from mv_assets.storage.layout import Layout
-from mv_assets.storage.row_ids import AdoptResult, adopt, finish_interrupted, require_stable_row_ids
+from mv_assets.storage.row_ids import (
+    AdoptResult,
+    adopt,
+    finish_interrupted,
+    is_legacy_format,
+    require_current_format,
+    require_stable_row_ids,
+)
 from mv_assets.storage.status import (
     ViewStatus,
     pending_source_versions,
@@ -96,9 +104,11 @@ class Connection:
     """
 
     def __init__(
-        self, uri: str, *, runner: Runner | None = None, storage_options: dict[str, str] | None = None,
-        create: bool = True,
+        self, uri: "str | os.PathLike[str]", *, runner: Runner | None = None,
+        storage_options: dict[str, str] | None = None, create: bool = True,
     ) -> None:
+        if isinstance(uri, os.PathLike):  # Geneva's examples connect with a pathlib.Path
+            uri = os.fspath(uri)
         if not isinstance(uri, str) or not uri:
             raise ValueError("connect() needs a catalog URI")
         if uri.startswith("file://"):
@@ -130,6 +140,11 @@ class Connection:
 
     def __repr__(self) -> str:
         return f"Connection({self.uri!r})"
+
+    def is_remote(self) -> bool:
+        """Geneva's: whether this is a LanceDB Cloud connection (``db://``). Never
+        here: every catalog is a directory, local or in an object store."""
+        return False
 
     @property
     def runner(self) -> Runner:
@@ -253,15 +268,21 @@ class Connection:
         primary_key: str | None = None,
         mode: str = "create",
         exist_ok: bool = False,
+        storage_options: dict[str, str] | None = None,
     ) -> Table:
         """Create a table from data and/or a schema.
 
         ``mode="create"`` fails if the name exists; ``"overwrite"`` replaces it.
         ``exist_ok=True`` (lancedb's): when a table of that name exists, it is
         opened instead (``data`` is not added; a ``schema`` given must match
-        its columns, else ValueError).
+        its columns, else ValueError). ``storage_options`` (Geneva's, Lance's
+        write options): ``new_table_enable_stable_row_ids="true"`` is what
+        every table here is created with; the catalog's object-store options
+        are ``connect(storage_options=)``'s, and other values warn
+        (``GenevaCompatWarning``, docs/geneva.md).
         """
         validate_name(name)
+        _check_table_storage_options(storage_options, self.storage_options)
         if mode not in ("create", "overwrite"):
             raise ValueError(f"mode must be 'create' or 'overwrite', got {mode!r}")
         if data is None and schema is None:
@@ -484,13 +505,18 @@ class Connection:
             md[OWNERSHIP_METADATA_KEY.encode()] = ownership.to_json().encode()
         schema = schema.with_metadata(md)
         assert isinstance(query.table, Table)  # (checked by the create_* calls)
+        # refused before any write: a source whose changes cannot be found, SQL whose value is not the row's
+        require_current_format(query.table._dataset(), query.table.name, f"a materialized view ({name!r})")
+        check_deterministic(name, {"the filter": definition.filter,
+                                   **{f"column {c.name!r}": c.expr for c in definition.columns if c.kind == "sql"}})
         ensure_table_id(query.table.uri)  # the view records which table it reads (storage.identity)
         empty = pa.Table.from_batches([], schema=schema)
         objects.write_dataset(empty, self._table_uri(name), schema=schema, mode="create", enable_stable_row_ids=True)
         view = MaterializedView(self, name, definition)
         if not with_no_data:
             try:
-                view.refresh()
+                with failures_unrecorded():  # a failure drops the view: nothing of it is recorded
+                    view.refresh()
             except BaseException:
                 self.drop_table(name)
                 raise
@@ -514,13 +540,16 @@ class Connection:
     def create_udtf_view(
         self,
         name: str,
-        query: Query,
-        function: Any,
+        query: Query | None = None,
+        function: Any = None,
         with_no_data: bool = True,
         *,
         refresh_policy: RefreshPolicy | None = None,
+        auto_refresh: bool | None = None,
         owners: list[str] | None = None,
         tags: dict[str, str] | None = None,
+        source: Query | None = None,
+        udtf: Any = None,
     ) -> MaterializedView:
         """Create a view that is not one row per source row (Geneva's name).
 
@@ -540,9 +569,14 @@ class Connection:
         (see :mod:`mv_assets.ops.udtf_refresh`).
 
         Either view refreshes incrementally, in one Lance commit, like any
-        other. Validates everything before writing. ``owners`` and ``tags``: as
-        in :meth:`create_materialized_view`."""
+        other. Validates everything before writing. ``owners``, ``tags`` and
+        ``auto_refresh``: as in :meth:`create_materialized_view`. Geneva's
+        keyword names ``source=`` (the query) and ``udtf=`` (the function) are
+        taken too."""
         validate_name(name)
+        query = _one_of("query", query, "source", source)
+        function = _one_of("function", function, "udtf", udtf)
+        refresh_policy = _auto_refresh_policy(auto_refresh, refresh_policy)
         ownership = Ownership.of(owners, tags)
         if not isinstance(function, Chunker | UDTF):
             raise ValueError(
@@ -591,7 +625,8 @@ class Connection:
         :mod:`mv_assets.storage.row_ids` for what is atomic where). Stop other
         writers meanwhile: a commit during the rewrite aborts it
         (``ConcurrentWriteError``, nothing replaced). A table that has stable
-        row ids already is left alone (``rewritten`` False).
+        row ids already is left alone (``rewritten`` False), unless it is in
+        Lance's legacy (v1) file format: that is rewritten in the current one.
 
         Refused while a view over it holds rows (one that refreshed, say, before
         the table was recreated without stable row ids): drop it first. Views
@@ -601,7 +636,8 @@ class Connection:
         finished = finish_interrupted(self.layout, name)  # an interrupted one is finished (or undone) first
         if finished is not None:
             return finished
-        if self.open_table(name)._dataset().has_stable_row_ids:  # every view and table mv_assets created
+        ds = self.open_table(name)._dataset()
+        if ds.has_stable_row_ids and not is_legacy_format(ds):  # every view and table mv_assets created
             return adopt(self.layout, name)  # nothing to do: says so
         views = [v for v in self.views() if v.source == name]
         held = [v.name for v in views if v.count_rows() or v.source_version is not None]
@@ -790,10 +826,12 @@ def _auto_refresh_policy(auto_refresh: Any, policy: RefreshPolicy | None) -> Ref
 
 
 def connect(
-    uri: str, *, runner: Runner | None = None, storage_options: dict[str, str] | None = None, create: bool = True
+    uri: "str | os.PathLike[str]", *, runner: Runner | None = None, storage_options: dict[str, str] | None = None,
+    create: bool = True,
 ) -> Connection:
-    """Open (creating if needed) the catalog at ``uri``: a local directory or
-    an object-store URI (``s3://bucket/path``, ``gs://``, ``az://``).
+    """Open (creating if needed) the catalog at ``uri``: a local directory (a
+    string or a ``pathlib.Path``) or an object-store URI (``s3://bucket/path``,
+    ``gs://``, ``az://``).
     ``storage_options`` (default ``$MV_ASSETS_STORAGE_OPTIONS``, JSON) are
     Lance's object-store options (``aws_endpoint``, ``aws_region``,
     credentials, ``allow_http``...): passed to every Lance call, to the
@@ -810,6 +848,36 @@ def connect(
     []
     """
     return Connection(uri, runner=runner, storage_options=storage_options, create=create)
+
+
+_STABLE_ROW_IDS = "new_table_enable_stable_row_ids"
+
+
+def _check_table_storage_options(given: dict[str, str] | None, catalog: dict[str, str]) -> None:
+    """Geneva's ``create_table(storage_options=)``: stable row ids are what every
+    table has; the catalog's own options change nothing; others warn."""
+    if given is None:
+        return
+    if not isinstance(given, dict):
+        raise ValueError(f"storage_options must be a dict of str -> str, got {type(given).__name__}")
+    for key, value in given.items():
+        if key == _STABLE_ROW_IDS:
+            if str(value).lower() not in ("true", "1"):
+                geneva.warn("create_table", f"storage_options[{key!r}]", value, "every table here is created with "
+                            "stable row ids (views and incremental refreshes need them)", stacklevel=4)
+        elif catalog.get(key) != value:
+            geneva.warn("create_table", f"storage_options[{key!r}]", value, "a catalog's tables share its storage "
+                        "options: pass them to connect(storage_options=)", stacklevel=4)
+
+
+def _one_of(name: str, value: Any, geneva_name: str, geneva_value: Any) -> Any:
+    """A parameter given by our name or Geneva's (not both)."""
+    if value is not None and geneva_value is not None:
+        raise TypeError(f"create_udtf_view() got both {name}= and {geneva_name}= (Geneva's name for it): give one")
+    value = value if value is not None else geneva_value
+    if value is None:
+        raise TypeError(f"create_udtf_view() missing required argument: {name!r} (or {geneva_name!r})")
+    return value
 
 
 def _unreadable_reason(exc: Exception) -> str:

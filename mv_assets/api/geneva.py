@@ -12,12 +12,13 @@ than Geneva's default (the default changes nothing here either). A name that
 is no parameter of the Geneva method raises ``TypeError``, as Python does.
 """
 
-import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import lance
+
+from mv_assets.model.compat import GenevaCompatWarning, warn_ignored
 
 __all__ = [
     "GenevaCompatWarning", "accept", "warn", "BackfillOptions", "backfill_options", "fragments_between", "seconds",
@@ -26,8 +27,6 @@ __all__ = [
 ]
 
 
-class GenevaCompatWarning(UserWarning):
-    """A Geneva parameter accepted so that Geneva code runs, which does not apply here (the message says why)."""
 
 
 _NO_ADMISSION = ("there is no admission control here: Spark runs the tasks as executor cores free up (a cluster "
@@ -106,8 +105,7 @@ def accept(api: str, given: dict[str, Any], ignored: dict[str, tuple[Any, str]],
 
 def warn(api: str, name: str, value: Any, why: str, *, stacklevel: int = 3) -> None:
     """One :class:`GenevaCompatWarning`: ``api(name=value)`` is accepted and ignored because ``why``."""
-    warnings.warn(f"{api}({name}={value!r}) does not apply here and is ignored: {why}", GenevaCompatWarning,
-                  stacklevel=stacklevel)
+    warn_ignored(api, name, value, why, stacklevel=stacklevel + 1)
 
 
 def _positive(name: str, value: Any, *, zero: bool = False) -> int | None:

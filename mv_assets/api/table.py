@@ -1222,6 +1222,7 @@ class MaterializedView(Table):
         concurrency: int | None = None,
         max_rows_per_fragment: int | None = None,
         job_id: str | None = None,
+        source_task_size: int | None = None,
         **geneva_only: Any,
     ) -> RefreshResult:
         """Bring the view up to ``src_version`` of its source (default: latest).
@@ -1248,13 +1249,19 @@ class MaterializedView(Table):
 
         Geneva's parameters: ``concurrency`` is the number of tasks the refresh
         is cut into, ``max_rows_per_fragment`` bounds the rows of each view
-        fragment a task writes; ``checkpoint_size`` defaults to the smallest
+        fragment a task writes, ``source_task_size`` is ``max_rows_per_task``
+        (source rows per task; Geneva: of chunker views, here of any view;
+        an explicit ``max_rows_per_task`` wins); ``checkpoint_size`` defaults to the smallest
         ``@udf(checkpoint_size=)`` of the view's UDFs. ``where``,
         ``intra_applier_concurrency`` and the admission checks do not apply
         here and warn (docs/geneva.md).
         """
         self._require_latest("refresh()")
         geneva.accept("refresh", geneva_only, geneva.REFRESH_IGNORED)
+        if source_task_size is not None:
+            if isinstance(source_task_size, bool) or not isinstance(source_task_size, int) or source_task_size < 1:
+                raise ValueError(f"source_task_size must be an int >= 1 (source rows per task), got {source_task_size!r}")
+            max_rows_per_task = max_rows_per_task or source_task_size
         self.connection._check_source_current(self)
         with self.connection._refresh_lock(self.name, lock_timeout):
             ref = self.ref()

@@ -60,7 +60,7 @@ def check_chunk_query(definition: ViewDefinition, name: str) -> None:
 def chunk_view_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Schema:
     """The chunk view's Arrow schema; validates the query and the chunker against the source."""
     chunker = definition.table_function
-    chunker.validate_inputs(ds.schema, f"chunker {chunker.name!r}")
+    chunker.validate_inputs(ds.schema, definition.source)
     inherited = inherited_columns(definition)
     try:
         projected = check_sql(ds, filter=definition.filter, columns=inherited)

@@ -42,6 +42,7 @@ import cloudpickle
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mv_assets.model.compat import NO_MANIFEST, warn_ignored
 from mv_assets.model.errors import UdfError
 from mv_assets.model.names import SOURCE_ROW_ID, is_reserved_name
 from mv_assets.model.udf import (
@@ -53,9 +54,11 @@ from mv_assets.model.udf import (
     _signature,
     _type_hints,
     check_resources,
+    constructs,
     dumps_by_value,
     python_type_to_arrow,
     resources_spec,
+    with_init_args,
 )
 
 __all__ = ["Chunker", "UDTF", "chunker", "udtf", "from_spec"]
@@ -124,6 +127,8 @@ class _TableFunction:
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.stateful:
+            if constructs(self.func, args, kwargs):  # Geneva's MyChunker(): the instance to register
+                return with_init_args(self, args, kwargs)
             return self._instance()(*args, **kwargs)
         return self.func(*args, **kwargs)
 
@@ -195,6 +200,18 @@ class _TableFunction:
         return obj
 
 
+_NO_AUTO_REFRESH = ("when a view refreshes is the view's refresh policy: create_udtf_view(..., auto_refresh=True) "
+                    "or refresh_policy=")
+
+
+def _geneva_only(api: str, manifest: Any, auto_refresh: bool) -> None:
+    """Geneva's ``manifest`` and ``auto_refresh`` of a chunker or UDTF: one warning each when given."""
+    if manifest is not None:
+        warn_ignored(api, "manifest", manifest, NO_MANIFEST, stacklevel=5)
+    if auto_refresh:
+        warn_ignored(api, "auto_refresh", auto_refresh, _NO_AUTO_REFRESH, stacklevel=5)
+
+
 class Chunker(_TableFunction):
     """A 1:N row function. Create with :func:`chunker`."""
 
@@ -216,11 +233,14 @@ class Chunker(_TableFunction):
         version: str | None = None,
         on_error: "OnError | str | None" = None,
         batch_size: int | None = None,
+        manifest: Any = None,
+        auto_refresh: bool = False,
     ) -> None:
         super().__init__(
             func, name=name, output_schema=output_schema, version=version, on_error=on_error,
             num_cpus=num_cpus, num_gpus=num_gpus, memory=memory,
         )
+        _geneva_only("chunker", manifest, auto_refresh)
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0):
             raise ValueError(f"@chunker batch_size must be a positive int (parent rows per call), got {batch_size!r}")
         self.batch = bool(batch)
@@ -414,11 +434,13 @@ class Chunker(_TableFunction):
                     raise self._failure(i, 1, exc) from exc
                 errors.append(self._row_error(i, exc))
                 continue
-            for child in children:
+            for k, child in enumerate(children):
+                if isinstance(child, dict):  # Geneva's chunkers may yield dicts keyed by the output columns
+                    children[k] = child = self._dict_row(child, i)
                 if not isinstance(child, tuple) or len(child) != width:
                     raise TypeError(
                         f"chunker {self.name!r} yielded {type(child).__name__} for parent row {i}; expected a "
-                        f"NamedTuple of {width} fields {self._output_schema.names}"
+                        f"NamedTuple of {width} fields {self._output_schema.names} (or a dict of them)"
                     )
             rows.extend(children)
             parent.extend([i] * len(children))
@@ -433,6 +455,18 @@ class Chunker(_TableFunction):
                     f"chunker {self.name!r} yielded {', '.join(got)} values for {field.name!r}; expected {field.type}: {exc}"
                 ) from exc
         return pa.Table.from_arrays(arrays, schema=self._output_schema), pa.array(parent, pa.int64()), n
+
+    def _dict_row(self, child: dict, parent: int) -> tuple:
+        """A child given as a dict: its values in the output schema's order
+        (a column it leaves out is NULL; a key that is no output column is refused)."""
+        names = self._output_schema.names
+        unknown = [k for k in child if k not in names]
+        if unknown:
+            raise _output_error(TypeError(
+                f"chunker {self.name!r} yielded a dict with keys {unknown} for parent row {parent}, which are "
+                f"not among its output columns {names}"
+            ))
+        return tuple(child.get(n) for n in names)
 
     def _rows(self, fn: Callable, args: tuple) -> list:
         """One parent's children, the generator run to its end (its exceptions are the user's)."""
@@ -509,11 +543,14 @@ class UDTF(_TableFunction):
         memory: int | None = None,
         version: str | None = None,
         on_error: "OnError | str | None" = None,
+        manifest: Any = None,
+        auto_refresh: bool = False,
     ) -> None:
         super().__init__(
             func, name=name, output_schema=output_schema, version=version, on_error=on_error,
             num_cpus=num_cpus, num_gpus=num_gpus, memory=memory,
         )
+        _geneva_only("udtf", manifest, auto_refresh)
         if output_schema is None:
             raise ValueError(f"UDTF {self.name!r} needs output_schema=pa.schema([...]): its output cannot be inferred")
         if not input_columns or not all(isinstance(c, str) for c in input_columns):
@@ -619,6 +656,8 @@ def chunker(
     on_error: "OnError | str | None" = None,
     batch_size: int | None = None,
     name: str | None = None,
+    manifest: Any = None,
+    auto_refresh: bool = False,
 ) -> Any:
     """Declare a chunker (1:N); usable as ``@chunker`` or ``@chunker(...)``.
 
@@ -648,6 +687,11 @@ def chunker(
         :class:`OnError`. Not part of the fingerprint.
     batch_size:
         Batched form: at most this many parents per call. Not part of the fingerprint.
+    manifest, auto_refresh:
+        Geneva's; accepted with a ``GenevaCompatWarning`` when given (see docs/geneva.md).
+
+    A scalar chunker yields NamedTuples, or (with ``output_schema=``, as Geneva's
+    do) dicts keyed by the output columns.
 
     Examples
     --------
@@ -670,7 +714,7 @@ def chunker(
         return Chunker(
             f, name=name, output_schema=output_schema, batch=batch, input_columns=input_columns,
             inherit_input_columns=inherit_input_columns, num_cpus=num_cpus, num_gpus=num_gpus, memory=memory,
-            version=version, on_error=on_error, batch_size=batch_size,
+            version=version, on_error=on_error, batch_size=batch_size, manifest=manifest, auto_refresh=auto_refresh,
         )
 
     if func is not None:
@@ -690,6 +734,8 @@ def udtf(
     version: str | None = None,
     on_error: "OnError | str | None" = None,
     name: str | None = None,
+    manifest: Any = None,
+    auto_refresh: bool = False,
 ) -> Any:
     """Declare a UDTF (N:M); used as ``@udtf(output_schema=..., input_columns=[...])``.
 
@@ -722,6 +768,7 @@ def udtf(
         return UDTF(
             f, output_schema=output_schema, input_columns=input_columns, partition_by=partition_by, name=name,
             num_cpus=num_cpus, num_gpus=num_gpus, memory=memory, version=version, on_error=on_error,
+            manifest=manifest, auto_refresh=auto_refresh,
         )
 
     if func is not None:

@@ -38,10 +38,11 @@ from typing import Any, Callable
 import cloudpickle
 import pyarrow as pa
 
+from mv_assets.model.compat import NO_MANIFEST, warn_ignored
 from mv_assets.model.errors import UdfError
 from mv_assets.model.names import UdfKind, is_reserved_name
 
-__all__ = ["UDF", "udf", "python_type_to_arrow", "Columns", "UnpackedUDF", "OnError"]
+__all__ = ["UDF", "udf", "python_type_to_arrow", "Columns", "UnpackedUDF", "OnError", "skip_on_error"]
 
 T = typing.TypeVar("T")
 
@@ -113,6 +114,25 @@ class OnError:
 
     def retries(self, exc: BaseException) -> bool:
         return bool(self.retry_on) and isinstance(exc, self.retry_on)
+
+
+_NO_SKIP_LIMIT = ("a job does not fail on a count or share of skipped rows here: each skipped row is recorded "
+                  "(table.get_errors(), db.list_jobs() metrics) and can be retried")
+
+
+def skip_on_error(max_skip_count: int | None = None, max_skip_fraction: float | None = None) -> OnError:
+    """Geneva's ``skip_on_error()``: a row the UDF raises on stays NULL and gets
+    an error record; the job goes on (``OnError(then="skip")``). The limits
+    ``max_skip_count`` / ``max_skip_fraction`` are accepted with a
+    :class:`~mv_assets.model.compat.GenevaCompatWarning` (no job fails on them here).
+
+    >>> skip_on_error()
+    OnError(retry_on=(), attempts=1, backoff_s=0.1, backoff_factor=2.0, then='skip')
+    """
+    for name, value in (("max_skip_count", max_skip_count), ("max_skip_fraction", max_skip_fraction)):
+        if value is not None:
+            warn_ignored("skip_on_error", name, value, _NO_SKIP_LIMIT)
+    return OnError(then="skip")
 
 
 @dataclass
@@ -258,9 +278,19 @@ class UDF:
         num_cpus: float = 1.0,
         num_gpus: float = 0.0,
         memory: int | None = None,
+        task_size: int | None = None,
+        manifest: Any = None,
+        auto_backfill: bool = False,
     ) -> None:
         if not callable(func):
             raise ValueError(f"@udf needs a function or class, got {func!r}")
+        if task_size is not None and (isinstance(task_size, bool) or not isinstance(task_size, int) or task_size <= 0):
+            raise ValueError(f"@udf task_size must be a positive int (rows per task), got {task_size!r}")
+        if manifest is not None:
+            warn_ignored("udf", "manifest", manifest, NO_MANIFEST, stacklevel=4)
+        if auto_backfill:
+            warn_ignored("udf", "auto_backfill", auto_backfill, _NO_AUTO_BACKFILL, stacklevel=4)
+        self.task_size = task_size
         self.num_cpus, self.num_gpus, self.memory = check_resources(
             "UDF", name or getattr(func, "__name__", "udf"), num_cpus, num_gpus, memory)
         if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0):
@@ -321,6 +351,8 @@ class UDF:
     # -- plain callable -------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.stateful:
+            if constructs(self.func, args, kwargs):
+                return with_init_args(self, args, kwargs)
             return self._instance()(*args, **kwargs)
         return self.func(*args, **kwargs)
 
@@ -383,21 +415,24 @@ class UDF:
         key = self.instance_key()
         inst = UDF._instances.get(key)
         if inst is None:
-            inst = self.func()
+            args, kwargs = getattr(self, "init_args", None) or ((), {})
+            inst = self.func(*args, **kwargs)
             UDF._instances[key] = inst
         return inst
 
     def instance_key(self) -> str:
-        """Which function this is: the code fingerprint and the function as
-        pickled, so two functions (or stateful classes) of the same code that
-        captured different values (a factory's ``model_path``) never share an
-        instance or a computation. Found once per UDF object (a stored UDF:
-        from its stored pickle, the same for a multi-column UDF's siblings)."""
+        """Which function this is: the code fingerprint and the values it
+        captured (:func:`captured_digest`: closure cells, defaults, class
+        attributes, a Geneva-style instance's ``__init__`` arguments), so two
+        functions (or stateful classes) of the same code that captured
+        different values (a factory's ``model_path``) never share an instance
+        or a computation, and the same code with the same values is one
+        instance however it was loaded (the user's object, its stored pickle,
+        a copy). Found once per UDF object, and carried by its pickle."""
         key = self.__dict__.get("_ikey")
         if key is None:
-            stored = self.__dict__.get("_stored_spec")
-            raw = stored["pickle"].encode() if stored else cloudpickle.dumps(self.func)
-            key = self._ikey = f"{self.fingerprint}:{hashlib.sha256(raw).hexdigest()[:16]}"
+            captured = captured_digest(self.func, getattr(self, "init_args", None))
+            key = self._ikey = f"{self.fingerprint}:{captured}"
         return key
 
     def _target(self) -> Callable:
@@ -663,7 +698,6 @@ class UDF:
         state = dict(self.__dict__)
         state.pop("_stored_spec", None)
         state.pop("_location", None)
-        state.pop("_ikey", None)
         return state
 
 
@@ -691,6 +725,100 @@ def field_metadata_of(u: "UDF") -> dict[str, str] | None:
 def checkpoint_size_of(u: "UDF") -> int | None:
     """A UDF's ``checkpoint_size`` (None for UDFs pickled before it existed)."""
     return getattr(u, "checkpoint_size", None)
+
+
+def task_size_of(u: "UDF") -> int | None:
+    """A UDF's ``task_size`` (None for UDFs pickled before it existed)."""
+    return getattr(u, "task_size", None)
+
+
+_NO_AUTO_BACKFILL = ("a table's computed column is computed by backfill() (a view's UDF columns by its refresh, "
+                     "which its refresh policy schedules); nothing backfills a column on its own")
+
+
+def constructs(cls: Any, args: tuple, kwargs: dict) -> bool:
+    """Whether calling a stateful UDF (class ``cls``) with these arguments means
+    Geneva's ``MyUdf(...)``, an instance to register (the arguments fit
+    ``__init__``, not ``__call__``), rather than a call of the function."""
+    try:
+        _signature(cls).bind(*args, **kwargs)
+        return False
+    except TypeError:
+        pass
+    try:
+        inspect.signature(cls).bind(*args, **kwargs)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def with_init_args(obj: T, args: tuple, kwargs: dict) -> T:
+    """A copy of a stateful UDF (or chunker) whose per-process instance is
+    made with these ``__init__`` arguments (Geneva registers ``MyUdf()``,
+    an instance of the decorated class). Part of its instance key, not of its
+    fingerprint (like other captured values)."""
+    u = copy.copy(obj)
+    u.init_args = (tuple(args), dict(kwargs))  # type: ignore[attr-defined]
+    u.__dict__.pop("_ikey", None)
+    u.__dict__.pop("_stored_spec", None)
+    return u
+
+
+_SKIPPED_CLASS_ATTRS = frozenset({"__dict__", "__weakref__", "__module__", "__qualname__", "__doc__",
+                                  "__annotations__", "__firstlineno__", "__static_attributes__"})
+
+
+def _captured(value: Any, seen: set[int], depth: int = 0) -> Any:
+    """``value`` with every function and class replaced by what it captured
+    (its code and names are the fingerprint's), recursively, so that the
+    result pickles to the same bytes for the user's object and a copy loaded
+    from a pickle (cloudpickle gives each class object a tracker id of its own,
+    and pickles a loaded function by value where the original went by reference)."""
+    if id(value) in seen or depth > 8:
+        return ("<seen>", type(value).__qualname__)
+    if inspect.isfunction(value) or inspect.ismethod(value):
+        fn = getattr(value, "__func__", value)
+        seen = seen | {id(value)}
+        code = fn.__code__
+        return ("fn", fn.__qualname__, code.co_code, repr(code.co_consts),
+                tuple(_captured(_cell(c), seen, depth + 1) for c in fn.__closure__ or ()),
+                _captured(fn.__defaults__, seen, depth + 1), _captured(fn.__kwdefaults__, seen, depth + 1))
+    if inspect.isclass(value):
+        if _module_is_installed(getattr(value, "__module__", "") or ""):
+            return ("cls", value.__module__, value.__qualname__)
+        seen = seen | {id(value)}
+        attrs = sorted((k, v) for k, v in vars(value).items() if k not in _SKIPPED_CLASS_ATTRS)
+        return ("cls", value.__qualname__, tuple((k, _captured(v, seen, depth + 1)) for k, v in attrs),
+                tuple(_captured(b, seen, depth + 1) for b in value.__bases__))
+    if isinstance(value, staticmethod | classmethod | property):
+        return (type(value).__name__, _captured(getattr(value, "__func__", None) or value.fget, seen, depth + 1))
+    if isinstance(value, list | tuple | set | frozenset):
+        items = [_captured(v, seen | {id(value)}, depth + 1) for v in value]
+        return (type(value).__name__, tuple(sorted(items, key=repr) if isinstance(value, set | frozenset) else items))
+    if isinstance(value, dict):
+        return ("dict", tuple((_captured(k, seen, depth + 1), _captured(v, seen | {id(value)}, depth + 1))
+                              for k, v in value.items()))
+    return value
+
+
+def _cell(cell: Any) -> Any:
+    try:
+        return cell.cell_contents
+    except ValueError:  # an empty cell
+        return "<empty cell>"
+
+
+def captured_digest(func: Callable, init_args: tuple | None = None) -> str:
+    """A hash of the values ``func`` (a function or a stateful class) captured
+    and of a stateful instance's ``__init__`` arguments: equal for equal
+    values however the function was loaded. A value that cannot be pickled
+    counts as itself (by identity: such functions share nothing)."""
+    canonical = (_captured(func, set()), _captured(init_args, set()))
+    try:
+        raw = cloudpickle.dumps(canonical)
+    except Exception:
+        raw = repr(canonical).encode() + f"@{id(func)}".encode()
+    return hashlib.sha256(raw).hexdigest()[:16]
 
 
 def _is_internal(name: str) -> bool:
@@ -742,6 +870,7 @@ def dumps_by_value(obj: UDF) -> bytes:
     calls from other local modules. Installed packages stay references.
     """
     obj.fingerprint  # noqa: B018 - computed here, where the code's source is, and carried by the pickle
+    obj.instance_key()  # carried too: a loaded copy is the same instance without hashing its values again
     registered = []
     for name, module in list(sys.modules.items()):
         if module is None or name == "__main__" or _module_is_installed(name):
@@ -776,6 +905,9 @@ def udf(
     num_cpus: float = 1.0,
     num_gpus: float = 0.0,
     memory: int | None = None,
+    task_size: int | None = None,
+    manifest: Any = None,
+    auto_backfill: bool = False,
 ) -> Any:
     """Declare a UDF; usable as ``@udf`` or ``@udf(data_type=...)``.
 
@@ -819,6 +951,19 @@ def udf(
         cluster a refresh's or backfill's tasks run under a task resource
         profile (docs/deploy.md); local mode and the inline runner warn and
         run CPU tasks. Not part of the fingerprint.
+    task_size:
+        As in Geneva: rows per task, the default ``task_size`` of a backfill
+        of this column (a call's own ``task_size=`` wins). Not part of the
+        fingerprint.
+    manifest, auto_backfill:
+        Geneva's; accepted with a ``GenevaCompatWarning`` when given
+        (tasks run in the executors' environment; nothing backfills a column
+        on its own: see docs/geneva.md).
+
+    A stateful UDF (a decorated class) is registered as it is, or, as in
+    Geneva, as an instance: ``MyModel()`` (``__init__`` arguments allowed,
+    ``MyModel(model="small")``) is the UDF whose per-process instance is made
+    with them.
 
     Examples
     --------
@@ -837,6 +982,7 @@ def udf(
             f, name=name, data_type=data_type, input_columns=input_columns, version=version,
             skip_nulls=skip_nulls, on_error=on_error, batch_size=batch_size, checkpoint_size=checkpoint_size,
             field_metadata=field_metadata, num_cpus=num_cpus, num_gpus=num_gpus, memory=memory,
+            task_size=task_size, manifest=manifest, auto_backfill=auto_backfill,
         )
 
     if func is not None:

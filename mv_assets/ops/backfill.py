@@ -83,7 +83,7 @@ from mv_assets.model.names import Alias, nth_marker_alias
 from mv_assets.model.pacing import default_target_seconds
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.model.planning import fragment_tasks, positions, split_ranges
-from mv_assets.model.udf import UDF, checkpoint_size_of, resource_hints
+from mv_assets.model.udf import UDF, checkpoint_size_of, resource_hints, task_size_of
 from mv_assets.ops.jobs import Job
 from mv_assets.storage import checkpoints as ckpt
 from mv_assets.storage import objects
@@ -392,6 +392,8 @@ def plan_backfill(
     specs = _backfill_specs(table, column, udf)
     if checkpoint_size is None and specs[0].udf is not None:  # @udf(checkpoint_size=): the column's default
         checkpoint_size = checkpoint_size_of(specs[0].udf)
+    if task_size is None and specs[0].udf is not None:  # @udf(task_size=): the column's default
+        task_size = task_size_of(specs[0].udf)
     one_pass = checkpoint_size is None and _fused(table, specs)
     ds = table.dataset()
     fingerprint = specs[0].fingerprint
