@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import lance
 
-from mv_assets.model.definition import ViewDefinition, computed_column_names, read_field_ids
+from mv_assets.model.definition import ViewDefinition, read_field_ids
 from mv_assets.model.planning import History, choose_how
 from mv_assets.ops.refresh import (
     RefreshPlan,
@@ -101,10 +101,11 @@ def start_plan(
         # rows another tool wrote into the view cannot be traced to a source row: rebuilt
         view_written=(True, foreign.describe()) if foreign else None,
     )
-    computed = definition.reads(computed_column_names(src.schema), src.schema)
+    computed = definition.computed_reads(src.schema)
     if how != "full" and v0 is not None and src.version < v0:
         how, reason = "full", f"source version {src.version} is older than the reflected version {v0}"
-    elif how != "full" and v0 is not None and computed and src.version > v0 and backfill_commits(src, v0, src.version):
+    elif how != "full" and v0 is not None and computed and src.version > v0 and backfill_commits(
+            src, v0, src.version, computed):
         how, reason = "full", f"a backfill of {computed} (read by the view) rewrote values without moving row versions"
     if how == "sync" and not sync_ok:  # no change feed to follow (first refresh, cleaned-up history): all
         how = "full"

@@ -438,7 +438,7 @@ def plan_refresh(
         if how == "incremental" and scope is None and recompute is None and v0 is not None and v0 <= src.version
         else None
     )
-    reads = tracked_source_columns(view_ds.schema)
+    reads = definition.computed_reads(src.schema)
     if commits is not None and _nothing_read_changed(commits, reads, state):
         plan = _already_current(view, src.version, view_ds.version, state)
         plan.source_id, plan.read_fields, plan.source_top_fragment = source_id, read_fields, top_fragment(src)
@@ -799,7 +799,7 @@ def _changed_rows(
             fail = changed_all[~isin(changed_all, _ids(passing))]
         else:
             fail = np.empty(0, np.int64)
-        if tracked and src_version > v0 and backfill_commits(src, v0, src_version):
+        if tracked and src_version > v0 and backfill_commits(src, v0, src_version, tracked):
             # A backfill of a column the view reads rewrote values without moving
             # row versions: rows whose markers changed are changed rows too.
             remarked = _marker_changes(src_uri, v0, src_version, tracked)

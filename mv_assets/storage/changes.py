@@ -183,12 +183,14 @@ def data_version(uri: str, reads: Collection[str] | None = None) -> int:
     return v
 
 
-def backfill_commits(ds: lance.LanceDataset, v0: int, v1: int) -> list:
-    """Column backfills among versions (v0, v1] of ``ds``: they move no row versions."""
+def backfill_commits(ds: lance.LanceDataset, v0: int, v1: int, columns: Collection[str] | None = None) -> list:
+    """Column backfills among versions (v0, v1] of ``ds``: they move no row
+    versions. ``columns``: only backfills of one of these (None: of any)."""
     out = []
     for v in range(v0 + 1, v1 + 1):
         ok, txn = _read_txn(ds, v)
-        if ok and txn is not None and BACKFILL_KEY in (txn.transaction_properties or {}):
+        if ok and txn is not None and BACKFILL_KEY in (txn.transaction_properties or {}) and (
+                columns is None or commit_matters(txn, columns)):
             out.append((v, txn))
     return out
 

@@ -23,7 +23,6 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
-from mv_assets.model.definition import tracked_source_columns
 from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
 from mv_assets.storage import objects
 from mv_assets.storage.changes import foreign_writes, pending_versions
@@ -188,7 +187,8 @@ def pending_source_versions(
     state = state or read_refresh_state(ds)
     if state.source_version is None or source_replaced(view, state):
         return list(range(1, (latest or view.source_dataset().version) + 1))
-    return pending_versions(view.source_uri, state.source_version, tracked_source_columns(ds.schema), latest)
+    src = view.source_dataset(latest)
+    return pending_versions(view.source_uri, state.source_version, view.definition.computed_reads(src.schema), latest)
 
 
 def _source_missing(view: ViewRef, ds, state: "RefreshState", file: dict) -> ViewStatus:
