@@ -198,6 +198,15 @@ class ViewDefinition:
         }
         return definition_reads(light, columns, source_schema.names)
 
+    def computed_reads(self, source_schema: pa.Schema) -> list[str]:
+        """The computed columns of the source this view reads: the one answer to
+        "does a backfill, ``alter_columns`` or UDF code change of the source
+        matter to this view?" that the planner, the status, the refresh
+        policies (and so the Dagster sensor) and the Dagster lineage share,
+        whatever the view's kind (a query view also keeps copies of their
+        markers; aggregate, chunk and table-function views keep none)."""
+        return self.reads(computed_column_names(source_schema), source_schema)
+
     def udf_input_columns(self, source_schema: pa.Schema) -> list[str]:
         cols: list[str] = []
         for c in self.udf_columns:
