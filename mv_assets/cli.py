@@ -420,12 +420,41 @@ def errors(obj: _Ctx, table: str, column: str | None, job_id: str | None, failin
     if as_json:
         _print_json([{**r.__dict__, "still_failing": s} for r, s in rows])
         return
-    _print_rows(
-        [{"job": r.job_id, "column": r.column, "row_id": r.row_id, "now": "failing" if s else "fixed",
-          "error": r.error_type, "message": (r.message or "")[:80], "attempts": r.attempts, "at": r.created_at}
-         for r, s in rows],
-        f"errors in {table}",
-    )
+    if not rows:
+        click.echo(f"errors in {table}: none")
+        return
+    n_failing = sum(s for _, s in rows)
+    click.echo(f"errors in {table}: {len(rows)} record{'s' if len(rows) != 1 else ''}, {n_failing} still failing")
+    width = max(40, min(Console().width, 120))
+    for r, s in rows:
+        click.echo(_error_block(r, s, width))
+
+
+def _error_block(r: Any, still_failing: bool, width: int) -> str:
+    """One error record as a block that reads at any terminal width: a line of
+    what failed where (wrapped), then the exception, indented and wrapped.
+
+    >>> from types import SimpleNamespace as R
+    >>> rec = R(job_id="0279ebcf6cb6", column="y", row_id=17, attempts=2, error_type="KeyError",
+    ...         created_at="2026-11-27 05:16:12", message="'missing' " * 12)
+    >>> print(_error_block(rec, True, 60))
+    row 17 · column y · FAILING · 2 attempts · job 0279ebcf6cb6
+      at 2026-11-27 05:16:12
+      KeyError: 'missing' 'missing' 'missing' 'missing'
+        'missing' 'missing' 'missing' 'missing' 'missing'
+        'missing' 'missing' 'missing'
+    """
+    import textwrap
+
+    attempts = f"{r.attempts} attempt{'s' if r.attempts != 1 else ''}" if r.attempts is not None else None
+    head = " · ".join(x for x in (f"row {r.row_id}", f"column {r.column}", "FAILING" if still_failing else "fixed",
+                                  attempts, f"job {r.job_id}") if x)
+    lines = textwrap.wrap(head, width, subsequent_indent="  ")
+    if r.created_at is not None:
+        lines.append(f"  at {r.created_at}")
+    message = f"{r.error_type or 'error'}: {' '.join((r.message or '').split())}".strip()
+    lines += textwrap.wrap(message, width, initial_indent="  ", subsequent_indent="    ") or ["  (no message)"]
+    return "\n".join(lines)
 
 
 @main.command()

@@ -108,13 +108,23 @@ def test_backfill_dry_run_errors_and_retry(tmp_path):
     assert (status["y"]["current"], status["y"]["stale"], status["y"]["failed"]) == (7, 3, 3)
     r = run(db, "errors", "t", "--json")
     assert [e["still_failing"] for e in json.loads(r.output)] == [True] * 3
+    # readable at 80 columns: a block per record, every field whole (no table squeezed to one letter a cell)
+    r = CliRunner(env={"COLUMNS": "80"}).invoke(main, ["--db", db.uri, "errors", "t"], catch_exceptions=False)
+    lines = r.output.splitlines()
+    assert r.exit_code == 0 and lines[0] == "errors in t: 3 records, 3 still failing"
+    assert all(len(line) <= 80 for line in lines), lines
+    for i in (0, 4, 8):
+        assert any(line.startswith(f"row {i} ") and " · column y · FAILING · 1 attempt · job " in line
+                   for line in lines), lines
+        assert f"  KeyError: {i}" in lines, lines
     r = run(db, "backfill", "t", "y", "--retry-failed")
     assert r.exit_code == 0 and "3 rows written, 0 failed" in r.output
     # the records stay (what happened), each saying it was fixed since
     r = run(db, "errors", "t", "--json")
     assert [e["still_failing"] for e in json.loads(r.output)] == [False] * 3
     r = run(db, "errors", "t")
-    assert r.exit_code == 0 and r.output.count("fixed") == 3 and "failing" not in r.output
+    assert r.exit_code == 0 and r.output.count(" · fixed · ") == 3 and "FAILING" not in r.output
+    assert r.output.startswith("errors in t: 3 records, 0 still failing")
     r = run(db, "errors", "t", "--failing", "--json")
     assert r.exit_code == 0 and json.loads(r.output) == []
     status = {c["column"]: c for c in json.loads(run(db, "columns", "t", "--json").output)}
