@@ -37,6 +37,9 @@ class QuerySource(Protocol):
     def _dataset(self, version: int | None = None) -> lance.LanceDataset: ...
 
 
+_MAX_LIMIT = 2**63 - 1
+
+
 class Query:
     """A lazy query over a table: filter, projection (with UDFs), shuffle, limit.
 
@@ -120,6 +123,8 @@ class Query:
         """Keep at most ``n`` rows: the first ``n`` by (shuffled) order."""
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
             raise ValueError("limit must be a non-negative int")
+        if n > _MAX_LIMIT:  # a Lance scan takes it as an i64: refused here, not at the refresh that cannot run it
+            raise ValueError(f"limit {n} exceeds the maximum, {_MAX_LIMIT} (2**63 - 1)")
         return self._copy(_limit=n)
 
     @property

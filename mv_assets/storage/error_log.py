@@ -7,7 +7,10 @@ after compaction. The table is a Lance dataset at
 independently.
 """
 
+import contextvars
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import lance
@@ -20,7 +23,7 @@ from mv_assets.storage import objects
 from mv_assets.storage.lance_compat import take_rows
 from mv_assets.storage.layout import Layout
 
-__all__ = ["ErrorRecord", "ERRORS_SCHEMA", "append_errors", "read_errors", "record_failure"]
+__all__ = ["ErrorRecord", "ERRORS_SCHEMA", "append_errors", "read_errors", "record_failure", "failures_unrecorded"]
 
 ERRORS_SCHEMA = pa.schema(
     [
@@ -90,6 +93,22 @@ def append_errors(layout: Layout, table: str, job_id: str, records: list[dict]) 
     return data.num_rows
 
 
+_FAILURES_RECORDED = contextvars.ContextVar("mv_assets_failures_recorded", default=True)
+
+
+@contextmanager
+def failures_unrecorded() -> Iterator[None]:
+    """Meanwhile (in this thread), a UDF failure that stops a job is named in
+    its error but not written to the errors table: a view created with data
+    whose first refresh fails is dropped, and bad input leaves nothing behind
+    (not even in the errors table's history)."""
+    token = _FAILURES_RECORDED.set(False)
+    try:
+        yield
+    finally:
+        _FAILURES_RECORDED.reset(token)
+
+
 def record_failure(
     layout: Layout, table: str, job_id: str, error: UdfError, rows: lance.LanceDataset, rows_of: str
 ) -> None:
@@ -105,7 +124,8 @@ def record_failure(
         except (OSError, ValueError) as exc:  # the row is gone: the row id alone names it
             error.add_note(f"primary key of row {error.row_id} not found: {exc}")
     error.attribute(table=table, rows_of=rows_of, key=key)
-    append_errors(layout, table, job_id, [error.record()])
+    if _FAILURES_RECORDED.get():
+        append_errors(layout, table, job_id, [error.record()])
 
 
 def drop_errors(layout: Layout, table: str) -> None:
@@ -113,7 +133,9 @@ def drop_errors(layout: Layout, table: str) -> None:
     same name starts clean)."""
     uri = errors_uri(layout)
     if objects.is_dataset(uri):
-        objects.dataset(uri).delete(f"`table` = {sql_literal(table)}")
+        ds, where = objects.dataset(uri), f"`table` = {sql_literal(table)}"
+        if ds.count_rows(where):  # (a delete that matches nothing still commits a version)
+            ds.delete(where)
 
 
 def read_errors(

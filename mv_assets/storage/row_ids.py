@@ -28,7 +28,9 @@ it in the table's place:
   data files) readers find no table.
 
 Kept: every row and value in scan order, the schema with its metadata, the
-dataset's config, its data storage version, and scalar indexes of the kinds
+dataset's config, its data storage version (except the legacy v1 format, which
+has no row versions: rewritten in the current one, also when the table has
+stable row ids already), and scalar indexes of the kinds
 that take no parameters (BTree, Bitmap, LabelList), rebuilt under their
 names. Not kept: the version history (the table starts again at version 1),
 tags, and indexes built with parameters (vector, full-text, ...): refused
@@ -54,7 +56,8 @@ from mv_assets.storage.error_log import drop_errors
 from mv_assets.storage.identity import TABLE_ID_KEY
 from mv_assets.storage.layout import Layout
 
-__all__ = ["AdoptResult", "require_stable_row_ids", "no_stable_row_ids", "adopt", "recover", "finish_interrupted"]
+__all__ = ["AdoptResult", "require_stable_row_ids", "no_stable_row_ids", "is_legacy_format", "require_current_format",
+           "adopt", "recover", "finish_interrupted"]
 
 # scalar index kinds (as list_indices names them) rebuilt as Lance's create_scalar_index types
 REBUILT_INDEXES: dict[str, Any] = {"BTree": "BTREE", "Bitmap": "BITMAP", "LabelList": "LABEL_LIST"}
@@ -90,6 +93,26 @@ def require_stable_row_ids(ds: lance.LanceDataset, name: str, doing: str) -> Non
     """ValueError naming the remedy when ``ds`` has no stable row ids."""
     if not ds.has_stable_row_ids:
         raise ValueError(no_stable_row_ids(name, doing))
+
+
+def is_legacy_format(ds: lance.LanceDataset) -> bool:
+    """Whether ``ds`` is written in Lance's legacy (v1) file format
+    (``data_storage_version="legacy"``, reported as ``"0.1"``)."""
+    return str(ds.data_storage_version) in ("0.1", "legacy")
+
+
+def require_current_format(ds: lance.LanceDataset, name: str, doing: str) -> None:
+    """ValueError naming the remedy when ``ds`` is in the legacy (v1) file
+    format: its rows carry no row versions (``_row_last_updated_at_version``
+    and a filtered read of v1 files fail in Lance), so no refresh after an
+    update or a delete could find what changed."""
+    if is_legacy_format(ds):
+        raise ValueError(
+            f"{name!r} is written in Lance's legacy (v1) file format (data_storage_version='legacy'); its rows "
+            f"carry no row versions, which {doing} needs to find the rows an update or a delete changed. "
+            f"Rewrite it once in the current format with db.enable_stable_row_ids({name!r}) or "
+            f"`mv-assets adopt {name}` (a full rewrite of the table; see docs/open-world.md)"
+        )
 
 
 def _user_indexes(ds: lance.LanceDataset) -> list[dict]:
@@ -163,7 +186,8 @@ def adopt(layout: Layout, name: str, *, drop_indexes: bool = False, lock_timeout
         if recover(layout, name):
             return _adopted(layout, name, start, [], [])
         ds = objects.dataset(table)
-        if ds.has_stable_row_ids:
+        legacy = is_legacy_format(ds)  # rewritten in the current format too
+        if ds.has_stable_row_ids and not legacy:
             return AdoptResult(name, False, rows=ds.count_rows(), version=ds.version)
         indexes = _user_indexes(ds)
         rebuilt = [i for i in indexes if i["type"] in REBUILT_INDEXES and len(i["fields"]) == 1]
@@ -181,7 +205,7 @@ def adopt(layout: Layout, name: str, *, drop_indexes: bool = False, lock_timeout
         reader = _without_markers(ds.scanner(scan_in_order=True).to_reader())
         objects.write_dataset(
             reader, new, schema=schema, mode="create", enable_stable_row_ids=True,
-            data_storage_version=ds.data_storage_version,  # pyright: ignore[reportArgumentType]
+            data_storage_version="stable" if legacy else ds.data_storage_version,  # pyright: ignore[reportArgumentType]
         )
         fresh = objects.dataset(new)
         config = {k: v for k, v in ds.config().items() if k != TABLE_ID_KEY}
