@@ -372,6 +372,44 @@ def test_a_table_columns_backfill_records_each_partitions_own_rows(tmp_path):
         assert all(md["run_rows_written"] == 10 and "rows_written" not in md for md in parts.values())
 
 
+def test_a_chunk_views_column_backfill_files_its_rows_under_source_fragment_partitions(tmp_path):
+    """`doc_chunks/embedding` is partitioned by the documents' fragments (a
+    passage's parent's fragment): each partition records the passages of its
+    own documents it embedded (before: filed under the chunk view's own
+    fragment ids, so the partitions read the wrong numbers). Then only new
+    documents' passages are embedded: the partitions they are in record them,
+    the others 0."""
+    from dagster_helpers import run_requested
+
+    db = seed(str(tmp_path / "demo"))
+    db.runner = mv.InlineRunner()
+    defs = _defs(db)
+    sensor = defs.get_repository_def().get_sensor_def("documents_changes")
+    chunks = db.open_view("doc_chunks")
+    key = K(["doc_chunks", "embedding"])
+    with dg.instance_for_test() as instance:
+        first = evaluate_sensor(sensor, instance=instance, definitions=defs, resources=defs.resources)
+        assert all(r.success for r in run_requested(defs, instance, first))
+        frags = [int(f) for f in _frags(db, "documents")]
+        own = chunks.rows_by_fragment(chunks.source_version, frags)  # every passage was embedded in this run
+        assert sorted(own) == frags and all(n > 0 for n in own.values()) and len(set(own.values())) > 1
+        parts = _latest_by_partition(instance, key)
+        assert {p: md["rows_computed"] for p, md in parts.items()} == {str(f): n for f, n in own.items()}
+        docs = db.open_table("documents")
+        from mv_assets.demo import _documents
+
+        docs.add(_documents(5000, 40))  # a new fragment of documents, so of passages
+        tick = evaluate_sensor(sensor, instance=instance, cursor=first.cursor, definitions=defs,
+                               resources=defs.resources)
+        assert all(r.success for r in run_requested(defs, instance, tick))
+        new = sorted(set(int(f) for f in _frags(db, "documents")) - set(frags))
+        (added,) = new
+        want = chunks.rows_by_fragment(chunks.source_version, [added])[added]
+        parts = _latest_by_partition(instance, key)
+        assert want > 0 and parts[str(added)]["rows_computed"] == want
+        assert parts[str(added)]["run_udf_rows_computed"] == want  # the run embedded those passages only
+
+
 @mv.udf
 def slow_next(x: int) -> int:
     import os

@@ -35,7 +35,7 @@ from mv_assets.model.names import PRIMARY_KEY_METADATA_KEY, Alias, is_internal_c
 from mv_assets.model.ownership import OWNERSHIP_METADATA_KEY, Ownership
 from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy
 from mv_assets.model.udf import checkpoint_size_of
-from mv_assets.ops.backfill import _group_specs, backfill_column, plan_backfill
+from mv_assets.ops.backfill import _group_specs, backfill_column, lacking_predicate, plan_backfill
 from mv_assets.ops.checks import CheckOutcome, check_computed_columns, check_view
 from mv_assets.ops.columns import add_columns, alter_columns, load_columns, update_rows
 from mv_assets.ops.jobs import Job
@@ -244,6 +244,12 @@ class Table(Indexed):
         if isinstance(version, bool) or not isinstance(version, int):
             raise ValueError(f"a version is an int, got {version!r}")
         return dataset_at(self.uri, self.name, version)  # a cleaned-up or unknown version: said so
+
+    def to_lance(self) -> lance.LanceDataset:
+        """lancedb's: the table's Lance dataset, at the version this handle reads
+        (read it freely; write through the handle, which keeps views and
+        computed columns in step)."""
+        return self._dataset()
 
     # -- versions (Geneva's / lancedb's checkout) --------------------------
     def checkout(self, version: int) -> None:
@@ -1203,9 +1209,14 @@ class MaterializedView(Table):
         """Integrity checks of the view against its source (see :mod:`mv_assets.ops.checks`)."""
         return list(check_view(self.ref()))
 
-    def rows_by_fragment(self, src_version: int, fragments: list[int]) -> dict[int, int]:
-        """Rows the view holds from each of these source fragments (at ``src_version``)."""
-        return view_rows_by_fragment(self.uri, self.ref().source_uri, src_version, fragments)
+    def rows_by_fragment(self, src_version: int, fragments: list[int], *, lacking: str | None = None
+                         ) -> dict[int, int]:
+        """Rows the view holds from each of these source fragments (at
+        ``src_version``); with ``lacking``, only those whose added column
+        ``lacking`` has no current value (what its backfill computes: a chunk
+        view's children by their parent's source fragment)."""
+        where = lacking_predicate(self.column_ref(), lacking) if lacking is not None else None
+        return view_rows_by_fragment(self.uri, self.ref().source_uri, src_version, fragments, where)
 
     @objects.reusing_handles()
     def refresh(

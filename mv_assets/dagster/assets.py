@@ -1125,12 +1125,27 @@ def _backfill_columns(context, info: TableInfo, keys: dict[str, dg.AssetKey]):
     parts = _run_partitions(context)
     fingerprints = {c["name"]: (c.get("udf") or {}).get("fingerprint")
                     for c in (info.row_columns if info.is_view else info.columns)}
+    # A chunk view's rows are partitioned by their parent's source fragment: the rows
+    # each partition's backfill computed are its rows lacking a value before, less after.
+    by_source: dict[str, dict[int, int]] = {}
     for name, key in keys.items():
         if key not in context.selected_asset_keys:
             continue
         if name not in done:
+            lacking = None
+            if info.is_view and parts:
+                view = resource.connection().open_view(info.name)
+                fids = [int(p) for p in parts if p.isdigit()]
+                lacking = (view, view.source_version, fids, view.rows_by_fragment(
+                    view.source_version or 0, fids, lacking=name) if view.source_version is not None else {})
             with _progress(context, f"{info.name}.{name}: backfill"):
                 result = table.backfill(name)
+            if lacking is not None:
+                view, at, fids, before = lacking
+                after = view.rows_by_fragment(at, fids, lacking=name) if at is not None else {}
+                computed = {f: before.get(f, 0) - after.get(f, 0) for f in fids}
+                for c in result.columns:
+                    by_source[c] = computed
             for c in result.columns:  # a multi-column UDF fills its siblings too
                 done[c] = result
             if not result.rows_planned:
@@ -1162,7 +1177,7 @@ def _backfill_columns(context, info: TableInfo, keys: dict[str, dg.AssetKey]):
         run_md = {"job_id": r.job_id, **{f"run_{k}": v for k, v in totals.items()}, "table_version": version}
         for part in parts:  # the backfill covered every partition of the run: each records its own rows
             fid = int(part) if part.isdigit() else None
-            rows = r.rows_by_fragment.get(fid, 0) if fid is not None else 0
+            rows = (by_source.get(name, {}) if info.is_view else r.rows_by_fragment).get(fid, 0) if fid is not None else 0
             if info.is_view:  # a chunk view's columns: their input is the view
                 tags = _version_tags(fingerprints.get(name), version, {table_key: table.version})
             else:

@@ -99,6 +99,7 @@ if TYPE_CHECKING:
 
 __all__ = [
     "BackfillPlan", "BackfillResult", "BackfillJob", "plan_backfill", "execute_backfill", "commit_column_values",
+    "lacking_predicate",
 ]
 
 BackfillJob = Job  # (its name before refresh and load jobs had one)
@@ -268,6 +269,12 @@ def _rows_predicate(
         id_col = SOURCE_ROW_ID if isinstance(table, ViewRef) else "_rowid"
         parts.append(f"{id_col} IN ({', '.join(str(int(i)) for i in row_ids)})" if row_ids else "false")
     return " AND ".join(parts)
+
+
+def lacking_predicate(table: Ref, column: str) -> str:
+    """SQL selecting the rows of ``table`` whose ``column`` (or a sibling of a
+    multi-column UDF) lacks a current value: what a backfill computes."""
+    return _rows_predicate(table, table.dataset(), _group_specs(table, column), None, None)
 
 
 def _joined_markers(scanned: pa.Table, n: int) -> np.ndarray:

@@ -1049,12 +1049,14 @@ def _rows_by_fragment(tasks: list[TaskSpec]) -> dict[int, int]:
     return out
 
 
-def view_rows_by_fragment(view_uri: str, src_uri: str, src_version: int, fragments: list[int]) -> dict[int, int]:
-    """How many rows of the view come from each of ``fragments`` of the source
-    at ``src_version`` (ids only are read: no data columns; O(view keys) per fragment)."""
+def view_rows_by_fragment(view_uri: str, src_uri: str, src_version: int, fragments: list[int],
+                          where: str | None = None) -> dict[int, int]:
+    """How many rows of the view (those matching ``where``, SQL over the
+    view) come from each of ``fragments`` of the source at ``src_version``
+    (ids only are read: no data columns; O(view keys) per fragment)."""
     src = objects.dataset(src_uri, version=src_version)
     present = {f.fragment_id: f for f in src.get_fragments()}
-    keys = _ids(objects.dataset(view_uri).to_table(columns=[SOURCE_ROW_ID]), SOURCE_ROW_ID)
+    keys = _ids(objects.dataset(view_uri).to_table(columns=[SOURCE_ROW_ID], filter=where), SOURCE_ROW_ID)
     out = {}
     for fid in fragments:
         frag = present.get(int(fid))
