@@ -1,5 +1,6 @@
 """The catalog: a directory of Lance datasets, one per table or view."""
 
+import contextlib
 import dataclasses
 import datetime as dt
 import functools
@@ -140,6 +141,12 @@ class Connection:
 
     def __repr__(self) -> str:
         return f"Connection({self.uri!r})"
+
+    def local_ray_context(self, *args: Any, **kwargs: Any) -> contextlib.AbstractContextManager:
+        """Geneva's context that starts a local Ray for the jobs inside it: a
+        context that does nothing here (jobs run on this connection's runner,
+        inline or on Spark, which needs no context); its arguments are Ray's."""
+        return contextlib.nullcontext()
 
     def is_remote(self) -> bool:
         """Geneva's: whether this is a LanceDB Cloud connection (``db://``). Never
@@ -555,10 +562,11 @@ class Connection:
 
         ``function`` a ``@chunker``: each passing source row gives zero or more
         rows. ``query`` is ``source.search(None).where(...).select([...])``: the
-        selected columns are the parent columns every child row inherits (without
-        ``select``, every source column but the chunker's inputs, unless
-        ``inherit_input_columns=True``); the chunker's input columns need not be
-        selected (see :mod:`mv_assets.ops.chunk_refresh`).
+        selected columns (without ``select``, every source column) are the parent
+        columns every child row inherits, but the chunker's inputs, which are
+        inherited only with ``inherit_input_columns=True`` (as in Geneva: a
+        video selected to feed the chunker is not copied into each clip); the
+        chunker's input columns need not be selected (see :mod:`mv_assets.ops.chunk_refresh`).
 
         ``function`` a ``@udtf``: the passing source rows of each partition
         (``partition_by``; without it the whole source is one partition) give
@@ -587,7 +595,7 @@ class Connection:
         if isinstance(function, UDTF):
             return self._create_table_function_view(name, query, definition, function, with_no_data, refresh_policy,
                                                     ownership)
-        if query.selects_all and not function.inherit_input_columns:  # big inputs stay out of every child row
+        if not function.inherit_input_columns:  # big inputs stay out of every child row, selected or not (Geneva's)
             definition = dataclasses.replace(
                 definition, columns=tuple(c for c in definition.columns if c.name not in function.input_columns)
             )
