@@ -223,6 +223,7 @@ def test_py_async_create_refresh_and_open(tmp_path):
     result = view.refresh_async().result(timeout=120)
     assert result.rows_inserted == 1
     reopened = db.open_table("shouts")
+    assert isinstance(reopened, MaterializedView)
     assert [(c.name, c.expr) for c in reopened.definition.columns] == [("shout", "upper(name)")]
     assert [v.name for v in db.views()] == ["shouts"]
     assert _read(reopened, "shout") == ["ADA"]
@@ -320,7 +321,8 @@ def test_rs_create_records_the_definition(tmp_path):
     assert [(c.name, c.kind, c.expr) for c in d.columns] == [("name", "column", "name"),
                                                              ("shout", "sql", "upper(name)")]
     assert d.reads(["name", "age"], people.schema) == ["name", "age"]
-    assert db.open_table("adults").definition == d  # from the stored schema, not the handle
+    reopened = db.open_table("adults")
+    assert isinstance(reopened, MaterializedView) and reopened.definition == d  # from the stored schema, not the handle
 
 
 def test_rs_view_schema_is_derived_from_the_query(tmp_path):
