@@ -448,3 +448,32 @@ def test_chunker_options_on_error_stateful_and_input_columns(db, tmp_path):
         strict_view.refresh()
     assert failure.value.row_id == 3  # the stable row id of the document that failed
     assert strict_view.count_rows() == 0  # nothing committed
+
+
+def test_a_chunker_reading_a_missing_column_names_the_source_table(db, call_log):
+    """The message named the chunker where the table's name belongs ("source 'chunker 'split''")."""
+    docs = db.create_table("docs", [{"id": 1, "title": "t"}])
+    with pytest.raises(ValueError, match=r"reads column 'body', which the source 'docs' does not have"):
+        db.create_udtf_view("c", docs.search(None), make_split(call_log))
+
+
+def test_a_chunker_may_yield_dicts_of_its_output_columns(db):
+    """Geneva's chunkers declared with output_schema= yield dicts (refused before: 'expected a NamedTuple')."""
+    schema = pa.schema([("piece", pa.string()), ("n", pa.int32())])
+
+    @mv.chunker(output_schema=schema)
+    def pieces(body: str):
+        for n, w in enumerate(body.split()):
+            yield {"n": n, "piece": w}  # any key order; a column left out would be NULL
+
+    @mv.chunker(output_schema=schema)
+    def misspelt(body: str):
+        yield {"pice": body}
+
+    docs = db.create_table("docs", [{"id": 1, "body": "a b"}, {"id": 2, "body": "c"}])
+    view = db.create_udtf_view("c", docs.search(None), pieces)
+    view.refresh()
+    assert sorted((r["id"], r["n"], r["piece"]) for r in view.to_arrow().to_pylist()) == [
+        (1, 0, "a"), (1, 1, "b"), (2, 0, "c")]
+    with pytest.raises(TypeError, match=r"yielded a dict with keys \['pice'\].*not among its output columns"):
+        misspelt.apply(pa.record_batch({"body": ["x"]}))

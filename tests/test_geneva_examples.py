@@ -86,7 +86,7 @@ def memory_request_bytes(gib: float) -> int:
     return requested
 
 
-def connect(config: Config):
+def connect(config: Config) -> Any:
     import mv_assets as geneva
 
     if config.is_local:
@@ -159,7 +159,7 @@ def local_concurrency(requested: int) -> int:
     return max(1, min(requested, (os.cpu_count() or 1) - 1))
 
 
-def retry_io(label: str, operation: Callable, attempts: int = 5, sleep_s: float = 2.0):
+def retry_io(label: str, operation: Callable, attempts: int = 5, sleep_s: float = 2.0) -> Any:
     for attempt in range(1, attempts + 1):
         try:
             return operation()
@@ -169,7 +169,7 @@ def retry_io(label: str, operation: Callable, attempts: int = 5, sleep_s: float 
             time.sleep(sleep_s * attempt)
 
 
-def wait_for_columns(conn, table_name: str, required: set[str], attempts: int, sleep_s: int):
+def wait_for_columns(conn, table_name: str, required: set[str], attempts: int, sleep_s: int) -> Any:
     for _ in range(attempts):
         opened = conn.open_table(table_name)
         if required.issubset(set(opened.schema.names)):
@@ -256,6 +256,8 @@ class SentenceTransformer:
     def get_embedding_dimension(self) -> int:
         return DIM
 
+    get_sentence_embedding_dimension = get_embedding_dimension  # the older name
+
     def encode(self, texts, batch_size=32, normalize_embeddings=True, convert_to_numpy=True, show_progress_bar=False):
         import numpy as np
 
@@ -287,7 +289,7 @@ def build_embed_description_udf(
         manifest=manifest,
         field_metadata={"model": _model_name, "normalized": "l2"},
     )
-    class EmbedDescription(Callable):
+    class EmbedDescription(Callable):  # pyright: ignore[reportGeneralTypeIssues]  (as written)
         def __init__(self):
             self.is_loaded = False
             self.logged = False
@@ -366,7 +368,7 @@ def run_enrich(
     src = conn.open_table(source_table)
     require_stable_row_ids(src, source_table)
 
-    view = None
+    view: Any = None
     if overwrite:
         try:
             conn.drop_table(view_name)

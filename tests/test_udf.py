@@ -278,3 +278,59 @@ def test_udfs_of_one_code_with_different_captured_values_are_computed_each(db):
     view.refresh()
     rows = sorted(view.to_arrow().to_pylist(), key=lambda r: r["id"])
     assert [(r["a"], r["b"]) for r in rows] == [(10.0, 100.0), (20.0, 200.0)]
+
+
+def _counted_model(log: str):
+    """A stateful UDF class whose set-ups are counted in the file ``log`` (its
+    globals travel by value with its pickle: a file is seen by every copy)."""
+
+    @udf
+    class Model:
+        def __init__(self, scale: float = 2.0) -> None:
+            with open(log, "a") as fh:
+                fh.write(f"{scale}\n")
+            self.scale = scale
+
+        def __call__(self, x: float) -> float:
+            return x * self.scale
+
+    return Model
+
+
+def _setups(log) -> list[str]:
+    return log.read_text().split() if log.exists() else []
+
+
+def test_a_stateful_udf_is_set_up_once_however_it_was_loaded(db, tmp_path):
+    """The user's UDF object and the same UDF loaded from the view's stored
+    definition are one instance: set up once per process (it was set up
+    again after the first refresh, and both instances stayed in memory)."""
+    log = tmp_path / "setups"
+    model = _counted_model(str(log))
+    src = db.create_table("src", pa.table({"id": [1, 2], "x": [1.0, 2.0]}))
+    view = db.create_materialized_view("v", src.search(None).select({"id": "id", "y": model}))
+    view.refresh()
+    assert _setups(log) == ["2.0"]
+    src.add(pa.table({"id": [3], "x": [3.0]}))
+    view.refresh()
+    assert _setups(log) == ["2.0"]
+    loaded = UDF.from_spec(model.to_spec())
+    assert loaded.instance_key() == model.instance_key()
+    assert sorted(r["y"] for r in view.to_arrow().to_pylist()) == [2.0, 4.0, 6.0]
+
+
+def test_a_stateful_udf_registered_as_an_instance_with_init_arguments(db, tmp_path):
+    """Geneva registers a stateful UDF as an instance of the decorated class:
+    ``Model()`` (it raised: __call__() missing an argument), ``Model(scale=10.0)``."""
+    log = tmp_path / "setups"
+    model = _counted_model(str(log))
+    plain, tenfold = model(), model(scale=10.0)
+    assert isinstance(plain, UDF) and isinstance(tenfold, UDF)
+    assert plain.instance_key() != tenfold.instance_key()
+    src = db.create_table("src", pa.table({"id": [1, 2], "x": [1.0, 2.0]}))
+    view = db.create_materialized_view("v", src.search(None).select({"id": "id", "a": plain, "b": tenfold}))
+    view.refresh()
+    rows = sorted(view.to_arrow().to_pylist(), key=lambda r: r["id"])
+    assert [(r["a"], r["b"]) for r in rows] == [(2.0, 10.0), (4.0, 20.0)]
+    assert sorted(_setups(log)) == ["10.0", "2.0"]
+    assert model(3.0) == 6.0  # called with __call__'s arguments it is still the function

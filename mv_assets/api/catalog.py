@@ -7,6 +7,7 @@ import functools
 import json
 import os
 import re
+import typing
 import warnings
 from typing import Any, overload
 
@@ -582,7 +583,7 @@ class Connection:
         keyword names ``source=`` (the query) and ``udtf=`` (the function) are
         taken too."""
         validate_name(name)
-        query = _one_of("query", query, "source", source)
+        query = typing.cast(Query, _one_of("query", query, "source", source))
         function = _one_of("function", function, "udtf", udtf)
         refresh_policy = _auto_refresh_policy(auto_refresh, refresh_policy)
         ownership = Ownership.of(owners, tags)
@@ -861,7 +862,7 @@ def connect(
 _STABLE_ROW_IDS = "new_table_enable_stable_row_ids"
 
 
-def _check_table_storage_options(given: dict[str, str] | None, catalog: dict[str, str]) -> None:
+def _check_table_storage_options(given: dict[str, str] | None, catalog: dict[str, str] | None) -> None:
     """Geneva's ``create_table(storage_options=)``: stable row ids are what every
     table has; the catalog's own options change nothing; others warn."""
     if given is None:
@@ -873,7 +874,7 @@ def _check_table_storage_options(given: dict[str, str] | None, catalog: dict[str
             if str(value).lower() not in ("true", "1"):
                 geneva.warn("create_table", f"storage_options[{key!r}]", value, "every table here is created with "
                             "stable row ids (views and incremental refreshes need them)", stacklevel=4)
-        elif catalog.get(key) != value:
+        elif (catalog or {}).get(key) != value:
             geneva.warn("create_table", f"storage_options[{key!r}]", value, "a catalog's tables share its storage "
                         "options: pass them to connect(storage_options=)", stacklevel=4)
 

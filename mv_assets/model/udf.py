@@ -243,6 +243,8 @@ def resource_hints(obj: Any) -> tuple[float, float, int | None]:
 
 def check_resources(label: str, name: str, num_cpus: Any, num_gpus: Any, memory: Any) -> tuple[float, float, int | None]:
     """Geneva's resource hints of a UDF, chunker or UDTF, checked (ValueError in our words)."""
+    num_cpus = 1.0 if num_cpus is None else num_cpus  # Geneva's defaults are None: one CPU, no GPU
+    num_gpus = 0.0 if num_gpus is None else num_gpus
     if isinstance(num_cpus, bool) or not isinstance(num_cpus, int | float) or num_cpus <= 0:
         raise ValueError(f"{label} {name!r}: num_cpus must be a positive number, got {num_cpus!r}")
     if isinstance(num_gpus, bool) or not isinstance(num_gpus, int | float) or num_gpus < 0:
@@ -275,8 +277,8 @@ class UDF:
         batch_size: int | None = None,
         checkpoint_size: int | None = None,
         field_metadata: dict[str, str] | None = None,
-        num_cpus: float = 1.0,
-        num_gpus: float = 0.0,
+        num_cpus: float | None = 1.0,
+        num_gpus: float | None = 0.0,
         memory: int | None = None,
         task_size: int | None = None,
         manifest: Any = None,
@@ -777,7 +779,7 @@ def _captured(value: Any, seen: set[int], depth: int = 0) -> Any:
     if id(value) in seen or depth > 8:
         return ("<seen>", type(value).__qualname__)
     if inspect.isfunction(value) or inspect.ismethod(value):
-        fn = getattr(value, "__func__", value)
+        fn: Any = getattr(value, "__func__", value)
         seen = seen | {id(value)}
         code = fn.__code__
         return ("fn", fn.__qualname__, code.co_code, repr(code.co_consts),
@@ -791,7 +793,8 @@ def _captured(value: Any, seen: set[int], depth: int = 0) -> Any:
         return ("cls", value.__qualname__, tuple((k, _captured(v, seen, depth + 1)) for k, v in attrs),
                 tuple(_captured(b, seen, depth + 1) for b in value.__bases__))
     if isinstance(value, staticmethod | classmethod | property):
-        return (type(value).__name__, _captured(getattr(value, "__func__", None) or value.fget, seen, depth + 1))
+        inner = value.fget if isinstance(value, property) else value.__func__
+        return (type(value).__name__, _captured(inner, seen, depth + 1))
     if isinstance(value, list | tuple | set | frozenset):
         items = [_captured(v, seen | {id(value)}, depth + 1) for v in value]
         return (type(value).__name__, tuple(sorted(items, key=repr) if isinstance(value, set | frozenset) else items))
@@ -902,8 +905,8 @@ def udf(
     batch_size: int | None = None,
     checkpoint_size: int | None = None,
     field_metadata: dict[str, str] | None = None,
-    num_cpus: float = 1.0,
-    num_gpus: float = 0.0,
+    num_cpus: float | None = 1.0,
+    num_gpus: float | None = 0.0,
     memory: int | None = None,
     task_size: int | None = None,
     manifest: Any = None,
