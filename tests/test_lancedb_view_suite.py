@@ -188,6 +188,24 @@ def words(body: str) -> Iterator[Word]:
         yield Word(w)
 
 
+def test_a_source_recreated_in_the_legacy_format_is_refused_at_refresh(tmp_path):
+    """Another tool drops the source and writes it again in the v1 format: the
+    refresh says so in our words (before: appends refreshed, and the first
+    update failed with Lance's "FilteredRead on v1 files ... file a bug report")."""
+    import shutil
+
+    db = _db(tmp_path)
+    src = _source(db, [1, 2])
+    view = _doubled(db)
+    view.refresh()
+    shutil.rmtree(src.uri)
+    _legacy_source(db, "src", {"x": pa.array([1, 2, 3], pa.int32())})
+    with pytest.raises(ValueError, match=r"'src' is written in Lance's legacy \(v1\) file format.*view 'doubled'"):
+        view.refresh()
+    with pytest.raises(ValueError, match=r"legacy \(v1\) file format"):
+        view.plan_refresh()
+
+
 @pytest.mark.parametrize("kind", ["aggregate", "chunk"])
 def test_legacy_source_is_refused_by_every_view_kind(tmp_path, kind):
     db = _db(tmp_path)

@@ -76,6 +76,7 @@ from mv_assets.storage.changes import (
 from mv_assets.storage.identity import ensure_table_id, table_id
 from mv_assets.storage.lance_compat import CommitConflictError, delete_offsets, field_ids, take_rows
 from mv_assets.storage.refs import ViewRef
+from mv_assets.storage.row_ids import require_current_format
 from mv_assets.storage.state import read_refresh_state
 from mv_assets.storage.versions import dataset_at, versions_phrase
 
@@ -628,13 +629,16 @@ def _check_reads(view_name: str, definition: ViewDefinition, src: lance.LanceDat
 
 
 def _open_source(view: ViewRef) -> lance.LanceDataset:
-    """The view's source at its latest version, or a clear error when it is gone."""
+    """The view's source at its latest version, or a clear error when it is gone
+    (or was written anew, by another tool, in Lance's legacy v1 format)."""
     try:
-        return view.source_dataset()
+        src = view.source_dataset()
     except (ValueError, OSError) as exc:
         if objects.is_dataset(view.source_uri):
             raise ValueError(f"cannot open the source {view.source!r} of view {view.name!r}: {short_error(exc)}") from exc
         raise ValueError(view.source_missing()) from None
+    require_current_format(src, view.source, f"view {view.name!r}")
+    return src
 
 
 def _source_replaced(view: ViewRef, state, source_id: str | None) -> str | None:
