@@ -209,7 +209,7 @@ def source_asset(info: TableInfo, pdef=None):
     everything downstream, each partition's data version its fragment's: a
     partition downstream depends on its own fragment only, so an append
     leaves the partitions it did not touch in sync."""
-    description = f"Lance table `{info.name}`. Its data version is the newest Lance version that changed rows"
+    description = f"Lance table {info.name}. Its data version is the newest Lance version that changed rows"
     description += (" of each fragment (a partition per fragment)." if pdef is not None else ".")
     if info.code_changes is not None and info.code_changes.problems:  # a view declared under its name
         description += " The code cannot be applied: " + "; ".join(info.code_changes.problems)
@@ -241,7 +241,7 @@ def unreadable_asset(name: str, why: str) -> dg.AssetSpec:
         dg.AssetKey([name]),
         description=(
             f"UNREADABLE: {why}. It has no lineage and no runs here until its Lance dataset can be read; "
-            f"`mv-assets status` lists it too. Restore its files, or drop it (`db.drop_table({name!r})`) and "
+            f"mv-assets status lists it too. Restore its files, or drop it (db.drop_table({name!r})) and "
             "create it again."
         ),
         kinds={"lance"},
@@ -328,31 +328,33 @@ def _pointer_before(instance, key: dg.AssetKey, fragment: int, current: str) -> 
 
 
 def _view_description(info: TableInfo) -> str:
+    """The view asset's description, in plain text: Dagster's Catalog list shows
+    descriptions as they are (markdown is rendered on the asset page only)."""
     cols = ", ".join(c["name"] for c in info.columns)
-    where = f" where `{info.filter}`" if info.filter else ""
+    where = f" where {info.filter}" if info.filter else ""
     lim = f", limited to {info.limit} rows" if info.limit is not None else ""
     how = (
-        f"One partition per fragment of `{info.root}`"
+        f"One partition per fragment of {info.root}"
         if info.scoped
-        else f"Refreshed as a whole in any partition run (partitions: fragments of `{info.root}`)"
+        else f"Refreshed as a whole in any partition run (partitions: fragments of {info.root})"
         + ("; its upstream views are brought up to date first" if info.over_view else "")
     )
     function = info.definition.get("function")
     if function and function["kind"] == "aggregate":
-        keys = ", ".join(f"`{k}`" for k in function["keys"]) or "nothing (one group)"
+        keys = ", ".join(k for k in function["keys"]) or "nothing (one group)"
         outs = ", ".join(f"{n} = {agg_text(fn, c, *q)}" for n, fn, c, *q in function["aggs"])
-        what = (f"Aggregate view over `{info.source}`{where}: group by {keys}; {outs}; a refresh applies the "
+        what = (f"Aggregate view over {info.source}{where}: group by {keys}; {outs}; a refresh applies the "
                 "changed rows to the groups they touch")
     elif function and function["kind"] == "udtf":
         by = function.get("partition_by")
-        what = (f"Table-function view over `{info.source}`{where}: udtf `{function['name']}` over "
-                f"{f'each `{by}` partition' if by else 'the whole source'}, giving rows of "
+        what = (f"Table-function view over {info.source}{where}: udtf {function['name']} over "
+                f"{f'each {by} partition' if by else 'the whole source'}, giving rows of "
                 f"{', '.join(function['output_schema'])}; a refresh recomputes the partitions whose rows changed")
     elif function:
-        what = (f"Chunk view over `{info.source}`{where}: each row split by {function['kind']} `{function['name']}` "
+        what = (f"Chunk view over {info.source}{where}: each row split by {function['kind']} {function['name']} "
                 f"into rows of {', '.join(function['output_schema'])}, each inheriting {cols or 'no column'}")
     else:
-        what = f"Materialized view over `{info.source}`{where}{lim}: {cols}"
+        what = f"Materialized view over {info.source}{where}{lim}: {cols}"
     text = f"{what}. {how}; refreshed incrementally on Spark. Policy: {info.policy.describe()}."
     diff = info.code_changes
     if diff is not None:
@@ -370,7 +372,7 @@ def _udf_description(owner: str, col: dict) -> str:
     u = col["udf"]
     inputs = ", ".join(u.get("input_columns") or ["<all columns>"])
     hints = _resources_text(u)
-    return (f"UDF column `{col['name']}` of `{owner}`: `{u['name']}`({inputs}) -> {u['data_type']}. Code fingerprint "
+    return (f"UDF column {col['name']} of {owner}: {u['name']}({inputs}) -> {u['data_type']}. Code fingerprint "
             f"{u['fingerprint']}{'. It a' + hints[3:] if hints else ''}.")
 
 
@@ -1108,7 +1110,7 @@ def _latest_materializations(instance, keys: list[dg.AssetKey], partitions: list
 
 def _column_description(table: str, col: dict) -> str:
     if col["kind"] == "sql":
-        return f"SQL column `{col['name']}` of `{table}`: `{col['expr']}`, computed for new rows as they arrive."
+        return f"SQL column {col['name']} of {table}: {col['expr']}, computed for new rows as they arrive."
     return _udf_description(table, col).replace("UDF column", "Computed column", 1) + (
         " Materializing backfills the rows that lack a value from this code (checkpointed, resumable)."
     )
