@@ -5,6 +5,7 @@ Nothing here uses mv_assets or Lance SQL: filters and projections are given as
 Python callables over Arrow tables.
 """
 
+import math
 import os
 from typing import Callable
 
@@ -73,3 +74,45 @@ def shuffle_key(row_id: int, seed: int) -> int:
     z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & m
     z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & m
     return z ^ (z >> 31)
+
+
+# SQL's float rules for aggregates (PostgreSQL, DuckDB), written out in plain Python
+def sql_sum(values: list):
+    """sum of non-NULL values: NaN if any is NaN or both infinities are there,
+    else the infinity there, else the exact sum (``math.fsum``; ints: ``sum``)."""
+    floats = [v for v in values if isinstance(v, float)]
+    if any(v != v for v in floats) or (float("inf") in floats and float("-inf") in floats):
+        return float("nan")
+    if float("inf") in floats or float("-inf") in floats:
+        return float("inf") if float("inf") in floats else float("-inf")
+    return math.fsum(values) if floats else sum(values)
+
+
+def sql_max(values: list):
+    """max of non-NULL values, NaN ordered above every number (infinity included)."""
+    if any(isinstance(v, float) and v != v for v in values):
+        return float("nan")
+    return max(values)
+
+
+def sql_min(values: list):
+    """min of non-NULL values, NaN ordered above every number: NaN only when every value is."""
+    numbers = [v for v in values if not (isinstance(v, float) and v != v)]
+    return min(numbers) if numbers else float("nan")
+
+
+def sql_count_distinct(values: list) -> int:
+    """count(distinct) of non-NULL values: every NaN is one value, 0.0 and -0.0 are one."""
+    nans = [v for v in values if isinstance(v, float) and v != v]
+    return len({v for v in values if not (isinstance(v, float) and v != v)}) + (1 if nans else 0)
+
+
+def same_number(a, b, rel: float = 1e-9) -> bool:
+    """Equal as aggregate outputs: NaN equals NaN, infinities exactly, finite floats within ``rel``."""
+    if isinstance(a, float) and isinstance(b, float):
+        if a != a or b != b:
+            return a != a and b != b
+        if math.isinf(a) or math.isinf(b):
+            return a == b
+        return math.isclose(a, b, rel_tol=rel, abs_tol=rel)
+    return a == b

@@ -36,6 +36,7 @@ from mv_assets.model.agg_view import (
     EXTREMES_KEPT,
     GROUP,
     ROWS,
+    SPECIALS,
     Aggregate,
     bucket_value,
     cnt_col,
@@ -46,7 +47,9 @@ from mv_assets.model.agg_view import (
     group_key,
     qs_col,
     quantile_bucket,
+    special_col,
     sum_col,
+    sum_with_specials,
 )
 from mv_assets.model.definition import quote_ident, sql_literal
 from mv_assets.model.names import LANCE_ROW_COLUMNS, SOURCE_ROW_ID
@@ -68,16 +71,29 @@ def _and(*parts: str | None) -> str | None:
 def _aggregate(rows: pa.Table, agg: Aggregate, exact: bool = False) -> pa.Table | None:
     """Per group of ``rows``: ``__n`` rows, ``__c_<i>`` non-NULL counts, ``__s_<i>`` sums,
     ``__lo_<i>`` / ``__hi_<i>`` extremes (i: the value column's position), and the keys
-    (None: no rows). ``exact``: float sums as the exact sum's double-double
-    (``__s_<i>`` + ``__e_<i>``, by ``math.fsum`` of each group's values: for
-    changes, whose rows are few); else Arrow's (pairwise) sum."""
+    (None: no rows). Float sums are of the finite values, with ``__nan_<i>``,
+    ``__pinf_<i>``, ``__ninf_<i>`` their rows holding NaN, +inf, -inf.
+    ``exact``: float sums as the exact sum's double-double (``__s_<i>`` +
+    ``__e_<i>``, by ``math.fsum`` of each group's values: for changes, whose
+    rows are few); else Arrow's (pairwise) sum."""
     cols = agg.value_columns
     specs: list = [([], "count_all")]
     for c in cols:
         specs.append((c, "count"))
-    floats = [c for c in agg.summed if pa.types.is_floating(rows.schema.field(c).type)] if exact else []
+    counted = [c for c in agg.summed if pa.types.is_floating(rows.schema.field(c).type)]
+    floats = counted if exact else []
+    for c in counted:  # the non-finite values, counted apart (and left out of the sum)
+        j, x = cols.index(c), rows.column(c)
+        for kind, flags in (("nan", pc.is_nan(x)), ("pinf", pc.equal(x, math.inf)),  # pyright: ignore[reportAttributeAccessIssue]
+                            ("ninf", pc.equal(x, -math.inf))):  # pyright: ignore[reportAttributeAccessIssue]
+            rows = rows.append_column(f"__mv_{kind}_{j}", pc.cast(pc.fill_null(flags, False), pa.int64()))
+        if not exact:
+            rows = rows.append_column(f"__mv_fin_{j}", pc.if_else(pc.is_finite(x), x, pa.scalar(None, x.type)))  # pyright: ignore[reportAttributeAccessIssue]
     for c in agg.summed:
-        specs.append((c, "list" if c in floats else "sum"))
+        summed = f"__mv_fin_{cols.index(c)}" if c in counted and c not in floats else c
+        specs.append((c, "list") if c in floats else (summed, "sum"))
+    for c in counted:
+        specs += [(f"__mv_{kind}_{cols.index(c)}", "sum") for kind in SPECIALS]
     for fn, c in agg.extremes:
         specs.append((c, fn))
     listed = list(dict.fromkeys(c for _, c in agg.extremes if c not in floats))  # their values: extreme buffers
@@ -93,17 +109,20 @@ def _aggregate(rows: pa.Table, agg: Aggregate, exact: bool = False) -> pa.Table 
             ["__one"], use_threads=False).aggregate(specs)
     # pyarrow names an output "<column>_<function>" ("count_all"); where it puts the keys varies by version
     produced = ["count_all"] + [f"{c}_count" for c in cols] + [
-        f"{c}_list" if c in floats else f"{c}_sum" for c in agg.summed] + [f"{c}_{fn}" for fn, c in agg.extremes] + [
-        f"{c}_list" for c in listed]
+        f"{c}_list" if c in floats else f"__mv_fin_{cols.index(c)}_sum" if c in counted else f"{c}_sum"
+        for c in agg.summed] + [f"__mv_{kind}_{cols.index(c)}_sum" for c in counted for kind in SPECIALS] + [
+        f"{c}_{fn}" for fn, c in agg.extremes] + [f"{c}_list" for c in listed]
     names = ["__n"] + [f"__c_{cols.index(c)}" for c in cols] + [f"__s_{cols.index(c)}" for c in agg.summed] + [
+        f"__{kind}_{cols.index(c)}" for c in counted for kind in SPECIALS] + [
         f"__{'lo' if fn == 'min' else 'hi'}_{cols.index(c)}" for fn, c in agg.extremes] + [
         f"__l_{cols.index(c)}" for c in listed]
     out = grouped.select(keys + produced).rename_columns(keys + names)
-    for c in floats:  # the exact sum of each group's values, as hi + lo (the values stay: __l_<i>)
+    for c in floats:  # the exact sum of each group's finite values, as hi + lo (the values stay: __l_<i>)
         at = out.schema.get_field_index(f"__s_{cols.index(c)}")
         lists = out.column(at).combine_chunks()
         out = out.append_column(f"__l_{cols.index(c)}", lists)
         flat = np.asarray(lists.values.fill_null(0.0).to_numpy(zero_copy_only=False), np.float64)
+        flat = np.where(np.isfinite(flat), flat, 0.0)
         bounds = np.asarray(lists.offsets.to_numpy(zero_copy_only=False), np.int64)
         pairs = [_exact(flat[lo:hi].tolist()) for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)]
         out = out.set_column(at, f"__s_{cols.index(c)}", pa.array([p[0] for p in pairs], pa.float64()))
@@ -126,6 +145,8 @@ def _distinct_lists(rows: pa.Table, agg: Aggregate, c: str, group_texts: list[st
     distinct non-NULL values of ``c`` in ``rows``, each with its row count."""
     t = rows.schema.field(c).type
     valued = rows.filter(pc.is_valid(rows.column(c)))  # pyright: ignore[reportAttributeAccessIssue]
+    if pa.types.is_floating(t):
+        valued = valued.set_column(valued.schema.get_field_index(c), c, _one_nan(valued.column(c).combine_chunks()))
     by = list(dict.fromkeys([*agg.keys, c]))
     pairs = valued.group_by(by, use_threads=False).aggregate([([], "count_all")])
     entries = pa.StructArray.from_arrays([pairs.column(c).combine_chunks().cast(t),
@@ -133,6 +154,16 @@ def _distinct_lists(rows: pa.Table, agg: Aggregate, c: str, group_texts: list[st
                                          names=["v", "n"])
     at = pc.index_in(pa.array(_keys_of(pairs, agg), pa.string()), value_set=pa.array(group_texts, pa.string()))  # pyright: ignore[reportAttributeAccessIssue]
     return _lists_by_group(np.asarray(at.to_numpy(zero_copy_only=False), np.int64), entries, len(group_texts), t)
+
+
+def _one_nan(values: pa.Array) -> pa.Array:
+    """Floats as count(distinct) tells them apart (Arrow groups by bits): every
+    NaN the one NaN, -0.0 as 0.0 (SQL's equality); other types as they are."""
+    if not pa.types.is_floating(values.type) or len(values) == 0:
+        return values
+    x = np.asarray(values.fill_null(0).to_numpy(zero_copy_only=False), np.float64)
+    x = np.where(np.isnan(x), np.nan, np.where(x == 0, 0.0, x))
+    return pa.array(x, mask=values.is_null().to_numpy(zero_copy_only=False)).cast(values.type)
 
 
 def _lists_by_group(groups: np.ndarray, entries: pa.Array, n: int, t: pa.DataType) -> pa.Array:
@@ -147,7 +178,10 @@ def _lists_by_group(groups: np.ndarray, entries: pa.Array, n: int, t: pa.DataTyp
 def _exact(values: list[float]) -> tuple[float, float]:
     """The exact sum of ``values`` as a double-double (hi, lo): hi the correctly
     rounded sum, lo the rounded remainder."""
-    hi = math.fsum(values)
+    try:
+        hi = math.fsum(values)
+    except OverflowError:  # finite values whose sum overflows on the way (halving is exact but for subnormals)
+        return 2 * math.fsum([v / 2 for v in values]), 0.0  # (inf where the sum itself overflows)
     if not math.isfinite(hi):
         return hi, 0.0
     return hi, math.fsum([*values, -hi])
@@ -197,6 +231,7 @@ def _dd_add(hi: np.ndarray, lo: np.ndarray, x_hi: np.ndarray, x_lo: np.ndarray) 
         e = (hi - (s - bb)) + (x_hi - bb) + lo + x_lo
         t = s + e
         low = e - (t - s)
+    t = np.where(np.isfinite(s), t, s)  # an infinity or NaN stays one (inf - inf in ``e`` would make NaN)
     return t, np.where(np.isfinite(t), low, 0.0)
 
 
@@ -226,11 +261,15 @@ def _sortable(t: pa.DataType) -> bool:
 
 def _fresh_buffers(lists: pa.Array, t: pa.DataType, descending: bool) -> pa.Array:
     """Each group's :data:`EXTREMES_KEPT` most extreme non-NULL values, sorted,
-    from all its values (``lists``; numeric types: numpy, no Python per value)."""
+    from all its values (``lists``; numeric types: numpy, no Python per value;
+    floats in :func:`_float_keys`' order)."""
     lists = lists.combine_chunks() if isinstance(lists, pa.ChunkedArray) else lists
     flat = lists.values
     valid = np.asarray(flat.is_valid().to_numpy(zero_copy_only=False), bool)
     vals = np.asarray(flat.fill_null(0).to_numpy(zero_copy_only=False))
+    floats = pa.types.is_floating(t)
+    if floats:
+        vals = _float_keys(vals)
     bounds = np.asarray(lists.offsets.to_numpy(zero_copy_only=False), np.int64)
     parts, offsets = [], [0]
     k = EXTREMES_KEPT
@@ -241,28 +280,36 @@ def _fresh_buffers(lists: pa.Array, t: pa.DataType, descending: bool) -> pa.Arra
         seg = np.sort(seg)
         parts.append(seg[::-1] if descending else seg)
         offsets.append(offsets[-1] + len(seg))
-    values = pa.array(np.concatenate(parts) if parts else np.empty(0), t)
+    kept = np.concatenate(parts) if parts else np.empty(0, vals.dtype)
+    values = pa.array(_float_values(kept)).cast(t) if floats else pa.array(kept, t)
     return pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
+
+
+def _rank(v):
+    """min / max's order of a value: SQL's, NaN above every number (infinities included)."""
+    return (1, 0.0) if isinstance(v, float) and v != v else (0, v)
 
 
 def _buffer(held: list, before: int, removed: list, added: list, descending: bool, after: int) -> tuple[list, bool]:
     """A group's extreme buffer after a change: ``held`` is a prefix of its
-    non-NULL values sorted (ascending for min, descending for max; all of them
-    when ``len(held) == before``); ``removed`` / ``added`` values left / joined
-    it. Returns the new prefix (at most :data:`EXTREMES_KEPT`) and False when
-    it ran out while the group still has ``after`` values (recompute)."""
+    non-NULL values sorted (ascending for min, descending for max, in
+    :func:`_rank`'s order; all of them when ``len(held) == before``);
+    ``removed`` / ``added`` values left / joined it. Returns the new prefix (at
+    most :data:`EXTREMES_KEPT`) and False when it ran out while the group still
+    has ``after`` values (recompute)."""
     complete = len(held) == before
-    bound = held[-1] if held else None
+    bound = _rank(held[-1]) if held else None
     buf = list(held)
-    for v in removed:
-        if v in buf:  # every value more extreme than the buffer's last is in it (a prefix)
-            buf.remove(v)
+    for v in removed:  # every value more extreme than the buffer's last is in it (a prefix)
+        at = next((i for i, w in enumerate(buf) if _rank(w) == _rank(v)), None)  # (NaN is one value here)
+        if at is not None:
+            del buf[at]
     if complete:
         keep = added
     else:  # only values up to the old bound are known to precede what the buffer lacks
-        keep = [v for v in added if (v >= bound if descending else v <= bound)]
+        keep = [v for v in added if (_rank(v) >= bound if descending else _rank(v) <= bound)]  # pyright: ignore[reportOperatorIssue]
     if keep:
-        buf = sorted(buf + keep, reverse=descending)
+        buf = sorted(buf + keep, key=_rank, reverse=descending)
     buf = buf[:EXTREMES_KEPT]
     return buf, bool(buf) or after <= 0
 
@@ -285,20 +332,21 @@ def _buffers(held: pa.Array, before: np.ndarray, removed: pa.Array, added: pa.Ar
     """:func:`_buffer` for every group at once (numeric types, numpy: no Python
     per group or value): the new buffers as a list array and, per group, False
     where the buffer ran out while the group still has values. None where
-    this cannot say what :func:`_buffer` would (NaN values, whose order and
-    equality Python's and numpy's sorts disagree on; a group with values and
-    an empty buffer): the caller runs :func:`_buffer` per group."""
+    this cannot say what :func:`_buffer` would (a group with values and an
+    empty buffer): the caller runs :func:`_buffer` per group. Floats are
+    ordered by :func:`_float_keys` (NaN above every number, as :func:`_rank`)."""
     n = len(before)
     hg, hv = _flat(held, n)
     rg, rv = _flat(removed, n)
     ag, av = _flat(added, n)
-    if any(v.dtype.kind == "f" and np.isnan(v).any() for v in (hv, rv, av)):
-        return None
+    floats = pa.types.is_floating(t)
+    if floats:
+        hv, rv, av = _float_keys(hv), _float_keys(rv), _float_keys(av)
     held_len = np.bincount(hg, minlength=n)
     complete = held_len == before
     if (~complete & (held_len == 0)).any():
         return None
-    last = np.zeros(n, hv.dtype if len(hv) else (av.dtype if len(av) else np.float64))
+    last = np.zeros(n, np.int64 if floats else hv.dtype if len(hv) else (av.dtype if len(av) else np.float64))
     if len(hv):
         ends = np.cumsum(held_len) - 1  # held is sorted within each group: its last value is the bound
         has = held_len > 0
@@ -342,8 +390,28 @@ def _buffers(held: pa.Array, before: np.ndarray, removed: pa.Array, added: pa.Ar
         kg, kv = kg[keep_k], kv[keep_k]
     sizes = np.bincount(kg, minlength=n)
     offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
-    lists = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), pa.array(kv, t))
+    values = pa.array(_float_values(kv)).cast(t) if floats else pa.array(kv, t)
+    lists = pa.ListArray.from_arrays(pa.array(offsets, pa.int32()), values)
     return lists, (sizes > 0) | (after <= 0)
+
+
+_LOW_BITS = np.int64(0x7FFFFFFFFFFFFFFF)
+
+
+def _float_keys(v: np.ndarray) -> np.ndarray:
+    """Floats as int64 keys ordered as SQL orders them: -inf < numbers < inf <
+    NaN, every NaN one key and -0.0 the key of 0.0 (IEEE bits, a negative's
+    flipped but for the sign)."""
+    x = np.where(v == 0, 0.0, np.asarray(v, np.float64))
+    x = np.where(np.isnan(x), np.nan, x)  # one NaN
+    bits = x.view(np.int64)
+    return np.where(bits < 0, bits ^ _LOW_BITS, bits)
+
+
+def _float_values(k: np.ndarray) -> np.ndarray:
+    """The floats of :func:`_float_keys`' keys."""
+    k = np.asarray(k, np.int64)
+    return np.where(k < 0, k ^ _LOW_BITS, k).view(np.float64)
 
 
 def _firsts(lists: pa.ListArray, t: pa.DataType) -> pa.Array:
@@ -388,10 +456,13 @@ def _combine(keys: list[str], agg: Aggregate, schema: pa.Schema, old: pa.Table |
     rows = added(ROWS, "__n")
     cnt = {c: added(cnt_col(c), f"__c_{j}") for j, c in enumerate(cols)}
     sums: dict[str, tuple[np.ndarray, np.ndarray]] = {}
+    specials: dict[str, list[np.ndarray]] = {}  # a float sum's counts of NaN, +inf, -inf values
+    stale = np.zeros(n, dtype=bool)
     for c in agg.summed:
         j = cols.index(c)
-        if comp_col(c) in typ:  # floats: double-double
-            hi = _num(_take(old, sum_col(c), po, pa.float64()), np.float64)
+        if comp_col(c) in typ:  # floats: double-double (of the finite values, where their counts are kept)
+            counted = special_col("nan", c) in typ
+            hi = stored = _num(_take(old, sum_col(c), po, pa.float64()), np.float64)
             lo = _num(_take(old, comp_col(c), po, pa.float64()), np.float64)
             for t, at, sign in ((plus, pp, 1.0), (minus, pm, -1.0)):
                 if t is None:
@@ -399,11 +470,18 @@ def _combine(keys: list[str], agg: Aggregate, schema: pa.Schema, old: pa.Table |
                 x_hi = _num(_take(t, f"__s_{j}", at, pa.float64()), np.float64)
                 x_lo = (_num(_take(t, f"__e_{j}", at, pa.float64()), np.float64) if f"__e_{j}" in t.column_names
                         else np.zeros(n))
+                if not counted:  # a view stored without the counts: its sums hold every value
+                    x_hi = x_hi + sum_with_specials(np.zeros(n), *(_num(_take(t, f"__{kind}_{j}", at, pa.int64()))
+                                                                   for kind in SPECIALS))
                 hi, lo = _dd_add(hi, lo, sign * x_hi, sign * x_lo)
+            if counted:
+                specials[c] = [added(special_col(kind, c), f"__{kind}_{j}") for kind in SPECIALS]
+            # a running sum cannot take out what made it infinite or NaN (finite values that
+            # overflowed; without the counts, any non-finite value): the group is recomputed
+            stale |= (pm >= 0) & ~(np.isfinite(stored) & np.isfinite(hi))
             sums[c] = (hi, lo)
         else:
             sums[c] = (added(sum_col(c), f"__s_{j}"), np.zeros(n))
-    stale = np.zeros(n, dtype=bool)
     ext: dict[tuple[str, str], pa.Array] = {}
     buffers: dict[tuple[str, str], pa.Array] = {}
     out_name = {(a.fn, a.column): a.name for a in agg.aggs if a.fn in ("min", "max")}
@@ -462,6 +540,8 @@ def _combine(keys: list[str], agg: Aggregate, schema: pa.Schema, old: pa.Table |
         arrays[sum_col(c)] = pa.array(hi, typ[sum_col(c)])
         if comp_col(c) in typ:
             arrays[comp_col(c)] = pa.array(lo, pa.float64())
+        for kind, counts in zip(SPECIALS, specials.get(c, ()), strict=False):
+            arrays[special_col(kind, c)] = pa.array(counts, pa.int64())
     for a in agg.aggs:
         c = a.column
         if a.fn == "count":
@@ -477,13 +557,16 @@ def _combine(keys: list[str], agg: Aggregate, schema: pa.Schema, old: pa.Table |
             continue
         assert c is not None
         none = cnt[c] <= 0  # only NULLs (or no rows): NULL
-        if a.fn == "sum":
+        if a.fn in ("sum", "avg"):
             hi, lo = sums[c]
-            arrays[a.name] = pa.array(hi + lo if comp_col(c) in typ else hi, typ[a.name], mask=none)
-        elif a.fn == "avg":
-            hi, lo = sums[c]
-            with np.errstate(invalid="ignore", divide="ignore"):
-                arrays[a.name] = pa.array((hi + lo) / np.where(none, 1, cnt[c]), pa.float64(), mask=none)
+            total = hi + lo if comp_col(c) in typ else hi
+            if c in specials:
+                total = sum_with_specials(total, *specials[c])
+            if a.fn == "sum":
+                arrays[a.name] = pa.array(total, typ[a.name], mask=none)
+            else:
+                with np.errstate(invalid="ignore", divide="ignore"):
+                    arrays[a.name] = pa.array(total / np.where(none, 1, cnt[c]), pa.float64(), mask=none)
         else:
             arrays[a.name] = pc.if_else(pa.array(none), pa.nulls(n, typ[a.name]), ext[(a.fn, c)])  # pyright: ignore[reportAttributeAccessIssue]
     table = pa.Table.from_arrays([arrays[f.name] for f in schema], schema=schema)
@@ -532,7 +615,7 @@ def _distinct_state(t: pa.DataType, n: int, parts: list) -> tuple[pa.Array, np.n
     if not gs:
         return pa.ListArray.from_arrays(pa.array(np.zeros(n + 1, np.int32)), pa.array([], distinct_type(t).value_type),
                                         type=distinct_type(t)), np.zeros(n, np.int64)
-    summed = pa.table({"g": np.concatenate(gs), "v": pa.concat_arrays([v.cast(t) for v in vs]),
+    summed = pa.table({"g": np.concatenate(gs), "v": _one_nan(pa.concat_arrays([v.cast(t) for v in vs])),
                        "n": np.concatenate(ns)}).group_by(["g", "v"], use_threads=False).aggregate([("n", "sum")])
     live = summed.filter(pc.greater(summed.column("n_sum"), 0))  # pyright: ignore[reportAttributeAccessIssue]
     groups = np.asarray(live.column("g").to_numpy(), np.int64)
@@ -645,7 +728,8 @@ class GroupChanges:
     inserted: list[str]  # group keys new to the view
     updated: list[str]  # group keys the view holds and keeps (rows rewritten)
     deleted: list[str]  # group keys the view holds whose row count reached 0
-    recomputed: list[str]  # groups whose min / max was deleted or updated away: recomputed from the source
+    recomputed: list[str]  # groups recomputed from the source: their min / max buffer ran out, or a
+    # value left a float sum that was not finite (an overflow; a view stored without the non-finite counts)
     source_rows: int  # changed source rows read (added + removed)
 
 

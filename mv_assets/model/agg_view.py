@@ -17,6 +17,13 @@ the view's own columns (so one Lance commit carries rows and state):
   columns: exact; float64 for floats, with ``__agg__comp__<x>``, the
   remainder of a double-double sum carried across refreshes: see
   :mod:`mv_assets.execution.agg_tasks`);
+* ``__agg__nan__<x>`` / ``__agg__pinf__<x>`` / ``__agg__ninf__<x>`` (float
+  columns summed): the group's rows whose ``x`` is NaN, +inf, -inf. The sum
+  columns then hold the sum of the finite values only, so a non-finite value
+  leaves a group as exactly as it came (a running sum cannot take an infinity
+  back out); the output sum is :func:`sum_with_specials` of the four. A view
+  stored before these columns existed has none: its sums hold every value, and
+  a changed group whose stored sum is not finite is recomputed from the source;
 * ``__agg__min__<x>`` / ``__agg__max__<x>``: the group's :data:`EXTREMES_KEPT`
   most extreme values of ``x`` (a sorted prefix of them): a deleted minimum
   is replaced by the next one; the group is recomputed from the source only
@@ -37,6 +44,15 @@ the view's own columns (so one Lance commit carries rows and state):
 SQL NULL semantics: ``count(x)`` skips NULLs; sum/avg/min/max of only NULLs is
 NULL; NULL keys form a group. Keys hold values compared exactly (integers,
 strings, booleans, dates).
+
+SQL's float semantics (PostgreSQL's, DuckDB's): a sum is NaN when the group
+holds a NaN or both infinities, else the infinity it holds, else the finite
+sum (which may overflow to an infinity); avg is that sum over ``count(x)``;
+min / max order NaN above every number, infinities included (max is NaN while
+a NaN is in the group; min is NaN only when every value is; pyarrow's
+``min_max`` skips NaN instead); ``count(distinct x)`` counts every NaN as one
+value and 0.0 and -0.0 as one; ``approx_quantile`` sketches finite values only
+(a group of only non-finite values gives NULL).
 
 Pure: definitions, schemas and Arrow computations only.
 """
@@ -64,7 +80,7 @@ from mv_assets.model.udtf_view import check_partition_type, partition_key
 __all__ = [
     "Agg", "Aggregate", "FUNCTIONS", "GROUP", "ROWS", "agg_view_schema", "check_agg_query", "group_key",
     "parse_aggs", "cnt_col", "sum_col", "comp_col", "ext_col", "dist_col", "qs_col", "agg_text", "EXTREMES_KEPT",
-    "QUANTILE_ACCURACY", "quantile_bucket", "bucket_value",
+    "QUANTILE_ACCURACY", "quantile_bucket", "bucket_value", "SPECIALS", "special_col", "sum_with_specials",
 ]
 
 FUNCTIONS = ("count", "sum", "avg", "min", "max", "approx_quantile")
@@ -89,6 +105,34 @@ def sum_col(column: str) -> str:
 
 def comp_col(column: str) -> str:
     return f"{AGG_PREFIX}comp__{column}"
+
+
+# a float sum's non-finite values, counted per group apart from its finite sum
+SPECIALS = ("nan", "pinf", "ninf")
+
+
+def special_col(kind: str, column: str) -> str:
+    """A float sum's count of NaN (``kind`` "nan"), +inf ("pinf") or -inf ("ninf") values."""
+    assert kind in SPECIALS, kind
+    return f"{AGG_PREFIX}{kind}__{column}"
+
+
+def sum_with_specials(finite: "np.ndarray", nan: "np.ndarray", pinf: "np.ndarray",
+                      ninf: "np.ndarray") -> "np.ndarray":
+    """A float sum as SQL gives it, from the sum of the finite values and the
+    counts of NaN, +inf and -inf values: NaN with a NaN or both infinities,
+    else the infinity there, else the finite sum.
+
+    >>> sum_with_specials(np.array([1.5, 1.5, 1.5, 1.5]), np.array([0, 1, 0, 0]), np.array([0, 0, 2, 1]),
+    ...                   np.array([0, 0, 0, 1])).tolist()
+    [1.5, nan, inf, nan]
+    """
+    finite = np.asarray(finite, np.float64)
+    nan, pinf, ninf = (np.asarray(a) > 0 for a in (nan, pinf, ninf))
+    # a finite sum that overflowed is one more infinity (and a NaN one, a NaN)
+    nan, pinf, ninf = nan | np.isnan(finite), pinf | (finite == np.inf), ninf | (finite == -np.inf)
+    out = np.where(pinf, np.inf, np.where(ninf, -np.inf, finite))
+    return np.where(nan | (pinf & ninf), np.nan, out)
 
 
 def dist_col(column: str) -> str:
@@ -353,6 +397,7 @@ def agg_view_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sc
         fields.append(pa.field(sum_col(c), sum_type(t), nullable=False))
         if pa.types.is_floating(t):
             fields.append(pa.field(comp_col(c), pa.float64(), nullable=False))
+            fields += [pa.field(special_col(kind, c), pa.int64(), nullable=False) for kind in SPECIALS]
     return pa.schema(fields, metadata={
         VIEW_METADATA_KEY: definition.encode(),
         READ_FIELDS_METADATA_KEY: json.dumps(read_field_ids(definition, ds)),

@@ -4,6 +4,7 @@ Each check returns a :class:`CheckOutcome`; the Dagster layer turns them into
 asset check results.
 """
 
+import math
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -175,8 +176,8 @@ def _agg_checks(view: ViewRef) -> list[CheckOutcome]:
     holds has passing source rows at the version it reflects;
     ``values_match_source``: every group's key, aggregates and hidden state
     equal the aggregate recomputed from scratch over the source at that
-    version (float sums and averages to a relative 1e-9), and no group is
-    missing or extra."""
+    version (float sums and averages to a relative 1e-9; NaN equals NaN,
+    infinities compare exactly), and no group is missing or extra."""
     from mv_assets.execution.agg_tasks import groups_from_rows
     from mv_assets.model.agg_view import GROUP, Aggregate
 
@@ -199,9 +200,7 @@ def _agg_checks(view: ViewRef) -> list[CheckOutcome]:
         e, g = exp_rows[want[key]], got_rows[have[key]]
         for name in outputs:
             a, b = e[name], g[name]
-            same = (a == b) if not (isinstance(a, float) and isinstance(b, float)) else (
-                abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b)))
-            if not same:
+            if not _same_output(a, b):
                 differ.append({"group": key, "column": name, "expected": a, "view": b})
     return [
         CheckOutcome("no_orphan_rows", not orphans,
@@ -212,6 +211,23 @@ def _agg_checks(view: ViewRef) -> list[CheckOutcome]:
                      {"groups_expected": len(want), "groups_missing": len(missing), "groups_extra": len(orphans),
                       "values_differing": len(differ), "sample": (differ or missing)[:5]}),
     ]
+
+
+def _same_output(a, b) -> bool:
+    """Two values of an aggregate's output: floats within a relative 1e-9 (NaN
+    equals NaN, an infinity only itself), anything else equal.
+
+    >>> [_same_output(*p) for p in [(1.0, 1.0 + 1e-12), (float("nan"), float("nan")), (float("inf"), float("inf")),
+    ...                              (float("inf"), float("nan")), (float("-inf"), float("inf")), (None, 0.0)]]
+    [True, True, True, False, False, False]
+    """
+    if not (isinstance(a, float) and isinstance(b, float)):
+        return a == b
+    if math.isnan(a) or math.isnan(b):
+        return math.isnan(a) and math.isnan(b)
+    if math.isinf(a) or math.isinf(b):
+        return a == b
+    return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
 
 
 def _chunks_match_query(view: ViewRef, src, keys: np.ndarray, version: int) -> CheckOutcome:
