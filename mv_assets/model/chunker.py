@@ -45,6 +45,7 @@ import pyarrow.compute as pc
 from mv_assets.model.compat import NO_MANIFEST, warn_ignored
 from mv_assets.model.errors import UdfError
 from mv_assets.model.names import SOURCE_ROW_ID, is_reserved_name
+from mv_assets.model.trust import declared_only, resolve, track
 from mv_assets.model.udf import (
     UDF,
     OnError,
@@ -110,6 +111,7 @@ class _TableFunction:
         if output_schema is not None and not isinstance(output_schema, pa.Schema):
             raise ValueError(f"{self.label} {self.name!r}: output_schema must be a pyarrow Schema, got {output_schema!r}")
         self._fingerprint: str | None = None
+        track(self)  # code this process made: what MV_ASSETS_CODE=declared runs (model.trust)
 
     def _check_output_names(self, schema: pa.Schema) -> None:
         if not schema.names:
@@ -194,6 +196,8 @@ class _TableFunction:
 
     @classmethod
     def from_spec(cls, spec: dict) -> Any:
+        if declared_only():  # never load the stored pickle: the code this process declared (model.trust)
+            return resolve(spec, cls, cls.label, lambda f, cols: f.with_inputs(cols) if hasattr(f, "with_inputs") else f)
         obj = cloudpickle.loads(base64.b64decode(spec["pickle"]))
         if not isinstance(obj, cls):
             raise ValueError(f"stored spec does not unpickle to a {cls.label}")

@@ -41,6 +41,7 @@ import pyarrow as pa
 from mv_assets.model.compat import NO_MANIFEST, warn_ignored
 from mv_assets.model.errors import UdfError
 from mv_assets.model.names import UdfKind, is_reserved_name
+from mv_assets.model.trust import declared_only, resolve, track
 
 __all__ = ["UDF", "udf", "python_type_to_arrow", "Columns", "UnpackedUDF", "OnError", "skip_on_error"]
 
@@ -349,12 +350,15 @@ class UDF:
             [f.name for f in data_type] if typing.get_origin(ret) is Columns and pa.types.is_struct(data_type) else None
         )
         self._fingerprint: str | None = None
+        track(self)  # code this process made: what MV_ASSETS_CODE=declared runs (model.trust)
 
     # -- plain callable -------------------------------------------------
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         if self.stateful:
             if constructs(self.func, args, kwargs):
-                return with_init_args(self, args, kwargs)
+                made = with_init_args(self, args, kwargs)
+                track(made)
+                return made
             return self._instance()(*args, **kwargs)
         return self.func(*args, **kwargs)
 
@@ -665,6 +669,7 @@ class UDF:
             "data_type": str(self.data_type),
             "kind": self.kind,
             "pickle": base64.b64encode(dumps_by_value(self)).decode("ascii"),
+            "instance": self.instance_key(),
         }
         hints = resources_spec(*resource_hints(self))
         if hints is not None:
@@ -688,6 +693,10 @@ class UDF:
 
     @staticmethod
     def from_spec(spec: dict) -> "UDF":
+        if declared_only():  # never load the stored pickle: the code this process declared (model.trust)
+            found = copy.copy(resolve(spec, UDF, "UDF", lambda u, cols: u.with_inputs(cols)))
+            found.__dict__["_stored_spec"] = dict(spec)
+            return found
         obj = cloudpickle.loads(base64.b64decode(spec["pickle"]))
         if not isinstance(obj, UDF):
             raise ValueError("stored UDF does not unpickle to a UDF")
