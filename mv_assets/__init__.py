@@ -39,6 +39,12 @@ from mv_assets.model.errors import SourceBehindError as SourceBehindError
 from mv_assets.model.errors import TableExistsError as TableExistsError
 from mv_assets.model.errors import TableNotFoundError as TableNotFoundError
 from mv_assets.model.errors import UdfError as UdfError
+from mv_assets.model.matchers import Fail as Fail
+from mv_assets.model.matchers import Retry as Retry
+from mv_assets.model.matchers import Skip as Skip
+from mv_assets.model.matchers import fail_fast as fail_fast
+from mv_assets.model.matchers import retry_all as retry_all
+from mv_assets.model.matchers import retry_transient as retry_transient
 from mv_assets.model.policy import RefreshPolicy as RefreshPolicy
 from mv_assets.model.udf import UDF as UDF
 from mv_assets.model.udf import Columns as Columns
@@ -96,6 +102,12 @@ __all__ = [
     "UDF",
     "udf",
     "skip_on_error",
+    "Retry",
+    "Skip",
+    "Fail",
+    "retry_transient",
+    "retry_all",
+    "fail_fast",
 ]
 
 __version__ = "0.1.0"

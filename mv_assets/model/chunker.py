@@ -98,7 +98,7 @@ class _TableFunction:
 
     def __init__(
         self, func: Callable, *, name: str | None, output_schema: Any, version: str | None,
-        on_error: "OnError | str | None", num_cpus: float, num_gpus: float, memory: int | None,
+        on_error: "OnError | str | list | None", num_cpus: float, num_gpus: float, memory: int | None,
     ) -> None:
         if not callable(func):
             raise ValueError(f"@{self.kind} needs a function or class, got {func!r}")
@@ -137,7 +137,7 @@ class _TableFunction:
     def _target(self) -> Callable:
         return self._instance() if self.stateful else self.func
 
-    def _policy(self, on_error: "OnError | str | None") -> OnError:
+    def _policy(self, on_error: "OnError | str | list | None") -> OnError:
         policy = OnError.coerce(on_error)
         if policy.then == "skip" and self.kind == "udtf":
             raise ValueError(
@@ -146,7 +146,7 @@ class _TableFunction:
             )
         return policy
 
-    def with_on_error(self, on_error: "OnError | str") -> Any:
+    def with_on_error(self, on_error: "OnError | str | list") -> Any:
         """A copy with another error policy (same fingerprint)."""
         u = copy.copy(self)
         u.on_error = self._policy(on_error)
@@ -235,7 +235,7 @@ class Chunker(_TableFunction):
         num_gpus: float = 0.0,
         memory: int | None = None,
         version: str | None = None,
-        on_error: "OnError | str | None" = None,
+        on_error: "OnError | str | list | None" = None,
         batch_size: int | None = None,
         manifest: Any = None,
         auto_refresh: bool = False,
@@ -382,7 +382,7 @@ class Chunker(_TableFunction):
         try:
             out, _ = self._call(lambda: self._call_batch(fn, batch, ids))
         except Exception as exc:
-            if self.on_error.then != "skip":
+            if self.on_error.then != "skip":  # no exception is skipped (which are: on_error.skips)
                 raise self._failure(0, n, exc) from exc
         else:
             return *self._check_batch(out, ids), n
@@ -392,6 +392,8 @@ class Chunker(_TableFunction):
             try:
                 out, _ = self._call(lambda i=i: self._call_batch(fn, batch.slice(i, 1), ids.slice(i, 1)))
             except Exception as exc:
+                if not self.on_error.skips(exc):
+                    raise self._failure(i, 1, exc) from exc
                 errors.append(self._row_error(i, exc))
                 continue
             children, _ = self._check_batch(out, ids.slice(i, 1))
@@ -434,7 +436,7 @@ class Chunker(_TableFunction):
             except Exception as exc:
                 if _is_output_error(exc):
                     raise
-                if self.on_error.then != "skip":
+                if not self.on_error.skips(exc):
                     raise self._failure(i, 1, exc) from exc
                 errors.append(self._row_error(i, exc))
                 continue
@@ -546,7 +548,7 @@ class UDTF(_TableFunction):
         num_gpus: float = 0.0,
         memory: int | None = None,
         version: str | None = None,
-        on_error: "OnError | str | None" = None,
+        on_error: "OnError | str | list | None" = None,
         manifest: Any = None,
         auto_refresh: bool = False,
     ) -> None:
@@ -657,7 +659,7 @@ def chunker(
     num_gpus: float = 0.0,
     memory: int | None = None,
     version: str | None = None,
-    on_error: "OnError | str | None" = None,
+    on_error: "OnError | str | list | None" = None,
     batch_size: int | None = None,
     name: str | None = None,
     manifest: Any = None,
@@ -736,7 +738,7 @@ def udtf(
     num_gpus: float = 0.0,
     memory: int | None = None,
     version: str | None = None,
-    on_error: "OnError | str | None" = None,
+    on_error: "OnError | str | list | None" = None,
     name: str | None = None,
     manifest: Any = None,
     auto_refresh: bool = False,

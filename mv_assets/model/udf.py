@@ -40,6 +40,7 @@ import pyarrow as pa
 
 from mv_assets.model.compat import NO_MANIFEST, warn_ignored
 from mv_assets.model.errors import UdfError
+from mv_assets.model.matchers import ExceptionMatcher, Retry, Skip, backoff_seconds, first_match, outcome
 from mv_assets.model.names import UdfKind, is_reserved_name
 from mv_assets.model.trust import declared_only, resolve, track
 
@@ -84,6 +85,17 @@ class OnError:
     fails (or fails with another exception) is then skipped (``then="skip"``:
     the value stays NULL, an error record is written, the rest of the job
     goes on) or fails the job (``then="fail"``).
+
+    Geneva's matcher lists (``on_error=[Retry(...), Skip(...), Fail(...)]``,
+    ``retry_transient()``, ``retry_all()``, ``fail_fast()``) are held in
+    ``matchers``: the first matcher fitting the exception decides (see
+    :mod:`mv_assets.model.matchers`); ``retry_on``, ``attempts`` and the backoff
+    fields are then unused.
+
+    >>> from mv_assets.model.matchers import Retry, Skip
+    >>> policy = OnError.coerce([Retry(ConnectionError, max_attempts=4), Skip(ValueError)])
+    >>> policy.then, policy.max_attempts(ConnectionError()), policy.skips(ValueError()), policy.skips(KeyError())
+    ('skip', 4, True, False)
     """
 
     retry_on: tuple[type, ...] = ()
@@ -91,6 +103,7 @@ class OnError:
     backoff_s: float = 0.1
     backoff_factor: float = 2.0
     then: str = "fail"
+    matchers: tuple = ()
 
     def __post_init__(self) -> None:
         if self.then not in ("skip", "fail"):
@@ -102,38 +115,100 @@ class OnError:
         for exc in self.retry_on:
             if not (isinstance(exc, type) and issubclass(exc, BaseException)):
                 raise ValueError(f"OnError retry_on takes exception classes, got {exc!r}")
+        for m in self.matchers:
+            if not isinstance(m, ExceptionMatcher):
+                raise ValueError(f"on_error matchers are Retry(...), Skip(...) or Fail(...), got {m!r}")
 
     @staticmethod
-    def coerce(value: "OnError | str | None") -> "OnError":
+    def coerce(value: "OnError | str | list | tuple | None") -> "OnError":
         if value is None or value == "fail":
             return OnError()
         if value == "skip":
             return OnError(then="skip")
         if isinstance(value, OnError):
             return value
-        raise ValueError(f"on_error must be 'fail', 'skip' or an OnError(...), got {value!r}")
+        if isinstance(value, list | tuple):
+            return OnError.from_matchers(value)
+        raise ValueError(
+            f"on_error must be 'fail', 'skip', an OnError(...) or a list of Retry/Skip/Fail matchers, got {value!r}"
+        )
+
+    @staticmethod
+    def from_matchers(matchers: "list | tuple") -> "OnError":
+        """Geneva's ``on_error=[...]``: a row whose retries run out is skipped
+        when the list holds a ``Skip`` (as Geneva isolates rows then), else it
+        fails the job; ``[]`` (``fail_fast()``) is the default."""
+        matchers = tuple(matchers)
+        for m in matchers:
+            if not isinstance(m, ExceptionMatcher):
+                raise ValueError(f"on_error matchers are Retry(...), Skip(...) or Fail(...), got {m!r}")
+            if isinstance(m, Skip):
+                for name in ("max_skip_count", "max_skip_fraction"):
+                    if getattr(m, name) is not None:
+                        warn_ignored("Skip", name, getattr(m, name), _NO_SKIP_LIMIT, stacklevel=5)
+        if not matchers:
+            return OnError()
+        return OnError(then="skip" if any(isinstance(m, Skip) for m in matchers) else "fail", matchers=matchers)
 
     def retries(self, exc: BaseException) -> bool:
+        if self.matchers:
+            return isinstance(first_match(self.matchers, exc), Retry)
         return bool(self.retry_on) and isinstance(exc, self.retry_on)
+
+    @property
+    def may_retry(self) -> bool:
+        """Whether any exception is ever retried."""
+        if self.matchers:
+            return any(isinstance(m, Retry) and m.max_attempts > 1 for m in self.matchers)
+        return self.attempts > 1 and bool(self.retry_on)
+
+    def max_attempts(self, exc: BaseException) -> int:
+        """Calls in all for a row raising ``exc`` (1: no retry)."""
+        if self.matchers:
+            m = first_match(self.matchers, exc)
+            return m.max_attempts if isinstance(m, Retry) else 1
+        return self.attempts if self.retries(exc) else 1
+
+    def wait_s(self, exc: BaseException, attempt: int) -> float:
+        """Seconds to wait after call number ``attempt`` raised ``exc``."""
+        if self.matchers:
+            m = first_match(self.matchers, exc)
+            return backoff_seconds(m.backoff if isinstance(m, Retry) else "exponential", attempt)
+        return self.backoff_s * self.backoff_factor ** (attempt - 1)
+
+    def skips(self, exc: BaseException) -> bool:
+        """Whether a row whose (last) call raised ``exc`` is skipped (NULL and
+        an error record) rather than failing the job."""
+        if self.matchers:
+            decided = outcome(self.matchers, exc)
+            return decided == "skip" or (decided == "retry" and self.then == "skip")
+        return self.then == "skip"
+
+
+def _sleep(seconds: float) -> None:
+    """The wait between retries (one name, so tests can count the waits)."""
+    time.sleep(seconds)
 
 
 _NO_SKIP_LIMIT = ("a job does not fail on a count or share of skipped rows here: each skipped row is recorded "
                   "(table.get_errors(), db.list_jobs() metrics) and can be retried")
 
 
-def skip_on_error(max_skip_count: int | None = None, max_skip_fraction: float | None = None) -> OnError:
+def skip_on_error(max_skip_count: int | None = None, max_skip_fraction: float | None = None) -> list:
     """Geneva's ``skip_on_error()``: a row the UDF raises on stays NULL and gets
-    an error record; the job goes on (``OnError(then="skip")``). The limits
-    ``max_skip_count`` / ``max_skip_fraction`` are accepted with a
-    :class:`~mv_assets.model.compat.GenevaCompatWarning` (no job fails on them here).
+    an error record; the job goes on. As in Geneva, the matcher list
+    ``[Skip(Exception)]`` (so it combines with others:
+    ``[*retry_transient(), *skip_on_error()]``). The limits ``max_skip_count``
+    / ``max_skip_fraction`` are accepted with a
+    :class:`~mv_assets.model.compat.GenevaCompatWarning` when the UDF is
+    declared (no job fails on them here).
 
     >>> skip_on_error()
-    OnError(retry_on=(), attempts=1, backoff_s=0.1, backoff_factor=2.0, then='skip')
+    [Skip(Exception, match=None, max_skip_count=None, max_skip_fraction=None)]
+    >>> OnError.coerce(skip_on_error()).skips(KeyError())
+    True
     """
-    for name, value in (("max_skip_count", max_skip_count), ("max_skip_fraction", max_skip_fraction)):
-        if value is not None:
-            warn_ignored("skip_on_error", name, value, _NO_SKIP_LIMIT)
-    return OnError(then="skip")
+    return [Skip(Exception, max_skip_count=max_skip_count, max_skip_fraction=max_skip_fraction)]
 
 
 @dataclass
@@ -274,7 +349,7 @@ class UDF:
         input_columns: list[str] | None = None,
         version: str | None = None,
         skip_nulls: bool = True,
-        on_error: "OnError | str | None" = None,
+        on_error: "OnError | str | list | None" = None,
         batch_size: int | None = None,
         checkpoint_size: int | None = None,
         field_metadata: dict[str, str] | None = None,
@@ -408,7 +483,7 @@ class UDF:
         u._fingerprint = None
         return u
 
-    def with_on_error(self, on_error: "OnError | str") -> "UDF":
+    def with_on_error(self, on_error: "OnError | str | list") -> "UDF":
         """A copy of this UDF with another error policy (same fingerprint)."""
         u = copy.copy(self)
         u.on_error = OnError.coerce(on_error)
@@ -473,14 +548,12 @@ class UDF:
         """Run ``call`` under the retry policy; return (result, attempts)."""
         policy = self.on_error
         attempt = 1
-        delay = policy.backoff_s
         while True:
             try:
                 return call(), attempt
             except Exception as exc:
-                if attempt < policy.attempts and policy.retries(exc):
-                    time.sleep(delay)
-                    delay *= policy.backoff_factor
+                if attempt < policy.max_attempts(exc):
+                    _sleep(policy.wait_s(exc, attempt))
                     attempt += 1
                     continue
                 exc.__mv_attempts__ = attempt  # type: ignore[attr-defined]
@@ -517,14 +590,15 @@ class UDF:
         if limit and n > limit and self.kind != SCALAR:
             return self._apply_in_slices(batch, limit, errors)
         fn = self._target()
-        skip = self.on_error.then == "skip"
+        policy = self.on_error
+        skip = policy.then == "skip"  # some rows may be skipped: which, policy.skips(exc) says
         if errors is None:
             errors = []
         if self.kind == SCALAR:
             cols = [batch.column(c).to_pylist() for c in self.input_columns]
             values: list[Any] = []
             computed = 0
-            retrying = self.on_error.attempts > 1 and bool(self.on_error.retry_on)
+            retrying = policy.may_retry
             skip_nulls = self.skip_nulls
             for i, row in enumerate(zip(*cols, strict=True) if cols else ([()] * n)):
                 if skip_nulls and None in row:
@@ -534,7 +608,7 @@ class UDF:
                 try:
                     value = self._call(lambda row=row: fn(*row))[0] if retrying else fn(*row)
                 except Exception as exc:
-                    if not skip:
+                    if not policy.skips(exc):
                         raise self._failure(i, 1, exc) from exc
                     errors.append(self._row_error(i, exc))
                     value = None
@@ -569,6 +643,8 @@ class UDF:
             except Exception as exc:
                 if getattr(exc, "__mv_output_error__", False):
                     raise
+                if not policy.skips(exc):
+                    raise self._failure(i, 1, exc) from exc
                 errors.append(self._row_error(i, exc))
                 parts.append(pa.nulls(1, self.data_type))
         out = pa.concat_arrays(parts) if parts else pa.array([], self.data_type)
@@ -902,6 +978,23 @@ def dumps_by_value(obj: UDF) -> bytes:
                 pass
 
 
+_NO_TIMEOUT = ("no call is interrupted here: a UDF that must give up after a while raises TimeoutError itself, "
+               "which on_error= retries or skips as it says")
+
+
+def _geneva_checkpoint_bounds(checkpoint_size: int | None, low: int | None, high: int | None) -> int | None:
+    """Geneva's ``@udf(min_checkpoint_size=, max_checkpoint_size=)``: equal
+    bounds are a fixed ``checkpoint_size`` (an explicit one wins); other
+    bounds than Geneva's defaults (1, None) warn."""
+    if low is not None and low == high:
+        return checkpoint_size if checkpoint_size is not None else low
+    for name, value, default in (("min_checkpoint_size", low, 1), ("max_checkpoint_size", high, None)):
+        if value != default:
+            warn_ignored("udf", name, value, "checkpoints are sized by time here (or fixed by checkpoint_size=), "
+                         "not adaptively between bounds; batch_size= bounds the rows of one call", stacklevel=4)
+    return checkpoint_size
+
+
 def udf(
     func: Callable | None = None,
     *,
@@ -910,7 +1003,7 @@ def udf(
     name: str | None = None,
     version: str | None = None,
     skip_nulls: bool = True,
-    on_error: "OnError | str | None" = None,
+    on_error: "OnError | str | list | None" = None,
     batch_size: int | None = None,
     checkpoint_size: int | None = None,
     field_metadata: dict[str, str] | None = None,
@@ -920,6 +1013,11 @@ def udf(
     task_size: int | None = None,
     manifest: Any = None,
     auto_backfill: bool = False,
+    cuda: bool | None = False,
+    min_checkpoint_size: int | None = 1,
+    max_checkpoint_size: int | None = None,
+    timeout: float | None = None,
+    error_handling: "OnError | list | None" = None,
 ) -> Any:
     """Declare a UDF; usable as ``@udf`` or ``@udf(data_type=...)``.
 
@@ -940,8 +1038,15 @@ def udf(
     on_error:
         ``"fail"`` (default: an exception fails the job), ``"skip"`` (the
         row's value stays NULL and an error record is written) or an
-        :class:`OnError` with retries and backoff for chosen exceptions.
-        Not part of the fingerprint.
+        :class:`OnError` with retries and backoff for chosen exceptions; or,
+        as in Geneva, a list of ``Retry`` / ``Skip`` / ``Fail`` matchers
+        (``retry_transient()``, ``retry_all()``, ``skip_on_error()``,
+        ``fail_fast()``; :mod:`mv_assets.model.matchers`). Not part of the
+        fingerprint.
+    error_handling:
+        Geneva's other name for the policy: an :class:`OnError` or a matcher
+        list (Geneva's tenacity ``ErrorHandlingConfig`` is not provided).
+        Not together with ``on_error``.
     batch_size:
         Batched and RecordBatch UDFs: at most this many rows per call (a
         model's memory bound, say). By default a call gets up to 65,536 rows
@@ -971,6 +1076,15 @@ def udf(
         Geneva's; accepted with a ``GenevaCompatWarning`` when given
         (tasks run in the executors' environment; nothing backfills a column
         on its own: see docs/geneva.md).
+    cuda:
+        Geneva's deprecated flag: ``cuda=True`` with no ``num_gpus`` is ``num_gpus=1``.
+    min_checkpoint_size, max_checkpoint_size:
+        Geneva's adaptive checkpoint bounds: equal, they are a fixed
+        ``checkpoint_size``; other values are accepted with a
+        ``GenevaCompatWarning`` (checkpoints are sized by time here).
+    timeout:
+        Geneva's per-row timeout of scalar UDFs: accepted with a
+        ``GenevaCompatWarning`` (no call is interrupted here).
 
     A stateful UDF (a decorated class) is registered as it is, or, as in
     Geneva, as an instance: ``MyModel()`` (``__init__`` arguments allowed,
@@ -988,6 +1102,24 @@ def udf(
     >>> double.data_type
     DataType(int64)
     """
+
+    if error_handling is not None:
+        if on_error is not None:
+            raise ValueError(
+                "Cannot specify both 'on_error' and 'error_handling'. "
+                "Use 'on_error' for simple cases or 'error_handling' for advanced use."
+            )
+        if not isinstance(error_handling, OnError | list | tuple):
+            raise ValueError(
+                f"@udf(error_handling=...) takes an OnError(...) or a list of Retry/Skip/Fail matchers here, got "
+                f"{error_handling!r} (Geneva's tenacity ErrorHandlingConfig is not provided: docs/geneva.md)"
+            )
+        on_error = error_handling
+    if cuda and not num_gpus:
+        num_gpus = 1.0  # Geneva: the deprecated cuda=True is num_gpus=1 when num_gpus is not given
+    checkpoint_size = _geneva_checkpoint_bounds(checkpoint_size, min_checkpoint_size, max_checkpoint_size)
+    if timeout is not None:
+        warn_ignored("udf", "timeout", timeout, _NO_TIMEOUT)
 
     def wrap(f: Callable) -> UDF:
         return UDF(

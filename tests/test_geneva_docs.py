@@ -1,0 +1,433 @@
+"""The code blocks of Geneva's documentation pages, run with only the import changed.
+
+Pages (lancedb/docs, ``docs/geneva/``): ``udfs/udfs.mdx`` (UDFs), ``udfs/error_handling.mdx``,
+``udfs/scalar-udtfs.mdx`` (chunkers), ``udfs/batch-udtfs.mdx`` (UDTFs),
+``jobs/materialized-views.mdx`` and ``jobs/backfilling.mdx``. Each block is copied as written
+with ``from geneva import`` -> ``from mv_assets import`` (``import geneva`` -> ``import
+mv_assets as geneva``); what calls a model, a web API or a media library (an embedding model,
+OpenAI's client, PIL, a video decoder, whisper) is a cheap deterministic stand-in of the same
+signature, defined before the block; ``...`` bodies of the docs are given one; the data is small
+and made by the test (the docs' URIs are ``tmp_path``). Every test checks the rows against an
+expectation computed here in plain Python. Inline runs, real Lance files.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import pyarrow as pa
+import pytest
+
+import mv_assets
+from mv_assets.execution.spark import InlineRunner, set_default_runner
+from mv_assets.model import udf as udf_module
+
+
+@pytest.fixture(autouse=True)
+def inline_default():
+    """``geneva.connect(uri)`` with no runner (as the docs call it) runs inline."""
+    set_default_runner(InlineRunner())
+    yield
+    set_default_runner(None)
+
+
+@pytest.fixture
+def waits(monkeypatch):
+    """The seconds each retry waited (recorded, not slept)."""
+    seen: list[float] = []
+    monkeypatch.setattr(udf_module, "_sleep", seen.append)
+    return seen
+
+
+class Tally:
+    """Calls counted in a file: a UDF runs from its stored copy (closures are copied with it)."""
+
+    def __init__(self, path) -> None:
+        self.path = str(path)
+
+    def bump(self, key) -> int:
+        import json
+        import os
+
+        counts = json.load(open(self.path)) if os.path.exists(self.path) else {}
+        counts[str(key)] = counts.get(str(key), 0) + 1
+        with open(self.path, "w") as f:
+            json.dump(counts, f)
+        return counts[str(key)]
+
+    def counts(self) -> dict:
+        import json
+        import os
+
+        if not os.path.exists(self.path):
+            return {}
+        return {int(k) if k.lstrip("-").isdigit() else k: v for k, v in json.load(open(self.path)).items()}
+
+
+def _column(tbl, name: str, key: str = "x") -> dict:
+    rows = tbl.to_arrow().to_pylist()
+    return {r[key]: r[name] for r in rows}
+
+
+# -- udfs/error_handling.mdx ------------------------------------------------------------------
+
+
+def test_error_handling_quick_start_retry_transient_retries_network_errors(tmp_path, waits):
+    calls = Tally(tmp_path / "calls.json")
+
+    def call_external_api(x: int) -> int:  # stand-in: fails twice with a network error per row
+        if calls.bump(x) < 3:
+            raise ConnectionError(f"connection reset ({x})")
+        return 10 * x
+
+    # --- from the page, import changed
+    from mv_assets import retry_transient, udf
+
+    @udf(data_type=pa.int32(), on_error=retry_transient())
+    def my_udf(x: int) -> int:
+        # Will retry on network errors (ConnectionError, TimeoutError, OSError)
+        return call_external_api(x)
+    # ---
+
+    db = mv_assets.connect(tmp_path)
+    tbl = db.create_table("t", pa.table({"x": [1, 2, 3]}))
+    tbl.add_columns({"y": my_udf})
+    tbl.backfill("y")
+    assert _column(tbl, "y") == {x: 10 * x for x in (1, 2, 3)}
+    assert calls.counts() == {1: 3, 2: 3, 3: 3}  # max_attempts=3 by default
+    # exponential with jitter: 1 s after the first try, then between 1 and 2 s
+    assert len(waits) == 6
+    assert all(w == 1.0 for w in waits[0::2]) and all(1.0 <= w <= 2.0 for w in waits[1::2])
+    assert tbl.get_errors(column_name="y") == []
+
+
+def test_error_handling_factories_customized_attempts_and_backoff(tmp_path, waits):
+    failures = Tally(tmp_path / "calls.json")
+
+    # --- from the page, import changed (the `...` bodies given one)
+    from mv_assets import retry_all, retry_transient, udf
+
+    # Increase max attempts
+    @udf(data_type=pa.int32(), on_error=retry_transient(max_attempts=5))
+    def more_retries(x: int) -> int:
+        if failures.bump("more") < 5:
+            raise TimeoutError("slow")
+        return x + 1
+
+    # Change backoff strategy
+    @udf(data_type=pa.int32(), on_error=retry_all(max_attempts=3, backoff="fixed"))
+    def fixed_backoff(x: int) -> int:
+        if failures.bump("fixed") < 3:
+            raise KeyError("anything")  # retry_all: any exception
+        return x + 2
+    # ---
+
+    db = mv_assets.connect(tmp_path)
+    tbl = db.create_table("t", pa.table({"x": [7]}))
+    tbl.add_columns({"more": more_retries, "fixed": fixed_backoff})
+    tbl.backfill("more")
+    assert _column(tbl, "more") == {7: 8}
+    assert failures.counts()["more"] == 5 and len(waits) == 4
+    waits.clear()
+    tbl.backfill("fixed")
+    assert _column(tbl, "fixed") == {7: 9}
+    assert waits == [1.0, 1.0]  # "fixed": 1 s between attempts
+
+
+def test_error_handling_retry_runs_out_then_the_job_fails(tmp_path, waits):
+    from mv_assets import retry_transient, udf
+
+    @udf(data_type=pa.int32(), on_error=retry_transient(max_attempts=2, backoff="linear"))
+    def down(x: int) -> int:
+        raise OSError("service down")
+
+    db = mv_assets.connect(tmp_path)
+    tbl = db.create_table("t", pa.table({"x": [1, 2]}))
+    tbl.add_columns({"y": down})
+    with pytest.raises(mv_assets.UdfError, match="service down") as info:
+        tbl.backfill("y")
+    assert info.value.attempts == 2
+    assert waits == [1.0]  # "linear": 1 s, 2 s, ... (one wait before the second and last try)
+    assert _column(tbl, "y") == {1: None, 2: None}
+
+
+class AuthError(Exception):
+    """The docs' user-defined exception."""
+
+
+def test_error_handling_matchers_first_match_wins(tmp_path, waits):
+    attempts = Tally(tmp_path / "calls.json")
+
+    def behave(x: int) -> int:  # stand-in API: what each row raises
+        n = attempts.bump(x)
+        if x == 1 and n < 3:
+            raise ConnectionError("reset")  # transient: retried, then succeeds
+        if x == 2 and n < 4:
+            raise ValueError("rate limit exceeded")  # retried up to 5 times: succeeds on the 4th
+        if x == 3:
+            raise ValueError("invalid input")  # other ValueErrors: skipped
+        return x * x
+
+    # --- from the page, import changed
+    from mv_assets import Fail, Retry, Skip, udf
+
+    @udf(
+        data_type=pa.int32(),
+        on_error=[
+            Retry(ConnectionError, TimeoutError, max_attempts=3),
+            Retry(ValueError, match="rate limit", max_attempts=5),
+            Skip(ValueError),  # Other ValueErrors - skip the row
+            Fail(AuthError),   # Auth failures - fail immediately
+        ]
+    )
+    def custom_handling(x: int) -> int:
+        return behave(x)
+    # ---
+
+    db = mv_assets.connect(tmp_path)
+    tbl = db.create_table("t", pa.table({"x": [1, 2, 3, 4]}))
+    tbl.add_columns({"y": custom_handling})
+    tbl.backfill("y")
+    assert _column(tbl, "y") == {1: 1, 2: 4, 3: None, 4: 16}
+    assert attempts.counts() == {1: 3, 2: 4, 3: 1, 4: 1}  # Skip: no retry
+    errors = tbl.get_errors(column_name="y")
+    assert [(e.error_type, e.message) for e in errors] == [("ValueError", "invalid input")]
+
+    # Fail(AuthError): the job fails at once, nothing retried
+    @udf(data_type=pa.int32(), on_error=[Retry(ConnectionError, max_attempts=3), Skip(ValueError), Fail(AuthError)])
+    def locked(x: int) -> int:
+        attempts.bump(-x)
+        raise AuthError("token expired")
+
+    tbl.add_columns({"z": locked})
+    with pytest.raises(mv_assets.UdfError, match="token expired"):
+        tbl.backfill("z")
+    assert attempts.counts()[-1] == 1
+
+
+def test_error_handling_unmatched_exception_fails_the_job(tmp_path, waits):
+    from mv_assets import Retry, Skip, udf
+
+    @udf(data_type=pa.int32(), on_error=[Retry(ConnectionError), Skip(ValueError)])
+    def typo(x: int) -> int:
+        raise TypeError("unsupported operand")
+
+    db = mv_assets.connect(tmp_path)
+    tbl = db.create_table("t", pa.table({"x": [1]}))
+    tbl.add_columns({"y": typo})
+    with pytest.raises(mv_assets.UdfError, match="unsupported operand"):
+        tbl.backfill("y")
+    assert waits == []
+
+
+def test_error_handling_matcher_syntax_and_message_matching():
+    # --- from the page, import changed
+    from mv_assets import Retry
+
+    # Single exception
+    Retry(ConnectionError)
+
+    # Multiple exceptions
+    Retry(ConnectionError, TimeoutError, OSError)
+
+    # With parameters
+    Retry(ConnectionError, max_attempts=5, backoff="fixed")
+
+    # With message matching
+    Retry(ValueError, match="rate limit")
+    # ---
+    cases = [
+        ("rate limit", ["rate limit exceeded"], []),
+        (r"rate.?limit", ["rate limit", "ratelimit", "rate_limit"], ["rate-limit-x"[:0] + "rte limit"]),
+        (r"(?i)rate limit", ["Rate Limit exceeded", "RATE LIMIT hit"], ["rate-limit"]),
+        (r"429|rate.?limit|throttl", ["Error 429", "rate limit exceeded", "Request throttled"], ["Error 500"]),
+    ]
+    for pattern, fits, misses in cases:
+        m = Retry(ValueError, match=pattern)
+        assert all(m.matches(ValueError(msg)) for msg in fits), pattern
+        assert not any(m.matches(ValueError(msg)) for msg in misses), pattern
+        assert not m.matches(KeyError(fits[0]))  # the class must fit too
+
+
+def test_error_handling_distinguish_error_types_by_message(tmp_path, waits):
+    tries = Tally(tmp_path / "calls.json")
+
+    def call(x: str) -> str:  # stand-in API
+        if x == "busy" and tries.bump(x) < 10:
+            raise ValueError("rate limit")
+        if x == "bad":
+            raise ValueError("invalid payload")
+        if x == "boom":
+            raise ValueError("server exploded")
+        return x.upper()
+
+    # --- from the page, import changed
+    from mv_assets import Fail, Retry, Skip, udf
+
+    @udf(
+        data_type=pa.string(),
+        on_error=[
+            # Retry rate limits with more attempts
+            Retry(ValueError, match="rate limit", max_attempts=10),
+            # Skip invalid input
+            Skip(ValueError, match="invalid"),
+            # Fail on other ValueErrors
+            Fail(ValueError),
+        ]
+    )
+    def api_call(x: str) -> str:
+        return call(x)
+    # ---
+
+    db = mv_assets.connect(tmp_path)
+    tbl = db.create_table("t", pa.table({"x": ["ok", "busy", "bad"]}))
+    tbl.add_columns({"y": api_call})
+    tbl.backfill("y")
+    assert _column(tbl, "y") == {"ok": "OK", "busy": "BUSY", "bad": None}
+    assert tries.counts()["busy"] == 10 and len(waits) == 9
+    assert all(1.0 <= w <= min(2.0 ** i, 60.0) for i, w in enumerate(waits))  # exponential, jittered, capped
+    tbl.add(pa.table({"x": ["boom"]}))
+    with pytest.raises(mv_assets.UdfError, match="server exploded"):
+        tbl.backfill("y")
+
+
+def test_error_handling_skip_on_error_and_fail_fast(tmp_path):
+    from mv_assets import fail_fast, skip_on_error, udf
+
+    @udf(data_type=pa.int32(), on_error=skip_on_error())
+    def half(x: int) -> int:
+        if x % 2:
+            raise ArithmeticError(f"odd {x}")
+        return x // 2
+
+    @udf(data_type=pa.int32(), on_error=fail_fast())
+    def strict(x: int) -> int:
+        if x == 3:
+            raise ArithmeticError("three")
+        return x
+
+    db = mv_assets.connect(tmp_path)
+    tbl = db.create_table("t", pa.table({"x": [1, 2, 3, 4]}))
+    tbl.add_columns({"h": half, "s": strict})
+    tbl.backfill("h")
+    assert _column(tbl, "h") == {x: (None if x % 2 else x // 2) for x in (1, 2, 3, 4)}
+    assert sorted(str(e.message) for e in tbl.get_errors(column_name="h")) == ["odd 1", "odd 3"]
+    with pytest.raises(mv_assets.UdfError, match="three"):
+        tbl.backfill("s")
+
+
+def test_error_handling_matchers_on_a_batched_udf(tmp_path, waits):
+    """The docs restrict Skip to scalar UDFs; here a batched UDF's batch is
+    retried whole, then its rows one by one, and rows the matchers skip are NULL."""
+    from mv_assets import Retry, Skip, udf
+
+    state = Tally(tmp_path / "calls.json")
+
+    @udf(data_type=pa.int64(), on_error=[Retry(ConnectionError, max_attempts=2, backoff="fixed"), Skip(ValueError)])
+    def batch_double(x: pa.Array) -> pa.Array:
+        if state.bump("calls") == 1:
+            raise ConnectionError("flaky")
+        values = x.to_pylist()
+        if 13 in values:
+            raise ValueError("unlucky")
+        return pa.array([2 * v for v in values], pa.int64())
+
+    db = mv_assets.connect(tmp_path)
+    tbl = db.create_table("t", pa.table({"x": [11, 12, 13]}))
+    tbl.add_columns({"y": batch_double})
+    tbl.backfill("y")
+    assert _column(tbl, "y") == {11: 22, 12: 24, 13: None}
+    assert waits == [1.0]
+
+
+def test_error_handling_restrictions_and_error_handling_parameter():
+    from mv_assets import Retry, Skip, udf
+
+    # --- from the page: invalid regex patterns are rejected at construction time
+    with pytest.raises(ValueError, match="Invalid regex pattern"):
+        Retry(ValueError, match=r"[invalid")
+    Retry(ValueError, match=r"rate.?limit")
+    # ---
+    with pytest.raises(ValueError, match="Invalid backoff strategy"):
+        Retry(ValueError, backoff="random")
+    with pytest.raises(ValueError, match="exception classes"):
+        Retry("ValueError")  # type: ignore[arg-type]
+
+    # on_error= and error_handling= cannot be used together
+    with pytest.raises(ValueError, match="Cannot specify both 'on_error' and 'error_handling'"):
+        @udf(data_type=pa.int32(), on_error=[Skip(ValueError)], error_handling=[Skip(ValueError)])
+        def both(x: int) -> int:
+            return x
+
+    @udf(data_type=pa.int32(), error_handling=[Skip(ValueError)])
+    def via_error_handling(x: int) -> int:
+        return x
+
+    assert via_error_handling.on_error.skips(ValueError()) and not via_error_handling.on_error.skips(KeyError())
+    with pytest.raises(ValueError, match="tenacity ErrorHandlingConfig is not provided"):
+        udf(data_type=pa.int32(), error_handling=object())  # pyright: ignore[reportArgumentType]
+
+    # Skip's thresholds: accepted with one warning each (no job fails on a count here)
+    with pytest.warns(mv_assets.GenevaCompatWarning, match="max_skip_count"):
+        @udf(data_type=pa.int32(), on_error=[Skip(ValueError, max_skip_count=100)])
+        def counted(x: int) -> int:
+            return x
+
+
+def test_error_handling_policy_survives_the_stored_view(tmp_path, waits):
+    """A view's UDF keeps its matchers through its stored definition."""
+    from mv_assets import Retry, Skip, connect, udf
+
+    seen = Tally(tmp_path / "calls.json")
+
+    @udf(data_type=pa.int64(), on_error=[Retry(TimeoutError, max_attempts=2), Skip(ZeroDivisionError)])
+    def inverse(x: int) -> int:
+        if seen.bump(x) == 1 and x == 5:
+            raise TimeoutError("slow")
+        return 100 // x
+
+    db = connect(tmp_path)
+    src = db.create_table("src", pa.table({"x": [0, 5, 10]}))
+    view = db.create_materialized_view("v", src.search(None).select({"x": "x", "inv": inverse}))
+    db.refresh("v")
+    assert _column(view, "inv") == {0: None, 5: 20, 10: 10}
+    assert seen.counts()[5] == 2 and len(waits) == 1
+
+
+# -- udf(...) parameters of Geneva's pages: checkpoint bounds, cuda, timeout -----------------------
+
+
+def test_udf_checkpoint_size_bounds_cuda_and_timeout():
+    from mv_assets import udf
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", mv_assets.GenevaCompatWarning)
+
+        # "to force a checkpoint size, set all three of these parameters to the same value"
+        @udf(checkpoint_size=50, min_checkpoint_size=50, max_checkpoint_size=50)
+        def fixed(x: int) -> int:
+            return x
+
+        @udf(min_checkpoint_size=40, max_checkpoint_size=40)
+        def bounds_only(x: int) -> int:
+            return x
+
+    assert fixed.checkpoint_size == 50 and bounds_only.checkpoint_size == 40
+
+    # backfilling.mdx: other bounds are accepted with one warning
+    with pytest.warns(mv_assets.GenevaCompatWarning, match="checkpoint_size") as caught:
+        @udf(min_checkpoint_size=25, max_checkpoint_size=200)
+        def embed_udf(text: str) -> int:
+            return len(text)
+    assert len([w for w in caught if issubclass(w.category, mv_assets.GenevaCompatWarning)]) == 2
+    assert embed_udf.checkpoint_size is None
+
+    @udf(cuda=True)
+    def on_gpu(x: int) -> int:
+        return x
+
+    assert on_gpu.num_gpus == 1.0
+    with pytest.warns(mv_assets.GenevaCompatWarning, match="timeout"):
+        @udf(timeout=5.0)
+        def slow(x: int) -> int:
+            return x
