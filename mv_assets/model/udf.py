@@ -130,7 +130,7 @@ class OnError:
         if isinstance(value, list | tuple):
             return OnError.from_matchers(value)
         raise ValueError(
-            f"on_error must be 'fail', 'skip', an OnError(...) or a list of Retry/Skip/Fail matchers, got {value!r}"
+            f"on_error must be 'fail', 'skip' or an OnError(...) (or a list of Retry/Skip/Fail matchers), got {value!r}"
         )
 
     @staticmethod
