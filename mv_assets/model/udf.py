@@ -614,6 +614,10 @@ class UDF:
                     value = None
                 if self.output_fields is not None and value is not None and hasattr(value, "_asdict"):
                     value = value._asdict()
+                elif isinstance(value, pa.Array | pa.ChunkedArray | pa.Scalar):
+                    # a row's value given as Arrow (Geneva's stateful example returns pa.array(...)): as Python,
+                    # so Arrow casts it to data_type (float64 values into a float32 list, say)
+                    value = value.to_pylist() if not isinstance(value, pa.Scalar) else value.as_py()
                 values.append(value)
             try:
                 out = pa.array(values, type=self.data_type)
