@@ -337,6 +337,11 @@ def test_an_aggregate_view_refreshed_on_spark(spark_db):
     r = spark_db.refresh("agg")
     assert not r.full and r.runner.startswith("spark")
     same(actual(v), oracle(src.uri, v.source_version))
+    # the written state holds the non-finite counts: the +inf rows left, no NaN or -inf
+    state = lance.dataset(v.uri).to_table(columns=["__agg__nan__x", "__agg__pinf__x", "__agg__ninf__x"])
+    xs = [r["x"] for r in lance.dataset(src.uri, version=v.source_version).to_table().to_pylist() if keep(r)]
+    counts = [sum(c.to_pylist()) for c in state.columns]
+    assert counts == [0, xs.count(float("inf")), 0] and counts[1] > 0
 
 
 def test_a_filter_on_lances_row_columns_reads_old_values_from_the_source(db):
