@@ -17,6 +17,7 @@ from mv_assets.api.catalog import connect as connect
 from mv_assets.api.declare import DeclaredView as DeclaredView
 from mv_assets.api.geneva import GenevaCompatWarning as GenevaCompatWarning
 from mv_assets.api.progress import Progress as Progress
+from mv_assets.api.query import Query as GenevaQueryBuilder  # Geneva's name, in UDTF annotations
 from mv_assets.api.query import Query as Query
 from mv_assets.api.table import MaterializedView as MaterializedView
 from mv_assets.api.table import Table as Table
@@ -108,6 +109,7 @@ __all__ = [
     "retry_transient",
     "retry_all",
     "fail_fast",
+    "GenevaQueryBuilder",
 ]
 
 __version__ = "0.1.0"
