@@ -863,7 +863,7 @@ def test_chunkers_list_return_and_batched(tmp_path):
     # Geneva 0.17 calls a batched chunker with its input columns and the parents' ids as keywords and
     # needs `__source_row_id` in the returned batch (transformer.py, Chunker._execute_batch): so written
     @chunker(batch=True, output_schema=clip_schema)
-    def extract_clips_batched(duration: pa.Array, __source_row_id: pa.Array) -> pa.RecordBatch:
+    def extract_clips_batched(duration: pa.Array, __source_row_id: pa.Array) -> pa.RecordBatch:  # pyright: ignore[reportGeneralTypeIssues]
         """Process rows in batches. Same 1:N semantic per row."""
         rows = [(pid, c) for d, pid in zip(duration.to_pylist(), __source_row_id.to_pylist(), strict=True)
                 for c in _clips(d)]
