@@ -1098,3 +1098,168 @@ def test_batch_udtfs_class_reading_source_to_arrow(tmp_path):
     deduped = conn.create_udtf_view("deduped_images", source=images.search(None).select(["row_id", "phash"]),
                                     udtf=PHashDedupe(threshold=4))
     deduped.refresh()
+
+
+# -- jobs/materialized-views.mdx --------------------------------------------------------------
+
+
+def test_materialized_views_page_creates_refreshes_and_refreshes_incrementally(tmp_path):
+    import datetime as dt
+
+    def expensive_load(uris: list) -> list:  # stand-in for "<expensive stuff>"
+        return [f"frames of {u}".encode() for u in uris]
+
+    class _Whisper:  # stand-in for whisper's model
+        def transcribe(self, uri: str) -> dict:
+            return {"text": f"words in {uri}"}
+
+    def load_model(name: str) -> _Whisper:
+        return _Whisper()
+
+    # --- the page's first block, import changed; `pa.json()` is not in pyarrow: a string column
+    from mv_assets import connect, udf
+
+    db = connect(str(tmp_path / "lancedb"))  # the page's "/path/to/lancedb"
+    schema = pa.schema([
+        pa.field("video_id",   pa.int64(),            nullable=False),
+        pa.field("video_uri",  pa.string(),           nullable=False),
+        pa.field("upload_ts",  pa.timestamp("us"),    nullable=False),
+        pa.field("metadata",   pa.string(),           nullable=True),
+    ])
+    raw_videos = db.create_table(
+        "raw_videos",
+        schema=schema,
+        primary_key="video_id"
+    )
+    # ---
+
+    # --- the page's second block (whisper and "<expensive stuff>": stand-ins; `uri` -> `video_uri`,
+    # the page's typo; the chained query in parentheses)
+    @udf
+    def transcribe(video_uri) -> str:
+        model = load_model("base")
+        return model.transcribe(video_uri)["text"]
+
+    @udf(data_type=pa.binary())
+    def load_video(video_uri: pa.Array) -> pa.Array:
+        videos = expensive_load(video_uri.to_pylist())
+        return pa.array(videos, pa.binary())
+
+    q = (raw_videos.search(None)
+        .shuffle(seed=42)
+        .select(
+            {
+                "video_uri": "video_uri",
+                "video": load_video,
+                "transcription": transcribe,
+            }
+        ))
+
+    view_table = db.create_materialized_view("table_view", q)
+    # ---
+
+    def rows(n0: int, n: int) -> pa.Table:
+        return pa.table({
+            "video_id": list(range(n0, n0 + n)),
+            "video_uri": [f"s3://videos/{i}.mp4" for i in range(n0, n0 + n)],
+            "upload_ts": [dt.datetime(2025, 1, 1) + dt.timedelta(minutes=i) for i in range(n0, n0 + n)],
+            "metadata": [None] * n,
+        }, schema=schema)
+
+    raw_videos.add(rows(0, 5))
+    # --- "To populate the values, we call refresh"
+    # explicitly copy values from the source table, applying UDF on cols.
+    db.refresh("table_view")
+    # ---
+
+    def want(uris):
+        return sorted((u, f"frames of {u}".encode(), f"words in {u}") for u in uris)
+
+    def got():
+        return sorted((r["video_uri"], r["video"], r["transcription"]) for r in view_table.to_arrow().to_pylist())
+
+    assert got() == want(f"s3://videos/{i}.mp4" for i in range(5))
+    # --- "only materialize new or modified rows"
+    raw_table = raw_videos
+    raw_table.add(rows(5, 3))
+    db.refresh("table_view")  # only materialize new or modified rows.
+    # ---
+    assert got() == want(f"s3://videos/{i}.mp4" for i in range(8))
+    assert view_table.schema.names == ["video_uri", "video", "transcription"]
+
+
+# -- jobs/backfilling.mdx ---------------------------------------------------------------------
+
+
+def test_backfilling_page_filtered_partial_and_tuned_backfills(tmp_path):
+    import mv_assets as geneva
+    from mv_assets import udf
+
+    db = geneva.connect(tmp_path)
+    tbl = db.create_table("videos", pa.table({"filename": ["a1.mp4", "b1.mp4", "c1.mp4"]}))
+    tbl.add(pa.table({"filename": ["a2.mp4", "b2.mp4"]}))
+    tbl.add(pa.table({"filename": ["c2.mp4"]}))  # three fragments
+
+    @udf
+    def content(filename: str) -> bytes:  # stand-in download
+        return filename.encode()
+
+    @udf(data_type=pa.list_(pa.float32(), 2))
+    def embedding(content: bytes) -> list[float]:  # stand-in model
+        return [float(len(content)), float(content[0])]
+
+    tbl.add_columns({"content": content})
+    tbl.add_columns({"embedding": embedding})
+
+    # --- "Filtered Backfills"
+    # only backfill video content whose filenames start with 'a'
+    tbl.backfill("content", where="starts_with(filename, 'a')")
+    # only backfill embeddings of only those videos with content
+    tbl.backfill("embedding", where="content is not null")
+    # ---
+
+    def state():
+        return {r["filename"]: (r["content"], r["embedding"]) for r in tbl.to_arrow().to_pylist()}
+
+    def computed(name: str) -> tuple:
+        return name.encode(), [float(len(name)), float(ord(name[0]))]
+
+    names = ["a1.mp4", "b1.mp4", "c1.mp4", "a2.mp4", "b2.mp4", "c2.mp4"]
+    assert state() == {n: (computed(n) if n.startswith("a") else (None, None)) for n in names}
+
+    # --- "new rows that meet the criteria will be updated": the same commands again
+    tbl.add(pa.table({"filename": ["a3.mp4", "b3.mp4"]}))
+    tbl.backfill("content", where="starts_with(filename, 'a')")
+    tbl.backfill("embedding", where="content is not null")
+    # ---
+    names += ["a3.mp4", "b3.mp4"]
+    assert state() == {n: (computed(n) if n.startswith("a") else (None, None)) for n in names}
+
+    # --- "add in or overwrite content in rows previously backfilled"
+    tbl.backfill("content", where="(starts_with(filename, 'a') or starts_with(filename, 'b')) and content is null")
+    # ---
+    assert {n: c for n, (c, _) in state().items()} == {n: (n.encode() if n[0] in "ab" else None) for n in names}
+
+    # --- "Managing commit visibility": num_frags, commit_granularity; "Managing concurrency"
+    # only backfill 2 fragments so experiement can be done on the sample
+    tbl.backfill("embedding", num_frags=2)
+    # ---
+    first_two = {"a1.mp4", "b1.mp4", "c1.mp4", "a2.mp4", "b2.mp4"}  # the first two fragments' rows
+    emb = {n: e for n, (_, e) in state().items()}
+    for n in names:
+        has_content = n[0] in "ab"
+        if n.startswith("a") or (n in first_two and has_content):
+            assert emb[n] == computed(n)[1], n
+        else:
+            assert emb[n] is None, n
+    # backfill all fragments and perform an intermediate commit every 10 fragments to expose incremental results.
+    tbl.backfill("embedding", commit_granularity=10)
+    with pytest.warns(geneva.GenevaCompatWarning, match="intra_applier_concurrency"):
+        # backfill embeddings with 10 * 5 = 50 instances
+        tbl.backfill("embedding", concurrency=10, intra_applier_concurrency=5)
+    assert {n: e for n, (_, e) in state().items()} == {n: (computed(n)[1] if n[0] in "ab" else None) for n in names}
+
+    # --- "Adaptive checkpoint sizing" (bounds other than a fixed size: accepted with a warning)
+    with pytest.warns(geneva.GenevaCompatWarning, match="checkpoint_size"):
+        tbl.backfill("content", min_checkpoint_size=10, max_checkpoint_size=100)
+    assert {n: c for n, (c, _) in state().items()} == {n: n.encode() for n in names}
