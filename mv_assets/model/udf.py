@@ -617,7 +617,7 @@ class UDF:
                 elif isinstance(value, pa.Array | pa.ChunkedArray | pa.Scalar):
                     # a row's value given as Arrow (Geneva's stateful example returns pa.array(...)): as Python,
                     # so Arrow casts it to data_type (float64 values into a float32 list, say)
-                    value = value.to_pylist() if not isinstance(value, pa.Scalar) else value.as_py()
+                    value = value.as_py() if isinstance(value, pa.Scalar) else value.to_pylist()  # pyright: ignore[reportOptionalMemberAccess]
                 values.append(value)
             try:
                 out = pa.array(values, type=self.data_type)
