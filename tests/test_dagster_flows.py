@@ -350,6 +350,49 @@ def test_a_code_change_recompute_records_each_partitions_own_rows_and_reads_righ
             k: "SUCCEEDED" for k in checks}
 
 
+def test_a_code_change_shows_on_the_asset_and_its_lineage_node_not_in_the_catalog_list(tmp_path):
+    """docs/dagster.md, 'The workflow' step 2, read through the UI's GraphQL:
+    after an edit of the UDF and "Reload definitions", the sensor's next tick
+    fails the column's udf_code_current check with severity ERROR against its
+    latest materialization (what the asset page's "Latest check results" and
+    the lineage node read; a failed WARN check would leave the node's footer
+    green), each partition is stale with "has a new code version" (the
+    Partitions tab), and the partition counts, all the Catalog list shows of a
+    partitioned asset, stay as they were: every partition materialized, none
+    failed."""
+    from dagster_helpers import run_requested, ui_graphql
+    from test_declared import _defs, _write
+
+    db, module, calls = _declared(tmp_path)
+    defs = _defs(db, str(module))
+    sensor = defs.get_repository_def().get_sensor_def("src_changes")
+    with dg.instance_for_test() as instance:
+        first = evaluate_sensor(sensor, instance=instance, definitions=defs, resources=defs.resources)
+        assert all(r.success for r in run_requested(defs, instance, first))
+        _write(module, calls, body="x * 10 + 7")  # the user edits the UDF, clicks "Reload definitions"
+        defs = _defs(db, str(module))
+        sensor = defs.get_repository_def().get_sensor_def("src_changes")
+        tick = evaluate_sensor(sensor, instance=instance, cursor=first.cursor, definitions=defs,
+                               resources=defs.resources)
+        assert not run_requested(defs, instance, tick)  # nothing runs by itself: the user materializes
+        parts = sorted(_latest_by_partition(instance, K(["v", "score"])))
+        with ui_graphql(instance, tmp_path, db.uri, str(module)) as query:
+            (node,) = query("""query($p: String) { assetNodes(assetKeys: [{path: ["v", "score"]}]) {
+                assetChecksOrError { ... on AssetChecks { checks { name executionForLatestMaterialization {
+                status evaluation { severity description } } } } }
+                partitionStats { numPartitions numMaterialized numFailed numMaterializing }
+                staleStatus(partition: $p) staleCauses(partition: $p) { reason } } }""", p=parts[0])["assetNodes"]
+        (check,) = node["assetChecksOrError"]["checks"]
+        execution = check["executionForLatestMaterialization"]
+        assert check["name"] == "udf_code_current" and execution["status"] == "FAILED"
+        assert execution["evaluation"]["severity"] == "ERROR"
+        assert "the UDF code changed" in execution["evaluation"]["description"]
+        assert node["partitionStats"] == {"numPartitions": 2, "numMaterialized": 2, "numFailed": 0,
+                                          "numMaterializing": 0}
+        assert node["staleStatus"] == "STALE" and [c["reason"] for c in node["staleCauses"]] == [
+            "has a new code version"]
+
+
 def test_a_table_columns_backfill_records_each_partitions_own_rows(tmp_path):
     """A computed column of a table, backfilled in a run over every partition:
     each partition records the rows of its own fragment; the backfill's totals

@@ -560,8 +560,10 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo], conditions: bool 
     check_specs = [dg.AssetCheckSpec(name, asset=view_key, description=described[name]) for name in names]
     if info.declared is not None:
         # Dagster shows no asset-level staleness for partitioned assets: this check
-        # marks a column whose code changed on the asset itself, in the catalog and
-        # the lineage graph (evaluated by the sensor and by the column's materialization)
+        # marks a column whose code changed on the asset itself, on its page and its
+        # lineage-graph node (not in the Catalog list: for a partitioned asset the OSS
+        # UI shows partition counts only there); evaluated by the sensor and by the
+        # column's materialization. Severity ERROR: a failed WARN check leaves the node's footer green.
         check_specs += [
             dg.AssetCheckSpec(CODE_CHECK, asset=key, description=CHECK_DESCRIPTIONS[CODE_CHECK])
             for key in col_keys.values()
