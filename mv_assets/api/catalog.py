@@ -1,6 +1,7 @@
 """The catalog: a directory of Lance datasets, one per table or view."""
 
 import contextlib
+import contextvars
 import dataclasses
 import datetime as dt
 import functools
@@ -9,6 +10,7 @@ import os
 import re
 import typing
 import warnings
+from collections.abc import Callable
 from typing import Any, overload
 
 import pyarrow as pa
@@ -50,6 +52,7 @@ from mv_assets.storage.status import (
     unreadable_status,
     view_status,
 )
+from mv_assets.storage.threads import pool
 
 __all__ = ["Connection", "connect", "validate_name"]
 
@@ -191,7 +194,10 @@ class Connection:
             token = page.page_token
             if not token or not page.tables:
                 break
-        return sorted(n for n in set(names) if objects.is_dataset(self.table_uri(n)))
+        found = sorted(set(names))
+        # each a small read on an object store: concurrently
+        return [n for n, ok in zip(found, _concurrently(
+            lambda n: objects.is_dataset(self.table_uri(n)), found, "catalog-list"), strict=True) if ok]
 
     def describe(self, name: str | None = None, *, unreadable: dict[str, str] | None = None
                  ) -> dict[str, TableDescription]:
@@ -201,16 +207,27 @@ class Connection:
         (damaged files: name -> why) instead of the first one raising."""
         present = self.table_names()
         names = present if name is None else [name]
-        out = {}
         for n in names:
             if n not in present:
                 raise TableNotFoundError(f"no table or view named {n!r} in {self.uri}")
+
+        def one(n: str) -> "TableDescription | Exception":
             try:
-                out[n] = describe_dataset(n, self.table_uri(n))
+                return describe_dataset(n, self.table_uri(n))
             except Exception as exc:
+                return exc
+
+        out = {}
+        # each dataset read once (its manifest), concurrently: what an object store waits on
+        with objects.reusing_handles(snapshot=True):
+            described = _concurrently(one, names, "catalog-describe")
+        for n, d in zip(names, described, strict=True):
+            if isinstance(d, Exception):
                 if unreadable is None:
-                    raise
-                unreadable[n] = _unreadable_reason(exc)
+                    raise d
+                unreadable[n] = _unreadable_reason(d)
+            else:
+                out[n] = d
         return out
 
     def describe_query(self, name: str, query: "Query | ViewDefinition") -> TableDescription:
@@ -227,6 +244,20 @@ class Connection:
 
     def __contains__(self, name: str) -> bool:
         return name in self.table_names()
+
+    def latest_versions(self, names: list[str]) -> dict[str, int | None]:
+        """The latest Lance version of each named table or view (None: no
+        such dataset), read concurrently: one small read each on an object
+        store (a listing of its versions), the catalog itself unlisted."""
+        def latest(name: str) -> int | None:
+            try:
+                return objects.dataset(self._table_uri(name)).version
+            except (ValueError, OSError):
+                if objects.is_dataset(self._table_uri(name)):
+                    raise
+                return None
+
+        return dict(zip(names, _concurrently(latest, names, "catalog-versions"), strict=True))
 
     def _taken(self, name: str) -> bool:
         """Whether ``name`` is a table, a materialized view or a view."""
@@ -369,13 +400,19 @@ class Connection:
     def _open_views(self) -> tuple[list["MaterializedView"], dict[str, str]]:
         """The materialized views that open, and the datasets that cannot be opened (name -> why)."""
         out, broken = [], {}
-        for n in self.table_names():
+
+        def one(n: str) -> "Table | View | Exception":
             try:
-                t = self.open_table(n)
-            except TableNotFoundError:
-                continue  # dropped meanwhile
+                return self.open_table(n)
             except Exception as exc:
-                broken[n] = _unreadable_reason(exc)
+                return exc
+
+        names = self.table_names()
+        for n, t in zip(names, _concurrently(one, names, "catalog-open"), strict=True):
+            if isinstance(t, TableNotFoundError):
+                continue  # dropped meanwhile
+            if isinstance(t, Exception):
+                broken[n] = _unreadable_reason(t)
                 continue
             if isinstance(t, MaterializedView):
                 out.append(t)
@@ -661,7 +698,7 @@ class Connection:
         """An inter-process lock serialising refreshes of one view."""
         return self.layout.lock(view, timeout)
 
-    @objects.reusing_handles()
+    @objects.reusing_handles(snapshot=True)
     def view_statuses(self, name: str | None = None) -> list[ViewStatus]:
         """The status records of every view (or just ``name``). A view whose
         source is gone is SOURCE_MISSING, one whose record cannot be read
@@ -671,15 +708,19 @@ class Connection:
         views, broken = ([self.open_view(name)], {}) if name else self._open_views()
         # a dataset that cannot be opened (damaged files) is listed, not hiding the others
         out += [unreadable_status(n, None, why) for n, why in broken.items()]
-        for view in views:
+
+        def one(view: MaterializedView) -> ViewStatus:
             try:
-                out.append(view_status(view.ref()))
+                return view_status(view.ref())
             except Exception as exc:  # a status listing reports what it cannot read, it does not stop
                 try:
                     source = view.source
                 except Exception:
                     source = None
-                out.append(unreadable_status(view.name, source, f"{type(exc).__name__}: {short_error(exc)}"))
+                return unreadable_status(view.name, source, f"{type(exc).__name__}: {short_error(exc)}")
+
+        # the views' reads are independent: concurrently (what an object store waits on)
+        out += _concurrently(one, views, "catalog-status")
         return sorted(out, key=lambda s: s.name)  # (the unreadable ones among the others, by name)
 
     def status(self, name: str | None = None) -> pa.Table:
@@ -887,6 +928,18 @@ def _one_of(name: str, value: Any, geneva_name: str, geneva_value: Any) -> Any:
     if value is None:
         raise TypeError(f"create_udtf_view() missing required argument: {name!r} (or {geneva_name!r})")
     return value
+
+
+def _concurrently(fn: Callable[[Any], Any], items: list, pool_name: str) -> list:
+    """``[fn(x) for x in items]`` on the process's pool ``pool_name`` (8
+    threads): independent small reads of many datasets, which an object store
+    answers in parallel. Each call runs in a copy of the caller's context (the
+    handles and versions a ``reusing_handles`` block pinned are shared). A
+    pool's tasks never wait on the same pool."""
+    if len(items) < 2:
+        return [fn(x) for x in items]
+    futures = [pool(pool_name, 8).submit(contextvars.copy_context().run, fn, x) for x in items]
+    return [f.result() for f in futures]
 
 
 def _unreadable_reason(exc: Exception) -> str:

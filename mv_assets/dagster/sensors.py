@@ -18,7 +18,9 @@ Run keys carry the versions and load numbers they act on, so a tick that sees
 the same state again requests nothing new.
 """
 
+import hashlib
 import json
+import time
 
 import dagster as dg
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (  # not exported by dagster
@@ -60,15 +62,36 @@ def _range_tags(keys: list[str]) -> dict:
     return {"dagster/asset_partition_range_start": keys[0], "dagster/asset_partition_range_end": keys[-1]}
 
 
-def _parse_cursor(raw: str | None) -> tuple[int | None, dict]:
-    """The cursor: the table version last seen, and the last reported state of
-    each code check."""
+def _parse_cursor(raw: str | None) -> tuple[int | None, dict, dict]:
+    """The cursor: the table version last seen, the last reported state of
+    each code check, and the whole cursor (what the last full look saw: the
+    views' versions, the declared code, when a ttl runs out)."""
     if not raw:
-        return None, {}
+        return None, {}, {}
     if raw.isdigit():  # cursors of earlier releases: the bare version
-        return int(raw), {}
+        return int(raw), {}, {}
     d = json.loads(raw)
-    return d.get("version"), d.get("code", {})
+    return d.get("version"), d.get("code", {}), d
+
+
+def _code_id(tree: list[TableInfo]) -> str:
+    """The code declared for the lineage's views now (changes on a reload of
+    definitions with edited UDFs)."""
+    code = [(v.name, v.declared is not None, [(c["name"], (c.get("udf") or {}).get("fingerprint"))
+                                              for c in v.columns]) for v in tree]
+    return hashlib.sha256(json.dumps(code, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def _idle(seen: dict, since: int | None, watched: dict[str, int | None], table: str, code_id: str) -> bool:
+    """Nothing a full look could act on changed since the last one: the
+    table's version, every view's version (a refresh or backfill made
+    elsewhere, a view created or dropped), the declared code; and no ttl ran
+    out. Then a tick costs one version read per dataset of the lineage,
+    whatever the catalog's size."""
+    due_at = seen.get("due_at")
+    return (since is not None and watched.get(table) == since and seen.get("code_id") == code_id
+            and seen.get("views") == {n: v for n, v in watched.items() if n != table}
+            and (due_at is None or time.time() < due_at))
 
 
 TAG_LINEAGE = "mv_assets/lineage"
@@ -137,12 +160,15 @@ def _partition_changes(context, table: Table, pdef, since: int | None):
     return ch, part_requests, retire
 
 
-def _due_views(context, db, tree: list[TableInfo]) -> tuple[dict[str, str], dict[str, int]]:
-    """The views of the lineage their policies say are due (with why), and every view's load number."""
+def _due_views(context, db, tree: list[TableInfo], watched: dict[str, int | None]
+               ) -> tuple[dict[str, str], dict[str, int], float | None]:
+    """The views of the lineage their policies say are due (with why), every
+    view's load number, and when a ttl not run out yet will (None: none)."""
     due: dict[str, str] = {}
     loads: dict[str, int] = {}
+    due_at: float | None = None
     for v in tree:
-        if v.name not in db:  # declared in code, not created yet: its first run creates it
+        if watched.get(v.name) is None:  # declared in code, not created yet: its first run creates it
             due[v.name], loads[v.name] = "declared in code, not created yet", 0
             continue
         view = db.open_view(v.name)
@@ -152,7 +178,9 @@ def _due_views(context, db, tree: list[TableInfo]) -> tuple[dict[str, str], dict
         if decision.refresh or upstream_due:
             due[v.name] = decision.reason if decision.refresh else f"its upstream {v.source} is due"
             context.log.info(f"{v.name}: refresh ({due[v.name]})")
-    return due, loads
+        elif decision.retry_at is not None:
+            due_at = decision.retry_at if due_at is None else min(due_at, decision.retry_at)
+    return due, loads, due_at
 
 
 def table_sensor(
@@ -185,8 +213,15 @@ def table_sensor(
         ),
     )
     def _sensor(context: dg.SensorEvaluationContext, mv_assets: MvAssetsResource):
-        since, reported = _parse_cursor(context.cursor)
+        since, reported, seen = _parse_cursor(context.cursor)
         db = mv_assets.reader()
+        watched = db.latest_versions([table.name] + [v.name for v in tree])
+        code_id = _code_id(tree)
+        # (partition keys typed in the launch dialog are no fragment ids: a full look retires them;
+        # the instance's list of keys is a database read, not an object-store one)
+        typed = pdef is not None and bool(fragment_keys(context.instance.get_dynamic_partitions(pdef.name))[1])
+        if not typed and _idle(seen, since, watched, table.name, code_id):
+            return dg.SkipReason(f"{table.name} is still at version {since} and no view below it changed")
         handle = db.open_table(table.name)
         ch, part_requests, retire = _partition_changes(context, handle, pdef, since)
         checks, code_state = _code_checks(context, tree, db, reported, {})
@@ -213,7 +248,7 @@ def table_sensor(
         if column_keys and (moved or observed):
             stale = [k for k, c in zip(column_keys, columns, strict=True)
                      if observed or handle.plan_backfill(c).rows > 0]
-        due, loads = _due_views(context, db, tree)
+        due, loads, due_at = _due_views(context, db, tree, watched)
         # One run for everything due downstream of the table: its partitions
         # definition is shared, so the run carries the whole lineage in order.
         # The run key names what it acts on (table version, views' load numbers),
@@ -234,15 +269,19 @@ def table_sensor(
                 runs.append(dg.RunRequest(run_key=key, asset_selection=wanted, tags=tags, asset_check_keys=[]))
         if retire is not None:
             part_requests.append(retire)
+        # what this full look saw: until one of it changes, ticks are idle (_idle)
+        cursor = json.dumps({"version": ch.version, "code": code_state, "code_id": code_id, "due_at": due_at,
+                             "views": {v.name: watched.get(v.name) for v in tree}})
         if not runs and not part_requests and not moved and not checks:
-            return dg.SkipReason(f"{table.name} is still at version {ch.version} and no view is due")
+            return dg.SensorResult(skip_reason=f"{table.name} is still at version {ch.version} and no view is due",
+                                   cursor=cursor)
         events = [fragment_observation(handle, f, v) for f, v in observed.items()]
         if moved and pdef is None:
             events = [source_observation(handle, ch.version)]
         return dg.SensorResult(
             run_requests=runs,
             dynamic_partitions_requests=part_requests,
-            cursor=json.dumps({"version": ch.version, "code": code_state}),
+            cursor=cursor,
             asset_events=events + checks,
         )
 
@@ -295,7 +334,7 @@ def observe_sensor(table: TableInfo, pdef, interval: int, status):
         ),
     )
     def _sensor(context: dg.SensorEvaluationContext, mv_assets: MvAssetsResource):
-        since, _ = _parse_cursor(context.cursor)
+        since, _, _ = _parse_cursor(context.cursor)
         handle = mv_assets.reader().open_table(table.name)
         ch, part_requests, retire = _partition_changes(context, handle, pdef, since)
         if retire is not None:

@@ -15,7 +15,7 @@ policy         refresh when
 """
 
 import json
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 
 __all__ = ["RefreshPolicy", "Decision", "decide", "POLICY_METADATA_KEY"]
@@ -91,6 +91,8 @@ class RefreshPolicy:
 class Decision:
     refresh: bool
     reason: str
+    # when the decision may turn without the source moving (a ttl running out), or None
+    retry_at: float | None = field(default=None, repr=False)
 
 
 def decide(
@@ -134,7 +136,8 @@ def decide(
         assert policy.ttl_seconds is not None
         if age >= policy.ttl_seconds:
             return Decision(True, f"last refresh {age:.0f}s ago, ttl {policy.ttl_seconds:g}s")
-        return Decision(False, f"last refresh {age:.0f}s ago, within ttl {policy.ttl_seconds:g}s")
+        return Decision(False, f"last refresh {age:.0f}s ago, within ttl {policy.ttl_seconds:g}s",
+                        retry_at=(last_refreshed_at or 0.0) + policy.ttl_seconds)
     assert policy.max_staleness_pct is not None
     pct = 100.0 * rows_changed / max(cardinality, 1)
     if pct >= policy.max_staleness_pct and rows_changed > 0:

@@ -154,11 +154,13 @@ def _read_txn(ds: lance.LanceDataset, version: int):
 
 
 def pending_versions(
-    uri: str, since: int | None, reads: Collection[str] | None = None, latest: int | None = None
+    uri: str, since: int | None, reads: Collection[str] | None = None, latest: int | None = None,
+    ds: lance.LanceDataset | None = None,
 ) -> list[int]:
     """Versions in ``(since, latest]`` of the table at ``uri`` whose commits
-    matter to a reader of ``reads`` (see :func:`commit_matters`)."""
-    ds = objects.dataset(uri)
+    matter to a reader of ``reads`` (see :func:`commit_matters`). ``ds``: the
+    table, already open."""
+    ds = ds if ds is not None else objects.dataset(uri)
     latest = ds.version if latest is None else latest
     start = 0 if since is None else since
     out = []

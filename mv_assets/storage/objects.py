@@ -99,26 +99,36 @@ _HANDLES: contextvars.ContextVar[dict[str, dict[int, lance.LanceDataset]] | None
 )
 # ... and (uri, version) -> the transaction of that version, read once.
 _TXNS: contextvars.ContextVar[dict[tuple[str, int], Any] | None] = contextvars.ContextVar("mv_assets_txns", default=None)
+# ... and, in a snapshot block, uri -> the latest version read first (read once).
+_LATEST: contextvars.ContextVar[dict[str, int] | None] = contextvars.ContextVar("mv_assets_latest", default=None)
 
 
 @contextlib.contextmanager
-def reusing_handles():
+def reusing_handles(snapshot: bool = False):
     """Within this block (one refresh, one status read), :func:`dataset` opens
     each dataset once: other versions are checked out of a handle already open
     (~0.1 ms instead of ~0.35 ms locally; no manifest listing on an object
     store) and "latest" asks that handle for the newest version number (~0.02
-    ms), so a version written meanwhile, by anyone, is still seen. A version's
-    handle is reused only while it still is at that version (some Lance calls
-    move a handle to the version they commit). Nested blocks share the outer one."""
+    ms locally, a listing of its versions on an object store), so a version
+    written meanwhile, by anyone, is still seen. A version's handle is reused
+    only while it still is at that version (some Lance calls move a handle to
+    the version they commit). Nested blocks share the outer one.
+
+    ``snapshot``: for reads that write nothing (a status listing, a
+    description of the catalog): "latest" is read once per dataset and kept
+    for the block, one listing a dataset on an object store."""
     if _HANDLES.get() is not None:
         yield
         return
     token, txn_token = _HANDLES.set({}), _TXNS.set({})
+    latest_token = _LATEST.set({}) if snapshot else None
     try:
         yield
     finally:
         _HANDLES.reset(token)
         _TXNS.reset(txn_token)
+        if latest_token is not None:
+            _LATEST.reset(latest_token)
 
 
 def _known(uri: str, ds: lance.LanceDataset) -> lance.LanceDataset:
@@ -167,7 +177,13 @@ def dataset(uri: str, version: int | None = None, **kwargs: Any) -> lance.LanceD
     if known:
         try:
             some = next(iter(known.values()))
-            v = some.latest_version if version is None else version
+            pinned = _LATEST.get()
+            if version is None and pinned is not None:
+                v = pinned.get(uri)
+                if v is None:
+                    v = pinned[uri] = some.latest_version
+            else:
+                v = some.latest_version if version is None else version
             ds = known.get(v)
             if ds is None or ds.version != v:
                 ds = known[v] = some.checkout_version(v)
@@ -177,6 +193,8 @@ def dataset(uri: str, version: int | None = None, **kwargs: Any) -> lance.LanceD
     plain = not kwargs
     session = kwargs.pop("session", None) or _session()
     ds = lance.dataset(uri, version=version, storage_options=options_for(uri), session=session, **kwargs)
+    if version is None and plain and (pinned := _LATEST.get()) is not None:
+        pinned.setdefault(uri, ds.version)
     return _known(uri, ds) if handles is not None and plain else ds
 
 

@@ -21,6 +21,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING
 
+import lance
 import pyarrow as pa
 
 from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
@@ -158,9 +159,10 @@ def record_load_state(
     objects.write_record(layout.status_file(view), json.dumps(current))
 
 
-def stale_count(src_uri: str, since: int | None, latest: int) -> int:
-    """Source rows inserted, updated or deleted after version ``since``."""
-    ds = objects.dataset(src_uri, version=latest)
+def stale_count(src_uri: str, since: int | None, latest: int, ds: lance.LanceDataset | None = None) -> int:
+    """Source rows inserted, updated or deleted after version ``since`` (``ds``:
+    the source at ``latest``, already open)."""
+    ds = ds if ds is not None and ds.version == latest else objects.dataset(src_uri, version=latest)
     if since is None:
         return ds.count_rows()
     if since >= latest:
@@ -170,25 +172,31 @@ def stale_count(src_uri: str, since: int | None, latest: int) -> int:
     return changed + deleted
 
 
-def source_replaced(view: ViewRef, state: "RefreshState") -> bool:
+def source_replaced(view: ViewRef, state: "RefreshState", src: lance.LanceDataset | None = None) -> bool:
     """Whether the view's source was dropped and created again since the view
-    recorded it (storage.identity): every version of the new table is pending."""
-    return state.source_id is not None and table_id(view.source_dataset()) != state.source_id
+    recorded it (storage.identity): every version of the new table is pending.
+    ``src``: the source, already open."""
+    return state.source_id is not None and table_id(src if src is not None else view.source_dataset()) != state.source_id
 
 
 def pending_source_versions(
-    view: ViewRef, latest: int | None = None, state: "RefreshState | None" = None
+    view: ViewRef, latest: int | None = None, state: "RefreshState | None" = None,
+    src: lance.LanceDataset | None = None,
 ) -> list[int]:
     """Source versions after the one the view reflects whose commits matter to
     it: data changes, and backfills of computed columns it reads. Compactions,
     backfills of other columns and state-only refreshes of an upstream view do
-    not make a view stale."""
-    ds = view.dataset()
-    state = state or read_refresh_state(ds)
-    if state.source_version is None or source_replaced(view, state):
-        return list(range(1, (latest or view.source_dataset().version) + 1))
-    src = view.source_dataset(latest)
-    return pending_versions(view.source_uri, state.source_version, view.definition.computed_reads(src.schema), latest)
+    not make a view stale. ``src``: the source at its latest version, already
+    open (each dataset is listed once)."""
+    state = state or read_refresh_state(view.dataset())
+    src = src if src is not None else view.source_dataset()
+    latest = src.version if latest is None else latest
+    if state.source_version is None or source_replaced(view, state, src):
+        return list(range(1, latest + 1))
+    if state.source_version >= latest:
+        return []
+    return pending_versions(view.source_uri, state.source_version, view.definition.computed_reads(src.schema), latest,
+                            ds=src)
 
 
 def _source_missing(view: ViewRef, ds, state: "RefreshState", file: dict) -> ViewStatus:
@@ -231,16 +239,17 @@ def view_status(view: ViewRef) -> ViewStatus:
     state = read_refresh_state(ds)
     file = _read_file(view.layout, view.name)
     try:
-        latest = view.source_dataset().version
+        src = view.source_dataset()
     except (ValueError, OSError):
         if objects.is_dataset(view.source_uri):
             raise
         return _source_missing(view, ds, state, file)
-    replaced = source_replaced(view, state)
+    latest = src.version
+    replaced = source_replaced(view, state, src)
     cardinality = ds.count_rows()
     # a recreated source: every row of the view and of the new table is stale
-    stale = stale_count(view.source_uri, None, latest) + cardinality if replaced else (
-        stale_count(view.source_uri, state.source_version, latest))
+    stale = stale_count(view.source_uri, None, latest, src) + cardinality if replaced else (
+        stale_count(view.source_uri, state.source_version, latest, src))
     load_state = file.get("load_state") or (LOADED if state.load_number else NEVER_LOADED)
     last_error = file.get("last_error")
     if load_state == LOADING and isinstance(file.get("load_number"), int) and state.load_number >= file["load_number"]:
@@ -268,7 +277,7 @@ def view_status(view: ViewRef) -> ViewStatus:
         node=file.get("node"),
         source_version=state.source_version,
         source_latest_version=latest,
-        versions_behind=len(pending_source_versions(view, latest, state)),
+        versions_behind=len(pending_source_versions(view, latest, state, src)),
         stale_count=stale,
         # a view never loaded is entirely stale: 100 %, not rows / 1
         stale_pct=100.0 if state.source_version is None or replaced else round(100.0 * stale / max(cardinality, 1), 3),
@@ -282,8 +291,9 @@ def refresh_decision(view: ViewRef, now: float | None = None, scheduled: bool = 
     ds = view.dataset()
     policy = RefreshPolicy.from_json((ds.schema.metadata or {}).get(POLICY_METADATA_KEY.encode()))
     state = read_refresh_state(ds)
-    latest = view.source_dataset().version
-    pending = pending_source_versions(view, latest, state) if state.source_version is not None else []
+    src = view.source_dataset()
+    latest = src.version
+    pending = pending_source_versions(view, latest, state, src) if state.source_version is not None else []
     # the source "moved" for this view only through commits that matter to it, or
     # when fragment-scoped refreshes left it holding rows of several versions
     moved = bool(pending) or state.scoped_since_whole
@@ -298,7 +308,7 @@ def refresh_decision(view: ViewRef, now: float | None = None, scheduled: bool = 
         reflected_version=state.source_version,
         last_refreshed_at=state.refreshed_at,
         now=time.time() if now is None else now,
-        rows_changed=stale_count(view.source_uri, state.source_version, latest) if needs_rows else 0,
+        rows_changed=stale_count(view.source_uri, state.source_version, latest, src) if needs_rows else 0,
         cardinality=ds.count_rows() if needs_rows else 0,
         scheduled=scheduled,
     )

@@ -1,0 +1,187 @@
+"""Catalogs that grow: what sensors, the status and the definitions load cost
+with N source tables (one view each), on local disk and on an S3 server
+(moto's, on 127.0.0.1, behind a counting proxy: requests are counted exactly;
+each costs far less there than on a real object store, so read the counts).
+
+    python bench/bench_catalog_scale.py                     # N = 10 100, local and S3
+    python bench/bench_catalog_scale.py --sizes 10 100 300 1000 --stores local
+    python bench/bench_catalog_scale.py --compare /path/to/older/checkout
+
+Per N it prints: the idle tick of one sensor (seconds, requests), a tick after
+an append to its table, every sensor once, db.status(), and the definitions
+load (build_definitions in a fresh process). ``--compare`` runs the same
+measurements with another checkout's mv_assets (PYTHONPATH) on the same
+machine, one after the other, and prints both side by side with ratios.
+"""
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+TESTS = os.path.join(os.path.dirname(HERE), "tests")
+
+
+def _build(uri: str, n: int, options: dict | None) -> None:
+    import mv_assets as mv
+
+    db = mv.connect(uri, storage_options=options, runner=mv.InlineRunner())
+    have = set(db.table_names())
+    for i in range(n):
+        if f"t{i}" in have:
+            continue
+        t = db.create_table(f"t{i}", [{"id": j, "x": j} for j in range(3)], primary_key="id")
+        db.create_materialized_view(f"v{i}", t.search(None).where("x >= 0").select({"id": "id", "x": "x"})).refresh()
+
+
+def _measure(uri: str, options: dict | None, proxy) -> dict:
+    """One side's figures (in this process, the mv_assets on sys.path)."""
+    import contextlib
+
+    import dagster as dg
+    from dagster_helpers import evaluate_sensor
+
+    import mv_assets as mv
+    from mv_assets.dagster import MvAssetsResource, build_definitions
+
+    def counting():
+        return proxy.counting() if proxy is not None else contextlib.nullcontext(None)
+
+    out: dict = {}
+    db = mv.connect(uri, storage_options=options, runner=mv.InlineRunner())
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=uri, runner="inline", storage_options=options))
+    sensors = [s for s in defs.get_repository_def().sensor_defs if s.name.endswith("_changes")]
+    with dg.instance_for_test() as instance:
+        cursors = {}
+        for s in sensors:  # first ticks: partitions, cursors
+            r = evaluate_sensor(s, instance=instance, definitions=defs, resources=defs.resources)
+            for req in r.dynamic_partitions_requests:
+                instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+            cursors[s.name] = r.cursor
+        for s in sensors:  # settled (the views are current): what the daemon sees from then on
+            r = evaluate_sensor(s, instance=instance, cursor=cursors[s.name], definitions=defs, resources=defs.resources)
+            cursors[s.name] = r.cursor or cursors[s.name]
+        one = next(s for s in sensors if s.name == "t0_changes")
+        with counting() as seen:
+            t0 = time.perf_counter()
+            r = evaluate_sensor(one, instance=instance, cursor=cursors[one.name], definitions=defs,
+                                resources=defs.resources)
+            out["idle_s"] = time.perf_counter() - t0
+        out["idle_req"] = seen.total if seen is not None else None
+        with counting() as seen:
+            t0 = time.perf_counter()
+            for s in sensors:
+                evaluate_sensor(s, instance=instance, cursor=cursors[s.name], definitions=defs, resources=defs.resources)
+            out["all_s"] = time.perf_counter() - t0
+        out["all_req"] = seen.total if seen is not None else None
+        db.open_table("t0").add([{"id": 1000 + int(time.time() * 1000) % 10**6, "x": 1}])
+        with counting() as seen:
+            t0 = time.perf_counter()
+            r = evaluate_sensor(one, instance=instance, cursor=cursors[one.name], definitions=defs,
+                                resources=defs.resources)
+            out["changed_s"] = time.perf_counter() - t0
+        out["changed_req"] = seen.total if seen is not None else None
+        db.refresh("v0")
+    with counting() as seen:
+        t0 = time.perf_counter()
+        db.status()
+        out["status_s"] = time.perf_counter() - t0
+    out["status_req"] = seen.total if seen is not None else None
+    code = ("import sys, time; t0 = time.perf_counter(); from mv_assets.dagster import build_definitions; "
+            "build_definitions(sys.argv[1]); print(time.perf_counter() - t0)")
+    env = {**os.environ, "MV_ASSETS_STORAGE_OPTIONS": json.dumps(options or {})}
+    with counting() as seen:
+        done = subprocess.run([sys.executable, "-c", code, uri], capture_output=True, text=True, env=env, check=True)
+    out["defs_s"] = float(done.stdout.strip().splitlines()[-1])
+    out["defs_req"] = seen.total if seen is not None else None
+    return out
+
+
+def _side(args) -> None:
+    """Measure with this process's mv_assets; print one JSON line."""
+    sys.path.insert(0, TESTS)
+    proxy = None
+    options = json.loads(args.options) if args.options else None
+    if args.proxy_upstream:
+        from counting_proxy import CountingProxy
+
+        proxy = CountingProxy(args.proxy_upstream)
+        options = {**(options or {}), "aws_endpoint": proxy.endpoint}
+    try:
+        print("RESULT " + json.dumps(_measure(args.uri, options, proxy)))
+    finally:
+        if proxy is not None:
+            proxy.stop()
+
+
+ROWS = [("idle tick, one sensor", "idle"), ("tick after an append", "changed"), ("every sensor once", "all"),
+        ("db.status()", "status"), ("definitions load", "defs")]
+
+
+def _run_side(checkout: str | None, uri: str, options: dict | None, upstream: str | None) -> dict:
+    env = dict(os.environ)
+    if checkout:
+        env["PYTHONPATH"] = checkout + os.pathsep + env.get("PYTHONPATH", "")
+    cmd = [sys.executable, os.path.abspath(__file__), "--side", "--uri", uri]
+    if options:
+        cmd += ["--options", json.dumps(options)]
+    if upstream:
+        cmd += ["--proxy-upstream", upstream]
+    done = subprocess.run(cmd, capture_output=True, text=True, env=env, cwd=checkout or os.path.dirname(HERE))
+    line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
+    if done.returncode != 0 or not line:
+        raise RuntimeError(f"measurement failed:\n{done.stderr[-3000:]}")
+    return json.loads(line[0][len("RESULT "):])
+
+
+def _fmt(d: dict, k: str) -> str:
+    req = d.get(f"{k}_req")
+    return f"{d[f'{k}_s']:8.3f} s" + (f" {req:6d} req" if req is not None else "")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--sizes", type=int, nargs="+", default=[10, 100])
+    p.add_argument("--stores", nargs="+", default=["local", "s3"], choices=["local", "s3"])
+    p.add_argument("--compare", help="another checkout's root: its mv_assets measured the same way, side by side")
+    p.add_argument("--side", action="store_true", help=argparse.SUPPRESS)
+    p.add_argument("--uri", help=argparse.SUPPRESS)
+    p.add_argument("--options", help=argparse.SUPPRESS)
+    p.add_argument("--proxy-upstream", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.side:
+        return _side(args)
+    sys.path.insert(0, TESTS)
+    s3 = None
+    try:
+        for store in args.stores:
+            for n in args.sizes:
+                if store == "s3":
+                    from s3_server import S3Server
+
+                    s3 = s3 or S3Server()
+                    uri, options, upstream = f"s3://{s3.new_bucket()}/catalog", s3.options, s3.endpoint
+                else:
+                    uri, options, upstream = os.path.join(tempfile.mkdtemp(prefix="mvscale-"), "catalog"), None, None
+                t0 = time.perf_counter()
+                _build(uri, n, options)
+                print(f"\n== {store}, N = {n} tables with one view each (built in {time.perf_counter() - t0:.0f} s)")
+                now = _run_side(None, uri, options, upstream)
+                before = _run_side(args.compare, uri, options, upstream) if args.compare else None
+                print(f"{'':24} {'this checkout':>22}" + (f" {'compared':>22}   ratio (s)" if before else ""))
+                for label, k in ROWS:
+                    line = f"{label:24} {_fmt(now, k):>22}"
+                    if before:
+                        line += f" {_fmt(before, k):>22}   {now[f'{k}_s'] / max(before[f'{k}_s'], 1e-9):.3f}x"
+                    print(line, flush=True)
+    finally:
+        if s3 is not None:
+            s3.stop()
+
+
+if __name__ == "__main__":
+    main()

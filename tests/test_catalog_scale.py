@@ -1,0 +1,69 @@
+"""Catalogs that grow: what a sensor tick costs in object-store requests,
+counted exactly by a proxy in front of a real S3 server (moto's, on
+127.0.0.1). Counts, never times: an idle tick reads one version per dataset
+of its lineage, whatever the catalog's size; a tick after a change costs the
+same in a catalog of 2 tables as in one of 6 (before: every tick listed the
+whole catalog and checked every dataset, 4N + 12 requests)."""
+
+import dagster as dg
+import pytest
+from counting_proxy import CountingProxy
+from dagster_helpers import evaluate_sensor
+
+import mv_assets as mv
+from mv_assets.dagster import MvAssetsResource, build_definitions
+
+
+@pytest.fixture
+def counted(s3_server):
+    with CountingProxy(s3_server.endpoint) as proxy:
+        yield s3_server, proxy
+
+
+def _catalog(s3, proxy, n: int):
+    options = {**s3.options, "aws_endpoint": proxy.endpoint}
+    uri = f"s3://{s3.new_bucket()}/catalog"
+    db = mv.connect(uri, storage_options=options, runner=mv.InlineRunner())
+    for i in range(n):
+        t = db.create_table(f"t{i}", [{"id": j, "x": j} for j in range(3)], primary_key="id")
+        db.create_materialized_view(f"v{i}", t.search(None).where("x >= 0").select({"id": "id", "x": "x"})).refresh()
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=uri, runner="inline", storage_options=options))
+    return db, defs
+
+
+def _ticks(db, defs, proxy) -> dict[str, int]:
+    """Requests of t0's sensor: an idle tick after the first, then a tick after an append."""
+    sensor = defs.get_repository_def().get_sensor_def("t0_changes")
+    out = {}
+    with dg.instance_for_test() as instance:
+        first = evaluate_sensor(sensor, instance=instance, definitions=defs, resources=defs.resources)
+        for req in first.dynamic_partitions_requests:
+            instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
+        db.refresh(["v0"])  # what the first tick's run does
+        settled = evaluate_sensor(sensor, instance=instance, cursor=first.cursor, definitions=defs,
+                                  resources=defs.resources)  # sees the view's new version: a full look
+        assert not settled.run_requests
+        with proxy.counting() as seen:
+            idle = evaluate_sensor(sensor, instance=instance, cursor=settled.cursor, definitions=defs,
+                                   resources=defs.resources)
+        out["idle"] = seen.total
+        assert not idle.run_requests and "still at version" in (idle.skip_message or "")
+        assert sorted(p for _, p in seen.requests) == sorted(
+            p for p in {p for _, p in seen.requests} if p.endswith(("t0.lance/_versions/", "v0.lance/_versions/")))
+        db.open_table("t0").add([{"id": 100, "x": 100}])
+        with proxy.counting() as seen:
+            changed = evaluate_sensor(sensor, instance=instance, cursor=idle.cursor or settled.cursor,
+                                      definitions=defs, resources=defs.resources)
+        out["changed"] = seen.total
+        (run,) = changed.run_requests
+        assert {k.to_user_string() for k in run.asset_selection} == {"v0"}
+        assert not [p for _, p in seen.requests if "/t1." in p or "/v1." in p]  # no other lineage is read
+    return out
+
+
+def test_a_sensor_tick_costs_the_same_whatever_the_catalogs_size(counted):
+    s3, proxy = counted
+    small = _ticks(*_catalog(s3, proxy, 2), proxy)
+    large = _ticks(*_catalog(s3, proxy, 6), proxy)
+    assert small["idle"] == large["idle"] == 2  # one version read: the table's, and its one view's
+    assert small["changed"] == large["changed"] <= 20, (small, large)
