@@ -197,7 +197,7 @@ class Connection:
         found = sorted(set(names))
         # each a small read on an object store: concurrently
         return [n for n, ok in zip(found, _concurrently(
-            lambda n: objects.is_dataset(self.table_uri(n)), found, "catalog-list"), strict=True) if ok]
+            lambda n: objects.is_dataset(self.table_uri(n)), found, "catalog-list", self.uri), strict=True) if ok]
 
     def describe(self, name: str | None = None, *, unreadable: dict[str, str] | None = None
                  ) -> dict[str, TableDescription]:
@@ -220,7 +220,7 @@ class Connection:
         out = {}
         # each dataset read once (its manifest), concurrently: what an object store waits on
         with objects.reusing_handles(snapshot=True):
-            described = _concurrently(one, names, "catalog-describe")
+            described = _concurrently(one, names, "catalog-describe", self.uri)
         for n, d in zip(names, described, strict=True):
             if isinstance(d, Exception):
                 if unreadable is None:
@@ -257,7 +257,7 @@ class Connection:
                     raise
                 return None
 
-        return dict(zip(names, _concurrently(latest, names, "catalog-versions"), strict=True))
+        return dict(zip(names, _concurrently(latest, names, "catalog-versions", self.uri), strict=True))
 
     def _taken(self, name: str) -> bool:
         """Whether ``name`` is a table, a materialized view or a view."""
@@ -408,7 +408,7 @@ class Connection:
                 return exc
 
         names = self.table_names()
-        for n, t in zip(names, _concurrently(one, names, "catalog-open"), strict=True):
+        for n, t in zip(names, _concurrently(one, names, "catalog-open", self.uri), strict=True):
             if isinstance(t, TableNotFoundError):
                 continue  # dropped meanwhile
             if isinstance(t, Exception):
@@ -720,7 +720,7 @@ class Connection:
                 return unreadable_status(view.name, source, f"{type(exc).__name__}: {short_error(exc)}")
 
         # the views' reads are independent: concurrently (what an object store waits on)
-        out += _concurrently(one, views, "catalog-status")
+        out += _concurrently(one, views, "catalog-status", self.uri)
         return sorted(out, key=lambda s: s.name)  # (the unreadable ones among the others, by name)
 
     def status(self, name: str | None = None) -> pa.Table:
@@ -930,13 +930,15 @@ def _one_of(name: str, value: Any, geneva_name: str, geneva_value: Any) -> Any:
     return value
 
 
-def _concurrently(fn: Callable[[Any], Any], items: list, pool_name: str) -> list:
-    """``[fn(x) for x in items]`` on the process's pool ``pool_name`` (8
-    threads): independent small reads of many datasets, which an object store
-    answers in parallel. Each call runs in a copy of the caller's context (the
-    handles and versions a ``reusing_handles`` block pinned are shared). A
-    pool's tasks never wait on the same pool."""
-    if len(items) < 2:
+def _concurrently(fn: Callable[[Any], Any], items: list, pool_name: str, uri: str) -> list:
+    """``[fn(x) for x in items]``, on the process's pool ``pool_name`` (8
+    threads) when the catalog at ``uri`` is on an object store: independent
+    small reads of many datasets, which it answers in parallel (on a local
+    disk each read is a few microseconds: threads would cost more). Each call
+    runs in a copy of the caller's context (the handles and versions a
+    ``reusing_handles`` block pinned are shared). A pool's tasks never wait on
+    the same pool."""
+    if len(items) < 2 or objects.is_local(uri):
         return [fn(x) for x in items]
     futures = [pool(pool_name, 8).submit(contextvars.copy_context().run, fn, x) for x in items]
     return [f.result() for f in futures]

@@ -491,18 +491,23 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
     # ~9 ms, their keys alone in ~4).
     # Computed source columns' markers are compared with versions: then they are read.
     ids_only = deletes_only or rebuild or (how == "incremental" and not tracked)
-    vk = view_ds.to_table(
-        columns=[SOURCE_ROW_ID] if ids_only else [SOURCE_ROW_ID, SOURCE_ROW_VERSION,
-                                                  *(source_marker(m) for m in tracked)],
-        with_row_address=True,
-    ) if appended is None else None
+    key_columns = [SOURCE_ROW_ID] if ids_only else [SOURCE_ROW_ID, SOURCE_ROW_VERSION,
+                                                    *(source_marker(m) for m in tracked)]
+    vk: "pa.Table | ViewKeys | None" = None
+    if appended is None and how == "incremental" and definition.limit is None:
+        # Only view rows whose source row changed matter: the view's keys are streamed and
+        # those are kept (memory O(changed rows), not O(view rows)): see _changed_rows.
+        vk = ViewKeys(view_ds, key_columns)
+    elif appended is None:
+        vk = view_ds.to_table(columns=key_columns, with_row_address=True)
     counted = False  # inserts planned from fragment metadata (not exact): the tasks count them
     if appended is not None:
         # Rows only appended since v0: they are the inserts, the view's keys are not read.
         where, tasks, counted = _insert_tasks(
             place, src, appended, and_filters(f"_row_created_at_version > {v0}", definition.filter), exact)
         keys, n_insert, udf_rows = KeyPlan(), int(sum(t.rows for t in tasks)), {}
-    elif how != "incremental" and vk is not None and vk.num_rows == 0 and definition.limit is None and recompute is None:
+    elif (how != "incremental" and vk is not None and not isinstance(vk, ViewKeys) and vk.num_rows == 0
+          and definition.limit is None and recompute is None):
         # Into an empty view (a first refresh): every passing row is an insert.
         frags = scope_frags if scope_frags is not None else src.get_fragments()
         where, tasks, counted = _insert_tasks(place, src, frags, definition.filter, exact)
@@ -764,6 +769,40 @@ def _tasks_for(where: _TaskPlace, rows: pa.Table, current_rows: pa.Table, recomp
     return tasks, udf_rows
 
 
+class ViewKeys:
+    """A view's keys (``columns`` and row addresses), read only when the
+    source rows that changed are known, keeping only the rows of those: a
+    1% delete plans in memory O(changed rows), whatever the view's size (the
+    keys are streamed in batches of ``batch_rows``; each batch is dropped once
+    its rows of interest are taken)."""
+
+    def __init__(self, view_ds: lance.LanceDataset, columns: list[str], batch_rows: int = 1 << 20) -> None:
+        self.view_ds, self.columns, self.batch_rows = view_ds, columns, batch_rows
+        self.rows_read = 0  # what was streamed (all of the view's keys, once)
+        self.rows_kept = 0  # what was held
+
+    def touching(self, ids: np.ndarray) -> pa.Table:
+        """The view's key rows whose source row id is one of ``ids``."""
+        wanted = np.unique(ids)
+        kept = []
+        for batch in self.view_ds.to_batches(columns=self.columns, with_row_address=True,
+                                             batch_size=self.batch_rows):
+            self.rows_read += batch.num_rows
+            if not len(wanted):
+                continue
+            mask = isin(_ids(batch, SOURCE_ROW_ID), wanted)
+            if mask.any():
+                kept.append(batch.filter(pa.array(mask)))
+        schema = kept[0].schema if kept else None
+        out = pa.Table.from_batches(kept, schema=schema) if kept else self._empty()
+        self.rows_kept = out.num_rows
+        return out
+
+    def _empty(self) -> pa.Table:
+        fields = [self.view_ds.schema.field(c) for c in self.columns] + [pa.field("_rowaddr", pa.uint64())]
+        return pa.schema(fields).empty_table()
+
+
 def _changed_rows(
     src: lance.LanceDataset,
     src_uri: str,
@@ -773,7 +812,7 @@ def _changed_rows(
     src_version: int,
     scope: list[int] | None,
     scope_frags: list | None,
-    vk: pa.Table,
+    vk: "pa.Table | ViewKeys",
     tracked: list[str],
     recompute: list[str] | None,
     tainted: np.ndarray | None = None,
@@ -782,10 +821,18 @@ def _changed_rows(
     """The key plan, the source rows to compute, (``recompute``) the rows the
     view holds current whose UDF columns are computed again, the view's keys
     the plan touches (an incremental refresh: only those of changed rows), and
-    the candidates the rows were chosen from (see ``pieces_from_rows``)."""
-    view_keys = _ids(vk, SOURCE_ROW_ID)
-    view_vers = (_ids(vk, SOURCE_ROW_VERSION) if SOURCE_ROW_VERSION in vk.column_names
-                 else np.zeros(len(view_keys), np.int64))  # not read when nothing can be current (_plan_work)
+    the candidates the rows were chosen from (see ``pieces_from_rows``).
+    ``vk``: the view's keys, or (an incremental refresh without a limit) a
+    :class:`ViewKeys` read once the changed source rows are known, keeping
+    only theirs."""
+    streamed = vk if isinstance(vk, ViewKeys) else None
+    if streamed is not None:  # read below, once the changed ids are known
+        view_keys, view_vers = np.empty(0, np.int64), np.empty(0, np.int64)
+    else:
+        assert not isinstance(vk, ViewKeys)
+        view_keys = _ids(vk, SOURCE_ROW_ID)
+        view_vers = (_ids(vk, SOURCE_ROW_VERSION) if SOURCE_ROW_VERSION in vk.column_names
+                     else np.zeros(len(view_keys), np.int64))  # not read when nothing can be current (_plan_work)
     base_filter = definition.filter
     candidates = None
     if how == "incremental":
@@ -823,9 +870,17 @@ def _changed_rows(
         if definition.limit is None:
             # Only view rows whose source row changed matter from here on: one pass
             # over the view's keys, then every step works on that small subset.
-            touched = isin(view_keys, np.concatenate([_ids(passing), fail, deleted]))
-            vk = vk.filter(pa.array(touched))
-            view_keys, view_vers = view_keys[touched], view_vers[touched]
+            wanted = np.concatenate([_ids(passing), fail, deleted])
+            if streamed is not None:
+                kept = vk = streamed.touching(wanted)
+                view_keys = _ids(kept, SOURCE_ROW_ID)
+                view_vers = (_ids(kept, SOURCE_ROW_VERSION) if SOURCE_ROW_VERSION in kept.column_names
+                             else np.zeros(len(view_keys), np.int64))
+            else:
+                assert not isinstance(vk, ViewKeys)
+                touched = isin(view_keys, wanted)
+                vk = vk.filter(pa.array(touched))
+                view_keys, view_vers = view_keys[touched], view_vers[touched]
     else:
         passing = _scan(src, base_filter, scope_frags, markers=tracked)
         within = (_ids(passing, "_rowaddr"), base_filter)
@@ -838,6 +893,7 @@ def _changed_rows(
             fail = in_scope[~isin(in_scope, pass_ids)]
             all_ids = _ids(src.to_table(columns=[], with_row_id=True))
             deleted = view_keys[~isin(view_keys, all_ids)]
+    assert not isinstance(vk, ViewKeys)  # (streamed keys were read above: an incremental refresh without a limit)
     current_rows = passing.slice(0, 0)
     if how != "full":
         current = _current(passing, view_keys, view_vers, vk, tracked)
