@@ -408,7 +408,7 @@ def test_policies_are_wired_to_sensors_and_schedules(tmp_path):
     assert "Policy: ttl" in repo.asset_graph.get(dg.AssetKey(["ttl_v"])).description
     assert repo.asset_graph.get(dg.AssetKey(["ttl_v"])).freshness_policy is not None
     assert repo.asset_graph.get(dg.AssetKey(["eager_v"])).freshness_policy is None
-    assert {s.name for s in defs.schedules} == {"cron_v_schedule"}
+    assert {s.name for s in defs.schedules} == {"cron_v_schedule", "full_checks_src_daily"}  # (stopped: full checks)
     assert repo.get_schedule_def("cron_v_schedule").cron_schedule == "*/5 * * * *"
     sensor = repo.get_sensor_def("src_changes")
 

@@ -1205,9 +1205,21 @@ class MaterializedView(Table):
         """Source versions after the one the view reflects that change what it reads."""
         return pending_source_versions(self.ref())
 
-    def check(self) -> list[CheckOutcome]:
-        """Integrity checks of the view against its source (see :mod:`mv_assets.ops.checks`)."""
-        return list(check_view(self.ref()))
+    def check(self, scope: str = "full", *, since_version: int | None = None) -> list[CheckOutcome]:
+        """Integrity checks of the view against its source (see :mod:`mv_assets.ops.checks`).
+
+        ``scope="full"`` (default): every row of the view against the whole
+        source at the version the view reflects (reads the whole view).
+        ``scope="last_refresh"``: only what the newest refresh changed (the
+        view rows it wrote or removed, the source rows written or deleted
+        between the source versions it moved, and any write to the view since
+        by another tool), each outcome's description and ``metadata`` saying
+        what was covered; memory and reads grow with those rows, not with the
+        view. Where there is no such window (the first refresh, history
+        cleaned up, an overwrite in between) it checks in full and says so.
+        ``since_version`` (with ``"last_refresh"``): from this view version
+        on instead (what several refreshes since changed)."""
+        return list(check_view(self.ref(), scope, since_version))
 
     def rows_by_fragment(self, src_version: int, fragments: list[int], *, lacking: str | None = None
                          ) -> dict[int, int]:

@@ -74,6 +74,11 @@ AGG_CHECK_DESCRIPTIONS = {
                            "source at the version the view reflects (floats to a relative 1e-9); no group missing "
                            "or extra.",
 }
+CHECK_SCOPE_NOTE = (  # what a view check reads, by how it runs (see docs/dagster.md, "Checks at scale")
+    " With a materialization it checks what the refresh changed only (the view rows it wrote or removed, the "
+    "source rows changed in between: O(rows changed)); executed on its own (the Checks tab's Execute, the "
+    "full_checks_<table> schedule) it checks every row. The result's description says which."
+)
 COLUMN_CHECK_NAMES = ("values_current", "no_failed_rows")  # a table's computed columns' (ops.checks)
 COLUMN_CHECK_DESCRIPTIONS = {  # warnings: a backfill (materializing the column) mends them
     "values_current": (
@@ -557,7 +562,8 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo], conditions: bool 
     names = {"udtf": UDTF_CHECK_NAMES, "aggregate": AGG_CHECK_NAMES}.get(info.kind, CHECK_NAMES)
     described = {**CHECK_DESCRIPTIONS, **{"udtf": UDTF_CHECK_DESCRIPTIONS, "aggregate": AGG_CHECK_DESCRIPTIONS}.get(
         info.kind, {})}
-    check_specs = [dg.AssetCheckSpec(name, asset=view_key, description=described[name]) for name in names]
+    check_specs = [dg.AssetCheckSpec(name, asset=view_key, description=described[name] + CHECK_SCOPE_NOTE)
+                   for name in names]
     if info.declared is not None:
         # Dagster shows no asset-level staleness for partitioned assets: this check
         # marks a column whose code changed on the asset itself, on its page and its
@@ -732,12 +738,14 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
     )
     def _refresh(context: dg.AssetExecutionContext):
         selected = context.selected_asset_keys
+        before: dict[str, int | None] = {}  # views this run refreshed, at their version before: checked since
         try:
             if any(k in selected for k in column_keys.values()):
                 _backfill_columns(context, table, column_keys)
             for info in tree:
                 view_key, col_keys = views[info.name]
                 if any(k in selected for k in (view_key, *col_keys.values())):
+                    before.setdefault(info.name, _view_version(context, info.name))
                     _materialize(context, info, view_key, col_keys, pdef is not None)
                 if any(k in selected for k in row_keys[info.name].values()):
                     _backfill_columns(context, info, row_keys[info.name])
@@ -748,7 +756,8 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
         for info in tree:
             view_key, col_keys = views[info.name]
             if any(key == view_key for key, _ in wanted):
-                yield from _run_checks(context, info, view_key, {n for key, n in wanted if key == view_key})
+                yield from _run_checks(context, info, view_key, {n for key, n in wanted if key == view_key},
+                                       info.name in before, before.get(info.name))
             code_keys = {k for k in col_keys.values() if (k, CODE_CHECK) in wanted}
             if code_keys:
                 db = getattr(context.resources, RESOURCE_KEY).connection()
@@ -781,10 +790,23 @@ def _udf_failure(exc: UdfError) -> dg.Failure:
     return dg.Failure(description=str(exc), metadata=md)
 
 
-def _run_checks(context, info: TableInfo, view_key, names: set[str]):
+def _view_version(context, name: str) -> int | None:
+    """The view's Lance version now (None: not created yet)."""
+    db = getattr(context.resources, RESOURCE_KEY).connection()
+    return db.open_view(name).version if name in db.table_names() else None
+
+
+def _run_checks(context, info: TableInfo, view_key, names: set[str], refreshed: bool = False,
+                since: int | None = None):
+    """The view's selected checks: after this run refreshed it, what the run
+    changed only (the view since version ``since``, O(rows changed)); in a
+    run of the checks alone (the Checks tab's Execute, the full-checks
+    schedule), every row."""
     resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
     view = resource.connection().open_view(info.name)
-    for outcome in view.check():
+    outcomes = (view.check(scope="last_refresh", since_version=since) if refreshed and since is not None
+                else view.check(scope="last_refresh") if refreshed else view.check())
+    for outcome in outcomes:
         if outcome.name in names:
             yield dg.AssetCheckResult(
                 asset_key=view_key,

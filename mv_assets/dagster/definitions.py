@@ -27,7 +27,7 @@ from mv_assets.dagster.sensors import lineage_order, observe_sensor, table_senso
 
 __all__ = [
     "build_definitions", "TableInfo", "catalog_tables", "TAG_SOURCE_VERSION", "TAG_SCOPE", "RESOURCE_KEY",
-    "partitions_def_name", "job_name", "AUTOMATIONS", "AUTOMATION_SENSOR",
+    "partitions_def_name", "job_name", "AUTOMATIONS", "AUTOMATION_SENSOR", "FULL_CHECKS_CRON", "full_checks_job_name",
 ]
 
 AUTOMATIONS = ("sensor", "conditions")
@@ -58,6 +58,33 @@ def lineage_job(table: TableInfo, views: list[TableInfo], view_assets: dict[str,
     )
 
 
+FULL_CHECKS_CRON = "0 3 * * *"  # the full checks' schedules: daily at 03:00 (stopped until turned on)
+
+
+def full_checks_job_name(table: str) -> str:
+    """The job running the full checks of every view downstream of ``table``."""
+    return f"full_checks_{safe_name(table)}"
+
+
+def full_checks(table: TableInfo, views: list[TableInfo], view_assets: dict[str, list[dg.AssetKey]], lineage):
+    """``full_checks_<table>`` and its daily schedule: the checks of the
+    table's views (views over them too) alone, so each reads every row of its
+    view (a materialization's checks read what its refresh changed only).
+    The schedule is stopped until turned on (Automation, or
+    ``full_checks_running=True``): full checks read whole views."""
+    view_keys = {view_assets[v.name][0] for v in views}
+    keys = [k for k in lineage.check_keys if k.asset_key in view_keys]
+    if not keys:
+        return None, None
+    job = dg.define_asset_job(
+        name=full_checks_job_name(table.name),
+        selection=dg.AssetSelection.checks(*keys),
+        description=(f"The full checks of the views over `{table.name}` ({', '.join(v.name for v in views)}): "
+                     "every row of each view against its source. Refreshes nothing."),
+    )
+    return job, keys
+
+
 def build_definitions(
     db: Connection | str,
     *,
@@ -66,6 +93,7 @@ def build_definitions(
     sensors_running: bool = True,
     views: dict | str | None = None,
     automation: str = "sensor",
+    full_checks_running: bool = False,
 ) -> dg.Definitions:
     """Definitions for every table and view of the catalog ``db`` (a Connection or URI).
 
@@ -82,6 +110,11 @@ def build_definitions(
     automation condition sensor ``mv_assets_automation``; a sensor
     ``<table>_observe`` per source table adds its fragments' partitions and
     observes their data versions, and launches no run.
+
+    ``full_checks_running``: whether the daily ``full_checks_<table>``
+    schedules (every row of every view checked, ``FULL_CHECKS_CRON``) start
+    running; stopped by default (turn them on in the UI). A
+    materialization's checks cover what its refresh changed only.
 
     Runs execute in process (one Spark session per run, shared by its assets).
     """
@@ -105,13 +138,17 @@ def build_definitions(
     assets += [unreadable_asset(name, why) for name, why in sorted(unreadable.items()) if name not in tables]
     view_assets: dict[str, list[dg.AssetKey]] = {}
     column_keys: dict[str, list[dg.AssetKey]] = {}
+    lineages: dict[str, Any] = {}
     for root in roots:
         tree = lineage_order([v for v in view_infos if v.root == root], tables)
         asset, keys, columns = lineage_asset(tables[root], tree, tables, pdefs[root], conditions)
         assets.append(asset)
+        lineages[root] = asset
         view_assets.update(keys)
         column_keys[root] = columns
     jobs = {r: lineage_job(tables[r], [v for v in view_infos if v.root == r], view_assets, column_keys[r]) for r in roots}
+    check_jobs = [job for job, _ in (full_checks(tables[r], [v for v in view_infos if v.root == r], view_assets,
+                                                  lineages[r]) for r in roots) if job is not None]
     schedule_status = dg.DefaultScheduleStatus.RUNNING if sensors_running else dg.DefaultScheduleStatus.STOPPED
     sensors: list[Any]
     if conditions:
@@ -124,7 +161,7 @@ def build_definitions(
                 description="Evaluates the AutomationConditions of the views (from their refresh policies) "
                             "and of the tables' computed columns, and requests their runs.",
             ))
-        schedules = []
+        schedules: list[Any] = []
     else:
         sensors = [
             table_sensor(tables[r], tables, pdefs[r], view_assets, column_keys[r], sensor_interval_seconds, status,
@@ -136,9 +173,18 @@ def build_definitions(
             for v in view_infos
             if v.policy.kind == "cron"
         ]
+    schedules += [
+        dg.ScheduleDefinition(
+            name=f"{job.name}_daily", job=job, cron_schedule=FULL_CHECKS_CRON,
+            default_status=(dg.DefaultScheduleStatus.RUNNING if full_checks_running
+                            else dg.DefaultScheduleStatus.STOPPED),
+            description=f"Runs {job.name} daily: the full checks of its views (every row).",
+        )
+        for job in check_jobs
+    ]
     return dg.Definitions(
         assets=assets,
-        jobs=list(jobs.values()),
+        jobs=list(jobs.values()) + check_jobs,
         sensors=sensors,
         schedules=schedules,
         resources={RESOURCE_KEY: resource},

@@ -4,6 +4,7 @@ Each check returns a :class:`CheckOutcome`; the Dagster layer turns them into
 asset check results.
 """
 
+import json
 import math
 from dataclasses import dataclass, field
 
@@ -18,11 +19,19 @@ from mv_assets.model.planning import column_ids as _ids
 from mv_assets.model.planning import isin, positions, select_limited
 from mv_assets.model.udtf_view import WHOLE_SOURCE, partition_key
 from mv_assets.storage import objects
+from mv_assets.storage.changes import STATE_KEY
 from mv_assets.storage.error_log import read_errors
+from mv_assets.storage.lance_compat import with_filter_columns
 from mv_assets.storage.refs import TableRef, ViewRef
 from mv_assets.storage.state import read_refresh_state
 
-__all__ = ["CheckOutcome", "check_view", "check_computed_columns"]
+__all__ = ["CheckOutcome", "SCOPES", "check_view", "check_computed_columns", "RefreshWindow", "last_refresh_window"]
+
+# What a view's checks cover: "full", every row of the view against the whole
+# source; "last_refresh", only what the view's newest refresh changed (the view
+# rows it wrote or removed, the source rows changed between the versions it
+# moved), read by filtered scans: O(rows changed), not O(view rows).
+SCOPES = ("full", "last_refresh")
 
 
 @dataclass
@@ -33,8 +42,37 @@ class CheckOutcome:
     metadata: dict = field(default_factory=dict)
 
 
-def check_view(view: ViewRef) -> list[CheckOutcome]:
-    """Run every check on ``view`` at the source version it reflects."""
+def check_view(view: ViewRef, scope: str = "full", since_version: int | None = None) -> list[CheckOutcome]:
+    """Run every check on ``view`` at the source version it reflects.
+
+    ``scope="full"``: every row of the view against the whole source.
+    ``scope="last_refresh"``: only what the newest refresh changed (see
+    :func:`check_last_refresh`); the same checks by name, each description
+    saying what it covered. Where no such window can be read (the first
+    refresh, history cleaned up, a rewrite of the whole view or source in
+    between) it runs the full checks and says why in each description.
+    ``since_version`` (with ``"last_refresh"``): the window starts at this
+    view version instead of the previous refresh (a run that refreshed the
+    view more than once checks all it changed)."""
+    if scope not in SCOPES:
+        raise ValueError(f"scope must be one of {', '.join(map(repr, SCOPES))}, not {scope!r}")
+    if since_version is not None and scope != "last_refresh":
+        raise ValueError('since_version goes with scope="last_refresh"')
+    if scope == "last_refresh":
+        window = last_refresh_window(view, since_version)
+        if isinstance(window, RefreshWindow):
+            return check_last_refresh(view, window)
+        return [_full_because(o, window) for o in _check_all(view)]
+    return _check_all(view)
+
+
+def _full_because(outcome: CheckOutcome, why: str) -> CheckOutcome:
+    outcome.description = f"{outcome.description} (checked in full: {why})"
+    outcome.metadata["scope"] = "full"
+    return outcome
+
+
+def _check_all(view: ViewRef) -> list[CheckOutcome]:
     definition = view.definition
     if definition.kind == "udtf":
         return _udtf_checks(view)
@@ -124,16 +162,25 @@ def check_view(view: ViewRef) -> list[CheckOutcome]:
     return out
 
 
-def _row_columns_missing(ds) -> dict[str, int]:
+def _row_columns_missing(ds, old=None) -> dict[str, int]:
     """Rows of each UDF column computed from the dataset's own rows (a chunk
     view's) without a current value: never computed, failed, or computed by
-    other code or for an older version of the row."""
+    other code or for an older version of the row (``old``: of the rows
+    written since that version only, read from the fragments that changed)."""
     out = {}
     for spec in stored_columns(ds.schema):
         if spec.kind == "udf":
             # (the row version is projected: Lance 14 errs on a filter naming it after compaction otherwise)
-            stale = ds.to_table(columns={Alias.ROW_VERSION: "_row_last_updated_at_version"},
-                                filter=stale_sql(spec.name, spec.fingerprint, versioned=True))
+            flt = stale_sql(spec.name, spec.fingerprint, versioned=True)
+            cols = {Alias.ROW_VERSION: "_row_last_updated_at_version"}
+            if old is None:
+                stale = ds.to_table(columns=cols, filter=flt)
+            else:
+                frags = _fragments_written(ds, old)
+                since = (f"(_row_created_at_version > {int(old.version)} OR "
+                         f"_row_last_updated_at_version > {int(old.version)}) AND ({flt})")
+                stale = (ds.scanner(columns=with_filter_columns(cols, since), filter=since, fragments=frags).to_table()
+                         if frags else pa.table({}))
             out[spec.name] = stale.num_rows
     return out
 
@@ -407,3 +454,476 @@ def _no_failed_rows(column: str, total: int, failed_ids: list[int], last_error: 
     text = (f"{len(failed_ids):,} of {total:,} rows of {column} failed and have no value (first, row "
             f"{failed_ids[0]}: {message}); see `mv-assets errors`, retry with table.retry_errors({column!r})")
     return CheckOutcome("no_failed_rows", False, text, md)
+
+
+# ---------------------------------------------------------------------------
+# Checks of the newest refresh only (scope="last_refresh")
+
+_REWRITES = ("Overwrite", "Restore", "Clone")  # after one of these, row ids and versions mean other rows
+_IN_CHUNK = 10_000  # ids per ``_rowid IN (...)`` filter
+
+
+@dataclass(frozen=True)
+class RefreshWindow:
+    """What the view's newest refresh changed: view versions ``(view_from,
+    view_now]`` (``view_from``: the previous refresh's commit; ``view_to``: the
+    newest refresh's; commits after it, another tool's writes included, are in
+    the window too), source versions ``(source_from, source_to]``."""
+
+    view_from: int
+    view_to: int
+    view_now: int
+    source_from: int
+    source_to: int
+    scoped: bool  # the newest or the previous refresh covered some source fragments only
+    scope: tuple[int, ...] | None  # the newest refresh's source fragments (None: the whole source)
+
+    def describe(self) -> str:
+        return (f"view versions {self.view_from} -> {self.view_now}, source versions "
+                f"{self.source_from} -> {self.source_to}")
+
+
+def last_refresh_window(view: ViewRef, since_version: int | None = None) -> "RefreshWindow | str":
+    """The newest refresh's window, or why there is none (a sentence): the
+    view's first refresh (every row is new), a cleaned-up history, an
+    Overwrite or Restore of the view or of the source within the window.
+    ``since_version``: from that view version (the refresh it reflected then
+    gives the source version the window starts at)."""
+    ds = view.dataset()
+    records: list[tuple[int, dict]] = []
+    v = ds.version
+    def enough() -> bool:
+        return len(records) >= 2 and (since_version is None or records[-1][0] <= since_version) or (
+            since_version is not None and bool(records) and records[-1][0] <= since_version)
+
+    while v >= 1 and not enough():
+        try:
+            txn = objects.read_transaction(ds, v)
+        except Exception:
+            return f"the view's history before version {v} was cleaned up"
+        raw = ((txn.transaction_properties or {}) if txn is not None else {}).get(STATE_KEY)
+        if raw:
+            records.append((v, json.loads(raw)))
+        elif records and txn is not None and type(txn.operation).__name__ in _REWRITES:
+            break  # (the view written anew: no refresh before it counts)
+        v -= 1
+    if not records:
+        return "the view was never refreshed"
+    (view_to, new), (view_from, old) = records[0], records[-1]
+    if since_version is not None:
+        if view_from > since_version or old.get("source_version") is None:
+            return f"the view's first refresh is after version {since_version}: every row is new"
+        view_from = since_version  # (no refresh since: new is old, the window holds other tools' writes only)
+    elif len(records) < 2 or old.get("source_version") is None:
+        return "the newest refresh is the view's first: every row is new"
+    for w in range(view_from + 1, ds.version + 1):
+        txn = objects.read_transaction(ds, w)
+        if txn is not None and type(txn.operation).__name__ in _REWRITES:
+            return f"view version {w} is an {type(txn.operation).__name__}"
+    source_from, source_to = int(old["source_version"]), int(new["source_version"])
+    if source_to < source_from:
+        return f"the newest refresh went back to source version {source_to}"
+    src = objects.dataset(view.source_uri, version=source_to)
+    for w in range(source_from + 1, source_to + 1):
+        try:
+            txn = objects.read_transaction(src, w)
+        except Exception:
+            return f"the source's history at version {w} was cleaned up"
+        if txn is not None and type(txn.operation).__name__ in _REWRITES:
+            return f"source version {w} is an {type(txn.operation).__name__}"
+    inside = [r for v, r in records if v > view_from] or [new]
+    scopes = [r.get("scope") for r in inside]
+    scope = None if any(f is None for f in scopes) else tuple(sorted({int(f) for fs in scopes for f in fs or ()}))
+    return RefreshWindow(view_from, view_to, ds.version, source_from, source_to,
+                         scoped=new.get("scope") is not None or old.get("scope") is not None, scope=scope)
+
+
+def _version_meta(fragment) -> str:
+    j = fragment.metadata.to_json()
+    return json.dumps([j.get("created_at_version_meta"), j.get("last_updated_at_version_meta"), j.get("row_id_meta")],
+                      sort_keys=True)
+
+
+def _fragments_written(ds, old, only: "tuple[int, ...] | None" = None) -> list:
+    """Fragments of ``ds`` that may hold rows created or updated after
+    ``old``'s version: those whose row-version metadata differs from what they
+    had then (new fragments included); a row's versions live there, so every
+    other fragment is skipped unread (``only``: of these fragment ids)."""
+    before = {f.fragment_id: _version_meta(f) for f in old.get_fragments()}
+    return [f for f in ds.get_fragments()
+            if (only is None or f.fragment_id in only) and before.get(f.fragment_id) != _version_meta(f)]
+
+
+def _written_since(ds, old, columns: dict, only: "tuple[int, ...] | None" = None, created_too: bool = True) -> pa.Table:
+    """Rows of ``ds`` created or updated after ``old``'s version (``columns``
+    plus ``_rowid`` and their versions ``__u`` / ``__c``), from the fragments
+    that changed only."""
+    since = int(old.version)
+    flt = f"_row_last_updated_at_version > {since}"
+    if created_too:
+        flt = f"_row_created_at_version > {since} OR {flt}"
+    cols = {**columns, "__u": "_row_last_updated_at_version", "__c": "_row_created_at_version"}
+    frags = _fragments_written(ds, old, only)
+    if not frags:
+        return ds.scanner(columns=cols, with_row_id=True, limit=0).to_table()
+    return ds.scanner(columns=with_filter_columns(cols, flt), filter=flt, fragments=frags,
+                      with_row_id=True).to_table().select([*cols, "_rowid"])
+
+
+def _by_ids(ds, ids: np.ndarray, columns: "dict | list", where: str | None = None) -> pa.Table:
+    """Rows of ``ds`` with these row ids (and passing ``where``), by filtered
+    scans Lance answers from the row-id index: only those rows are read."""
+    ids = np.unique(np.asarray(ids, np.int64))
+    parts = []
+    for i in range(0, len(ids), _IN_CHUNK) if len(ids) else ():
+        flt = f"_rowid IN ({', '.join(str(int(x)) for x in ids[i:i + _IN_CHUNK])})"
+        if where:
+            flt = f"({flt}) AND ({where})"
+        parts.append(ds.scanner(columns=columns, filter=flt, with_row_id=True).to_table())
+    if not parts:
+        return ds.scanner(columns=columns, with_row_id=True, limit=0).to_table()
+    return pa.concat_tables(parts) if len(parts) > 1 else parts[0]
+
+
+def _deleted_ids(ds, since: int) -> np.ndarray:
+    """Row ids deleted from ``ds`` after version ``since`` (Lance's delta)."""
+    if ds.version <= since:
+        return np.empty(0, np.int64)
+    return _ids(ds.delta(begin_version=since, end_version=ds.version).get_deleted_row_ids().read_all())
+
+
+@dataclass
+class _Changes:
+    """What one refresh window holds: view rows written (``written``) and
+    removed (``removed``: their values at ``view_from``), source rows written
+    in the window (ids) and deleted in it."""
+
+    written: pa.Table
+    removed: pa.Table
+    source_written: np.ndarray
+    source_deleted: np.ndarray
+    outside: int  # view rows written after the newest refresh's commit: by another tool
+
+    def covered(self, w: RefreshWindow) -> dict:
+        return {"scope": "last_refresh", "window": w.describe(), "view_rows_written": self.written.num_rows,
+                "view_rows_removed": self.removed.num_rows, "source_rows_written": int(len(self.source_written)),
+                "source_rows_deleted": int(len(self.source_deleted))}
+
+    def what(self) -> str:
+        return (f"the {self.written.num_rows:,} view rows written and {self.removed.num_rows:,} removed since the "
+                f"previous refresh, and the {len(self.source_written):,} source rows written and "
+                f"{len(self.source_deleted):,} deleted in between")
+
+
+def _changes(view: ViewRef, w: RefreshWindow, columns: dict, key_columns: list[str]) -> _Changes:
+    ds = view.dataset()
+    old = objects.dataset(view.uri, version=w.view_from)
+    written = _written_since(ds, old, columns)
+    removed_ids = _deleted_ids(ds, w.view_from)
+    rewritten = _ids(written.filter(pc.less_equal(written.column("__c"), w.view_from)), "_rowid")  # pyright: ignore[reportAttributeAccessIssue]
+    removed = _by_ids(old, np.concatenate([removed_ids, rewritten]), key_columns)
+    src = objects.dataset(view.source_uri, version=w.source_to)
+    src_old = objects.dataset(view.source_uri, version=w.source_from)
+    src_written = _ids(_written_since(src, src_old, {}, w.scope, created_too=False), "_rowid")
+    src_deleted = _deleted_ids(src, w.source_from)
+    src_deleted = src_deleted[~isin(src_deleted, src_written)] if len(src_deleted) else src_deleted
+    outside = int(pc.sum(pc.or_(pc.greater(written.column("__u"), w.view_to),  # pyright: ignore[reportAttributeAccessIssue]
+                                pc.greater(written.column("__c"), w.view_to))).as_py() or 0)  # pyright: ignore[reportAttributeAccessIssue]
+    return _Changes(written, removed, np.unique(src_written), np.unique(src_deleted), outside)
+
+
+def check_last_refresh(view: ViewRef, w: RefreshWindow) -> list[CheckOutcome]:
+    """The view's checks over what its newest refresh changed only.
+
+    Read: the view rows created or updated since the previous refresh (from
+    the fragments whose row versions changed), the view rows removed since
+    (their keys, at the previous refresh's version), the source rows written
+    between the two source versions (from the fragments that changed) and
+    deleted between them, and the source rows of those keys at both versions
+    (by row id). Memory and reads grow with those rows, not with the view.
+
+    The key-set checks account per key: the rows the view holds now of a key
+    are the rows it held before the refresh, less those removed, plus those
+    written; "held before" is taken as what the query gave at the previous
+    source version, which the checks of that refresh verified. A view refreshed
+    partition by partition (or with a limit) has no such baseline: its key sets
+    are compared for the rows written only, and its descriptions say so."""
+    kind = view.definition.kind
+    if kind == "aggregate":
+        return _agg_last_refresh(view, w)
+    if kind == "udtf":
+        return _udtf_last_refresh(view, w)
+    return _query_last_refresh(view, w)
+
+
+def _query_last_refresh(view: ViewRef, w: RefreshWindow) -> list[CheckOutcome]:
+    definition = view.definition
+    chunks = definition.kind == "chunker"
+    projection = definition.projection
+    udfs = [c.name for c in definition.udf_columns]
+    columns = {SOURCE_ROW_ID: SOURCE_ROW_ID, SOURCE_ROW_VERSION: SOURCE_ROW_VERSION,
+               **({CHUNK_INDEX: CHUNK_INDEX} if chunks else {}), **{c: quote(c) for c in projection},
+               **{c: quote(c) for c in udfs}}
+    ch = _changes(view, w, columns, [SOURCE_ROW_ID])
+    covered = ch.covered(w)
+    src = objects.dataset(view.source_uri, version=w.source_to)
+    src_old = objects.dataset(view.source_uri, version=w.source_from)
+    w_keys, d_keys = _ids(ch.written, SOURCE_ROW_ID), _ids(ch.removed, SOURCE_ROW_ID)
+    keys = np.unique(np.concatenate([ch.source_written, ch.source_deleted, w_keys, d_keys]))
+    exist_now = _ids(_by_ids(src, keys, []), "_rowid")
+    pass_now = _ids(_by_ids(src, keys, [], definition.filter), "_rowid") if definition.filter else exist_now
+    out: list[CheckOutcome] = []
+    what = ch.what()
+    baseline = not w.scoped and definition.limit is None
+
+    # no_orphan_rows: every row written has its source row; no deleted source row is left (accounted per key)
+    orphans = np.unique(w_keys[~isin(w_keys, exist_now)])
+    left = np.empty(0, np.int64)
+    if baseline:
+        before = _pass_before(src_old, ch.source_deleted, definition.filter)
+        held = _held_now(ch.source_deleted, before, d_keys, w_keys, chunks)
+        left = ch.source_deleted[held > 0]
+    out.append(CheckOutcome(
+        "no_orphan_rows", len(orphans) == 0 and len(left) == 0,
+        f"every view row this refresh wrote has its source row at source version {w.source_to}"
+        + (", and no source row deleted since the previous refresh is left in the view" if baseline else "")
+        + f": checked {what}",
+        {**covered, "orphan_rows": int(len(orphans)), "deleted_source_rows_left": int(len(left)),
+         "sample": [int(x) for x in np.concatenate([orphans, left])[:10]]}))
+
+    # matches_source_query
+    if chunks:
+        out.append(_chunks_last_refresh(ch, w, pass_now, covered, what))
+    elif baseline:
+        before = _pass_before(src_old, keys, definition.filter)
+        held = _held_now(keys, before, d_keys, w_keys, False)
+        expected = isin(keys, pass_now).astype(np.int64)
+        missing, extra = keys[held < expected], keys[(held > expected) & (held <= 1)]
+        dupes = keys[held > 1]
+        out.append(CheckOutcome(
+            "matches_source_query", not (len(missing) or len(extra) or len(dupes)),
+            f"the view holds, of the {len(keys):,} keys this refresh touched, exactly the rows its query gives over "
+            f"the source at version {w.source_to}: none missing, none extra, none twice (its rows before the "
+            f"refresh taken as the query's at version {w.source_from}): checked {what}",
+            {**covered, "keys_checked": int(len(keys)), "expected_rows": int(expected.sum()), "missing": int(len(missing)),
+             "extra": int(len(extra)), "duplicates": int(len(dupes)),
+             "sample": [int(x) for x in np.concatenate([missing, extra, dupes])[:10]]}))
+    else:
+        extra = np.unique(w_keys[~isin(w_keys, pass_now)]) if definition.limit is None else np.empty(0, np.int64)
+        dupes = int(len(w_keys) - len(np.unique(w_keys)))
+        why = ("a limited view's rows depend on every source row" if definition.limit is not None
+               else "the view was refreshed partition by partition: no one source version to account from")
+        out.append(CheckOutcome(
+            "matches_source_query", len(extra) == 0 and dupes == 0,
+            f"every view row this refresh wrote passes the view query over the source at version {w.source_to}, "
+            f"none twice (rows not written are not compared: {why}; the full check compares them): checked {what}",
+            {**covered, "extra": int(len(extra)), "duplicates": dupes, "sample": [int(x) for x in extra[:10]]}))
+
+    # values_match_source: the rows written hold their source row's version and the query's values
+    meta: dict = {**covered, "rows_written_outside_refreshes": ch.outside, "rows_behind_source": 0,
+                  "values_differing": {}}
+    if not chunks:
+        source = _by_ids(src, w_keys, {"__v": "_row_last_updated_at_version", **projection})
+        pos = positions(w_keys, _ids(source, "_rowid"))
+        found = pos >= 0
+        meta["rows_behind_source"] = int(
+            (_ids(ch.written, SOURCE_ROW_VERSION)[found] != _ids(source, "__v")[pos[found]]).sum())
+        meta["values_differing"] = _differing(ch.written.filter(pa.array(found)), source.take(pa.array(pos[found])),
+                                              list(projection))
+    passed = meta["rows_written_outside_refreshes"] == 0 and meta["rows_behind_source"] == 0 and not meta[
+        "values_differing"]
+    out.append(CheckOutcome(
+        "values_match_source", passed,
+        "no view row was written outside a refresh since the previous one"
+        + ("" if chunks else f", and every row this refresh wrote holds its source row's version and the values the "
+                             f"view query gives over the source at version {w.source_to}") + f": checked {what}",
+        meta))
+
+    # udf_values_present, over the rows written
+    missing_values: dict[str, int] = {}
+    inputs_by = {c.name: (c.udf.input_columns if c.udf is not None else [], c.the_udf.skip_nulls)
+                 for c in definition.udf_columns}
+    for name in udfs:
+        col = ch.written.column(name)
+        null_keys = w_keys[col.is_null().to_numpy(zero_copy_only=False)] if col.null_count else w_keys[:0]
+        inputs, skip_nulls = inputs_by[name]
+        if not len(null_keys) or not inputs or not skip_nulls:
+            missing_values[name] = int(len(null_keys))
+            continue
+        rows = _by_ids(src, null_keys, inputs)
+        has_all = np.ones(rows.num_rows, dtype=bool)
+        for c in inputs:
+            has_all &= ~rows.column(c).is_null().to_numpy(zero_copy_only=False)
+        missing_values[name] = int(has_all.sum())
+    if chunks:  # its added columns, computed from its own rows: the rows written since
+        missing_values.update(_row_columns_missing(view.dataset(), objects.dataset(view.uri, version=w.view_from)))
+    out.append(CheckOutcome(
+        "udf_values_present", all(v == 0 for v in missing_values.values()),
+        f"no UDF value is missing where its inputs are present, in the {ch.written.num_rows:,} rows written since "
+        "the previous refresh", {**covered, "missing_by_column": missing_values}))
+    return out
+
+
+def quote(name: str) -> str:
+    return "`" + name.replace("`", "``") + "`"
+
+
+def _pass_before(src_old, keys: np.ndarray, filter_sql: str | None) -> np.ndarray:
+    """Of ``keys``, the source rows that passed the query at the old version."""
+    return _ids(_by_ids(src_old, keys, [], filter_sql), "_rowid")
+
+
+def _held_now(keys: np.ndarray, passed_before: np.ndarray, removed: np.ndarray, written: np.ndarray,
+              chunks: bool) -> np.ndarray:
+    """Rows the view holds now per key: held before (one per key passing at
+    the old version; a chunk view: as many as it removed, at least one), less
+    removed, plus written."""
+    def count(of: np.ndarray) -> np.ndarray:
+        u, n = np.unique(of, return_counts=True)
+        pos = positions(keys, u)
+        return np.where(pos >= 0, n[np.maximum(pos, 0)] if len(u) else 0, 0)
+    before = isin(keys, passed_before).astype(np.int64)
+    gone = count(removed)
+    if chunks:  # a parent's chunk count before is not known: held when it passed, all of it removed or kept
+        return np.where(gone > 0, 0, before) + count(written)
+    return before - gone + count(written)
+
+
+def _differing(mine_rows: pa.Table, theirs_rows: pa.Table, names: list[str]) -> dict[str, int]:
+    out = {}
+    for name in names:
+        mine, theirs = mine_rows.column(name), theirs_rows.column(name)
+        try:
+            same = pc.fill_null(pc.equal(mine, theirs.cast(mine.type)), False)  # pyright: ignore[reportAttributeAccessIssue]
+            both_null = pc.and_(pc.is_null(mine), pc.is_null(theirs))  # pyright: ignore[reportAttributeAccessIssue]
+            differ = int(len(mine) - pc.sum(pc.or_(same, both_null)).as_py()) if len(mine) else 0  # pyright: ignore[reportAttributeAccessIssue]
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+            differ = sum(1 for a, b in zip(mine.to_pylist(), theirs.to_pylist(), strict=True) if a != b)
+        if differ:
+            out[name] = differ
+    return out
+
+
+def _chunks_last_refresh(ch: _Changes, w: RefreshWindow, pass_now: np.ndarray, covered: dict,
+                         what: str) -> CheckOutcome:
+    """A chunk view's ``matches_source_query`` over the parents this refresh
+    wrote chunks of: each passes the query, and its chunks are numbered
+    0..k-1 once each (a parent rewritten gets all its chunks written anew)."""
+    keys = ch.written.column(SOURCE_ROW_ID)
+    extra = np.unique(_ids(ch.written, SOURCE_ROW_ID)[~isin(_ids(ch.written, SOURCE_ROW_ID), pass_now)])
+    bad = 0
+    if ch.written.num_rows:
+        per = pa.table({"k": keys, "i": ch.written.column(CHUNK_INDEX)}).group_by("k").aggregate(
+            [("i", "count"), ("i", "count_distinct"), ("i", "max"), ("i", "min")])
+        bad = int(pc.sum(pc.or_(pc.not_equal(per["i_count"], per["i_count_distinct"]),  # pyright: ignore[reportAttributeAccessIssue]
+                                pc.or_(pc.not_equal(per["i_min"], 0),  # pyright: ignore[reportAttributeAccessIssue]
+                                       pc.not_equal(pc.add(per["i_max"], 1), per["i_count"])))).as_py() or 0)  # pyright: ignore[reportAttributeAccessIssue]
+    return CheckOutcome(
+        "matches_source_query", len(extra) == 0 and bad == 0,
+        f"every parent this refresh wrote chunks of passes the view query over the source at version {w.source_to}, "
+        f"and its chunks are numbered 0..k-1 once each: checked {what}",
+        {**covered, "parents_written": int(len(np.unique(_ids(ch.written, SOURCE_ROW_ID)))),
+         "parents_not_passing": int(len(extra)), "parents_with_bad_numbering": bad})
+
+
+def _udtf_last_refresh(view: ViewRef, w: RefreshWindow) -> list[CheckOutcome]:
+    """A table-function view's checks over the partitions this refresh wrote
+    or removed rows of."""
+    ch = _changes(view, w, {PARTITION: PARTITION}, [PARTITION])
+    touched = set(ch.written.column(PARTITION).to_pylist()) | set(ch.removed.column(PARTITION).to_pylist())
+    held = set()
+    if touched:
+        ds = view.dataset()
+        held = {p for p in touched if ds.count_rows(filter=f"{quote(PARTITION)} = {_sql_text(p)}")}
+    udtf = view.definition.table_function
+    src = objects.dataset(view.source_uri, version=w.source_to)
+    by = udtf.partition_by
+    if by is None:
+        have = {WHOLE_SOURCE} if src.count_rows(filter=view.definition.filter) else set()
+    elif held:  # the passing source rows of the partitions touched only
+        where = " OR ".join(_group_sql((by,), [json.loads(p)]) for p in sorted(held))
+        flt = f"({view.definition.filter}) AND ({where})" if view.definition.filter else where
+        have = {partition_key(v) for v in src.to_table(columns=[by], filter=flt).column(by).unique().to_pylist()}
+    else:
+        have = set()
+    orphans = sorted(held - have)
+    covered = ch.covered(w)
+    return [
+        CheckOutcome("no_orphan_rows", not orphans,
+                     f"every partition this refresh wrote or removed rows of that the view holds has passing source "
+                     f"rows at version {w.source_to}: checked {len(touched):,} partitions ({ch.what()})",
+                     {**covered, "partitions_checked": len(touched), "orphan_partitions": len(orphans),
+                      "sample": orphans[:10]}),
+        CheckOutcome("values_match_source", ch.outside == 0,
+                     f"no view row was written outside a refresh since the previous one: checked {ch.what()}",
+                     {**covered, "rows_written_outside_refreshes": ch.outside}),
+    ]
+
+
+def _sql_text(value: str) -> str:
+    return "'" + str(value).replace("'", "''") + "'"
+
+
+def _agg_last_refresh(view: ViewRef, w: RefreshWindow) -> list[CheckOutcome]:
+    """An aggregate view's checks over the groups this refresh wrote or
+    removed: each is recomputed from scratch over the source rows of that
+    group (a filtered scan on its keys), compared as the full check does."""
+    from mv_assets.execution.agg_tasks import groups_from_rows
+    from mv_assets.model.agg_view import GROUP, Aggregate
+
+    agg = Aggregate.from_definition(view.definition)
+    view_ds = view.dataset()
+    ch = _changes(view, w, {GROUP: GROUP}, [GROUP])
+    touched = sorted(set(ch.written.column(GROUP).to_pylist()) | set(ch.removed.column(GROUP).to_pylist()))
+    covered = {**ch.covered(w), "groups_checked": len(touched)}
+    src = objects.dataset(view.source_uri, version=w.source_to)
+    got_parts, exp_parts = [], []
+    for i in range(0, len(touched), 500):
+        part = touched[i:i + 500]
+        in_list = ", ".join(_sql_text(g) for g in part)
+        got_parts.append(view_ds.to_table(filter=f"{quote(GROUP)} IN ({in_list})"))
+        where = " OR ".join(_group_sql(agg.keys, json.loads(g)) for g in part)
+        flt = f"({view.definition.filter}) AND ({where})" if view.definition.filter else where
+        exp_parts.append(src.to_table(columns=agg.input_columns, filter=flt))
+    got = pa.concat_tables(got_parts) if got_parts else view_ds.schema.empty_table()
+    rows = pa.concat_tables(exp_parts) if exp_parts else src.schema.empty_table().select(agg.input_columns)
+    expected = groups_from_rows(rows, agg, view_ds.schema)
+    want = {k: i for i, k in enumerate(expected.column(GROUP).to_pylist())}
+    have = {k: i for i, k in enumerate(got.column(GROUP).to_pylist())}
+    orphans, missing = sorted(set(have) - set(want)), sorted(set(want) - set(have))
+    differ = []
+    exp_rows, got_rows = expected.to_pylist(), got.to_pylist()
+    for key in sorted(set(want) & set(have)):
+        e, g = exp_rows[want[key]], got_rows[have[key]]
+        differ += [{"group": key, "column": a.name, "expected": e[a.name], "view": g[a.name]}
+                   for a in agg.aggs if not _same_output(e[a.name], g[a.name])]
+    twice = len(got) - len(have)
+    what = f"the {len(touched):,} groups this refresh wrote or removed ({ch.what()})"
+    return [
+        CheckOutcome("no_orphan_rows", not orphans,
+                     f"every group this refresh touched that the view holds has passing source rows at version "
+                     f"{w.source_to}: checked {what}",
+                     {**covered, "orphan_groups": len(orphans), "sample": orphans[:10]}),
+        CheckOutcome("values_match_source", not (orphans or missing or differ or twice or ch.outside),
+                     f"every group this refresh touched equals the aggregate recomputed over the source at version "
+                     f"{w.source_to}, and no view row was written outside a refresh since the previous one: checked "
+                     f"{what}",
+                     {**covered, "groups_expected": len(want), "groups_missing": len(missing),
+                      "groups_extra": len(orphans), "groups_twice": twice, "values_differing": len(differ),
+                      "rows_written_outside_refreshes": ch.outside, "sample": (differ or missing)[:5]}),
+    ]
+
+
+def _group_sql(keys: "tuple[str, ...]", values: list) -> str:
+    """The SQL predicate of one group: its keys equal these values (NULL: IS NULL)."""
+    terms = []
+    for k, v in zip(keys, values, strict=True):
+        if v is None:
+            terms.append(f"{quote(k)} IS NULL")
+        elif isinstance(v, bool):
+            terms.append(f"{quote(k)} = {'true' if v else 'false'}")
+        elif isinstance(v, (int, float)):
+            terms.append(f"{quote(k)} = {v!r}")
+        else:
+            terms.append(f"{quote(k)} = {_sql_text(v)}")
+    return "(" + " AND ".join(terms) + ")" if terms else "true"  # (no keys: the one group of every row)
