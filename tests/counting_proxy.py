@@ -72,9 +72,11 @@ class CountingProxy:
                 data = resp.read()
                 self.send_response(resp.status, resp.reason)
                 for k, v in resp.getheaders():
-                    if k.lower() not in _HOP and k.lower() != "content-length":
+                    # (a HEAD's Content-Length is the object's size: passed on as it is)
+                    if k.lower() not in _HOP and (k.lower() != "content-length" or self.command == "HEAD"):
                         self.send_header(k, v)
-                self.send_header("Content-Length", str(len(data)))
+                if self.command != "HEAD":
+                    self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 if self.command != "HEAD":
                     self.wfile.write(data)

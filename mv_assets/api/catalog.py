@@ -183,6 +183,14 @@ class Connection:
     def table_names(self) -> list[str]:
         """Tables and views, sorted: the datasets Lance's directory namespace
         lists at the root (a dataset whose creation never committed is left out)."""
+        found = self._listed()
+        # each a small read on an object store: concurrently
+        return [n for n, ok in zip(found, _concurrently(
+            lambda n: objects.is_dataset(self.table_uri(n)), found, "catalog-list", self.uri), strict=True) if ok]
+
+    def _listed(self) -> list[str]:
+        """What Lance's directory namespace lists at the root, sorted: each a
+        dataset, or one whose creation never committed (no manifest yet)."""
         from lance_namespace_urllib3_client.models.list_tables_request import ListTablesRequest
 
         namespace = _namespace(self.uri, self.storage_options)
@@ -194,10 +202,7 @@ class Connection:
             token = page.page_token
             if not token or not page.tables:
                 break
-        found = sorted(set(names))
-        # each a small read on an object store: concurrently
-        return [n for n, ok in zip(found, _concurrently(
-            lambda n: objects.is_dataset(self.table_uri(n)), found, "catalog-list", self.uri), strict=True) if ok]
+        return sorted(set(names))
 
     def describe(self, name: str | None = None, *, unreadable: dict[str, str] | None = None
                  ) -> dict[str, TableDescription]:
@@ -205,23 +210,24 @@ class Connection:
         metadata only: no UDF is unpickled (see :mod:`mv_assets.api.describe`).
         ``unreadable``: a dict that receives the datasets that cannot be read
         (damaged files: name -> why) instead of the first one raising."""
-        present = self.table_names()
-        names = present if name is None else [name]
-        for n in names:
-            if n not in present:
-                raise TableNotFoundError(f"no table or view named {n!r} in {self.uri}")
+        if name is not None and name not in self.table_names():
+            raise TableNotFoundError(f"no table or view named {name!r} in {self.uri}")
+        names = self._listed() if name is None else [name]
 
-        def one(n: str) -> "TableDescription | Exception":
-            try:
+        def one(n: str) -> "TableDescription | Exception | None":
+            try:  # (opened first: a listing and a manifest read each on an object store)
                 return describe_dataset(n, self.table_uri(n))
             except Exception as exc:
-                return exc
+                # a creation that never committed is no dataset: left out, as table_names() does
+                return exc if objects.is_dataset(self.table_uri(n)) else None
 
         out = {}
         # each dataset read once (its manifest), concurrently: what an object store waits on
         with objects.reusing_handles(snapshot=True):
             described = _concurrently(one, names, "catalog-describe", self.uri)
         for n, d in zip(names, described, strict=True):
+            if d is None:
+                continue
             if isinstance(d, Exception):
                 if unreadable is None:
                     raise d
@@ -275,14 +281,17 @@ class Connection:
         (read-only, see :meth:`Table.checkout`). ``views``: a view that is not
         materialized (:meth:`create_view`) may come back too (a :class:`View`)."""
         uri = self._table_uri(name)
-        if not objects.is_dataset(uri):
+        try:  # (opened first: one listing and one manifest read on an object store)
+            md = objects.dataset(uri).schema.metadata or {}
+        except (ValueError, OSError):
+            if objects.is_dataset(uri):
+                raise  # there, but its files cannot be read (UNREADABLE in the status)
             raw = read_view_definition(self.layout, name) if views else None
             if raw is not None:
                 if version is not None:
-                    raise ValueError(f"{name!r} is a view that is not materialized: it has no versions")
+                    raise ValueError(f"{name!r} is a view that is not materialized: it has no versions") from None
                 return View(self, name, raw)
-            raise TableNotFoundError(f"no table or view named {name!r} in {self.uri}")
-        md = objects.dataset(uri).schema.metadata or {}
+            raise TableNotFoundError(f"no table or view named {name!r} in {self.uri}") from None
         if VIEW_METADATA_KEY.encode() in md:  # its definition is decoded (UDFs unpickled) when first used
             t: Table = MaterializedView(self, name, raw_definition=md[VIEW_METADATA_KEY.encode()])
         else:
@@ -407,7 +416,7 @@ class Connection:
             except Exception as exc:
                 return exc
 
-        names = self.table_names()
+        names = self._listed()  # (open_table tells a dataset from a creation that never committed)
         for n, t in zip(names, _concurrently(one, names, "catalog-open", self.uri), strict=True):
             if isinstance(t, TableNotFoundError):
                 continue  # dropped meanwhile
