@@ -67,3 +67,34 @@ def test_a_sensor_tick_costs_the_same_whatever_the_catalogs_size(counted):
     large = _ticks(*_catalog(s3, proxy, 6), proxy)
     assert small["idle"] == large["idle"] == 2  # one version read: the table's, and its one view's
     assert small["changed"] == large["changed"] <= 20, (small, large)
+
+
+def _fresh_process_requests(proxy, uri: str, options: dict, call: str) -> int:
+    """Requests of ``call`` (``status`` or ``defs``) made by a new process (no cache)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys, mv_assets as mv\n"
+            "if sys.argv[2] == 'defs':\n"
+            "    from mv_assets.dagster import build_definitions; build_definitions(sys.argv[1])\n"
+            "else:\n"
+            "    mv.connect(sys.argv[1]).status()\n")
+    env = {**os.environ, "MV_ASSETS_STORAGE_OPTIONS": json.dumps(options)}
+    with proxy.counting() as seen:
+        subprocess.run([sys.executable, "-c", code, uri, call], env=env, check=True, capture_output=True, timeout=300)
+    return seen.total
+
+
+@pytest.mark.parametrize("n", [2, 5])
+def test_the_status_and_the_definitions_load_read_each_dataset_a_few_times(counted, n):
+    """Every dataset is listed and its manifest read once (a view's also its
+    load-state record and its newest commit): 1 + 3 requests per dataset for
+    the definitions load, 1 + 3 per table + 5 per view for the status (before:
+    1 + 4 per dataset, and about 18 per view)."""
+    s3, proxy = counted
+    db, _ = _catalog(s3, proxy, n)
+    options = {**s3.options, "aws_endpoint": proxy.endpoint}
+    assert _fresh_process_requests(proxy, db.uri, options, "defs") == 1 + 3 * 2 * n
+    assert _fresh_process_requests(proxy, db.uri, options, "status") <= 1 + 3 * n + 5 * n
