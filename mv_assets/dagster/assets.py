@@ -17,7 +17,6 @@ columns, views over views and views with a limit refresh as a whole in any
 partition run, and record every partition the run names.
 """
 
-import re
 import time
 import warnings
 from contextlib import contextmanager
@@ -37,6 +36,7 @@ from mv_assets.dagster.resource import MvAssetsResource
 from mv_assets.model.agg_view import agg_text
 from mv_assets.model.errors import UdfError
 from mv_assets.model.policy import RefreshPolicy
+from mv_assets.model.sql_names import columns_read
 
 __all__ = [
     "RESOURCE_KEY", "TAG_SOURCE_VERSION", "TAG_SCOPE", "CHECK_NAMES", "CODE_CHECK", "COLUMN_CHECK_NAMES", "code_check_evaluations", "safe_name", "partitions_def_name",
@@ -420,8 +420,8 @@ def _index_metadata(view) -> dict:
 
 
 def _named_in(text: str, names: list[str]) -> list[str]:
-    """The ``names`` a SQL text names (as whole identifiers)."""
-    return [n for n in names if re.search(r"(?<![A-Za-z0-9_])" + re.escape(n) + r"(?![A-Za-z0-9_])", text)]
+    """The ``names`` a SQL text reads (model.sql_names: not those inside a string literal)."""
+    return columns_read(text, names)
 
 
 def column_reads(info: TableInfo, source_names: list[str]) -> dict[str, list[str]]:

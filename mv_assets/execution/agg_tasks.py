@@ -23,7 +23,6 @@ states are combined column-wise (Arrow and numpy), not group by group.
 """
 
 import math
-import re
 import uuid
 from dataclasses import dataclass
 
@@ -53,6 +52,7 @@ from mv_assets.model.agg_view import (
 )
 from mv_assets.model.definition import quote_ident, sql_literal
 from mv_assets.model.names import LANCE_ROW_COLUMNS, SOURCE_ROW_ID
+from mv_assets.model.sql_names import columns_read
 from mv_assets.model.udtf_view import partition_ids
 from mv_assets.storage import objects, threads
 from mv_assets.storage.lance_compat import take_rows
@@ -670,9 +670,10 @@ def _old_rows(old: lance.LanceDataset, ids: np.ndarray, inputs: list[str], filte
     if len(ids) == 0:
         return old.schema.empty_table().select(inputs)
 
+    read = set(columns_read(filter_sql, [*LANCE_ROW_COLUMNS, *old.schema.names]))  # (model.sql_names)
+
     def named(name: str) -> bool:
-        return bool(filter_sql) and re.search(
-            r"(?<![A-Za-z0-9_])" + re.escape(name) + r"(?![A-Za-z0-9_])", filter_sql or "") is not None
+        return name in read
 
     if not any(named(n) for n in LANCE_ROW_COLUMNS):
         reads = [n for n in old.schema.names if named(n)]

@@ -30,6 +30,7 @@ from mv_assets.model.names import (
     is_reserved_name,
     source_marker,
 )
+from mv_assets.model.sql_names import columns_read
 from mv_assets.model.udf import UDF, field_metadata_of
 
 __all__ = [
@@ -302,12 +303,8 @@ def definition_reads(definition: dict, columns: list[str], source_names: list[st
             direct.update(c["udf"].get("input_columns") or source_names)
     if definition.get("function"):
         direct.update(definition["function"].get("input_columns") or [])
-    out = []
-    for name in columns:
-        pattern = re.compile(r"(?<![A-Za-z0-9_])" + re.escape(name) + r"(?![A-Za-z0-9_])")
-        if name in direct or any(pattern.search(t) for t in texts):
-            out.append(name)
-    return out
+    named = {n for t in texts for n in columns_read(t, columns)}  # (sqlglot: model.sql_names)
+    return [name for name in columns if name in direct or name in named]
 
 
 def quote_ident(name: str) -> str:
