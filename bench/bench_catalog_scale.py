@@ -6,12 +6,19 @@ each costs far less there than on a real object store, so read the counts).
     python bench/bench_catalog_scale.py                     # N = 10 100, local and S3
     python bench/bench_catalog_scale.py --sizes 10 100 300 1000 --stores local
     python bench/bench_catalog_scale.py --compare /path/to/older/checkout
+    python bench/bench_catalog_scale.py --fragments 1000 10000      # one table of many fragments
 
 Per N it prints: the idle tick of one sensor (seconds, requests), a tick after
 an append to its table, every sensor once, db.status(), and the definitions
 load (build_definitions in a fresh process). ``--compare`` runs the same
 measurements with another checkout's mv_assets (PYTHONPATH) on the same
 machine, one after the other, and prints both side by side with ratios.
+
+``--fragments N...``: one table of N 2-row fragments (written with one Append)
+and a view over it, local disk, in this process: the first sensor tick (its
+partition requests and observations, applied as the daemon does) plus the run
+it starts, a tick after an append and its run, and a one-fragment run, with
+the events each wrote.
 """
 
 import argparse
@@ -101,6 +108,59 @@ def _measure(uri: str, options: dict | None, proxy) -> dict:
     return out
 
 
+def _fragments(n: int) -> None:
+    """One table of ``n`` fragments: the Dagster costs that follow its fragment count."""
+    os.environ.setdefault("DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS", "1")  # as make demo sets it
+    from collections import Counter
+
+    import dagster as dg
+    import lance
+    import pyarrow as pa
+    from dagster_helpers import apply_partition_requests, evaluate_sensor
+
+    import mv_assets as mv
+    from mv_assets.dagster import MvAssetsResource, build_definitions
+
+    path = os.path.join(tempfile.mkdtemp(prefix="mvfrags-"), "catalog")
+    db = mv.connect(path, runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": 0, "x": 0}, {"id": 1, "x": 1}], primary_key="id")
+    ds = lance.dataset(src.uri)
+    rows = pa.table({"id": pa.array(range(2, 2 * n), pa.int64()), "x": pa.array(range(2, 2 * n), pa.int64())})
+    frags = lance.fragment.write_fragments(rows.cast(ds.schema), src.uri, schema=ds.schema, max_rows_per_file=2)
+    lance.LanceDataset.commit(src.uri, lance.LanceOperation.Append(frags), read_version=ds.version)
+    db.create_materialized_view("v", src.search(None).where("x >= 0").select({"id": "id", "x": "x"}))
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=path, runner="inline"))
+    sensor = defs.get_repository_def().get_sensor_def("src_changes")
+    job = defs.resolve_job_def("refresh_src")
+    print(f"\n== one table of {n:,} fragments, one view")
+    with dg.instance_for_test() as instance:
+        kw = {"instance": instance, "definitions": defs, "resources": defs.resources}
+
+        def tick_and_run(label: str, cursor):
+            t0 = time.perf_counter()
+            r = evaluate_sensor(sensor, cursor=cursor, **kw)
+            tick = time.perf_counter() - t0
+            apply_partition_requests(instance, r)
+            applied = time.perf_counter() - t0 - tick
+            events: Counter = Counter()
+            for req in r.run_requests:
+                done = job.execute_in_process(instance=instance, asset_selection=req.asset_selection, tags=req.tags)
+                events.update(e.event_type_value for e in done.all_events if e.event_type_value.startswith("ASSET"))
+            total = time.perf_counter() - t0
+            print(f"{label:34} tick {tick:6.2f} s ({len(r.asset_events or [])} events), applied {applied:6.2f} s, "
+                  f"run {total - tick - applied:7.2f} s {dict(events)}; total {total:7.2f} s", flush=True)
+            return r.cursor or cursor
+
+        cursor = tick_and_run("first tick + the run it starts", None)
+        cursor = evaluate_sensor(sensor, cursor=cursor, **kw).cursor or cursor
+        src.add([{"id": 10 * n, "x": 1}])
+        cursor = tick_and_run("tick after an append + its run", cursor)
+        t0 = time.perf_counter()
+        done = job.execute_in_process(instance=instance, partition_key=str(n // 2))
+        events = Counter(e.event_type_value for e in done.all_events if e.event_type_value.startswith("ASSET"))
+        print(f"{'one-fragment run':34} {time.perf_counter() - t0:6.2f} s {dict(events)}", flush=True)
+
+
 def _side(args) -> None:
     """Measure with this process's mv_assets; print one JSON line."""
     sys.path.insert(0, TESTS)
@@ -148,6 +208,7 @@ def main() -> None:
     p.add_argument("--sizes", type=int, nargs="+", default=[10, 100])
     p.add_argument("--stores", nargs="+", default=["local", "s3"], choices=["local", "s3"])
     p.add_argument("--compare", help="another checkout's root: its mv_assets measured the same way, side by side")
+    p.add_argument("--fragments", type=int, nargs="+", help="one table of N fragments (and only that)")
     p.add_argument("--side", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--uri", help=argparse.SUPPRESS)
     p.add_argument("--options", help=argparse.SUPPRESS)
@@ -156,6 +217,10 @@ def main() -> None:
     if args.side:
         return _side(args)
     sys.path.insert(0, TESTS)
+    if args.fragments:
+        for n in args.fragments:
+            _fragments(n)
+        return
     s3 = None
     try:
         for store in args.stores:

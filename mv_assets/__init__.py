@@ -31,6 +31,7 @@ from mv_assets.model.chunker import UDTF as UDTF
 from mv_assets.model.chunker import Chunker as Chunker
 from mv_assets.model.chunker import chunker as chunker
 from mv_assets.model.chunker import udtf as udtf
+from mv_assets.model.compaction import CompactionPolicy as CompactionPolicy
 from mv_assets.model.definition import SOURCE_ROW_ID as SOURCE_ROW_ID
 from mv_assets.model.errors import CatalogNotFoundError as CatalogNotFoundError
 from mv_assets.model.errors import ConcurrentRefreshError as ConcurrentRefreshError
@@ -91,6 +92,7 @@ __all__ = [
     "UdfError",
     "Query",
     "RefreshPolicy",
+    "CompactionPolicy",
     "SOURCE_ROW_ID",
     "RefreshPlan",
     "RefreshResult",

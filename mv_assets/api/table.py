@@ -19,6 +19,12 @@ from mv_assets.api.query import Query
 from mv_assets.api.search import SearchQuery
 from mv_assets.execution.resources import ResourceRequest, request_of_definition
 from mv_assets.execution.spark import InlineRunner, as_runner
+from mv_assets.model.compaction import (
+    COMPACTION_CONFIG_KEY,
+    DAGSTER_PARTITION_LIMIT,
+    FRAGMENT_WARNING,
+    CompactionPolicy,
+)
 from mv_assets.model.definition import (
     SOURCE_ROW_ID,
     VIEW_METADATA_KEY,
@@ -336,6 +342,11 @@ class Table(Indexed):
     def fragment_ids(self) -> list[int]:
         """Ids of the fragments of the latest version (the partitions of views over it)."""
         return [f.fragment_id for f in self._dataset().get_fragments()]
+
+    def fragment_count(self) -> int:
+        """How many fragments the latest version has (from the manifest, no
+        fragment object made: cheaper than ``len(fragment_ids())``)."""
+        return int(self._dataset().stats.dataset_stats()["num_fragments"])
 
     def data_version(self, reads: Collection[str] | None = ()) -> int:
         """The newest version whose commit changed rows (or, with ``reads``,
@@ -979,6 +990,55 @@ class Table(Indexed):
         compaction metrics."""
         self._require_latest("compact_files()")
         return self._compact(**options)
+
+    @property
+    def compaction_policy(self) -> CompactionPolicy | None:
+        """When the runs of the table's lineage compact it (None: never; see
+        :meth:`set_compaction_policy`)."""
+        return CompactionPolicy.from_json(self._dataset().config().get(COMPACTION_CONFIG_KEY))
+
+    def set_compaction_policy(self, max_fragments: int | None, *, target_rows_per_fragment: int = 1 << 20) -> None:
+        """Compact the table once it has more than ``max_fragments``
+        fragments (``None``: never, the default): the Dagster runs of its
+        lineage do it after their refreshes (:meth:`compact_if_due`), and the
+        sensor then retires the partitions of the fragments merged. For a
+        table that grows by many small appends: Dagster allows 100,000
+        dynamic partitions per asset (docs/dagster.md). A config-only commit:
+        no view sees a change."""
+        self._require_latest("set_compaction_policy()")
+        ds = self._dataset()
+        if max_fragments is None:
+            if COMPACTION_CONFIG_KEY in ds.config():
+                ds.delete_config_keys([COMPACTION_CONFIG_KEY])
+            return
+        policy = CompactionPolicy(max_fragments, target_rows_per_fragment)  # validated before anything is written
+        ds.update_config({COMPACTION_CONFIG_KEY: policy.to_json()})
+
+    def fragments_warning(self, fragments: int | None = None) -> str | None:
+        """What to say when the table has more than half Dagster's 100,000
+        dynamic partitions per asset in fragments (``fragments``: its count,
+        when known); None below that."""
+        n = self.fragment_count() if fragments is None else fragments
+        if n <= FRAGMENT_WARNING:
+            return None
+        policy = self.compaction_policy
+        said = (f"{self.name!r} has {n:,} fragments, each a partition of the views over it (Dagster allows "
+                f"{DAGSTER_PARTITION_LIMIT:,} dynamic partitions per asset): ")
+        if policy is not None and policy.due(n):
+            return said + (f"its compaction policy (over {policy.max_fragments:,} fragments) compacts it in the next "
+                           "run of its lineage, and the sensor then retires the partitions of the fragments merged")
+        return said + ("compact it (table.optimize()) or set a compaction policy "
+                       "(table.set_compaction_policy(max_fragments=...)); see docs/dagster.md")
+
+    def compact_if_due(self) -> bool:
+        """Compact the table if its compaction policy says so (more fragments
+        than its ``max_fragments``). Returns whether it did."""
+        policy = self.compaction_policy
+        if policy is None or not policy.due(self.fragment_count()):
+            return False
+        self._require_latest("compact_if_due()")
+        self._compact(target_rows_per_fragment=policy.target_rows_per_fragment)
+        return True
 
     def cleanup_old_versions(self, older_than: timedelta | None = None, *, delete_unverified: bool = False) -> Any:
         """Remove versions older than ``older_than`` (Lance's default: 2

@@ -19,6 +19,7 @@ partition run, and record every partition the run names.
 
 import time
 import warnings
+from collections.abc import Collection
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -232,7 +233,8 @@ def source_asset(info: TableInfo, pdef=None):
         if pdef is None:
             return dg.DataVersion(str(table.data_version()))
         known, _ = fragment_keys(context.instance.get_dynamic_partitions(pdef.name))
-        versions = table.fragment_data_versions(known)
+        # the fragments the instance does not know as they are (see unobserved_fragments)
+        versions = unobserved_fragments(context.instance, table, known)
         return dg.DataVersionsByPartition({str(f): v for f, v in versions.items()})
 
     return _observe
@@ -276,10 +278,20 @@ def fragment_observation(table: Table, fragment: int, data_version: str) -> dg.A
     )
 
 
-def unobserved_fragments(instance, table: Table, fragments) -> dict[int, str]:
+def unobserved_fragments(instance, table: Table, fragments, also: Collection[int] = ()) -> dict[int, str]:
     """The data versions of those of ``fragments`` (ids; those still in the
-    table) whose latest observation in ``instance`` is missing or says
-    otherwise: what is left to observe (one scan, one query)."""
+    table) that the instance does not know as they are: what is left to
+    observe (one scan, one query).
+
+    A fragment observed before is known at its latest observation's data
+    version. A fragment never observed is known at its first one: Lance
+    writes a fragment once, and an update moves rows to new fragments, so
+    its rows change only by deletions (``v7`` -> ``v7-1``). So a fragment is
+    observed only once a row of it was deleted (or its data version differs
+    from its latest observation): a source of N fragments written once costs
+    no observation at all, not N (materializations of a never-observed
+    fragment point at no observation of it, see :func:`observe_fragments`).
+    ``also``: fragments to observe whatever their version, if never observed."""
     versions = table.fragment_data_versions(fragments)
     if not versions:
         return {}
@@ -287,34 +299,61 @@ def unobserved_fragments(instance, table: Table, fragments) -> dict[int, str]:
         dg.AssetKey([table.name]), DagsterEventType.ASSET_OBSERVATION, [DATA_VERSION_TAG],
         asset_partitions=[str(f) for f in versions],
     )
-    return {f: v for f, v in versions.items() if seen.get(str(f), {}).get(DATA_VERSION_TAG) != v}
+    known = {f: seen.get(str(f), {}).get(DATA_VERSION_TAG) for f in versions}
+    return {f: v for f, v in versions.items()
+            if known[f] != v and (known[f] is not None or not never_changed(v) or f in also)}
 
 
-def observe_fragments(context, table: Table, fragments: list[int], read: int | None = None
-                      ) -> dict[int, tuple[str, int | None]]:
+def never_changed(data_version: str) -> bool:
+    """A fragment's data version as written: none of its rows deleted since."""
+    return "-" not in data_version
+
+
+def _record_id_now(instance) -> int:
+    """A storage id no later event is at or before: where a materialization
+    of a never-observed fragment points (any later observation of it is
+    after, and none is before)."""
+    try:
+        latest = instance.event_log_storage.get_maximum_record_id()
+    except NotImplementedError:  # a storage that cannot say: 1 (every later observation is after it)
+        latest = None
+    return max(int(latest or 0), 1)
+
+
+def observe_fragments(context, table: Table, fragments: list[int], read: int | None = None, *,
+                      every: bool = False) -> dict[int, tuple[str, int | None]]:
     """The input a materialization records for each of ``fragments`` (those
     still in the table) of the source it read at version ``read`` (None: the
     latest): the fragment's data version then, and the storage id of an
     observation of the fragment, which Dagster compares with its latest
-    observation (stale when the data versions differ). Fragments whose
-    latest observation is missing or says otherwise are observed now (as
-    they are now: a scan and three queries, whatever the count). A fragment
-    changed since ``read`` (a write after the version the run was pinned to)
-    points before the observation of its change: the partition shows
-    Unsynced, as it is."""
+    observation (stale when the data versions differ). Fragments the
+    instance does not know as they are (:func:`unobserved_fragments`) are
+    observed now (a scan and three queries, whatever the count). A fragment
+    never observed and never changed points at no observation of it (the
+    latest storage id now): Dagster reports its partition stale once an
+    observation of another data version comes after, which is when a row of
+    it is deleted. A fragment changed since ``read`` (a write after the
+    version the run was pinned to) points before the observation of its
+    change: the partition shows Unsynced, as it is. ``every``: observe every
+    fragment never observed (automation conditions: an unobserved source
+    partition counts as missing to them; the ``<table>_observe`` sensor
+    observes them all too)."""
     versions = table.fragment_data_versions(fragments)
     if not versions:
         return {}
-    for fid, version in unobserved_fragments(context.instance, table, list(versions)).items():
+    then = (table.fragment_data_versions(list(versions), version=read)
+            if read is not None and read != table.version else {})
+    moved = {fid for fid, v in then.items() if v != versions[fid]}
+    also = set(versions) if every else moved
+    for fid, version in unobserved_fragments(context.instance, table, list(versions), also=also).items():
         context.log_event(fragment_observation(table, fid, version))
     key = dg.AssetKey([table.name])
     ids = context.instance.get_latest_storage_id_by_partition(
         key, DagsterEventType.ASSET_OBSERVATION, {str(f) for f in versions})
-    out = {fid: (version, ids.get(str(fid))) for fid, version in versions.items()}
-    if read is not None and read != table.version:
-        for fid, then in table.fragment_data_versions(list(versions), version=read).items():
-            if then != versions[fid]:
-                out[fid] = (then, _pointer_before(context.instance, key, fid, versions[fid]))
+    now = _record_id_now(context.instance) if len(ids) < len(versions) else None
+    out = {fid: (version, ids.get(str(fid), now)) for fid, version in versions.items()}
+    for fid in moved:
+        out[fid] = (then[fid], _pointer_before(context.instance, key, fid, versions[fid]))
     return out
 
 
@@ -741,14 +780,16 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
         before: dict[str, int | None] = {}  # views this run refreshed, at their version before: checked since
         try:
             if any(k in selected for k in column_keys.values()):
-                _backfill_columns(context, table, column_keys)
+                _backfill_columns(context, table, column_keys, observe_all=conditions)
             for info in tree:
                 view_key, col_keys = views[info.name]
                 if any(k in selected for k in (view_key, *col_keys.values())):
                     before.setdefault(info.name, _view_version(context, info.name))
-                    _materialize(context, info, view_key, col_keys, pdef is not None)
+                    _materialize(context, info, view_key, col_keys, pdef is not None, observe_all=conditions)
                 if any(k in selected for k in row_keys[info.name].values()):
-                    _backfill_columns(context, info, row_keys[info.name])
+                    _backfill_columns(context, info, row_keys[info.name], observe_all=conditions)
+            if pdef is not None:
+                _compact_if_due(context, table)
         except UdfError as exc:
             raise _udf_failure(exc) from exc
         wanted = {(k.asset_key, k.name) for k in context.selected_asset_check_keys}
@@ -770,6 +811,19 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
 
     keys = {name: [vk, *cols.values(), *row_keys[name].values()] for name, (vk, cols) in views.items()}
     return _refresh, keys, list(column_keys.values())
+
+
+def _compact_if_due(context, table: TableInfo) -> None:
+    """The source table's compaction policy, after the lineage's refreshes:
+    compact it once it has more fragments than the policy allows (views see
+    no change; the sensor's next tick retires the partitions merged)."""
+    handle = getattr(context.resources, RESOURCE_KEY).connection().open_table(table.name)
+    if handle.compaction_policy is None:
+        return
+    before = handle.fragment_count()
+    if handle.compact_if_due():
+        context.log.info(f"{table.name}: compacted by its compaction policy: {before:,} fragments -> "
+                         f"{handle.fragment_count():,} (the sensor retires the partitions of those merged)")
 
 
 def _udf_failure(exc: UdfError) -> dg.Failure:
@@ -905,7 +959,16 @@ def _refresh_view(context, info: TableInfo, view, fragments: list[int] | None, r
         return view.refresh(src_version=pinned, fragments=fragments, recompute=recompute)
 
 
-def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned: bool):
+def _covers_every_fragment(table: Table, fragments: list[int]) -> bool:
+    """Whether ``fragments`` name every fragment of ``table`` (fragments
+    listed only when they may: a run of a few partitions of a table of many
+    lists none)."""
+    chosen = set(fragments)
+    return len(chosen) >= table.fragment_count() and set(table.fragment_ids()) <= chosen
+
+
+def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned: bool, *,
+                 observe_all: bool = False):
     resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
     db = resource.connection()
     _apply_code(context, info, db)
@@ -922,8 +985,8 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
                 "others). Pick existing partitions."
             )
         )
-    present = set(db.open_table(info.root).fragment_ids()) if keys else set()
-    whole = not info.scoped or not keys or context.run.tags.get(TAG_SCOPE) == "changes" or present <= set(fragments)
+    whole = not info.scoped or not keys or context.run.tags.get(TAG_SCOPE) == "changes" or _covers_every_fragment(
+        db.open_table(info.root), fragments)
     started = time.perf_counter()
     result = None
     recomputed: dict[str, Any] = {}  # column -> the backfill that recomputed its stale rows
@@ -948,7 +1011,7 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
     _log_outcome(context, info, result, recomputed, columns, duration)
     _record_run(
         context, info, db, view, view_key, col_keys, columns, keys if partitioned else [], fragments, whole, result,
-        recomputed, duration,
+        recomputed, duration, observe_all=observe_all,
     )
 
 
@@ -1008,7 +1071,7 @@ SCOPE_NOTHING = "nothing to compute: every row is current"
 
 def _record_run(
     context, info: TableInfo, db, view, view_key, col_keys: dict, columns: list[str], keys: list[str],
-    fragments: list[int], whole: bool, result, recomputed: dict, duration: float,
+    fragments: list[int], whole: bool, result, recomputed: dict, duration: float, *, observe_all: bool = False,
 ) -> None:
     """Materialization events of the run: one per asset, or one per partition.
 
@@ -1069,7 +1132,8 @@ def _record_run(
     # fragment, as observed (the run observes what the instance has not seen:
     # never observed, a partition would show Unsynced right after this run).
     read = None if result is None else result.to_version
-    fragment_inputs = observe_fragments(context, source, fragments, read) if keys and not info.over_view else {}
+    fragment_inputs = (observe_fragments(context, source, fragments, read, every=observe_all)
+                       if keys and not info.over_view else {})
     # A view over a view: each partition's inputs are the upstream view's partition and the upstream
     # columns it reads, as last materialized (Dagster reports it Unsynced when they change after).
     upstream_keys = [source_key, *(dg.AssetKey([info.source_name, c]) for c in info.reads)]
@@ -1140,7 +1204,7 @@ def _column_description(table: str, col: dict) -> str:
     )
 
 
-def _backfill_columns(context, info: TableInfo, keys: dict[str, dg.AssetKey]):
+def _backfill_columns(context, info: TableInfo, keys: dict[str, dg.AssetKey], *, observe_all: bool = False):
     """Materialize selected computed columns of a base table (or of a chunk
     view's rows): a backfill of the rows lacking a current value (exact in any
     partition run)."""
@@ -1199,7 +1263,8 @@ def _backfill_columns(context, info: TableInfo, keys: dict[str, dg.AssetKey]):
             _record(context, key, None, {"job_id": r.job_id, **totals, "table_version": version}, tags)
             continue
         if inputs is None:  # each partition's input: its own fragment (the table's), as observed
-            inputs = {} if info.is_view else observe_fragments(context, table, fragment_keys(parts)[0])
+            inputs = {} if info.is_view else observe_fragments(context, table, fragment_keys(parts)[0],
+                                                               every=observe_all)
         run_md = {"job_id": r.job_id, **{f"run_{k}": v for k, v in totals.items()}, "table_version": version}
         for part in parts:  # the backfill covered every partition of the run: each records its own rows
             fid = int(part) if part.isdigit() else None

@@ -224,6 +224,9 @@ def table_sensor(
             return dg.SkipReason(f"{table.name} is still at version {since} and no view below it changed")
         handle = db.open_table(table.name)
         ch, part_requests, retire = _partition_changes(context, handle, pdef, since)
+        warning = handle.fragments_warning(len(ch.fragments)) if pdef is not None else None
+        if warning:  # Dagster's limit of dynamic partitions per asset comes near
+            context.log.warning(warning)
         checks, code_state = _code_checks(context, tree, db, reported, {})
         if _run_in_flight(context, table.name):
             # One run of a lineage at a time: what it leaves due is seen on the first
@@ -237,17 +240,19 @@ def table_sensor(
             )
         moved = since != ch.version
         runs = []
-        # Fragments whose rows changed since their last observation (all of them on the
-        # first tick): one observation each, so a partition downstream depends on its
-        # own fragment only. Computed columns are part of the run then: their
-        # partitions of those fragments record the new input (a backfill with
-        # nothing to compute), or they would show Unsynced though current.
+        # Fragments whose rows changed since their last observation (a fragment never
+        # observed: once a row of it is deleted; none on a first tick over fragments
+        # written once): one observation each, so a partition downstream depends on its
+        # own fragment only. Computed columns are part of the run then, and for new
+        # partitions: their partitions of those fragments record the new input (a
+        # backfill with nothing to compute), or they would show Unsynced though current.
         observed = (unobserved_fragments(context.instance, handle, sorted(set(ch.to_refresh) | set(ch.added)))
                     if pdef is not None and (moved or ch.added) else {})
         stale: list[dg.AssetKey] = []
-        if column_keys and (moved or observed):
+        new_partitions = pdef is not None and bool(ch.added)
+        if column_keys and (moved or observed or new_partitions):
             stale = [k for k, c in zip(column_keys, columns, strict=True)
-                     if observed or handle.plan_backfill(c).rows > 0]
+                     if observed or new_partitions or handle.plan_backfill(c).rows > 0]
         due, loads, due_at = _due_views(context, db, tree, watched)
         # One run for everything due downstream of the table: its partitions
         # definition is shared, so the run carries the whole lineage in order.
@@ -340,8 +345,9 @@ def observe_sensor(table: TableInfo, pdef, interval: int, status):
         if retire is not None:
             part_requests.append(retire)
         if pdef is not None:
-            events = [fragment_observation(handle, f, v)
-                      for f, v in unobserved_fragments(context.instance, handle, ch.fragments).items()]
+            # every fragment never observed too: to automation conditions an unobserved partition is missing
+            events = [fragment_observation(handle, f, v) for f, v in unobserved_fragments(
+                context.instance, handle, ch.fragments, also=ch.fragments).items()]
         else:
             events = [source_observation(handle, ch.version)] if since != ch.version else []
         if not events and not part_requests and since == ch.version:

@@ -270,10 +270,14 @@ def fragment_data_versions(uri: str, fragments: Collection[int] | None = None, v
     and never comes back to an earlier value: a fragment's deletions only
     grow, and for a given count its newest row version only grows.
     ``fragments``: only these (ids not in the table are left out); cost: one
-    scan of the row versions of their rows (metadata, no data column)."""
+    scan of the row versions of their rows (metadata, no data column), none
+    of the other fragments read."""
     ds = objects.dataset(uri, version=version)
-    present = {f.fragment_id: f for f in ds.get_fragments()}
-    wanted = sorted(present) if fragments is None else sorted({int(f) for f in fragments} & set(present))
+    if fragments is None:
+        present = {f.fragment_id: f for f in ds.get_fragments()}
+    else:  # only these: looked up by id, whatever the table's fragment count
+        present = {fid: frag for fid in {int(f) for f in fragments} if (frag := ds.get_fragment(fid)) is not None}
+    wanted = sorted(present)
     if not wanted:
         return {}
     # (the row version is projected under another name: Lance 14 errs on reading it after compaction otherwise)

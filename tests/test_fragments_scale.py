@@ -1,0 +1,141 @@
+"""Sources of many fragments in Dagster: what a tick, a run and a one-fragment
+run cost counts events and fragments read, never seconds (bench/
+bench_catalog_scale.py --fragments times them); a compaction policy keeps a
+table under Dagster's dynamic partitions per asset."""
+
+import dagster as dg
+import lance
+import pyarrow as pa
+import pytest
+from dagster._core.definitions.observe import observe  # not exported by dagster
+from dagster_helpers import apply_partition_requests, evaluate_sensor, run_requested
+
+import mv_assets as mv
+from mv_assets.dagster import MvAssetsResource, build_definitions
+from mv_assets.dagster.assets import partitions_def_name
+
+K = dg.AssetKey
+
+
+def _fragmented(path, n: int) -> mv.Connection:
+    """src: ``n`` fragments of 2 rows (one Append commit of ``n - 1`` written
+    fragments after the first), a view v over it."""
+    db = mv.connect(str(path), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": 0, "x": 0}, {"id": 1, "x": 1}], primary_key="id")
+    ds = lance.dataset(src.uri)
+    rows = pa.table({"id": pa.array(range(2, 2 * n), pa.int64()), "x": pa.array(range(2, 2 * n), pa.int64())})
+    frags = lance.fragment.write_fragments(rows.cast(ds.schema), src.uri, schema=ds.schema, max_rows_per_file=2)
+    lance.LanceDataset.commit(src.uri, lance.LanceOperation.Append(frags), read_version=ds.version)
+    db.create_materialized_view("v", src.search(None).where("x >= 0").select({"id": "id", "x": "x"}))
+    return db
+
+
+def _observations(events) -> list:
+    return [e for e in events if isinstance(e, dg.AssetObservation)]
+
+
+def test_a_first_tick_over_many_fragments_observes_none_and_partitions_stay_exact(tmp_path):
+    """120 fragments written once: the first tick adds their 120 partitions in
+    one request and emits no observation (before: one per fragment, stored one
+    by one by the daemon), the run records 120 materializations and observes
+    nothing, and every partition is in sync. A delete in one fragment: the
+    next tick observes that fragment alone, its partition is Unsynced and
+    only it; "Observe sources" then observes nothing more."""
+    from dagster._utils.test.data_versions import get_stale_status_resolver
+
+    n = 120
+    db = _fragmented(tmp_path / "cat", n)
+    src = db.open_table("src")
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    repo = defs.get_repository_def()
+    sensor = repo.get_sensor_def("src_changes")
+    every = [*repo.assets_defs_by_key.values(), defs.get_assets_def(K(["src"]))]
+    sample = ["0", "1", "57", str(n - 1)]
+    with dg.instance_for_test() as instance:
+        def statuses(parts):
+            resolver = get_stale_status_resolver(instance, every)
+            return [resolver.get_status(K(["v"]), p).value for p in parts]
+
+        first = evaluate_sensor(sensor, instance=instance, definitions=defs, resources=defs.resources)
+        assert _observations(first.asset_events) == []
+        (add,) = first.dynamic_partitions_requests or []
+        assert len(add.partition_keys) == n
+        (done,) = run_requested(defs, instance, first)
+        mats = [e for e in done.all_events if e.event_type_value == "ASSET_MATERIALIZATION"]
+        assert len(mats) == n and not [e for e in done.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+        assert statuses(sample) == ["FRESH"] * len(sample)
+        assert db.open_table("v").count_rows() == 2 * n
+
+        src.delete("id = 115")  # fragment 57
+        tick = evaluate_sensor(sensor, instance=instance, cursor=first.cursor, definitions=defs,
+                               resources=defs.resources)
+        assert [(e.partition, e.tags["dagster/data_version"]) for e in _observations(tick.asset_events)] == [
+            ("57", src.fragment_data_versions([57])[57])]
+        apply_partition_requests(instance, tick)
+        assert statuses(sample) == ["FRESH", "FRESH", "STALE", "FRESH"]
+        observed = observe([defs.get_assets_def(K(["src"]))], instance=instance)  # "Observe sources"
+        assert observed.success and observed.asset_observations_for_node("src") == []
+        (run,) = tick.run_requests or []
+        assert run.tags["dagster/asset_partition_range_start"] == run.tags["dagster/asset_partition_range_end"] == "57"
+        run_requested(defs, instance, dg.SensorResult(run_requests=tick.run_requests))  # events applied above
+        assert statuses(sample) == ["FRESH"] * len(sample)
+        assert 115 not in db.open_table("v").to_arrow().column("id").to_pylist()
+
+
+def test_data_versions_of_a_few_fragments_read_only_those(tmp_path, monkeypatch):
+    """A one-fragment run reads its fragment's data version: the table's other
+    fragments are not listed (before: every fragment's metadata, per run)."""
+    db = _fragmented(tmp_path / "cat", 60)
+    src = db.open_table("src")
+    made = []
+    real = lance.fragment.LanceFragment.__init__
+
+    def counting(self, *args, **kwargs):
+        made.append(1)
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(lance.fragment.LanceFragment, "__init__", counting)
+    assert src.fragment_data_versions([7, 999]) == {7: src.fragment_data_versions([7])[7]}
+    assert src.fragment_count() == 60
+    made.clear()
+    src.fragment_data_versions([7])
+    src.fragment_count()
+    assert len(made) <= 1
+    src.fragment_data_versions()
+    assert len(made) >= 60  # all of them: every fragment read
+
+
+def test_a_compaction_policy_compacts_in_the_lineages_run_and_the_sensor_retires_the_partitions(tmp_path, monkeypatch):
+    """Past the policy's fragments the lineage's run compacts the source (views
+    unchanged, nothing recomputed), and the next tick retires the partitions
+    of the merged fragments: the partition count follows the fragment count.
+    The sensor's warning names the policy; without one, what to do."""
+    import mv_assets.api.table as table_module
+
+    db = _fragmented(tmp_path / "cat", 30)
+    src = db.open_table("src")
+    with pytest.raises(ValueError, match="max_fragments must be an int >= 1, got 0"):
+        src.set_compaction_policy(0)
+    assert src.compaction_policy is None
+    monkeypatch.setattr(table_module, "FRAGMENT_WARNING", 20)
+    assert "set a compaction policy" in (src.fragments_warning() or "")
+    src.set_compaction_policy(10)
+    assert src.compaction_policy == mv.CompactionPolicy(max_fragments=10)
+    assert "its compaction policy (over 10 fragments) compacts it" in (src.fragments_warning() or "")
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    sensor = defs.get_repository_def().get_sensor_def("src_changes")
+    pname = partitions_def_name("src")
+    with dg.instance_for_test() as instance:
+        first = evaluate_sensor(sensor, instance=instance, definitions=defs, resources=defs.resources)
+        run_requested(defs, instance, first)
+        assert src.fragment_count() == 1  # compacted after the refresh
+        assert len(instance.get_dynamic_partitions(pname)) == 30
+        view_before = db.open_table("v").to_arrow().sort_by("id")
+        after = evaluate_sensor(sensor, instance=instance, cursor=first.cursor, definitions=defs,
+                                resources=defs.resources)
+        run_requested(defs, instance, after)
+        assert instance.get_dynamic_partitions(pname) == [str(f) for f in src.fragment_ids()]
+        assert db.open_table("v").to_arrow().sort_by("id") == view_before
+        src.set_compaction_policy(None)
+        assert src.compaction_policy is None
+        assert src.fragments_warning() is None  # 1 fragment
