@@ -86,7 +86,8 @@ def test_the_sensor_automation_stays_the_default(tmp_path):
     graph = defs.get_repository_def().asset_graph
     assert graph.get(K(["eager_v"])).automation_condition is None
     assert {s.name for s in defs.sensors or []} == {"src_changes"}
-    assert len(list(defs.schedules or [])) == 1  # the cron view's
+    # the cron view's, and the lineage's daily full checks (stopped unless asked for)
+    assert sorted(s.name for s in defs.schedules or []) == ["cron_v_schedule", "full_checks_src_daily"]
 
 
 def test_conditions_follow_the_policies_and_request_the_stale_partitions(tmp_path):
@@ -101,7 +102,7 @@ def test_conditions_follow_the_policies_and_request_the_stale_partitions(tmp_pat
     assert set(sensors) == {"src_observe", AUTOMATION_SENSOR}
     assert isinstance(sensors[AUTOMATION_SENSOR], dg.AutomationConditionSensorDefinition)
     assert {s.default_status for s in sensors.values()} == {dg.DefaultSensorStatus.RUNNING}  # enabled
-    assert not list(defs.schedules or [])
+    assert [s.name for s in defs.schedules or []] == ["full_checks_src_daily"]  # only the full checks'
     with dg.instance_for_test() as instance:
         # Dagster's first evaluation is a baseline: conditions act on what changes after it
         result = dg.evaluate_automation_conditions(defs=defs, instance=instance)

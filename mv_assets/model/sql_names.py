@@ -36,10 +36,11 @@ def identifiers(sql: str) -> frozenset[tuple[str | None, str, bool]] | None:
     None when sqlglot cannot parse it."""
     import sqlglot
     from sqlglot import exp
+    from sqlglot.errors import ParseError, TokenError
 
     try:
         tree = sqlglot.parse_one(sql, read="spark")
-    except (sqlglot.errors.ParseError, sqlglot.errors.TokenError, ValueError):
+    except (ParseError, TokenError, ValueError):
         return None
     if tree is None:
         return frozenset()
