@@ -73,25 +73,21 @@ def _measure(uri: str, options: dict | None, proxy) -> dict:
             r = evaluate_sensor(s, instance=instance, cursor=cursors[s.name], definitions=defs, resources=defs.resources)
             cursors[s.name] = r.cursor or cursors[s.name]
         one = next(s for s in sensors if s.name == "t0_changes")
-        with counting() as seen:
-            t0 = time.perf_counter()
-            r = evaluate_sensor(one, instance=instance, cursor=cursors[one.name], definitions=defs,
-                                resources=defs.resources)
-            out["idle_s"] = time.perf_counter() - t0
-        out["idle_req"] = seen.total if seen is not None else None
-        with counting() as seen:
-            t0 = time.perf_counter()
-            for s in sensors:
-                evaluate_sensor(s, instance=instance, cursor=cursors[s.name], definitions=defs, resources=defs.resources)
-            out["all_s"] = time.perf_counter() - t0
-        out["all_req"] = seen.total if seen is not None else None
+
+        def ticks(key: str, which: list) -> None:
+            """``which`` sensors ticked once each: seconds and requests as ``key``."""
+            with counting() as seen:
+                t0 = time.perf_counter()
+                for s in which:
+                    evaluate_sensor(s, instance=instance, cursor=cursors[s.name], definitions=defs,
+                                    resources=defs.resources)
+                out[f"{key}_s"] = time.perf_counter() - t0
+            out[f"{key}_req"] = seen.total if seen is not None else None
+
+        ticks("idle", [one])
+        ticks("all", sensors)
         db.open_table("t0").add([{"id": 1000 + int(time.time() * 1000) % 10**6, "x": 1}])
-        with counting() as seen:
-            t0 = time.perf_counter()
-            r = evaluate_sensor(one, instance=instance, cursor=cursors[one.name], definitions=defs,
-                                resources=defs.resources)
-            out["changed_s"] = time.perf_counter() - t0
-        out["changed_req"] = seen.total if seen is not None else None
+        ticks("changed", [one])
         db.refresh("v0")
     with counting() as seen:
         t0 = time.perf_counter()
@@ -114,21 +110,13 @@ def _fragments(n: int) -> None:
     from collections import Counter
 
     import dagster as dg
-    import lance
-    import pyarrow as pa
     from dagster_helpers import apply_partition_requests, evaluate_sensor
+    from test_fragments_scale import _fragmented  # (the tests' n-fragment table and its view)
 
-    import mv_assets as mv
     from mv_assets.dagster import MvAssetsResource, build_definitions
 
     path = os.path.join(tempfile.mkdtemp(prefix="mvfrags-"), "catalog")
-    db = mv.connect(path, runner=mv.InlineRunner())
-    src = db.create_table("src", [{"id": 0, "x": 0}, {"id": 1, "x": 1}], primary_key="id")
-    ds = lance.dataset(src.uri)
-    rows = pa.table({"id": pa.array(range(2, 2 * n), pa.int64()), "x": pa.array(range(2, 2 * n), pa.int64())})
-    frags = lance.fragment.write_fragments(rows.cast(ds.schema), src.uri, schema=ds.schema, max_rows_per_file=2)
-    lance.LanceDataset.commit(src.uri, lance.LanceOperation.Append(frags), read_version=ds.version)
-    db.create_materialized_view("v", src.search(None).where("x >= 0").select({"id": "id", "x": "x"}))
+    db = _fragmented(path, n)
     defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=path, runner="inline"))
     sensor = defs.get_repository_def().get_sensor_def("src_changes")
     job = defs.resolve_job_def("refresh_src")
@@ -153,7 +141,7 @@ def _fragments(n: int) -> None:
 
         cursor = tick_and_run("first tick + the run it starts", None)
         cursor = evaluate_sensor(sensor, cursor=cursor, **kw).cursor or cursor
-        src.add([{"id": 10 * n, "x": 1}])
+        db.open_table("src").add([{"id": 10 * n, "x": 1}])
         cursor = tick_and_run("tick after an append + its run", cursor)
         t0 = time.perf_counter()
         done = job.execute_in_process(instance=instance, partition_key=str(n // 2))

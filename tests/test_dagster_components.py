@@ -163,9 +163,11 @@ def test_scaffold_check_list_load_and_materialize_views_declared_in_yaml(tmp_pat
     defs_json = json.loads(listed.stdout)
     keys = [a["asset_key"] for a in defs_json["assets"]]
     assert sorted(keys) == ["big", "big/y", "small", "src"]  # the shared source once
-    assert [j["name"] for j in defs_json["jobs"]] == ["refresh_src"]
+    # the lineage's refresh job, and its full checks (a checks-only job, run on demand or daily)
+    assert sorted(j["name"] for j in defs_json["jobs"]) == ["full_checks_src", "refresh_src"]
     assert {s["name"] for s in defs_json["sensors"]} == {"src_changes"}
-    assert len(defs_json["schedules"]) == 1  # big's cron policy
+    # big's cron policy, and the daily full checks (stopped unless asked for)
+    assert sorted(s["name"] for s in defs_json["schedules"]) == ["big_schedule", "full_checks_src_daily"]
     # in process: the same graph, with what the yaml said
     monkeypatch.setenv("MV_ASSETS_DB", db.uri)
     defs = _load(project, module)

@@ -277,6 +277,16 @@ def _same_output(a, b) -> bool:
     return abs(a - b) <= 1e-9 * max(1.0, abs(a), abs(b))
 
 
+def _misnumbered(rows: pa.Table) -> int:
+    """Parents (``SOURCE_ROW_ID``) of ``rows`` whose chunks (``CHUNK_INDEX``)
+    are not numbered 0..k-1 once each."""
+    pairs = pa.table({"k": rows.column(SOURCE_ROW_ID), "i": rows.column(CHUNK_INDEX)})
+    per = pairs.group_by("k").aggregate([("i", "count"), ("i", "count_distinct"), ("i", "max"), ("i", "min")])
+    return int(pc.sum(pc.or_(pc.not_equal(per["i_count"], per["i_count_distinct"]),  # pyright: ignore[reportAttributeAccessIssue]
+                             pc.or_(pc.not_equal(per["i_min"], 0),  # pyright: ignore[reportAttributeAccessIssue]
+                                    pc.not_equal(pc.add(per["i_max"], 1), per["i_count"])))).as_py() or 0)  # pyright: ignore[reportAttributeAccessIssue]
+
+
 def _chunks_match_query(view: ViewRef, src, keys: np.ndarray, version: int) -> CheckOutcome:
     """A chunk view's ``matches_source_query``: every row's parent passes the
     query, and each parent's rows are numbered 0..k-1, once each. (A passing
@@ -284,12 +294,7 @@ def _chunks_match_query(view: ViewRef, src, keys: np.ndarray, version: int) -> C
     again to tell.)"""
     expected = _ids(src.to_table(columns=[], filter=view.definition.filter, with_row_id=True), "_rowid")
     extra = np.unique(keys[~isin(keys, expected)])
-    rows = view.dataset().to_table(columns=[SOURCE_ROW_ID, CHUNK_INDEX])
-    pairs = pa.table({"k": rows.column(SOURCE_ROW_ID), "i": rows.column(CHUNK_INDEX)})
-    per = pairs.group_by("k").aggregate([("i", "count"), ("i", "count_distinct"), ("i", "max"), ("i", "min")])
-    bad = int(pc.sum(pc.or_(pc.not_equal(per["i_count"], per["i_count_distinct"]),  # pyright: ignore[reportAttributeAccessIssue]
-                            pc.or_(pc.not_equal(per["i_min"], 0),  # pyright: ignore[reportAttributeAccessIssue]
-                                   pc.not_equal(pc.add(per["i_max"], 1), per["i_count"])))).as_py() or 0)  # pyright: ignore[reportAttributeAccessIssue]
+    bad = _misnumbered(view.dataset().to_table(columns=[SOURCE_ROW_ID, CHUNK_INDEX]))
     return CheckOutcome(
         "matches_source_query", len(extra) == 0 and bad == 0,
         f"every row's parent passes the view query over the source at version {version}, and each parent's "
@@ -809,15 +814,8 @@ def _chunks_last_refresh(ch: _Changes, w: RefreshWindow, pass_now: np.ndarray, c
     """A chunk view's ``matches_source_query`` over the parents this refresh
     wrote chunks of: each passes the query, and its chunks are numbered
     0..k-1 once each (a parent rewritten gets all its chunks written anew)."""
-    keys = ch.written.column(SOURCE_ROW_ID)
     extra = np.unique(_ids(ch.written, SOURCE_ROW_ID)[~isin(_ids(ch.written, SOURCE_ROW_ID), pass_now)])
-    bad = 0
-    if ch.written.num_rows:
-        per = pa.table({"k": keys, "i": ch.written.column(CHUNK_INDEX)}).group_by("k").aggregate(
-            [("i", "count"), ("i", "count_distinct"), ("i", "max"), ("i", "min")])
-        bad = int(pc.sum(pc.or_(pc.not_equal(per["i_count"], per["i_count_distinct"]),  # pyright: ignore[reportAttributeAccessIssue]
-                                pc.or_(pc.not_equal(per["i_min"], 0),  # pyright: ignore[reportAttributeAccessIssue]
-                                       pc.not_equal(pc.add(per["i_max"], 1), per["i_count"])))).as_py() or 0)  # pyright: ignore[reportAttributeAccessIssue]
+    bad = _misnumbered(ch.written) if ch.written.num_rows else 0
     return CheckOutcome(
         "matches_source_query", len(extra) == 0 and bad == 0,
         f"every parent this refresh wrote chunks of passes the view query over the source at version {w.source_to}, "
