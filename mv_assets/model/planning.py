@@ -28,6 +28,7 @@ __all__ = [
     "pack_pieces",
     "ChangeSet",
     "KeyPlan",
+    "Membership",
     "plan_keys",
     "shuffle_keys",
     "select_limited",
@@ -130,6 +131,41 @@ def isin(values: np.ndarray, members: np.ndarray) -> np.ndarray:
         if len(members) == 0:
             return np.zeros(len(values), dtype=bool)
     return _mask(values, members)
+
+
+class Membership:
+    """``isin`` against one set of ``members`` asked many times (a stream of
+    batches): the lookup is built once. Ids (non-negative) spanning at most
+    ``BITMAP_MAX`` get a bitmap (one gather a batch); others a sorted array.
+
+    >>> m = Membership(np.array([5, 3, 9]))
+    >>> m.mask(np.array([1, 3, 9, 12, -1])).tolist()
+    [False, True, True, False, False]
+    >>> Membership(np.array([2**40, 7])).mask(np.array([7, 2**40, 8])).tolist()
+    [True, True, False]
+    """
+
+    BITMAP_MAX = 1 << 26  # 64 MiB of bools at the most
+
+    def __init__(self, members: np.ndarray) -> None:
+        members = np.unique(np.asarray(members, dtype=np.int64))
+        self._bitmap = None
+        self._sorted = members
+        if len(members) and members[0] >= 0 and members[-1] < self.BITMAP_MAX:
+            self._bitmap = np.zeros(int(members[-1]) + 1, dtype=bool)
+            self._bitmap[members] = True
+
+    def mask(self, values: np.ndarray) -> np.ndarray:
+        values = np.asarray(values, dtype=np.int64)
+        if self._bitmap is not None:
+            inside = (values >= 0) & (values < len(self._bitmap))
+            out = np.zeros(len(values), dtype=bool)
+            out[inside] = self._bitmap[values[inside]]
+            return out
+        if not len(self._sorted):
+            return np.zeros(len(values), dtype=bool)
+        pos = np.minimum(np.searchsorted(self._sorted, values), len(self._sorted) - 1)
+        return self._sorted[pos] == values
 
 
 def positions(values: np.ndarray, members: np.ndarray) -> np.ndarray:
