@@ -22,6 +22,7 @@ import hashlib
 import importlib
 import importlib.util
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Callable
@@ -70,15 +71,15 @@ def _import(spec: str) -> None:
     _imported.add(spec)
     if spec.endswith(".py") or os.sep in spec:
         path = os.path.abspath(spec)
-        # the name mv_assets.api.declare.load_declared gives the same file: imported once
+        # named as mv_assets.api.declare.load_declared names the file (registered here: imported once)
         name = "mv_assets_declared_" + hashlib.sha256(path.encode()).hexdigest()[:8]
-        if name in __import__("sys").modules:
+        if name in sys.modules:
             return
         module_spec = importlib.util.spec_from_file_location(name, path)
         if module_spec is None or module_spec.loader is None:
             raise UndeclaredCodeError(f"cannot load the code module {spec!r} (${VIEWS_ENV} / ${MODULES_ENV})")
         module = importlib.util.module_from_spec(module_spec)
-        __import__("sys").modules[name] = module
+        sys.modules[name] = module
         module_spec.loader.exec_module(module)
     else:
         importlib.import_module(spec.split(":")[0])
