@@ -522,6 +522,22 @@ class Connection:
         definition = query.to_definition()
         assert isinstance(query.table, Table)
         source = query.table._dataset()
+        if definition.kind == "join":  # join(...): one row per joined row (model.join_view)
+            from mv_assets.model.join_view import join_view_schema
+
+            datasets = [source, *(t._dataset() for t in query.joined)]
+            for t, ds in zip([query.table, *query.joined], datasets, strict=True):
+                require_stable_row_ids(ds, t.name, f"a join view ({name!r})")  # before any write
+                require_current_format(ds, t.name, f"a join view ({name!r})")
+                if not isinstance(t, Table) or t.connection.layout != self.layout:
+                    raise ValueError(f"the joined table {t.name!r} belongs to another catalog")
+                if t.name == name:
+                    raise ValueError("a view cannot have the same name as one of its sources")
+            for t in query.joined:
+                assert isinstance(t, Table)  # (checked above)
+                ensure_table_id(t.uri)
+            return self._write_view(name, definition, join_view_schema(definition, datasets), query, refresh_policy,
+                                    with_no_data, ownership)
         if definition.kind == "aggregate":  # group_by(...).agg(...): one row per group (model.agg_view)
             require_stable_row_ids(source, query.table.name, f"an aggregate view ({name!r})")  # before any write
             return self._write_view(name, definition, agg_view_schema(definition, source), query, refresh_policy,

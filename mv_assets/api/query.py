@@ -57,6 +57,7 @@ class Query:
         self._limit: int | None = None
         self._group_by: tuple[str, ...] | None = None
         self._aggs: dict[str, str] | None = None
+        self._joins: tuple[tuple[QuerySource, dict], ...] = ()
 
     def _copy(self, **changes: Any) -> "Query":
         q = Query(self._table)
@@ -92,6 +93,39 @@ class Query:
         if not items:
             raise ValueError("select() needs at least one column")
         return self._copy(_select=items)
+
+    def join(self, other: QuerySource, on: str | list[str] | None = None, *, left_on: str | list[str] | None = None,
+             right_on: str | list[str] | None = None, how: str = "inner") -> "Query":
+        """Join another table or view (PySpark's and polars' names): ``on``, a
+        column (or list) both sides have, kept once like SQL's ``USING``; or
+        ``left_on``/``right_on``, a name or list each (``left_on`` may be
+        qualified, ``"videos.channel_id"``, to join on a table joined before).
+        ``how``: ``"inner"`` or ``"left"``. Equi-joins; NULL keys never match.
+        Materialized, it is a join view kept by the delta rule
+        (:mod:`mv_assets.ops.join_refresh`); names are qualified with their
+        table's name (``"videos.title"``) where more than one table has them."""
+        if not hasattr(other, "schema") or not hasattr(other, "_dataset") or not isinstance(
+                getattr(other, "name", None), str):
+            raise ValueError(f"join() takes a table or view of this catalog, got {type(other).__name__}")
+        if self._group_by is not None or self._aggs is not None:
+            raise ValueError("join() comes before group_by()")
+        spec = {"on": on, "left_on": left_on, "right_on": right_on, "how": how}
+        q = self._copy(_joins=(*self._joins, (other, spec)))
+        q._join_parts(keys_only=True)  # tables and keys checked now, in the user's words
+        return q
+
+    def _join_parts(self, keys_only: bool = False):
+        """The join's spec and output columns (model.join_view.build_join)."""
+        from mv_assets.model.join_view import build_join
+
+        tables = [self._table, *(t for t, _ in self._joins)]
+        return build_join([t.name for t in tables], [t.schema for t in tables], [j for _, j in self._joins],
+                          self._select, self._filter, keys_only)
+
+    @property
+    def joined(self) -> list[QuerySource]:
+        """The tables and views joined to the query's table (in order)."""
+        return [t for t, _ in self._joins]
 
     def group_by(self, *keys: str) -> "Query":
         """Group the passing rows by these columns (none: one group of every
@@ -138,6 +172,8 @@ class Query:
 
     def to_definition(self) -> ViewDefinition:
         """Validate against the source schema and return the view definition."""
+        if self._joins:
+            return self._join_definition()
         if self._group_by is not None or self._aggs is not None:
             return self._aggregate_definition()
         source_schema = self._table.schema
@@ -189,6 +225,26 @@ class Query:
         output_schema(definition, ds)  # raises ValueError on bad SQL / columns
         return definition
 
+    def _join_definition(self) -> ViewDefinition:
+        from mv_assets.model.join_view import join_view_schema
+
+        if self._group_by is not None or self._aggs is not None:
+            raise ValueError("group_by() over a join: create the join view, then an aggregate view over it "
+                             "(db.open_table(join_view).search(None).group_by(...).agg(...))")
+        if self._shuffle or self._limit is not None:
+            raise ValueError("shuffle() and limit() do not apply to join views")
+        join, outputs = self._join_parts()
+        columns = []
+        for name, kind, value in outputs:
+            if is_reserved_name(name):
+                raise ValueError(f"output column name {name!r} is reserved (names starting with '__' and Lance's "
+                                 "row columns)")
+            columns.append(ColumnSpec(name, "udf", None, value) if kind == "udf" else ColumnSpec(name, kind, value))
+        definition = ViewDefinition(source=self._table.name, columns=tuple(columns), filter=self._filter,
+                                    function=json.dumps(join.to_spec()))
+        join_view_schema(definition, [self._table._dataset(), *(t._dataset() for t, _ in self._joins)])
+        return definition
+
     def _aggregate_definition(self) -> ViewDefinition:
         from mv_assets.model.agg_view import Aggregate, agg_view_schema, parse_aggs
 
@@ -216,6 +272,13 @@ class Query:
 
         definition = self.to_definition()
         ds = self._table._dataset()
+        if definition.kind == "join":
+            from mv_assets.execution.join_tasks import computed_join
+            from mv_assets.model.join_view import join_view_schema
+
+            datasets = [ds, *(t._dataset() for t, _ in self._joins)]
+            rows = computed_join(definition, join_view_schema(definition, datasets), datasets)
+            return rows.select([n for n in rows.column_names if not is_internal_column(n)])
         if definition.kind == "aggregate":
             from mv_assets.execution.agg_tasks import groups_from_rows
             from mv_assets.model.agg_view import Aggregate, agg_view_schema

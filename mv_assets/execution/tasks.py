@@ -626,6 +626,11 @@ def _task_batches(spec: TaskSpec, definition: ViewDefinition, ds, view_schema: p
     if definition.kind == "aggregate":  # an aggregate view: its groups (execution.agg_tasks)
         yield from agg_batches(ds, definition, view_schema, spec.kind_args)
         return
+    if definition.kind == "join":  # a join view: the joined rows of some first-table rows (execution.join_tasks)
+        from mv_assets.execution.join_tasks import join_batches
+
+        yield from join_batches(definition, view_schema, spec.kind_args or {}, udf_rows, errors)
+        return
     for predicate, group in itertools.groupby(spec.parts, key=lambda part: part[1]):
         fragments = []
         for fragment_id, _, _ in group:

@@ -7,7 +7,7 @@ All internal names start with ``__``: users cannot give a column such a name
 from enum import StrEnum
 
 __all__ = [
-    "SOURCE_ROW_ID", "SOURCE_ROW_VERSION", "VIEW_KEY_COLUMNS", "CHUNK_INDEX", "CHUNK_INPUTS", "PARTITION", "AGG_PREFIX", "is_internal_column", "COMPUTED_PREFIX", "SOURCE_MARKER_PREFIX",
+    "SOURCE_ROW_ID", "SOURCE_ROW_VERSION", "VIEW_KEY_COLUMNS", "CHUNK_INDEX", "CHUNK_INPUTS", "PARTITION", "AGG_PREFIX", "JOINED_ROW_ID_PREFIX", "is_internal_column", "COMPUTED_PREFIX", "SOURCE_MARKER_PREFIX",
     "LANCE_ROW_COLUMNS", "RESERVED_PREFIX", "Alias", "ColumnKind", "UdfKind", "computed_marker", "source_marker",
     "is_marker", "is_reserved_name", "input_alias", "input_marker_alias", "nth_marker_alias", "PRIMARY_KEY_METADATA_KEY",
 ]
@@ -21,6 +21,8 @@ CHUNK_INDEX = "__chunk_index"  # the row's position among its parent's children
 CHUNK_INPUTS = "__chunk_inputs"  # digest of the parent's chunker inputs the row was made from
 # -- stored in every row of a table-function view (kind "udtf": a partition's rows give 0..n rows) --
 PARTITION = "__partition"  # the key of the partition the row was made from (model.udtf_view.partition_key)
+# -- stored in every row of a join view (kind "join"): + i, the i-th joined table's stable row id --
+JOINED_ROW_ID_PREFIX = "__join_row_id_"
 # -- stored in every row of an aggregate view (kind "aggregate": one row per group) --
 AGG_PREFIX = "__agg__"  # + what: a group's hidden state (row count, non-NULL counts, sums; model.agg_view)
 
@@ -96,7 +98,8 @@ def is_internal_column(name: str) -> bool:
     >>> [is_internal_column(n) for n in ("__source_row_id", "__computed__y", "y")]
     [True, True, False]
     """
-    return name in VIEW_KEY_COLUMNS or name == CHUNK_INPUTS or is_marker(name) or name.startswith(AGG_PREFIX)
+    return (name in VIEW_KEY_COLUMNS or name == CHUNK_INPUTS or is_marker(name) or name.startswith(AGG_PREFIX)
+            or name.startswith(JOINED_ROW_ID_PREFIX))
 
 
 def is_reserved_name(name: str) -> bool:

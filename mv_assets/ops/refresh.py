@@ -158,8 +158,8 @@ class RefreshPlan:
         """True when executing the plan writes nothing at all: no rows to change and
         no new state to record (a fragment-scoped refresh never records the
         whole-view source version)."""
-        if not self.is_noop or self.full or self.repaired:
-            return False
+        if not self.is_noop or self.full or self.repaired or self.details.get("sources_moved"):
+            return False  # (a join view's other sources moved: their versions are recorded)
         return self.scope is not None or (self.from_version == self.to_version and not self.scoped_since_whole)
 
     # -- Geneva's names for a plan (RefreshPlan) ------------------------------
@@ -1166,6 +1166,8 @@ def _state_record(
         "source_id": plan.source_id or ensure_table_id(view.source_uri),
         "read_fields": plan.read_fields,
         "source_top_fragment": plan.source_top_fragment,
+        # a view of several sources: every source's version and identity (ops.join_refresh)
+        **{k: plan.details[k] for k in ("sources", "source_ids") if k in plan.details},
     }
 
 
@@ -1327,8 +1329,9 @@ def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner", job_id: 
         tasks_resumed=sum(1 for r in results if r.resumed), seconds=indexed - start,
         runner=runner.describe_last_run(),
         # (counted by its one task: its one fragment's rows are the rows it wrote)
-        rows_by_fragment=({t.fragment_ids[0]: plan.rows_to_insert for t in plan.tasks} if plan.counted_by_tasks
-                          else _rows_by_fragment(plan.tasks)),
+        rows_by_fragment=({t.fragment_ids[0]: plan.rows_to_insert for t in plan.tasks}
+                          if plan.counted_by_tasks and all(t.parts for t in plan.tasks)
+                          else plan.details.get("rows_by_fragment") or _rows_by_fragment(plan.tasks)),
         timings={
             "execute_s": executed - start, "commit_s": done - executed,
             "task_s_total": sum(r.seconds for r in results),

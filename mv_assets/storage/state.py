@@ -42,6 +42,10 @@ class RefreshState:
     # the largest fragment id of the source at the version the newest refresh
     # reflects (ids only grow: fragments above it were written since)
     source_top_fragment: int | None = None
+    # a view of several sources (a join view): the version of each source
+    # (by name) and each source's identity, as its newest refresh recorded them
+    sources: dict[str, int] | None = None
+    source_ids: dict[str, str | None] | None = None
 
     @property
     def refreshed(self) -> bool:
@@ -84,6 +88,8 @@ def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
                     read_fields=latest.get("read_fields"),
                     # recorded for the version this record reflects: only a newest whole refresh's is ours
                     source_top_fragment=latest.get("source_top_fragment") if whole and latest["view_version"] == v else None,
+                    sources=latest.get("sources"),
+                    source_ids=latest.get("source_ids"),
                 )
         v -= 1
     if latest is None:

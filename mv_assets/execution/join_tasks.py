@@ -1,0 +1,268 @@
+"""A join view's task (kind ``"join"``, :mod:`mv_assets.model.join_view`):
+the view rows of some of the first table's rows.
+
+The first table's rows (by fragment, or by stable row id for an incremental
+refresh) are joined with each joined table at the version the plan chose,
+one step after the other, as pyarrow hash joins of the keys and row
+positions only (any column type travels; only the keys are hashed); a joined
+table is read whole, or only its rows whose key is among the left side's
+keys when those are few. NULL keys never match; a LEFT row without a match
+is kept with NULLs. The filter and SQL columns are then evaluated by Lance
+over the staged rows (the same SQL dialect as every view's), and UDF columns
+computed, except where the view already holds a value computed from the same
+input rows: a row whose UDF reads no source row that changed (by stable row
+id, for each source the UDF reads) keeps its value with no UDF call.
+"""
+
+import shutil
+import tempfile
+from collections.abc import Iterator
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mv_assets.execution import progress
+from mv_assets.model.definition import ColumnSpec, ViewDefinition, computed_marker
+from mv_assets.model.join_view import Join, joined_row_id, row_id_column, staged_name
+from mv_assets.model.names import JOINED_ROW_ID_PREFIX, SOURCE_ROW_ID, SOURCE_ROW_VERSION
+from mv_assets.storage import objects
+
+__all__ = ["join_batches", "computed_join", "joined_rows", "read_first", "ID_CHUNK", "KEY_FILTER_MAX"]
+
+# Row ids per ``_rowid IN`` list when rows are read by id.
+ID_CHUNK = 20_000
+# At most this many distinct left keys: a joined table is read through an ``IN``
+# filter on its key; beyond, whole (a hash join of every row is cheaper than the filter).
+KEY_FILTER_MAX = 5_000
+# Rows per batch of the view's rows (UDF calls, progress).
+OUT_BATCH = 1 << 16
+_LI, _RI = "__li", "__ri"
+
+
+def _ids_in(ids: np.ndarray) -> str:
+    return "_rowid IN (" + ", ".join(str(int(i)) for i in ids) + ")"
+
+
+def read_first(ds: lance.LanceDataset, columns: list[str], *, fragments: list[int] | None = None,
+               ids: np.ndarray | None = None) -> pa.Table:
+    """The first table's rows (its staged columns, row id and version): of
+    these ``fragments``, or with these stable row ``ids`` (those still there)."""
+    projection = {staged_name(0, c): f"`{c}`" for c in columns}
+    projection[SOURCE_ROW_VERSION] = "_row_last_updated_at_version"
+    if ids is not None:
+        ids = np.unique(np.asarray(ids, np.int64))
+        parts = [ds.to_table(columns=projection, filter=_ids_in(ids[k:k + ID_CHUNK]), with_row_id=True)
+                 for k in range(0, len(ids), ID_CHUNK)]
+        table = pa.concat_tables(parts) if parts else ds.scanner(columns=projection, with_row_id=True,
+                                                                   limit=0).to_table()
+    else:
+        frags = None if fragments is None else [ds.get_fragment(int(f)) for f in fragments]
+        if frags is not None and any(f is None for f in frags):
+            raise RuntimeError(f"a fragment of {fragments} does not exist at version {ds.version} of {ds.uri}")
+        table = ds.scanner(columns=projection, with_row_id=True, fragments=frags, scan_in_order=True).to_table()
+    table = table.rename_columns([SOURCE_ROW_ID if n == "_rowid" else n for n in table.column_names])
+    return table.set_column(table.schema.get_field_index(SOURCE_ROW_ID), SOURCE_ROW_ID,
+                            table.column(SOURCE_ROW_ID).cast(pa.int64())).set_column(
+        table.schema.get_field_index(SOURCE_ROW_VERSION), SOURCE_ROW_VERSION,
+        table.column(SOURCE_ROW_VERSION).cast(pa.int64()))
+
+
+def _read_joined(ds: lance.LanceDataset, i: int, columns: list[str], keys: list[str],
+                 left_values: list[pa.ChunkedArray]) -> pa.Table:
+    """Source ``i``'s rows (staged columns and row id) that can match the left
+    side's key values: through an ``IN`` filter when the keys are few, else all."""
+    projection = {staged_name(i, c): f"`{c}`" for c in columns}
+    filter_sql = None
+    if len(keys) == 1:
+        distinct = pc.unique(left_values[0].drop_null())  # pyright: ignore[reportAttributeAccessIssue]
+        if len(distinct) <= KEY_FILTER_MAX:
+            from mv_assets.model.definition import sql_literal
+
+            if len(distinct) == 0:
+                filter_sql = "false"
+            else:
+                try:
+                    filter_sql = f"`{keys[0]}` IN (" + ", ".join(sql_literal(v) for v in distinct.to_pylist()) + ")"
+                except ValueError:  # a key type without a SQL literal: read whole
+                    filter_sql = None
+    table = ds.to_table(columns=projection, filter=filter_sql, with_row_id=True)
+    return table.rename_columns([joined_row_id(i) if n == "_rowid" else n for n in table.column_names])
+
+
+def joined_rows(first: pa.Table, datasets: list[lance.LanceDataset], join: Join) -> pa.Table:
+    """``first`` (see :func:`read_first`) joined, step by step, with the other sources."""
+    rel = first
+    for step in join.steps:
+        i = step.index
+        left_cols = [staged_name(s, c) for s, c in step.left]
+        right = _read_joined(datasets[i], i, join.reads(i), list(step.right), [rel.column(c) for c in left_cols])
+        keys = [f"__k{n}" for n in range(len(left_cols))]
+        lhs = pa.table({**{k: rel.column(c) for k, c in zip(keys, left_cols, strict=True)},
+                        _LI: pa.array(np.arange(rel.num_rows, dtype=np.int64))})
+        rhs = pa.table({**{k: right.column(staged_name(i, c)) for k, c in zip(keys, step.right, strict=True)},
+                        _RI: pa.array(np.arange(right.num_rows, dtype=np.int64))})
+        matched = lhs.join(rhs, keys=keys, join_type="inner" if step.how == "inner" else "left outer",
+                           use_threads=True, coalesce_keys=True)
+        li, ri = matched.column(_LI), matched.column(_RI)
+        taken = right.take(ri)
+        rel = rel.take(li)
+        for name in taken.column_names:
+            rel = rel.append_column(name, taken.column(name).cast(pa.int64()) if name == joined_row_id(i)
+                                    else taken.column(name))
+    return rel
+
+
+def _evaluated(rel: pa.Table, join: Join) -> pa.Table:
+    """The staged rows passing the filter, with the SQL columns (``__x__<name>``)
+    evaluated by Lance over them (a scratch dataset on local disk)."""
+    if not join.filter and not join.exprs:
+        return rel
+    scratch = tempfile.mkdtemp(prefix="mv-join-")
+    try:
+        ds = lance.write_dataset(rel, scratch)
+        columns = {n: f"`{n}`" for n in rel.column_names}
+        columns.update({f"__x__{name}": sql for name, sql in join.exprs.items()})
+        out = ds.to_table(columns=columns, filter=join.filter, scan_in_order=True)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    return out
+
+
+def _reuse(new: pa.Table, old: pa.Table, c: ColumnSpec, sources: list[int], changed: dict[int, np.ndarray],
+           fingerprint: str) -> np.ndarray:
+    """For each new row, the position in ``old`` of a view row whose value of
+    UDF column ``c`` was computed from the same input rows (same stable ids of
+    every source the UDF reads, none of them changed in what it reads), or -1."""
+    pos = np.full(new.num_rows, -1, dtype=np.int64)
+    if not old.num_rows or not new.num_rows:
+        return pos
+    keys = [row_id_column(i) for i in sources]
+    current = pc.equal(old.column(computed_marker(c.name)), fingerprint).fill_null(False)  # pyright: ignore[reportAttributeAccessIssue]
+    cand = pa.table({**{f"__k{n}": old.column(k).fill_null(-1) for n, k in enumerate(keys)},
+                     "__oi": pa.array(np.arange(old.num_rows, dtype=np.int64))}).filter(current)
+    if not cand.num_rows:
+        return pos
+    first = cand.group_by([f"__k{n}" for n in range(len(keys))], use_threads=False).aggregate([("__oi", "min")])
+    ok = np.ones(new.num_rows, dtype=bool)
+    for i in sources:
+        if len(changed.get(i, ())):
+            ids = np.asarray(new.column(row_id_column(i)).fill_null(-1).to_numpy(zero_copy_only=False), np.int64)
+            ok &= ~np.isin(ids, changed[i])
+    probe = pa.table({**{f"__k{n}": new.column(k).fill_null(-1) for n, k in enumerate(keys)},
+                      "__ni": pa.array(np.arange(new.num_rows, dtype=np.int64))})
+    hit = probe.join(first, keys=[f"__k{n}" for n in range(len(keys))], join_type="inner", use_threads=False)
+    ni = np.asarray(hit.column("__ni").to_numpy(), np.int64)
+    oi = np.asarray(hit.column("__oi_min").to_numpy(), np.int64)
+    pos[ni] = oi
+    pos[~ok] = -1
+    return pos
+
+
+def _udf_values(rel: pa.Table, join: Join, definition: ViewDefinition, udf_rows: dict, errors: list,
+                old: pa.Table | None, changed: dict) -> dict[str, pa.Array]:
+    """Every UDF column's values and markers for the rows of ``rel``."""
+    from mv_assets.execution.tasks import compute_udf_columns
+
+    out: dict[str, pa.Array] = {}
+    ids = rel.column(SOURCE_ROW_ID).combine_chunks()
+    versions = rel.column(SOURCE_ROW_VERSION).combine_chunks()
+    for c in definition.udf_columns:
+        u = c.the_udf
+        udf_rows.setdefault(c.name, 0)
+        pos = (_reuse(rel, old, c, join.udf_sources.get(c.name, []), {int(k): np.asarray(v, np.int64) for k, v in
+                                                                      changed.get(c.name, {}).items()},
+                      c.fingerprint) if old is not None else np.full(rel.num_rows, -1, dtype=np.int64))
+        todo = np.flatnonzero(pos < 0)
+        values: pa.Array
+        markers: pa.Array
+        computed_v = computed_m = pa.array([], pa.null())
+        if len(todo):
+            sub = rel.take(pa.array(todo))
+            inputs = pa.RecordBatch.from_arrays(
+                [sub.column(staged_name(*join.refs[n])).combine_chunks() for n in u.input_columns],
+                names=list(u.input_columns))
+            got = compute_udf_columns([c], inputs, ids.take(pa.array(todo)), versions.take(pa.array(todo)),
+                                      udf_rows, errors)
+            computed_v, computed_m = got[c.name], got[computed_marker(c.name)]
+        if len(todo) == rel.num_rows:
+            values, markers = computed_v, computed_m
+        else:
+            assert old is not None
+            kept = np.flatnonzero(pos >= 0)
+            order = np.concatenate([kept, todo]) if len(todo) else kept
+            parts_v = [old.column(c.name).take(pa.array(pos[kept]))]
+            parts_m = [old.column(computed_marker(c.name)).take(pa.array(pos[kept]))]
+            if len(todo):
+                parts_v.append(pa.chunked_array([computed_v]))
+                parts_m.append(pa.chunked_array([computed_m]))
+            inverse = np.empty(len(order), dtype=np.int64)
+            inverse[order] = np.arange(len(order))
+            values = pa.chunked_array([ch for p in parts_v for ch in p.chunks], type=parts_v[0].type) \
+                .take(pa.array(inverse)).combine_chunks()
+            markers = pa.chunked_array([ch for p in parts_m for ch in p.chunks], type=pa.string()) \
+                .take(pa.array(inverse)).combine_chunks()
+        out[c.name], out[computed_marker(c.name)] = values, markers
+    return out
+
+
+def _view_batch(rel: pa.Table, join: Join, definition: ViewDefinition, schema: pa.Schema,
+                udfs: dict[str, pa.Array]) -> pa.Table:
+    columns = {c.name: c for c in definition.columns}
+    arrays = []
+    for f in schema:
+        if f.name in udfs:
+            col = udfs[f.name]
+        elif f.name in columns and columns[f.name].kind == "sql":
+            col = rel.column(f"__x__{f.name}")
+        elif f.name in columns:
+            col = rel.column(staged_name(*join.refs[columns[f.name].expr or f.name]))
+        else:  # the row keys
+            col = rel.column(f.name)
+        arrays.append(col.cast(f.type) if col.type != f.type else col)
+    return pa.Table.from_arrays(arrays, schema=schema)
+
+
+def join_batches(definition: ViewDefinition, schema: pa.Schema, args: dict, udf_rows: dict,
+                 errors: list) -> Iterator[pa.RecordBatch]:
+    """The view rows of one task: ``args`` (planned by :mod:`mv_assets.ops.join_refresh`)
+    names the sources' uris and versions and the first table's fragments or row ids."""
+    datasets = [objects.dataset(u, version=v) for u, v in zip(args["uris"], args["versions"], strict=True)]
+    yield from _batches_over(definition, schema, args, udf_rows, errors, datasets)
+
+
+def _batches_over(definition: ViewDefinition, schema: pa.Schema, args: dict, udf_rows: dict, errors: list,
+                  datasets: list[lance.LanceDataset]) -> Iterator[pa.RecordBatch]:
+    join = Join.of(definition)
+    first = read_first(datasets[0], join.reads(0), fragments=args.get("fragments"),
+                       ids=None if args.get("ids") is None else np.asarray(args["ids"], np.int64))
+    old = None
+    reuse = args.get("reuse")
+    if reuse and definition.udf_columns and first.num_rows:
+        view_ds = objects.dataset(args["view_uri"], version=reuse["view_version"])
+        keep = [n for n in view_ds.schema.names if n == SOURCE_ROW_ID or n.startswith(JOINED_ROW_ID_PREFIX)
+                or n in {c.name for c in definition.udf_columns} or n in {computed_marker(c.name)
+                                                                          for c in definition.udf_columns}]
+        ids = np.asarray(first.column(SOURCE_ROW_ID).to_numpy(), np.int64)
+        parts = [view_ds.to_table(columns=keep, filter=f"{SOURCE_ROW_ID} IN (" + ", ".join(map(str, ids[k:k + ID_CHUNK]))
+                                  + ")") for k in range(0, len(ids), ID_CHUNK)]
+        old = pa.concat_tables(parts)
+    staged = _evaluated(joined_rows(first, datasets, join), join)
+    done = 0
+    for start in range(0, staged.num_rows, OUT_BATCH):
+        rel = staged.slice(start, OUT_BATCH)
+        udfs = _udf_values(rel, join, definition, udf_rows, errors, old, (reuse or {}).get("changed", {}))
+        yield from _view_batch(rel, join, definition, schema, udfs).to_batches()
+        step = first.num_rows * (start + rel.num_rows) // staged.num_rows - done  # (progress counts first rows)
+        progress.advance(step)
+        done += step
+    progress.advance(first.num_rows - done)
+
+
+def computed_join(definition: ViewDefinition, schema: pa.Schema, datasets: list[lance.LanceDataset]) -> pa.Table:
+    """Every row of a join view over ``datasets`` (at their versions), in this process."""
+    args = {"uris": [d.uri for d in datasets], "versions": [d.version for d in datasets], "fragments": None}
+    udf_rows: dict[str, int] = {}
+    batches = list(_batches_over(definition, schema, args, udf_rows, [], datasets))
+    return pa.Table.from_batches(batches, schema=schema)

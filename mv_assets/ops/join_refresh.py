@@ -1,0 +1,336 @@
+"""Planning a join view's refresh (kind ``"join"``, :mod:`mv_assets.model.join_view`).
+
+The refresh runs through the same pipeline as every view's: this plan, the
+runner's tasks (:mod:`mv_assets.execution.join_tasks`, checkpointed per task)
+and one Lance commit carrying the new rows, the removed ones and the refresh
+state, which records the version of *every* source the view reflects.
+
+* **incremental** (the delta rule, Δ(F⋈D) = ΔF⋈D_new + F_old⋈ΔD): the first
+  table's rows to compute again are found from each source's changes since
+  the version the view reflects:
+
+  - rows of the first table written (inserted, updated) or deleted since;
+  - for a joined table, rows written or deleted since: the view rows that
+    came from them (by the stable row id each view row keeps) name their
+    first-table rows; and the rows written since are *probed* by key on the
+    table they join to (down the chain to the first table: a channel's new
+    key finds its videos, their keys find their clips), so a row that now
+    finds a match (an INNER row appearing, a LEFT row losing its padding) is
+    found too.
+
+  Every view row of those first-table rows is removed and their rows
+  computed again from the sources at the new versions. UDF values are kept,
+  with no UDF call, where a view row comes from the same source rows as
+  before and none of the rows the UDF reads changed in a column it reads
+  (compared by value between the two versions): a dimension update of a
+  column no UDF reads costs 0 UDF calls; one of a column a UDF reads
+  recomputes exactly the matching rows.
+* **full**: every first-table row: the first refresh, ``mode="full"``, a new
+  query, a source recreated, restored or overwritten, a change feed cleaned
+  up, a refresh to an older version, rows written into the view by another
+  tool, a backfill of a computed column the view reads.
+
+Counts: ``rows_to_delete`` is the view rows removed, ``rows_to_insert`` the
+first-table rows whose join is computed (the refresh reports the rows it
+wrote), ``udf_rows`` at most those rows (the refresh counts the calls made).
+A join view refreshes as a whole: ``fragments=`` widens to the whole source.
+"""
+
+import hashlib
+import json
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from mv_assets.execution.join_tasks import ID_CHUNK
+from mv_assets.execution.tasks import TaskSpec
+from mv_assets.model.definition import computed_column_names, short_error, sql_literal
+from mv_assets.model.join_view import Join, row_id_column
+from mv_assets.model.names import SOURCE_ROW_ID
+from mv_assets.model.planning import KeyPlan, isin
+from mv_assets.model.planning import column_ids as _ids
+from mv_assets.ops.refresh import RefreshPlan, _check_args, _place, read_history
+from mv_assets.storage import objects
+from mv_assets.storage.changes import backfill_commits, commit_matters, commits_since, foreign_writes
+from mv_assets.storage.identity import table_id
+from mv_assets.storage.refs import ViewRef
+from mv_assets.storage.row_ids import require_current_format, require_stable_row_ids
+from mv_assets.storage.state import read_refresh_state
+
+__all__ = ["plan_join_refresh", "source_versions"]
+
+# First-table rows per task (a join task holds its rows and their matches in memory).
+ROWS_PER_TASK = 1 << 20
+# At most this many values: probed with an ``IN`` filter; beyond, the key columns are read whole.
+PROBE_IN_MAX = 5_000
+
+
+def _open(view: ViewRef, name: str, uri: str) -> lance.LanceDataset:
+    try:
+        ds = objects.dataset(uri)
+    except (ValueError, OSError) as exc:
+        if objects.is_dataset(uri):
+            raise ValueError(f"cannot open {name!r}, a source of join view {view.name!r}: {short_error(exc)}") from exc
+        raise ValueError(f"the source {name!r} of join view {view.name!r} is missing: no Lance dataset at {uri} "
+                         "(removed outside mv_assets?); create it again (the view is then rebuilt) or drop the view"
+                         ) from None
+    require_current_format(ds, name, f"join view {view.name!r}")
+    require_stable_row_ids(ds, name, f"join view {view.name!r}")
+    return ds
+
+
+def source_versions(view: ViewRef) -> dict[str, int]:
+    """The version of each source a join view's last refresh reflected ({} never refreshed)."""
+    return dict(read_refresh_state(view.dataset()).sources or {})
+
+
+def _full_reason(view: ViewRef, join: Join, datasets: list[lance.LanceDataset], state, mode: str) -> str | None:
+    """Why the refresh recomputes every row (None: it can be incremental)."""
+    if state.source_version is None or not state.sources:
+        return "first refresh"
+    if mode == "full":
+        return "mode='full'"
+    if state.definition != view.definition.shape_fingerprint():
+        return "the view's query changed"
+    if foreign_writes(view.dataset(), state.view_version) is not None:
+        return "another tool wrote into the view since its last refresh: rebuilt"
+    for name, ds in zip(join.sources, datasets, strict=True):
+        v = state.sources.get(name)
+        if v is None:
+            return f"no version of {name!r} recorded"
+        recorded_id = (state.source_ids or {}).get(name)
+        if recorded_id is not None and recorded_id != table_id(ds):
+            return f"the source {name!r} was dropped and created again (its table identity changed): rebuilt"
+        if ds.version < v:
+            return f"{name!r} is at version {ds.version}, older than the reflected version {v}"
+        if ds.version == v:
+            continue
+        history = read_history(ds, v, ds.version)
+        if history.breaks_row_ids:
+            return f"{name!r}: {history.breaks_row_ids} (row ids no longer mean the same rows)"
+        if history.cleaned_up_at is not None:
+            return f"{name!r}: the history of version {history.cleaned_up_at} was cleaned up (its changes are unknown)"
+        i = join.sources.index(name)
+        computed = [c for c in join.reads(i) if c in computed_column_names(ds.schema)]
+        if computed and backfill_commits(ds, v, ds.version, computed):
+            return f"a backfill of {name}.{computed} (read by the view) rewrote values without moving row versions"
+    return None
+
+
+def _changes(ds: lance.LanceDataset, v: int, columns: list[str]) -> tuple[pa.Table, np.ndarray]:
+    """The rows written since version ``v`` (``columns`` and ``_rowid``) and the ids deleted since."""
+    if ds.version == v:
+        return pa.table({"_rowid": pa.array([], pa.uint64())}), np.empty(0, np.int64)
+    commits = commits_since(ds, v)
+    if commits is not None and not any(commit_matters(t) for t in commits):
+        return pa.table({"_rowid": pa.array([], pa.uint64())}), np.empty(0, np.int64)
+    written = ds.to_table(columns=columns, filter=f"_row_last_updated_at_version > {v}", with_row_id=True)
+    deleted = _ids(ds.delta(begin_version=v, end_version=ds.version).get_deleted_row_ids().read_all())
+    return written, deleted
+
+
+def _matching(ds: lance.LanceDataset, keys: list[str], values: pa.Table, columns: list[str]) -> pa.Table:
+    """Rows of ``ds`` whose ``keys`` equal one of the rows of ``values`` (NULLs never match)."""
+    values = values.drop_null()
+    if not values.num_rows:
+        return ds.scanner(columns=columns, with_row_id=True, limit=0).to_table()
+    wanted = list(dict.fromkeys(keys + columns))
+    filter_sql = None
+    if len(keys) == 1:
+        distinct = pc.unique(values.column(0))  # pyright: ignore[reportAttributeAccessIssue]
+        if len(distinct) <= PROBE_IN_MAX:
+            try:
+                filter_sql = f"`{keys[0]}` IN (" + ", ".join(sql_literal(x) for x in distinct.to_pylist()) + ")"
+            except ValueError:
+                filter_sql = None
+    rows = ds.to_table(columns=wanted, filter=filter_sql, with_row_id=True)
+    probe = values.rename_columns([f"__k{n}" for n in range(len(keys))]).group_by(
+        [f"__k{n}" for n in range(len(keys))]).aggregate([])
+    keyed = rows.append_column("__pos", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
+    keyed = keyed.rename_columns([f"__k{keys.index(n)}" if n in keys else n for n in keyed.column_names])
+    hit = keyed.select([*(f"__k{n}" for n in range(len(keys))), "__pos"]).join(
+        probe, keys=[f"__k{n}" for n in range(len(keys))], join_type="inner", use_threads=False)
+    return rows.take(hit.column("__pos"))
+
+
+def _probe(join: Join, datasets: list[lance.LanceDataset], i: int, rows: pa.Table) -> np.ndarray:
+    """Ids of the first table's rows that reach, down the chain, the rows of
+    source ``i`` given (with its key columns): those that may match them now."""
+    step = join.step_of(i)
+    values = rows.select(list(step.right))
+    s = step.left_source
+    left_keys = [c for _, c in step.left]
+    below = join.step_of(s).right if s != 0 else []
+    found = _matching(datasets[s], left_keys, values, list(below))
+    if s == 0:
+        return _ids(found)
+    return _probe(join, datasets, s, found)
+
+
+def _view_rows_of(view_ds: lance.LanceDataset, column: str, ids: np.ndarray) -> np.ndarray:
+    """First-table row ids of the view rows whose ``column`` is one of ``ids``."""
+    if not len(ids):
+        return np.empty(0, np.int64)
+    if len(ids) <= ID_CHUNK:
+        t = view_ds.to_table(columns=[SOURCE_ROW_ID], filter=f"{column} IN ({', '.join(map(str, ids.tolist()))})")
+        return _ids(t, SOURCE_ROW_ID)
+    t = view_ds.to_table(columns=[SOURCE_ROW_ID, column])
+    return _ids(t, SOURCE_ROW_ID)[isin(np.asarray(t.column(column).fill_null(-1).to_numpy(), np.int64), ids)]
+
+
+def _input_changes(join: Join, definition, datasets, state, written: dict[int, pa.Table]) -> dict[str, dict]:
+    """For each UDF column, per source it reads: the ids of rows updated since
+    the reflected version whose values of the columns the UDF reads differ
+    (rows the UDF must be called on again)."""
+    out: dict[str, dict] = {}
+    for c in definition.udf_columns:
+        per: dict[str, list[int]] = {}
+        for i in join.udf_sources.get(c.name, []):
+            new = written.get(i)
+            if new is None or not new.num_rows:
+                continue
+            cols = [col for ref, (s, col) in join.refs.items() if s == i and ref in c.the_udf.input_columns]
+            old_ds = datasets[i].checkout_version(state.sources[join.sources[i]])
+            ids = _ids(new)
+            parts = [old_ds.to_table(columns=cols, filter=f"_rowid IN ({', '.join(map(str, ids[k:k + ID_CHUNK]))})",
+                                     with_row_id=True) for k in range(0, len(ids), ID_CHUNK)]
+            old = pa.concat_tables(parts) if parts else None
+            if old is None or not old.num_rows:
+                continue  # inserted rows only: no view row came from them
+            pos = {int(r): n for n, r in enumerate(_ids(old))}
+            new_ids = _ids(new)
+            differ = []
+            old_rows = old.select(cols).to_pylist()
+            new_rows = new.select(cols).to_pylist()
+            for n, r in enumerate(new_ids):
+                p = pos.get(int(r))
+                if p is not None and old_rows[p] != new_rows[n]:
+                    differ.append(int(r))
+            if differ:
+                per[str(i)] = differ
+        out[c.name] = per
+    return out
+
+
+def plan_join_refresh(
+    view: ViewRef, src_version: int | None = None, *, mode: str = "auto", fragments: list[int] | None = None,
+    recompute: list[str] | None = None, max_rows_per_task: int | None = None, checkpoint_size: int | None = None,
+    parallelism: int = 1, exact: bool = True,
+) -> RefreshPlan:
+    """Plan a refresh of join view ``view`` (see the module docstring);
+    arguments as :func:`mv_assets.ops.refresh.plan_refresh`'s."""
+    _check_args(mode, max_rows_per_task, checkpoint_size)
+    if recompute:
+        raise ValueError(f"recompute applies to UDF columns of query views; join view {view.name!r} is computed "
+                         "again with mode='full'")
+    definition = view.definition
+    join = Join.of(definition)
+    uris = [view.source_uri, *(view.layout.table_uri(n) for n in join.sources[1:])]
+    datasets = [_open(view, n, u) for n, u in zip(join.sources, uris, strict=True)]
+    if src_version is not None:
+        datasets[0] = datasets[0].checkout_version(src_version)
+    view_ds = view.dataset()
+    state = read_refresh_state(view_ds)
+    versions = {n: ds.version for n, ds in zip(join.sources, datasets, strict=True)}
+    ids = {n: table_id(ds) for n, ds in zip(join.sources, datasets, strict=True)}
+    why_full = _full_reason(view, join, datasets, state, mode)
+    if why_full is not None and mode == "incremental_strict" and state.source_version is not None:
+        raise ValueError(f"refresh of {view.name!r} cannot be incremental: {why_full}")
+    details: dict = {"sources": versions, "source_ids": ids}
+    per_task = max_rows_per_task or ROWS_PER_TASK
+    if why_full is not None:
+        return _full_plan(view, definition, datasets, view_ds, state, why_full, per_task, checkpoint_size, details)
+    assert state.sources is not None  # (an incremental refresh follows one that recorded them)
+    reflected: dict[str, int] = state.sources
+    moved = {n: v for n, v in versions.items() if reflected.get(n) != v}
+    details["sources_moved"] = bool(moved)
+    affected: list[np.ndarray] = []
+    written: dict[int, pa.Table] = {}
+    for i, (name, ds) in enumerate(zip(join.sources, datasets, strict=True)):
+        if name not in moved:
+            continue
+        cols = list(dict.fromkeys([*join.reads(i)]))
+        rows, deleted = _changes(ds, reflected[name], cols)
+        written[i] = rows
+        if i == 0:
+            affected += [_ids(rows), deleted]
+            continue
+        affected.append(_view_rows_of(view_ds, row_id_column(i), np.concatenate([_ids(rows), deleted])))
+        if rows.num_rows:
+            affected.append(_probe(join, datasets, i, rows))
+    touched = np.unique(np.concatenate(affected)) if affected else np.empty(0, np.int64)
+    changed = _input_changes(join, definition, datasets, state, written) if len(touched) else {}
+    evicted = _view_keys(view_ds, touched)
+    how = "incremental"
+    reason = ("incremental (" + ", ".join(f"{n} {reflected[n]} -> {v}" for n, v in moved.items()) + ")"
+              if moved else "incremental (no source moved)")
+    where = _place(view, datasets[0], view_ds.version, f"join|{json.dumps(versions, sort_keys=True)}|{how}",
+                   per_task, checkpoint_size)
+    tasks = []
+    for k in range(0, len(touched), per_task):
+        chunk = touched[k:k + per_task]
+        args = {"uris": uris, "versions": [d.version for d in datasets], "ids": chunk.tolist(),
+                "view_uri": view.uri, "reuse": {"view_version": view_ds.version, "changed": changed}}
+        tasks.append(_task(where, args, len(chunk)))
+    udf_rows = {c.name: int(len(touched)) for c in definition.udf_columns} if len(touched) else {}
+    return RefreshPlan(
+        view=view.name, source=definition.source, from_version=state.source_version, to_version=datasets[0].version,
+        view_version=view_ds.version, full=False, reason=reason, rows_to_insert=int(len(touched)),
+        rows_to_update=0, rows_to_delete=int(evicted[0].size), udf_rows=udf_rows, tasks=tasks,
+        keys=KeyPlan(delete=touched), view_key_addrs=evicted, checkpoint_dir=where.checkpoint_dir,
+        definition_raw=definition.encode(), load_number=state.load_number, scope=None,
+        seconds_per_row=state.seconds_per_row, source_id=ids[join.sources[0]], counted_by_tasks=bool(tasks),
+        details=details,
+    )
+
+
+def _view_keys(view_ds: lance.LanceDataset, touched: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Keys and row addresses of the view rows of the first-table rows ``touched``."""
+    if not len(touched):
+        return np.empty(0, np.int64), np.empty(0, np.int64)
+    if len(touched) <= ID_CHUNK:
+        t = view_ds.to_table(columns=[SOURCE_ROW_ID], with_row_address=True,
+                             filter=f"{SOURCE_ROW_ID} IN ({', '.join(map(str, touched.tolist()))})")
+    else:
+        t = view_ds.to_table(columns=[SOURCE_ROW_ID], with_row_address=True)
+        t = t.filter(pa.array(isin(_ids(t, SOURCE_ROW_ID), touched)))
+    return _ids(t, SOURCE_ROW_ID), _ids(t, "_rowaddr")
+
+
+def _task(where, args: dict, rows: int) -> TaskSpec:
+    task_id = hashlib.sha256(f"{where.plan_key}|{json.dumps(args, sort_keys=True)}".encode()).hexdigest()[:16]
+    return TaskSpec(task_id=task_id, src_uri=where.src_uri, src_version=where.src_version, parts=[],
+                    view_uri=where.view_uri, rows=int(rows), checkpoint_dir=where.checkpoint_dir,
+                    view_version=where.view_version, partitions=[], kind_args=args)
+
+
+def _full_plan(view: ViewRef, definition, datasets, view_ds, state, reason: str, per_task: int,
+               checkpoint_size: int | None, details: dict) -> RefreshPlan:
+    """Every first-table row, by fragment groups of about ``per_task`` rows."""
+    where = _place(view, datasets[0], view_ds.version, f"join|full|{json.dumps(details['sources'], sort_keys=True)}",
+                   per_task, checkpoint_size)
+    uris = [d.uri for d in datasets]
+    tasks, group, rows, total = [], [], 0, 0
+    by_fragment: dict[int, int] = {}
+    for f in datasets[0].get_fragments():
+        n = by_fragment[f.fragment_id] = f.count_rows()
+        total += n
+        if group and rows + n > per_task:
+            tasks.append(_task(where, {"uris": uris, "versions": [d.version for d in datasets], "fragments": group},
+                               rows))
+            group, rows = [], 0
+        group.append(f.fragment_id)
+        rows += n
+    if group:
+        tasks.append(_task(where, {"uris": uris, "versions": [d.version for d in datasets], "fragments": group}, rows))
+    held = view_ds.count_rows()
+    return RefreshPlan(
+        view=view.name, source=definition.source, from_version=state.source_version, to_version=datasets[0].version,
+        view_version=view_ds.version, full=True, reason=reason, rows_to_insert=total, rows_to_update=0,
+        rows_to_delete=held, udf_rows={c.name: total for c in definition.udf_columns}, tasks=tasks,
+        checkpoint_dir=where.checkpoint_dir, definition_raw=definition.encode(), load_number=state.load_number,
+        scope=None, seconds_per_row=state.seconds_per_row, source_id=details["source_ids"][definition.source],
+        counted_by_tasks=bool(tasks), details={**details, "sources_moved": True, "rows_by_fragment": by_fragment},
+    )
