@@ -1174,6 +1174,15 @@ class MaterializedView(Table):
         """The source version the view reflects (None before the first refresh)."""
         return self.refresh_state().source_version
 
+    @property
+    def source_versions(self) -> dict[str, int]:
+        """The version of every source the view reflects, by name ({} before
+        the first refresh): a join view's sources, else its one source."""
+        state = self.refresh_state()
+        if state.sources:
+            return dict(state.sources)
+        return {} if state.source_version is None else {self.source: state.source_version}
+
     @objects.reusing_handles()
     def plan_refresh(
         self, *, src_version: int | None = None, mode: str = "auto", fragments: list[int] | None = None,

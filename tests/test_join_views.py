@@ -1,0 +1,405 @@
+"""Join views (kind "join"): every semantic checked against an oracle computed
+independently, a nested-loop join in plain Python over each source read with
+pylance at the version the view reflects (``view.source_versions``)."""
+
+import itertools
+import os
+import random
+
+import lance
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import mv_assets as mv
+
+@mv.udf(data_type=pa.string())
+def caption(title: str, dur: float) -> str:
+    return f"{title}|{dur}"
+
+
+@mv.udf(data_type=pa.string())
+def badge(name: str) -> str:
+    return f"<{name}>"
+
+
+CLIPS = pa.schema([("id", pa.int64()), ("video_id", pa.int64()), ("dur", pa.float64()), ("note", pa.string())])
+VIDEOS = pa.schema([("vid", pa.int64()), ("title", pa.string()), ("lang", pa.string()), ("channel_id", pa.int64()),
+                    ("views", pa.int64())])
+CHANNELS = pa.schema([("channel_id", pa.int64()), ("name", pa.string()), ("country", pa.string())])
+
+
+def clip_rows(rng, start, n, videos=8):
+    return pa.Table.from_pylist([{"id": i, "video_id": None if rng.random() < 0.08 else rng.randrange(videos),
+                                  "dur": float(rng.randrange(1, 9)), "note": rng.choice("ab")}
+                                 for i in range(start, start + n)], schema=CLIPS)
+
+
+def video_rows(rng, ids, channels=4):
+    return pa.Table.from_pylist([{"vid": v, "title": f"t{rng.randrange(5)}", "lang": rng.choice(["en", "fr"]),
+                                  "channel_id": None if rng.random() < 0.1 else rng.randrange(channels),
+                                  "views": rng.randrange(100)} for v in ids], schema=VIDEOS)
+
+
+def channel_rows(rng, ids):
+    return pa.Table.from_pylist([{"channel_id": c, "name": f"c{rng.randrange(3)}", "country": rng.choice("xyz")}
+                                 for c in ids], schema=CHANNELS)
+
+
+def make_sources(db, rng, clips=40):
+    return (db.create_table("clips", clip_rows(rng, 0, clips)),
+            db.create_table("videos", video_rows(rng, range(6))),  # (videos 6, 7: clips that match nothing yet)
+            db.create_table("channels", channel_rows(rng, range(3))))
+
+
+def rows_at(db, name, version):
+    return lance.dataset(db.open_table(name).uri, version=version).to_table().to_pylist()
+
+
+def oracle_chain(db, versions, how):
+    """clips ⋈ videos (video_id = vid) ⋈ channels (videos.channel_id = channel_id), filter, columns."""
+    clips, videos, channels = (rows_at(db, n, versions[n]) for n in ("clips", "videos", "channels"))
+    out = []
+    for c in clips:
+        vs = [v for v in videos if c["video_id"] is not None and v["vid"] == c["video_id"]]
+        if not vs and how == "left":
+            vs = [None]
+        for v in vs:
+            chs = [h for h in channels if v is not None and v["channel_id"] is not None
+                   and h["channel_id"] == v["channel_id"]]
+            if not chs and how == "left":
+                chs = [None]
+            for h in chs:
+                if c["dur"] < 2:  # where clips.dur >= 2
+                    continue
+                title = v["title"] if v else None
+                out.append({"cid": c["id"], "title": title, "lang": v["lang"] if v else None,
+                            "name": h["name"] if h else None, "long": c["dur"] * 10,
+                            "cap": None if title is None else f"{title}|{c['dur']}",
+                            "badge": None if h is None else f"<{h['name']}>"})
+    return sorted(out, key=_key)
+
+
+def _key(r):
+    return tuple((v is None, v) for v in r.values())
+
+
+def chain_view(db, how):
+    clips, videos, channels = (db.open_table(n) for n in ("clips", "videos", "channels"))
+    q = (clips.search(None)
+         .join(videos, left_on="video_id", right_on="vid", how=how)
+         .join(channels, on="channel_id", how=how)
+         .where("clips.dur >= 2")
+         .select({"cid": "clips.id", "title": "videos.title", "lang": "lang", "name": "name", "long": "dur * 10",
+                  "cap": (caption, ["title", "dur"]), "badge": (badge, ["channels.name"])}))
+    return db.create_materialized_view(f"chain_{how}", q)
+
+
+def actual(view):
+    return sorted(view.to_arrow().to_pylist(), key=_key)
+
+
+def check(db, view, how):
+    assert actual(view) == oracle_chain(db, view.source_versions, how)
+
+
+def calls(result, column):
+    """UDF calls a refresh made (counted by the executors)."""
+    return result.udf_rows_computed.get(column, 0)
+
+
+# -- the API and its names ------------------------------------------------------
+
+def test_inner_and_left_join_match_the_oracle_and_keep_every_row_id(db):
+    rng = random.Random(1)
+    make_sources(db, rng)
+    for how in ("inner", "left"):
+        v = chain_view(db, how)
+        db.refresh(v.name)
+        check(db, v, how)
+        keys = v.to_arrow(with_row_id=False) if False else lance.dataset(v.uri).to_table()
+        assert {"__source_row_id", "__join_row_id_1", "__join_row_id_2"} <= set(keys.column_names)
+        assert "__join_row_id_1" not in v.to_arrow().column_names  # internal: the reader sees the user's columns
+
+
+def test_to_arrow_computes_the_join_in_process(db):
+    rng = random.Random(2)
+    make_sources(db, rng)
+    clips, videos = db.open_table("clips"), db.open_table("videos")
+    got = clips.search(None).join(videos, left_on="video_id", right_on="vid").select(["clips.id", "title"]).to_arrow()
+    assert got.column_names == ["id", "title"]  # a qualified name selected: the column's own name
+    by_vid = {r["vid"]: r["title"] for r in videos.to_arrow().to_pylist()}
+    want = sorted((c["id"], by_vid[c["video_id"]]) for c in clips.to_arrow().to_pylist() if c["video_id"] in by_vid)
+    assert sorted(zip(got.column("id").to_pylist(), got.column("title").to_pylist(), strict=True)) == want
+
+
+def test_default_columns_and_using_keys(db):
+    a = db.create_table("a", pa.table({"k": [1, 2, None], "x": [10, 20, 30]}))
+    b = db.create_table("b", pa.table({"k": [1, 1, None], "y": ["p", "q", "r"]}))
+    inner = a.search(None).join(b, on="k").to_arrow()
+    assert inner.column_names == ["k", "x", "y"]  # on= keys once (USING), then each table's other columns
+    assert sorted(inner.to_pylist(), key=lambda r: r["y"]) == [{"k": 1, "x": 10, "y": "p"}, {"k": 1, "x": 10, "y": "q"}]
+    left = a.search(None).join(b, on="k", how="left").to_arrow().to_pylist()  # NULL keys never match
+    assert sorted(left, key=lambda r: (r["x"], r["y"] or "")) == [
+        {"k": 1, "x": 10, "y": "p"}, {"k": 1, "x": 10, "y": "q"}, {"k": 2, "x": 20, "y": None},
+        {"k": None, "x": 30, "y": None}]
+
+
+def test_many_to_many_gives_sqls_multiplicities(db):
+    a = db.create_table("a", pa.table({"k": [1, 1, 2], "x": [1, 2, 3]}))
+    b = db.create_table("b", pa.table({"k": [1, 1, 1, 2], "y": [1, 2, 3, 4]}))
+    v = db.create_materialized_view("ab", a.search(None).join(b, on="k"))
+    db.refresh("ab")
+    assert v.count_rows() == 2 * 3 + 1
+    b.delete("y = 2")
+    r = db.refresh("ab")
+    assert v.count_rows() == 2 * 2 + 1 and r.rows_deleted == 6 and r.rows_inserted == 4
+
+
+@pytest.mark.parametrize("make, match", [
+    (lambda a, b, c: a.search(None).join(c, on="k"), "unknown column 'k' of 'c'"),
+    (lambda a, b, c: a.search(None).join(b, left_on="nope", right_on="k"), "unknown column 'nope'"),
+    (lambda a, b, c: a.search(None).join(b, left_on="zz.k", right_on="k"), "unknown table 'zz'"),
+    (lambda a, b, c: a.search(None).join(b, on="k", how="right"), "how='right' is not supported"),
+    (lambda a, b, c: a.search(None).join(b, on="k", how="outer"), "'inner' or 'left'"),
+    (lambda a, b, c: a.search(None).join(b, on="a.k < b.k"), "equi-joins"),
+    (lambda a, b, c: a.search(None).join(b, left_on="k", right_on=["k", "x"]), "one per key"),
+    (lambda a, b, c: a.search(None).join(b, left_on="s", right_on="k"), "join key types differ"),
+    (lambda a, b, c: a.search(None).join(b, on="k").select(["x"]).to_definition(), "'x' is ambiguous"),
+    (lambda a, b, c: a.search(None).join(b, on="k").to_definition(), "select\\(\\) the columns"),
+    (lambda a, b, c: a.search(None).join(b, on="k").where("b.nope > 1").select(["a.x"]).to_definition(),
+     "unknown column 'nope' of 'b'"),
+    (lambda a, b, c: a.search(None).join(b, on="k").select({"v": "a.x + b.x + "}).to_definition(),
+     "cannot parse|invalid join view query"),
+    (lambda a, b, c: a.search(None).join(a, on="k"), "joined twice"),
+    (lambda a, b, c: a.search(None).join("b", on="k"), "takes a table or view"),
+    (lambda a, b, c: a.search(None).group_by("k").join(b, on="k"), "comes before"),
+    (lambda a, b, c: a.search(None).join(b, on="k").group_by("k").agg({"n": "count(*)"}).to_definition(),
+     "then an aggregate view over it"),
+])
+def test_bad_joins_are_refused_in_the_users_words(db, make, match):
+    a = db.create_table("a", pa.table({"k": [1], "x": [1], "s": ["1"]}))
+    b = db.create_table("b", pa.table({"k": [1], "x": [2]}))
+    c = db.create_table("c", pa.table({"j": [1]}))
+    with pytest.raises(ValueError, match=match):
+        make(a, b, c)
+    assert db.table_names() == ["a", "b", "c"]  # nothing written
+
+
+def test_a_source_without_stable_row_ids_is_refused_before_anything_is_written(db, tmp_path):
+    a = db.create_table("a", pa.table({"k": [1], "x": [1]}))
+    lance.write_dataset(pa.table({"k": [1], "y": [2]}), db.open_table("a").uri.replace("a.lance", "plain.lance"))
+    plain = db.open_table("plain")
+    with pytest.raises(ValueError, match="stable row ids"):
+        db.create_materialized_view("v", a.search(None).join(plain, on="k"))
+    assert "v" not in db.table_names()
+
+
+# -- incremental refresh, each direction ----------------------------------------
+
+@pytest.mark.parametrize("how", ["inner", "left"])
+def test_each_kind_of_change_is_incremental_and_exact(db, how):
+    rng = random.Random(3)
+    clips, videos, channels = make_sources(db, rng)
+    v = chain_view(db, how)
+    first = db.refresh(v.name)
+    assert first.full
+    check(db, v, how)
+
+    videos.update(where="vid = 1", values={"views": 999})  # a column nothing reads: 0 UDF calls
+    r = db.refresh(v.name)
+    assert not r.full and r.rows_deleted > 0 and calls(r, "cap") == 0 and calls(r, "badge") == 0
+    check(db, v, how)
+
+    videos.update(where="vid = 2", values={"title": "new"})  # read by caption: its matching rows exactly
+    r = db.refresh(v.name)
+    matching = [c for c in clips.to_arrow().to_pylist() if c["video_id"] == 2 and c["dur"] >= 2]
+    assert calls(r, "cap") == len(matching) and calls(r, "badge") == 0
+    check(db, v, how)
+
+    videos.update(where="vid = 3", values={"channel_id": 2})  # a mid-chain key: caption's inputs did not change
+    r = db.refresh(v.name)
+    assert calls(r, "cap") == 0
+    check(db, v, how)
+
+    clips.add(clip_rows(rng, 1000, 5))  # appended facts: their rows only
+    r = db.refresh(v.name)
+    assert calls(r, "cap") <= 5 and r.rows_deleted == 0
+    check(db, v, how)
+
+    videos.add(video_rows(rng, [6, 7]))  # a dimension insert: unmatched facts now match (a LEFT row loses its NULLs)
+    db.refresh(v.name)
+    check(db, v, how)
+
+    channels.delete("channel_id = 0")  # matches lost (INNER rows go, LEFT rows are padded)
+    db.refresh(v.name)
+    check(db, v, how)
+
+    clips.update(where="id % 5 = 0", values={"video_id": 7})  # fact key updates
+    videos.delete("vid = 4")  # and a change on the other side, in the same refresh
+    db.refresh(v.name)
+    check(db, v, how)
+
+    lance.dataset(clips.uri).optimize.compact_files()  # compaction: free
+    lance.dataset(videos.uri).optimize.compact_files()
+    r = db.refresh(v.name)
+    assert r.rows_inserted == r.rows_deleted == 0 and not any(r.udf_rows_computed.values())
+    check(db, v, how)
+    assert db.refresh(v.name).tasks == 0  # nothing moved: nothing done
+
+
+def test_a_dimension_change_touches_only_its_rows(db):
+    rng = random.Random(5)
+    make_sources(db, rng, clips=200)
+    v = chain_view(db, "inner")
+    db.refresh(v.name)
+    plan = v.plan_refresh()
+    assert not plan.has_work
+    db.open_table("channels").update(where="channel_id = 1", values={"country": "q"})
+    plan = v.plan_refresh()
+    held = [r for r in v.to_arrow().to_pylist()]
+    # only the first-table rows that reach channel 1 are recomputed
+    reach = {c["id"] for c in db.open_table("clips").to_arrow().to_pylist()
+             for vv in db.open_table("videos").to_arrow().to_pylist()
+             if c["video_id"] == vv["vid"] and vv["channel_id"] == 1}
+    assert plan.rows_to_insert == len(reach) < len(held)
+    assert plan.reason.startswith("incremental (channels")
+
+
+def test_recreated_or_overwritten_source_rebuilds(db):
+    rng = random.Random(6)
+    make_sources(db, rng)
+    v = chain_view(db, "left")
+    db.refresh(v.name)
+    lance.write_dataset(video_rows(rng, range(8)), db.open_table("videos").uri, mode="overwrite")
+    r = db.refresh(v.name)
+    assert r.full
+    check(db, v, "left")
+
+
+def test_refresh_by_spark_tasks(spark_db):
+    pytest.importorskip("pyspark")
+    rng = random.Random(7)
+    make_sources(spark_db, rng, clips=60)
+    v = chain_view(spark_db, "left")
+    spark_db.refresh(v.name, max_rows_per_task=20)
+    check(spark_db, v, "left")
+    spark_db.open_table("videos").update(where="vid = 1", values={"title": "s"})
+    spark_db.refresh(v.name)
+    check(spark_db, v, "left")
+
+
+test_refresh_by_spark_tasks = pytest.mark.spark(test_refresh_by_spark_tasks)
+
+
+# -- random histories, by us and by other writers -------------------------------
+
+OPS = ["add_clips", "delete_clips", "update_clip_dur", "update_clip_key", "add_videos", "delete_videos",
+       "update_video_title", "update_video_unread", "update_video_key", "add_channels", "delete_channels",
+       "update_channel_name", "pylance_merge_videos", "pylance_delete_clips", "lancedb_update_channels",
+       "compact", "refresh"]
+
+
+def apply(db, op, k, rng, state):
+    clips, videos, channels = (db.open_table(n) for n in ("clips", "videos", "channels"))
+    if op == "add_clips":
+        clips.add(clip_rows(rng, state["next"], 1 + k % 6, videos=10))
+        state["next"] += 1 + k % 6
+    elif op == "delete_clips":
+        clips.delete(f"id % {3 + k % 5} = {k % 3}")
+    elif op == "update_clip_dur":
+        clips.update(f"id % {2 + k % 4} = 0", values_sql={"dur": f"dur + {k % 3}"})
+    elif op == "update_clip_key":
+        clips.update(f"id % {3 + k % 4} = 1", values_sql={"video_id": f"{k % 10}"})
+    elif op == "add_videos":
+        existing = {r["vid"] for r in videos.to_arrow().to_pylist()}
+        videos.add(video_rows(rng, [x for x in range(10) if x not in existing][:2] or [100 + k]))
+    elif op == "delete_videos":
+        videos.delete(f"vid = {k % 10}")
+    elif op == "update_video_title":
+        videos.update(f"vid % 3 = {k % 3}", values_sql={"title": f"'u{k % 4}'"})
+    elif op == "update_video_unread":
+        videos.update(f"vid % 2 = {k % 2}", values_sql={"views": f"views + {k}"})
+    elif op == "update_video_key":
+        videos.update(f"vid = {k % 10}", values_sql={"channel_id": f"{k % 5}"})
+    elif op == "add_channels":
+        existing = {r["channel_id"] for r in channels.to_arrow().to_pylist()}
+        channels.add(channel_rows(rng, [x for x in range(5) if x not in existing][:1] or [50 + k]))
+    elif op == "delete_channels":
+        channels.delete(f"channel_id = {k % 5}")
+    elif op == "update_channel_name":
+        channels.update(f"channel_id = {k % 5}", values_sql={"name": f"'n{k % 3}'"})
+    elif op == "pylance_merge_videos":
+        new = video_rows(rng, [k % 10, (k + 3) % 10])
+        lance.dataset(videos.uri).merge_insert("vid").when_matched_update_all().when_not_matched_insert_all().execute(new)
+    elif op == "pylance_delete_clips":
+        lance.dataset(clips.uri).delete(f"dur > {k % 9}")
+    elif op == "lancedb_update_channels":
+        import lancedb
+
+        lancedb.connect(db.uri).open_table("channels").update(where=f"channel_id % 2 = {k % 2}",
+                                                                values={"country": "L"})
+    elif op == "compact":
+        lance.dataset([clips, videos, channels][k % 3].uri).optimize.compact_files()
+    else:
+        return True
+    return False
+
+
+@pytest.mark.parametrize("how", ["inner", "left"])
+@settings(max_examples=int(os.environ.get("MV_ASSETS_HYPOTHESIS_EXAMPLES", "10")), deadline=None,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.tuples(st.sampled_from(OPS), st.integers(0, 1000)), min_size=2, max_size=10))
+def test_random_histories_match_the_oracle(tmp_path_factory, how, ops):
+    db = mv.connect(str(tmp_path_factory.mktemp("join")), runner=mv.InlineRunner())
+    rng = random.Random(len(ops))
+    make_sources(db, rng)
+    v = chain_view(db, how)
+    db.refresh(v.name)
+    state = {"next": 100}
+    for op, k in ops:
+        if apply(db, op, k, rng, state):
+            db.refresh(v.name)
+            check(db, v, how)
+    db.refresh(v.name)
+    check(db, v, how)
+
+
+# every sequence of up to 2 operations (MV_ASSETS_JOIN_DEPTH=3: up to 3), checked after every step
+CLASSES = [op for op in OPS if op not in ("refresh", "compact")]
+DEPTH = int(os.environ.get("MV_ASSETS_JOIN_DEPTH", "2"))
+
+
+def _sequences():
+    seqs = [s for n in range(1, min(DEPTH, 2) + 1) for s in itertools.product(CLASSES, repeat=n)]
+    if DEPTH >= 3:
+        seqs += list(itertools.product(CLASSES, repeat=3))
+    return seqs
+
+
+def test_every_short_sequence_matches_the_oracle_after_every_step(tmp_path_factory):
+    rng = random.Random(11)
+    base = tmp_path_factory.mktemp("seqs")
+    db = mv.connect(str(base / "db"), runner=mv.InlineRunner())
+    make_sources(db, rng)
+    checked = 0
+    for n, seq in enumerate(_sequences()):
+        how = "left" if n % 2 else "inner"
+        v = db.create_materialized_view(f"s{n}", _chain_query(db, how))
+        db.refresh(v.name)
+        for step, op in enumerate(seq):
+            apply(db, op, n * 7 + step, rng, {"next": 10_000 + n * 100 + step * 10})
+            db.refresh(v.name)
+            check(db, v, how)
+            checked += 1
+        db.drop_table(v.name)
+    assert checked == sum(len(s) for s in _sequences())
+
+
+def _chain_query(db, how):
+    clips, videos, channels = (db.open_table(n) for n in ("clips", "videos", "channels"))
+    return (clips.search(None).join(videos, left_on="video_id", right_on="vid", how=how)
+            .join(channels, on="channel_id", how=how).where("clips.dur >= 2")
+            .select({"cid": "clips.id", "title": "videos.title", "lang": "lang", "name": "name", "long": "dur * 10",
+                     "cap": (caption, ["title", "dur"]), "badge": (badge, ["channels.name"])}))
