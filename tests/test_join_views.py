@@ -403,3 +403,26 @@ def _chain_query(db, how):
             .join(channels, on="channel_id", how=how).where("clips.dur >= 2")
             .select({"cid": "clips.id", "title": "videos.title", "lang": "lang", "name": "name", "long": "dur * 10",
                      "cap": (caption, ["title", "dur"]), "badge": (badge, ["channels.name"])}))
+
+
+def test_status_and_policy_see_a_joined_table_move(db):
+    """A change to a joined table alone makes the view stale in the status,
+    and the eager policy (the Dagster sensor's question) asks for a refresh."""
+    rng = random.Random(8)
+    make_sources(db, rng)
+    v = chain_view(db, "inner")
+    db.refresh(v.name)
+    assert not v.refresh_decision().refresh
+    status = {s["name"]: s for s in db.status().to_pylist()}[v.name]
+    assert status["versions_behind"] == 0 and status["stale_count"] == 0
+    db.open_table("channels").update(where="channel_id = 1", values={"name": "moved"})
+    decision = v.refresh_decision()
+    assert decision.refresh and "joined table" in decision.reason
+    status = {s["name"]: s for s in db.status().to_pylist()}[v.name]
+    assert status["versions_behind"] == 1 and status["stale_count"] == 1
+    latest = {n: db.open_table(n).version for n in ("clips", "videos", "channels")}
+    assert v.pending_source_versions() == [latest["channels"]]
+    db.refresh(v.name)
+    assert not v.refresh_decision().refresh
+    assert {s["name"]: s for s in db.status().to_pylist()}[v.name]["versions_behind"] == 0
+    assert v.source_versions == latest

@@ -274,10 +274,11 @@ class Query:
         ds = self._table._dataset()
         if definition.kind == "join":
             from mv_assets.execution.join_tasks import computed_join
+            from mv_assets.execution.tasks import compute_udf_columns
             from mv_assets.model.join_view import join_view_schema
 
             datasets = [ds, *(t._dataset() for t, _ in self._joins)]
-            rows = computed_join(definition, join_view_schema(definition, datasets), datasets)
+            rows = computed_join(definition, join_view_schema(definition, datasets), datasets, compute_udf_columns)
             return rows.select([n for n in rows.column_names if not is_internal_column(n)])
         if definition.kind == "aggregate":
             from mv_assets.execution.agg_tasks import groups_from_rows

@@ -16,7 +16,7 @@ id, for each source the UDF reads) keeps its value with no UDF call.
 
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import lance
 import numpy as np
@@ -161,10 +161,9 @@ def _reuse(new: pa.Table, old: pa.Table, c: ColumnSpec, sources: list[int], chan
 
 
 def _udf_values(rel: pa.Table, join: Join, definition: ViewDefinition, udf_rows: dict, errors: list,
-                old: pa.Table | None, changed: dict) -> dict[str, pa.Array]:
-    """Every UDF column's values and markers for the rows of ``rel``."""
-    from mv_assets.execution.tasks import compute_udf_columns
-
+                old: pa.Table | None, changed: dict, compute_udf_columns: Callable) -> dict[str, pa.Array]:
+    """Every UDF column's values and markers for the rows of ``rel`` (``compute_udf_columns``:
+    :func:`mv_assets.execution.tasks.compute_udf_columns`, every view kind's UDF call)."""
     out: dict[str, pa.Array] = {}
     ids = rel.column(SOURCE_ROW_ID).combine_chunks()
     versions = rel.column(SOURCE_ROW_VERSION).combine_chunks()
@@ -225,15 +224,15 @@ def _view_batch(rel: pa.Table, join: Join, definition: ViewDefinition, schema: p
 
 
 def join_batches(definition: ViewDefinition, schema: pa.Schema, args: dict, udf_rows: dict,
-                 errors: list) -> Iterator[pa.RecordBatch]:
+                 errors: list, compute_udf_columns: Callable) -> Iterator[pa.RecordBatch]:
     """The view rows of one task: ``args`` (planned by :mod:`mv_assets.ops.join_refresh`)
     names the sources' uris and versions and the first table's fragments or row ids."""
     datasets = [objects.dataset(u, version=v) for u, v in zip(args["uris"], args["versions"], strict=True)]
-    yield from _batches_over(definition, schema, args, udf_rows, errors, datasets)
+    yield from _batches_over(definition, schema, args, udf_rows, errors, datasets, compute_udf_columns)
 
 
 def _batches_over(definition: ViewDefinition, schema: pa.Schema, args: dict, udf_rows: dict, errors: list,
-                  datasets: list[lance.LanceDataset]) -> Iterator[pa.RecordBatch]:
+                  datasets: list[lance.LanceDataset], compute_udf_columns: Callable) -> Iterator[pa.RecordBatch]:
     join = Join.of(definition)
     first = read_first(datasets[0], join.reads(0), fragments=args.get("fragments"),
                        ids=None if args.get("ids") is None else np.asarray(args["ids"], np.int64))
@@ -252,7 +251,8 @@ def _batches_over(definition: ViewDefinition, schema: pa.Schema, args: dict, udf
     done = 0
     for start in range(0, staged.num_rows, OUT_BATCH):
         rel = staged.slice(start, OUT_BATCH)
-        udfs = _udf_values(rel, join, definition, udf_rows, errors, old, (reuse or {}).get("changed", {}))
+        udfs = _udf_values(rel, join, definition, udf_rows, errors, old, (reuse or {}).get("changed", {}),
+                           compute_udf_columns)
         yield from _view_batch(rel, join, definition, schema, udfs).to_batches()
         step = first.num_rows * (start + rel.num_rows) // staged.num_rows - done  # (progress counts first rows)
         progress.advance(step)
@@ -260,9 +260,10 @@ def _batches_over(definition: ViewDefinition, schema: pa.Schema, args: dict, udf
     progress.advance(first.num_rows - done)
 
 
-def computed_join(definition: ViewDefinition, schema: pa.Schema, datasets: list[lance.LanceDataset]) -> pa.Table:
+def computed_join(definition: ViewDefinition, schema: pa.Schema, datasets: list[lance.LanceDataset],
+                  compute_udf_columns: Callable) -> pa.Table:
     """Every row of a join view over ``datasets`` (at their versions), in this process."""
     args = {"uris": [d.uri for d in datasets], "versions": [d.version for d in datasets], "fragments": None}
     udf_rows: dict[str, int] = {}
-    batches = list(_batches_over(definition, schema, args, udf_rows, [], datasets))
+    batches = list(_batches_over(definition, schema, args, udf_rows, [], datasets, compute_udf_columns))
     return pa.Table.from_batches(batches, schema=schema)

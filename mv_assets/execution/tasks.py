@@ -24,6 +24,7 @@ import pyarrow.compute as pc
 from mv_assets.execution import progress
 from mv_assets.execution.agg_tasks import agg_batches
 from mv_assets.execution.chunk_tasks import chunk_batches
+from mv_assets.execution.join_tasks import join_batches
 from mv_assets.execution.pipeline import prefetched, write_behind
 from mv_assets.execution.udtf_tasks import udtf_batches
 from mv_assets.model.definition import (
@@ -627,9 +628,7 @@ def _task_batches(spec: TaskSpec, definition: ViewDefinition, ds, view_schema: p
         yield from agg_batches(ds, definition, view_schema, spec.kind_args)
         return
     if definition.kind == "join":  # a join view: the joined rows of some first-table rows (execution.join_tasks)
-        from mv_assets.execution.join_tasks import join_batches
-
-        yield from join_batches(definition, view_schema, spec.kind_args or {}, udf_rows, errors)
+        yield from join_batches(definition, view_schema, spec.kind_args or {}, udf_rows, errors, compute_udf_columns)
         return
     for predicate, group in itertools.groupby(spec.parts, key=lambda part: part[1]):
         fragments = []

@@ -105,8 +105,13 @@ def decide(
     rows_changed: int,
     cardinality: int,
     scheduled: bool = False,
+    moved: bool | None = None,
 ) -> Decision:
     """Whether ``policy`` asks for a refresh now.
+
+    ``moved``: whether anything the view reads changed since it was refreshed
+    (default: the source version differs from the reflected one; a join view
+    also moves when only a joined table did).
 
     ``rows_changed`` counts source rows inserted, updated or deleted since the
     reflected version (Teiid's StaleCount); ``scheduled`` is True when a cron
@@ -122,12 +127,14 @@ def decide(
         if policy.kind == "cron" and not scheduled:
             return Decision(False, "cron policy: waiting for the schedule")
         return Decision(True, "never loaded")
-    moved = source_version != reflected_version
+    moved = source_version != reflected_version if moved is None else moved
     if policy.kind == "manual":
         return Decision(False, "manual policy")
     if not moved:
         return Decision(False, f"up to date with source version {source_version}")
     if policy.kind == "eager":
+        if source_version == reflected_version:
+            return Decision(True, "a joined table moved")
         return Decision(True, f"source moved from version {reflected_version} to {source_version}")
     if policy.kind == "cron":
         return Decision(scheduled, "schedule fired" if scheduled else "cron policy: waiting for the schedule")

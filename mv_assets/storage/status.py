@@ -49,6 +49,7 @@ __all__ = [
     "load_record",
     "refresh_decision",
     "pending_source_versions",
+    "joined_pending",
     "source_replaced",
     "status_table",
 ]
@@ -187,16 +188,63 @@ def pending_source_versions(
     it: data changes, and backfills of computed columns it reads. Compactions,
     backfills of other columns and state-only refreshes of an upstream view do
     not make a view stale. ``src``: the source at its latest version, already
-    open (each dataset is listed once)."""
+    open (each dataset is listed once). A join view: then each joined table's
+    pending versions (:func:`joined_pending`; numbers of other tables, so
+    counted, not compared)."""
     state = state or read_refresh_state(view.dataset())
     src = src if src is not None else view.source_dataset()
     latest = src.version if latest is None else latest
+    if state.source_version is None or source_replaced(view, state, src):
+        return list(range(1, latest + 1))
+    return _own_pending(view, latest, state, src) + [v for vs in joined_pending(view, state).values() for v in vs]
+
+
+def _joined_stale(view: ViewRef, state: "RefreshState") -> int:
+    """A join view's joined tables: their rows changed since the versions it reflects (0: one source)."""
+    if view.definition.kind != "join":
+        return 0
+    from mv_assets.model.join_view import Join
+
+    total = 0
+    for name in Join.of(view.definition).sources[1:]:
+        uri = view.layout.table_uri(name)
+        ds = objects.dataset(uri)
+        total += stale_count(uri, (state.sources or {}).get(name), ds.version, ds)
+    return total
+
+
+def _own_pending(view: ViewRef, latest: int, state: "RefreshState", src: lance.LanceDataset) -> list[int]:
+    """:func:`pending_source_versions` of the view's (first) source only."""
     if state.source_version is None or source_replaced(view, state, src):
         return list(range(1, latest + 1))
     if state.source_version >= latest:
         return []
     return pending_versions(view.source_uri, state.source_version, view.definition.computed_reads(src.schema), latest,
                             ds=src)
+
+
+def joined_pending(view: ViewRef, state: "RefreshState") -> dict[str, list[int]]:
+    """A join view's other sources (its joined tables), each with its
+    versions after the one the view reflects whose commits matter to it
+    (every version of a source recreated since); {} for a view of one source."""
+    if view.definition.kind != "join":
+        return {}
+    from mv_assets.model.definition import computed_column_names
+    from mv_assets.model.join_view import Join
+
+    join = Join.of(view.definition)
+    out: dict[str, list[int]] = {}
+    for i, name in enumerate(join.sources[1:], start=1):
+        uri = view.layout.table_uri(name)
+        ds = objects.dataset(uri)
+        reflected = (state.sources or {}).get(name)
+        recorded_id = (state.source_ids or {}).get(name)
+        if reflected is None or (recorded_id is not None and recorded_id != table_id(ds)):
+            out[name] = list(range(1, ds.version + 1))
+            continue
+        computed = [c for c in join.reads(i) if c in computed_column_names(ds.schema)]
+        out[name] = pending_versions(uri, reflected, computed, ds.version, ds=ds)
+    return out
 
 
 def _source_missing(view: ViewRef, ds, state: "RefreshState", file: dict) -> ViewStatus:
@@ -249,7 +297,7 @@ def view_status(view: ViewRef) -> ViewStatus:
     cardinality = ds.count_rows()
     # a recreated source: every row of the view and of the new table is stale
     stale = stale_count(view.source_uri, None, latest, src) + cardinality if replaced else (
-        stale_count(view.source_uri, state.source_version, latest, src))
+        stale_count(view.source_uri, state.source_version, latest, src) + _joined_stale(view, state))
     load_state = file.get("load_state") or (LOADED if state.load_number else NEVER_LOADED)
     last_error = file.get("last_error")
     if load_state == LOADING and isinstance(file.get("load_number"), int) and state.load_number >= file["load_number"]:
@@ -293,10 +341,12 @@ def refresh_decision(view: ViewRef, now: float | None = None, scheduled: bool = 
     state = read_refresh_state(ds)
     src = view.source_dataset()
     latest = src.version
-    pending = pending_source_versions(view, latest, state, src) if state.source_version is not None else []
+    pending = _own_pending(view, latest, state, src) if state.source_version is not None else []
     # the source "moved" for this view only through commits that matter to it, or
-    # when fragment-scoped refreshes left it holding rows of several versions
-    moved = bool(pending) or state.scoped_since_whole
+    # when fragment-scoped refreshes left it holding rows of several versions (a
+    # join view: or when one of its joined tables moved so)
+    moved = bool(pending) or state.scoped_since_whole or (
+        state.source_version is not None and any(joined_pending(view, state).values()))
     if moved or state.source_version is None:
         effective = pending[-1] if pending else latest
     else:
@@ -311,6 +361,7 @@ def refresh_decision(view: ViewRef, now: float | None = None, scheduled: bool = 
         rows_changed=stale_count(view.source_uri, state.source_version, latest, src) if needs_rows else 0,
         cardinality=ds.count_rows() if needs_rows else 0,
         scheduled=scheduled,
+        moved=moved,
     )
 
 
