@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 import mv_assets as mv
 
+
 @mv.udf(data_type=pa.string())
 def caption(title: str, dur: float) -> str:
     return f"{title}|{dur}"
@@ -426,3 +427,23 @@ def test_status_and_policy_see_a_joined_table_move(db):
     assert not v.refresh_decision().refresh
     assert {s["name"]: s for s in db.status().to_pylist()}[v.name]["versions_behind"] == 0
     assert v.source_versions == latest
+
+
+def test_checks_recompute_the_join_and_catch_a_damaged_view(db):
+    rng = random.Random(9)
+    make_sources(db, rng)
+    v = chain_view(db, "left")
+    db.refresh(v.name)
+    db.open_table("videos").update(where="vid = 2", values={"title": "z"})
+    db.open_table("clips").delete("id = 3")
+    db.refresh(v.name)
+    assert {c.name: c.passed for c in v.check()} == {
+        "no_orphan_rows": True, "matches_source_query": True, "values_match_source": True,
+        "udf_values_present": True}
+    assert all("checked in full" in c.description for c in v.check(scope="last_refresh"))
+    lance.dataset(v.uri).update({"title": "'wrong'"}, where="cid = 5")  # another tool damages it
+    lance.dataset(v.uri).delete("cid = 7")
+    got = {c.name: c for c in v.check()}
+    assert not got["values_match_source"].passed and got["values_match_source"].metadata[
+        "differing_by_column"]["title"] >= 1
+    assert not got["matches_source_query"].passed and got["matches_source_query"].metadata["missing"] >= 1

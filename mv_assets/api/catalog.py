@@ -21,11 +21,11 @@ from mv_assets.api.query import Query
 from mv_assets.api.table import PRIMARY_KEY_METADATA_KEY, MaterializedView, Table, check_primary_key, to_arrow_table
 from mv_assets.api.views import View, read_view_definition, remove_view, view_names, write_view_definition
 from mv_assets.execution.spark import Runner, default_runner
-from mv_assets.model.agg_view import agg_view_schema
 from mv_assets.model.chunk_view import check_chunk_query, chunk_view_schema
 from mv_assets.model.chunker import UDTF, Chunker
-from mv_assets.model.definition import VIEW_METADATA_KEY, ViewDefinition, is_reserved_name, output_schema, short_error
+from mv_assets.model.definition import VIEW_METADATA_KEY, ViewDefinition, is_reserved_name, short_error
 from mv_assets.model.errors import CatalogNotFoundError, SourceBehindError, TableExistsError, TableNotFoundError
+from mv_assets.model.kinds import kind_of
 from mv_assets.model.ownership import OWNERSHIP_METADATA_KEY, Ownership
 from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
 from mv_assets.model.udtf_view import check_udtf_query, udtf_view_schema
@@ -520,30 +520,20 @@ class Connection:
         ownership = Ownership.of(owners, tags)  # (validated before anything is written)
         self._check_new_view(name, query, refresh_policy, "create_materialized_view")
         definition = query.to_definition()
-        assert isinstance(query.table, Table)
-        source = query.table._dataset()
-        if definition.kind == "join":  # join(...): one row per joined row (model.join_view)
-            from mv_assets.model.join_view import join_view_schema
-
-            datasets = [source, *(t._dataset() for t in query.joined)]
-            for t, ds in zip([query.table, *query.joined], datasets, strict=True):
-                require_stable_row_ids(ds, t.name, f"a join view ({name!r})")  # before any write
-                require_current_format(ds, t.name, f"a join view ({name!r})")
-                if not isinstance(t, Table) or t.connection.layout != self.layout:
-                    raise ValueError(f"the joined table {t.name!r} belongs to another catalog")
-                if t.name == name:
-                    raise ValueError("a view cannot have the same name as one of its sources")
-            for t in query.joined:
-                assert isinstance(t, Table)  # (checked above)
-                ensure_table_id(t.uri)
-            return self._write_view(name, definition, join_view_schema(definition, datasets), query, refresh_policy,
-                                    with_no_data, ownership)
-        if definition.kind == "aggregate":  # group_by(...).agg(...): one row per group (model.agg_view)
-            require_stable_row_ids(source, query.table.name, f"an aggregate view ({name!r})")  # before any write
-            return self._write_view(name, definition, agg_view_schema(definition, source), query, refresh_policy,
-                                    with_no_data, ownership)
-        require_stable_row_ids(source, query.table.name, f"a materialized view ({name!r})")  # before any write
-        return self._write_view(name, definition, output_schema(definition, source), query, refresh_policy,
+        kind = kind_of(definition)  # (a query view, or group_by().agg(): an aggregate, join(): a join view)
+        sources = [query.table, *query.joined]
+        datasets = [t._dataset() for t in sources]
+        for t, ds in zip(sources, datasets, strict=True):  # every source, before any write
+            if not isinstance(t, Table) or t.connection.layout != self.layout:
+                raise ValueError(f"the joined table {t.name!r} belongs to another catalog")
+            if t is not query.table and t.name == name:
+                raise ValueError("a view cannot have the same name as one of its sources")
+            require_stable_row_ids(ds, t.name, f"{kind.a_noun} ({name!r})")
+            require_current_format(ds, t.name, f"{kind.a_noun} ({name!r})")
+        for t in sources[1:]:  # the view records which tables it reads (storage.identity)
+            assert isinstance(t, Table)  # (checked above)
+            ensure_table_id(t.uri)
+        return self._write_view(name, definition, kind.schema(definition, datasets), query, refresh_policy,
                                 with_no_data, ownership)
 
     def _check_new_view(self, name: str, query: Any, refresh_policy: Any, api: str) -> None:

@@ -29,7 +29,7 @@ from mv_assets.model.join_view import Join, joined_row_id, row_id_column, staged
 from mv_assets.model.names import JOINED_ROW_ID_PREFIX, SOURCE_ROW_ID, SOURCE_ROW_VERSION
 from mv_assets.storage import objects
 
-__all__ = ["join_batches", "computed_join", "joined_rows", "read_first", "ID_CHUNK", "KEY_FILTER_MAX"]
+__all__ = ["join_batches", "computed_join", "joined_rows", "evaluated", "read_first", "ID_CHUNK", "KEY_FILTER_MAX"]
 
 # Row ids per ``_rowid IN`` list when rows are read by id.
 ID_CHUNK = 20_000
@@ -114,7 +114,7 @@ def joined_rows(first: pa.Table, datasets: list[lance.LanceDataset], join: Join)
     return rel
 
 
-def _evaluated(rel: pa.Table, join: Join) -> pa.Table:
+def evaluated(rel: pa.Table, join: Join) -> pa.Table:
     """The staged rows passing the filter, with the SQL columns (``__x__<name>``)
     evaluated by Lance over them (a scratch dataset on local disk)."""
     if not join.filter and not join.exprs:
@@ -247,7 +247,7 @@ def _batches_over(definition: ViewDefinition, schema: pa.Schema, args: dict, udf
         parts = [view_ds.to_table(columns=keep, filter=f"{SOURCE_ROW_ID} IN (" + ", ".join(map(str, ids[k:k + ID_CHUNK]))
                                   + ")") for k in range(0, len(ids), ID_CHUNK)]
         old = pa.concat_tables(parts)
-    staged = _evaluated(joined_rows(first, datasets, join), join)
+    staged = evaluated(joined_rows(first, datasets, join), join)
     done = 0
     for start in range(0, staged.num_rows, OUT_BATCH):
         rel = staged.slice(start, OUT_BATCH)

@@ -13,7 +13,7 @@ import itertools
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import asdict, dataclass, field
 
 import lance
@@ -617,18 +617,28 @@ class _FragmentsScan:
         return self.ds.scanner(fragments=self.fragments, scan_in_order=True, **kwargs)
 
 
+# The task work of the view kinds whose tasks are not scans of source
+# fragments (model.kinds: one registry per layer), as
+# ``work(spec, definition, source, view_schema, udf_rows, errors)``:
+KIND_TASKS: dict[str, Callable[..., Iterator[pa.RecordBatch]]] = {
+    # a table-function view: whole partitions (execution.udtf_tasks)
+    "udtf": lambda spec, d, ds, schema, udf_rows, errors: udtf_batches(ds, d, schema, spec.partitions or [], udf_rows),
+    # an aggregate view: its groups (execution.agg_tasks)
+    "aggregate": lambda spec, d, ds, schema, udf_rows, errors: agg_batches(ds, d, schema, spec.kind_args),
+    # a join view: the joined rows of some first-table rows (execution.join_tasks)
+    "join": lambda spec, d, ds, schema, udf_rows, errors: join_batches(d, schema, spec.kind_args or {}, udf_rows,
+                                                                      errors, compute_udf_columns),
+}
+
+
 def _task_batches(spec: TaskSpec, definition: ViewDefinition, ds, view_schema: pa.Schema, udf_rows: dict,
                   errors: list[dict], resumed: dict):
     """The task's view batches, computed as they are consumed. Parts sharing a
-    predicate (whole small fragments) are read by one scan."""
-    if definition.kind == "udtf":  # a table-function view: whole partitions (execution.udtf_tasks)
-        yield from udtf_batches(ds, definition, view_schema, spec.partitions or [], udf_rows)
-        return
-    if definition.kind == "aggregate":  # an aggregate view: its groups (execution.agg_tasks)
-        yield from agg_batches(ds, definition, view_schema, spec.kind_args)
-        return
-    if definition.kind == "join":  # a join view: the joined rows of some first-table rows (execution.join_tasks)
-        yield from join_batches(definition, view_schema, spec.kind_args or {}, udf_rows, errors, compute_udf_columns)
+    predicate (whole small fragments) are read by one scan; kinds whose work
+    is not such a scan by their :data:`KIND_TASKS` entry."""
+    work = KIND_TASKS.get(definition.kind)
+    if work is not None:
+        yield from work(spec, definition, ds, view_schema, udf_rows, errors)
         return
     for predicate, group in itertools.groupby(spec.parts, key=lambda part: part[1]):
         fragments = []

@@ -402,3 +402,8 @@ def agg_view_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sc
         VIEW_METADATA_KEY: definition.encode(),
         READ_FIELDS_METADATA_KEY: json.dumps(read_field_ids(definition, ds)),
     })
+
+
+def view_schema(definition: ViewDefinition, datasets: list[lance.LanceDataset]) -> pa.Schema:
+    """:func:`agg_view_schema` over the view's one source (model.kinds: every kind's schema by this name)."""
+    return agg_view_schema(definition, datasets[0])

@@ -136,3 +136,8 @@ def processed_without_children(versions: np.ndarray, have_children: np.ndarray, 
         upto = np.array([scoped.get(int(f), -1) for f in fragments], dtype=np.int64)
         done |= versions <= upto
     return (~np.asarray(have_children, dtype=bool)) & done
+
+
+def view_schema(definition: ViewDefinition, datasets: list[lance.LanceDataset]) -> pa.Schema:
+    """:func:`chunk_view_schema` over the view's one source (model.kinds: every kind's schema by this name)."""
+    return chunk_view_schema(definition, datasets[0])

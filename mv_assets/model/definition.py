@@ -172,6 +172,12 @@ class ViewDefinition:
         return cached
 
     @property
+    def sources(self) -> list[str]:
+        """The tables (or views) the view reads, its source first: one, or a
+        join view's every table (its spec's ``sources``)."""
+        return list(self._function_spec.get("sources") or [self.source]) if self.function else [self.source]
+
+    @property
     def udf_columns(self) -> list[ColumnSpec]:
         return [c for c in self.columns if c.kind == "udf"]
 
@@ -351,6 +357,11 @@ def output_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sche
         VIEW_METADATA_KEY: definition.encode(),
         READ_FIELDS_METADATA_KEY: json.dumps(read_field_ids(definition, ds)),
     })
+
+
+def view_schema(definition: ViewDefinition, datasets: list[lance.LanceDataset]) -> pa.Schema:
+    """A query view's schema over its source (model.kinds: every kind's schema by this name)."""
+    return output_schema(definition, datasets[0])
 
 
 def udf_column_type(c: ColumnSpec) -> pa.DataType:

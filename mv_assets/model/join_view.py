@@ -459,3 +459,8 @@ def join_view_schema(definition: Any, datasets: list) -> pa.Schema:
     fields += [pa.field(computed_marker(c.name), pa.string(), nullable=True) for c in definition.columns
                if c.kind == "udf"]
     return pa.schema(fields, metadata={VIEW_METADATA_KEY: definition.encode(), READ_FIELDS_METADATA_KEY: "{}"})
+
+
+def view_schema(definition: Any, datasets: list) -> pa.Schema:
+    """:func:`join_view_schema` (model.kinds: every kind's schema by this name)."""
+    return join_view_schema(definition, datasets)

@@ -171,3 +171,8 @@ def group_partitions(values: "pa.Array | pa.ChunkedArray | None", n: int) -> dic
     order = np.argsort(codes, kind="stable")
     bounds = np.flatnonzero(np.r_[True, np.diff(codes[order]) != 0, True])
     return {keys[int(codes[order[lo]])]: order[lo:hi] for lo, hi in zip(bounds[:-1], bounds[1:], strict=True)}
+
+
+def view_schema(definition: ViewDefinition, datasets: list[lance.LanceDataset]) -> pa.Schema:
+    """:func:`udtf_view_schema` over the view's one source (model.kinds: every kind's schema by this name)."""
+    return udtf_view_schema(definition, datasets[0])

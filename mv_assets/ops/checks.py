@@ -13,6 +13,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mv_assets.model.definition import SOURCE_ROW_ID, SOURCE_ROW_VERSION, computed_marker, stored_columns
+from mv_assets.model.kinds import kind_of
 from mv_assets.model.markers import ROW_VERSION_COLUMN, stale_sql
 from mv_assets.model.names import CHUNK_INDEX, PARTITION, Alias
 from mv_assets.model.planning import column_ids as _ids
@@ -58,6 +59,9 @@ def check_view(view: ViewRef, scope: str = "full", since_version: int | None = N
         raise ValueError(f"scope must be one of {', '.join(map(repr, SCOPES))}, not {scope!r}")
     if since_version is not None and scope != "last_refresh":
         raise ValueError('since_version goes with scope="last_refresh"')
+    if scope == "last_refresh" and not kind_of(view.definition).by_fragment and len(view.definition.sources) > 1:
+        # a join view's refresh may touch rows of any fragment: no narrower window is kept
+        return [_full_because(o, "a join view's checks read the whole join") for o in _check_all(view)]
     if scope == "last_refresh":
         window = last_refresh_window(view, since_version)
         if isinstance(window, RefreshWindow):
@@ -73,11 +77,10 @@ def _full_because(outcome: CheckOutcome, why: str) -> CheckOutcome:
 
 
 def _check_all(view: ViewRef) -> list[CheckOutcome]:
+    own = _KIND_CHECKS.get(view.definition.kind)  # (kinds whose rows are not one per source row)
+    if own is not None:
+        return own(view)
     definition = view.definition
-    if definition.kind == "udtf":
-        return _udtf_checks(view)
-    if definition.kind == "aggregate":
-        return _agg_checks(view)
     state = read_refresh_state(view.dataset())
     version = state.source_version or view.source_dataset().version
     src = objects.dataset(view.source_uri, version=version)
@@ -925,3 +928,93 @@ def _group_sql(keys: "tuple[str, ...]", values: list) -> str:
         else:
             terms.append(f"{quote(k)} = {_sql_text(v)}")
     return "(" + " AND ".join(terms) + ")" if terms else "true"  # (no keys: the one group of every row)
+
+
+def _join_checks(view: ViewRef) -> list[CheckOutcome]:
+    """A join view's checks (the names every row-keyed view's checks have):
+    the join computed anew from each source at the version the view reflects
+    (plain, SQL and key columns; no UDF is called), compared with the view row
+    by row, keyed by the stable row ids of the source rows each came from."""
+    from mv_assets.execution.join_tasks import evaluated, joined_rows, read_first
+    from mv_assets.model.join_view import Join, row_id_column
+
+    definition = view.definition
+    join = Join.of(definition)
+    state = read_refresh_state(view.dataset())
+    versions = state.sources or {}
+    keys = [row_id_column(i) for i in range(len(join.sources))]
+    plain = [c.name for c in definition.columns if c.kind != "udf"]
+    held = view.dataset().to_table(columns=keys + plain + [c.name for c in definition.udf_columns])
+    if not versions:
+        never = "not checked: the view was never refreshed"
+        return [CheckOutcome(n, held.num_rows == 0, never, {"view_rows": held.num_rows})
+                for n in ("no_orphan_rows", "matches_source_query", "values_match_source", "udf_values_present")]
+    datasets = [objects.dataset(view.layout.table_uri(n) if i else view.source_uri, version=versions[n])
+                for i, n in enumerate(join.sources)]
+    at = ", ".join(f"{n} v{versions[n]}" for n in join.sources)
+    orphans = {}
+    for i, ds in enumerate(datasets):
+        ids = np.asarray(held.column(keys[i]).drop_null().to_numpy(), np.int64)
+        every = _ids(ds.to_table(columns=[], with_row_id=True), "_rowid")
+        orphans[join.sources[i]] = int((~isin(ids, every)).sum())
+    out = [CheckOutcome("no_orphan_rows", not any(orphans.values()),
+                        f"every view row's source rows exist at {at}", {"orphan_rows_by_source": orphans})]
+    rel = evaluated(joined_rows(read_first(datasets[0], join.reads(0)), datasets, join), join)
+    expected = pa.table({**{k: rel.column(k).fill_null(-1) for k in keys},
+                         **{c.name: rel.column(f"__x__{c.name}") if c.kind == "sql" else
+                            rel.column(_staged_of(join, c)) for c in definition.columns if c.kind != "udf"}})
+    have = held.select(keys + plain)
+    for k in keys[1:]:
+        have = have.set_column(have.schema.get_field_index(k), k, have.column(k).fill_null(-1))
+    counted = _key_counts(expected, keys), _key_counts(have, keys)
+    missing = sum(max(0, n - counted[1].get(k, 0)) for k, n in counted[0].items())
+    extra = sum(max(0, n - counted[0].get(k, 0)) for k, n in counted[1].items())
+    out.append(CheckOutcome("matches_source_query", missing == 0 and extra == 0,
+                            f"the view's rows (by their source rows) equal the join at {at}",
+                            {"expected_rows": expected.num_rows, "view_rows": held.num_rows, "missing": missing,
+                             "extra": extra}))
+    differ = _join_differing(expected, have, keys, plain)
+    out.append(CheckOutcome("values_match_source", not any(differ.values()),
+                            f"plain and SQL columns equal the join at {at}", {"differing_by_column": differ}))
+    missing_values = {}
+    for c in definition.udf_columns:
+        inputs = [rel.column(staged_name_of(join, r)) for r in c.the_udf.input_columns]
+        present = np.ones(rel.num_rows, dtype=bool)
+        for col in inputs:
+            present &= ~np.asarray(col.is_null().to_numpy(zero_copy_only=False))
+        expect_values = int(present.sum()) if c.the_udf.skip_nulls else rel.num_rows
+        missing_values[c.name] = max(0, expect_values - (held.num_rows - held.column(c.name).null_count))
+    out.append(CheckOutcome("udf_values_present", not any(missing_values.values()),
+                            "no UDF value is missing where its inputs are present",
+                            {"missing_by_column": missing_values}))
+    return out
+
+
+def staged_name_of(join, ref: str) -> str:
+    from mv_assets.model.join_view import staged_name
+
+    return staged_name(*join.refs[ref])
+
+
+def _staged_of(join, c) -> str:
+    return staged_name_of(join, c.expr or c.name)
+
+
+def _key_counts(t: pa.Table, keys: list[str]) -> dict[tuple, int]:
+    counts = t.group_by(keys, use_threads=False).aggregate([([], "count_all")])
+    cols = [counts.column(k).to_pylist() for k in keys]
+    return dict(zip(zip(*cols, strict=True), counts.column("count_all").to_pylist(), strict=True))
+
+
+def _join_differing(expected: pa.Table, have: pa.Table, keys: list[str], columns: list[str]) -> dict[str, int]:
+    """View rows whose columns differ from the expected row of the same source rows."""
+    if not columns:
+        return {}
+    e = expected.rename_columns([c if c in keys else f"__e__{c}" for c in expected.column_names])
+    both = have.join(e, keys=keys, join_type="inner", use_threads=False)
+    theirs = both.select([f"__e__{c}" for c in columns]).rename_columns(columns)
+    return _differing(both.select(columns), theirs, columns)
+
+
+# The checks of kinds whose rows are not one per source row (model.kinds: one registry per layer).
+_KIND_CHECKS = {"udtf": _udtf_checks, "aggregate": _agg_checks, "join": _join_checks}

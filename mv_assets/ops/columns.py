@@ -39,6 +39,7 @@ from mv_assets.model.definition import (
     udf_column_type,
     udf_field,
 )
+from mv_assets.model.kinds import kind_of
 from mv_assets.model.markers import marker_value
 from mv_assets.model.names import LANCE_ROW_COLUMNS
 from mv_assets.model.planning import column_ids as _ids
@@ -135,16 +136,10 @@ def add_columns(table: Ref, transforms: Any) -> list[str]:
     """Validate, then add the columns (all NULL, markers NULL) and store their
     definitions. SQL columns are filled right away; UDF columns by backfill."""
     is_view = isinstance(table, ViewRef)
-    if is_view and table.definition.kind == "udtf":  # its rows are a partition's output, not source rows
-        raise ValueError(
-            f"{table.name!r} is a table-function view: add_columns() is not supported on it (its rows come from "
-            "no one source row); add the column to the UDTF's output_schema, or compute it in a view over this one"
-        )
-    if is_view and table.definition.kind == "aggregate":  # its rows are groups, rewritten by each refresh
-        raise ValueError(
-            f"{table.name!r} is an aggregate view: add_columns() is not supported on it (its rows are groups); "
-            "add an aggregate to its agg(), or compute the column in a view over this one"
-        )
+    kind = kind_of(table.definition) if isinstance(table, ViewRef) else None
+    if kind is not None and kind.no_added_columns:  # rows that are no one source row's (model.kinds)
+        raise ValueError(f"{table.name!r} is {kind.a_noun}: add_columns() is not supported on it "
+                         f"({kind.no_added_columns}), or compute the column in a view over this one")
     input_ds = table.input_dataset()
     specs = parse_transforms(transforms, input_ds.schema, input_ds)
     ds = table.dataset()

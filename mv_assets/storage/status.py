@@ -201,12 +201,8 @@ def pending_source_versions(
 
 def _joined_stale(view: ViewRef, state: "RefreshState") -> int:
     """A join view's joined tables: their rows changed since the versions it reflects (0: one source)."""
-    if view.definition.kind != "join":
-        return 0
-    from mv_assets.model.join_view import Join
-
     total = 0
-    for name in Join.of(view.definition).sources[1:]:
+    for name in view.definition.sources[1:]:
         uri = view.layout.table_uri(name)
         ds = objects.dataset(uri)
         total += stale_count(uri, (state.sources or {}).get(name), ds.version, ds)
@@ -227,11 +223,11 @@ def joined_pending(view: ViewRef, state: "RefreshState") -> dict[str, list[int]]
     """A join view's other sources (its joined tables), each with its
     versions after the one the view reflects whose commits matter to it
     (every version of a source recreated since); {} for a view of one source."""
-    if view.definition.kind != "join":
-        return {}
     from mv_assets.model.definition import computed_column_names
     from mv_assets.model.join_view import Join
 
+    if len(view.definition.sources) == 1:
+        return {}
     join = Join.of(view.definition)
     out: dict[str, list[int]] = {}
     for i, name in enumerate(join.sources[1:], start=1):
