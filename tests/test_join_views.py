@@ -263,8 +263,8 @@ def test_a_dimension_change_touches_only_its_rows(db):
     # only the first-table rows that reach channel 1 are recomputed
     reach = {c["id"] for c in db.open_table("clips").to_arrow().to_pylist()
              for vv in db.open_table("videos").to_arrow().to_pylist()
-             if c["video_id"] == vv["vid"] and vv["channel_id"] == 1}
-    assert plan.rows_to_insert == len(reach) < len(held)
+             if c["video_id"] == vv["vid"] and vv["channel_id"] == 1 and c["dur"] >= 2}
+    assert plan.rows_to_insert == len(reach) == plan.rows_to_delete < len(held)
     assert plan.reason.startswith("incremental (channels")
 
 
@@ -447,3 +447,24 @@ def test_checks_recompute_the_join_and_catch_a_damaged_view(db):
     assert not got["values_match_source"].passed and got["values_match_source"].metadata[
         "differing_by_column"]["title"] >= 1
     assert not got["matches_source_query"].passed and got["matches_source_query"].metadata["missing"] >= 1
+
+
+def test_plan_refresh_is_an_exact_dry_run(db):
+    """plan_refresh counts the view rows and each UDF's calls exactly (the join
+    computed, no UDF called); the refresh then does what it said."""
+    rng = random.Random(10)
+    make_sources(db, rng)
+    v = chain_view(db, "left")
+    first_plan = v.plan_refresh()
+    r = db.refresh(v.name)
+    assert (first_plan.rows_to_insert, first_plan.udf_rows) == (r.rows_inserted, r.udf_rows_computed)
+    db.open_table("videos").update(where="vid % 2 = 0", values={"title": "even"})
+    db.open_table("channels").update(where="channel_id = 1", values={"country": "w"})
+    plan = v.plan_refresh()
+    assert plan.reason.startswith("incremental (videos") and plan.details["sources"] == {
+        n: db.open_table(n).version for n in ("clips", "videos", "channels")}
+    r = db.refresh(v.name)
+    assert (plan.rows_to_insert, plan.rows_to_delete, plan.udf_rows) == (
+        r.rows_inserted, r.rows_deleted, r.udf_rows_computed)
+    assert plan.udf_rows["badge"] == 0 < plan.udf_rows["cap"]  # (no channel name changed)
+    check(db, v, "left")

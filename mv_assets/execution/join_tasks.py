@@ -29,7 +29,7 @@ from mv_assets.model.join_view import Join, joined_row_id, row_id_column, staged
 from mv_assets.model.names import JOINED_ROW_ID_PREFIX, SOURCE_ROW_ID, SOURCE_ROW_VERSION
 from mv_assets.storage import objects
 
-__all__ = ["join_batches", "computed_join", "joined_rows", "evaluated", "read_first", "ID_CHUNK", "KEY_FILTER_MAX"]
+__all__ = ["join_batches", "computed_join", "joined_rows", "evaluated", "planned_calls", "read_first", "ID_CHUNK", "KEY_FILTER_MAX"]
 
 # Row ids per ``_rowid IN`` list when rows are read by id.
 ID_CHUNK = 20_000
@@ -170,9 +170,7 @@ def _udf_values(rel: pa.Table, join: Join, definition: ViewDefinition, udf_rows:
     for c in definition.udf_columns:
         u = c.the_udf
         udf_rows.setdefault(c.name, 0)
-        pos = (_reuse(rel, old, c, join.udf_sources.get(c.name, []), {int(k): np.asarray(v, np.int64) for k, v in
-                                                                      changed.get(c.name, {}).items()},
-                      c.fingerprint) if old is not None else np.full(rel.num_rows, -1, dtype=np.int64))
+        pos = _to_compute(rel, join, c, old, changed)
         todo = np.flatnonzero(pos < 0)
         values: pa.Array
         markers: pa.Array
@@ -231,8 +229,10 @@ def join_batches(definition: ViewDefinition, schema: pa.Schema, args: dict, udf_
     yield from _batches_over(definition, schema, args, udf_rows, errors, datasets, compute_udf_columns)
 
 
-def _batches_over(definition: ViewDefinition, schema: pa.Schema, args: dict, udf_rows: dict, errors: list,
-                  datasets: list[lance.LanceDataset], compute_udf_columns: Callable) -> Iterator[pa.RecordBatch]:
+def _staged(definition: ViewDefinition, args: dict, datasets: list[lance.LanceDataset]
+            ) -> tuple[Join, pa.Table, pa.Table, pa.Table | None]:
+    """The task's first-table rows, their staged join (filtered, SQL columns
+    evaluated) and the view's rows of them it may reuse UDF values from."""
     join = Join.of(definition)
     first = read_first(datasets[0], join.reads(0), fragments=args.get("fragments"),
                        ids=None if args.get("ids") is None else np.asarray(args["ids"], np.int64))
@@ -247,11 +247,41 @@ def _batches_over(definition: ViewDefinition, schema: pa.Schema, args: dict, udf
         parts = [view_ds.to_table(columns=keep, filter=f"{SOURCE_ROW_ID} IN (" + ", ".join(map(str, ids[k:k + ID_CHUNK]))
                                   + ")") for k in range(0, len(ids), ID_CHUNK)]
         old = pa.concat_tables(parts)
-    staged = evaluated(joined_rows(first, datasets, join), join)
+    return join, first, evaluated(joined_rows(first, datasets, join), join), old
+
+
+def _to_compute(rel: pa.Table, join: Join, c: ColumnSpec, old: pa.Table | None, changed: dict) -> np.ndarray:
+    """For each row: the position of the view row to copy ``c``'s value from, or -1 (computed)."""
+    if old is None:
+        return np.full(rel.num_rows, -1, dtype=np.int64)
+    return _reuse(rel, old, c, join.udf_sources.get(c.name, []),
+                  {int(k): np.asarray(v, np.int64) for k, v in changed.get(c.name, {}).items()}, c.fingerprint)
+
+
+def planned_calls(definition: ViewDefinition, args: dict) -> tuple[int, dict[str, int]]:
+    """A task's view rows and each UDF column's calls, exactly, without calling
+    any UDF (a dry run's counts: rows whose value is copied, or whose inputs
+    are NULL under ``skip_nulls``, call nothing)."""
+    datasets = [objects.dataset(u, version=v) for u, v in zip(args["uris"], args["versions"], strict=True)]
+    join, _, staged, old = _staged(definition, args, datasets)
+    calls = {}
+    for c in definition.udf_columns:
+        todo = _to_compute(staged, join, c, old, (args.get("reuse") or {}).get("changed", {})) < 0
+        if c.the_udf.skip_nulls:
+            for ref in c.the_udf.input_columns:
+                todo &= ~np.asarray(staged.column(staged_name(*join.refs[ref])).is_null().to_numpy(
+                    zero_copy_only=False))
+        calls[c.name] = int(todo.sum())
+    return staged.num_rows, calls
+
+
+def _batches_over(definition: ViewDefinition, schema: pa.Schema, args: dict, udf_rows: dict, errors: list,
+                  datasets: list[lance.LanceDataset], compute_udf_columns: Callable) -> Iterator[pa.RecordBatch]:
+    join, first, staged, old = _staged(definition, args, datasets)
     done = 0
     for start in range(0, staged.num_rows, OUT_BATCH):
         rel = staged.slice(start, OUT_BATCH)
-        udfs = _udf_values(rel, join, definition, udf_rows, errors, old, (reuse or {}).get("changed", {}),
+        udfs = _udf_values(rel, join, definition, udf_rows, errors, old, (args.get("reuse") or {}).get("changed", {}),
                            compute_udf_columns)
         yield from _view_batch(rel, join, definition, schema, udfs).to_batches()
         step = first.num_rows * (start + rel.num_rows) // staged.num_rows - done  # (progress counts first rows)

@@ -44,7 +44,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mv_assets.execution.join_tasks import ID_CHUNK
+from mv_assets.execution.join_tasks import ID_CHUNK, planned_calls
 from mv_assets.execution.tasks import TaskSpec
 from mv_assets.model.definition import computed_column_names, short_error, sql_literal
 from mv_assets.model.join_view import Join, row_id_column
@@ -241,7 +241,8 @@ def plan_join_refresh(
     details: dict = {"sources": versions, "source_ids": ids}
     per_task = max_rows_per_task or ROWS_PER_TASK
     if why_full is not None:
-        return _full_plan(view, definition, datasets, view_ds, state, why_full, per_task, checkpoint_size, details)
+        return _full_plan(view, definition, datasets, view_ds, state, why_full, per_task, checkpoint_size, details,
+                          exact)
     assert state.sources is not None  # (an incremental refresh follows one that recorded them)
     reflected: dict[str, int] = state.sources
     moved = {n: v for n, v in versions.items() if reflected.get(n) != v}
@@ -274,16 +275,31 @@ def plan_join_refresh(
         args = {"uris": uris, "versions": [d.version for d in datasets], "ids": chunk.tolist(),
                 "view_uri": view.uri, "reuse": {"view_version": view_ds.version, "changed": changed}}
         tasks.append(_task(where, args, len(chunk)))
-    udf_rows = {c.name: int(len(touched)) for c in definition.udf_columns} if len(touched) else {}
+    rows_out, udf_rows = _counted(definition, tasks, exact, len(touched))
     return RefreshPlan(
         view=view.name, source=definition.source, from_version=state.source_version, to_version=datasets[0].version,
-        view_version=view_ds.version, full=False, reason=reason, rows_to_insert=int(len(touched)),
+        view_version=view_ds.version, full=False, reason=reason, rows_to_insert=rows_out,
         rows_to_update=0, rows_to_delete=int(evicted[0].size), udf_rows=udf_rows, tasks=tasks,
         keys=KeyPlan(delete=touched), view_key_addrs=evicted, checkpoint_dir=where.checkpoint_dir,
         definition_raw=definition.encode(), load_number=state.load_number, scope=None,
-        seconds_per_row=state.seconds_per_row, source_id=ids[join.sources[0]], counted_by_tasks=bool(tasks),
+        seconds_per_row=state.seconds_per_row, source_id=ids[join.sources[0]], counted_by_tasks=bool(tasks) and not exact,
         details=details,
     )
+
+
+def _counted(definition, tasks: list[TaskSpec], exact: bool, first_rows: int) -> tuple[int, dict[str, int]]:
+    """The view rows the tasks will write and each UDF column's calls: exact for
+    a dry run (the join computed, no UDF called), else at most the first-table
+    rows (the refresh counts what its tasks did)."""
+    if not exact:
+        return first_rows, ({c.name: first_rows for c in definition.udf_columns} if first_rows else {})
+    rows, calls = 0, {c.name: 0 for c in definition.udf_columns}
+    for t in tasks:
+        n, per = planned_calls(definition, t.kind_args or {})
+        rows += n
+        for k, v in per.items():
+            calls[k] += v
+    return rows, calls
 
 
 def _view_keys(view_ds: lance.LanceDataset, touched: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -307,7 +323,7 @@ def _task(where, args: dict, rows: int) -> TaskSpec:
 
 
 def _full_plan(view: ViewRef, definition, datasets, view_ds, state, reason: str, per_task: int,
-               checkpoint_size: int | None, details: dict) -> RefreshPlan:
+               checkpoint_size: int | None, details: dict, exact: bool) -> RefreshPlan:
     """Every first-table row, by fragment groups of about ``per_task`` rows."""
     where = _place(view, datasets[0], view_ds.version, f"join|full|{json.dumps(details['sources'], sort_keys=True)}",
                    per_task, checkpoint_size)
@@ -326,11 +342,13 @@ def _full_plan(view: ViewRef, definition, datasets, view_ds, state, reason: str,
     if group:
         tasks.append(_task(where, {"uris": uris, "versions": [d.version for d in datasets], "fragments": group}, rows))
     held = view_ds.count_rows()
+    rows_out, udf_rows = _counted(definition, tasks, exact, total)
     return RefreshPlan(
         view=view.name, source=definition.source, from_version=state.source_version, to_version=datasets[0].version,
-        view_version=view_ds.version, full=True, reason=reason, rows_to_insert=total, rows_to_update=0,
-        rows_to_delete=held, udf_rows={c.name: total for c in definition.udf_columns}, tasks=tasks,
+        view_version=view_ds.version, full=True, reason=reason, rows_to_insert=rows_out, rows_to_update=0,
+        rows_to_delete=held, udf_rows=udf_rows, tasks=tasks,
         checkpoint_dir=where.checkpoint_dir, definition_raw=definition.encode(), load_number=state.load_number,
         scope=None, seconds_per_row=state.seconds_per_row, source_id=details["source_ids"][definition.source],
-        counted_by_tasks=bool(tasks), details={**details, "sources_moved": True, "rows_by_fragment": by_fragment},
+        counted_by_tasks=bool(tasks) and not exact,
+        details={**details, "sources_moved": True, "rows_by_fragment": by_fragment},
     )
