@@ -24,6 +24,7 @@ from mv_assets.api.catalog import Connection, connect
 from mv_assets.api.runners import InlineRunner, SparkRunner
 from mv_assets.api.table import MaterializedView
 from mv_assets.model.errors import MvAssetsError, UdfError
+from mv_assets.model.kinds import kind_of
 
 EXIT_FAILED = 1
 EXIT_BAD_INPUT = 2
@@ -151,9 +152,6 @@ def main(ctx: click.Context, db_uri: str, runner: str, master: str | None, remot
     ctx.obj = _Ctx(db_uri, runner, master, remote)
 
 
-_KIND_LABELS = {"chunker": "chunk view", "udtf": "table-function view", "aggregate": "aggregate view"}
-
-
 @main.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
@@ -167,8 +165,9 @@ def tables(obj: _Ctx, as_json: bool) -> None:
         rows.append(
             {
                 "name": name,
-                "kind": _KIND_LABELS.get(t.definition.kind, "view") if is_view else "table",
-                "source": t.definition.source if is_view else None,
+                # (model.kinds: "chunk view", "join view"...; a query view is "view")
+                "kind": (kind_of(t.definition).noun.replace("materialized view", "view") if is_view else "table"),
+                "source": ", ".join(t.definition.sources) if is_view else None,
                 "version": t.version,
                 "rows": t.count_rows(),
             }
