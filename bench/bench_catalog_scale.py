@@ -9,8 +9,9 @@ each costs far less there than on a real object store, so read the counts).
     python bench/bench_catalog_scale.py --fragments 1000 10000      # one table of many fragments
 
 Per N it prints: the idle tick of one sensor (seconds, requests), a tick after
-an append to its table, every sensor once, db.status(), and the definitions
-load (build_definitions in a fresh process). ``--compare`` runs the same
+an append to its table, every sensor once, db.status() (in the process that
+ticked the sensors), the definitions load (build_definitions in a fresh
+process) and ``mv-assets status`` (the CLI, in a fresh process). ``--compare`` runs the same
 measurements with another checkout's mv_assets (PYTHONPATH) on the same
 machine, one after the other, and prints both side by side with ratios.
 
@@ -101,6 +102,15 @@ def _measure(uri: str, options: dict | None, proxy) -> dict:
         done = subprocess.run([sys.executable, "-c", code, uri], capture_output=True, text=True, env=env, check=True)
     out["defs_s"] = float(done.stdout.strip().splitlines()[-1])
     out["defs_req"] = seen.total if seen is not None else None
+    # `mv-assets status`: a new process (nothing cached), as an operator runs it
+    code = ("import sys, time; t0 = time.perf_counter(); from mv_assets.cli import main\n"
+            "try:\n    main(['--db', sys.argv[1], '--runner', 'inline', 'status', '--json'])\n"
+            "except SystemExit as e:\n    assert not e.code, e.code\n"
+            "print(time.perf_counter() - t0, file=sys.stderr)")
+    with counting() as seen:
+        done = subprocess.run([sys.executable, "-c", code, uri], capture_output=True, text=True, env=env, check=True)
+    out["cli_status_s"] = float(done.stderr.strip().splitlines()[-1])
+    out["cli_status_req"] = seen.total if seen is not None else None
     return out
 
 
@@ -167,7 +177,7 @@ def _side(args) -> None:
 
 
 ROWS = [("idle tick, one sensor", "idle"), ("tick after an append", "changed"), ("every sensor once", "all"),
-        ("db.status()", "status"), ("definitions load", "defs")]
+        ("db.status()", "status"), ("definitions load", "defs"), ("mv-assets status", "cli_status")]
 
 
 def _run_side(checkout: str | None, uri: str, options: dict | None, upstream: str | None) -> dict:

@@ -231,6 +231,8 @@ def test_reading_the_refresh_state_stops_at_the_newest_refresh(tmp_path):
         return real(version)
 
     ds.read_transaction = counting
+    own = ds.get_transactions  # (the handle's own version's, read with its manifest)
+    ds.get_transactions = lambda n: opened.extend(range(ds.version, ds.version - n, -1)) or own(n)
     from mv_assets.storage.state import read_refresh_state
 
     state = read_refresh_state(ds)

@@ -344,6 +344,37 @@ def test_a_commit_remembered_as_committed_is_the_one_lance_reads_back(tmp_path):
     assert objects.dataset(u).to_table().column("id").to_pylist() == [1, 3, 4, 9]
 
 
+def test_a_handles_own_commit_comes_with_its_manifest(tmp_path):
+    """``get_transactions(1)[0]`` of a handle is the transaction of the
+    handle's version, as ``read_transaction(version)`` reads it (properties,
+    operation, an Update's mode filled in), at the latest version and at one
+    checked out; the engine reads a handle's own commit that way (the status
+    and a refresh read their view's newest commit first): Lance keeps it from
+    the manifest the handle read, where read_transaction reads the manifest
+    again (one more GET on an object store: tests/test_catalog_scale.py)."""
+    from mv_assets.storage import objects
+
+    u = str(tmp_path / "t.lance")
+    lance.write_dataset(pa.table({"id": [1, 2, 3]}), u, enable_stable_row_ids=True)
+    ds = lance.dataset(u)
+    ds = lance.LanceDataset.commit(ds, lance.Transaction(
+        read_version=1, operation=LanceOperation.Append(lance.fragment.write_fragments(pa.table({"id": [4]}), ds)),
+        transaction_properties={"k": "appended"}))
+    deleted = ds.get_fragments()[0].delete("id = 2")
+    assert deleted is not None
+    ds = lance.LanceDataset.commit(ds, lance.Transaction(read_version=2, operation=LanceOperation.Update(
+        updated_fragments=[deleted], new_fragments=lance.fragment.write_fragments(pa.table({"id": [9]}), ds)),
+        transaction_properties={"k": "updated"}))
+    for v in (1, 2, 3):
+        handle = lance.dataset(u, version=v) if v % 2 else lance.dataset(u).checkout_version(v)
+        own = handle.get_transactions(1)[0]
+        assert own is not None and own == lance.dataset(u).read_transaction(v)
+        assert objects.read_transaction(objects.dataset(u, version=v), v) == own
+    latest = lance.dataset(u).get_transactions(1)[0]
+    assert latest is not None and latest.transaction_properties == {"k": "updated"}
+    assert latest.operation.update_mode == "rewrite_rows"  # (as stored, not as given)
+
+
 def test_the_session_cache_bounds_come_from_the_environment_in_megabytes(monkeypatch):
     from mv_assets.storage import objects
 

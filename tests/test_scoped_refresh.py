@@ -111,6 +111,10 @@ def test_reading_the_state_stops_at_the_newest_refresh_commit(db):
             read.append(version)
             return real(version)
 
+        def get_transactions(self, n):  # (the handle's own version's, read with its manifest)
+            read.extend(range(self.version, self.version - n, -1))
+            return ds.get_transactions(n)
+
     from mv_assets.storage.state import read_refresh_state
 
     state = read_refresh_state(Spy())
