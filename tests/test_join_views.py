@@ -209,7 +209,13 @@ def test_each_kind_of_change_is_incremental_and_exact(db, how):
     assert first.full
     check(db, v, how)
 
-    videos.update(where="vid = 1", values={"views": 999})  # a column nothing reads: 0 UDF calls
+    videos.update(where="vid = 1", values={"views": 999})  # a column the view does not read: no change at all
+    r = db.refresh(v.name)
+    assert not r.full and r.rows_deleted == r.rows_inserted == 0 and not any(r.udf_rows_computed.values())
+    assert v.source_versions["videos"] == videos.version  # (the new version is recorded)
+    check(db, v, how)
+
+    videos.update(where="vid = 1", values={"lang": "xx"})  # read by the view, by no UDF: rows rewritten, 0 calls
     r = db.refresh(v.name)
     assert not r.full and r.rows_deleted > 0 and calls(r, "cap") == 0 and calls(r, "badge") == 0
     check(db, v, how)
@@ -258,7 +264,7 @@ def test_a_dimension_change_touches_only_its_rows(db):
     db.refresh(v.name)
     plan = v.plan_refresh()
     assert not plan.has_work
-    db.open_table("channels").update(where="channel_id = 1", values={"country": "q"})
+    db.open_table("channels").update(where="channel_id = 1", values={"name": "q"})
     plan = v.plan_refresh()
     held = [r for r in v.to_arrow().to_pylist()]
     # only the first-table rows that reach channel 1 are recomputed

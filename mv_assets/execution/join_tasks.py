@@ -27,7 +27,9 @@ from mv_assets.execution import progress
 from mv_assets.model.definition import ColumnSpec, ViewDefinition, computed_marker
 from mv_assets.model.join_view import Join, joined_row_id, row_id_column, staged_name
 from mv_assets.model.names import JOINED_ROW_ID_PREFIX, SOURCE_ROW_ID, SOURCE_ROW_VERSION
+from mv_assets.model.planning import positions
 from mv_assets.storage import objects
+from mv_assets.storage.lance_compat import take_rows
 
 __all__ = ["join_batches", "computed_join", "joined_rows", "evaluated", "planned_calls", "read_first", "ID_CHUNK", "KEY_FILTER_MAX"]
 
@@ -41,8 +43,26 @@ OUT_BATCH = 1 << 16
 _LI, _RI = "__li", "__ri"
 
 
-def _ids_in(ids: np.ndarray) -> str:
-    return "_rowid IN (" + ", ".join(str(int(i)) for i in ids) + ")"
+def _id_array(t: pa.Table, name: str) -> np.ndarray:
+    return np.asarray(t.column(name).to_numpy(), dtype=np.int64)
+
+
+def row_versions(ds: lance.LanceDataset, ids: np.ndarray) -> pa.Array:
+    """The ``_row_last_updated_at_version`` of rows by stable id (in the order
+    given; every id must exist): an ``IN`` filter for a few, else one scan of
+    the row id and version columns (cheap: Lance keeps them as metadata)."""
+    if len(ids) <= ID_CHUNK:
+        t = ds.to_table(columns=["_row_last_updated_at_version"], with_row_id=True,
+                        filter="_rowid IN (" + ", ".join(map(str, ids.tolist())) + ")") if len(ids) else None
+    else:
+        t = ds.to_table(columns=["_row_last_updated_at_version"], with_row_id=True)
+    if t is None:
+        return pa.array([], pa.int64())
+    pos = positions(_id_array(t, "_rowid"), ids)  # (for each scanned row, its place among ids)
+    out = np.zeros(len(ids), dtype=np.int64)
+    hit = pos >= 0
+    out[pos[hit]] = np.asarray(t.column("_row_last_updated_at_version").to_numpy(), np.int64)[hit]
+    return pa.array(out, pa.int64())
 
 
 def read_first(ds: lance.LanceDataset, columns: list[str], *, fragments: list[int] | None = None,
@@ -51,12 +71,14 @@ def read_first(ds: lance.LanceDataset, columns: list[str], *, fragments: list[in
     these ``fragments``, or with these stable row ``ids`` (those still there)."""
     projection = {staged_name(0, c): f"`{c}`" for c in columns}
     projection[SOURCE_ROW_VERSION] = "_row_last_updated_at_version"
-    if ids is not None:
+    if ids is not None:  # by stable row id (the ids of rows deleted since are skipped)
         ids = np.unique(np.asarray(ids, np.int64))
-        parts = [ds.to_table(columns=projection, filter=_ids_in(ids[k:k + ID_CHUNK]), with_row_id=True)
-                 for k in range(0, len(ids), ID_CHUNK)]
-        table = pa.concat_tables(parts) if parts else ds.scanner(columns=projection, with_row_id=True,
-                                                                   limit=0).to_table()
+        if len(ids):  # (Lance's take by row id cannot read row versions of updated rows: read apart)
+            taken = take_rows(ds, pa.array(ids, pa.uint64()), [*columns, "_rowid"])
+            table = taken.rename_columns([staged_name(0, c) for c in columns] + ["_rowid"])
+            table = table.append_column(SOURCE_ROW_VERSION, row_versions(ds, _id_array(table, "_rowid")))
+        else:
+            table = ds.scanner(columns=projection, with_row_id=True, limit=0).to_table()
     else:
         frags = None if fragments is None else [ds.get_fragment(int(f)) for f in fragments]
         if frags is not None and any(f is None for f in frags):
@@ -243,10 +265,9 @@ def _staged(definition: ViewDefinition, args: dict, datasets: list[lance.LanceDa
         keep = [n for n in view_ds.schema.names if n == SOURCE_ROW_ID or n.startswith(JOINED_ROW_ID_PREFIX)
                 or n in {c.name for c in definition.udf_columns} or n in {computed_marker(c.name)
                                                                           for c in definition.udf_columns}]
-        ids = np.asarray(first.column(SOURCE_ROW_ID).to_numpy(), np.int64)
-        parts = [view_ds.to_table(columns=keep, filter=f"{SOURCE_ROW_ID} IN (" + ", ".join(map(str, ids[k:k + ID_CHUNK]))
-                                  + ")") for k in range(0, len(ids), ID_CHUNK)]
-        old = pa.concat_tables(parts)
+        # the view's rows of these first-table rows (the plan found them): by the view's stable row ids
+        rows = reuse.get("rows") or []
+        old = take_rows(view_ds, pa.array(rows, pa.uint64()), keep) if rows else None
     return join, first, evaluated(joined_rows(first, datasets, join), join), old
 
 

@@ -38,23 +38,25 @@ A join view refreshes as a whole: ``fragments=`` widens to the whole source.
 
 import hashlib
 import json
+from dataclasses import dataclass
 
 import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mv_assets.execution.join_tasks import ID_CHUNK, planned_calls
+from mv_assets.execution.join_tasks import planned_calls
 from mv_assets.execution.tasks import TaskSpec
 from mv_assets.model.definition import computed_column_names, short_error, sql_literal
 from mv_assets.model.join_view import Join, row_id_column
 from mv_assets.model.names import SOURCE_ROW_ID
-from mv_assets.model.planning import KeyPlan, isin
+from mv_assets.model.planning import KeyPlan, Membership, isin
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.ops.refresh import RefreshPlan, _check_args, _place, read_history
 from mv_assets.storage import objects
 from mv_assets.storage.changes import backfill_commits, commit_matters, commits_since, foreign_writes
 from mv_assets.storage.identity import table_id
+from mv_assets.storage.lance_compat import take_rows
 from mv_assets.storage.refs import ViewRef
 from mv_assets.storage.row_ids import require_current_format, require_stable_row_ids
 from mv_assets.storage.state import read_refresh_state
@@ -119,14 +121,21 @@ def _full_reason(view: ViewRef, join: Join, datasets: list[lance.LanceDataset], 
     return None
 
 
+_CREATED = "__created"  # a written row's _row_created_at_version: above the reflected version, an insert
+
+
 def _changes(ds: lance.LanceDataset, v: int, columns: list[str]) -> tuple[pa.Table, np.ndarray]:
-    """The rows written since version ``v`` (``columns`` and ``_rowid``) and the ids deleted since."""
+    """The rows written since version ``v`` (``columns``, ``_rowid`` and when
+    each was created: inserted since, or updated) and the ids deleted since."""
+    none = pa.table({c: pa.array([], ds.schema.field(c).type) for c in columns} | {
+        _CREATED: pa.array([], pa.uint64()), "_rowid": pa.array([], pa.uint64())})
     if ds.version == v:
-        return pa.table({"_rowid": pa.array([], pa.uint64())}), np.empty(0, np.int64)
+        return none, np.empty(0, np.int64)
     commits = commits_since(ds, v)
     if commits is not None and not any(commit_matters(t) for t in commits):
-        return pa.table({"_rowid": pa.array([], pa.uint64())}), np.empty(0, np.int64)
-    written = ds.to_table(columns=columns, filter=f"_row_last_updated_at_version > {v}", with_row_id=True)
+        return none, np.empty(0, np.int64)
+    projection = {c: f"`{c}`" for c in columns} | {_CREATED: "_row_created_at_version"}
+    written = ds.to_table(columns=projection, filter=f"_row_last_updated_at_version > {v}", with_row_id=True)
     deleted = _ids(ds.delta(begin_version=v, end_version=ds.version).get_deleted_row_ids().read_all())
     return written, deleted
 
@@ -169,49 +178,110 @@ def _probe(join: Join, datasets: list[lance.LanceDataset], i: int, rows: pa.Tabl
     return _probe(join, datasets, s, found)
 
 
-def _view_rows_of(view_ds: lance.LanceDataset, column: str, ids: np.ndarray) -> np.ndarray:
-    """First-table row ids of the view rows whose ``column`` is one of ``ids``."""
-    if not len(ids):
-        return np.empty(0, np.int64)
-    if len(ids) <= ID_CHUNK:
-        t = view_ds.to_table(columns=[SOURCE_ROW_ID], filter=f"{column} IN ({', '.join(map(str, ids.tolist()))})")
-        return _ids(t, SOURCE_ROW_ID)
-    t = view_ds.to_table(columns=[SOURCE_ROW_ID, column])
-    return _ids(t, SOURCE_ROW_ID)[isin(np.asarray(t.column(column).fill_null(-1).to_numpy(), np.int64), ids)]
+def _rows_differ(a: pa.Table, b: pa.Table) -> np.ndarray:
+    """Mask of the rows of two aligned tables (same columns) whose values differ
+    (NULL equals NULL; nested values compared as Python values)."""
+    differ = np.zeros(a.num_rows, dtype=bool)
+    for name in a.column_names:
+        x, y = a.column(name), b.column(name)
+        try:
+            same = pc.fill_null(pc.equal(x, y), False)  # pyright: ignore[reportAttributeAccessIssue]
+            both_null = pc.and_(pc.is_null(x), pc.is_null(y))  # pyright: ignore[reportAttributeAccessIssue]
+            differ |= ~np.asarray(pc.or_(same, both_null).to_numpy(zero_copy_only=False), bool)  # pyright: ignore[reportAttributeAccessIssue]
+        except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
+            differ |= np.array([p != q for p, q in zip(x.to_pylist(), y.to_pylist(), strict=True)], dtype=bool)
+    return differ
 
 
-def _input_changes(join: Join, definition, datasets, state, written: dict[int, pa.Table]) -> dict[str, dict]:
+@dataclass
+class _Delta:
+    """One source's changes since the version the view reflects, as the view
+    sees them: an update that changed no column the view reads is no change."""
+
+    inserted: pa.Table  # rows created since (the columns the view reads, _rowid)
+    updated: pa.Table  # rows updated since in a column the view reads: their values now
+    before: pa.Table  # ... and at the reflected version (aligned with ``updated``)
+    deleted: np.ndarray
+
+    @property
+    def gone(self) -> np.ndarray:
+        """Ids of the rows whose view rows go (updated or deleted)."""
+        return np.concatenate([_ids(self.updated), self.deleted])
+
+    @property
+    def arrived(self) -> pa.Table:
+        """The rows as they are now that may match rows of the other sources (inserted or updated)."""
+        return pa.concat_tables([self.inserted, self.updated])
+
+
+def _delta(ds: lance.LanceDataset, reflected: int, reads: list[str]) -> _Delta:
+    written, deleted = _changes(ds, reflected, reads)
+    created = np.asarray(written.column(_CREATED).to_numpy(), np.int64)
+    written = written.drop_columns([_CREATED])
+    inserted = written.filter(pa.array(created > reflected))
+    updated = written.filter(pa.array(created <= reflected))
+    if not updated.num_rows:
+        return _Delta(inserted, updated, updated, deleted)
+    # (updated rows existed at the reflected version: read there by stable row id, in the same order)
+    before = take_rows(ds.checkout_version(reflected), updated.column("_rowid"), reads)
+    differ = pa.array(_rows_differ(before, updated.select(reads)))
+    return _Delta(inserted, updated.filter(differ), before.filter(differ), deleted)
+
+
+def _input_changes(join: Join, definition, deltas: dict[int, _Delta]) -> dict[str, dict]:
     """For each UDF column, per source it reads: the ids of rows updated since
-    the reflected version whose values of the columns the UDF reads differ
-    (rows the UDF must be called on again)."""
+    the reflected version in a column the UDF reads (its value there is
+    computed again; every other view row keeps its value)."""
     out: dict[str, dict] = {}
     for c in definition.udf_columns:
         per: dict[str, list[int]] = {}
         for i in join.udf_sources.get(c.name, []):
-            new = written.get(i)
-            if new is None or not new.num_rows:
+            d = deltas.get(i)
+            if d is None or not d.updated.num_rows:
                 continue
-            cols = [col for ref, (s, col) in join.refs.items() if s == i and ref in c.the_udf.input_columns]
-            old_ds = datasets[i].checkout_version(state.sources[join.sources[i]])
-            ids = _ids(new)
-            parts = [old_ds.to_table(columns=cols, filter=f"_rowid IN ({', '.join(map(str, ids[k:k + ID_CHUNK]))})",
-                                     with_row_id=True) for k in range(0, len(ids), ID_CHUNK)]
-            old = pa.concat_tables(parts) if parts else None
-            if old is None or not old.num_rows:
-                continue  # inserted rows only: no view row came from them
-            pos = {int(r): n for n, r in enumerate(_ids(old))}
-            new_ids = _ids(new)
-            differ = []
-            old_rows = old.select(cols).to_pylist()
-            new_rows = new.select(cols).to_pylist()
-            for n, r in enumerate(new_ids):
-                p = pos.get(int(r))
-                if p is not None and old_rows[p] != new_rows[n]:
-                    differ.append(int(r))
-            if differ:
-                per[str(i)] = differ
+            cols = list(dict.fromkeys(col for ref, (s, col) in join.refs.items()
+                                      if s == i and ref in c.the_udf.input_columns))
+            differ = _ids(d.updated)[_rows_differ(d.before.select(cols), d.updated.select(cols))]
+            if len(differ):
+                per[str(i)] = differ.tolist()
         out[c.name] = per
     return out
+
+
+def _view_rows(view_ds: lance.LanceDataset, first: np.ndarray, joined: dict[int, np.ndarray]) -> pa.Table:
+    """The view's rows (first-table id, view row id and address) of every
+    first-table row in ``first`` or that came from a row of source ``i`` in
+    ``joined[i]``, and then every other view row of the first-table rows
+    found so (a row may have several). Read by streaming the view's key
+    columns (memory: the rows kept), once, or twice when rows were found
+    through a joined table."""
+    found = _stream_keys(view_ds, first, joined)
+    more = np.setdiff1d(_ids(found, SOURCE_ROW_ID), first)
+    if len(more):  # first-table rows reached through a joined row: each of their view rows
+        rest = _stream_keys(view_ds, more, {})
+        found = pa.concat_tables([found, rest]).group_by(["_rowid"], use_threads=False).aggregate(
+            [(SOURCE_ROW_ID, "min"), ("_rowaddr", "min")]).rename_columns(["_rowid", SOURCE_ROW_ID, "_rowaddr"])
+    return found
+
+
+def _stream_keys(view_ds: lance.LanceDataset, first: np.ndarray, joined: dict[int, np.ndarray]) -> pa.Table:
+    joined = {i: ids for i, ids in joined.items() if len(ids)}
+    schema = pa.schema([("_rowid", pa.uint64()), (SOURCE_ROW_ID, pa.int64()), ("_rowaddr", pa.uint64())])
+    if not len(first) and not joined:
+        return schema.empty_table()
+    wanted = Membership(first) if len(first) else None
+    by_source = {i: Membership(ids) for i, ids in joined.items()}
+    kept = []
+    for batch in view_ds.to_batches(columns=[SOURCE_ROW_ID, *(row_id_column(i) for i in by_source)],
+                                    with_row_id=True, with_row_address=True, batch_size=1 << 16,
+                                    batch_readahead=2, fragment_readahead=2):
+        mask = wanted.mask(_ids(batch, SOURCE_ROW_ID)) if wanted is not None else np.zeros(batch.num_rows, bool)
+        for i, m in by_source.items():
+            mask |= m.mask(np.asarray(batch.column(row_id_column(i)).fill_null(-1).to_numpy(
+                zero_copy_only=False), np.int64))
+        if mask.any():
+            kept.append(batch.filter(pa.array(mask)).select(["_rowid", SOURCE_ROW_ID, "_rowaddr"]).cast(schema))
+    return pa.Table.from_batches(kept, schema=schema) if kept else schema.empty_table()
 
 
 def plan_join_refresh(
@@ -247,43 +317,36 @@ def plan_join_refresh(
     reflected: dict[str, int] = state.sources
     moved = {n: v for n, v in versions.items() if reflected.get(n) != v}
     details["sources_moved"] = bool(moved)
-    affected: list[np.ndarray] = []
-    written: dict[int, pa.Table] = {}
-    for i, (name, ds) in enumerate(zip(join.sources, datasets, strict=True)):
-        if name not in moved:
-            continue
-        cols = list(dict.fromkeys([*join.reads(i)]))
-        rows, deleted = _changes(ds, reflected[name], cols)
-        written[i] = rows
-        if i == 0:
-            affected += [_ids(rows), deleted]
-            continue
-        affected.append(_view_rows_of(view_ds, row_id_column(i), np.concatenate([_ids(rows), deleted])))
-        if rows.num_rows:
-            affected.append(_probe(join, datasets, i, rows))
-    touched = np.unique(np.concatenate(affected)) if affected else np.empty(0, np.int64)
-    changed = _input_changes(join, definition, datasets, state, written) if len(touched) else {}
-    evicted = _view_keys(view_ds, touched)
-    how = "incremental"
+    deltas = {i: _delta(ds, reflected[name], join.reads(i))
+              for i, (name, ds) in enumerate(zip(join.sources, datasets, strict=True)) if name in moved}
+    first_new = _ids(deltas[0].inserted) if 0 in deltas else np.empty(0, np.int64)  # (no view row yet)
+    first_gone = deltas[0].gone if 0 in deltas else np.empty(0, np.int64)
+    probed = [_probe(join, datasets, i, d.arrived) for i, d in deltas.items() if i and d.arrived.num_rows]
+    known = np.unique(np.concatenate([first_gone, *probed]))
+    held = _view_rows(view_ds, known, {i: d.gone for i, d in deltas.items() if i})
+    touched = np.unique(np.concatenate([first_new, known, _ids(held, SOURCE_ROW_ID)]))
+    changed = _input_changes(join, definition, deltas) if len(touched) else {}
     reason = ("incremental (" + ", ".join(f"{n} {reflected[n]} -> {v}" for n, v in moved.items()) + ")"
               if moved else "incremental (no source moved)")
-    where = _place(view, datasets[0], view_ds.version, f"join|{json.dumps(versions, sort_keys=True)}|{how}",
+    where = _place(view, datasets[0], view_ds.version, f"join|{json.dumps(versions, sort_keys=True)}|incremental",
                    per_task, checkpoint_size)
+    held_first = _ids(held, SOURCE_ROW_ID)
     tasks = []
     for k in range(0, len(touched), per_task):
         chunk = touched[k:k + per_task]
-        args = {"uris": uris, "versions": [d.version for d in datasets], "ids": chunk.tolist(),
-                "view_uri": view.uri, "reuse": {"view_version": view_ds.version, "changed": changed}}
+        args = {"uris": uris, "versions": [d.version for d in datasets], "ids": chunk.tolist(), "view_uri": view.uri,
+                "reuse": {"view_version": view_ds.version, "changed": changed,
+                          "rows": _ids(held, "_rowid")[isin(held_first, chunk)].tolist()}}
         tasks.append(_task(where, args, len(chunk)))
     rows_out, udf_rows = _counted(definition, tasks, exact, len(touched))
     return RefreshPlan(
         view=view.name, source=definition.source, from_version=state.source_version, to_version=datasets[0].version,
         view_version=view_ds.version, full=False, reason=reason, rows_to_insert=rows_out,
-        rows_to_update=0, rows_to_delete=int(evicted[0].size), udf_rows=udf_rows, tasks=tasks,
-        keys=KeyPlan(delete=touched), view_key_addrs=evicted, checkpoint_dir=where.checkpoint_dir,
-        definition_raw=definition.encode(), load_number=state.load_number, scope=None,
-        seconds_per_row=state.seconds_per_row, source_id=ids[join.sources[0]], counted_by_tasks=bool(tasks) and not exact,
-        details=details,
+        rows_to_update=0, rows_to_delete=held.num_rows, udf_rows=udf_rows, tasks=tasks,
+        keys=KeyPlan(delete=touched), view_key_addrs=(held_first, _ids(held, "_rowaddr")),
+        checkpoint_dir=where.checkpoint_dir, definition_raw=definition.encode(), load_number=state.load_number,
+        scope=None, seconds_per_row=state.seconds_per_row, source_id=ids[join.sources[0]],
+        counted_by_tasks=bool(tasks) and not exact, details=details,
     )
 
 
@@ -300,19 +363,6 @@ def _counted(definition, tasks: list[TaskSpec], exact: bool, first_rows: int) ->
         for k, v in per.items():
             calls[k] += v
     return rows, calls
-
-
-def _view_keys(view_ds: lance.LanceDataset, touched: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Keys and row addresses of the view rows of the first-table rows ``touched``."""
-    if not len(touched):
-        return np.empty(0, np.int64), np.empty(0, np.int64)
-    if len(touched) <= ID_CHUNK:
-        t = view_ds.to_table(columns=[SOURCE_ROW_ID], with_row_address=True,
-                             filter=f"{SOURCE_ROW_ID} IN ({', '.join(map(str, touched.tolist()))})")
-    else:
-        t = view_ds.to_table(columns=[SOURCE_ROW_ID], with_row_address=True)
-        t = t.filter(pa.array(isin(_ids(t, SOURCE_ROW_ID), touched)))
-    return _ids(t, SOURCE_ROW_ID), _ids(t, "_rowaddr")
 
 
 def _task(where, args: dict, rows: int) -> TaskSpec:
