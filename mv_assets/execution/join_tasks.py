@@ -120,20 +120,43 @@ def joined_rows(first: pa.Table, datasets: list[lance.LanceDataset], join: Join)
         i = step.index
         left_cols = [staged_name(s, c) for s, c in step.left]
         right = _read_joined(datasets[i], i, join.reads(i), list(step.right), [rel.column(c) for c in left_cols])
-        keys = [f"__k{n}" for n in range(len(left_cols))]
-        lhs = pa.table({**{k: rel.column(c) for k, c in zip(keys, left_cols, strict=True)},
-                        _LI: pa.array(np.arange(rel.num_rows, dtype=np.int64))})
-        rhs = pa.table({**{k: right.column(staged_name(i, c)) for k, c in zip(keys, step.right, strict=True)},
-                        _RI: pa.array(np.arange(right.num_rows, dtype=np.int64))})
-        matched = lhs.join(rhs, keys=keys, join_type="inner" if step.how == "inner" else "left outer",
-                           use_threads=True, coalesce_keys=True)
-        li, ri = matched.column(_LI), matched.column(_RI)
+        li, ri = _matches(rel, left_cols, right, [staged_name(i, c) for c in step.right], step.how)
         taken = right.take(ri)
-        rel = rel.take(li)
+        if li is not None:
+            rel = rel.filter(li) if li.type == pa.bool_() else rel.take(li)
         for name in taken.column_names:
             rel = rel.append_column(name, taken.column(name).cast(pa.int64()) if name == joined_row_id(i)
                                     else taken.column(name))
     return rel
+
+
+def _matches(rel: pa.Table, left: list[str], right: pa.Table, right_keys: list[str], how: str):
+    """Which left rows the joined rows come from (None: every row, in order; a
+    mask: those rows, in order; else positions) and the right row each takes
+    (NULL: a LEFT row without match). A right side whose key is one column of
+    distinct values (a dimension) is looked up by hash, keeping the left rows'
+    order, and only the right side is gathered; otherwise a hash join of the
+    keys and row positions."""
+    if len(left) == 1:
+        key = right.column(right_keys[0])
+        non_null = key.drop_null()
+        if pc.count_distinct(non_null).as_py() == len(non_null):  # pyright: ignore[reportAttributeAccessIssue]
+            ri = pc.index_in(rel.column(left[0]), value_set=non_null.combine_chunks())  # pyright: ignore[reportAttributeAccessIssue]
+            if key.null_count:  # positions among the non-NULL keys -> positions in the table
+                where = np.flatnonzero(np.asarray(key.is_valid().to_numpy(zero_copy_only=False)))
+                ri = pc.take(pa.array(where), ri)  # pyright: ignore[reportAttributeAccessIssue]
+            if how == "left":
+                return None, ri
+            found = ri.is_valid()
+            return found, ri.filter(found)
+    keys = [f"__k{n}" for n in range(len(left))]
+    lhs = pa.table({**{k: rel.column(c) for k, c in zip(keys, left, strict=True)},
+                    _LI: pa.array(np.arange(rel.num_rows, dtype=np.int64))})
+    rhs = pa.table({**{k: right.column(c) for k, c in zip(keys, right_keys, strict=True)},
+                    _RI: pa.array(np.arange(right.num_rows, dtype=np.int64))})
+    matched = lhs.join(rhs, keys=keys, join_type="inner" if how == "inner" else "left outer",
+                       use_threads=True, coalesce_keys=True)
+    return matched.column(_LI), matched.column(_RI)
 
 
 def evaluated(rel: pa.Table, join: Join) -> pa.Table:
@@ -198,12 +221,13 @@ def _udf_values(rel: pa.Table, join: Join, definition: ViewDefinition, udf_rows:
         markers: pa.Array
         computed_v = computed_m = pa.array([], pa.null())
         if len(todo):
-            sub = rel.take(pa.array(todo))
+            every = len(todo) == rel.num_rows  # (nothing to copy: no gather)
+            sub = rel if every else rel.take(pa.array(todo))
             inputs = pa.RecordBatch.from_arrays(
                 [sub.column(staged_name(*join.refs[n])).combine_chunks() for n in u.input_columns],
                 names=list(u.input_columns))
-            got = compute_udf_columns([c], inputs, ids.take(pa.array(todo)), versions.take(pa.array(todo)),
-                                      udf_rows, errors)
+            got = compute_udf_columns([c], inputs, ids if every else ids.take(pa.array(todo)),
+                                      versions if every else versions.take(pa.array(todo)), udf_rows, errors)
             computed_v, computed_m = got[c.name], got[computed_marker(c.name)]
         if len(todo) == rel.num_rows:
             values, markers = computed_v, computed_m
