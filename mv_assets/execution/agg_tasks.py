@@ -429,6 +429,51 @@ class _Combined:
     stale: np.ndarray  # the group's min / max may have left it: recompute it from the source
 
 
+def _positions(key_arr: pa.Array, table_keys: list[str] | None) -> np.ndarray:
+    """Each of ``key_arr``'s position in ``table_keys`` (-1: not there, or no table)."""
+    if not table_keys:
+        return np.full(len(key_arr), -1, np.int64)
+    at = pc.index_in(key_arr, value_set=pa.array(table_keys, pa.string()))  # pyright: ignore[reportAttributeAccessIssue]
+    return np.asarray(at.fill_null(-1).to_numpy(zero_copy_only=False), np.int64)
+
+
+@dataclass
+class _Found:
+    """The ``n`` groups of :func:`_combine` in its three inputs: ``old`` (view
+    rows), ``plus`` and ``minus`` (:func:`_aggregate` outputs), and each
+    group's position in each (-1: not there)."""
+    n: int
+    old: pa.Table | None
+    plus: pa.Table | None
+    minus: pa.Table | None
+    po: np.ndarray
+    pp: np.ndarray
+    pm: np.ndarray
+
+    def added(self, stored: str, name: str, dtype: type = np.int64) -> np.ndarray:
+        """Per group: ``old[stored]`` + ``plus[name]`` - ``minus[name]`` (a missing value: 0)."""
+        return (_num(_take(self.old, stored, self.po, pa.int64()), dtype)
+                + _num(_take(self.plus, name, self.pp, pa.int64()), dtype)
+                - _num(_take(self.minus, name, self.pm, pa.int64()), dtype))
+
+    def parts(self, stored: str, name: str) -> list:
+        """The ``parts`` of :func:`_distinct_state`: ``old[stored]`` + ``plus[name]`` - ``minus[name]``."""
+        return [(self.old, stored, self.po, 1), (self.plus, name, self.pp, 1), (self.minus, name, self.pm, -1)]
+
+
+@dataclass
+class _GroupStates:
+    """The combined state of each group of :func:`_combine`, column-wise."""
+    rows: np.ndarray  # the group's row count
+    cnt: dict[str, np.ndarray]  # per value column: its non-NULL values
+    sums: dict[str, tuple[np.ndarray, np.ndarray]]  # per summed column: the sum and its remainder
+    specials: dict[str, list[np.ndarray]]  # a float sum's counts of NaN, +inf, -inf values
+    ext: dict[tuple[str, str], pa.Array]  # per (min / max, column): the extreme
+    buffers: dict[tuple[str, str], pa.Array]  # per (min / max, column): the extremes kept
+    distinct: dict[str, tuple[pa.Array, np.ndarray]]  # distinct values with their row counts, and how many
+    sketches: dict[str, pa.Array]  # per quantile column: its sketch
+
+
 def _combine(keys: list[str], agg: Aggregate, schema: pa.Schema, old: pa.Table | None, plus: pa.Table | None,
              minus: pa.Table | None) -> _Combined:
     """The new state of the groups ``keys`` (vectorized): ``old`` (view rows,
@@ -436,25 +481,34 @@ def _combine(keys: list[str], agg: Aggregate, schema: pa.Schema, old: pa.Table |
     (:func:`_aggregate` outputs, found by their key columns)."""
     n = len(keys)
     key_arr = pa.array(keys, pa.string())
-
-    def positions(table_keys: list[str] | None) -> np.ndarray:
-        if not table_keys:
-            return np.full(n, -1, np.int64)
-        at = pc.index_in(key_arr, value_set=pa.array(table_keys, pa.string()))  # pyright: ignore[reportAttributeAccessIssue]
-        return np.asarray(at.fill_null(-1).to_numpy(zero_copy_only=False), np.int64)
-
-    po = positions(old.column(GROUP).to_pylist() if old is not None else None)
-    pp = positions(_keys_of(plus, agg) if plus is not None else None)
-    pm = positions(_keys_of(minus, agg) if minus is not None else None)
+    found = _Found(n, old, plus, minus,
+                   _positions(key_arr, old.column(GROUP).to_pylist() if old is not None else None),
+                   _positions(key_arr, _keys_of(plus, agg) if plus is not None else None),
+                   _positions(key_arr, _keys_of(minus, agg) if minus is not None else None))
     cols = agg.value_columns
     typ = {f.name: f.type for f in schema}
+    rows = found.added(ROWS, "__n")
+    cnt = {c: found.added(cnt_col(c), f"__c_{j}") for j, c in enumerate(cols)}
+    sums, specials, sums_stale = _combined_sums(found, agg, typ)
+    ext, buffers, ext_stale = _combined_extremes(found, agg, typ, cnt)
+    distinct = {c: _distinct_state(typ[dist_col(c)].value_type.field("v").type, n,
+                                   found.parts(dist_col(c), f"__d_{cols.index(c)}")) for c in agg.distincts}
+    sketches = {c: _distinct_state(pa.int64(), n, found.parts(qs_col(c), f"__q_{cols.index(c)}"))[0]
+                for c in agg.sketched}
+    states = _GroupStates(rows, cnt, sums, specials, ext, buffers, distinct, sketches)
+    arrays = _state_arrays(keys, key_arr, agg, typ, found, states)
+    arrays.update(_output_arrays(agg, typ, n, states))
+    table = pa.Table.from_arrays([arrays[f.name] for f in schema], schema=schema)
+    live = rows > 0
+    return _Combined(table.filter(pa.array(live)), rows, (sums_stale | ext_stale) & live)
 
-    def added(stored: str, name: str, dtype: type = np.int64) -> np.ndarray:
-        return (_num(_take(old, stored, po, pa.int64()), dtype) + _num(_take(plus, name, pp, pa.int64()), dtype)
-                - _num(_take(minus, name, pm, pa.int64()), dtype))
 
-    rows = added(ROWS, "__n")
-    cnt = {c: added(cnt_col(c), f"__c_{j}") for j, c in enumerate(cols)}
+def _combined_sums(found: _Found, agg: Aggregate, typ: dict[str, pa.DataType]
+                   ) -> tuple[dict[str, tuple[np.ndarray, np.ndarray]], dict[str, list[np.ndarray]], np.ndarray]:
+    """Each summed column's new (sum, remainder) per group, a float sum's
+    counts of NaN, +inf and -inf values (where the view keeps them), and the
+    groups whose sum must be recomputed from the source."""
+    n, cols = found.n, agg.value_columns
     sums: dict[str, tuple[np.ndarray, np.ndarray]] = {}
     specials: dict[str, list[np.ndarray]] = {}  # a float sum's counts of NaN, +inf, -inf values
     stale = np.zeros(n, dtype=bool)
@@ -462,9 +516,9 @@ def _combine(keys: list[str], agg: Aggregate, schema: pa.Schema, old: pa.Table |
         j = cols.index(c)
         if comp_col(c) in typ:  # floats: double-double (of the finite values, where their counts are kept)
             counted = special_col("nan", c) in typ
-            hi = stored = _num(_take(old, sum_col(c), po, pa.float64()), np.float64)
-            lo = _num(_take(old, comp_col(c), po, pa.float64()), np.float64)
-            for t, at, sign in ((plus, pp, 1.0), (minus, pm, -1.0)):
+            hi = stored = _num(_take(found.old, sum_col(c), found.po, pa.float64()), np.float64)
+            lo = _num(_take(found.old, comp_col(c), found.po, pa.float64()), np.float64)
+            for t, at, sign in ((found.plus, found.pp, 1.0), (found.minus, found.pm, -1.0)):
                 if t is None:
                     continue
                 x_hi = _num(_take(t, f"__s_{j}", at, pa.float64()), np.float64)
@@ -475,13 +529,24 @@ def _combine(keys: list[str], agg: Aggregate, schema: pa.Schema, old: pa.Table |
                                                                    for kind in SPECIALS))
                 hi, lo = _dd_add(hi, lo, sign * x_hi, sign * x_lo)
             if counted:
-                specials[c] = [added(special_col(kind, c), f"__{kind}_{j}") for kind in SPECIALS]
+                specials[c] = [found.added(special_col(kind, c), f"__{kind}_{j}") for kind in SPECIALS]
             # a running sum cannot take out what made it infinite or NaN (finite values that
             # overflowed; without the counts, any non-finite value): the group is recomputed
-            stale |= (pm >= 0) & ~(np.isfinite(stored) & np.isfinite(hi))
+            stale |= (found.pm >= 0) & ~(np.isfinite(stored) & np.isfinite(hi))
             sums[c] = (hi, lo)
         else:
-            sums[c] = (added(sum_col(c), f"__s_{j}"), np.zeros(n))
+            sums[c] = (found.added(sum_col(c), f"__s_{j}"), np.zeros(n))
+    return sums, specials, stale
+
+
+def _combined_extremes(found: _Found, agg: Aggregate, typ: dict[str, pa.DataType], cnt: dict[str, np.ndarray]
+                       ) -> tuple[dict[tuple[str, str], pa.Array], dict[tuple[str, str], pa.Array], np.ndarray]:
+    """Each min / max's new extreme and buffer of extremes kept per group, and
+    the groups whose buffer ran out while they still have values (recompute
+    them from the source)."""
+    cols = agg.value_columns
+    old, plus, minus, po, pp, pm = found.old, found.plus, found.minus, found.po, found.pp, found.pm
+    stale = np.zeros(found.n, dtype=bool)
     ext: dict[tuple[str, str], pa.Array] = {}
     buffers: dict[tuple[str, str], pa.Array] = {}
     out_name = {(a.fn, a.column): a.name for a in agg.aggs if a.fn in ("min", "max")}
@@ -503,75 +568,85 @@ def _combine(keys: list[str], agg: Aggregate, schema: pa.Schema, old: pa.Table |
             buffers[(fn, c)] = bufs
             ext[(fn, c)] = _firsts(bufs, t)
             continue
-        held = _take(old, ext_col(fn, c), po, pa.list_(t)).to_pylist()
-        joined = _values(plus, f"__l_{j}", pp, t)
-        left = _values(minus, f"__l_{j}", pm, t)
-        new_bufs, gone = [], np.zeros(n, dtype=bool)
-        for i in range(n):
-            buf, ok = _buffer(held[i] or [], int(before[i]), left[i], joined[i], fn == "max", int(cnt[c][i]))
-            new_bufs.append(buf)
-            gone[i] = not ok
+        buffers[(fn, c)], ext[(fn, c)], gone = _extremes_by_group(found, fn, c, j, t, before, cnt[c])
         stale |= gone  # the buffer ran out while the group still has values: recompute it
-        buffers[(fn, c)] = pa.array(new_bufs, pa.list_(t))
-        ext[(fn, c)] = pa.array([b[0] if b else None for b in new_bufs], t)
-    distinct: dict[str, tuple[pa.Array, np.ndarray]] = {}
-    for c in agg.distincts:
-        j, t = cols.index(c), typ[dist_col(c)].value_type.field("v").type
-        distinct[c] = _distinct_state(t, n, [(old, dist_col(c), po, 1), (plus, f"__d_{j}", pp, 1),
-                                             (minus, f"__d_{j}", pm, -1)])
+    return ext, buffers, stale
+
+
+def _extremes_by_group(found: _Found, fn: str, c: str, j: int, t: pa.DataType, before: np.ndarray,
+                       count: np.ndarray) -> tuple[pa.Array, pa.Array, np.ndarray]:
+    """:func:`_combined_extremes` group by group (values numpy cannot order):
+    the buffers, the extremes and the groups whose buffer ran out."""
+    held = _take(found.old, ext_col(fn, c), found.po, pa.list_(t)).to_pylist()
+    joined = _values(found.plus, f"__l_{j}", found.pp, t)
+    left = _values(found.minus, f"__l_{j}", found.pm, t)
+    new_bufs, gone = [], np.zeros(found.n, dtype=bool)
+    for i in range(found.n):
+        buf, ok = _buffer(held[i] or [], int(before[i]), left[i], joined[i], fn == "max", int(count[i]))
+        new_bufs.append(buf)
+        gone[i] = not ok
+    return pa.array(new_bufs, pa.list_(t)), pa.array([b[0] if b else None for b in new_bufs], t), gone
+
+
+def _state_arrays(keys: list[str], key_arr: pa.Array, agg: Aggregate, typ: dict[str, pa.DataType], found: _Found,
+                  s: _GroupStates) -> dict[str, pa.Array]:
+    """The view's columns of the groups' state (ids, keys, counts, sums, buffers,
+    distinct values, sketches), by name."""
     arrays: dict[str, pa.Array] = {
-        SOURCE_ROW_ID: pa.array(partition_ids(keys), pa.int64()), GROUP: key_arr, ROWS: pa.array(rows, pa.int64()),
+        SOURCE_ROW_ID: pa.array(partition_ids(keys), pa.int64()), GROUP: key_arr, ROWS: pa.array(s.rows, pa.int64()),
     }
-    for c, (lists, _) in distinct.items():
+    for c, (lists, _) in s.distinct.items():
         arrays[dist_col(c)] = lists
-    sketches: dict[str, pa.Array] = {}
-    for c in agg.sketched:
-        j = cols.index(c)
-        sketches[c] = arrays[qs_col(c)] = _distinct_state(pa.int64(), n, [
-            (old, qs_col(c), po, 1), (plus, f"__q_{j}", pp, 1), (minus, f"__q_{j}", pm, -1)])[0]
+    for c, sketch in s.sketches.items():
+        arrays[qs_col(c)] = sketch
     for k in agg.keys:  # a group's key values are the same wherever it is found (NULL included)
-        arrays[k] = pc.coalesce(_take(old, k, po, typ[k]), _take(plus, k, pp, typ[k]), _take(minus, k, pm, typ[k]))  # pyright: ignore[reportAttributeAccessIssue]
-    for c in cols:
-        arrays[cnt_col(c)] = pa.array(cnt[c], pa.int64())
-    for (fn, c), bufs in buffers.items():
+        arrays[k] = pc.coalesce(_take(found.old, k, found.po, typ[k]), _take(found.plus, k, found.pp, typ[k]),  # pyright: ignore[reportAttributeAccessIssue]
+                                _take(found.minus, k, found.pm, typ[k]))
+    for c in agg.value_columns:
+        arrays[cnt_col(c)] = pa.array(s.cnt[c], pa.int64())
+    for (fn, c), bufs in s.buffers.items():
         arrays[ext_col(fn, c)] = bufs
     for c in agg.summed:
-        hi, lo = sums[c]
+        hi, lo = s.sums[c]
         arrays[sum_col(c)] = pa.array(hi, typ[sum_col(c)])
         if comp_col(c) in typ:
             arrays[comp_col(c)] = pa.array(lo, pa.float64())
-        for kind, counts in zip(SPECIALS, specials.get(c, ()), strict=False):
+        for kind, counts in zip(SPECIALS, s.specials.get(c, ()), strict=False):
             arrays[special_col(kind, c)] = pa.array(counts, pa.int64())
+    return arrays
+
+
+def _output_arrays(agg: Aggregate, typ: dict[str, pa.DataType], n: int, s: _GroupStates) -> dict[str, pa.Array]:
+    """The view's output columns (the aggregates asked for) from the groups' state, by name."""
+    arrays: dict[str, pa.Array] = {}
     for a in agg.aggs:
         c = a.column
         if a.fn == "count":
-            arrays[a.name] = pa.array(rows if c is None else cnt[c], pa.int64())
+            arrays[a.name] = pa.array(s.rows if c is None else s.cnt[c], pa.int64())
             continue
         if a.fn == "count_distinct":
             assert c is not None
-            arrays[a.name] = pa.array(distinct[c][1], pa.int64())
+            arrays[a.name] = pa.array(s.distinct[c][1], pa.int64())
             continue
         if a.fn == "approx_quantile":
             assert c is not None and a.q is not None
-            arrays[a.name] = _quantiles(sketches[c], a.q)
+            arrays[a.name] = _quantiles(s.sketches[c], a.q)
             continue
         assert c is not None
-        none = cnt[c] <= 0  # only NULLs (or no rows): NULL
+        none = s.cnt[c] <= 0  # only NULLs (or no rows): NULL
         if a.fn in ("sum", "avg"):
-            hi, lo = sums[c]
+            hi, lo = s.sums[c]
             total = hi + lo if comp_col(c) in typ else hi
-            if c in specials:
-                total = sum_with_specials(total, *specials[c])
+            if c in s.specials:
+                total = sum_with_specials(total, *s.specials[c])
             if a.fn == "sum":
                 arrays[a.name] = pa.array(total, typ[a.name], mask=none)
             else:
                 with np.errstate(invalid="ignore", divide="ignore"):
-                    arrays[a.name] = pa.array(total / np.where(none, 1, cnt[c]), pa.float64(), mask=none)
+                    arrays[a.name] = pa.array(total / np.where(none, 1, s.cnt[c]), pa.float64(), mask=none)
         else:
-            arrays[a.name] = pc.if_else(pa.array(none), pa.nulls(n, typ[a.name]), ext[(a.fn, c)])  # pyright: ignore[reportAttributeAccessIssue]
-    table = pa.Table.from_arrays([arrays[f.name] for f in schema], schema=schema)
-    live = rows > 0
-    return _Combined(table.filter(pa.array(live)), rows, stale & live)
+            arrays[a.name] = pc.if_else(pa.array(none), pa.nulls(n, typ[a.name]), s.ext[(a.fn, c)])  # pyright: ignore[reportAttributeAccessIssue]
+    return arrays
 
 
 def _quantiles(sketches: pa.Array, q: float) -> pa.Array:
