@@ -55,13 +55,13 @@ def make_sources(db, rng, clips=40):
             db.create_table("channels", channel_rows(rng, range(3))))
 
 
-def rows_at(db, name, version):
-    return lance.dataset(db.open_table(name).uri, version=version).to_table().to_pylist()
+def rows_at(db, name, version, options=None):
+    return lance.dataset(db.open_table(name).uri, version=version, storage_options=options).to_table().to_pylist()
 
 
-def oracle_chain(db, versions, how):
+def oracle_chain(db, versions, how, options=None):
     """clips ⋈ videos (video_id = vid) ⋈ channels (videos.channel_id = channel_id), filter, columns."""
-    clips, videos, channels = (rows_at(db, n, versions[n]) for n in ("clips", "videos", "channels"))
+    clips, videos, channels = (rows_at(db, n, versions[n], options) for n in ("clips", "videos", "channels"))
     out = []
     for c in clips:
         vs = [v for v in videos if c["video_id"] is not None and v["vid"] == c["video_id"]]
@@ -102,8 +102,8 @@ def actual(view):
     return sorted(view.to_arrow().to_pylist(), key=_key)
 
 
-def check(db, view, how):
-    assert actual(view) == oracle_chain(db, view.source_versions, how)
+def check(db, view, how, options=None):
+    assert actual(view) == oracle_chain(db, view.source_versions, how, options)
 
 
 def calls(result, column):
