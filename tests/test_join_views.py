@@ -530,3 +530,15 @@ def test_restore_and_cleaned_history_rebuild(db):
     r = db.refresh(v.name)
     assert r.full  # the change feed since the reflected version is gone
     check(db, v, "left")
+
+
+def test_a_join_view_that_is_not_materialized_is_computed_when_read(db):
+    rng = random.Random(15)
+    make_sources(db, rng)
+    live = db.create_view("live", _chain_query(db, "left"))
+    assert live.schema.names == ["cid", "title", "lang", "name", "long", "cap", "badge"]
+    versions = {n: db.open_table(n).version for n in ("clips", "videos", "channels")}
+    assert sorted(live.to_arrow().to_pylist(), key=_key) == oracle_chain(db, versions, "left")
+    db.open_table("channels").update(where="channel_id = 2", values={"name": "now"})  # read anew each time
+    versions["channels"] = db.open_table("channels").version
+    assert sorted(live.to_arrow().to_pylist(), key=_key) == oracle_chain(db, versions, "left")

@@ -20,10 +20,11 @@ from mv_assets.model.definition import (
     is_reserved_name,
     output_schema,
 )
+from mv_assets.model.kinds import kind_of
 from mv_assets.model.names import is_internal_column
 from mv_assets.model.udf import UDF
 
-__all__ = ["Query", "QuerySource"]
+__all__ = ["Query", "QuerySource", "rows_in_process"]
 
 
 class QuerySource(Protocol):
@@ -268,28 +269,7 @@ class Query:
     def to_arrow(self) -> pa.Table:
         """Evaluate the query in this process (no Spark) and return the rows
         (the user's columns: no row keys or markers, as a view's reader sees)."""
-        from mv_assets.execution.tasks import compute_rows
-
-        definition = self.to_definition()
-        ds = self._table._dataset()
-        if definition.kind == "join":
-            from mv_assets.execution.join_tasks import computed_join
-            from mv_assets.execution.tasks import compute_udf_columns
-            from mv_assets.model.join_view import join_view_schema
-
-            datasets = [ds, *(t._dataset() for t, _ in self._joins)]
-            rows = computed_join(definition, join_view_schema(definition, datasets), datasets, compute_udf_columns)
-            return rows.select([n for n in rows.column_names if not is_internal_column(n)])
-        if definition.kind == "aggregate":
-            from mv_assets.execution.agg_tasks import groups_from_rows
-            from mv_assets.model.agg_view import Aggregate, agg_view_schema
-
-            agg = Aggregate.from_definition(definition)
-            rows = groups_from_rows(ds.to_table(columns=agg.input_columns, filter=definition.filter), agg,
-                                    agg_view_schema(definition, ds))
-            return rows.select([n for n in rows.column_names if not is_internal_column(n) and n != "__agg__group"])
-        rows = compute_rows(ds, definition, output_schema(definition, ds), filter_sql=definition.filter)
-        return rows.select([n for n in rows.column_names if not is_internal_column(n)])  # the user's columns
+        return rows_in_process(self.to_definition(), [self._table._dataset(), *(t._dataset() for t, _ in self._joins)])
 
     def to_pandas(self):
         """:meth:`to_arrow` as a pandas DataFrame."""
@@ -309,3 +289,39 @@ class Query:
             f"select={[n for n, _ in self._select] if self._select else '*'}, "
             f"shuffle={self._seed if self._shuffle else None}, limit={self._limit})"
         )
+
+
+def _query_rows(definition: ViewDefinition, schema: pa.Schema, datasets: list) -> pa.Table:
+    from mv_assets.execution.tasks import compute_rows
+
+    return compute_rows(datasets[0], definition, schema, filter_sql=definition.filter)
+
+
+def _join_rows(definition: ViewDefinition, schema: pa.Schema, datasets: list) -> pa.Table:
+    from mv_assets.execution.join_tasks import computed_join
+    from mv_assets.execution.tasks import compute_udf_columns
+
+    return computed_join(definition, schema, datasets, compute_udf_columns)
+
+
+def _agg_rows(definition: ViewDefinition, schema: pa.Schema, datasets: list) -> pa.Table:
+    from mv_assets.execution.agg_tasks import groups_from_rows
+    from mv_assets.model.agg_view import GROUP, Aggregate
+
+    agg = Aggregate.from_definition(definition)
+    rows = groups_from_rows(datasets[0].to_table(columns=agg.input_columns, filter=definition.filter), agg, schema)
+    return rows.drop_columns([GROUP])
+
+
+# How a kind's rows are computed in this process (model.kinds: one registry per layer); others as a query view's
+_IN_PROCESS = {"join": _join_rows, "aggregate": _agg_rows}
+
+
+def rows_in_process(definition: ViewDefinition, datasets: list) -> pa.Table:
+    """A view's rows computed now, in this process, over its sources'
+    ``datasets`` (at their versions): the user's columns, as a reader of the
+    materialized view sees them. ``Query.to_arrow`` and views that are not
+    materialized (``create_view``) read through it."""
+    schema = kind_of(definition).schema(definition, datasets)
+    rows = _IN_PROCESS.get(definition.kind, _query_rows)(definition, schema, datasets)
+    return rows.select([n for n in rows.column_names if not is_internal_column(n)])

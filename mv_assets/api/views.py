@@ -14,7 +14,8 @@ from typing import Any
 
 import pyarrow as pa
 
-from mv_assets.model.definition import ViewDefinition, output_schema
+from mv_assets.model.definition import ViewDefinition
+from mv_assets.model.kinds import kind_of
 from mv_assets.model.names import is_internal_column
 from mv_assets.storage import objects
 from mv_assets.storage.layout import Layout
@@ -70,23 +71,21 @@ class View:
 
         return json.loads(self._raw)["source"]
 
-    def _source_dataset(self):
-        return self.connection.open_table(self.source)._dataset()
+    def _datasets(self) -> list:
+        """Every source's dataset at its latest version (a join: each table's)."""
+        return [self.connection.open_table(n)._dataset() for n in self.definition.sources]
 
     @property
     def schema(self) -> pa.Schema:
         """The view's columns (its query's output)."""
-        full = output_schema(self.definition, self._source_dataset())
+        full = kind_of(self.definition).schema(self.definition, self._datasets())
         return pa.schema([f for f in full if not is_internal_column(f.name)])
 
     def to_arrow(self) -> pa.Table:
-        """The query's rows over the source's latest version, computed now."""
-        from mv_assets.execution.tasks import compute_rows
+        """The query's rows over its sources' latest versions, computed now."""
+        from mv_assets.api.query import rows_in_process
 
-        ds = self._source_dataset()
-        definition = self.definition
-        rows = compute_rows(ds, definition, output_schema(definition, ds), filter_sql=definition.filter)
-        return rows.select([n for n in rows.column_names if not is_internal_column(n)])
+        return rows_in_process(self.definition, self._datasets())
 
     def to_pandas(self) -> Any:
         return self.to_arrow().to_pandas()
