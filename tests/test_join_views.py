@@ -542,3 +542,13 @@ def test_a_join_view_that_is_not_materialized_is_computed_when_read(db):
     db.open_table("channels").update(where="channel_id = 2", values={"name": "now"})  # read anew each time
     versions["channels"] = db.open_table("channels").version
     assert sorted(live.to_arrow().to_pylist(), key=_key) == oracle_chain(db, versions, "left")
+
+
+def test_a_join_view_declared_in_code_is_described_before_it_exists(db):
+    """The Dagster wiring describes a view declared in code from its query,
+    over every source (nothing written)."""
+    make_sources(db, random.Random(16))
+    d = db.describe_query("declared", _chain_query(db, "inner"))
+    assert [n for n, _ in d.schema] == ["cid", "title", "lang", "name", "long", "cap", "badge"]
+    assert d.definition["function"]["sources"] == ["clips", "videos", "channels"]
+    assert "declared" not in db.table_names()

@@ -240,13 +240,17 @@ class Connection:
         """How view ``name`` would look if created from ``query`` now (validated
         against its source, nothing written)."""
         definition = query.to_definition() if isinstance(query, Query) else query
-        if definition.source not in self.table_names():
-            raise ValueError(f"view {name!r} is declared over {definition.source!r}, which is not in {self.uri}")
+        missing = [s for s in definition.sources if s not in self.table_names()]
+        if missing:
+            raise ValueError(f"view {name!r} is declared over {missing[0]!r}, which is not in {self.uri}")
+        kind = kind_of(definition)
+        datasets = [objects.dataset(self.table_uri(s)) for s in definition.sources]
         source = describe_dataset(definition.source, self.table_uri(definition.source))
-        if not source.is_view:  # (views are created with them)
-            require_stable_row_ids(objects.dataset(source.uri), definition.source, f"a materialized view ({name!r})")
+        for s, ds in zip(definition.sources, datasets, strict=True):
+            if VIEW_METADATA_KEY.encode() not in (ds.schema.metadata or {}):  # (views are created with them)
+                require_stable_row_ids(ds, s, f"{kind.a_noun} ({name!r})")
         computed = None if source.is_view else [c["name"] for c in source.columns]
-        return describe_definition(name, self.table_uri(name), definition, source.uri, computed)
+        return describe_definition(name, self.table_uri(name), definition, datasets, computed)
 
     def __contains__(self, name: str) -> bool:
         return name in self.table_names()

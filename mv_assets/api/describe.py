@@ -12,9 +12,9 @@ from mv_assets.model.definition import (
     COLUMNS_METADATA_KEY,
     VIEW_METADATA_KEY,
     ViewDefinition,
-    output_schema,
     tracked_source_columns,
 )
+from mv_assets.model.kinds import kind_of
 from mv_assets.model.names import is_internal_column
 from mv_assets.model.ownership import OWNERSHIP_METADATA_KEY, Ownership
 from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
@@ -73,13 +73,14 @@ def describe_dataset(name: str, uri: str) -> TableDescription:
 
 
 def describe_definition(
-    name: str, uri: str, definition: ViewDefinition, source_uri: str, source_computed: list[str] | None
+    name: str, uri: str, definition: ViewDefinition, datasets: list, source_computed: list[str] | None
 ) -> TableDescription:
-    """A view not created yet, described from its definition over the source
-    at ``source_uri`` (validated against it). ``source_computed`` lists the
-    computed columns of a base-table source (None for a view source)."""
-    src = objects.dataset(source_uri)
-    schema = output_schema(definition, src)
+    """A view not created yet, described from its definition over its sources'
+    ``datasets`` (validated against them; the first is its source, a join's
+    others follow). ``source_computed`` lists the computed columns of a
+    base-table source (None for a view source)."""
+    src = datasets[0]
+    schema = kind_of(definition).schema(definition, datasets)
     d = definition.to_json()
     reads = definition.reads(source_computed, src.schema) if source_computed is not None else []
     return TableDescription(
