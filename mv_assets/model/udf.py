@@ -16,7 +16,55 @@ Forms (as in Geneva):
   source columns of the batch; ``data_type=`` is required.
 * stateful: a class whose ``__init__`` does the set-up (load a model) and whose
   ``__call__`` is one of the forms above. It is instantiated once per worker
-  process and reused.
+  process and reused. It is registered as it is, or, as in Geneva, as an
+  instance: ``MyModel()`` (``__init__`` arguments allowed,
+  ``MyModel(model="small")``) is the UDF whose per-process instance is made
+  with them.
+
+:func:`udf`'s arguments in full (its docstring has each in short); from
+``on_error`` on, none is part of the fingerprint:
+
+* ``on_error``: ``"fail"`` (default: an exception fails the job), ``"skip"``
+  (the row's value stays NULL and an error record is written) or an
+  :class:`OnError` with retries and backoff for chosen exceptions; or, as in
+  Geneva, a list of ``Retry`` / ``Skip`` / ``Fail`` matchers
+  (``retry_transient()``, ``retry_all()``, ``skip_on_error()``,
+  ``fail_fast()``; :mod:`mv_assets.model.matchers`).
+* ``batch_size``: batched and RecordBatch UDFs: at most this many rows per
+  call (a model's memory bound, say). By default a call gets up to 65,536
+  rows of a cheap UDF, fewer for an expensive one (sized by time) or for wide
+  rows (32 MiB).
+* ``checkpoint_size``: as in Geneva: rows per checkpoint. The default
+  ``checkpoint_size`` of a backfill of this column and of a refresh of a view
+  computing it (the smallest of its UDFs'); an explicit ``checkpoint_size=``
+  of the call wins. Without one, results are checkpointed by time.
+* ``field_metadata``: as in Geneva: metadata of the output column's Arrow
+  field (in the table's or view's schema).
+* ``num_cpus``, ``num_gpus``, ``memory``: as in Geneva: what one call of the
+  UDF needs (CPUs, GPUs, possibly a fraction, and bytes of memory). Stored
+  with the view or column and shown by ``describe()``, ``mv-assets plan`` and
+  Dagster. On a Spark cluster a refresh's or backfill's tasks run under a task
+  resource profile (docs/deploy.md); local mode and the inline runner warn
+  and run CPU tasks.
+* ``task_size``: as in Geneva: rows per task, the default ``task_size`` of a
+  backfill of this column (a call's own ``task_size=`` wins).
+
+Geneva's other :func:`udf` arguments (docs/geneva.md):
+
+* ``error_handling``: Geneva's other name for the policy: an :class:`OnError`
+  or a matcher list (Geneva's tenacity ``ErrorHandlingConfig`` is not
+  provided). Not together with ``on_error``.
+* ``manifest``, ``auto_backfill``: accepted with a ``GenevaCompatWarning``
+  when given (tasks run in the executors' environment; nothing backfills a
+  column on its own: see docs/geneva.md).
+* ``cuda``: Geneva's deprecated flag: ``cuda=True`` with no ``num_gpus`` is
+  ``num_gpus=1``.
+* ``min_checkpoint_size``, ``max_checkpoint_size``: Geneva's adaptive
+  checkpoint bounds: equal, they are a fixed ``checkpoint_size``; other values
+  are accepted with a ``GenevaCompatWarning`` (checkpoints are sized by time
+  here).
+* ``timeout``: Geneva's per-row timeout of scalar UDFs: accepted with a
+  ``GenevaCompatWarning`` (no call is interrupted here).
 """
 
 import base64
@@ -337,6 +385,42 @@ def resources_spec(num_cpus: float, num_gpus: float, memory: int | None) -> dict
     return {"num_cpus": num_cpus, "num_gpus": num_gpus, "memory": memory}
 
 
+def _check_positive_int(name: str, value: Any, unit: str) -> None:
+    """``@udf(name=value)`` is None or a positive int (``unit``: what it counts)."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value <= 0):
+        raise ValueError(f"@udf {name} must be a positive int ({unit}), got {value!r}")
+
+
+def _kind_of(name: str, annotations: list[Any]) -> UdfKind:
+    """A UDF's form from its parameters' annotations: one ``pa.RecordBatch``
+    (BATCH), every one ``pa.Array`` (ARRAY) or none of them Arrow (SCALAR)."""
+    if len(annotations) == 1 and annotations[0] is pa.RecordBatch:
+        return BATCH
+    if annotations and all(a is pa.Array for a in annotations):
+        return ARRAY
+    if any(a is pa.Array or a is pa.RecordBatch for a in annotations):
+        raise ValueError(
+            f"UDF {name!r}: mix of Arrow and Python parameter annotations; "
+            "annotate every parameter pa.Array (batched) or none of them (scalar)"
+        )
+    return SCALAR
+
+
+def _output_type(name: str, data_type: Any, hints: dict[str, Any]) -> pa.DataType:
+    """The UDF's output type: ``data_type``, else inferred from the return annotation."""
+    if data_type is None:
+        ret = hints.get("return")
+        data_type = python_type_to_arrow(ret) if ret is not None else None
+        if data_type is None:
+            raise ValueError(
+                f"UDF {name!r}: cannot infer the output type; add a return "
+                "annotation (e.g. -> float) or pass @udf(data_type=pa.float32())"
+            )
+    if not isinstance(data_type, pa.DataType):
+        raise ValueError(f"UDF {name!r}: data_type must be a pyarrow DataType")
+    return data_type
+
+
 class UDF:
     """A user-defined column function. Create with :func:`udf`."""
 
@@ -362,8 +446,7 @@ class UDF:
     ) -> None:
         if not callable(func):
             raise ValueError(f"@udf needs a function or class, got {func!r}")
-        if task_size is not None and (isinstance(task_size, bool) or not isinstance(task_size, int) or task_size <= 0):
-            raise ValueError(f"@udf task_size must be a positive int (rows per task), got {task_size!r}")
+        _check_positive_int("task_size", task_size, "rows per task")
         if manifest is not None:
             warn_ignored("udf", "manifest", manifest, NO_MANIFEST, stacklevel=4)
         if auto_backfill:
@@ -371,12 +454,8 @@ class UDF:
         self.task_size = task_size
         self.num_cpus, self.num_gpus, self.memory = check_resources(
             "UDF", name or getattr(func, "__name__", "udf"), num_cpus, num_gpus, memory)
-        if batch_size is not None and (isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0):
-            raise ValueError(f"@udf batch_size must be a positive int (rows per call), got {batch_size!r}")
-        if checkpoint_size is not None and (
-            isinstance(checkpoint_size, bool) or not isinstance(checkpoint_size, int) or checkpoint_size <= 0
-        ):
-            raise ValueError(f"@udf checkpoint_size must be a positive int (rows per checkpoint), got {checkpoint_size!r}")
+        _check_positive_int("batch_size", batch_size, "rows per call")
+        _check_positive_int("checkpoint_size", checkpoint_size, "rows per checkpoint")
         self.batch_size = batch_size
         self.checkpoint_size = checkpoint_size
         self.field_metadata = _checked_field_metadata(field_metadata)
@@ -395,34 +474,13 @@ class UDF:
         ]
         self.param_names = [p.name for p in params]
         self.param_annotations = {p.name: hints.get(p.name) for p in params}
-        ann = list(self.param_annotations.values())
-        if len(ann) == 1 and ann[0] is pa.RecordBatch:
-            self.kind = BATCH
-        elif ann and all(a is pa.Array for a in ann):
-            self.kind = ARRAY
-        elif any(a is pa.Array or a is pa.RecordBatch for a in ann):
-            raise ValueError(
-                f"UDF {self.name!r}: mix of Arrow and Python parameter annotations; "
-                "annotate every parameter pa.Array (batched) or none of them (scalar)"
-            )
-        else:
-            self.kind = SCALAR
+        self.kind = _kind_of(self.name, list(self.param_annotations.values()))
         self.input_columns: list[str] = self._checked_inputs(input_columns)
-        if data_type is None:
-            ret = hints.get("return")
-            data_type = python_type_to_arrow(ret) if ret is not None else None
-            if data_type is None:
-                raise ValueError(
-                    f"UDF {self.name!r}: cannot infer the output type; add a return "
-                    "annotation (e.g. -> float) or pass @udf(data_type=pa.float32())"
-                )
-        if not isinstance(data_type, pa.DataType):
-            raise ValueError(f"UDF {self.name!r}: data_type must be a pyarrow DataType")
-        self.data_type = data_type
+        self.data_type = out_type = _output_type(self.name, data_type, hints)
         ret = hints.get("return")
         # Multi-column UDF: annotated -> Columns[NamedTuple]; one sibling column per field.
         self.output_fields: list[str] | None = (
-            [f.name for f in data_type] if typing.get_origin(ret) is Columns and pa.types.is_struct(data_type) else None
+            [f.name for f in out_type] if typing.get_origin(ret) is Columns and pa.types.is_struct(out_type) else None
         )
         self._fingerprint: str | None = None
         track(self)  # code this process made: what MV_ASSETS_CODE=declared runs (model.trust)
@@ -999,29 +1057,34 @@ def _geneva_checkpoint_bounds(checkpoint_size: int | None, low: int | None, high
     return checkpoint_size
 
 
+def _error_policy(on_error: "OnError | str | list | None", error_handling: "OnError | list | None"
+                  ) -> "OnError | str | list | None":
+    """``@udf``'s error policy: ``on_error``, or Geneva's ``error_handling``
+    (an :class:`OnError` or a matcher list; not with ``on_error`` too)."""
+    if error_handling is None:
+        return on_error
+    if on_error is not None:
+        raise ValueError(
+            "Cannot specify both 'on_error' and 'error_handling'. "
+            "Use 'on_error' for simple cases or 'error_handling' for advanced use."
+        )
+    if not isinstance(error_handling, OnError | list | tuple):
+        raise ValueError(
+            f"@udf(error_handling=...) takes an OnError(...) or a list of Retry/Skip/Fail matchers here, got "
+            f"{error_handling!r} (Geneva's tenacity ErrorHandlingConfig is not provided: docs/geneva.md)"
+        )
+    return error_handling
+
+
 def udf(
-    func: Callable | None = None,
-    *,
-    data_type: pa.DataType | None = None,
-    input_columns: list[str] | None = None,
-    name: str | None = None,
-    version: str | None = None,
-    skip_nulls: bool = True,
-    on_error: "OnError | str | list | None" = None,
-    batch_size: int | None = None,
-    checkpoint_size: int | None = None,
-    field_metadata: dict[str, str] | None = None,
-    num_cpus: float | None = 1.0,
-    num_gpus: float | None = 0.0,
-    memory: int | None = None,
-    task_size: int | None = None,
-    manifest: Any = None,
-    auto_backfill: bool = False,
-    cuda: bool | None = False,
-    min_checkpoint_size: int | None = 1,
-    max_checkpoint_size: int | None = None,
-    timeout: float | None = None,
-    error_handling: "OnError | list | None" = None,
+    func: Callable | None = None, *,
+    data_type: pa.DataType | None = None, input_columns: list[str] | None = None, name: str | None = None,
+    version: str | None = None, skip_nulls: bool = True, on_error: "OnError | str | list | None" = None,
+    batch_size: int | None = None, checkpoint_size: int | None = None, field_metadata: dict[str, str] | None = None,
+    num_cpus: float | None = 1.0, num_gpus: float | None = 0.0, memory: int | None = None, task_size: int | None = None,
+    # Geneva's (see the module docstring)
+    manifest: Any = None, auto_backfill: bool = False, cuda: bool | None = False, min_checkpoint_size: int | None = 1,
+    max_checkpoint_size: int | None = None, timeout: float | None = None, error_handling: "OnError | list | None" = None,
 ) -> Any:
     """Declare a UDF; usable as ``@udf`` or ``@udf(data_type=...)``.
 
@@ -1040,60 +1103,24 @@ def udf(
         Scalar UDFs only: rows with a NULL input get a NULL output without
         calling the function (the default).
     on_error:
-        ``"fail"`` (default: an exception fails the job), ``"skip"`` (the
-        row's value stays NULL and an error record is written) or an
-        :class:`OnError` with retries and backoff for chosen exceptions; or,
-        as in Geneva, a list of ``Retry`` / ``Skip`` / ``Fail`` matchers
-        (``retry_transient()``, ``retry_all()``, ``skip_on_error()``,
-        ``fail_fast()``; :mod:`mv_assets.model.matchers`). Not part of the
-        fingerprint.
-    error_handling:
-        Geneva's other name for the policy: an :class:`OnError` or a matcher
-        list (Geneva's tenacity ``ErrorHandlingConfig`` is not provided).
-        Not together with ``on_error``.
+        ``"fail"`` (default), ``"skip"`` (the value stays NULL, an error is
+        recorded), an :class:`OnError` or Geneva's matchers.
     batch_size:
-        Batched and RecordBatch UDFs: at most this many rows per call (a
-        model's memory bound, say). By default a call gets up to 65,536 rows
-        of a cheap UDF, fewer for an expensive one (sized by time) or for
-        wide rows (32 MiB). Not part of the fingerprint.
+        Batched and RecordBatch UDFs: at most this many rows per call.
     checkpoint_size:
-        As in Geneva: rows per checkpoint. The default ``checkpoint_size`` of
-        a backfill of this column and of a refresh of a view computing it
-        (the smallest of its UDFs'); an explicit ``checkpoint_size=`` of the
-        call wins. Without one, results are checkpointed by time. Not part
-        of the fingerprint.
+        As in Geneva: rows per checkpoint (without one: by time).
     field_metadata:
-        As in Geneva: metadata of the output column's Arrow field (in the
-        table's or view's schema). Not part of the fingerprint.
+        As in Geneva: metadata of the output column's Arrow field.
     num_cpus, num_gpus, memory:
-        As in Geneva: what one call of the UDF needs (CPUs, GPUs, possibly a
-        fraction, and bytes of memory). Stored with the view or column and
-        shown by ``describe()``, ``mv-assets plan`` and Dagster. On a Spark
-        cluster a refresh's or backfill's tasks run under a task resource
-        profile (docs/deploy.md); local mode and the inline runner warn and
-        run CPU tasks. Not part of the fingerprint.
+        As in Geneva: what one call needs (CPUs, GPUs, bytes of memory).
     task_size:
-        As in Geneva: rows per task, the default ``task_size`` of a backfill
-        of this column (a call's own ``task_size=`` wins). Not part of the
-        fingerprint.
-    manifest, auto_backfill:
-        Geneva's; accepted with a ``GenevaCompatWarning`` when given
-        (tasks run in the executors' environment; nothing backfills a column
-        on its own: see docs/geneva.md).
-    cuda:
-        Geneva's deprecated flag: ``cuda=True`` with no ``num_gpus`` is ``num_gpus=1``.
-    min_checkpoint_size, max_checkpoint_size:
-        Geneva's adaptive checkpoint bounds: equal, they are a fixed
-        ``checkpoint_size``; other values are accepted with a
-        ``GenevaCompatWarning`` (checkpoints are sized by time here).
-    timeout:
-        Geneva's per-row timeout of scalar UDFs: accepted with a
-        ``GenevaCompatWarning`` (no call is interrupted here).
+        As in Geneva: rows per task of a backfill of this column.
+    error_handling, manifest, auto_backfill, cuda, min_checkpoint_size, max_checkpoint_size, timeout:
+        Geneva's: mapped to the arguments above or accepted with a
+        ``GenevaCompatWarning``.
 
-    A stateful UDF (a decorated class) is registered as it is, or, as in
-    Geneva, as an instance: ``MyModel()`` (``__init__`` arguments allowed,
-    ``MyModel(model="small")``) is the UDF whose per-process instance is made
-    with them.
+    From ``on_error`` on, no argument is part of the fingerprint. The module
+    docstring has them all in full, and a stateful UDF registered as an instance.
 
     Examples
     --------
@@ -1106,19 +1133,7 @@ def udf(
     >>> double.data_type
     DataType(int64)
     """
-
-    if error_handling is not None:
-        if on_error is not None:
-            raise ValueError(
-                "Cannot specify both 'on_error' and 'error_handling'. "
-                "Use 'on_error' for simple cases or 'error_handling' for advanced use."
-            )
-        if not isinstance(error_handling, OnError | list | tuple):
-            raise ValueError(
-                f"@udf(error_handling=...) takes an OnError(...) or a list of Retry/Skip/Fail matchers here, got "
-                f"{error_handling!r} (Geneva's tenacity ErrorHandlingConfig is not provided: docs/geneva.md)"
-            )
-        on_error = error_handling
+    on_error = _error_policy(on_error, error_handling)
     if cuda and not num_gpus:
         num_gpus = 1.0  # Geneva: the deprecated cuda=True is num_gpus=1 when num_gpus is not given
     checkpoint_size = _geneva_checkpoint_bounds(checkpoint_size, min_checkpoint_size, max_checkpoint_size)
