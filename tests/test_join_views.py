@@ -552,3 +552,29 @@ def test_a_join_view_declared_in_code_is_described_before_it_exists(db):
     assert [n for n, _ in d.schema] == ["cid", "title", "lang", "name", "long", "cap", "badge"]
     assert d.definition["function"]["sources"] == ["clips", "videos", "channels"]
     assert "declared" not in db.table_names()
+
+
+def test_lineage_follows_every_source_of_a_join(db):
+    """A join whose joined side is a view: refreshing the join while that view
+    is behind is refused; upstream=True refreshes it first; dependents and the
+    lineage order know the join reads every table."""
+    from mv_assets import SourceBehindError
+
+    rng = random.Random(17)
+    clips, videos, _ = make_sources(db, rng)
+    en = db.create_materialized_view("en_videos", videos.search(None).where("lang = 'en'"))
+    db.refresh("en_videos")
+    j = db.create_materialized_view("en_clips", clips.search(None).join(en, left_on="video_id", right_on="vid")
+                                    .select({"cid": "clips.id", "title": "title"}))
+    db.refresh("en_clips")
+    assert db.dependents("videos") == ["en_videos"] and "en_clips" in db.dependents("en_videos")
+    assert db.dependents("clips") == ["en_clips"]
+    assert db.lineage_order(["en_clips", "en_videos"]) == ["en_videos", "en_clips"]
+    assert db.upstream("en_clips") == ["en_videos"] and j.sources == ["clips", "en_videos"]
+    videos.update(where="vid = 1", values={"lang": "en", "title": "now en"})
+    with pytest.raises(SourceBehindError, match="reads view 'en_videos', which is 1 version"):
+        db.refresh("en_clips")
+    db.refresh("en_clips", upstream=True)
+    want = sorted((c["id"], v["title"]) for c in clips.to_arrow().to_pylist() for v in videos.to_arrow().to_pylist()
+                  if v["lang"] == "en" and c["video_id"] == v["vid"])
+    assert sorted((r["cid"], r["title"]) for r in j.to_arrow().to_pylist()) == want

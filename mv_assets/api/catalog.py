@@ -447,11 +447,11 @@ class Connection:
             except (ValueError, OSError):  # damaged files (status UNREADABLE): what it reads is unknown
                 continue
             raw = md.get(VIEW_METADATA_KEY.encode())
-            if raw is not None and json.loads(raw)["source"] == name:
+            if raw is not None and name in _sources(json.loads(raw)):
                 out[n] = raw.decode()
         for n in view_names(self.layout):
             raw = read_view_definition(self.layout, n)
-            if raw is not None and json.loads(raw)["source"] == name:
+            if raw is not None and name in _sources(json.loads(raw)):
                 out[n] = raw
         return out
 
@@ -461,8 +461,8 @@ class Connection:
         return view_names(self.layout)
 
     def lineage_order(self, names: list[str] | None = None) -> list[str]:
-        """Views in an order where each comes after the view it reads."""
-        views = {v.name: v.source for v in self.views()}
+        """Views in an order where each comes after the views it reads."""
+        views = {v.name: v.sources for v in self.views()}
         wanted = set(views) if names is None else set(names)
         for n in wanted:
             if n not in views:
@@ -476,7 +476,8 @@ class Connection:
                 return
             if n in stack:
                 raise ValueError(f"view lineage has a cycle through {n!r}")
-            visit(views[n], stack + (n,))
+            for source in views[n]:
+                visit(source, stack + (n,))
             seen.add(n)
             if n in wanted:
                 order.append(n)
@@ -486,15 +487,21 @@ class Connection:
         return order
 
     def upstream(self, name: str) -> list[str]:
-        """The views ``name`` reads from, nearest last (excluding base tables)."""
-        chain = []
-        t = self.open_table(name)
-        while isinstance(t, MaterializedView):
-            src = self.open_table(t.source)
-            if isinstance(src, MaterializedView):
-                chain.append(src.name)
-            t = src
-        return list(reversed(chain))
+        """The views ``name`` reads from (a join view: through every source),
+        each after the views it reads, nearest last (excluding base tables)."""
+        order: list[str] = []
+
+        def visit(n: str, stack: tuple[str, ...]) -> None:
+            t = self.open_table(n)
+            if not isinstance(t, MaterializedView) or n in order or n in stack:
+                return
+            for source in t.sources:
+                visit(source, stack + (n,))
+            if n != name:
+                order.append(n)
+
+        visit(name, ())
+        return order
 
     # -- views -----------------------------------------------------------
     def create_materialized_view(
@@ -748,12 +755,16 @@ class Connection:
         return status_table(self.view_statuses(name))
 
     def _check_source_current(self, view: MaterializedView) -> None:
-        uri = self.table_uri(view.definition.source)
+        for source in view.definition.sources:  # (a join view: each of them)
+            self._check_one_source_current(view, source)
+
+    def _check_one_source_current(self, view: MaterializedView, source: str) -> None:
+        uri = self.table_uri(source)
         if not objects.is_dataset(uri):
             return  # a source that is gone: the refresh's plan says so in its own words
         if VIEW_METADATA_KEY.encode() not in (objects.dataset(uri).schema.metadata or {}):
             return  # a table: nothing it reads can be behind (the handle serves the plan)
-        src = self.open_table(view.definition.source)
+        src = self.open_table(source)
         if isinstance(src, MaterializedView):
             behind = self._versions_behind(src)
             if behind:
@@ -966,3 +977,8 @@ def _concurrently(fn: Callable[[Any], Any], items: list, pool_name: str, uri: st
 def _unreadable_reason(exc: Exception) -> str:
     """Why a dataset of the catalog cannot be opened, in our words and Lance's (no Rust paths)."""
     return f"the dataset cannot be read ({type(exc).__name__}: {short_error(exc)})"
+
+
+def _sources(definition: dict) -> list[str]:
+    """The sources of a stored view definition (JSON; nothing unpickled)."""
+    return kind_of(definition).sources_of(definition)

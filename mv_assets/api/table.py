@@ -36,6 +36,7 @@ from mv_assets.model.definition import (
     short_error,
     sql_literal,
 )
+from mv_assets.model.kinds import kind_of
 from mv_assets.model.markers import current_sql, stale_sql
 from mv_assets.model.names import PRIMARY_KEY_METADATA_KEY, Alias, is_internal_column
 from mv_assets.model.ownership import OWNERSHIP_METADATA_KEY, Ownership
@@ -1173,6 +1174,17 @@ class MaterializedView(Table):
     def source_version(self) -> int | None:
         """The source version the view reflects (None before the first refresh)."""
         return self.refresh_state().source_version
+
+    @property
+    def sources(self) -> list[str]:
+        """Every table or view the view reads, its source first (a join view's
+        every table); read from the stored JSON, no UDF unpickled."""
+        if self._definition is not None:
+            return self._definition.sources
+        raw = (self._dataset().schema.metadata or {}).get(VIEW_METADATA_KEY.encode())
+        if raw is None:
+            raise ValueError(f"{self.name!r} is not a materialized view")
+        return kind_of(json.loads(raw)).sources_of(json.loads(raw))
 
     @property
     def source_versions(self) -> dict[str, int]:
