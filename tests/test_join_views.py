@@ -578,3 +578,29 @@ def test_lineage_follows_every_source_of_a_join(db):
     want = sorted((c["id"], v["title"]) for c in clips.to_arrow().to_pylist() for v in videos.to_arrow().to_pylist()
                   if v["lang"] == "en" and c["video_id"] == v["vid"])
     assert sorted((r["cid"], r["title"]) for r in j.to_arrow().to_pylist()) == want
+
+
+def test_a_killed_refresh_resumes_without_computing_finished_tasks_again(db):
+    """Two of four tasks finished, then the driver died: nothing is visible,
+    and the next refresh resumes them from their checkpoints (UDF calls only
+    for the two unfinished tasks), equal to the oracle."""
+    rng = random.Random(18)
+    make_sources(db, rng, clips=80)
+    v = chain_view(db, "left")
+
+    class CrashAfter(mv.InlineRunner):
+        def run(self, tasks, definition_raw, **kwargs):
+            from mv_assets.execution.tasks import run_task
+
+            for task in tasks[:2]:
+                run_task(task, definition_raw)
+            raise RuntimeError("driver died")
+
+    with pytest.raises(RuntimeError, match="driver died"):
+        v.refresh(runner=CrashAfter(), max_rows_per_task=20)
+    assert lance.dataset(v.uri).count_rows() == 0  # nothing half-visible
+    whole = v.plan_refresh(max_rows_per_task=20).udf_rows["cap"]
+    r = v.refresh(max_rows_per_task=20)
+    assert (r.tasks, r.tasks_resumed) == (4, 2)
+    assert 0 < r.udf_rows_computed["cap"] < whole  # the finished tasks' rows were not computed again
+    check(db, v, "left")

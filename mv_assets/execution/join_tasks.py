@@ -66,9 +66,10 @@ def row_versions(ds: lance.LanceDataset, ids: np.ndarray) -> pa.Array:
 
 
 def read_first(ds: lance.LanceDataset, columns: list[str], *, fragments: list[int] | None = None,
-               ids: np.ndarray | None = None) -> pa.Table:
+               ids: np.ndarray | None = None, part: list[int] | None = None) -> pa.Table:
     """The first table's rows (its staged columns, row id and version): of
-    these ``fragments``, or with these stable row ``ids`` (those still there)."""
+    these ``fragments``, with these stable row ``ids`` (those still there), or
+    the ``part`` [fragment, offset, limit] of one fragment."""
     projection = {staged_name(0, c): f"`{c}`" for c in columns}
     projection[SOURCE_ROW_VERSION] = "_row_last_updated_at_version"
     if ids is not None:  # by stable row id (the ids of rows deleted since are skipped)
@@ -79,6 +80,12 @@ def read_first(ds: lance.LanceDataset, columns: list[str], *, fragments: list[in
             table = table.append_column(SOURCE_ROW_VERSION, row_versions(ds, _id_array(table, "_rowid")))
         else:
             table = ds.scanner(columns=projection, with_row_id=True, limit=0).to_table()
+    elif part is not None:
+        fragment = ds.get_fragment(int(part[0]))
+        if fragment is None:
+            raise RuntimeError(f"fragment {part[0]} does not exist at version {ds.version} of {ds.uri}")
+        table = fragment.scanner(columns=projection, with_row_id=True, offset=int(part[1]),
+                                 limit=int(part[2])).to_table()
     else:
         frags = None if fragments is None else [ds.get_fragment(int(f)) for f in fragments]
         if frags is not None and any(f is None for f in frags):
@@ -281,7 +288,8 @@ def _staged(definition: ViewDefinition, args: dict, datasets: list[lance.LanceDa
     evaluated) and the view's rows of them it may reuse UDF values from."""
     join = Join.of(definition)
     first = read_first(datasets[0], join.reads(0), fragments=args.get("fragments"),
-                       ids=None if args.get("ids") is None else np.asarray(args["ids"], np.int64))
+                       ids=None if args.get("ids") is None else np.asarray(args["ids"], np.int64),
+                       part=args.get("slice"))
     old = None
     reuse = args.get("reuse")
     if reuse and definition.udf_columns and first.num_rows:

@@ -374,15 +374,21 @@ def _task(where, args: dict, rows: int) -> TaskSpec:
 
 def _full_plan(view: ViewRef, definition, datasets, view_ds, state, reason: str, per_task: int,
                checkpoint_size: int | None, details: dict, exact: bool) -> RefreshPlan:
-    """Every first-table row, by fragment groups of about ``per_task`` rows."""
+    """Every first-table row, by fragment groups of about ``per_task`` rows (a
+    larger fragment in slices of ``per_task`` rows)."""
     where = _place(view, datasets[0], view_ds.version, f"join|full|{json.dumps(details['sources'], sort_keys=True)}",
                    per_task, checkpoint_size)
     uris = [d.uri for d in datasets]
     tasks, group, rows, total = [], [], 0, 0
     by_fragment: dict[int, int] = {}
+    at = [d.version for d in datasets]
     for f in datasets[0].get_fragments():
         n = by_fragment[f.fragment_id] = f.count_rows()
         total += n
+        if n > per_task:  # (read by offset and limit within the fragment)
+            tasks += [_task(where, {"uris": uris, "versions": at, "slice": [f.fragment_id, k, min(per_task, n - k)]},
+                            min(per_task, n - k)) for k in range(0, n, per_task)]
+            continue
         if group and rows + n > per_task:
             tasks.append(_task(where, {"uris": uris, "versions": [d.version for d in datasets], "fragments": group},
                                rows))
