@@ -67,6 +67,7 @@ from mv_assets.storage.changes import (
     BACKFILL_KEY,
     NEUTRAL_OPERATIONS,
     STATE_KEY,
+    ForeignWrites,
     backfill_commits,
     commit_matters,
     commits_since,
@@ -78,7 +79,7 @@ from mv_assets.storage.identity import ensure_table_id, table_id
 from mv_assets.storage.lance_compat import CommitConflictError, delete_offsets, field_ids, take_rows
 from mv_assets.storage.refs import ViewRef
 from mv_assets.storage.row_ids import require_current_format
-from mv_assets.storage.state import read_refresh_state
+from mv_assets.storage.state import RefreshState, read_refresh_state
 from mv_assets.storage.versions import dataset_at, versions_phrase
 
 if TYPE_CHECKING:
@@ -424,22 +425,11 @@ def plan_refresh(
     scope, scope_frags = _scope(view.name, definition, src, fragments, recompute)
     v0 = state.source_version
     def_fp = definition.shape_fingerprint()
-    # (a source that has not moved has no commits to read: a no-change refresh reads none)
-    history = (read_history(src, v0, src.version, appends_need_no_base=_top_fragment_known(state, definition))
-               if v0 is not None and replaced is None and v0 != src.version else History())
-    how, reason = choose_how(
-        mode=mode, definition_changed=state.definition not in (None, def_fp), v0=v0, target=src.version,
-        scope=scope, recompute=recompute, scoped_since_whole=state.scoped_since_whole, history=history,
-        source_replaced=replaced, view_written=(foreign.replaced, foreign.describe()) if foreign else None,
-    )
-    if how == "full" and mode == "incremental_strict" and v0 is not None:
-        raise ValueError(f"refresh of {view.name!r} cannot be incremental: {reason}")
+    how, reason = _how(view.name, definition, src, state, def_fp, mode=mode, scope=scope, recompute=recompute,
+                       replaced=replaced, foreign=foreign)
     # The source's commits since v0, read once (versions only, never rows)
-    commits = (
-        commits_since(src, v0)
-        if how == "incremental" and scope is None and recompute is None and v0 is not None and v0 <= src.version
-        else None
-    )
+    commits = (commits_since(src, v0) if how == "incremental" and scope is None and recompute is None
+               and v0 is not None and v0 <= src.version else None)
     reads = definition.computed_reads(src.schema)
     if commits is not None and _nothing_read_changed(commits, reads, state):
         plan = _already_current(view, src.version, view_ds.version, state)
@@ -454,19 +444,48 @@ def plan_refresh(
 
     appended = _appended_since(src, v0, commits, reads, state, definition) if commits is not None else None
     moved = _moved_rows_in(src, v0, commits) if commits is not None and appended is None else None
-    where, tasks, keys, n_insert, udf_rows, vk, counted = _plan_work(
-        place, src, view_ds, definition, how, v0, scope, scope_frags, recompute, appended, tainted, moved, exact
+    work = _plan_work(place, src, view_ds, definition, how, v0, scope, scope_frags, recompute, appended, tainted,
+                      moved, exact)
+    return _refresh_plan(view.name, definition, src, view_ds, state, how, reason, scope, work, source_id=source_id,
+                         repaired=foreign is not None, read_fields=read_fields)
+
+
+def _how(view_name: str, definition: ViewDefinition, src: lance.LanceDataset, state: RefreshState, def_fp: str, *,
+         mode: str, scope: list[int] | None, recompute: list[str] | None, replaced: str | None,
+         foreign: ForeignWrites | None) -> tuple[str, str]:
+    """How the refresh goes (full, sync or incremental: :func:`choose_how`) and
+    why, from the source's history since the reflected version; a full refresh
+    where ``mode="incremental_strict"`` asks otherwise is an error."""
+    v0 = state.source_version
+    # (a source that has not moved has no commits to read: a no-change refresh reads none)
+    history = (read_history(src, v0, src.version, appends_need_no_base=_top_fragment_known(state, definition))
+               if v0 is not None and replaced is None and v0 != src.version else History())
+    how, reason = choose_how(
+        mode=mode, definition_changed=state.definition not in (None, def_fp), v0=v0, target=src.version,
+        scope=scope, recompute=recompute, scoped_since_whole=state.scoped_since_whole, history=history,
+        source_replaced=replaced, view_written=(foreign.replaced, foreign.describe()) if foreign else None,
     )
+    if how == "full" and mode == "incremental_strict" and v0 is not None:
+        raise ValueError(f"refresh of {view_name!r} cannot be incremental: {reason}")
+    return how, reason
+
+
+def _refresh_plan(view_name: str, definition: ViewDefinition, src: lance.LanceDataset, view_ds: lance.LanceDataset,
+                  state: RefreshState, how: str, reason: str, scope: list[int] | None, work: tuple, *,
+                  source_id: str | None, repaired: bool, read_fields: dict[str, int]) -> RefreshPlan:
+    """The plan of the ``work`` :func:`_plan_work` found (what it returns);
+    every UDF counts the rows of the tasks that compute whole rows."""
+    where, tasks, keys, n_insert, udf_rows, vk, counted = work
     for name in (c.name for c in definition.udf_columns):
         udf_rows[name] = udf_rows.get(name, 0) + int(sum(t.rows for t in tasks if t.recompute is None))
     return RefreshPlan(
-        view=view.name, source=definition.source, from_version=v0, to_version=src.version,
+        view=view_name, source=definition.source, from_version=state.source_version, to_version=src.version,
         view_version=view_ds.version, full=how == "full", reason=reason, rows_to_insert=n_insert,
         rows_to_update=int(len(keys.update)), rows_to_delete=int(len(keys.delete)), udf_rows=udf_rows,
         tasks=tasks, keys=keys, view_key_addrs=(_ids(vk, SOURCE_ROW_ID), _ids(vk, "_rowaddr")) if vk is not None else None,
         checkpoint_dir=where.checkpoint_dir, definition_raw=definition.encode(), load_number=state.load_number,
         scope=scope, scoped_since_whole=state.scoped_since_whole, seconds_per_row=state.seconds_per_row,
-        source_id=source_id, repaired=foreign is not None, read_fields=read_fields, counted_by_tasks=counted,
+        source_id=source_id, repaired=repaired, read_fields=read_fields, counted_by_tasks=counted,
         source_top_fragment=top_fragment(src),
     )
 
@@ -828,74 +847,22 @@ def _changed_rows(
     ``vk``: the view's keys, or (an incremental refresh without a limit) a
     :class:`ViewKeys` read once the changed source rows are known, keeping
     only theirs."""
-    streamed = vk if isinstance(vk, ViewKeys) else None
-    if streamed is not None:  # read below, once the changed ids are known
+    if isinstance(vk, ViewKeys):  # read below, once the changed ids are known
         view_keys, view_vers = np.empty(0, np.int64), np.empty(0, np.int64)
     else:
-        assert not isinstance(vk, ViewKeys)
-        view_keys = _ids(vk, SOURCE_ROW_ID)
-        view_vers = (_ids(vk, SOURCE_ROW_VERSION) if SOURCE_ROW_VERSION in vk.column_names
-                     else np.zeros(len(view_keys), np.int64))  # not read when nothing can be current (_plan_work)
+        view_keys, view_vers = _key_versions(vk)
     base_filter = definition.filter
     candidates = None
     if how == "incremental":
         assert v0 is not None  # an incremental refresh starts from a reflected version
-        version_filter = f"_row_last_updated_at_version > {v0}"
-        # rows written since v0 (``moved``: only in these fragments; [] none at all: deletes only)
-        if moved is not None and not moved:
-            passing = _no_rows(tracked)
-        else:
-            passing = _scan(src, and_filters(version_filter, base_filter), moved, markers=tracked)
-        within = (_ids(passing, "_rowaddr"), and_filters(version_filter, base_filter))
-        changed_all = None
-        if base_filter and (moved is None or moved):
-            changed_all = _ids(_scan(src, version_filter, moved, with_version=False))
-            fail = changed_all[~isin(changed_all, _ids(passing))]
-        else:
-            fail = np.empty(0, np.int64)
-        if tracked and src_version > v0 and backfill_commits(src, v0, src_version, tracked):
-            # A backfill of a column the view reads rewrote values without moving
-            # row versions: rows whose markers changed are changed rows too.
-            remarked = _marker_changes(src_uri, v0, src_version, tracked)
-            remarked = remarked[~isin(remarked, _ids(passing))]
-            if len(remarked):
-                every = _scan(src, base_filter, markers=tracked)
-                extra = every.filter(pa.array(isin(_ids(every), remarked)))
-                passing = pa.concat_tables([passing, extra])
-                within = None  # rows the version filter does not select: chosen by id
-                if base_filter:
-                    fail = np.concatenate([fail, remarked[~isin(remarked, _ids(extra))]])
-        deleted = (
-            _ids(src.delta(begin_version=v0, end_version=src_version).get_deleted_row_ids().read_all())
-            if src_version > v0
-            else np.empty(0, np.int64)
-        )
+        passing, within, fail, deleted = _changes_since(src, src_uri, base_filter, v0, src_version, tracked, moved)
         if definition.limit is None:
             # Only view rows whose source row changed matter from here on: one pass
             # over the view's keys, then every step works on that small subset.
-            wanted = np.concatenate([_ids(passing), fail, deleted])
-            if streamed is not None:
-                kept = vk = streamed.touching(wanted)
-                view_keys = _ids(kept, SOURCE_ROW_ID)
-                view_vers = (_ids(kept, SOURCE_ROW_VERSION) if SOURCE_ROW_VERSION in kept.column_names
-                             else np.zeros(len(view_keys), np.int64))
-            else:
-                assert not isinstance(vk, ViewKeys)
-                touched = isin(view_keys, wanted)
-                vk = vk.filter(pa.array(touched))
-                view_keys, view_vers = view_keys[touched], view_vers[touched]
+            vk, view_keys, view_vers = _keys_touching(vk, view_keys, view_vers,
+                                                      np.concatenate([_ids(passing), fail, deleted]))
     else:
-        passing = _scan(src, base_filter, scope_frags, markers=tracked)
-        within = (_ids(passing, "_rowaddr"), base_filter)
-        pass_ids = _ids(passing)
-        if scope is None:
-            fail = np.empty(0, np.int64)
-            deleted = view_keys[~isin(view_keys, pass_ids)]  # gone or no longer passing
-        else:
-            in_scope = _ids(_scan(src, None, scope_frags, with_version=False)) if base_filter else pass_ids
-            fail = in_scope[~isin(in_scope, pass_ids)]
-            all_ids = _ids(src.to_table(columns=[], with_row_id=True))
-            deleted = view_keys[~isin(view_keys, all_ids)]
+        passing, within, fail, deleted = _whole_changes(src, base_filter, scope, scope_frags, tracked, view_keys)
     assert not isinstance(vk, ViewKeys)  # (streamed keys were read above: an incremental refresh without a limit)
     current_rows = passing.slice(0, 0)
     if how != "full":
@@ -921,6 +888,86 @@ def _changed_rows(
         rows = passing
 
     return keys, rows, current_rows, vk, within
+
+
+def _key_versions(keys: pa.Table) -> tuple[np.ndarray, np.ndarray]:
+    """The source row ids and row versions of the view's key rows ``keys``."""
+    view_keys = _ids(keys, SOURCE_ROW_ID)
+    view_vers = (_ids(keys, SOURCE_ROW_VERSION) if SOURCE_ROW_VERSION in keys.column_names
+                 else np.zeros(len(view_keys), np.int64))  # not read when nothing can be current (_plan_work)
+    return view_keys, view_vers
+
+
+def _keys_touching(vk: "pa.Table | ViewKeys", view_keys: np.ndarray, view_vers: np.ndarray,
+                   wanted: np.ndarray) -> tuple[pa.Table, np.ndarray, np.ndarray]:
+    """The view's key rows of the source rows ``wanted``, with their ids and
+    versions: streamed from a :class:`ViewKeys` now, or kept of those read
+    (``view_keys`` and ``view_vers`` are ``vk``'s)."""
+    if isinstance(vk, ViewKeys):
+        kept = vk.touching(wanted)
+        return (kept, *_key_versions(kept))
+    touched = isin(view_keys, wanted)
+    return vk.filter(pa.array(touched)), view_keys[touched], view_vers[touched]
+
+
+def _changes_since(src: lance.LanceDataset, src_uri: str, base_filter: str | None, v0: int, src_version: int,
+                   tracked: list[str], moved: list | None
+                   ) -> "tuple[pa.Table, tuple[np.ndarray, str | None] | None, np.ndarray, np.ndarray]":
+    """An incremental refresh's source changes since ``v0``: the rows written
+    since that pass the filter, the candidates they were chosen from (see
+    ``pieces_from_rows``), the ids of changed rows that fail it, and of the
+    rows deleted."""
+    version_filter = f"_row_last_updated_at_version > {v0}"
+    # rows written since v0 (``moved``: only in these fragments; [] none at all: deletes only)
+    if moved is not None and not moved:
+        passing = _no_rows(tracked)
+    else:
+        passing = _scan(src, and_filters(version_filter, base_filter), moved, markers=tracked)
+    within = (_ids(passing, "_rowaddr"), and_filters(version_filter, base_filter))
+    if base_filter and (moved is None or moved):
+        changed_all = _ids(_scan(src, version_filter, moved, with_version=False))
+        fail = changed_all[~isin(changed_all, _ids(passing))]
+    else:
+        fail = np.empty(0, np.int64)
+    if tracked and src_version > v0 and backfill_commits(src, v0, src_version, tracked):
+        # A backfill of a column the view reads rewrote values without moving
+        # row versions: rows whose markers changed are changed rows too.
+        remarked = _marker_changes(src_uri, v0, src_version, tracked)
+        remarked = remarked[~isin(remarked, _ids(passing))]
+        if len(remarked):
+            every = _scan(src, base_filter, markers=tracked)
+            extra = every.filter(pa.array(isin(_ids(every), remarked)))
+            passing = pa.concat_tables([passing, extra])
+            within = None  # rows the version filter does not select: chosen by id
+            if base_filter:
+                fail = np.concatenate([fail, remarked[~isin(remarked, _ids(extra))]])
+    deleted = (
+        _ids(src.delta(begin_version=v0, end_version=src_version).get_deleted_row_ids().read_all())
+        if src_version > v0
+        else np.empty(0, np.int64)
+    )
+    return passing, within, fail, deleted
+
+
+def _whole_changes(src: lance.LanceDataset, base_filter: str | None, scope: list[int] | None,
+                   scope_frags: list | None, tracked: list[str], view_keys: np.ndarray
+                   ) -> "tuple[pa.Table, tuple[np.ndarray, str | None], np.ndarray, np.ndarray]":
+    """A full or sync refresh's source rows: every row passing the filter (in
+    the scope's fragments), the candidates they were chosen from, the ids of
+    the scope's rows that fail it, and of the view's rows whose source row is
+    gone (the whole view: or no longer passes)."""
+    passing = _scan(src, base_filter, scope_frags, markers=tracked)
+    within = (_ids(passing, "_rowaddr"), base_filter)
+    pass_ids = _ids(passing)
+    if scope is None:
+        fail = np.empty(0, np.int64)
+        deleted = view_keys[~isin(view_keys, pass_ids)]  # gone or no longer passing
+    else:
+        in_scope = _ids(_scan(src, None, scope_frags, with_version=False)) if base_filter else pass_ids
+        fail = in_scope[~isin(in_scope, pass_ids)]
+        all_ids = _ids(src.to_table(columns=[], with_row_id=True))
+        deleted = view_keys[~isin(view_keys, all_ids)]
+    return passing, within, fail, deleted
 
 
 def _current(
