@@ -604,3 +604,22 @@ def test_a_killed_refresh_resumes_without_computing_finished_tasks_again(db):
     assert (r.tasks, r.tasks_resumed) == (4, 2)
     assert 0 < r.udf_rows_computed["cap"] < whole  # the finished tasks' rows were not computed again
     check(db, v, "left")
+
+
+def test_a_changed_join_is_a_changed_view(db):
+    """What a join joins decides the view's rows: a view declared in code whose
+    join changed is reported (not silently kept), and the stored shape covers
+    the join's keys and names."""
+    from mv_assets.api.declare import reconcile
+
+    rng = random.Random(19)
+    clips, videos, channels = make_sources(db, rng)
+    db.create_materialized_view("declared", _chain_query(db, "inner"))
+    assert reconcile(db, "declared", _chain_query(db, "inner")).problems == []
+    assert reconcile(db, "declared", _chain_query(db, "left")).problems  # INNER -> LEFT: other rows
+    other = (clips.search(None).join(videos, left_on="id", right_on="vid").join(channels, on="channel_id")
+             .where("clips.dur >= 2").select({"cid": "clips.id", "title": "videos.title", "lang": "lang",
+                                              "name": "name", "long": "dur * 10", "cap": (caption, ["title", "dur"]),
+                                              "badge": (badge, ["channels.name"])}))
+    assert reconcile(db, "declared", other).problems  # another key
+    assert _chain_query(db, "inner").to_definition().shape_fingerprint() != other.to_definition().shape_fingerprint()

@@ -127,7 +127,8 @@ def reconcile(db: "Connection", name: str, query: Query | DeclaredView | ViewDef
     stored_cols = {c["name"]: c for c in stored["columns"]}
     # the shape leaves UDF columns out: build it without them (no UDF pickled)
     plain = tuple(c for c in declared.columns if c.kind != "udf")
-    code = ViewDefinition(declared.source, plain, declared.filter, declared.shuffle, declared.seed, declared.limit).to_json()
+    code = ViewDefinition(declared.source, plain, declared.filter, declared.shuffle, declared.seed, declared.limit,
+                          declared.function).to_json()
     for c in code["columns"]:  # columns added after creation are marked so in the catalog only
         if stored_cols.get(c["name"], {}).get("added"):
             c["added"] = True

@@ -294,7 +294,12 @@ def shape_fingerprint(definition: dict) -> str:
 
 
 def _function_identity(spec: dict) -> dict:
-    """What of a chunker's spec decides the view's rows (not its pickle or where it was defined)."""
+    """What of a function's spec decides the view's rows: a chunker's or UDTF's
+    code fingerprint and schema (not its pickle or where it was defined); a
+    spec holding no code (a join's sources, keys and names, an aggregate's
+    keys and functions) whole."""
+    if "pickle" not in spec:
+        return spec
     return {k: spec.get(k) for k in ("kind", "fingerprint", "input_columns", "output_schema")}
 
 
