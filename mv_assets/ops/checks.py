@@ -8,6 +8,7 @@ import json
 import math
 from dataclasses import dataclass, field
 
+import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -98,42 +99,49 @@ def _check_all(view: ViewRef) -> list[CheckOutcome]:
             {"orphan_rows": int(len(orphans)), "sample": [int(x) for x in orphans[:10]]},
         )
     )
-
-    if state.source_version is None:
-        out.append(
-            CheckOutcome(
-                "matches_source_query",
-                True,
-                "not checked: the view has only been refreshed partition by partition so far",
-                {"view_rows": int(len(keys))},
-            )
-        )
-    elif definition.kind == "chunker":
-        out.append(_chunks_match_query(view, src, keys, version))
-    else:
-        expected = _ids(src.to_table(columns=[], filter=definition.filter, with_row_id=True), "_rowid")
-        if definition.limit is not None:
-            expected = select_limited(expected, definition.limit, definition.seed if definition.shuffle else None)
-        missing = expected[~isin(expected, keys)]
-        extra = keys[~isin(keys, expected)]
-        dupes = int(len(keys) - len(np.unique(keys)))
-        out.append(
-            CheckOutcome(
-                "matches_source_query",
-                len(missing) == 0 and len(extra) == 0 and dupes == 0,
-                f"row count and key set equal the view query over the source at version {version}",
-                {
-                    "expected_rows": int(len(expected)),
-                    "view_rows": int(len(keys)),
-                    "missing": int(len(missing)),
-                    "extra": int(len(extra)),
-                    "duplicates": dupes,
-                },
-            )
-        )
-
+    out.append(_matches_source_query(view, src, state, keys, version))
     out.append(_values_match_source(view, src, state, version))
+    out.append(_udf_values_present(view, src, view_tbl, keys))
+    return out
 
+
+def _matches_source_query(view: ViewRef, src, state, keys: np.ndarray, version: int) -> CheckOutcome:
+    """The view's rows (source row ids ``keys``) are those of its query over
+    the source at ``version``: none missing, none extra, none twice."""
+    definition = view.definition
+    if state.source_version is None:
+        return CheckOutcome(
+            "matches_source_query",
+            True,
+            "not checked: the view has only been refreshed partition by partition so far",
+            {"view_rows": int(len(keys))},
+        )
+    if definition.kind == "chunker":
+        return _chunks_match_query(view, src, keys, version)
+    expected = _ids(src.to_table(columns=[], filter=definition.filter, with_row_id=True), "_rowid")
+    if definition.limit is not None:
+        expected = select_limited(expected, definition.limit, definition.seed if definition.shuffle else None)
+    missing = expected[~isin(expected, keys)]
+    extra = keys[~isin(keys, expected)]
+    dupes = int(len(keys) - len(np.unique(keys)))
+    return CheckOutcome(
+        "matches_source_query",
+        len(missing) == 0 and len(extra) == 0 and dupes == 0,
+        f"row count and key set equal the view query over the source at version {version}",
+        {
+            "expected_rows": int(len(expected)),
+            "view_rows": int(len(keys)),
+            "missing": int(len(missing)),
+            "extra": int(len(extra)),
+            "duplicates": dupes,
+        },
+    )
+
+
+def _udf_values_present(view: ViewRef, src, view_tbl: pa.Table, keys: np.ndarray) -> CheckOutcome:
+    """No UDF value of the view (``view_tbl``: its UDF columns, ``keys`` its
+    source row ids) is missing where the UDF's inputs are present."""
+    definition = view.definition
     missing_values: dict[str, int] = {}
     for spec in definition.udf_columns:
         col = view_tbl.column(spec.name)
@@ -154,15 +162,12 @@ def _check_all(view: ViewRef) -> list[CheckOutcome]:
         missing_values[spec.name] = int(has_all.sum())
     if definition.kind == "chunker":  # its added columns are computed from its own rows (as a table's)
         missing_values.update(_row_columns_missing(view.dataset()))
-    out.append(
-        CheckOutcome(
-            "udf_values_present",
-            all(v == 0 for v in missing_values.values()),
-            "no UDF value is missing where its inputs are present",
-            {"missing_by_column": missing_values},
-        )
+    return CheckOutcome(
+        "udf_values_present",
+        all(v == 0 for v in missing_values.values()),
+        "no UDF value is missing where its inputs are present",
+        {"missing_by_column": missing_values},
     )
-    return out
 
 
 def _row_columns_missing(ds, old=None) -> dict[str, int]:
@@ -664,6 +669,27 @@ def check_last_refresh(view: ViewRef, w: RefreshWindow) -> list[CheckOutcome]:
     return _query_last_refresh(view, w)
 
 
+@dataclass
+class _QueryWindow:
+    """What a query or chunk view's checks over its newest refresh read (see
+    :func:`check_last_refresh`)."""
+
+    view: ViewRef
+    w: RefreshWindow
+    ch: _Changes
+    covered: dict  # the metadata every outcome carries: what was checked
+    what: str  # the same, said
+    src: lance.LanceDataset  # the source at the newest refresh's version
+    src_old: lance.LanceDataset  # the source at the previous refresh's version
+    chunks: bool  # a chunk view
+    baseline: bool  # its rows before the refresh are the query's at ``w.source_from`` (not scoped, no limit)
+    w_keys: np.ndarray  # source row ids of the view rows written
+    d_keys: np.ndarray  # source row ids of the view rows removed
+    keys: np.ndarray  # every key the refresh touched (source rows written or deleted, view rows written or removed)
+    exist_now: np.ndarray  # of ``keys``, the source rows at ``w.source_to``
+    pass_now: np.ndarray  # of ``keys``, those passing the view's filter there
+
+
 def _query_last_refresh(view: ViewRef, w: RefreshWindow) -> list[CheckOutcome]:
     definition = view.definition
     chunks = definition.kind == "chunker"
@@ -680,58 +706,68 @@ def _query_last_refresh(view: ViewRef, w: RefreshWindow) -> list[CheckOutcome]:
     keys = np.unique(np.concatenate([ch.source_written, ch.source_deleted, w_keys, d_keys]))
     exist_now = _ids(_by_ids(src, keys, []), "_rowid")
     pass_now = _ids(_by_ids(src, keys, [], definition.filter), "_rowid") if definition.filter else exist_now
-    out: list[CheckOutcome] = []
-    what = ch.what()
-    baseline = not w.scoped and definition.limit is None
+    q = _QueryWindow(view, w, ch, covered, ch.what(), src, src_old, chunks, not w.scoped and definition.limit is None,
+                     w_keys, d_keys, keys, exist_now, pass_now)
+    return [_orphans_in_window(q), _query_in_window(q), _values_in_window(q), _udfs_in_window(q)]
 
-    # no_orphan_rows: every row written has its source row; no deleted source row is left (accounted per key)
-    orphans = np.unique(w_keys[~isin(w_keys, exist_now)])
+
+def _orphans_in_window(q: _QueryWindow) -> CheckOutcome:
+    """no_orphan_rows: every row written has its source row; no deleted source
+    row is left (accounted per key)."""
+    definition, ch, w_keys = q.view.definition, q.ch, q.w_keys
+    orphans = np.unique(w_keys[~isin(w_keys, q.exist_now)])
     left = np.empty(0, np.int64)
-    if baseline:
-        before = _pass_before(src_old, ch.source_deleted, definition.filter)
-        held = _held_now(ch.source_deleted, before, d_keys, w_keys, chunks)
+    if q.baseline:
+        before = _pass_before(q.src_old, ch.source_deleted, definition.filter)
+        held = _held_now(ch.source_deleted, before, q.d_keys, w_keys, q.chunks)
         left = ch.source_deleted[held > 0]
-    out.append(CheckOutcome(
+    return CheckOutcome(
         "no_orphan_rows", len(orphans) == 0 and len(left) == 0,
-        f"every view row this refresh wrote has its source row at source version {w.source_to}"
-        + (", and no source row deleted since the previous refresh is left in the view" if baseline else "")
-        + f": checked {what}",
-        {**covered, "orphan_rows": int(len(orphans)), "deleted_source_rows_left": int(len(left)),
-         "sample": [int(x) for x in np.concatenate([orphans, left])[:10]]}))
+        f"every view row this refresh wrote has its source row at source version {q.w.source_to}"
+        + (", and no source row deleted since the previous refresh is left in the view" if q.baseline else "")
+        + f": checked {q.what}",
+        {**q.covered, "orphan_rows": int(len(orphans)), "deleted_source_rows_left": int(len(left)),
+         "sample": [int(x) for x in np.concatenate([orphans, left])[:10]]})
 
-    # matches_source_query
-    if chunks:
-        out.append(_chunks_last_refresh(ch, w, pass_now, covered, what))
-    elif baseline:
-        before = _pass_before(src_old, keys, definition.filter)
-        held = _held_now(keys, before, d_keys, w_keys, False)
-        expected = isin(keys, pass_now).astype(np.int64)
+
+def _query_in_window(q: _QueryWindow) -> CheckOutcome:
+    """matches_source_query, over the keys the refresh touched."""
+    definition, w, what, covered, keys, w_keys = q.view.definition, q.w, q.what, q.covered, q.keys, q.w_keys
+    if q.chunks:
+        return _chunks_last_refresh(q.ch, w, q.pass_now, covered, what)
+    if q.baseline:
+        before = _pass_before(q.src_old, keys, definition.filter)
+        held = _held_now(keys, before, q.d_keys, w_keys, False)
+        expected = isin(keys, q.pass_now).astype(np.int64)
         missing, extra = keys[held < expected], keys[(held > expected) & (held <= 1)]
         dupes = keys[held > 1]
-        out.append(CheckOutcome(
+        return CheckOutcome(
             "matches_source_query", not (len(missing) or len(extra) or len(dupes)),
             f"the view holds, of the {len(keys):,} keys this refresh touched, exactly the rows its query gives over "
             f"the source at version {w.source_to}: none missing, none extra, none twice (its rows before the "
             f"refresh taken as the query's at version {w.source_from}): checked {what}",
             {**covered, "keys_checked": int(len(keys)), "expected_rows": int(expected.sum()), "missing": int(len(missing)),
              "extra": int(len(extra)), "duplicates": int(len(dupes)),
-             "sample": [int(x) for x in np.concatenate([missing, extra, dupes])[:10]]}))
-    else:
-        extra = np.unique(w_keys[~isin(w_keys, pass_now)]) if definition.limit is None else np.empty(0, np.int64)
-        dupes = int(len(w_keys) - len(np.unique(w_keys)))
-        why = ("a limited view's rows depend on every source row" if definition.limit is not None
-               else "the view was refreshed partition by partition: no one source version to account from")
-        out.append(CheckOutcome(
-            "matches_source_query", len(extra) == 0 and dupes == 0,
-            f"every view row this refresh wrote passes the view query over the source at version {w.source_to}, "
-            f"none twice (rows not written are not compared: {why}; the full check compares them): checked {what}",
-            {**covered, "extra": int(len(extra)), "duplicates": dupes, "sample": [int(x) for x in extra[:10]]}))
+             "sample": [int(x) for x in np.concatenate([missing, extra, dupes])[:10]]})
+    extra = np.unique(w_keys[~isin(w_keys, q.pass_now)]) if definition.limit is None else np.empty(0, np.int64)
+    dupes = int(len(w_keys) - len(np.unique(w_keys)))
+    why = ("a limited view's rows depend on every source row" if definition.limit is not None
+           else "the view was refreshed partition by partition: no one source version to account from")
+    return CheckOutcome(
+        "matches_source_query", len(extra) == 0 and dupes == 0,
+        f"every view row this refresh wrote passes the view query over the source at version {w.source_to}, "
+        f"none twice (rows not written are not compared: {why}; the full check compares them): checked {what}",
+        {**covered, "extra": int(len(extra)), "duplicates": dupes, "sample": [int(x) for x in extra[:10]]})
 
-    # values_match_source: the rows written hold their source row's version and the query's values
-    meta: dict = {**covered, "rows_written_outside_refreshes": ch.outside, "rows_behind_source": 0,
+
+def _values_in_window(q: _QueryWindow) -> CheckOutcome:
+    """values_match_source: the rows written hold their source row's version
+    and the query's values."""
+    projection, ch, w_keys = q.view.definition.projection, q.ch, q.w_keys
+    meta: dict = {**q.covered, "rows_written_outside_refreshes": ch.outside, "rows_behind_source": 0,
                   "values_differing": {}}
-    if not chunks:
-        source = _by_ids(src, w_keys, {"__v": "_row_last_updated_at_version", **projection})
+    if not q.chunks:
+        source = _by_ids(q.src, w_keys, {"__v": "_row_last_updated_at_version", **projection})
         pos = positions(w_keys, _ids(source, "_rowid"))
         found = pos >= 0
         meta["rows_behind_source"] = int(
@@ -740,36 +776,38 @@ def _query_last_refresh(view: ViewRef, w: RefreshWindow) -> list[CheckOutcome]:
                                               list(projection))
     passed = meta["rows_written_outside_refreshes"] == 0 and meta["rows_behind_source"] == 0 and not meta[
         "values_differing"]
-    out.append(CheckOutcome(
+    return CheckOutcome(
         "values_match_source", passed,
         "no view row was written outside a refresh since the previous one"
-        + ("" if chunks else f", and every row this refresh wrote holds its source row's version and the values the "
-                             f"view query gives over the source at version {w.source_to}") + f": checked {what}",
-        meta))
+        + ("" if q.chunks else f", and every row this refresh wrote holds its source row's version and the values the "
+                               f"view query gives over the source at version {q.w.source_to}") + f": checked {q.what}",
+        meta)
 
-    # udf_values_present, over the rows written
+
+def _udfs_in_window(q: _QueryWindow) -> CheckOutcome:
+    """udf_values_present, over the rows written."""
+    view, ch, w_keys = q.view, q.ch, q.w_keys
     missing_values: dict[str, int] = {}
     inputs_by = {c.name: (c.udf.input_columns if c.udf is not None else [], c.the_udf.skip_nulls)
-                 for c in definition.udf_columns}
-    for name in udfs:
+                 for c in view.definition.udf_columns}
+    for name in (c.name for c in view.definition.udf_columns):
         col = ch.written.column(name)
         null_keys = w_keys[col.is_null().to_numpy(zero_copy_only=False)] if col.null_count else w_keys[:0]
         inputs, skip_nulls = inputs_by[name]
         if not len(null_keys) or not inputs or not skip_nulls:
             missing_values[name] = int(len(null_keys))
             continue
-        rows = _by_ids(src, null_keys, inputs)
+        rows = _by_ids(q.src, null_keys, inputs)
         has_all = np.ones(rows.num_rows, dtype=bool)
         for c in inputs:
             has_all &= ~rows.column(c).is_null().to_numpy(zero_copy_only=False)
         missing_values[name] = int(has_all.sum())
-    if chunks:  # its added columns, computed from its own rows: the rows written since
-        missing_values.update(_row_columns_missing(view.dataset(), objects.dataset(view.uri, version=w.view_from)))
-    out.append(CheckOutcome(
+    if q.chunks:  # its added columns, computed from its own rows: the rows written since
+        missing_values.update(_row_columns_missing(view.dataset(), objects.dataset(view.uri, version=q.w.view_from)))
+    return CheckOutcome(
         "udf_values_present", all(v == 0 for v in missing_values.values()),
         f"no UDF value is missing where its inputs are present, in the {ch.written.num_rows:,} rows written since "
-        "the previous refresh", {**covered, "missing_by_column": missing_values}))
-    return out
+        "the previous refresh", {**q.covered, "missing_by_column": missing_values})
 
 
 def quote(name: str) -> str:
