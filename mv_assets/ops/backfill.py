@@ -383,16 +383,7 @@ def plan_backfill(
     table or view; a targeted backfill, like ``where``). ``task_size``: rows
     per task (a one-pass task holds whole fragments: at least one; default:
     sized by the rows and ``parallelism``)."""
-    if checkpoint_size is not None and (
-        isinstance(checkpoint_size, bool) or not isinstance(checkpoint_size, int) or checkpoint_size <= 0
-    ):
-        raise ValueError("checkpoint_size must be a positive int (or None: one pass, checkpoints sized by time)")
-    if not isinstance(max_rows_per_task, int) or max_rows_per_task <= 0:
-        raise ValueError("max_rows_per_task must be a positive int")
-    if task_size is not None and (isinstance(task_size, bool) or not isinstance(task_size, int) or task_size <= 0):
-        raise ValueError(f"task_size must be a positive int (rows per task), got {task_size!r}")
-    if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism <= 0:
-        raise ValueError(f"concurrency must be a positive int (tasks at once), got {parallelism!r}")
+    _check_backfill_args(checkpoint_size, max_rows_per_task, task_size, parallelism)
     request = {"column": column, "udf": udf, "where": where, "row_ids": row_ids, "checkpoint_size": checkpoint_size,
                "max_rows_per_task": max_rows_per_task, "parallelism": parallelism, "fragments": fragments,
                "task_size": task_size}
@@ -417,34 +408,70 @@ def plan_backfill(
         input_version=ds.version, is_view=is_view, targeted=targeted, predicate=predicate, request=request,
     )
     if one_pass and not is_view:  # the tasks scan their fragments: only addresses here
-        groups, plan.rows, plan.rows_by_fragment = _fragment_groups(ds, predicate, parallelism, candidates, task_size)
-        plan.one_pass_tasks = [{"fragments": g} for g in groups]
-        files = _row_checkpoints(table, specs) if plan.rows else []
-        if files:  # an interrupted run's results: the rows they hold, by identity
-            plan_rows = _plan_rows(table, ds, specs, predicate, candidates)[0]
-            plan.rows_checkpointed = _rows_checkpointed_by_identity(files, plan_rows)
-        plan.tasks = plan.batches = len(groups)
-        return plan
+        return _one_pass_table_plan(plan, table, ds, specs, predicate, candidates, parallelism, task_size)
     plan_rows, markers, plan.input_uri, plan.input_version = _plan_rows(table, ds, specs, predicate, candidates)
     plan.rows = plan_rows.num_rows
     in_fids, in_counts = np.unique(_ids(plan_rows, _IN_ADDR) >> 32, return_counts=True)
     plan.rows_by_fragment = {int(f): int(n) for f, n in zip(in_fids, in_counts, strict=True)}
     if one_pass:  # a view's: its rows sorted by view address, a task per group of view fragments
-        plan.plan_rows = plan_rows.take(pa.array(np.argsort(_ids(plan_rows, _TARGET_ADDR), kind="stable")))
-        fids, firsts, counts = np.unique(_ids(plan.plan_rows, _TARGET_ADDR) >> 32, return_index=True,
-                                         return_counts=True)
-        plan.one_pass_tasks = [
-            {"fragments": [int(fids[i]) for i in g], "lo": int(firsts[g[0]]), "hi": int(firsts[g[-1]] + counts[g[-1]])}
-            for g in (fragment_tasks(counts.tolist(), parallelism, task_size) if plan.rows else [])
-        ]
-        files = _row_checkpoints(table, specs) if plan.rows else []
-        plan.rows_checkpointed = _rows_checkpointed_by_identity(files, plan_rows) if files else 0
-        plan.tasks = plan.batches = len(plan.one_pass_tasks)
-        return plan
+        return _one_pass_view_plan(plan, table, specs, plan_rows, parallelism, task_size)
+    return _staged_plan(plan, table, specs, plan_rows, markers, checkpoint_size, max_rows_per_task, task_size)
+
+
+def _check_backfill_args(checkpoint_size: int | None, max_rows_per_task: int, task_size: int | None,
+                         parallelism: int) -> None:
+    if checkpoint_size is not None and (
+        isinstance(checkpoint_size, bool) or not isinstance(checkpoint_size, int) or checkpoint_size <= 0
+    ):
+        raise ValueError("checkpoint_size must be a positive int (or None: one pass, checkpoints sized by time)")
+    if not isinstance(max_rows_per_task, int) or max_rows_per_task <= 0:
+        raise ValueError("max_rows_per_task must be a positive int")
+    if task_size is not None and (isinstance(task_size, bool) or not isinstance(task_size, int) or task_size <= 0):
+        raise ValueError(f"task_size must be a positive int (rows per task), got {task_size!r}")
+    if isinstance(parallelism, bool) or not isinstance(parallelism, int) or parallelism <= 0:
+        raise ValueError(f"concurrency must be a positive int (tasks at once), got {parallelism!r}")
+
+
+def _one_pass_table_plan(plan: BackfillPlan, table: Ref, ds: lance.LanceDataset, specs: list, predicate,
+                         candidates: list | None, parallelism: int, task_size: int | None) -> BackfillPlan:
+    """``plan`` as a one-pass backfill of a table: a task per group of its
+    fragments, from their row addresses only (the tasks scan them)."""
+    groups, plan.rows, plan.rows_by_fragment = _fragment_groups(ds, predicate, parallelism, candidates, task_size)
+    plan.one_pass_tasks = [{"fragments": g} for g in groups]
+    files = _row_checkpoints(table, specs) if plan.rows else []
+    if files:  # an interrupted run's results: the rows they hold, by identity
+        plan_rows = _plan_rows(table, ds, specs, predicate, candidates)[0]
+        plan.rows_checkpointed = _rows_checkpointed_by_identity(files, plan_rows)
+    plan.tasks = plan.batches = len(groups)
+    return plan
+
+
+def _one_pass_view_plan(plan: BackfillPlan, table: Ref, specs: list, plan_rows: pa.Table, parallelism: int,
+                        task_size: int | None) -> BackfillPlan:
+    """``plan`` as a one-pass backfill of a view: its rows (``plan_rows``)
+    sorted by view address, a task per group of view fragments."""
+    plan.plan_rows = plan_rows.take(pa.array(np.argsort(_ids(plan_rows, _TARGET_ADDR), kind="stable")))
+    fids, firsts, counts = np.unique(_ids(plan.plan_rows, _TARGET_ADDR) >> 32, return_index=True,
+                                     return_counts=True)
+    plan.one_pass_tasks = [
+        {"fragments": [int(fids[i]) for i in g], "lo": int(firsts[g[0]]), "hi": int(firsts[g[-1]] + counts[g[-1]])}
+        for g in (fragment_tasks(counts.tolist(), parallelism, task_size) if plan.rows else [])
+    ]
+    files = _row_checkpoints(table, specs) if plan.rows else []
+    plan.rows_checkpointed = _rows_checkpointed_by_identity(files, plan_rows) if files else 0
+    plan.tasks = plan.batches = len(plan.one_pass_tasks)
+    return plan
+
+
+def _staged_plan(plan: BackfillPlan, table: Ref, specs: list, plan_rows: pa.Table, markers,
+                 checkpoint_size: int | None, max_rows_per_task: int, task_size: int | None) -> BackfillPlan:
+    """``plan`` as a staged backfill: ``plan_rows`` in batches of
+    ``checkpoint_size`` rows (default ``SQL_BATCH_ROWS``), those already
+    checkpointed found by key, and tasks of whole batches."""
     plan.plan_rows = plan_rows
     plan.checkpoint_size = checkpoint_size or SQL_BATCH_ROWS
     plan.batch_keys, plan.batches_checkpointed, plan.rows_checkpointed = _batch_keys(
-        f"{table.uri}|{[c.name for c in specs]}|{fingerprint}", plan_rows, markers, plan.checkpoint_size,
+        f"{table.uri}|{[c.name for c in specs]}|{plan.fingerprint}", plan_rows, markers, plan.checkpoint_size,
         CheckpointStore(plan.checkpoint_dir),
     )
     plan.batches = len(plan.batch_keys)
