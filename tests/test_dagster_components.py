@@ -344,3 +344,37 @@ def test_a_declared_refresh_policy_is_followed_by_the_catalog(tmp_path):
     assert reconcile(db, "v", cron).in_sync and reconcile(db, "v", query).in_sync  # a bare query says nothing of it
     with pytest.raises(ValueError, match=r"DeclaredView\(refresh_policy=\) takes a RefreshPolicy, got str"):
         mv.DeclaredView(query, refresh_policy="eager")  # type: ignore[arg-type]
+
+
+def test_view_components_declare_join_aggregate_and_chunk_views(tmp_path):
+    """ViewComponent's joins, group_by + aggregates and function make a join,
+    an aggregate and a chunk view, equal to the same views made in Python;
+    mistakes in them are said before anything is written."""
+    db = _catalog(tmp_path / "cat")
+    db.create_table("kinds", [{"k": i % 3, "label": f"k{i % 3}"} for i in range(3)])
+    db.create_table("texts", [{"id": i, "body": "a b c " * (i + 1)} for i in range(3)])
+    joined = _view(name="j", joins=[{"table": "kinds", "left_on": "x", "right_on": "k", "how": "left"}],
+                   filter="src.x < 5", columns={"id": "src.id", "label": "kinds.label",
+                                                "n": {"udf": "mv_assets.demo:word_count", "inputs": ["label"]}})
+    per = _view(name="per", group_by=["s"], aggregates={"n": "count(*)", "total": "sum(x)"})
+    chunks = ViewComponent(name="chunks", source="texts", columns={"id": "id"}, function="mv_assets.demo:passages")
+    from mv_assets.api.declare import apply
+
+    for comp in (joined, per, chunks):
+        apply(db, comp.name, comp.declared(db))
+    db.refresh(["j", "per", "chunks"])
+    by_k = {0: "k0", 1: "k1", 2: "k2"}
+    assert sorted((r["id"], r["label"], r["n"]) for r in db.open_table("j").to_arrow().to_pylist()) == [
+        (i, by_k.get(i), None if i not in by_k else 1) for i in range(5)]
+    assert db.open_table("per").count_rows() == 10
+    assert db.open_table("chunks").count_rows() == 3 and "word_offset" in db.open_table("chunks").schema.names
+    with pytest.raises(ValueError, match=r"each join is \{table, on \| left_on \+ right_on, how\}"):
+        _view(joins=[{"tables": "kinds"}])
+    with pytest.raises(ValueError, match=r"group_by and aggregates go together"):
+        _view(group_by=["s"])
+    with pytest.raises(ValueError, match=r"'mv_assets.demo:word_count' is a UDF, not a @chunker or @udtf"):
+        _view(function="mv_assets.demo:word_count")
+    with pytest.raises(ComponentError, match=r"joined table 'nope' is not a table or view"):
+        _view(joins=[{"table": "nope", "on": "x"}]).declared(db)
+    with pytest.raises(ComponentError, match=r"how='outer' is not supported"):
+        _view(joins=[{"table": "kinds", "left_on": "x", "right_on": "k", "how": "outer"}]).declared(db)

@@ -271,3 +271,42 @@ def test_a_declared_view_over_a_table_without_stable_row_ids_is_reported_at_load
     specs = {s.key: s for s in defs.resolve_all_asset_specs()}
     assert K(["v"]) in specs and K(["pv"]) not in specs
     assert "view 'pv' declared in code is not loaded" in (specs[K(["plain"])].description or "")
+
+
+def test_declared_chunk_join_and_aggregate_views_reconcile_and_apply(tmp_path):
+    """Views declared in code of every kind: a chunk view (DeclaredView with
+    a function), a join view and an aggregate view are created by apply(),
+    then found in sync with the code; a changed chunker is reported."""
+    import pyarrow as pa
+
+    from mv_assets.api.declare import DeclaredView
+
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    docs = db.create_table("docs", pa.table({"id": [1, 2], "text": ["a b c", "d e"], "author": [10, 11]}))
+    authors = db.create_table("authors", pa.table({"aid": [10, 11], "name": ["x", "y"]}))
+
+    @mv.chunker(output_schema=pa.schema([("word", pa.string())]), input_columns=["text"])
+    def words(text):
+        for w in text.split():
+            yield {"word": w}
+
+    @mv.chunker(output_schema=pa.schema([("word", pa.string())]), input_columns=["text"])
+    def upper_words(text):
+        for w in text.split():
+            yield {"word": w.upper()}
+
+    declared = {
+        "words": DeclaredView(docs.search(None).select(["id", "text"]), function=words),
+        "by_author": DeclaredView(docs.search(None).join(authors, left_on="author", right_on="aid")
+                                  .select({"id": "docs.id", "name": "name"})),
+        "per_author": docs.search(None).group_by("author").agg({"n": "count(*)"}),
+    }
+    for name, q in declared.items():
+        assert reconcile(db, name, q).create
+        apply(db, name, q)
+        assert reconcile(db, name, q).in_sync, name
+    db.refresh(["words", "by_author", "per_author"])
+    assert sorted(r["word"] for r in db.open_table("words").to_arrow().to_pylist()) == list("abcde")
+    assert reconcile(db, "words", DeclaredView(docs.search(None).select(["id", "text"]), function=upper_words)).problems
+    with pytest.raises(ValueError, match="takes a @chunker or @udtf"):
+        DeclaredView(docs.search(None), function=len)

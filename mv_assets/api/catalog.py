@@ -2,7 +2,6 @@
 
 import contextlib
 import contextvars
-import dataclasses
 import datetime as dt
 import functools
 import json
@@ -17,18 +16,16 @@ import pyarrow as pa
 
 from mv_assets.api import geneva
 from mv_assets.api.describe import TableDescription, describe_dataset, describe_definition
-from mv_assets.api.query import Query
+from mv_assets.api.query import Query, function_view_definition
 from mv_assets.api.table import PRIMARY_KEY_METADATA_KEY, MaterializedView, Table, check_primary_key, to_arrow_table
 from mv_assets.api.views import View, read_view_definition, remove_view, view_names, write_view_definition
 from mv_assets.execution.spark import Runner, default_runner
-from mv_assets.model.chunk_view import check_chunk_query, chunk_view_schema
 from mv_assets.model.chunker import UDTF, Chunker
 from mv_assets.model.definition import VIEW_METADATA_KEY, ViewDefinition, is_reserved_name, short_error
 from mv_assets.model.errors import CatalogNotFoundError, SourceBehindError, TableExistsError, TableNotFoundError
 from mv_assets.model.kinds import kind_of
 from mv_assets.model.ownership import OWNERSHIP_METADATA_KEY, Ownership
 from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
-from mv_assets.model.udtf_view import check_udtf_query, udtf_view_schema
 from mv_assets.model.volatility import check_deterministic
 from mv_assets.ops.jobs import Job, process_jobs
 from mv_assets.ops.refresh import RefreshResult
@@ -655,32 +652,11 @@ class Connection:
                 f"create_udtf_view() needs a @chunker or @udtf function, got {type(function).__name__}"
             )
         self._check_new_view(name, query, refresh_policy, "create_udtf_view")
-        definition = query.to_definition()
-        if isinstance(function, UDTF):
-            return self._create_table_function_view(name, query, definition, function, with_no_data, refresh_policy,
-                                                    ownership)
-        if not function.inherit_input_columns:  # big inputs stay out of every child row, selected or not (Geneva's)
-            definition = dataclasses.replace(
-                definition, columns=tuple(c for c in definition.columns if c.name not in function.input_columns)
-            )
-        definition = dataclasses.replace(definition, function=json.dumps(function.to_spec()))
-        check_chunk_query(definition, name)
+        definition = function_view_definition(query, function, name)
+        kind = kind_of(definition)
         source = query.table._dataset()
-        require_stable_row_ids(source, query.table.name, f"a chunk view ({name!r})")  # before any write
-        return self._write_view(name, definition, chunk_view_schema(definition, source), query, refresh_policy,
-                                with_no_data, ownership)
-
-    def _create_table_function_view(self, name: str, query: Query, definition: ViewDefinition, function: UDTF,
-                                    with_no_data: bool, refresh_policy: RefreshPolicy | None,
-                                    ownership: Ownership | None = None) -> MaterializedView:
-        """:meth:`create_udtf_view` with a ``@udtf`` (its common checks done)."""
-        assert isinstance(query.table, Table)
-        check_udtf_query(definition, name, query.selects_all)
-        # the view holds no source column: only the UDTF's output (model.udtf_view)
-        definition = dataclasses.replace(definition, columns=(), function=json.dumps(function.to_spec()))
-        source = query.table._dataset()
-        require_stable_row_ids(source, query.table.name, f"a table-function view ({name!r})")  # before any write
-        return self._write_view(name, definition, udtf_view_schema(definition, source), query, refresh_policy,
+        require_stable_row_ids(source, query.table.name, f"{kind.a_noun} ({name!r})")  # before any write
+        return self._write_view(name, definition, kind.schema(definition, [source]), query, refresh_policy,
                                 with_no_data, ownership)
 
     def enable_stable_row_ids(self, name: str, *, drop_indexes: bool = False) -> AdoptResult:

@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from mv_assets.api.query import Query
+from mv_assets.api.query import Query, function_view_definition
 from mv_assets.model.definition import VIEW_METADATA_KEY, ViewDefinition, shape_fingerprint
 from mv_assets.model.ownership import OWNERSHIP_METADATA_KEY, Ownership
 from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
@@ -56,19 +56,29 @@ class DeclaredView:
     ``views(db)`` may return instead of a bare query. Validated when built
     (``ValueError``), before anything is written. ``refresh_policy``: the
     view's, when the code says it (None: the catalog's is kept; eager for a
-    view created from the code)."""
+    view created from the code). ``function``: a ``@chunker`` or ``@udtf``
+    making the view's rows from the query's (a chunk or table-function view,
+    as ``create_udtf_view`` makes)."""
 
     def __init__(self, query: Query, *, owners: list[str] | None = None, tags: dict[str, str] | None = None,
-                 refresh_policy: RefreshPolicy | None = None):
+                 refresh_policy: RefreshPolicy | None = None, function: Any = None, name: str = "declared"):
         if not isinstance(query, Query):
             raise ValueError(f"DeclaredView() needs a query (table.search(None)...), got {type(query).__name__}")
         if refresh_policy is not None and not isinstance(refresh_policy, RefreshPolicy):
             raise ValueError(f"DeclaredView(refresh_policy=) takes a RefreshPolicy, got {type(refresh_policy).__name__}")
+        from mv_assets.model.chunker import UDTF, Chunker
+
+        if function is not None and not isinstance(function, Chunker | UDTF):
+            raise ValueError(f"DeclaredView(function=) takes a @chunker or @udtf, got {type(function).__name__}")
         self.query = query
         self.ownership = Ownership.of(owners, tags)
         self.refresh_policy = refresh_policy
+        self.function = function
+        self.to_definition(name)  # (refused now, in words)
 
-    def to_definition(self) -> ViewDefinition:
+    def to_definition(self, name: str = "declared") -> ViewDefinition:
+        if self.function is not None:
+            return function_view_definition(self.query, self.function, name)
         return self.query.to_definition()
 
 
@@ -107,8 +117,9 @@ def reconcile(db: "Connection", name: str, query: Query | DeclaredView | ViewDef
     declared (a DeclaredView's); None: the code says nothing of them. The same
     for ``policy``, the refresh policy."""
     out = Reconcile(name)
-    if isinstance(query, DeclaredView):
-        query, ownership, policy = query.query, ownership or query.ownership, policy or query.refresh_policy
+    if isinstance(query, DeclaredView):  # (its definition: with its function, if it has one)
+        ownership, policy = ownership or query.ownership, policy or query.refresh_policy
+        query = query.to_definition(name)
     if name not in db:
         out.create = True
         return out
@@ -166,15 +177,19 @@ def apply(db: "Connection", name: str, query: Query | DeclaredView, **create_kwa
         raise ValueError("; ".join(diff.problems))
     ownership = query.ownership if isinstance(query, DeclaredView) else None
     policy = query.refresh_policy if isinstance(query, DeclaredView) else None
+    function = query.function if isinstance(query, DeclaredView) else None
+    declared: ViewDefinition = query.to_definition(name) if isinstance(query, DeclaredView) else query.to_definition()
     query = query.query if isinstance(query, DeclaredView) else query
     if diff.create:
         if ownership is not None:
             create_kwargs = {"owners": list(ownership.owners), "tags": ownership.tags, **create_kwargs}
         if policy is not None:
             create_kwargs = {"refresh_policy": policy, **create_kwargs}
-        db.create_materialized_view(name, query, **create_kwargs)
+        if function is not None:
+            db.create_udtf_view(name, query, function, **create_kwargs)
+        else:
+            db.create_materialized_view(name, query, **create_kwargs)
         return diff
-    declared: ViewDefinition = query.to_definition()
     specs = {c.name: c for c in declared.columns}
     view = db.open_table(name)
     if diff.ownership and ownership is not None:

@@ -6,6 +6,7 @@ duplicate output names all raise ``ValueError``. The definition it produces
 lives in :mod:`mv_assets.definition` (re-exported here).
 """
 
+import dataclasses
 import json
 from typing import Any, Protocol
 
@@ -24,7 +25,7 @@ from mv_assets.model.kinds import kind_of
 from mv_assets.model.names import is_internal_column
 from mv_assets.model.udf import UDF
 
-__all__ = ["Query", "QuerySource", "rows_in_process"]
+__all__ = ["Query", "QuerySource", "rows_in_process", "function_view_definition"]
 
 
 class QuerySource(Protocol):
@@ -325,3 +326,26 @@ def rows_in_process(definition: ViewDefinition, datasets: list) -> pa.Table:
     schema = kind_of(definition).schema(definition, datasets)
     rows = _IN_PROCESS.get(definition.kind, _query_rows)(definition, schema, datasets)
     return rows.select([n for n in rows.column_names if not is_internal_column(n)])
+
+
+def function_view_definition(query: Query, function: Any, name: str) -> ViewDefinition:
+    """The definition of a view whose rows a ``@chunker`` or ``@udtf`` makes
+    from ``query``'s rows (``create_udtf_view``; a view declared in code with
+    a function). A chunker: the selected columns are the parent columns each
+    child inherits, its input columns left out unless ``inherit_input_columns``
+    (big inputs stay out of every child row, as in Geneva); a UDTF: its
+    output only (the query may filter, not select). Refused in words first."""
+    from mv_assets.model.chunk_view import check_chunk_query
+    from mv_assets.model.chunker import UDTF
+    from mv_assets.model.udtf_view import check_udtf_query
+
+    definition = query.to_definition()
+    if isinstance(function, UDTF):
+        check_udtf_query(definition, name, query.selects_all)
+        return dataclasses.replace(definition, columns=(), function=json.dumps(function.to_spec()))
+    if not function.inherit_input_columns:
+        definition = dataclasses.replace(
+            definition, columns=tuple(c for c in definition.columns if c.name not in function.input_columns))
+    definition = dataclasses.replace(definition, function=json.dumps(function.to_spec()))
+    check_chunk_query(definition, name)
+    return definition

@@ -35,6 +35,7 @@ from mv_assets.api.catalog import Connection, connect
 from mv_assets.api.declare import DeclaredView, load_declared
 from mv_assets.dagster.definitions import AUTOMATIONS, build_definitions
 from mv_assets.dagster.resource import MvAssetsResource
+from mv_assets.model.chunker import UDTF, Chunker
 from mv_assets.model.errors import CatalogNotFoundError
 from mv_assets.model.ownership import Ownership
 from mv_assets.model.policy import KINDS, RefreshPolicy
@@ -70,6 +71,28 @@ def resolve_reference(ref: str, where: str) -> UDF:
     if not isinstance(obj, UDF):
         raise ComponentError(f"{where}: {ref!r} is a {type(obj).__name__}, not a UDF: decorate it with @mv.udf")
     return obj
+
+
+def resolve_function(ref: str, where: str) -> Any:
+    """The ``@chunker`` or ``@udtf`` at ``module:attr``."""
+    module_name, sep, attr = ref.partition(":") if isinstance(ref, str) else ("", "", "")
+    if not sep or not module_name or not attr:
+        raise ComponentError(f"{where}: a function is referenced as 'module:function' (say 'my_pkg.chunkers:split'), "
+                             f"got {ref!r}")
+    try:
+        obj: Any = importlib.import_module(module_name)
+    except ImportError as exc:
+        raise ComponentError(f"{where}: cannot import module {module_name!r} of {ref!r}: {exc}") from exc
+    for part in attr.split("."):
+        if not hasattr(obj, part):
+            raise ComponentError(f"{where}: module {module_name!r} has no {attr!r} ({ref!r})")
+        obj = getattr(obj, part)
+    if not isinstance(obj, Chunker | UDTF):
+        raise ComponentError(f"{where}: {ref!r} is a {type(obj).__name__}, not a @chunker or @udtf")
+    return obj
+
+
+_JOIN_KEYS = {"table", "on", "left_on", "right_on", "how"}
 
 
 def parse_policy(raw: Any, where: str) -> RefreshPolicy | None:
@@ -122,6 +145,14 @@ attributes:
     chars: length(body)             # a SQL expression
     words:                          # a UDF column: an @mv.udf by module:function
       udf: mv_assets.demo:word_count
+  # joins:                          # a join view: other tables matched by key (names qualified: authors.name)
+  #   - table: authors
+  #     left_on: author_id            # or on: <a column both have>
+  #     right_on: id
+  #     how: left                     # inner (default) | left
+  # group_by: [lang]                # an aggregate view: its keys, and
+  # aggregates: {{n: "count(*)", avg_chars: "avg(chars)"}}
+  # function: my_pkg.chunkers:split # a chunk or table-function view: a @chunker or @udtf by module:function
   # refresh_policy: eager           # eager | manual | {{kind: cron, cron: "0 6 * * *"}}
   #                                 # | {{kind: ttl, ttl_seconds: 3600}} | {{kind: staleness, max_staleness_pct: 10}}
   # owners: ["team:ml"]
@@ -174,7 +205,11 @@ class ViewComponent(dg.Component, dg.Resolvable, dg.Model):
     ``columns`` maps each output column to a source column name, a SQL
     expression, or ``{udf: "module:function"}`` (an ``@mv.udf``; ``inputs:
     [col, ...]`` binds its arguments to other columns). No ``columns``: every
-    source column. The view's assets are built by the project's
+    source column. ``joins`` (each ``{table, on | left_on + right_on, how}``)
+    makes a join view (names may be qualified: ``authors.name``);
+    ``group_by`` with ``aggregates`` an aggregate view; ``function`` (a
+    ``@chunker`` or ``@udtf`` by ``module:function``) a chunk or
+    table-function view. The view's assets are built by the project's
     :class:`CatalogComponent` of the same catalog, with the graph's others.
     """
 
@@ -182,6 +217,10 @@ class ViewComponent(dg.Component, dg.Resolvable, dg.Model):
     source: str
     filter: str | None = None
     columns: dict[str, Any] | None = None
+    joins: list[dict[str, Any]] | None = None
+    group_by: list[str] | None = None
+    aggregates: dict[str, str] | None = None
+    function: str | None = None
     refresh_policy: str | dict[str, Any] | None = None
     owners: list[str] | None = None
     tags: dict[str, str] | None = None
@@ -197,6 +236,14 @@ class ViewComponent(dg.Component, dg.Resolvable, dg.Model):
         """What can be checked without the catalog: UDF references, policy, owners and tags."""
         for col, spec in (self.columns or {}).items():
             self._column(col, spec)
+        for j in self.joins or []:
+            if not isinstance(j, dict) or "table" not in j or set(j) - _JOIN_KEYS:
+                raise ComponentError(f"{self._where()}: each join is {{table, on | left_on + right_on, how}}, "
+                                     f"got {j!r}")
+        if (self.group_by is None) != (self.aggregates is None):
+            raise ComponentError(f"{self._where()}: group_by and aggregates go together (an aggregate view)")
+        if self.function is not None:
+            resolve_function(self.function, self._where())
         parse_policy(self.refresh_policy, self._where())
         try:
             Ownership.of(self.owners, self.tags)  # (as DeclaredView validates them)
@@ -226,13 +273,22 @@ class ViewComponent(dg.Component, dg.Resolvable, dg.Model):
                                  f"(it has {', '.join(sorted(db.table_names())) or 'none'})")
         query = db.open_table(self.source).search(None)
         try:
+            for j in self.joins or []:
+                if j["table"] not in db.table_names():
+                    raise ComponentError(f"{where}: joined table {j['table']!r} is not a table or view of {db.uri}")
+                query = query.join(db.open_table(j["table"]), j.get("on"), left_on=j.get("left_on"),
+                                   right_on=j.get("right_on"), how=j.get("how", "inner"))
             if self.filter:
                 query = query.where(self.filter)
             if self.columns:
                 query = query.select({col: self._column(col, spec) for col, spec in self.columns.items()})
-            query.to_definition()  # unknown columns, bad SQL, UDF inputs the source lacks
+            if self.group_by is not None:
+                query = query.group_by(*self.group_by).agg(self.aggregates or {})
+            function = resolve_function(self.function, where) if self.function is not None else None
+            # (unknown columns, bad SQL, UDF inputs the sources lack: refused here)
             return DeclaredView(query, owners=self.owners, tags=self.tags,
-                                refresh_policy=parse_policy(self.refresh_policy, where))
+                                refresh_policy=parse_policy(self.refresh_policy, where), function=function,
+                                name=self.name)
         except ComponentError:
             raise
         except ValueError as exc:
