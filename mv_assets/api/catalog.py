@@ -687,7 +687,7 @@ class Connection:
         ds = self.open_table(name)._dataset()
         if ds.has_stable_row_ids and not is_legacy_format(ds):  # every view and table mv_assets created
             return adopt(self.layout, name)  # nothing to do: says so
-        views = [v for v in self.views() if v.source == name]
+        views = [v for v in self.views() if name in v.sources]  # (a join view: any of its tables)
         held = [v.name for v in views if v.count_rows() or v.source_version is not None]
         if held:
             raise ValueError(
