@@ -183,7 +183,6 @@ def _compute_batches(
     """Yield view batches; with ``only``, just the key, version and those UDF
     columns. With ``overlap``, source batches are read ahead in a thread while
     the UDF columns are computed."""
-    projection = dict(definition.projection) if only is None else {}
     if only is not None:
         definition = ViewDefinition(
             definition.source, tuple(c for c in definition.columns if c.name in only), definition.filter
@@ -191,27 +190,16 @@ def _compute_batches(
         keep = {SOURCE_ROW_ID, SOURCE_ROW_VERSION, *only, *(computed_marker(c) for c in only)}
         schema = pa.schema([f for f in schema if f.name in keep])
     inputs = definition.udf_input_columns(source_schema)
-    if only is None:
-        for f in schema:
-            if f.name.startswith(SOURCE_MARKER_PREFIX):
-                projection[f.name] = f"`{computed_marker(f.name[len(SOURCE_MARKER_PREFIX):])}`"
-    for col in inputs:
-        projection[_in_name(col)] = f"`{col}`"
     computed_inputs = [c for c in inputs if computed_marker(c) in source_schema.names]
-    for col in computed_inputs:
-        projection[_in_marker_name(col)] = f"`{computed_marker(col)}`"
-    projection[_ROW_VERSION] = "_row_last_updated_at_version"
+    projection = _scan_projection(definition, schema, inputs, computed_inputs, whole=only is None)
     scanner = scanner_source.scanner(
         columns=with_filter_columns(projection, predicate),
         filter=predicate,
         with_row_id=True,
         batch_size=batch_size,
     )
-    store: RowStore | None = None
     specs = [c for c in definition.udf_columns if c.name in schema.names]
-    if batch_checkpoint_dir and specs:
-        store = (RowStore(batch_checkpoint_dir, specs, lookup=batch_resume) if checkpoint_seconds is None
-                 else PacedRowStore(batch_checkpoint_dir, specs, batch_resume, checkpoint_seconds))
+    store = _row_store(batch_checkpoint_dir, specs, batch_resume, checkpoint_seconds)
     sql_markers = {computed_marker(c.name): c.fingerprint for c in definition.columns
                    if c.kind == "sql" and computed_marker(c.name) in schema.names}
     if overlap and specs:
@@ -225,7 +213,6 @@ def _compute_batches(
     for batch in source:
         if batch.num_rows == 0:
             continue
-        arrays = []
         input_batch = None
         if inputs:
             input_batch = pa.RecordBatch.from_arrays(
@@ -241,18 +228,55 @@ def _compute_batches(
         if isinstance(store, PacedRowStore) and store.pacer.computed(batch.num_rows, time.perf_counter() - started):
             store.flush()
         progress.advance(batch.num_rows)
+        yield _view_batch(schema, batch, row_ids, row_versions, udf_values, sql_markers)
+
+
+def _scan_projection(definition: ViewDefinition, schema: pa.Schema, inputs: list[str], computed_inputs: list[str],
+                     whole: bool) -> dict[str, str]:
+    """The columns :func:`_compute_batches` scans: (``whole``: all the view's
+    columns) the view's projection and the markers of computed source columns
+    it keeps, then the UDFs' inputs, the markers of those computed, and the row
+    version."""
+    projection = dict(definition.projection) if whole else {}
+    if whole:
         for f in schema:
-            if f.name == SOURCE_ROW_ID:
-                arrays.append(row_ids)
-            elif f.name == SOURCE_ROW_VERSION:
-                arrays.append(row_versions)
-            elif f.name in udf_values:
-                arrays.append(_as(udf_values[f.name], f.type))
-            elif f.name in sql_markers:  # a SQL column added to the view: computed by the projection
-                arrays.append(repeat_string(sql_markers[f.name], batch.num_rows))
-            else:
-                arrays.append(_as(batch.column(f.name), f.type))
-        yield pa.RecordBatch.from_arrays(arrays, schema=schema)
+            if f.name.startswith(SOURCE_MARKER_PREFIX):
+                projection[f.name] = f"`{computed_marker(f.name[len(SOURCE_MARKER_PREFIX):])}`"
+    for col in inputs:
+        projection[_in_name(col)] = f"`{col}`"
+    for col in computed_inputs:
+        projection[_in_marker_name(col)] = f"`{computed_marker(col)}`"
+    projection[_ROW_VERSION] = "_row_last_updated_at_version"
+    return projection
+
+
+def _row_store(batch_checkpoint_dir: str | None, specs: list, batch_resume: bool,
+               checkpoint_seconds: float | None) -> "RowStore | None":
+    """Where the UDF results of the rows are checkpointed (none without a
+    directory or a UDF): held for ``checkpoint_seconds`` of compute when given."""
+    if not (batch_checkpoint_dir and specs):
+        return None
+    return (RowStore(batch_checkpoint_dir, specs, lookup=batch_resume) if checkpoint_seconds is None
+            else PacedRowStore(batch_checkpoint_dir, specs, batch_resume, checkpoint_seconds))
+
+
+def _view_batch(schema: pa.Schema, batch: pa.RecordBatch, row_ids: pa.Array, row_versions: pa.Array,
+                udf_values: dict, sql_markers: dict[str, str]) -> pa.RecordBatch:
+    """The view's batch of the scanned ``batch``: its columns in ``schema``'s
+    order, UDF values and SQL columns' markers in their place."""
+    arrays = []
+    for f in schema:
+        if f.name == SOURCE_ROW_ID:
+            arrays.append(row_ids)
+        elif f.name == SOURCE_ROW_VERSION:
+            arrays.append(row_versions)
+        elif f.name in udf_values:
+            arrays.append(_as(udf_values[f.name], f.type))
+        elif f.name in sql_markers:  # a SQL column added to the view: computed by the projection
+            arrays.append(repeat_string(sql_markers[f.name], batch.num_rows))
+        else:
+            arrays.append(_as(batch.column(f.name), f.type))
+    return pa.RecordBatch.from_arrays(arrays, schema=schema)
 
 
 def _ids(values: pa.Array) -> pa.Array:
