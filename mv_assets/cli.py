@@ -254,8 +254,11 @@ def plan(obj: _Ctx, view: str, src_version: int | None, mode: str, as_json: bool
     if as_json:
         _print_json({**s, "resources": request.hints_dict() if request else None})
         return
+    moved = _moved(p.details)
+    head = (f"{s['view']}: {moved} ({s['reason']})" if moved is not None else
+            f"{s['view']}: source {s['source']} v{s['from_version']} -> v{s['to_version']} ({s['reason']})")
     click.echo(
-        f"{s['view']}: source {s['source']} v{s['from_version']} -> v{s['to_version']} ({s['reason']})\n"
+        f"{head}\n"
         f"  insert {s['rows_to_insert']}, update {s['rows_to_update']}, delete {s['rows_to_delete']}\n"
         f"  UDF rows {s['udf_rows']} in {s['tasks']} tasks"
         + (f"\n  each task asks for {request.describe()} (scheduled on a Spark cluster; see docs/deploy.md)"
@@ -306,8 +309,24 @@ def refresh(obj: _Ctx, views: tuple[str, ...], src_version: int | None, mode: st
         click.echo(_refreshed(r))
 
 
+def _moved(details: dict) -> str | None:
+    """A view of several sources: each source that moved, ``b v2 -> v3`` (None: one source)."""
+    if "sources" not in details:
+        return None
+    moved = details.get("moved") or {}
+    if not moved:
+        return "no source moved"
+    return "sources " + ", ".join(f"{n} {'(new)' if a is None else f'v{a}'} -> v{b}" for n, (a, b) in moved.items())
+
+
 def _refreshed(r) -> str:
     """A refresh's outcome in a line (``first refresh``, never ``vNone``)."""
+    moved = _moved(r.details)
+    if moved is not None:  # a join view: every source it reads, and how it was refreshed
+        how = "full" if r.full else "incremental" if (r.tasks or r.rows_deleted) else "no-op"
+        computed = ", ".join(f"{c} {n:,}" for c, n in r.udf_rows_computed.items()) or "none"
+        return (f"{r.view}: {moved}: {how}: +{r.rows_inserted:,} -{r.rows_deleted:,}, UDF rows computed: {computed}"
+                f"; {r.seconds:.2f}s")
     if r.tasks == 0 and not (r.rows_inserted or r.rows_updated or r.rows_deleted):
         if r.from_version == r.to_version:
             return f"{r.view}: nothing to refresh: it reflects source v{r.to_version} already"

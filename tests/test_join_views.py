@@ -623,3 +623,25 @@ def test_a_changed_join_is_a_changed_view(db):
                                               "badge": (badge, ["channels.name"])}))
     assert reconcile(db, "declared", other).problems  # another key
     assert _chain_query(db, "inner").to_definition().shape_fingerprint() != other.to_definition().shape_fingerprint()
+
+
+def test_the_cli_says_which_sources_moved_and_how_the_view_was_refreshed(db):
+    from click.testing import CliRunner
+
+    from mv_assets.cli import main
+
+    def cli(*args):
+        return CliRunner().invoke(main, ["--db", db.uri, "--runner", "inline", *args], catch_exceptions=False).output
+
+    make_sources(db, random.Random(20))
+    chain_view(db, "inner")
+    first = cli("refresh", "chain_inner")
+    assert "sources clips (new) -> v" in first and "channels (new) -> v" in first and ": full: +" in first
+    channels = db.open_table("channels")
+    before = channels.version
+    channels.update(where="channel_id = 1", values={"name": "cli"})
+    plan = cli("plan", "chain_inner")
+    assert plan.startswith(f"chain_inner: sources channels v{before} -> v{channels.version} (incremental (channels")
+    out = cli("refresh", "chain_inner")
+    assert f"sources channels v{before} -> v{channels.version}: incremental: +" in out
+    assert "join view" in cli("tables") and "clips, videos, channels" in cli("tables")

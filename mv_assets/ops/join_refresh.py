@@ -308,7 +308,10 @@ def plan_join_refresh(
     why_full = _full_reason(view, join, datasets, state, mode)
     if why_full is not None and mode == "incremental_strict" and state.source_version is not None:
         raise ValueError(f"refresh of {view.name!r} cannot be incremental: {why_full}")
-    details: dict = {"sources": versions, "source_ids": ids}
+    recorded = state.sources or {}
+    # each source's versions (reflected -> now) where they differ: what the refresh brings in
+    details: dict = {"sources": versions, "source_ids": ids,
+                     "moved": {n: [recorded.get(n), v] for n, v in versions.items() if recorded.get(n) != v}}
     per_task = max_rows_per_task or ROWS_PER_TASK
     if why_full is not None:
         return _full_plan(view, definition, datasets, view_ds, state, why_full, per_task, checkpoint_size, details,
