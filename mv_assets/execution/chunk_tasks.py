@@ -107,28 +107,7 @@ def chunk_batches(
         fresh = np.flatnonzero(~same)
         parts: list[pa.Table] = []
         if len(fresh):
-            row_errors: list[RowError] = []
-            sub = args.take(pa.array(fresh)) if len(fresh) < batch.num_rows else args
-            try:
-                children, parent, n = chunker.apply(sub, pa.array(ids[fresh]), row_errors)
-            except UdfError as exc:
-                at = fresh[exc.row_index or 0]
-                exc.locate(column=chunker.name, fingerprint=chunker.fingerprint, row_id=int(ids[at]),
-                           last_row_id=int(ids[at]), row_version=int(vers[at].as_py()))
-                raise
-            calls[chunker.name] += n
-            for e in row_errors:
-                if errors is not None:
-                    at = fresh[e.index]
-                    errors.append({
-                        "column": chunker.name, "udf_name": chunker.name, "udf_fingerprint": chunker.fingerprint,
-                        "row_id": int(ids[at]), "row_version": int(vers[at].as_py()), "error_type": e.error_type,
-                        "message": e.message, "traceback": e.traceback, "attempts": e.attempts,
-                    })
-            at = pa.array(fresh[parent.to_numpy()] if len(parent) else np.empty(0, np.int64))
-            values = {n: children.column(n) for n in outputs}
-            values[CHUNK_INDEX] = pa.array(child_index(parent.to_numpy()), pa.int32())
-            parts.append(_rows(schema, batch, at, ids, vers, digests, values))
+            parts.append(_chunked(chunker, schema, batch, args, fresh, ids, vers, digests, calls, errors))
         for i in np.flatnonzero(same):
             prior = old[int(ids[i])]
             at = pa.array(np.full(prior.num_rows, i, dtype=np.int64))
@@ -143,6 +122,36 @@ def chunk_batches(
         for part in parts:
             if part.num_rows:
                 yield from part.to_batches()
+
+
+def _chunked(chunker: Any, schema: pa.Schema, batch: pa.RecordBatch, args: pa.RecordBatch, fresh: np.ndarray,
+             ids: np.ndarray, vers: pa.Array, digests: pa.Array, calls: dict[str, int],
+             errors: list[dict] | None) -> pa.Table:
+    """The children of the parents at positions ``fresh`` of ``batch``, from
+    the chunker (``args``: its inputs); its calls counted in ``calls``, the
+    rows it skipped recorded in ``errors``."""
+    row_errors: list[RowError] = []
+    sub = args.take(pa.array(fresh)) if len(fresh) < batch.num_rows else args
+    try:
+        children, parent, n = chunker.apply(sub, pa.array(ids[fresh]), row_errors)
+    except UdfError as exc:
+        at = fresh[exc.row_index or 0]
+        exc.locate(column=chunker.name, fingerprint=chunker.fingerprint, row_id=int(ids[at]),
+                   last_row_id=int(ids[at]), row_version=int(vers[at].as_py()))
+        raise
+    calls[chunker.name] += n
+    for e in row_errors:
+        if errors is not None:
+            at = fresh[e.index]
+            errors.append({
+                "column": chunker.name, "udf_name": chunker.name, "udf_fingerprint": chunker.fingerprint,
+                "row_id": int(ids[at]), "row_version": int(vers[at].as_py()), "error_type": e.error_type,
+                "message": e.message, "traceback": e.traceback, "attempts": e.attempts,
+            })
+    at = pa.array(fresh[parent.to_numpy()] if len(parent) else np.empty(0, np.int64))
+    values = {n: children.column(n) for n in chunker.output_schema.names}
+    values[CHUNK_INDEX] = pa.array(child_index(parent.to_numpy()), pa.int32())
+    return _rows(schema, batch, at, ids, vers, digests, values)
 
 
 def _rows(schema: pa.Schema, batch: pa.RecordBatch, at: pa.Array, ids: np.ndarray, vers: pa.Array,
