@@ -1375,25 +1375,32 @@ class MaterializedView(Table):
                 parallelism=self._refresh_parallelism(runner, concurrency), exact=False,  # the tasks count its inserts
             )
             plan = _with_fragment_size(plan, max_rows_per_fragment)
-            if plan.commits_nothing:
-                result = execute_refresh(ref, plan, self._runner(runner))
-                result.job_id = job_id or ""
-                return result
-            job_id = job_id or refresh_job_id(plan)
-            # LOADING until the commit carrying this load number lands (then LOADED: storage.status)
-            record_load_state(self.connection.layout, self.name, LOADING, load_number=plan.load_number + 1,
-                              job_id=job_id)
-            try:
-                result = execute_refresh(ref, plan, self._runner(runner), job_id)
-            except BaseException as exc:
-                record_load_state(self.connection.layout, self.name, FAILED_LOAD, f"{type(exc).__name__}: {exc}",
-                                  job_id=job_id)
-                raise
-            start = time.perf_counter()
-            # (the version it committed, unless index upkeep committed after it)
-            if compact_if_fragmented(objects.dataset(self.uri, version=None if result.indexes else result.view_version)):
-                result.timings["compact_s"] = time.perf_counter() - start
+            return self._execute_refresh(ref, plan, runner, job_id)
+
+    def _execute_refresh(self, ref: ViewRef, plan: RefreshPlan, runner: "Runner | None",
+                         job_id: str | None) -> RefreshResult:
+        """Run ``plan`` (under the view's refresh lock), its status recorded
+        (LOADING, or FAILED_LOAD with the error) unless it commits nothing, and
+        compact the view when refreshes left it fragmented."""
+        if plan.commits_nothing:
+            result = execute_refresh(ref, plan, self._runner(runner))
+            result.job_id = job_id or ""
             return result
+        job_id = job_id or refresh_job_id(plan)
+        # LOADING until the commit carrying this load number lands (then LOADED: storage.status)
+        record_load_state(self.connection.layout, self.name, LOADING, load_number=plan.load_number + 1,
+                          job_id=job_id)
+        try:
+            result = execute_refresh(ref, plan, self._runner(runner), job_id)
+        except BaseException as exc:
+            record_load_state(self.connection.layout, self.name, FAILED_LOAD, f"{type(exc).__name__}: {exc}",
+                              job_id=job_id)
+            raise
+        start = time.perf_counter()
+        # (the version it committed, unless index upkeep committed after it)
+        if compact_if_fragmented(objects.dataset(self.uri, version=None if result.indexes else result.view_version)):
+            result.timings["compact_s"] = time.perf_counter() - start
+        return result
 
     def refresh_async(self, **kwargs: Any) -> Job:
         """:meth:`refresh` (same parameters, Geneva's included) in a background
