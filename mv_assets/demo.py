@@ -1,12 +1,15 @@
 """Seed a demo catalog and keep its views fresh: ``python -m mv_assets.demo``.
 
 The catalog (``$MV_ASSETS_DB``, default ``.demo/catalog``) holds a ``documents``
-source table and four views: ``doc_features`` (a filter, SQL columns and UDF
-columns doing real text work), ``long_docs`` (a view over that view),
-``doc_chunks`` (each English document split into passages by a chunker, with
-an ``embedding`` column computed for new passages) and ``corpus_stats`` (an
-aggregate view over ``doc_features``: documents, words per document (mean, max,
-90th percentile) from the ``word_count`` UDF, kept from the change feed).
+source table, a small ``authors`` table and five views: ``doc_features`` (a
+filter, SQL columns and UDF columns doing real text work), ``long_docs`` (a
+view over that view), ``doc_chunks`` (each English document split into
+passages by a chunker, with an ``embedding`` column computed for new
+passages), ``corpus_stats`` (an aggregate view over ``doc_features``:
+documents, words per document (mean, max, 90th percentile) from the
+``word_count`` UDF, kept from the change feed) and ``doc_authors`` (a join
+view: documents left-joined to their authors, with a ``byline`` UDF column
+reading the author's name, so a change of either table refreshes it).
 
 ``python -m mv_assets.demo seed`` only creates the catalog (``make demo`` does
 this, then starts the Dagster UI, whose sensors refresh the views). Without
@@ -31,11 +34,22 @@ WORDS = (
 ).split()
 
 
-def _documents(start: int, n: int) -> list[dict]:
+AUTHORS = [  # (name, affiliation): the authors table, author_id = position
+    ("Ada Lovelace", "Analytical Engine"), ("Alan Turing", "Bletchley Park"), ("Grace Hopper", "Harvard Mark I"),
+    ("Edsger Dijkstra", "Eindhoven"), ("Barbara Liskov", "MIT"), ("Donald Knuth", "Stanford"),
+]
+
+
+def _documents(start: int, n: int, authors: bool = False) -> list[dict]:
+    """Demo documents; ``authors``: with an ``author_id`` (every 11th has none:
+    the join keeps it, without an author)."""
     rows = []
     for i in range(start, start + n):
         words = [WORDS[(i * 7 + k * 3) % len(WORDS)] for k in range(5 + i % 40)]
-        rows.append({"doc_id": i, "lang": "en" if i % 5 else "de", "body": " ".join(words)})
+        row = {"doc_id": i, "lang": "en" if i % 5 else "de", "body": " ".join(words)}
+        if authors:
+            row["author_id"] = None if i % 11 == 0 else i % len(AUTHORS)
+        rows.append(row)
     return rows
 
 
@@ -74,6 +88,12 @@ def passages(body: str) -> typing.Iterator[Passage]:
     words = body.split()
     for start in range(0, len(words), 12):
         yield Passage(" ".join(words[start:start + 12]), start)
+
+
+@mv.udf
+def byline(name: str, body: str) -> str:
+    """A UDF over both sides of the join: the author's name (joined) and the document's body."""
+    return f"{name}: {' '.join(body.split()[:4])}..."
 
 
 @mv.udf(on_error="skip")
@@ -118,11 +138,15 @@ def seed(uri: str) -> mv.Connection:
                 pa.field("doc_id", pa.int64(), nullable=False),
                 pa.field("lang", pa.string()),
                 pa.field("body", pa.string()),
+                pa.field("author_id", pa.int64()),
             ]
         )
         docs = db.create_table("documents", schema=schema, primary_key="doc_id")
         for start in range(0, 2000, 500):  # four appends -> four source fragments
-            docs.add(_documents(start, 500))
+            docs.add(_documents(start, 500, authors=True))
+    if "authors" not in db:
+        db.create_table("authors", [{"author_id": i, "name": name, "affiliation": where}
+                                    for i, (name, where) in enumerate(AUTHORS)], primary_key="author_id")
     docs = db.open_table("documents")
     if "checksum" not in docs.schema.names:  # filled by the documents_columns sensor's backfill
         docs.add_columns({"checksum": checksum})
@@ -137,11 +161,18 @@ def seed(uri: str) -> mv.Connection:
         db.create_materialized_view("corpus_stats", db.open_table("doc_features").search(None).group_by().agg(
             {"documents": "count(*)", "avg_words": "avg(words)", "max_words": "max(words)",
              "p90_words": "approx_quantile(words, 0.9)", "chars": "sum(chars)"}))
+    if "doc_authors" not in db and "author_id" in docs.schema.names:  # two sources, one view
+        # (a catalog seeded before documents had authors has no join: remove it to seed it anew)
+        db.create_materialized_view("doc_authors", docs.search(None).join(
+            db.open_table("authors"), on="author_id", how="left").select(
+            {"doc_id": "doc_id", "author": "authors.name", "affiliation": "affiliation",
+             "byline": (byline, ["authors.name", "body"])}))
     return db
 
 
 def _refresh_all(db: mv.Connection) -> None:
-    for r in db.refresh(["doc_features", "long_docs", "doc_chunks", "corpus_stats"]):
+    names = [n for n in ("doc_features", "long_docs", "doc_chunks", "corpus_stats", "doc_authors") if n in db]
+    for r in db.refresh(names):
         print(f"  {r.view:<13} src v{r.from_version}->v{r.to_version}: +{r.rows_inserted} ~{r.rows_updated} -{r.rows_deleted}  UDF rows {r.udf_rows_computed}  {r.seconds:.1f}s")
     b = db.open_view("doc_chunks").backfill("embedding")
     print(f"  doc_chunks.embedding: {b.udf_rows_computed} new passages embedded")
@@ -153,10 +184,14 @@ def main() -> int:
         db = seed(uri)
         docs = db.open_table("documents")
         start = int(docs.to_arrow().column("doc_id").to_numpy().max()) + 1
-        docs.add(_documents(start, 50))
+        docs.add(_documents(start, 50, authors="author_id" in docs.schema.names))
         docs.update(f"doc_id = {start - 1}", values_sql={"body": "concat(body, ' edited')"})
         docs.delete("doc_id % 97 = 0")
         print(f"documents is now at version {docs.version}: appended 50 rows, edited 1, deleted some")
+        authors = db.open_table("authors")
+        who = start % len(AUTHORS)
+        authors.update(f"author_id = {who}", values_sql={"name": "concat(name, ' Jr.')"})
+        print(f"authors is now at version {authors.version}: renamed author {who} (doc_authors' bylines follow)")
         return 0
     if sys.argv[1:] == ["seed"]:
         db = seed(uri)
@@ -168,10 +203,11 @@ def main() -> int:
     _refresh_all(db)
     docs = db.open_table("documents")
     next_id = docs.count_rows() + 10_000
-    docs.add(_documents(next_id, 20))
+    docs.add(_documents(next_id, 20, authors=True))
     docs.update("doc_id < 3", values_sql={"body": "concat(body, ' refresh')"})
     docs.delete("doc_id >= 100 AND doc_id < 110")
-    print("appended 20, updated 3, deleted 10 source rows; refreshing again...")
+    db.open_table("authors").update("author_id = 0", values_sql={"name": "'Augusta Ada King'"})
+    print("appended 20, updated 3, deleted 10 source rows, renamed an author; refreshing again...")
     _refresh_all(db)
     feats = db.open_table("doc_features")
     print(f"doc_features: {feats.count_rows()} rows; sample: {feats.to_arrow().slice(0, 1).to_pylist()[0]}")

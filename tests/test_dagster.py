@@ -588,9 +588,10 @@ def test_an_append_leaves_the_partitions_it_did_not_touch_in_sync(tmp_path):
     docs = db.open_table("documents")
     defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
     repo = defs.get_repository_def()
-    every = [*repo.assets_defs_by_key.values(), defs.get_assets_def(K(["documents"]))]
+    sources = [K(["documents"]), K(["authors"])]  # (authors: joined by doc_authors)
+    every = [*repo.assets_defs_by_key.values(), *(defs.get_assets_def(k) for k in sources)]
     sensor = repo.get_sensor_def("documents_changes")
-    keys = [k for k in repo.asset_graph.get_all_asset_keys() if k != K(["documents"])]
+    keys = [k for k in repo.asset_graph.get_all_asset_keys() if k not in sources]
 
     def fragment_of(doc_id: int) -> str:
         rows = lance.dataset(docs.uri).to_table(columns=[], filter=f"doc_id = {doc_id}", with_row_address=True)

@@ -124,8 +124,8 @@ def test_backfill_of_an_unread_column_leaves_the_source_data_version_and_views_a
             instance.add_dynamic_partitions(req.partitions_def_name, list(req.partition_keys))
         (run,) = first.run_requests  # one run carries the whole lineage
         assert sorted(k.to_user_string() for k in run.asset_selection) == [
-            "corpus_stats", "doc_chunks", "doc_chunks/embedding", "doc_features", "doc_features/embedding",
-            "doc_features/summary", "doc_features/words", "documents/checksum", "long_docs",
+            "corpus_stats", "doc_authors", "doc_authors/byline", "doc_chunks", "doc_chunks/embedding", "doc_features",
+            "doc_features/embedding", "doc_features/summary", "doc_features/words", "documents/checksum", "long_docs",
         ]
         # fragments written once, none of their rows deleted: no observation (the instance knows
         # a never-observed fragment at its data version as written; the run records it)

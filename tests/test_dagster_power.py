@@ -124,7 +124,7 @@ def test_view_and_table_assets_describe_each_visible_column(tmp_path):
     assert _columns(defs, K(["langs"]))["n"][1].startswith("Output of UDTF `per_lang`(lang); ")
     # a table: plain columns with their types, computed ones described
     docs = _columns(defs, K(["documents"]))
-    assert set(docs) == {"doc_id", "lang", "body", "checksum"}
+    assert set(docs) == {"doc_id", "lang", "body", "author_id", "checksum"}
     assert docs["lang"] == ("string", None)
     assert docs["checksum"][1].startswith("Computed column: UDF `checksum`(body) -> int64; code fingerprint ")
     # the column lists hold every visible column and no internal one, on every asset
@@ -281,8 +281,9 @@ def test_each_source_table_has_a_named_job_its_sensor_and_schedules_launch(tmp_p
     docs_job = defs.resolve_job_def("refresh_documents")
     # a table's job: its computed columns, its views (views over views too) with their column assets and checks
     assert sorted(k.to_user_string() for k in docs_job.asset_layer.selected_asset_keys) == [
-        "checked", "corpus_stats", "doc_chunks", "doc_chunks/embedding", "doc_features", "doc_features/embedding",
-        "doc_features/summary", "doc_features/words", "documents/checksum", "langs", "long_docs",
+        "checked", "corpus_stats", "doc_authors", "doc_authors/byline", "doc_chunks", "doc_chunks/embedding",
+        "doc_features", "doc_features/embedding", "doc_features/summary", "doc_features/words", "documents/checksum",
+        "langs", "long_docs",
     ]
     assert dg.AssetCheckKey(K(["doc_features"]), "matches_source_query") in docs_job.asset_layer.asset_graph.asset_check_keys
     assert docs_job.partitions_def.name == partitions_def_name("documents")

@@ -31,7 +31,7 @@ from dagster._core.events import DagsterEventType  # not exported by dagster
 from mv_assets.api import progress
 from mv_assets.api.declare import apply as apply_declared
 from mv_assets.api.declare import reconcile
-from mv_assets.api.table import Table
+from mv_assets.api.table import MaterializedView, Table
 from mv_assets.dagster.catalog import TableInfo
 from mv_assets.dagster.resource import MvAssetsResource
 from mv_assets.model.agg_view import agg_text
@@ -51,6 +51,8 @@ TAG_SCOPE = "mv_assets/scope"
 CHECK_NAMES = ("matches_source_query", "no_orphan_rows", "udf_values_present")
 UDTF_CHECK_NAMES = ("no_orphan_rows",)  # a table-function view's (ops.checks._udtf_checks)
 AGG_CHECK_NAMES = ("no_orphan_rows", "values_match_source")  # an aggregate view's (ops.checks._agg_checks)
+# a join view's (ops.checks._join_checks): the join computed anew from every source, compared row by row
+JOIN_CHECK_NAMES = ("no_orphan_rows", "matches_source_query", "values_match_source", "udf_values_present")
 CODE_CHECK = "udf_code_current"  # on UDF columns of views declared in code
 CHECK_DESCRIPTIONS = {  # what each check of a view verifies (mv_assets.ops.checks), as the UI shows it
     "matches_source_query": (
@@ -94,6 +96,22 @@ COLUMN_CHECK_DESCRIPTIONS = {  # warnings: a backfill (materializing the column)
         "and retry with `table.retry_errors(column)`."
     ),
 }
+JOIN_CHECK_DESCRIPTIONS = {
+    "no_orphan_rows": "Every row of the view still has its source row in each source it came from (the first "
+                      "table and every joined table or view) at the versions the view reflects.",
+    "matches_source_query": (
+        "The view holds exactly the rows of the join over its sources at the versions it reflects, each as many "
+        "times as the join gives it (rows told apart by the stable row ids of the source rows each came from): "
+        "none missing, none extra."
+    ),
+    "values_match_source": "Every copied and SQL column of each row equals the join's value for the same source "
+                           "rows at the versions the view reflects.",
+    "udf_values_present": CHECK_DESCRIPTIONS["udf_values_present"],
+}
+JOIN_CHECK_SCOPE_NOTE = (  # the engine has no incremental join check: every check of a join view reads it all
+    " A join view's checks read the whole join at the versions the view reflects, with a materialization too "
+    "(the engine checks join views in full only): O(rows of the view and of its sources)."
+)
 UDTF_CHECK_DESCRIPTIONS = {
     "no_orphan_rows": (
         "Every partition (partition_by value) the view holds rows of still has source rows passing its query "
@@ -165,6 +183,15 @@ def column_descriptions(info: TableInfo) -> dict[str, str]:
     function = info.definition.get("function") or {}
     kind = function.get("kind")
     out: dict[str, str] = {}
+    join = info.join
+    if join is not None:  # names as written resolve to (source, column) through the stored refs
+        for c in info.definition.get("columns", []):
+            if c["kind"] == "column":
+                i, col = join.refs[c.get("expr") or c["name"]]
+                out[c["name"]] = f"Copied from `{join.sources[i]}`.`{col}`."
+            else:
+                out[c["name"]] = _spec_text(info.source, c)
+        return out
     if kind == "aggregate":
         out.update({k: f"Group key: `{info.source}`.`{k}`." for k in function["keys"]})
         out.update({n: f"Aggregate: {agg_text(fn, c, *q)} over each group's rows of `{info.source}`."
@@ -384,7 +411,11 @@ def _view_description(info: TableInfo) -> str:
         + ("; its upstream views are brought up to date first" if info.over_view else "")
     )
     function = info.definition.get("function")
-    if function and function["kind"] == "aggregate":
+    join = info.join
+    if join is not None:
+        what = f"Join view over {_join_text(info)}{where}: {cols}"
+        how += f"; a change of any of its sources ({', '.join(join.sources)}) refreshes it"
+    elif function and function["kind"] == "aggregate":
         keys = ", ".join(k for k in function["keys"]) or "nothing (one group)"
         outs = ", ".join(f"{n} = {agg_text(fn, c, *q)}" for n, fn, c, *q in function["aggs"])
         what = (f"Aggregate view over {info.source}{where}: group by {keys}; {outs}; a refresh applies the "
@@ -410,6 +441,23 @@ def _view_description(info: TableInfo) -> str:
     if diff is not None and diff.problems:
         text += " The code cannot be applied: " + "; ".join(diff.problems)
     return text
+
+
+def _join_text(info: TableInfo) -> str:
+    """A join view's sources and keys in words: ``clips inner join videos on
+    clips.video_id = videos.vid, left join channels using channel_id``."""
+    join = info.join
+    assert join is not None
+    parts = [join.sources[0]]
+    for step in join.steps:
+        table = join.sources[step.index]
+        if step.using:
+            on = "using " + ", ".join(step.right)
+        else:
+            on = "on " + " and ".join(f"{join.sources[i]}.{c} = {table}.{r}"
+                                      for (i, c), r in zip(step.left, step.right, strict=True))
+        parts.append(f"{step.how} join {table} {on}")
+    return ", ".join(parts)
 
 
 def _udf_description(owner: str, col: dict) -> str:
@@ -491,6 +539,44 @@ def column_reads(info: TableInfo, source_names: list[str]) -> dict[str, list[str
     return out
 
 
+def join_column_reads(info: TableInfo) -> dict[str, list[tuple[str, str]]]:
+    """What each column of a join view reads, as ``(source, column)`` pairs,
+    from the stored names (``refs``: each name as written -> its source and
+    column): a copied column its one column, a SQL column the names its SQL
+    uses, a UDF column its inputs."""
+    join = info.join
+    assert join is not None
+    names = list(join.refs)
+
+    def of(refs: list[str]) -> list[tuple[str, str]]:
+        pairs = [join.refs[r] for r in refs if r in join.refs]
+        return [(join.sources[i], c) for i, c in dict.fromkeys(pairs)]
+
+    out = {}
+    for c in info.definition.get("columns", []):
+        if c["kind"] == "column":
+            out[c["name"]] = of([c.get("expr") or c["name"]])
+        elif c["kind"] == "sql":
+            out[c["name"]] = of(_named_in(c.get("expr") or "", names))
+        elif c["kind"] == "udf":
+            out[c["name"]] = of(list(c["udf"].get("input_columns") or []))
+    return out
+
+
+def _join_column_lineage(info: TableInfo, tables: dict[str, TableInfo]) -> dg.TableColumnLineage:
+    """A join view's ``dagster/column_lineage``: each column <- the columns of
+    each source it reads, on that source's asset (a computed column of a
+    source: on that column's asset)."""
+    def dep(source: str, column: str) -> dg.TableColumnDep:
+        computed = source in tables and column in tables[source].computed
+        return dg.TableColumnDep(asset_key=dg.AssetKey([source, column] if computed else [source]), column_name=column)
+
+    return dg.TableColumnLineage(deps_by_column={
+        name: [dep(s, c) for s, c in cols] for name, cols in join_column_reads(info).items()
+        if cols and not name.startswith("__")
+    })
+
+
 def _column_lineage(info: TableInfo, src: TableInfo) -> dg.TableColumnLineage:
     """``dagster/column_lineage``: each view column <- the source columns it
     reads, on the source's asset or, for a computed column of the source
@@ -549,6 +635,15 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo], conditions: bool 
     deps = [dg.AssetDep(dg.AssetKey([src.name]))] + [
         dg.AssetDep(dg.AssetKey([src.name, c])) for c in src.computed if c in info.reads
     ]
+    # A join view's joined sources: every partition of it reads all of each (it refreshes as a whole),
+    # whatever their partitions are (another lineage's fragments, or none)
+    every = dg.AllPartitionMapping()
+    for joined in info.joined:
+        if joined in tables:
+            deps.append(dg.AssetDep(dg.AssetKey([joined]), partition_mapping=every))
+            deps += [dg.AssetDep(dg.AssetKey([joined, c]), partition_mapping=every)
+                     for c in info.joined_reads.get(joined, [])]
+    lineage = _join_column_lineage(info, tables) if info.join is not None else _column_lineage(info, src)
     group = safe_name(info.name)
     specs = [
         dg.AssetSpec(
@@ -558,8 +653,9 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo], conditions: bool 
             kinds={"lance", "spark"},
             metadata={
                 **_table_metadata(info),
-                "dagster/column_lineage": _column_lineage(info, src),
+                "dagster/column_lineage": lineage,
                 "source": info.source,
+                **({"sources": ", ".join(info.sources)} if info.join is not None else {}),
                 "filter": info.filter or "",
                 "refresh_policy": info.policy.describe(),
             },
@@ -598,10 +694,12 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo], conditions: bool 
             )
         )
     # rows per partition or per group: other checks
-    names = {"udtf": UDTF_CHECK_NAMES, "aggregate": AGG_CHECK_NAMES}.get(info.kind, CHECK_NAMES)
-    described = {**CHECK_DESCRIPTIONS, **{"udtf": UDTF_CHECK_DESCRIPTIONS, "aggregate": AGG_CHECK_DESCRIPTIONS}.get(
-        info.kind, {})}
-    check_specs = [dg.AssetCheckSpec(name, asset=view_key, description=described[name] + CHECK_SCOPE_NOTE)
+    names = {"udtf": UDTF_CHECK_NAMES, "aggregate": AGG_CHECK_NAMES, "join": JOIN_CHECK_NAMES}.get(
+        info.kind, CHECK_NAMES)
+    described = {**CHECK_DESCRIPTIONS, **{"udtf": UDTF_CHECK_DESCRIPTIONS, "aggregate": AGG_CHECK_DESCRIPTIONS,
+                                          "join": JOIN_CHECK_DESCRIPTIONS}.get(info.kind, {})}
+    note = JOIN_CHECK_SCOPE_NOTE if info.kind == "join" else CHECK_SCOPE_NOTE
+    check_specs = [dg.AssetCheckSpec(name, asset=view_key, description=described[name] + note)
                    for name in names]
     if info.declared is not None:
         # Dagster shows no asset-level staleness for partitioned assets: this check
@@ -785,7 +883,8 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
                 view_key, col_keys = views[info.name]
                 if any(k in selected for k in (view_key, *col_keys.values())):
                     before.setdefault(info.name, _view_version(context, info.name))
-                    _materialize(context, info, view_key, col_keys, pdef is not None, observe_all=conditions)
+                    _materialize(context, info, view_key, col_keys, pdef is not None, observe_all=conditions,
+                                 tables=tables)
                 if any(k in selected for k in row_keys[info.name].values()):
                     _backfill_columns(context, info, row_keys[info.name], observe_all=conditions)
             if pdef is not None:
@@ -968,7 +1067,7 @@ def _covers_every_fragment(table: Table, fragments: list[int]) -> bool:
 
 
 def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned: bool, *,
-                 observe_all: bool = False):
+                 observe_all: bool = False, tables: dict[str, TableInfo] | None = None):
     resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
     db = resource.connection()
     _apply_code(context, info, db)
@@ -1011,7 +1110,7 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
     _log_outcome(context, info, result, recomputed, columns, duration)
     _record_run(
         context, info, db, view, view_key, col_keys, columns, keys if partitioned else [], fragments, whole, result,
-        recomputed, duration, observe_all=observe_all,
+        recomputed, duration, observe_all=observe_all, tables=tables or {},
     )
 
 
@@ -1072,6 +1171,7 @@ SCOPE_NOTHING = "nothing to compute: every row is current"
 def _record_run(
     context, info: TableInfo, db, view, view_key, col_keys: dict, columns: list[str], keys: list[str],
     fragments: list[int], whole: bool, result, recomputed: dict, duration: float, *, observe_all: bool = False,
+    tables: dict[str, TableInfo],
 ) -> None:
     """Materialization events of the run: one per asset, or one per partition.
 
@@ -1087,6 +1187,8 @@ def _record_run(
         "source_version": view.source_version if result is None else result.to_version,
         "view_version": view.version,
         "run_duration_s": round(duration, 3),
+        # a join view: the version of every source it reflects (source_version is its first source's)
+        **({"source_versions": dg.MetadataValue.json(view.source_versions)} if info.join is not None else {}),
     }
     # a chunk view's refresh counts parents (documents), its rows are their chunks; an aggregate view's, groups
     unit = {"chunker": "parents", "aggregate": "groups"}.get(info.kind, "rows")
@@ -1127,6 +1229,9 @@ def _record_run(
     source_version = source.version if info.over_view else source.data_version()
     view_inputs = {source_key: source_version}
     view_inputs.update({dg.AssetKey([info.source_name, c]): source.version for c in info.reads})
+    # a join view's joined sources: inputs of every partition (each reads all of them)
+    joined, joined_pointers = _joined_inputs(context, info, tables, db)
+    view_inputs.update(joined)
     view_tags = _version_tags(None, view.version, view_inputs)
     # A view over a base table: each partition's input is its own source
     # fragment, as observed (the run observes what the instance has not seen:
@@ -1143,12 +1248,15 @@ def _record_run(
         """A partition's inputs (data versions, event pointers) and its own data
         version: what it holds, its source fragment's rows as read (over a view:
         the upstream partitions'), so a run that changes nothing there leaves it."""
+        # (a join view's: its joined sources' versions too, so a change of one is a new data version)
+        also = "".join(f"|{k.to_user_string()}@{v}" for k, v in joined.items())
         if info.over_view:
             got = {k: upstream.get((k, key_str), ("none", None)) for k in upstream_keys}
             inputs = {k: v for k, (v, _) in got.items()}
-            return inputs, {k: p for k, (_, p) in got.items()}, "|".join(inputs.values())
+            return ({**inputs, **joined}, {**{k: p for k, (_, p) in got.items()}, **joined_pointers},
+                    "|".join(inputs.values()) + also)
         version, pointer = fragment_inputs.get(fid, ("gone", None))  # a fragment gone meanwhile (retired next)
-        return {**view_inputs, source_key: version}, {source_key: pointer}, version
+        return {**view_inputs, source_key: version}, {source_key: pointer, **joined_pointers}, version + also
 
     col_tags = {n: _version_tags(fingerprints[n], view.version, {view_key: view.version}) for n in columns}
     view_rows = view.count_rows() if view_key in selected else 0
@@ -1180,6 +1288,40 @@ def _record_run(
         for name in columns:  # (computed with the view's rows, in the same op: no pointer to them)
             tags = _version_tags(fingerprints[name], f"{held}@{fingerprints[name]}", {view_key: held})
             _record(context, col_keys[name], key_str, column_md(name, fid), tags)
+
+
+def _joined_inputs(context, info: TableInfo, tables: dict[str, TableInfo], db) -> tuple[dict, dict]:
+    """A join view's joined sources as inputs of its materializations: each
+    one's data version (a base table's: the newest Lance version that changed
+    rows, as its observations say; a view's: its Lance version; a computed
+    column read: its table's version) and the storage id of the newest event
+    of any of its partitions (None: none yet). Every partition of the view
+    reads all of a joined source, so for a partitioned one Dagster reports the
+    view's partitions Unsynced once a later event of any of its partitions
+    brings a new data version; an unpartitioned one (a table read by joins
+    only) is compared by data version, and observed now when the instance
+    does not know it as it is (never observed, it would read as changed)."""
+    inputs: dict[dg.AssetKey, Any] = {}
+    for name in info.joined:
+        if name not in db:
+            continue
+        handle = db.open_table(name)
+        key = dg.AssetKey([name])
+        version = handle.version if isinstance(handle, MaterializedView) else handle.data_version()
+        if not isinstance(handle, MaterializedView) and name in tables and not tables[name].partitioned:
+            seen = context.instance.fetch_observations(key, limit=1).records
+            if not seen or (seen[0].event_log_entry.tags or {}).get(DATA_VERSION_TAG) != str(version):
+                context.log_event(source_observation(handle, handle.version, version))
+        inputs[key] = version
+        inputs.update({dg.AssetKey([name, c]): handle.version for c in info.joined_reads.get(name, [])})
+    return inputs, {k: _latest_event_id(context.instance, k) for k in inputs}
+
+
+def _latest_event_id(instance, key: dg.AssetKey) -> int | None:
+    """The storage id of the newest materialization or observation of any partition of ``key``."""
+    ids = [r.storage_id for fetch in (instance.fetch_materializations, instance.fetch_observations)
+           for r in fetch(key, limit=1).records]
+    return max(ids) if ids else None
 
 
 def _latest_materializations(instance, keys: list[dg.AssetKey], partitions: list[str]) -> dict:

@@ -10,6 +10,7 @@ from mv_assets.api.catalog import Connection
 from mv_assets.api.declare import DeclaredView, Reconcile, reconcile
 from mv_assets.api.describe import TableDescription
 from mv_assets.model.definition import definition_reads
+from mv_assets.model.join_view import JOIN_KIND, Join
 from mv_assets.model.ownership import Ownership
 from mv_assets.model.policy import RefreshPolicy
 
@@ -39,6 +40,12 @@ class TableInfo:
     code_changes: Any = field(default=None, repr=False)  # how the catalog differs from that code
     row_columns: list[dict] = field(default_factory=list)  # a chunk view's columns computed from its rows
     ownership: Ownership = field(default_factory=Ownership)  # a view's asset owners and tags
+    # a join view: the computed columns of each joined source it reads (assets of their own)
+    joined_reads: dict[str, list[str]] = field(default_factory=dict)
+    # a join view: the base tables at the start of its joined sources' lineages (their sensors refresh it too)
+    watchers: list[str] = field(default_factory=list)
+    # its asset is partitioned (by its root's fragments): a view, or a base table with views or computed columns
+    partitioned: bool = False
 
     @property
     def source_name(self) -> str:
@@ -55,15 +62,36 @@ class TableInfo:
     def scoped(self) -> bool:
         """Whether a partition (source fragment) can be refreshed on its own:
         views over a base table without a limit (chunk views too: a fragment's
-        parents). Others (views over views, limited views, table-function
-        and aggregate views) refresh as a whole whatever partitions a run names."""
+        parents). Others (views over views, limited views, table-function,
+        aggregate and join views) refresh as a whole whatever partitions a run names."""
         # a table-function view's partitions are its partition_by values, an aggregate view's rows are
-        # groups: neither maps to source fragments
-        return self.is_view and self.limit is None and not self.over_view and self.kind not in ("udtf", "aggregate")
+        # groups, a join view's rows come from rows of every source: none maps to first-source fragments
+        return (self.is_view and self.limit is None and not self.over_view
+                and self.kind not in ("udtf", "aggregate", JOIN_KIND))
+
+    @property
+    def join(self) -> Join | None:
+        """A join view's stored join (None for other tables and views)."""
+        function = self.definition.get("function") or {}
+        return Join.from_spec(function) if function.get("kind") == JOIN_KIND else None
+
+    @property
+    def sources(self) -> list[str]:
+        """Every table or view it reads: a join view's sources (the first one
+        its ``source``), another view's source; none for a base table."""
+        join = self.join
+        if join is not None:
+            return list(join.sources)
+        return [self.source] if self.source is not None else []
+
+    @property
+    def joined(self) -> list[str]:
+        """A join view's joined sources (all but the first); [] for anything else."""
+        return self.sources[1:] if self.join is not None else []
 
     @property
     def kind(self) -> str:
-        """A view's kind ("query", "chunker", "udtf", "aggregate"); "table" for a base table."""
+        """A view's kind ("query", "chunker", "udtf", "aggregate", "join"); "table" for a base table."""
         if not self.is_view:
             return "table"
         return (self.definition.get("function") or {}).get("kind") or "query"
@@ -146,11 +174,21 @@ def catalog_tables(db: Connection, declared: dict | None = None,
             continue
         src = out[info.source]
         info.over_view = src.is_view
-        if src.is_view:  # which UDF columns of the upstream view it reads
+        join = info.join
+        if join is not None:  # the computed columns of each source it reads (Join.reads: keys, names used)
+            reads = {s: [c for c in join.reads(i) if s in out and c in out[s].computed]
+                     for i, s in enumerate(join.sources)}
+            info.reads = reads[info.source]
+            info.joined_reads = {s: reads[s] for s in join.sources[1:] if s in out}
+        elif src.is_view:  # which UDF columns of the upstream view it reads
             info.reads = definition_reads(info.definition, src.computed, names[src.name])
         root, seen = src, {info.name}
         while root.is_view and root.source in out and root.name not in seen:
             seen.add(root.name)
             root = out[root.source]
         info.root = root.name
+    rooted = {info.root for info in out.values() if info.is_view and info.root}
+    for info in out.values():  # (every root known now)
+        info.watchers = list(dict.fromkeys(out[s].root for s in info.joined if s in out and out[s].root))
+        info.partitioned = bool(info.root) if info.is_view else bool(info.columns) or info.name in rooted
     return out

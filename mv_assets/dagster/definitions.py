@@ -23,7 +23,7 @@ from mv_assets.dagster.assets import (
 )
 from mv_assets.dagster.catalog import TableInfo, catalog_tables
 from mv_assets.dagster.resource import MvAssetsResource
-from mv_assets.dagster.sensors import lineage_order, observe_sensor, table_sensor, view_schedule
+from mv_assets.dagster.sensors import JoinWatch, lineage_order, observe_sensor, table_sensor, view_schedule
 
 __all__ = [
     "build_definitions", "TableInfo", "catalog_tables", "TAG_SOURCE_VERSION", "TAG_SCOPE", "RESOURCE_KEY",
@@ -83,6 +83,31 @@ def full_checks(table: TableInfo, views: list[TableInfo], view_assets: dict[str,
                      "every row of each view against its source. Refreshes nothing."),
     )
     return job, keys
+
+
+def join_watches(view_infos: list[TableInfo], tables: dict[str, TableInfo], view_assets: dict[str, list[dg.AssetKey]],
+                 jobs: dict[str, Any], pdefs: dict[str, Any]) -> dict[str, list[JoinWatch]]:
+    """Which table's sensor refreshes which join view of another lineage: each
+    join view is in the lineage of its first source (its root's job and
+    partitions, refreshed as a whole); a joined source of another lineage
+    (a base table, or a view of that table's lineage) moves without that
+    lineage's sensor seeing it, so the joined source's root's sensor asks
+    the view's policy and launches the run, in the view's own lineage job:
+    the view's assets and the eager views below it."""
+    out: dict[str, list[JoinWatch]] = {}
+    for v in view_infos:
+        others = [w for w in v.watchers if w != v.root and w in tables]
+        if not others or v.name not in view_assets or v.root not in jobs:
+            continue
+        below, names = [], {v.name}
+        for d in lineage_order([t for t in view_infos if t.root == v.root], tables):
+            if d.name not in names and any(s in names for s in d.sources) and d.policy.kind == "eager":
+                below.append(d)
+                names.add(d.name)
+        keys = [k for t in [v, *below] for k in view_assets.get(t.name, [])]
+        for w in others:
+            out.setdefault(w, []).append(JoinWatch(v, keys, jobs[v.root], pdefs.get(v.root)))
+    return out
 
 
 def build_definitions(
@@ -150,9 +175,13 @@ def build_definitions(
     check_jobs = [job for job, _ in (full_checks(tables[r], [v for v in view_infos if v.root == r], view_assets,
                                                   lineages[r]) for r in roots) if job is not None]
     schedule_status = dg.DefaultScheduleStatus.RUNNING if sensors_running else dg.DefaultScheduleStatus.STOPPED
+    watches = join_watches(view_infos, tables, view_assets, jobs, pdefs)
+    # base tables read only as joined sources of join views: a sensor each, for those views alone
+    joined_only = sorted(t for t in watches if t not in roots and not tables[t].is_view)
     sensors: list[Any]
     if conditions:
-        sensors = [observe_sensor(tables[r], pdefs[r], sensor_interval_seconds, status) for r in roots]
+        sensors = [observe_sensor(tables[r], pdefs.get(r), sensor_interval_seconds, status)
+                   for r in [*roots, *joined_only]]
         targets = [k for r in roots for k in column_keys[r]] + [k for keys in view_assets.values() for k in keys]
         if targets:
             sensors.append(dg.AutomationConditionSensorDefinition(
@@ -165,8 +194,11 @@ def build_definitions(
     else:
         sensors = [
             table_sensor(tables[r], tables, pdefs[r], view_assets, column_keys[r], sensor_interval_seconds, status,
-                         jobs[r])
+                         jobs[r], watches.get(r))
             for r in roots
+        ] + [
+            table_sensor(tables[t], tables, None, view_assets, [], sensor_interval_seconds, status, None, watches[t])
+            for t in joined_only
         ]
         schedules = [
             view_schedule(v, pdefs.get(v.root), view_assets[v.name], schedule_status, jobs.get(v.root))

@@ -12,7 +12,12 @@ Per tick of ``<table>_changes``:
   to them, or a ttl / staleness threshold; refreshed incrementally to the
   version the sensor saw), and views over views whose upstream is due (they
   run after it in the same run, so they never wait for another tick and
-  never fail because of ordering).
+  never fail because of ordering);
+* join views of other lineages that read the table (or a view of its
+  lineage) as a joined source: each one its policy says is due gets a run of
+  its own lineage's job (``refresh_<its first table's root>``), over every
+  partition of that lineage (a join view refreshes as a whole), one run of a
+  lineage at a time as for the lineage's own sensor.
 
 Run keys carry the versions and load numbers they act on, so a tick that sees
 the same state again requests nothing new.
@@ -21,6 +26,8 @@ the same state again requests nothing new.
 import hashlib
 import json
 import time
+from dataclasses import dataclass
+from typing import Any
 
 import dagster as dg
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (  # not exported by dagster
@@ -42,20 +49,37 @@ from mv_assets.dagster.assets import (
 from mv_assets.dagster.catalog import TableInfo
 from mv_assets.dagster.resource import MvAssetsResource
 
-__all__ = ["table_sensor", "observe_sensor", "view_schedule", "lineage_order"]
+__all__ = ["table_sensor", "observe_sensor", "view_schedule", "lineage_order", "JoinWatch", "TAG_JOINED"]
+
+TAG_JOINED = "mv_assets/joined_source"  # on a join view's run launched by a joined source's sensor: that source
 
 
 def lineage_order(views: list[TableInfo], tables: dict[str, TableInfo]) -> list[TableInfo]:
-    """Views ordered so each comes after the view it reads."""
-    def depth(v: TableInfo) -> int:
-        d, seen = 0, set()
-        while v.is_view and v.source in tables and v.name not in seen:
-            seen.add(v.name)
-            v = tables[v.source]  # type: ignore[index]
-            d += 1
-        return d
+    """Views ordered so each comes after every view it reads (a join view:
+    after each of its sources)."""
+    memo: dict[str, int] = {}
 
-    return sorted(views, key=lambda v: (depth(v), v.name))
+    def depth(name: str, seen: frozenset) -> int:
+        t = tables.get(name)
+        if t is None or not t.is_view or name in seen:
+            return 0
+        if name not in memo:
+            memo[name] = 1 + max((depth(s, seen | {name}) for s in t.sources), default=0)
+        return memo[name]
+
+    return sorted(views, key=lambda v: (depth(v.name, frozenset()), v.name))
+
+
+@dataclass(frozen=True)
+class JoinWatch:
+    """A join view of another lineage that a table's sensor refreshes when a
+    joined source moved: the view, what its run selects (the view's assets
+    and its eager views below), its lineage's job and partitions."""
+
+    view: TableInfo
+    keys: list[dg.AssetKey]
+    job: Any  # its lineage's refresh_<table> (an asset job)
+    pdef: dg.DynamicPartitionsDefinition | None
 
 
 def _range_tags(keys: list[str]) -> dict:
@@ -174,13 +198,39 @@ def _due_views(context, db, tree: list[TableInfo], watched: dict[str, int | None
         view = db.open_view(v.name)
         decision = view.refresh_decision()
         loads[v.name] = view.refresh_state().load_number
-        upstream_due = v.over_view and v.source in due and v.policy.kind == "eager"
+        upstream = [s for s in v.sources if s in due]  # (a join view: any of its sources)
+        upstream_due = bool(upstream) and v.policy.kind == "eager"
         if decision.refresh or upstream_due:
-            due[v.name] = decision.reason if decision.refresh else f"its upstream {v.source} is due"
+            due[v.name] = decision.reason if decision.refresh else f"its upstream {upstream[0]} is due"
             context.log.info(f"{v.name}: refresh ({due[v.name]})")
         elif decision.retry_at is not None:
             due_at = decision.retry_at if due_at is None else min(due_at, decision.retry_at)
     return due, loads, due_at
+
+
+def _join_run(context, db, table: str, version: int | None, watch: JoinWatch
+              ) -> tuple[dg.RunRequest | None, float | None]:
+    """A run of a join view of another lineage when its policy says it is due
+    (a joined source moved), and when to look again (None: at the next
+    change): a run of its lineage in flight defers it to the next tick."""
+    v = watch.view
+    if v.name not in db:  # declared in code, not created yet: its own lineage's sensor creates it
+        return None, None
+    view = db.open_view(v.name)
+    decision = view.refresh_decision()
+    if not decision.refresh:
+        return None, decision.retry_at
+    if _run_in_flight(context, v.root):  # one run of a lineage at a time: the next tick asks again
+        context.log.info(f"{v.name}: due ({decision.reason}), waiting for the run of {v.root}'s lineage in progress")
+        return None, time.time()
+    parts = list(context.instance.get_dynamic_partitions(watch.pdef.name)) if watch.pdef is not None else []
+    if watch.pdef is not None and not parts:  # its lineage's sensor has not ticked yet: its first run refreshes it
+        return None, None
+    context.log.info(f"{v.name}: refresh ({decision.reason}), a join view of {v.root}'s lineage reading {table}")
+    tags = {TAG_SCOPE: "changes", TAG_LINEAGE: v.root, TAG_JOINED: table, **(_range_tags(parts) if parts else {})}
+    load = view.refresh_state().load_number
+    return dg.RunRequest(run_key=f"{table}@{version}:join:{v.name}#{load}", job_name=watch.job.name,
+                         asset_selection=watch.keys, tags=tags), None
 
 
 def table_sensor(
@@ -192,24 +242,34 @@ def table_sensor(
     interval: int,
     status,
     job=None,
+    joins: list[JoinWatch] | None = None,
 ):
     """The sensor ``<table>_changes``; its runs are runs of ``job`` (the
-    lineage's ``refresh_<table>``), each selecting what is due."""
+    lineage's ``refresh_<table>``), each selecting what is due. ``joins``:
+    join views of other lineages reading the table (or a view of its
+    lineage) as a joined source; each due one gets a run of its own lineage's
+    job. A table read only as a joined source has a sensor for those alone."""
+    joins = list(joins or [])
     tree = lineage_order([t for t in tables.values() if t.is_view and t.root == table.name and t.name in view_assets], tables)
     selection = [k for v in tree for k in view_assets[v.name]] + list(column_keys)
     columns = [c["name"] for c in table.columns]
+    jobs = list({j.name: j for j in ([job] if job is not None else []) + [w.job for w in joins]}.values())
+    own_job = job.name if joins and job is not None else None  # (a sensor of several jobs names each run's)
+    joined_text = (f" A change of it refreshes the join views reading it, each in a run of its own lineage: "
+                   f"{', '.join(w.view.name for w in joins)}." if joins else "")
 
     @dg.sensor(
         name=f"{safe_name(table.name)}_changes",
         minimum_interval_seconds=interval,
         default_status=status,
-        job=job,
-        asset_selection=selection if job is None else None,
+        job=job if not joins else None,
+        jobs=jobs if joins else None,
+        asset_selection=selection if job is None and not joins else None,
         description=(
             f"Watches Lance table `{table.name}`. On a new version it adds partitions for new fragments, retires "
             f"partitions of fragments that are gone, backfills its computed columns "
             f"({', '.join(columns) or 'none'}) and refreshes the views their policies say are due: "
-            f"{', '.join(v.name for v in tree) or 'none'}."
+            f"{', '.join(v.name for v in tree) or 'none'}.{joined_text}"
         ),
     )
     def _sensor(context: dg.SensorEvaluationContext, mv_assets: MvAssetsResource):
@@ -268,10 +328,18 @@ def table_sensor(
                 todo, retire = [str(f) for f in ch.retired], None
             tags = {TAG_SOURCE_VERSION: str(ch.version), TAG_SCOPE: "changes", TAG_LINEAGE: table.name}
             if todo:
-                runs.append(dg.RunRequest(run_key=key, asset_selection=wanted, tags={**tags, **_range_tags(todo)}))
+                runs.append(dg.RunRequest(run_key=key, asset_selection=wanted, tags={**tags, **_range_tags(todo)},
+                                          job_name=own_job))
             else:  # no fragment and no partition either: a run without partitions (Dagster cannot
                 # check a partitioned asset in such a run, so it runs no checks)
-                runs.append(dg.RunRequest(run_key=key, asset_selection=wanted, tags=tags, asset_check_keys=[]))
+                runs.append(dg.RunRequest(run_key=key, asset_selection=wanted, tags=tags, asset_check_keys=[],
+                                          job_name=own_job))
+        for watch in joins:  # join views of other lineages reading this table (or a view of its lineage)
+            request, again = _join_run(context, db, table.name, ch.version, watch)
+            if request is not None:
+                runs.append(request)
+            if again is not None:
+                due_at = again if due_at is None else min(due_at, again)
         if retire is not None:
             part_requests.append(retire)
         # what this full look saw: until one of it changes, ticks are idle (_idle)
