@@ -172,18 +172,17 @@ def test_a_view_stored_without_the_non_finite_counts_keeps_working(db, monkeypat
     """A view created before the counts existed (its schema lacks them): its
     sums hold every value as before; a touched group whose stored sum is not
     finite is recomputed from the source, so deletes still make it finite."""
-    from mv_assets.api import catalog
     from mv_assets.model import agg_view
 
-    original = agg_view.agg_view_schema
+    original = agg_view.view_schema  # (what the aggregate kind's schema is asked of: model.kinds)
 
-    def without_counts(definition, ds):
-        schema = original(definition, ds)
+    def without_counts(definition, datasets):
+        schema = original(definition, datasets)
         return pa.schema([f for f in schema if not f.name.startswith(("__agg__nan__", "__agg__pinf__",
                                                                        "__agg__ninf__"))],
                          metadata=schema.metadata)
 
-    monkeypatch.setattr(catalog, "agg_view_schema", without_counts)
+    monkeypatch.setattr(agg_view, "view_schema", without_counts)
     src = db.create_table("src", table([(0, 0, 1.5), (1, 0, 2.0), (2, 1, 1.0), (3, 1, INF)]), primary_key="id")
     v = db.create_materialized_view("agg", src.search(None).group_by("g").agg(AGGS))
     monkeypatch.undo()
