@@ -235,6 +235,8 @@ def test_each_kind_of_change_is_incremental_and_exact(db, how):
     r = db.refresh(v.name)
     assert calls(r, "cap") <= 5 and r.rows_deleted == 0
     check(db, v, how)
+    held = lance.dataset(v.uri).to_table(columns=["cid", "__source_row_version"], filter="cid >= 1000")
+    assert set(held.column("__source_row_version").to_pylist()) <= {clips.version}  # (the version each reflects)
 
     videos.add(video_rows(rng, [6, 7]))  # a dimension insert: unmatched facts now match (a LEFT row loses its NULLs)
     db.refresh(v.name)

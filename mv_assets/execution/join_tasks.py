@@ -58,18 +58,33 @@ def row_versions(ds: lance.LanceDataset, ids: np.ndarray) -> pa.Array:
         t = ds.to_table(columns=["_row_last_updated_at_version"], with_row_id=True)
     if t is None:
         return pa.array([], pa.int64())
-    pos = positions(_id_array(t, "_rowid"), ids)  # (for each scanned row, its place among ids)
+    pos = positions(ids, _id_array(t, "_rowid"))  # (each id's row among those scanned: the ids are hashed)
+    if (pos < 0).any():
+        raise RuntimeError(f"{int((pos < 0).sum())} rows of {ds.uri} at version {ds.version} were not found by id")
+    return pa.array(np.asarray(t.column("_row_last_updated_at_version").to_numpy(), np.int64)[pos], pa.int64())
+
+
+def _versions(ds: lance.LanceDataset, ids: np.ndarray, known: tuple[np.ndarray, np.ndarray] | None) -> pa.Array:
+    """Row versions of ``ids``: from ``known`` (ids, versions) where there, the others read."""
     out = np.zeros(len(ids), dtype=np.int64)
-    hit = pos >= 0
-    out[pos[hit]] = np.asarray(t.column("_row_last_updated_at_version").to_numpy(), np.int64)[hit]
+    todo = np.ones(len(ids), dtype=bool)
+    if known is not None and len(known[0]):
+        pos = positions(ids, known[0])
+        hit = pos >= 0
+        out[hit] = known[1][pos[hit]]
+        todo = ~hit
+    if todo.any():
+        out[todo] = np.asarray(row_versions(ds, ids[todo]).to_numpy(), np.int64)
     return pa.array(out, pa.int64())
 
 
 def read_first(ds: lance.LanceDataset, columns: list[str], *, fragments: list[int] | None = None,
-               ids: np.ndarray | None = None, part: list[int] | None = None) -> pa.Table:
+               ids: np.ndarray | None = None, part: list[int] | None = None,
+               known: tuple[np.ndarray, np.ndarray] | None = None) -> pa.Table:
     """The first table's rows (its staged columns, row id and version): of
     these ``fragments``, with these stable row ``ids`` (those still there), or
-    the ``part`` [fragment, offset, limit] of one fragment."""
+    the ``part`` [fragment, offset, limit] of one fragment. ``known``: row
+    versions by id already known (read by ``ids`` only for the others)."""
     projection = {staged_name(0, c): f"`{c}`" for c in columns}
     projection[SOURCE_ROW_VERSION] = "_row_last_updated_at_version"
     if ids is not None:  # by stable row id (the ids of rows deleted since are skipped)
@@ -77,7 +92,7 @@ def read_first(ds: lance.LanceDataset, columns: list[str], *, fragments: list[in
         if len(ids):  # (Lance's take by row id cannot read row versions of updated rows: read apart)
             taken = take_rows(ds, pa.array(ids, pa.uint64()), [*columns, "_rowid"])
             table = taken.rename_columns([staged_name(0, c) for c in columns] + ["_rowid"])
-            table = table.append_column(SOURCE_ROW_VERSION, row_versions(ds, _id_array(table, "_rowid")))
+            table = table.append_column(SOURCE_ROW_VERSION, _versions(ds, _id_array(table, "_rowid"), known))
         else:
             table = ds.scanner(columns=projection, with_row_id=True, limit=0).to_table()
     elif part is not None:
@@ -287,19 +302,23 @@ def _staged(definition: ViewDefinition, args: dict, datasets: list[lance.LanceDa
     """The task's first-table rows, their staged join (filtered, SQL columns
     evaluated) and the view's rows of them it may reuse UDF values from."""
     join = Join.of(definition)
+    old = None
+    reuse = args.get("reuse") or {}
+    rows = reuse.get("rows") or []
+    if rows:  # the view's rows of these first-table rows (the plan found them), by the view's stable row ids
+        view_ds = objects.dataset(args["view_uri"], version=reuse["view_version"])
+        keep = [n for n in view_ds.schema.names if n in (SOURCE_ROW_ID, SOURCE_ROW_VERSION)
+                or n.startswith(JOINED_ROW_ID_PREFIX) or n in {c.name for c in definition.udf_columns}
+                or n in {computed_marker(c.name) for c in definition.udf_columns}]
+        old = take_rows(view_ds, pa.array(rows, pa.uint64()), keep)
+    # the row versions already known: of the rows written since (the plan read them), else the view's
+    known = [np.asarray(v, np.int64) for v in args.get("known_versions") or ([], [])]
+    if old is not None:
+        known = [np.concatenate([known[0], _id_array(old, SOURCE_ROW_ID)]),
+                 np.concatenate([known[1], _id_array(old, SOURCE_ROW_VERSION)])]
     first = read_first(datasets[0], join.reads(0), fragments=args.get("fragments"),
                        ids=None if args.get("ids") is None else np.asarray(args["ids"], np.int64),
-                       part=args.get("slice"))
-    old = None
-    reuse = args.get("reuse")
-    if reuse and definition.udf_columns and first.num_rows:
-        view_ds = objects.dataset(args["view_uri"], version=reuse["view_version"])
-        keep = [n for n in view_ds.schema.names if n == SOURCE_ROW_ID or n.startswith(JOINED_ROW_ID_PREFIX)
-                or n in {c.name for c in definition.udf_columns} or n in {computed_marker(c.name)
-                                                                          for c in definition.udf_columns}]
-        # the view's rows of these first-table rows (the plan found them): by the view's stable row ids
-        rows = reuse.get("rows") or []
-        old = take_rows(view_ds, pa.array(rows, pa.uint64()), keep) if rows else None
+                       part=args.get("slice"), known=(known[0], known[1]))
     return join, first, evaluated(joined_rows(first, datasets, join), join), old
 
 

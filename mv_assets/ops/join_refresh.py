@@ -122,19 +122,21 @@ def _full_reason(view: ViewRef, join: Join, datasets: list[lance.LanceDataset], 
 
 
 _CREATED = "__created"  # a written row's _row_created_at_version: above the reflected version, an insert
+_VERSION = "__version"  # its _row_last_updated_at_version (the version a view row of it reflects)
 
 
 def _changes(ds: lance.LanceDataset, v: int, columns: list[str]) -> tuple[pa.Table, np.ndarray]:
     """The rows written since version ``v`` (``columns``, ``_rowid`` and when
     each was created: inserted since, or updated) and the ids deleted since."""
     none = pa.table({c: pa.array([], ds.schema.field(c).type) for c in columns} | {
-        _CREATED: pa.array([], pa.uint64()), "_rowid": pa.array([], pa.uint64())})
+        _CREATED: pa.array([], pa.uint64()), _VERSION: pa.array([], pa.uint64()), "_rowid": pa.array([], pa.uint64())})
     if ds.version == v:
         return none, np.empty(0, np.int64)
     commits = commits_since(ds, v)
     if commits is not None and not any(commit_matters(t) for t in commits):
         return none, np.empty(0, np.int64)
-    projection = {c: f"`{c}`" for c in columns} | {_CREATED: "_row_created_at_version"}
+    projection = {c: f"`{c}`" for c in columns} | {_CREATED: "_row_created_at_version",
+                                                  _VERSION: "_row_last_updated_at_version"}
     written = ds.to_table(columns=projection, filter=f"_row_last_updated_at_version > {v}", with_row_id=True)
     deleted = _ids(ds.delta(begin_version=v, end_version=ds.version).get_deleted_row_ids().read_all())
     return written, deleted
@@ -217,7 +219,7 @@ class _Delta:
 def _delta(ds: lance.LanceDataset, reflected: int, reads: list[str]) -> _Delta:
     written, deleted = _changes(ds, reflected, reads)
     created = np.asarray(written.column(_CREATED).to_numpy(), np.int64)
-    written = written.drop_columns([_CREATED])
+    written = written.drop_columns([_CREATED])  # (the version stays: rows written since, their versions)
     inserted = written.filter(pa.array(created > reflected))
     updated = written.filter(pa.array(created <= reflected))
     if not updated.num_rows:
@@ -334,12 +336,16 @@ def plan_join_refresh(
     where = _place(view, datasets[0], view_ds.version, f"join|{json.dumps(versions, sort_keys=True)}|incremental",
                    per_task, checkpoint_size)
     held_first = _ids(held, SOURCE_ROW_ID)
+    written_first = deltas[0].arrived if 0 in deltas else None  # (their versions: read with them)
     tasks = []
     for k in range(0, len(touched), per_task):
         chunk = touched[k:k + per_task]
         args = {"uris": uris, "versions": [d.version for d in datasets], "ids": chunk.tolist(), "view_uri": view.uri,
                 "reuse": {"view_version": view_ds.version, "changed": changed,
                           "rows": _ids(held, "_rowid")[isin(held_first, chunk)].tolist()}}
+        if written_first is not None and written_first.num_rows:
+            mine = isin(_ids(written_first), chunk)
+            args["known_versions"] = [_ids(written_first)[mine].tolist(), _ids(written_first, _VERSION)[mine].tolist()]
         tasks.append(_task(where, args, len(chunk)))
     rows_out, udf_rows = _counted(definition, tasks, exact, len(touched))
     return RefreshPlan(
