@@ -42,9 +42,9 @@ from mv_assets.model.planning import KeyPlan, isin
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.model.udtf_view import partition_ids
 from mv_assets.ops.function_plan import start_plan
-from mv_assets.ops.refresh import RefreshPlan, _moved_rows_in, _place
+from mv_assets.ops.refresh import RefreshPlan, _place
 from mv_assets.storage import objects
-from mv_assets.storage.changes import commit_matters
+from mv_assets.storage.changes import commit_matters, written_fragments
 
 __all__ = ["plan_agg_refresh"]
 
@@ -88,7 +88,7 @@ def plan_agg_refresh(
         assert v0 is not None and start.commits is not None
         appended = all(type(t.operation).__name__ == "Append" or not commit_matters(t, start.computed)
                        for t in start.commits)
-        moved = _moved_rows_in(src, v0, start.commits)
+        moved = written_fragments(src, v0, start.commits)
         moved_ids = None if moved is None else [int(f.fragment_id) for f in moved]
         old = objects.dataset(src.uri, version=v0)
         held_rows = view_rows_of(view_ds)

@@ -42,12 +42,12 @@ from mv_assets.ops.function_plan import start_plan
 from mv_assets.ops.refresh import (
     ROW_VERSION_ALIAS,
     RefreshPlan,
-    _moved_rows_in,
-    _no_rows,
+        _no_rows,
     _place,
     _scan,
     and_filters,
 )
+from mv_assets.storage.changes import written_fragments
 from mv_assets.storage.lance_compat import take_rows
 from mv_assets.storage.refs import ViewRef
 from mv_assets.storage.state import scoped_since_whole
@@ -79,7 +79,7 @@ def plan_chunk_refresh(
     chunker = definition.table_function
 
     # the fragments that can hold rows written since v0 ([]: deletes only), or None: any
-    moved = _moved_rows_in(src, v0, commits) if commits is not None else None
+    moved = written_fragments(src, v0, commits) if commits is not None else None
     keys, parents, reuse, vk = _changes(view_ds, src, definition, how, v0, start.scope_frags, moved)
     n = len(_ids(parents))
 

@@ -54,7 +54,13 @@ from mv_assets.model.planning import KeyPlan, Membership, isin
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.ops.refresh import RefreshPlan, _check_args, _place, read_history
 from mv_assets.storage import objects
-from mv_assets.storage.changes import backfill_commits, commit_matters, commits_since, foreign_writes
+from mv_assets.storage.changes import (
+    backfill_commits,
+    commit_matters,
+    commits_since,
+    foreign_writes,
+    written_fragments,
+)
 from mv_assets.storage.identity import table_id
 from mv_assets.storage.lance_compat import take_rows
 from mv_assets.storage.refs import ViewRef
@@ -137,7 +143,10 @@ def _changes(ds: lance.LanceDataset, v: int, columns: list[str]) -> tuple[pa.Tab
         return none, np.empty(0, np.int64)
     projection = {c: f"`{c}`" for c in columns} | {_CREATED: "_row_created_at_version",
                                                   _VERSION: "_row_last_updated_at_version"}
-    written = ds.to_table(columns=projection, filter=f"_row_last_updated_at_version > {v}", with_row_id=True)
+    # (only the fragments written since can hold rows written since, when the commits say so)
+    moved = written_fragments(ds, v, commits) if commits is not None else None
+    written = none if moved is not None and not moved else ds.scanner(
+        columns=projection, filter=f"_row_last_updated_at_version > {v}", with_row_id=True, fragments=moved).to_table()
     deleted = _ids(ds.delta(begin_version=v, end_version=ds.version).get_deleted_row_ids().read_all())
     return written, deleted
 
@@ -337,9 +346,11 @@ def plan_join_refresh(
                    per_task, checkpoint_size)
     held_first = _ids(held, SOURCE_ROW_ID)
     written_first = deltas[0].arrived if 0 in deltas else None  # (their versions: read with them)
+    # (first-table rows deleted since: their view rows go, nothing is computed for them)
+    alive = touched[~isin(touched, deltas[0].deleted)] if 0 in deltas else touched
     tasks = []
-    for k in range(0, len(touched), per_task):
-        chunk = touched[k:k + per_task]
+    for k in range(0, len(alive), per_task):
+        chunk = alive[k:k + per_task]
         args = {"uris": uris, "versions": [d.version for d in datasets], "ids": chunk.tolist(), "view_uri": view.uri,
                 "reuse": {"view_version": view_ds.version, "changed": changed,
                           "rows": _ids(held, "_rowid")[isin(held_first, chunk)].tolist()}}
@@ -347,7 +358,7 @@ def plan_join_refresh(
             mine = isin(_ids(written_first), chunk)
             args["known_versions"] = [_ids(written_first)[mine].tolist(), _ids(written_first, _VERSION)[mine].tolist()]
         tasks.append(_task(where, args, len(chunk)))
-    rows_out, udf_rows = _counted(definition, tasks, exact, len(touched))
+    rows_out, udf_rows = _counted(definition, tasks, exact, len(alive))
     return RefreshPlan(
         view=view.name, source=definition.source, from_version=state.source_version, to_version=datasets[0].version,
         view_version=view_ds.version, full=False, reason=reason, rows_to_insert=rows_out,

@@ -64,8 +64,6 @@ from mv_assets.model.planning import (
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.storage import indexes, objects
 from mv_assets.storage.changes import (
-    BACKFILL_KEY,
-    NEUTRAL_OPERATIONS,
     STATE_KEY,
     ForeignWrites,
     backfill_commits,
@@ -74,6 +72,7 @@ from mv_assets.storage.changes import (
     foreign_writes,
     fragments_after,
     top_fragment,
+    written_fragments,
 )
 from mv_assets.storage.identity import ensure_table_id, table_id
 from mv_assets.storage.lance_compat import CommitConflictError, delete_offsets, field_ids, take_rows
@@ -443,7 +442,7 @@ def plan_refresh(
                       checkpoint_size, balanced=max_rows_per_task is None)
 
     appended = _appended_since(src, v0, commits, reads, state, definition) if commits is not None else None
-    moved = _moved_rows_in(src, v0, commits) if commits is not None and appended is None else None
+    moved = written_fragments(src, v0, commits) if commits is not None and appended is None else None
     work = _plan_work(place, src, view_ds, definition, how, v0, scope, scope_frags, recompute, appended, tainted,
                       moved, exact)
     return _refresh_plan(view.name, definition, src, view_ds, state, how, reason, scope, work, source_id=source_id,
@@ -673,34 +672,6 @@ def _source_replaced(view: ViewRef, state, source_id: str | None) -> str | None:
         return None
     return (f"the source {view.source!r} was dropped and created again since view {view.name!r} was built from it "
             "(its table identity changed): the view is rebuilt")
-
-
-def _moved_rows_in(src: lance.LanceDataset, v0: int | None, commits: list) -> list | None:
-    """The fragments that can hold rows written after ``v0`` (their
-    ``_row_last_updated_at_version`` above it), or None (any fragment may).
-
-    Lance writes appended rows, and rows an update or merge_insert rewrites,
-    into new fragments (ids above every id at ``v0``); deletes and compactions
-    write no row version, nor do column drops; backfills of computed columns
-    keep row versions. So
-    while every commit since ``v0`` is one of those, the change feed's rows
-    are all in the fragments written since, and a refresh after deletes and
-    updates scans only them (O(changed rows), not O(source)). Any other commit
-    (an update of columns in place, a load of columns, a data replacement,
-    one whose record was cleaned up) answers None."""
-    if v0 is None:
-        return None
-    for txn in commits:
-        kind = type(txn.operation).__name__
-        props = txn.transaction_properties or {}
-        # (a Merge, adding a column with values, moves the versions of rows in place)
-        if kind in NEUTRAL_OPERATIONS or kind in ("Append", "Delete", "Project") or BACKFILL_KEY in props:
-            continue
-        if kind == "Update" and getattr(txn.operation, "update_mode", None) in (None, "rewrite_rows") \
-                and not getattr(txn.operation, "updated_fragment_offsets", None):
-            continue
-        return None
-    return fragments_after(src, v0)
 
 
 def _nothing_read_changed(commits: list, reads: list[str], state) -> bool:

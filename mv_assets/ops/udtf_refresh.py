@@ -48,12 +48,11 @@ from mv_assets.model.udtf_view import WHOLE_SOURCE, group_partitions, partition_
 from mv_assets.ops.function_plan import start_plan
 from mv_assets.ops.refresh import (
     RefreshPlan,
-    _moved_rows_in,
     _place,
     and_filters,
 )
 from mv_assets.storage import objects
-from mv_assets.storage.changes import commit_matters
+from mv_assets.storage.changes import commit_matters, written_fragments
 from mv_assets.storage.refs import ViewRef
 
 __all__ = ["plan_udtf_refresh"]
@@ -99,7 +98,7 @@ def plan_udtf_refresh(
         # only appends since v0: no row had an old partition; rows written since lie in these fragments
         appended = commits is not None and all(
             type(t.operation).__name__ == "Append" or not commit_matters(t, computed) for t in commits)
-        moved = _moved_rows_in(src, v0, commits) if commits is not None else None
+        moved = written_fragments(src, v0, commits) if commits is not None else None
         touched = _touched(src, v0, udtf.partition_by, definition.filter, moved, appended)
         counts = _partition_rows(src, udtf.partition_by, definition.filter, touched) if touched else {}
         vk = _view_rows(view_ds, touched)

@@ -24,6 +24,7 @@ __all__ = [
     "backfill_commits",
     "commits_since",
     "fragments_after",
+    "written_fragments",
     "foreign_writes",
     "ForeignWrites",
     "STATE_KEY",
@@ -305,3 +306,31 @@ def _backfilled_fragments(ds: lance.LanceDataset, since: int) -> set[int]:
         int(f.id) for _, txn in backfill_commits(ds, since, ds.version)
         for f in getattr(txn.operation, "updated_fragments", [])
     }
+
+
+def written_fragments(src: lance.LanceDataset, v0: int | None, commits: list) -> list | None:
+    """The fragments that can hold rows written after ``v0`` (their
+    ``_row_last_updated_at_version`` above it), or None (any fragment may).
+
+    Lance writes appended rows, and rows an update or merge_insert rewrites,
+    into new fragments (ids above every id at ``v0``); deletes and compactions
+    write no row version, nor do column drops; backfills of computed columns
+    keep row versions. So
+    while every commit since ``v0`` is one of those, the change feed's rows
+    are all in the fragments written since, and a refresh after deletes and
+    updates scans only them (O(changed rows), not O(source)). Any other commit
+    (an update of columns in place, a load of columns, a data replacement,
+    one whose record was cleaned up) answers None."""
+    if v0 is None:
+        return None
+    for txn in commits:
+        kind = type(txn.operation).__name__
+        props = txn.transaction_properties or {}
+        # (a Merge, adding a column with values, moves the versions of rows in place)
+        if kind in NEUTRAL_OPERATIONS or kind in ("Append", "Delete", "Project") or BACKFILL_KEY in props:
+            continue
+        if kind == "Update" and getattr(txn.operation, "update_mode", None) in (None, "rewrite_rows") \
+                and not getattr(txn.operation, "updated_fragment_offsets", None):
+            continue
+        return None
+    return fragments_after(src, v0)
