@@ -1123,12 +1123,12 @@ class MaterializedView(Table):
         table's are (markers follow the rows' versions, stored in the schema
         metadata): a refresh adds children stale, a backfill computes them.
         A query view's columns follow its source rows (its ``ref()``)."""
-        if self.definition.kind == "chunker":
+        if kind_of(self.definition).children:
             return TableRef(self.name, self.uri, self.connection.layout)
         return self.ref()
 
     def _input_dataset(self) -> lance.LanceDataset:
-        if self.definition.kind == "chunker":
+        if kind_of(self.definition).children:
             return self._dataset()
         return self.connection.open_table(self.definition.source)._dataset()
 

@@ -11,6 +11,7 @@ from mv_assets.api.declare import DeclaredView, Reconcile, reconcile
 from mv_assets.api.describe import TableDescription
 from mv_assets.model.definition import definition_reads
 from mv_assets.model.join_view import JOIN_KIND, Join
+from mv_assets.model.kinds import kind_of
 from mv_assets.model.ownership import Ownership
 from mv_assets.model.policy import RefreshPolicy
 
@@ -67,7 +68,7 @@ class TableInfo:
         # a table-function view's partitions are its partition_by values, an aggregate view's rows are
         # groups, a join view's rows come from rows of every source: none maps to first-source fragments
         return (self.is_view and self.limit is None and not self.over_view
-                and self.kind not in ("udtf", "aggregate", JOIN_KIND))
+                and kind_of(self.definition).by_fragment)
 
     @property
     def join(self) -> Join | None:

@@ -37,6 +37,7 @@ from mv_assets.model.definition import (
     short_error,
 )
 from mv_assets.model.errors import UdfError
+from mv_assets.model.kinds import kind_of
 from mv_assets.model.names import Alias, input_alias, input_marker_alias
 from mv_assets.model.pacing import CheckpointPacer
 from mv_assets.model.planning import column_ids, positions, shuffle_keys
@@ -674,7 +675,7 @@ def _task_batches(spec: TaskSpec, definition: ViewDefinition, ds, view_schema: p
                 )
             fragments.append(fragment)
         scan = fragments[0] if len(fragments) == 1 else _FragmentsScan(ds, fragments)
-        if definition.kind == "chunker":  # a chunk view: children of the parents (execution.chunk_tasks)
+        if kind_of(definition).children:  # a chunk view: children of the parents (execution.chunk_tasks)
             yield from chunk_batches(scan, definition, view_schema, predicate, spec.batch_size, udf_rows, errors,
                                      view_uri=spec.view_uri, view_version=spec.view_version,
                                      reuse_rows=spec.reuse_rows)
@@ -694,7 +695,7 @@ OVERLAP_MIN_ROWS = 8192
 def _overlaps(spec: TaskSpec, definition: ViewDefinition) -> bool:
     """Whether the task reads, computes and writes at once: a query view's
     task computing UDF columns over enough rows."""
-    return definition.kind == "query" and bool(definition.udf_columns) and spec.rows >= OVERLAP_MIN_ROWS
+    return kind_of(definition).row_per_source_row and bool(definition.udf_columns) and spec.rows >= OVERLAP_MIN_ROWS
 
 
 def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:

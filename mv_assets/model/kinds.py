@@ -60,6 +60,9 @@ class ViewKind:
     # why add_columns() does not apply to such a view (None: it does)
     no_added_columns: str | None = None
     sources_of: Callable[[dict], list[str]] = _one_source
+    # its rows are children of one source row each (keyed by parent, numbered within
+    # it); columns added to it are computed from its own rows, as a table's
+    children: bool = False
 
     def __repr__(self) -> str:
         return f"ViewKind({self.name!r})"
@@ -72,7 +75,7 @@ class ViewKind:
 
 KINDS: dict[str, ViewKind] = {k.name: k for k in (
     ViewKind("query", "materialized view", "rows", True, True, "mv_assets.model.definition"),
-    ViewKind("chunker", "chunk view", "parents", True, False, "mv_assets.model.chunk_view"),
+    ViewKind("chunker", "chunk view", "parents", True, False, "mv_assets.model.chunk_view", children=True),
     ViewKind("udtf", "table-function view", "partitions", False, False, "mv_assets.model.udtf_view",
              "its rows come from no one source row; add the column to the UDTF's output_schema"),
     ViewKind("aggregate", "aggregate view", "groups", False, False, "mv_assets.model.agg_view",

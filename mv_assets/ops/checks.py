@@ -116,7 +116,7 @@ def _matches_source_query(view: ViewRef, src, state, keys: np.ndarray, version: 
             "not checked: the view has only been refreshed partition by partition so far",
             {"view_rows": int(len(keys))},
         )
-    if definition.kind == "chunker":
+    if kind_of(definition).children:
         return _chunks_match_query(view, src, keys, version)
     expected = _ids(src.to_table(columns=[], filter=definition.filter, with_row_id=True), "_rowid")
     if definition.limit is not None:
@@ -160,7 +160,7 @@ def _udf_values_present(view: ViewRef, src, view_tbl: pa.Table, keys: np.ndarray
         for c in inputs:
             has_all &= ~rows.column(c).is_null().to_numpy(zero_copy_only=False)
         missing_values[spec.name] = int(has_all.sum())
-    if definition.kind == "chunker":  # its added columns are computed from its own rows (as a table's)
+    if kind_of(definition).children:  # its added columns are computed from its own rows (as a table's)
         missing_values.update(_row_columns_missing(view.dataset()))
     return CheckOutcome(
         "udf_values_present",
@@ -661,12 +661,7 @@ def check_last_refresh(view: ViewRef, w: RefreshWindow) -> list[CheckOutcome]:
     source version, which the checks of that refresh verified. A view refreshed
     partition by partition (or with a limit) has no such baseline: its key sets
     are compared for the rows written only, and its descriptions say so."""
-    kind = view.definition.kind
-    if kind == "aggregate":
-        return _agg_last_refresh(view, w)
-    if kind == "udtf":
-        return _udtf_last_refresh(view, w)
-    return _query_last_refresh(view, w)
+    return _KIND_LAST_REFRESH.get(view.definition.kind, _query_last_refresh)(view, w)
 
 
 @dataclass
@@ -692,7 +687,7 @@ class _QueryWindow:
 
 def _query_last_refresh(view: ViewRef, w: RefreshWindow) -> list[CheckOutcome]:
     definition = view.definition
-    chunks = definition.kind == "chunker"
+    chunks = kind_of(definition).children
     projection = definition.projection
     udfs = [c.name for c in definition.udf_columns]
     columns = {SOURCE_ROW_ID: SOURCE_ROW_ID, SOURCE_ROW_VERSION: SOURCE_ROW_VERSION,
@@ -1054,5 +1049,7 @@ def _join_differing(expected: pa.Table, have: pa.Table, keys: list[str], columns
     return _differing(both.select(columns), theirs, columns)
 
 
-# The checks of kinds whose rows are not one per source row (model.kinds: one registry per layer).
+# The checks of kinds whose rows are not one per source row (model.kinds: one registry per layer),
+# in full and over the newest refresh (a join view's: in full, see check_view)
 _KIND_CHECKS = {"udtf": _udtf_checks, "aggregate": _agg_checks, "join": _join_checks}
+_KIND_LAST_REFRESH = {"udtf": _udtf_last_refresh, "aggregate": _agg_last_refresh}
