@@ -36,6 +36,7 @@ from mv_assets.dagster.catalog import TableInfo
 from mv_assets.dagster.resource import MvAssetsResource
 from mv_assets.model.agg_view import agg_text
 from mv_assets.model.errors import UdfError
+from mv_assets.model.kinds import kind_of
 from mv_assets.model.policy import RefreshPolicy
 from mv_assets.model.sql_names import columns_read
 
@@ -180,28 +181,42 @@ def column_descriptions(info: TableInfo) -> dict[str, str]:
     columns. Plain columns of a base table have none."""
     if not info.is_view:
         return {c["name"]: "Computed column: " + _spec_text(info.name, c) for c in info.columns}
-    function = info.definition.get("function") or {}
-    kind = function.get("kind")
-    out: dict[str, str] = {}
+    return _COLUMN_TEXTS.get(info.kind, _query_column_texts)(info)
+
+
+def _join_column_texts(info: TableInfo) -> dict[str, str]:
+    """A join view's: names as written resolve to (source, column) through the stored refs."""
     join = info.join
-    if join is not None:  # names as written resolve to (source, column) through the stored refs
-        for c in info.definition.get("columns", []):
-            if c["kind"] == "column":
-                i, col = join.refs[c.get("expr") or c["name"]]
-                out[c["name"]] = f"Copied from `{join.sources[i]}`.`{col}`."
-            else:
-                out[c["name"]] = _spec_text(info.source, c)
-        return out
-    if kind == "aggregate":
-        out.update({k: f"Group key: `{info.source}`.`{k}`." for k in function["keys"]})
-        out.update({n: f"Aggregate: {agg_text(fn, c, *q)} over each group's rows of `{info.source}`."
-                    for n, fn, c, *q in function["aggs"]})
-        return out
+    assert join is not None
+    out = {}
+    for c in info.definition.get("columns", []):
+        if c["kind"] == "column":
+            i, col = join.refs[c.get("expr") or c["name"]]
+            out[c["name"]] = f"Copied from `{join.sources[i]}`.`{col}`."
+        else:
+            out[c["name"]] = _spec_text(info.source, c)
+    return out
+
+
+def _agg_column_texts(info: TableInfo) -> dict[str, str]:
+    function = info.definition["function"]
+    out = {k: f"Group key: `{info.source}`.`{k}`." for k in function["keys"]}
+    out.update({n: f"Aggregate: {agg_text(fn, c, *q)} over each group's rows of `{info.source}`."
+                for n, fn, c, *q in function["aggs"]})
+    return out
+
+
+def _query_column_texts(info: TableInfo) -> dict[str, str]:
+    """A query view's, a chunk view's (inherited columns, outputs, columns computed from its
+    own rows) and a table-function view's (outputs)."""
+    function = info.definition.get("function") or {}
+    children = kind_of(info.definition).children
+    out = {}
     for c in info.definition.get("columns", []):
         out[c["name"]] = _spec_text(info.source, c)
-        if kind == "chunker" and c["kind"] == "column":
+        if children and c["kind"] == "column":
             out[c["name"]] = f"Inherited from the parent row: `{info.source}`.`{c.get('expr') or c['name']}`."
-    label = "chunker" if kind == "chunker" else "UDTF"
+    label = "chunker" if children else "UDTF"
     inputs = ", ".join(function.get("input_columns") or ["<all columns>"])
     for name in function.get("output_schema") or {}:
         out[name] = (f"Output of {label} `{function['name']}`({inputs}); code fingerprint "
@@ -209,6 +224,10 @@ def column_descriptions(info: TableInfo) -> dict[str, str]:
     for c in info.row_columns:  # a chunk view's columns computed from its own rows
         out[c["name"]] = "Computed from the view's rows: " + _spec_text(info.name, c)
     return out
+
+
+# what each column of a view is, by kind (model.kinds: one registry per layer); others as a query view's
+_COLUMN_TEXTS = {"join": _join_column_texts, "aggregate": _agg_column_texts}
 
 
 def _table_metadata(info: TableInfo) -> dict:
@@ -398,6 +417,40 @@ def _pointer_before(instance, key: dg.AssetKey, fragment: int, current: str) -> 
     return first_current - 1
 
 
+def _query_what(info: TableInfo, where: str, lim: str, cols: str) -> str:
+    return f"Materialized view over {info.source}{where}{lim}: {cols}"
+
+
+def _join_what(info: TableInfo, where: str, lim: str, cols: str) -> str:
+    return f"Join view over {_join_text(info)}{where}: {cols}"
+
+
+def _agg_what(info: TableInfo, where: str, lim: str, cols: str) -> str:
+    function = info.definition["function"]
+    keys = ", ".join(k for k in function["keys"]) or "nothing (one group)"
+    outs = ", ".join(f"{n} = {agg_text(fn, c, *q)}" for n, fn, c, *q in function["aggs"])
+    return (f"Aggregate view over {info.source}{where}: group by {keys}; {outs}; a refresh applies the "
+            "changed rows to the groups they touch")
+
+
+def _udtf_what(info: TableInfo, where: str, lim: str, cols: str) -> str:
+    function = info.definition["function"]
+    by = function.get("partition_by")
+    return (f"Table-function view over {info.source}{where}: udtf {function['name']} over "
+            f"{f'each {by} partition' if by else 'the whole source'}, giving rows of "
+            f"{', '.join(function['output_schema'])}; a refresh recomputes the partitions whose rows changed")
+
+
+def _chunk_what(info: TableInfo, where: str, lim: str, cols: str) -> str:
+    function = info.definition["function"]
+    return (f"Chunk view over {info.source}{where}: each row split by {function['kind']} {function['name']} "
+            f"into rows of {', '.join(function['output_schema'])}, each inheriting {cols or 'no column'}")
+
+
+# what a view is, said in its asset's description, by kind (model.kinds: one registry per layer)
+_WHAT = {"query": _query_what, "join": _join_what, "aggregate": _agg_what, "udtf": _udtf_what, "chunker": _chunk_what}
+
+
 def _view_description(info: TableInfo) -> str:
     """The view asset's description, in plain text: Dagster's Catalog list shows
     descriptions as they are (markdown is rendered on the asset page only)."""
@@ -410,26 +463,9 @@ def _view_description(info: TableInfo) -> str:
         else f"Refreshed as a whole in any partition run (partitions: fragments of {info.root})"
         + ("; its upstream views are brought up to date first" if info.over_view else "")
     )
-    function = info.definition.get("function")
-    join = info.join
-    if join is not None:
-        what = f"Join view over {_join_text(info)}{where}: {cols}"
-        how += f"; a change of any of its sources ({', '.join(join.sources)}) refreshes it"
-    elif function and function["kind"] == "aggregate":
-        keys = ", ".join(k for k in function["keys"]) or "nothing (one group)"
-        outs = ", ".join(f"{n} = {agg_text(fn, c, *q)}" for n, fn, c, *q in function["aggs"])
-        what = (f"Aggregate view over {info.source}{where}: group by {keys}; {outs}; a refresh applies the "
-                "changed rows to the groups they touch")
-    elif function and function["kind"] == "udtf":
-        by = function.get("partition_by")
-        what = (f"Table-function view over {info.source}{where}: udtf {function['name']} over "
-                f"{f'each {by} partition' if by else 'the whole source'}, giving rows of "
-                f"{', '.join(function['output_schema'])}; a refresh recomputes the partitions whose rows changed")
-    elif function:
-        what = (f"Chunk view over {info.source}{where}: each row split by {function['kind']} {function['name']} "
-                f"into rows of {', '.join(function['output_schema'])}, each inheriting {cols or 'no column'}")
-    else:
-        what = f"Materialized view over {info.source}{where}{lim}: {cols}"
+    what = _WHAT[info.kind](info, where, lim, cols)
+    if info.join is not None:
+        how += f"; a change of any of its sources ({', '.join(info.join.sources)}) refreshes it"
     text = f"{what}. {how}; refreshed incrementally on Spark. Policy: {info.policy.describe()}."
     diff = info.code_changes
     if diff is not None:
@@ -522,7 +558,7 @@ def column_reads(info: TableInfo, source_names: list[str]) -> dict[str, list[str
     parent column."""
     d = info.definition
     function = d.get("function") or {}
-    if function.get("kind") == "aggregate":
+    if "aggs" in function:  # an aggregate view: its keys, and each output its aggregated column
         out = {k: [k] for k in function["keys"]}
         out.update({n: [c] if c else [] for n, _fn, c, *_q in function["aggs"]})
         return out
@@ -698,7 +734,7 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo], conditions: bool 
         info.kind, CHECK_NAMES)
     described = {**CHECK_DESCRIPTIONS, **{"udtf": UDTF_CHECK_DESCRIPTIONS, "aggregate": AGG_CHECK_DESCRIPTIONS,
                                           "join": JOIN_CHECK_DESCRIPTIONS}.get(info.kind, {})}
-    note = JOIN_CHECK_SCOPE_NOTE if info.kind == "join" else CHECK_SCOPE_NOTE
+    note = {"join": JOIN_CHECK_SCOPE_NOTE}.get(info.kind, CHECK_SCOPE_NOTE)
     check_specs = [dg.AssetCheckSpec(name, asset=view_key, description=described[name] + note)
                    for name in names]
     if info.declared is not None:
