@@ -9,6 +9,7 @@ import typing
 import lance
 import pyarrow as pa
 import pytest
+from runners import CrashAfter
 
 import mv_assets as mv
 
@@ -132,14 +133,6 @@ def test_a_chunk_view_refresh_killed_after_some_tasks_resumes_without_chunking_t
     for start in (10, 20, 30):
         docs.add(docs_rows(range(start, start + 4)))  # 4 fragments
     view = db.create_udtf_view("chunks", docs.search(None).select(["id", "title"]), make_split(call_log))
-
-    class CrashAfter(mv.InlineRunner):
-        def run(self, tasks, definition_raw, **kwargs):
-            from mv_assets.execution.tasks import run_task
-
-            for task in tasks[:2]:
-                run_task(task, definition_raw)
-            raise RuntimeError("driver died")
 
     with pytest.raises(RuntimeError, match="driver died"):
         view.refresh(runner=CrashAfter(), max_rows_per_task=4)

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from runners import CrashAfter
 
 import mv_assets as mv
 
@@ -589,14 +590,6 @@ def test_a_killed_refresh_resumes_without_computing_finished_tasks_again(db):
     rng = random.Random(18)
     make_sources(db, rng, clips=80)
     v = chain_view(db, "left")
-
-    class CrashAfter(mv.InlineRunner):
-        def run(self, tasks, definition_raw, **kwargs):
-            from mv_assets.execution.tasks import run_task
-
-            for task in tasks[:2]:
-                run_task(task, definition_raw)
-            raise RuntimeError("driver died")
 
     with pytest.raises(RuntimeError, match="driver died"):
         v.refresh(runner=CrashAfter(), max_rows_per_task=20)

@@ -12,6 +12,7 @@ import lance
 import pyarrow as pa
 import pytest
 from click.testing import CliRunner
+from runners import CrashAfter
 
 import mv_assets as mv
 from mv_assets.cli import main
@@ -180,14 +181,6 @@ def test_without_partition_by_the_whole_source_is_one_partition(db, call_log):
 def test_a_udtf_view_refresh_killed_after_some_tasks_resumes_without_recomputing_them(db, call_log):
     src = db.create_table("src", src_rows(range(1, 9), g=lambda i: "pqrs"[i % 4]), primary_key="id")
     view = db.create_udtf_view("parts", src.search(None), make_agg(call_log))
-
-    class CrashAfter(mv.InlineRunner):
-        def run(self, tasks, definition_raw, **kwargs):
-            from mv_assets.execution.tasks import run_task
-
-            for task in tasks[:2]:
-                run_task(task, definition_raw)
-            raise RuntimeError("driver died")
 
     with pytest.raises(RuntimeError, match="driver died"):
         view.refresh(runner=CrashAfter(), max_rows_per_task=1)  # one partition per task

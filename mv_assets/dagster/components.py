@@ -54,20 +54,25 @@ class ComponentError(ValueError):
     """A ``defs.yaml`` of ours that cannot be loaded (said at ``dg check defs``)."""
 
 
-def resolve_reference(ref: str, where: str) -> UDF:
-    """The ``mv.udf`` at ``module:attr`` (``attr`` may be dotted)."""
+def _resolve(ref: str, where: str, what: str, example: str) -> Any:
+    """The object at ``module:attr`` (``attr`` may be dotted), said as ``what`` in errors."""
     module_name, sep, attr = ref.partition(":") if isinstance(ref, str) else ("", "", "")
     if not sep or not module_name or not attr:
-        raise ComponentError(f"{where}: a UDF is referenced as 'module:function' (say 'my_pkg.udfs:embed'), "
-                             f"got {ref!r}")
+        raise ComponentError(f"{where}: a {what} is referenced as 'module:function' (say {example!r}), got {ref!r}")
     try:
         obj: Any = importlib.import_module(module_name)
     except ImportError as exc:
-        raise ComponentError(f"{where}: cannot import module {module_name!r} of UDF {ref!r}: {exc}") from exc
+        raise ComponentError(f"{where}: cannot import module {module_name!r} of {what} {ref!r}: {exc}") from exc
     for part in attr.split("."):
         if not hasattr(obj, part):
-            raise ComponentError(f"{where}: module {module_name!r} has no {attr!r} (UDF {ref!r})")
+            raise ComponentError(f"{where}: module {module_name!r} has no {attr!r} ({what} {ref!r})")
         obj = getattr(obj, part)
+    return obj
+
+
+def resolve_reference(ref: str, where: str) -> UDF:
+    """The ``mv.udf`` at ``module:attr`` (``attr`` may be dotted)."""
+    obj = _resolve(ref, where, "UDF", "my_pkg.udfs:embed")
     if not isinstance(obj, UDF):
         raise ComponentError(f"{where}: {ref!r} is a {type(obj).__name__}, not a UDF: decorate it with @mv.udf")
     return obj
@@ -75,18 +80,7 @@ def resolve_reference(ref: str, where: str) -> UDF:
 
 def resolve_function(ref: str, where: str) -> Any:
     """The ``@chunker`` or ``@udtf`` at ``module:attr``."""
-    module_name, sep, attr = ref.partition(":") if isinstance(ref, str) else ("", "", "")
-    if not sep or not module_name or not attr:
-        raise ComponentError(f"{where}: a function is referenced as 'module:function' (say 'my_pkg.chunkers:split'), "
-                             f"got {ref!r}")
-    try:
-        obj: Any = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ComponentError(f"{where}: cannot import module {module_name!r} of {ref!r}: {exc}") from exc
-    for part in attr.split("."):
-        if not hasattr(obj, part):
-            raise ComponentError(f"{where}: module {module_name!r} has no {attr!r} ({ref!r})")
-        obj = getattr(obj, part)
+    obj = _resolve(ref, where, "function", "my_pkg.chunkers:split")
     if not isinstance(obj, Chunker | UDTF):
         raise ComponentError(f"{where}: {ref!r} is a {type(obj).__name__}, not a @chunker or @udtf")
     return obj
