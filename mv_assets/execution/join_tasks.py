@@ -24,14 +24,14 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mv_assets.execution import progress
-from mv_assets.model.definition import ColumnSpec, ViewDefinition, computed_marker
+from mv_assets.model.definition import ColumnSpec, ViewDefinition, computed_marker, sql_literal
 from mv_assets.model.join_view import Join, joined_row_id, row_id_column, staged_name
 from mv_assets.model.names import JOINED_ROW_ID_PREFIX, SOURCE_ROW_ID, SOURCE_ROW_VERSION
 from mv_assets.model.planning import positions
 from mv_assets.storage import objects
 from mv_assets.storage.lance_compat import take_rows
 
-__all__ = ["join_batches", "computed_join", "joined_rows", "evaluated", "planned_calls", "read_first", "ID_CHUNK", "KEY_FILTER_MAX"]
+__all__ = ["join_batches", "computed_join", "joined_rows", "evaluated", "planned_calls", "key_filter", "read_first", "ID_CHUNK", "KEY_FILTER_MAX"]
 
 # Row ids per ``_rowid IN`` list when rows are read by id.
 ID_CHUNK = 20_000
@@ -113,25 +113,29 @@ def read_first(ds: lance.LanceDataset, columns: list[str], *, fragments: list[in
         table.column(SOURCE_ROW_VERSION).cast(pa.int64()))
 
 
+def key_filter(keys: list[str], values: "list[pa.ChunkedArray | pa.Array]") -> str | None:
+    """An ``IN`` filter on a one-column key for the distinct non-NULL ``values``
+    (``false`` for none), or None (read every row) for a composite key, more
+    than :data:`KEY_FILTER_MAX` values or a type without SQL literals."""
+    if len(keys) != 1:
+        return None
+    distinct = pc.unique(values[0].drop_null())  # pyright: ignore[reportAttributeAccessIssue]
+    if len(distinct) > KEY_FILTER_MAX:
+        return None
+    if len(distinct) == 0:
+        return "false"
+    try:
+        return f"`{keys[0]}` IN (" + ", ".join(sql_literal(v) for v in distinct.to_pylist()) + ")"
+    except ValueError:  # a key type without a SQL literal: read whole
+        return None
+
+
 def _read_joined(ds: lance.LanceDataset, i: int, columns: list[str], keys: list[str],
                  left_values: list[pa.ChunkedArray]) -> pa.Table:
     """Source ``i``'s rows (staged columns and row id) that can match the left
     side's key values: through an ``IN`` filter when the keys are few, else all."""
     projection = {staged_name(i, c): f"`{c}`" for c in columns}
-    filter_sql = None
-    if len(keys) == 1:
-        distinct = pc.unique(left_values[0].drop_null())  # pyright: ignore[reportAttributeAccessIssue]
-        if len(distinct) <= KEY_FILTER_MAX:
-            from mv_assets.model.definition import sql_literal
-
-            if len(distinct) == 0:
-                filter_sql = "false"
-            else:
-                try:
-                    filter_sql = f"`{keys[0]}` IN (" + ", ".join(sql_literal(v) for v in distinct.to_pylist()) + ")"
-                except ValueError:  # a key type without a SQL literal: read whole
-                    filter_sql = None
-    table = ds.to_table(columns=projection, filter=filter_sql, with_row_id=True)
+    table = ds.to_table(columns=projection, filter=key_filter(keys, left_values), with_row_id=True)
     return table.rename_columns([joined_row_id(i) if n == "_rowid" else n for n in table.column_names])
 
 

@@ -519,3 +519,18 @@ def task_rows(total_rows: int, seconds_per_row: float | None, parallelism: int) 
     waves = max(1, -(-total_rows // (parallelism * per_task)))
     n_tasks = parallelism * waves
     return max(MIN_TASK_ROWS, -(-total_rows // n_tasks))
+
+
+def values_differ(x: "pa.Array | pa.ChunkedArray", y: "pa.Array | pa.ChunkedArray") -> np.ndarray:
+    """Mask of the positions where two aligned columns differ (NULL equals
+    NULL; values Arrow cannot compare, nested ones say, compared as Python values).
+
+    >>> values_differ(pa.array([1, None, 3]), pa.array([1, None, 4])).tolist()
+    [False, False, True]
+    """
+    try:
+        same = pc.fill_null(pc.equal(x, y.cast(x.type)), False)  # pyright: ignore[reportAttributeAccessIssue]
+        both_null = pc.and_(pc.is_null(x), pc.is_null(y))  # pyright: ignore[reportAttributeAccessIssue]
+        return ~np.asarray(pc.or_(same, both_null).to_numpy(zero_copy_only=False), dtype=bool)  # pyright: ignore[reportAttributeAccessIssue]
+    except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
+        return np.array([a != b for a, b in zip(x.to_pylist(), y.to_pylist(), strict=True)], dtype=bool)

@@ -18,7 +18,7 @@ from mv_assets.model.kinds import kind_of
 from mv_assets.model.markers import ROW_VERSION_COLUMN, stale_sql
 from mv_assets.model.names import CHUNK_INDEX, PARTITION, Alias
 from mv_assets.model.planning import column_ids as _ids
-from mv_assets.model.planning import isin, positions, select_limited
+from mv_assets.model.planning import isin, positions, select_limited, values_differ
 from mv_assets.model.udtf_view import WHOLE_SOURCE, partition_key
 from mv_assets.storage import objects
 from mv_assets.storage.changes import STATE_KEY
@@ -833,13 +833,7 @@ def _held_now(keys: np.ndarray, passed_before: np.ndarray, removed: np.ndarray, 
 def _differing(mine_rows: pa.Table, theirs_rows: pa.Table, names: list[str]) -> dict[str, int]:
     out = {}
     for name in names:
-        mine, theirs = mine_rows.column(name), theirs_rows.column(name)
-        try:
-            same = pc.fill_null(pc.equal(mine, theirs.cast(mine.type)), False)  # pyright: ignore[reportAttributeAccessIssue]
-            both_null = pc.and_(pc.is_null(mine), pc.is_null(theirs))  # pyright: ignore[reportAttributeAccessIssue]
-            differ = int(len(mine) - pc.sum(pc.or_(same, both_null)).as_py()) if len(mine) else 0  # pyright: ignore[reportAttributeAccessIssue]
-        except (pa.ArrowInvalid, pa.ArrowNotImplementedError):
-            differ = sum(1 for a, b in zip(mine.to_pylist(), theirs.to_pylist(), strict=True) if a != b)
+        differ = int(values_differ(mine_rows.column(name), theirs_rows.column(name)).sum())
         if differ:
             out[name] = differ
     return out

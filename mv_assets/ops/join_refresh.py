@@ -43,14 +43,13 @@ from dataclasses import dataclass
 import lance
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
-from mv_assets.execution.join_tasks import planned_calls
+from mv_assets.execution.join_tasks import key_filter, planned_calls
 from mv_assets.execution.tasks import TaskSpec
-from mv_assets.model.definition import computed_column_names, short_error, sql_literal
+from mv_assets.model.definition import computed_column_names, short_error
 from mv_assets.model.join_view import Join, row_id_column
 from mv_assets.model.names import SOURCE_ROW_ID
-from mv_assets.model.planning import KeyPlan, Membership, isin
+from mv_assets.model.planning import KeyPlan, Membership, isin, values_differ
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.ops.refresh import RefreshPlan, _check_args, _place, read_history
 from mv_assets.storage import objects
@@ -67,12 +66,10 @@ from mv_assets.storage.refs import ViewRef
 from mv_assets.storage.row_ids import require_current_format, require_stable_row_ids
 from mv_assets.storage.state import read_refresh_state
 
-__all__ = ["plan_join_refresh", "source_versions"]
+__all__ = ["plan_join_refresh"]
 
 # First-table rows per task (a join task holds its rows and their matches in memory).
 ROWS_PER_TASK = 1 << 20
-# At most this many values: probed with an ``IN`` filter; beyond, the key columns are read whole.
-PROBE_IN_MAX = 5_000
 
 
 def _open(view: ViewRef, name: str, uri: str) -> lance.LanceDataset:
@@ -89,12 +86,8 @@ def _open(view: ViewRef, name: str, uri: str) -> lance.LanceDataset:
     return ds
 
 
-def source_versions(view: ViewRef) -> dict[str, int]:
-    """The version of each source a join view's last refresh reflected ({} never refreshed)."""
-    return dict(read_refresh_state(view.dataset()).sources or {})
-
-
-def _full_reason(view: ViewRef, join: Join, datasets: list[lance.LanceDataset], state, mode: str) -> str | None:
+def _full_reason(view: ViewRef, join: Join, datasets: list[lance.LanceDataset], view_ds: lance.LanceDataset, state,
+                 mode: str) -> str | None:
     """Why the refresh recomputes every row (None: it can be incremental)."""
     if state.source_version is None or not state.sources:
         return "first refresh"
@@ -102,7 +95,7 @@ def _full_reason(view: ViewRef, join: Join, datasets: list[lance.LanceDataset], 
         return "mode='full'"
     if state.definition != view.definition.shape_fingerprint():
         return "the view's query changed"
-    if foreign_writes(view.dataset(), state.view_version) is not None:
+    if foreign_writes(view_ds, state.view_version) is not None:
         return "another tool wrote into the view since its last refresh: rebuilt"
     for name, ds in zip(join.sources, datasets, strict=True):
         v = state.sources.get(name)
@@ -157,14 +150,7 @@ def _matching(ds: lance.LanceDataset, keys: list[str], values: pa.Table, columns
     if not values.num_rows:
         return ds.scanner(columns=columns, with_row_id=True, limit=0).to_table()
     wanted = list(dict.fromkeys(keys + columns))
-    filter_sql = None
-    if len(keys) == 1:
-        distinct = pc.unique(values.column(0))  # pyright: ignore[reportAttributeAccessIssue]
-        if len(distinct) <= PROBE_IN_MAX:
-            try:
-                filter_sql = f"`{keys[0]}` IN (" + ", ".join(sql_literal(x) for x in distinct.to_pylist()) + ")"
-            except ValueError:
-                filter_sql = None
+    filter_sql = key_filter(keys, [values.column(0)])
     rows = ds.to_table(columns=wanted, filter=filter_sql, with_row_id=True)
     probe = values.rename_columns([f"__k{n}" for n in range(len(keys))]).group_by(
         [f"__k{n}" for n in range(len(keys))]).aggregate([])
@@ -190,17 +176,10 @@ def _probe(join: Join, datasets: list[lance.LanceDataset], i: int, rows: pa.Tabl
 
 
 def _rows_differ(a: pa.Table, b: pa.Table) -> np.ndarray:
-    """Mask of the rows of two aligned tables (same columns) whose values differ
-    (NULL equals NULL; nested values compared as Python values)."""
+    """Mask of the rows of two aligned tables (same columns) whose values differ."""
     differ = np.zeros(a.num_rows, dtype=bool)
     for name in a.column_names:
-        x, y = a.column(name), b.column(name)
-        try:
-            same = pc.fill_null(pc.equal(x, y), False)  # pyright: ignore[reportAttributeAccessIssue]
-            both_null = pc.and_(pc.is_null(x), pc.is_null(y))  # pyright: ignore[reportAttributeAccessIssue]
-            differ |= ~np.asarray(pc.or_(same, both_null).to_numpy(zero_copy_only=False), bool)  # pyright: ignore[reportAttributeAccessIssue]
-        except (pa.ArrowNotImplementedError, pa.ArrowInvalid):
-            differ |= np.array([p != q for p, q in zip(x.to_pylist(), y.to_pylist(), strict=True)], dtype=bool)
+        differ |= values_differ(a.column(name), b.column(name))
     return differ
 
 
@@ -316,7 +295,7 @@ def plan_join_refresh(
     state = read_refresh_state(view_ds)
     versions = {n: ds.version for n, ds in zip(join.sources, datasets, strict=True)}
     ids = {n: table_id(ds) for n, ds in zip(join.sources, datasets, strict=True)}
-    why_full = _full_reason(view, join, datasets, state, mode)
+    why_full = _full_reason(view, join, datasets, view_ds, state, mode)
     if why_full is not None and mode == "incremental_strict" and state.source_version is not None:
         raise ValueError(f"refresh of {view.name!r} cannot be incremental: {why_full}")
     recorded = state.sources or {}
