@@ -64,6 +64,10 @@ def _catalog(db):
         "pieces": db.create_udtf_view("pieces", docs.search(None).select(["id", "n_words"]), split_words),
         "totals": db.create_udtf_view("totals", docs.search(None), total_words),
         "plain": db.create_materialized_view("plain", docs.search(None).select(["id", "n_words"])),
+        # a join view naming the computed column qualified (its names are resolved once, by table)
+        "joined": db.create_materialized_view("joined", docs.search(None).join(
+            db.create_table("tags", pa.table({"id": list(range(len(BODIES))), "tag": list("wxyz")})), on="id")
+            .select({"id": "id", "n": "docs.n_words", "tag": "tag"})),
     }
     db.refresh(list(views))
     return docs, views
@@ -73,7 +77,7 @@ def _oracle_total(docs) -> int:
     return sum(lance.dataset(docs.uri).to_table(columns=["n_words"]).column("n_words").to_pylist())
 
 
-@pytest.mark.parametrize("name", ["per_len", "pieces", "totals", "plain"])
+@pytest.mark.parametrize("name", ["per_len", "pieces", "totals", "plain", "joined"])
 def test_a_backfill_of_a_column_a_view_reads_makes_it_due_everywhere(db, name):
     docs, views = _catalog(db)
     view = views[name]
@@ -108,6 +112,9 @@ def test_a_backfill_of_a_column_a_view_reads_makes_it_due_everywhere(db, name):
     elif name == "plain":
         got = sorted(view.to_arrow().select(["id", "n_words"]).to_pylist(), key=lambda r: r["id"])
         assert got == [{"id": i, "n_words": words_v2.func(b)} for i, b in enumerate(BODIES)]
+    elif name == "joined":
+        got = sorted(view.to_arrow().select(["id", "n"]).to_pylist(), key=lambda r: r["id"])
+        assert got == [{"id": i, "n": words_v2.func(b)} for i, b in enumerate(BODIES)]
     else:
         got = sorted(view.to_arrow().select(["id", "n_words", "word"]).to_pylist(), key=lambda r: (r["id"], r["word"]))
         want = sorted(({"id": i, "n_words": words_v2.func(b), "word": w} for i, b in enumerate(BODIES)

@@ -305,7 +305,12 @@ def _function_identity(spec: dict) -> dict:
 
 def definition_reads(definition: dict, columns: list[str], source_names: list[str]) -> list[str]:
     """:meth:`ViewDefinition.reads` on a stored definition (its JSON), without
-    unpickling any UDF: what the Dagster wiring uses for lineage."""
+    unpickling any UDF: what the Dagster wiring uses for lineage. A join
+    view's names were resolved once, by table: the first table's columns it
+    names (qualified or not) and its keys (:func:`join_reads`)."""
+    if "refs" in (definition.get("function") or {}):
+        mine = set(join_reads(definition["function"], 0))
+        return [name for name in columns if name in mine]
     cols = definition.get("columns", [])
     texts = [definition.get("filter") or ""] + [c.get("expr") or "" for c in cols if c["kind"] == "sql"]
     direct = {c.get("expr") or c["name"] for c in cols if c["kind"] == "column"}
@@ -316,6 +321,23 @@ def definition_reads(definition: dict, columns: list[str], source_names: list[st
         direct.update(definition["function"].get("input_columns") or [])
     named = {n for t in texts for n in columns_read(t, columns)}  # (sqlglot: model.sql_names)
     return [name for name in columns if name in direct or name in named]
+
+
+def join_reads(spec: dict, i: int) -> list[str]:
+    """The columns of source ``i`` a join's stored spec (model.join_view) reads:
+    its keys and every name it uses, in a stable order.
+
+    >>> join_reads({"steps": [{"index": 1, "left": [[0, "vid"]], "right": ["id"]}],
+    ...             "refs": {"videos.title": [1, "title"], "dur": [0, "dur"]}}, 0)
+    ['vid', 'dur']
+    """
+    out: list[str] = []
+    for step in spec["steps"]:
+        if step["index"] == i:
+            out.extend(step["right"])
+        out.extend(c for s, c in step["left"] if s == i)
+    out.extend(c for s, c in spec.get("refs", {}).values() if s == i)
+    return list(dict.fromkeys(out))
 
 
 def quote_ident(name: str) -> str:

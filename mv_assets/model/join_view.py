@@ -33,6 +33,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from mv_assets.model.definition import join_reads
 from mv_assets.model.names import (
     JOINED_ROW_ID_PREFIX,
     RESERVED_PREFIX,
@@ -133,13 +134,7 @@ class Join:
 
     def reads(self, i: int) -> list[str]:
         """The columns of source ``i`` the view reads (keys, names used), in a stable order."""
-        out: list[str] = []
-        for step in self.steps:
-            if step.index == i:
-                out.extend(step.right)
-            out.extend(c for s, c in step.left if s == i)
-        out.extend(c for s, c in self.refs.values() if s == i)
-        return list(dict.fromkeys(out))
+        return join_reads(self.to_spec(), i)
 
     def chain(self, i: int) -> list[int]:
         """The sources a row of source ``i`` is reached through, from the first table: [0, ..., i]."""
