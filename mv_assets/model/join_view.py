@@ -136,13 +136,6 @@ class Join:
         """The columns of source ``i`` the view reads (keys, names used), in a stable order."""
         return join_reads(self.to_spec(), i)
 
-    def chain(self, i: int) -> list[int]:
-        """The sources a row of source ``i`` is reached through, from the first table: [0, ..., i]."""
-        path = [i]
-        while path[-1] != 0:
-            path.append(self.step_of(path[-1]).left_source)
-        return path[::-1]
-
     def step_of(self, i: int) -> JoinStep:
         return next(s for s in self.steps if s.index == i)
 
@@ -220,11 +213,6 @@ class Names:
                 seen[c] = i
                 out.append((c, (i, c)))
         return out
-
-    def staged_schema(self, refs: dict[str, tuple[int, str]]) -> pa.Schema:
-        """The staged relation's schema for the columns ``refs`` name."""
-        used = list(dict.fromkeys(refs.values()))
-        return pa.schema([pa.field(staged_name(i, c), self.field(i, c).type) for i, c in used])
 
     def user_schema(self) -> pa.Schema:
         """Every name a UDF may bind to: qualified names, and unqualified ones that resolve."""

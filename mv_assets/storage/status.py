@@ -24,6 +24,8 @@ from typing import TYPE_CHECKING
 import lance
 import pyarrow as pa
 
+from mv_assets.model.definition import computed_column_names
+from mv_assets.model.join_view import Join
 from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
 from mv_assets.storage import objects
 from mv_assets.storage.changes import foreign_writes, pending_versions
@@ -223,9 +225,6 @@ def joined_pending(view: ViewRef, state: "RefreshState") -> dict[str, list[int]]
     """A join view's other sources (its joined tables), each with its
     versions after the one the view reflects whose commits matter to it
     (every version of a source recreated since); {} for a view of one source."""
-    from mv_assets.model.definition import computed_column_names
-    from mv_assets.model.join_view import Join
-
     if len(view.definition.sources) == 1:
         return {}
     join = Join.of(view.definition)
