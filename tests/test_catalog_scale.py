@@ -89,26 +89,28 @@ def _fresh_process_requests(proxy, uri: str, options: dict, call: str):
 
 @pytest.mark.parametrize("n", [2, 5])
 def test_the_status_and_the_definitions_load_read_each_dataset_a_few_times(counted, n):
-    """Every dataset is listed and its manifest read once (a view's also its
-    load-state record): 1 + 3 requests per dataset for the definitions load,
-    1 + 3 per table + 4 per view for the status (before: 1 + 4 per dataset,
-    and about 18 per view, then 5: the view's manifest read a second time for
-    its newest commit)."""
+    """Every dataset is listed and its manifest read once: 1 + 3 requests per
+    dataset for the definitions load, 1 + 1 + 3 per dataset for the status (the
+    load-state records listed once for the catalog; a view that loaded has none:
+    its load state is in its commits). Before: 1 + 4 per dataset, and about 18
+    per view, then 5 (the view's manifest read a second time for its newest
+    commit), then 4 (its load-state record read)."""
     s3, proxy = counted
     db, _ = _catalog(s3, proxy, n)
     options = {**s3.options, "aws_endpoint": proxy.endpoint}
     assert _fresh_process_requests(proxy, db.uri, options, "defs").total == 1 + 3 * 2 * n
-    assert _fresh_process_requests(proxy, db.uri, options, "status").total == 1 + 3 * n + 4 * n
+    assert _fresh_process_requests(proxy, db.uri, options, "status").total == 1 + 1 + 3 * n + 3 * n
 
 
 def test_the_status_reads_each_views_manifest_once(counted):
     """What the status asks the store for each view, by kind: the listing of
-    the catalog's namespace (one for all), then per view the namespace's look
-    into its directory, the listing of its versions, its manifest (its newest
-    commit, whose properties hold the refresh state, comes inline with it) and
-    its load-state record; its source costs the same less the record. Each
-    once: before, the manifest was read a second time (Lance's
-    read_transaction), 5 requests a view."""
+    the catalog's namespace and the listing of its load-state records (one
+    each for all), then per view the namespace's look into its directory, the
+    listing of its versions and its manifest (its newest commit, whose
+    properties hold the refresh state and so the LOADED load state, comes
+    inline with it); its source costs the same. Each once: before, the
+    manifest was read a second time (Lance's read_transaction), 5 requests a
+    view, then each view's load-state record was read too, 4."""
     import re
     from collections import Counter
 
@@ -130,8 +132,20 @@ def test_the_status_reads_each_views_manifest_once(counted):
         "GET ?prefix=catalog/tN.lance/_versions/": n, "GET ?prefix=catalog/vN.lance/_versions/": n,
         "GET /catalog/tN.lance/_versions/<version>.manifest": n,
         "GET /catalog/vN.lance/_versions/<version>.manifest": n,
-        "GET /catalog/_mv_assets/status/vN.json": n,
+        "GET ?prefix=catalog/_mv_assets/status/": 1,  # no record read: every view is LOADED
     }, seen.by_path()
     # each view's manifest once, not twice
     manifests = Counter(p for m, p in seen.requests if m == "GET" and p.endswith(".manifest"))
     assert set(manifests.values()) == {1}, manifests
+
+    # a view that failed has a record: it alone is read, one more request
+    from mv_assets.storage.status import FAILED_LOAD, record_load_state
+
+    record_load_state(db.layout, "v1", FAILED_LOAD, "RuntimeError: model down")
+    failed = _fresh_process_requests(proxy, db.uri, options, "status")
+    assert failed.total == seen.total + 1
+    assert [p for _, p in failed.requests if p.endswith(".json")] == [
+        f"/{db.uri.split('/')[2]}/catalog/_mv_assets/status/v1.json"], failed.by_path()
+    states = {r["name"]: (r["load_state"], r["last_error"]) for r in db.status().to_pylist()}
+    assert states == {"v0": ("LOADED", None), "v1": (FAILED_LOAD, "RuntimeError: model down"),
+                      "v2": ("LOADED", None)}

@@ -230,9 +230,136 @@ def test_a_refresh_is_loading_while_it_runs_and_loaded_once_committed_with_one_r
     status = v.status()
     assert (status.load_state, status.last_error, status.load_number) == ("LOADED", None, 1)
     assert [w for w in writes if w.endswith("v.json")] == [db.layout.status_file("v")]  # LOADING only
+    assert not os.path.exists(db.layout.status_file("v"))  # removed once committed: LOADED is in the commit
     t.add([{"id": 9, "x": 9}])
     v.refresh()
     assert seen() == {"LOADING"} and v.status().load_state == "LOADED" and v.status().load_number == 2
+
+
+def _refresh_and_die(db, view: str, at: str) -> None:
+    """Refresh ``view`` in another process that dies (``os._exit``) on calling
+    ``at`` of mv_assets.api.table: ``execute_refresh`` (killed before its
+    commit, its LOADING record left) or ``clear_load_state`` (killed between
+    its commit and the removal of its LOADING record)."""
+    import subprocess
+    import sys
+
+    code = ("import os, sys, mv_assets as mv, mv_assets.api.table as table\n"
+            "setattr(table, sys.argv[3], lambda *a, **k: os._exit(9))\n"
+            "mv.connect(sys.argv[1], runner=mv.InlineRunner()).open_view(sys.argv[2]).refresh()\n")
+    assert subprocess.run([sys.executable, "-c", code, db.uri, view, at], timeout=300).returncode == 9
+
+
+def test_the_load_state_is_read_from_the_commits_and_a_record_is_kept_only_while_loading_or_failed(tmp_path):
+    """Every load state, read both ways the status reads it (one view: its
+    record's path read; the catalog: the status folder listed once, only the
+    records there read), with the record each leaves on disk: a view never
+    loaded and a view loaded have none (LOADED: what, when and where is read
+    from its newest commit); a refresh under way has a LOADING one; a killed
+    refresh leaves it, read as FAILED_LOAD; a refresh killed between its commit
+    and the record's removal leaves a LOADING record its commit passed, read as
+    LOADED; a failed refresh after a success leaves FAILED_LOAD with the error,
+    which the next success removes; a LOADED record written by earlier versions
+    (one per view) reads as LOADED."""
+    import json
+    import socket
+    import threading
+
+    from mv_assets.storage import objects
+    from mv_assets.storage.state import read_refresh_state
+    from mv_assets.storage.status import recorded_views
+
+    root, flag, log = str(tmp_path / "cat"), str(tmp_path / "fail"), str(tmp_path / "seen")
+    db = mv.connect(root, runner=mv.InlineRunner())
+    t = db.create_table("raw", [{"id": i, "x": i} for i in range(4)])
+    v = db.create_materialized_view("v", t.search(None).where("x >= 0").select({"id": "id", "x": "x"}))
+
+    def record(name: str) -> dict:
+        """The view's load state record on disk ({}: none)."""
+        raw = objects.read_record(db.layout.status_file(name))
+        return json.loads(raw) if raw else {}
+
+    def both(name: str) -> tuple:
+        """(load state, last error, load number) as the view's status and the catalog's say it (the same)."""
+        one = db.open_view(name).status()
+        row = {r["name"]: r for r in db.status().to_pylist()}[name]
+        assert (row["load_state"], row["last_error"], row["load_number"], row["node"]) == (
+            one.load_state, one.last_error, one.load_number, one.node)
+        return one.load_state, one.last_error, one.load_number
+
+    # never loaded: no record
+    assert both("v") == ("NEVER_LOADED", None, 0) and record("v") == {} and recorded_views(db.layout) == set()
+
+    # loaded: no record; what, when and where from the commit
+    v.refresh()
+    assert both("v") == ("LOADED", None, 1) and record("v") == {} and recorded_views(db.layout) == set()
+    state = read_refresh_state(lance.dataset(v.uri))
+    s = v.status()
+    assert s.updated is not None and s.updated.timestamp() == pytest.approx(state.refreshed_at)
+    assert s.node == state.node == socket.gethostname()
+
+    # a refresh killed before its commit: its LOADING record is left, its process gone
+    t.add([{"id": 10, "x": 10}])
+    _refresh_and_die(db, "v", "execute_refresh")
+    assert record("v")["load_state"] == "LOADING" and recorded_views(db.layout) == {"v"}
+    state_, error, number = both("v")
+    assert (state_, number) == ("FAILED_LOAD", 1) and "ended without finishing" in error
+
+    # a refresh killed between its commit and the removal of its record: LOADED (its commit landed)
+    _refresh_and_die(db, "v", "clear_load_state")
+    assert record("v")["load_state"] == "LOADING" and record("v")["load_number"] == 2
+    assert both("v") == ("LOADED", None, 2) and v.count_rows() == 5
+    t.add([{"id": 11, "x": 11}])
+    v.refresh()  # the next one removes it
+    assert both("v") == ("LOADED", None, 3) and record("v") == {}
+
+    # a LOADED record kept by earlier versions (written whole, one per view): read as LOADED
+    objects.put_bytes(db.layout.status_file("v"), json.dumps(
+        {"load_state": "LOADED", "state_since": 1.0, "node": "old-host", "pid": 1, "load_number": None,
+         "job_id": None, "last_error": None}).encode())
+    assert recorded_views(db.layout) == {"v"} and both("v") == ("LOADED", None, 3)
+    assert v.status().node == socket.gethostname()  # the host of the commit, as the record is moot
+    t.add([{"id": 12, "x": 12}])
+    v.refresh()
+    assert record("v") == {}
+
+    # a view with a UDF: LOADING while a live refresh runs, FAILED_LOAD after a success, LOADED again
+    @mv.udf
+    def probe(x: int) -> int:
+        if os.path.exists(flag):
+            raise RuntimeError("model down")
+
+        def look():  # (another thread: as another reader would, outside the refresh's handles)
+            with open(log, "a") as fh:
+                fh.write(" ".join([*both("u")[:1], str(sorted(recorded_views(db.layout)))]) + "\n")
+
+        th = threading.Thread(target=look)
+        th.start()
+        th.join()
+        return x
+
+    def seen() -> set:
+        with open(log) as fh:
+            lines = set(fh.read().splitlines())
+        os.remove(log)
+        return lines
+
+    u = db.create_materialized_view("u", t.search(None).select({"id": "id", "y": probe}))
+    u.refresh()
+    assert seen() == {"LOADING ['u']"}
+    assert both("u") == ("LOADED", None, 1) and record("u") == {}
+    open(flag, "w").close()
+    t.add([{"id": 13, "x": 13}])
+    with pytest.raises(RuntimeError, match="model down"):
+        u.refresh()
+    state_, error, number = both("u")
+    assert (state_, number) == ("FAILED_LOAD", 1) and "model down" in error
+    assert record("u")["load_state"] == "FAILED_LOAD" and u.status().valid and u.count_rows() == 7
+    os.remove(flag)
+    u.refresh()
+    assert seen() == {"LOADING ['u']"}
+    assert both("u") == ("LOADED", None, 2) and record("u") == {} and recorded_views(db.layout) == set()
+    assert u.count_rows() == 8
 
 
 def test_a_view_whose_source_was_removed_shows_in_the_status_with_its_reason(db):

@@ -44,7 +44,9 @@ from mv_assets.storage.row_ids import (
 )
 from mv_assets.storage.status import (
     ViewStatus,
+    load_record,
     pending_source_versions,
+    recorded_views,
     status_table,
     unreadable_status,
     view_status,
@@ -710,10 +712,14 @@ class Connection:
         views, broken = ([self.open_view(name)], {}) if name else self._open_views()
         # a dataset that cannot be opened (damaged files) is listed, not hiding the others
         out += [unreadable_status(n, None, why) for n, why in broken.items()]
+        # the load state records, listed once: only views loading or failed have one (the others' is in their commits)
+        recorded = None if name else recorded_views(self.layout)
 
         def one(view: MaterializedView) -> ViewStatus:
             try:
-                return view_status(view.ref())
+                if recorded is None:
+                    return view_status(view.ref())
+                return view_status(view.ref(), load_record(self.layout, view.name) if view.name in recorded else {})
             except Exception as exc:  # a status listing reports what it cannot read, it does not stop
                 try:
                     source = view.source

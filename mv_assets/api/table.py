@@ -67,6 +67,7 @@ from mv_assets.storage.status import (
     FAILED_LOAD,
     LOADING,
     ViewStatus,
+    clear_load_state,
     pending_source_versions,
     record_load_state,
     refresh_decision,
@@ -1347,9 +1348,9 @@ class MaterializedView(Table):
 
         Two refreshes of one view never run at once: the second waits for the
         first (up to ``lock_timeout`` seconds, then ConcurrentRefreshError).
-        Every refresh updates the view's status record (LOADING, then LOADED
-        once its commit lands, or FAILED_LOAD with the error), and is recorded
-        as job ``job_id`` (``db.list_jobs()``).
+        Every refresh updates the view's status (LOADING while it runs, then
+        LOADED once its commit lands, read from the commit, or FAILED_LOAD with
+        the error), and is recorded as job ``job_id`` (``db.list_jobs()``).
 
         Geneva's parameters: ``concurrency`` is the number of tasks the refresh
         is cut into, ``max_rows_per_fragment`` bounds the rows of each view
@@ -1387,15 +1388,16 @@ class MaterializedView(Table):
             result.job_id = job_id or ""
             return result
         job_id = job_id or refresh_job_id(plan)
-        # LOADING until the commit carrying this load number lands (then LOADED: storage.status)
-        record_load_state(self.connection.layout, self.name, LOADING, load_number=plan.load_number + 1,
-                          job_id=job_id)
+        # LOADING until the commit carrying this load number lands (then LOADED, read from the
+        # commit: the record is removed; a LOADING left by a stop in between reads LOADED too)
+        layout = self.connection.layout
+        record_load_state(layout, self.name, LOADING, load_number=plan.load_number + 1, job_id=job_id)
         try:
             result = execute_refresh(ref, plan, self._runner(runner), job_id)
         except BaseException as exc:
-            record_load_state(self.connection.layout, self.name, FAILED_LOAD, f"{type(exc).__name__}: {exc}",
-                              job_id=job_id)
+            record_load_state(layout, self.name, FAILED_LOAD, f"{type(exc).__name__}: {exc}", job_id=job_id)
             raise
+        clear_load_state(layout, self.name)
         start = time.perf_counter()
         # (the version it committed, unless index upkeep committed after it)
         if compact_if_fragmented(objects.dataset(self.uri, version=None if result.indexes else result.view_version)):

@@ -24,7 +24,7 @@ from mv_assets.storage import objects
 from mv_assets.storage.changes import BACKFILL_KEY, STATE_KEY
 from mv_assets.storage.error_log import read_errors
 from mv_assets.storage.layout import Layout
-from mv_assets.storage.status import FAILED_LOAD, LOADING, load_record
+from mv_assets.storage.status import FAILED_LOAD, LOADING, load_record, recorded_views
 
 __all__ = ["JobRecord", "job_records", "LOAD_COLUMNS_KEY", "RUNNING", "DONE", "FAILED"]
 
@@ -148,7 +148,8 @@ def job_records(layout: Layout, tables: list[str], views: list[str]) -> list[Job
     for name in tables:
         for job in _committed(layout, name):
             jobs[(name, job.job_id)] = job
-    for name in views:
+    recorded = recorded_views(layout) if views else set()  # (one listing: only views loading or failed have one)
+    for name in (v for v in views if v in recorded):
         job = _refresh_state(layout, name)
         if job is not None and (name, job.job_id) not in jobs:
             jobs[(name, job.job_id)] = job

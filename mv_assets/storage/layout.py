@@ -7,7 +7,7 @@ as a small frozen value (no handle to call back into).
     <root>/<name>.lance                       tables and views
     <root>/_mv_assets/checkpoints/<name>/     refresh task and row checkpoints
     <root>/_mv_assets/checkpoints/<name>/columns/<fingerprint>/   column backfills
-    <root>/_mv_assets/status/<view>.json      load state records
+    <root>/_mv_assets/status/<view>.json      load state records (LOADING, FAILED_LOAD only)
     <root>/_mv_assets/errors.lance            rows a UDF failed on
     <root>/_mv_assets/locks/<name>.lock       one refresh of a view at a time
     <root>/_mv_assets/adopt/<name>/           a table being rewritten with stable row ids
@@ -70,8 +70,12 @@ class Layout:
         table (see :mod:`mv_assets.storage.row_ids`)."""
         return self.state("adopt", name)
 
+    def status_dir(self) -> str:
+        """Load state records: one per view while a refresh of it is under way or failed."""
+        return self.state("status")
+
     def status_file(self, view: str) -> str:
-        return self.state("status", f"{view}.json")
+        return objects.join(self.status_dir(), f"{view}.json")
 
     def errors_uri(self) -> str:
         return self.state("errors.lance")

@@ -26,6 +26,7 @@ class RefreshState:
     definition: str | None = None
     load_number: int = 0
     refreshed_at: float | None = None
+    node: str | None = None  # the host whose refresh committed it (None: not recorded)
     # A fragment-scoped refresh committed after the last whole refresh: the view
     # may hold rows (or row versions) of other source versions than
     # ``source_version``, so the next whole refresh compares every row (sync).
@@ -82,6 +83,7 @@ def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
                     definition=latest.get("definition"),
                     load_number=int(latest.get("load_number", 0)),
                     refreshed_at=latest.get("refreshed_at"),
+                    node=latest.get("node"),
                     scoped_since_whole=latest.get("scope") is not None,
                     seconds_per_row=latest.get("seconds_per_row"),
                     source_id=latest.get("source_id"),
@@ -100,6 +102,7 @@ def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
         definition=latest.get("definition"),
         load_number=int(latest.get("load_number", 0)),
         refreshed_at=latest.get("refreshed_at"),
+        node=latest.get("node"),
         scoped_since_whole=True,
         source_id=latest.get("source_id"),
     )

@@ -1,10 +1,18 @@
 """The status table: one record per view, as Teiid's MatView status table.
 
-The durable facts (what the view reflects, load number, cardinality) live in
-the view's own Lance commits; the load state (LOADING / LOADED / FAILED_LOAD)
-and the last error are kept in ``<catalog>/_mv_assets/status/<view>.json``,
-written by every refresh (rewritten in place with a checksum, so a reader gets
-one whole record: ``objects.write_record``). Staleness is measured live from the
+The durable facts (what the view reflects, load number, cardinality, when and
+on which host it was loaded) live in the view's own Lance commits: a view with
+no other record is LOADED (or NEVER_LOADED), read from its newest commit. A
+load state record ``<catalog>/_mv_assets/status/<view>.json`` exists only while
+it says what the commits cannot: LOADING (a refresh under way, with its host and
+process, so a killed one reads as FAILED_LOAD) and FAILED_LOAD (the last error).
+A refresh writes LOADING before it runs and removes the record after its commit
+lands (a FAILED_LOAD instead when it fails); a LOADING record whose load number
+the view's commits have reached (a refresh stopped between its commit and the
+removal) reads as LOADED. The record is rewritten in place with a checksum, so
+a reader gets one whole record: ``objects.write_record``. The status of a
+whole catalog lists the status folder once and reads only the records there
+(a steady catalog: no record read at all). Staleness is measured live from the
 source's change feed when the status is read.
 
 A view whose source dataset is gone (removed by another tool) shows as
@@ -48,7 +56,9 @@ __all__ = [
     "view_status",
     "unreadable_status",
     "record_load_state",
+    "clear_load_state",
     "load_record",
+    "recorded_views",
     "refresh_decision",
     "pending_source_versions",
     "joined_pending",
@@ -116,6 +126,13 @@ def _read_file(layout: Layout, view: str) -> dict:
         return {}
 
 
+def recorded_views(layout: Layout) -> set[str]:
+    """The views that have a load state record: one listing of the catalog's
+    status folder (one LIST request on an object store, paginated). The
+    others have none to read: their load state is in their commits."""
+    return {n[: -len(".json")] for n in objects.listdir(layout.status_dir()) if n.endswith(".json")}
+
+
 def load_record(layout: Layout, view: str) -> dict:
     """A view's load state record as stored (``load_state``, ``state_since``,
     ``job_id``, ``last_error``...; empty: none), with ``process_gone`` True
@@ -149,17 +166,40 @@ def record_load_state(
 
     LOADING names the ``load_number`` its commit will carry: once the view's
     committed state has reached it, the load is over and the record reads as
-    LOADED (see :func:`view_status`), so a successful refresh writes its record
-    once, not twice."""
+    LOADED (see :func:`view_status`), even when the refresh stopped before
+    removing it. LOADED removes the record (:func:`clear_load_state`): the
+    view's commits say it."""
+    if state == LOADED:
+        clear_load_state(layout, view)
+        return
     current = _read_file(layout, view)
     current.update(load_state=state, state_since=time.time(), node=socket.gethostname(), pid=os.getpid(),
                    load_number=load_number, job_id=job_id)
     if state == FAILED_LOAD:
         current["last_error"] = error
-    elif state == LOADED:
-        current["last_error"] = None
     # not fsynced: a load state describes a process (a LOADING one whose process is gone reads as failed)
     objects.write_record(layout.status_file(view), json.dumps(current))
+
+
+def clear_load_state(layout: Layout, view: str) -> None:
+    """Remove the view's load state record (after a refresh's commit landed:
+    LOADED, read from the commits; a FAILED_LOAD before it is cleared)."""
+    objects.remove(layout.status_file(view))
+
+
+def _standing(record: dict, state: "RefreshState") -> dict:
+    """What of a load state record still stands against the view's commits
+    ({}: nothing, the commits say LOADED or NEVER_LOADED): a FAILED_LOAD, and a
+    LOADING whose load has not committed. A LOADING whose load number the
+    commits reached is over (its refresh stopped between the commit and the
+    record's removal); a LOADED record (written by earlier versions, which kept
+    one per view) says nothing the commits do not."""
+    if record.get("load_state") == FAILED_LOAD:
+        return record
+    if record.get("load_state") == LOADING:
+        announced = record.get("load_number")
+        return {} if isinstance(announced, int) and state.load_number >= announced else record
+    return {}
 
 
 def stale_count(src_uri: str, since: int | None, latest: int, ds: lance.LanceDataset | None = None) -> int:
@@ -242,7 +282,7 @@ def joined_pending(view: ViewRef, state: "RefreshState") -> dict[str, list[int]]
     return out
 
 
-def _source_missing(view: ViewRef, ds, state: "RefreshState", file: dict) -> ViewStatus:
+def _source_missing(view: ViewRef, ds, state: "RefreshState", record: dict) -> ViewStatus:
     """The record of a view whose source dataset is gone: what the view itself
     holds, nothing measured against the source."""
     updated = state.refreshed_at
@@ -254,7 +294,7 @@ def _source_missing(view: ViewRef, ds, state: "RefreshState", file: dict) -> Vie
         cardinality=ds.count_rows(),
         load_number=state.load_number,
         updated=dt.datetime.fromtimestamp(updated, tz=dt.timezone.utc) if updated else None,
-        node=file.get("node"),
+        node=_node(record, state),
         source_version=state.source_version,
         source_latest_version=None,
         versions_behind=None,
@@ -263,6 +303,13 @@ def _source_missing(view: ViewRef, ds, state: "RefreshState", file: dict) -> Vie
         policy=RefreshPolicy.from_json((ds.schema.metadata or {}).get(POLICY_METADATA_KEY.encode())).kind,
         last_error=view.source_missing(),
     )
+
+
+def _node(record: dict, state: "RefreshState") -> str | None:
+    """The host of the refresh the status describes: the one loading or that
+    failed (a standing record), else the one that committed the newest load."""
+    standing = _standing(record, state)
+    return standing.get("node") or state.node or record.get("node")
 
 
 def unreadable_status(name: str, source: str | None, error: str) -> ViewStatus:
@@ -275,12 +322,14 @@ def unreadable_status(name: str, source: str | None, error: str) -> ViewStatus:
     )
 
 
-def view_status(view: ViewRef) -> ViewStatus:
+def view_status(view: ViewRef, record: dict | None = None) -> ViewStatus:
     """The view's record of the status table (SOURCE_MISSING when its source
-    dataset is gone)."""
+    dataset is gone). ``record``: its load state record (:func:`load_record`)
+    when the caller read it already, {} when it has none (the status of a
+    catalog lists them once: :func:`recorded_views`); None: read here."""
     ds = view.dataset()
     state = read_refresh_state(ds)
-    file = _read_file(view.layout, view.name)
+    file = load_record(view.layout, view.name) if record is None else record
     try:
         src = view.source_dataset()
     except (ValueError, OSError):
@@ -293,20 +342,19 @@ def view_status(view: ViewRef) -> ViewStatus:
     # a recreated source: every row of the view and of the new table is stale
     stale = stale_count(view.source_uri, None, latest, src) + cardinality if replaced else (
         stale_count(view.source_uri, state.source_version, latest, src) + _joined_stale(view, state))
-    load_state = file.get("load_state") or (LOADED if state.load_number else NEVER_LOADED)
-    last_error = file.get("last_error")
-    if load_state == LOADING and isinstance(file.get("load_number"), int) and state.load_number >= file["load_number"]:
-        load_state, last_error = LOADED, None  # the load it announced is committed
+    standing = _standing(file, state)  # {}: the commits say it all
+    load_state = standing.get("load_state") or (LOADED if state.load_number else NEVER_LOADED)
+    last_error = standing.get("last_error")
     if replaced:
         last_error = (f"the source {view.source!r} was dropped and created again since the last refresh: "
                       "the view holds the old table's rows until its next refresh rebuilds it")
     foreign = foreign_writes(ds, state.view_version)
     if foreign is not None:
         last_error = f"{foreign.describe()}: the next refresh repairs it"
-    if load_state == LOADING and _dead(file):
+    if load_state == LOADING and _dead(standing):
         # the process that was loading it is gone (killed): not loading any more
         load_state = FAILED_LOAD
-        last_error = f"the refresh in process {file['pid']} on {file['node']} ended without finishing (killed?)"
+        last_error = f"the refresh in process {standing['pid']} on {standing['node']} ended without finishing (killed?)"
     updated = state.refreshed_at
     policy = RefreshPolicy.from_json((ds.schema.metadata or {}).get(POLICY_METADATA_KEY.encode()))
     return ViewStatus(
@@ -317,7 +365,7 @@ def view_status(view: ViewRef) -> ViewStatus:
         cardinality=cardinality,
         load_number=state.load_number,
         updated=dt.datetime.fromtimestamp(updated, tz=dt.timezone.utc) if updated else None,
-        node=file.get("node"),
+        node=_node(file, state),
         source_version=state.source_version,
         source_latest_version=latest,
         versions_behind=len(pending_source_versions(view, latest, state, src)),
