@@ -55,6 +55,7 @@ demo: install
 		MV_ASSETS_SPARK_REMOTE=$$REMOTE \
 		MV_ASSETS_LOCAL_BELOW_ROWS=$(DEMO_LOCAL_BELOW_ROWS) \
 		DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS=$${DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS:-1} \
+		DAGSTER_EVENT_BATCH_SIZE=$${DAGSTER_EVENT_BATCH_SIZE:-1000} \
 		$(VENV)/bin/dagster dev -h 127.0.0.1 -p $(DEMO_PORT) -w workspace.yaml
 
 ## Append, update and delete demo source rows (the running sensor picks them up).
