@@ -156,6 +156,7 @@ def test_demo_never_reuses_what_it_did_not_create(tmp_path):
     import socket
 
     from mv_assets.dagster.devserver import IMMEDIATE_RUNS_YAML, main, prepare_home
+    from mv_assets.dagster.storage import sqlite_storage_yaml
     from mv_assets.execution import connect_server
 
     home = tmp_path / "home"
@@ -168,7 +169,7 @@ def test_demo_never_reuses_what_it_did_not_create(tmp_path):
     ours = tmp_path / "ours"
     prepare_home(str(ours))
     prepare_home(str(ours))  # its own file: rewritten
-    assert (ours / "dagster.yaml").read_text() == IMMEDIATE_RUNS_YAML
+    assert (ours / "dagster.yaml").read_text() == IMMEDIATE_RUNS_YAML + sqlite_storage_yaml(str(ours))
     with socket.socket() as busy:  # a port somebody else listens on
         busy.bind(("127.0.0.1", 0))
         busy.listen()
