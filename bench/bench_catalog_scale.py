@@ -19,7 +19,9 @@ machine, one after the other, and prints both side by side with ratios.
 and a view over it, local disk, in this process: the first sensor tick (its
 partition requests and observations, applied as the daemon does) plus the run
 it starts, a tick after an append and its run, and a one-fragment run, with
-the events each wrote.
+the events each wrote; on Dagster's SQLite storage as it comes and as ``make
+demo`` sets it up (``--dagster-storage sqlite batched``: mv_assets' event log
+writing a run's materializations in batches, mv_assets.dagster.storage).
 """
 
 import argparse
@@ -44,6 +46,28 @@ def _build(uri: str, n: int, options: dict | None) -> None:
             continue
         t = db.create_table(f"t{i}", [{"id": j, "x": j} for j in range(3)], primary_key="id")
         db.create_materialized_view(f"v{i}", t.search(None).where("x >= 0").select({"id": "id", "x": "x"})).refresh()
+
+
+def _build_by_upload(uri: str, n: int, s3) -> None:
+    """The catalog of :func:`_build` on the S3 server, written on local disk
+    and its files uploaded as they are (Lance's paths inside a dataset are
+    relative; the catalog is the same bytes), concurrently: building 100
+    tables through the S3 server takes ~6 minutes, 1,000 an hour."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    local = os.path.join(tempfile.mkdtemp(prefix="mvscale-up-"), "catalog")
+    _build(local, n, None)
+    bucket, _, prefix = uri[len("s3://"):].partition("/")
+    files = [os.path.join(d, f) for d, _, fs in os.walk(local) for f in fs]
+    client = s3.client()
+    with ThreadPoolExecutor(16) as pool:
+        list(pool.map(lambda f: client.upload_file(f, bucket, f"{prefix}/{os.path.relpath(f, local)}"), files))
+    import mv_assets as mv
+
+    statuses = mv.connect(uri, storage_options=s3.options).status().to_pylist()
+    fine = [r for r in statuses if r["load_state"] == "LOADED" and r["versions_behind"] == 0]
+    if len(fine) != n:
+        raise RuntimeError(f"uploaded catalog: {len(fine)} of {n} views loaded and current: {statuses[:3]}")
 
 
 def _measure(uri: str, options: dict | None, proxy) -> dict:
@@ -114,9 +138,18 @@ def _measure(uri: str, options: dict | None, proxy) -> dict:
     return out
 
 
-def _fragments(n: int) -> None:
-    """One table of ``n`` fragments: the Dagster costs that follow its fragment count."""
+def _fragments(n: int, storage: str) -> None:
+    """One table of ``n`` fragments: the Dagster costs that follow its fragment
+    count, on a SQLite instance: Dagster's storage as it comes (``sqlite``), or
+    as ``make demo`` and the devserver set it up (``batched``: mv_assets'
+    event log, DAGSTER_EVENT_BATCH_SIZE)."""
     os.environ.setdefault("DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS", "1")  # as make demo sets it
+    from mv_assets.dagster.devserver import DAGSTER_ENV, prepare_home
+
+    if storage == "batched":
+        os.environ["DAGSTER_EVENT_BATCH_SIZE"] = DAGSTER_ENV["DAGSTER_EVENT_BATCH_SIZE"]
+    else:
+        os.environ.pop("DAGSTER_EVENT_BATCH_SIZE", None)
     from collections import Counter
 
     import dagster as dg
@@ -130,8 +163,13 @@ def _fragments(n: int) -> None:
     defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=path, runner="inline"))
     sensor = defs.get_repository_def().get_sensor_def("src_changes")
     job = defs.resolve_job_def("refresh_src")
-    print(f"\n== one table of {n:,} fragments, one view")
-    with dg.instance_for_test() as instance:
+    print(f"\n== one table of {n:,} fragments, one view; Dagster storage: {storage}")
+    home = os.path.join(os.path.dirname(path), "dagster_home")
+    if storage == "batched":
+        prepare_home(home, immediate_runs=False)
+    else:
+        os.makedirs(home)
+    with dg.DagsterInstance.from_config(home) as instance:
         kw = {"instance": instance, "definitions": defs, "resources": defs.resources}
 
         def tick_and_run(label: str, cursor):
@@ -207,6 +245,10 @@ def main() -> None:
     p.add_argument("--stores", nargs="+", default=["local", "s3"], choices=["local", "s3"])
     p.add_argument("--compare", help="another checkout's root: its mv_assets measured the same way, side by side")
     p.add_argument("--fragments", type=int, nargs="+", help="one table of N fragments (and only that)")
+    p.add_argument("--upload", action="store_true",
+                   help="build the S3 catalogs on local disk and upload their files (faster than through moto)")
+    p.add_argument("--dagster-storage", nargs="+", default=["sqlite", "batched"], choices=["sqlite", "batched"],
+                   help="with --fragments: Dagster's SQLite storage as it comes, and/or as make demo sets it up")
     p.add_argument("--side", action="store_true", help=argparse.SUPPRESS)
     p.add_argument("--uri", help=argparse.SUPPRESS)
     p.add_argument("--options", help=argparse.SUPPRESS)
@@ -217,7 +259,8 @@ def main() -> None:
     sys.path.insert(0, TESTS)
     if args.fragments:
         for n in args.fragments:
-            _fragments(n)
+            for storage in args.dagster_storage:
+                _fragments(n, storage)
         return
     s3 = None
     try:
@@ -231,7 +274,10 @@ def main() -> None:
                 else:
                     uri, options, upstream = os.path.join(tempfile.mkdtemp(prefix="mvscale-"), "catalog"), None, None
                 t0 = time.perf_counter()
-                _build(uri, n, options)
+                if store == "s3" and args.upload:
+                    _build_by_upload(uri, n, s3)
+                else:
+                    _build(uri, n, options)
                 print(f"\n== {store}, N = {n} tables with one view each (built in {time.perf_counter() - t0:.0f} s)")
                 now = _run_side(None, uri, options, upstream)
                 before = _run_side(args.compare, uri, options, upstream) if args.compare else None
