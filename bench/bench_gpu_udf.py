@@ -22,13 +22,32 @@ The overlap goals: gpu-bound refresh throughput >= 0.9x the model's own
 throughput; io-bound, the engine with workers >= 3x the plain loop where
 there are cores (and a GPU) for them.
 
+Where the time goes, per configuration (seconds): set-up (the UDF's
+construction: a model's load, once per process), read (scan and decode to
+Arrow), to-model (Arrow -> numpy, and the host-to-device copy with
+``--torch``), model, from-model (device-to-host, numpy -> Arrow), glue (the
+engine's own per-batch work around the UDF call: checks, markers), write
+(encode and write the view's files), commit, plan+other (the refresh's
+planning, opening, clean-up). The UDF times its own to/model/from split; the
+engine's read, write, set-up and UDF totals come from its stage timings
+(``MV_ASSETS_STAGE_TIMINGS=1``, execution/stages.py) in the refresh's
+``timings``. Stages of one task overlap (a thread reads, one computes, one
+writes), so they add up to more than the wall time; with workers they are
+summed over the processes (task-seconds). CPU: the CPU seconds of the
+processes over the tasks, all their threads: CPU / wall is how many cores
+were kept busy. The values are checked against
+the model's own on a sample of rows (with a tolerance: a GPU's kernels may
+round differently batch by batch).
+
 Usage: python bench/bench_gpu_udf.py [--rows 200000] [--dim 256] [--out-dim 384]
-           [--model-us 20] [--workers 2] [--batch 8192] [--torch]
+           [--model-us 20] [--workers 2] [--batch 8192] [--torch] [--model both|gpu-bound|io-bound]
 """
 
 import argparse
 import concurrent.futures
 import fcntl
+import glob
+import json
 import multiprocessing
 import os
 import shutil
@@ -36,6 +55,7 @@ import tempfile
 import time
 
 os.environ.setdefault("LANCE_LOG", "error")
+os.environ["MV_ASSETS_STAGE_TIMINGS"] = "1"  # the engine's stage timings (execution.stages), in the workers too
 
 import lance  # noqa: E402
 import numpy as np  # noqa: E402
@@ -53,6 +73,8 @@ class Embed:
     output back to Arrow."""
 
     def __init__(self) -> None:
+        started = time.perf_counter()
+        self.spent = {"setup_s": 0.0, "to_s": 0.0, "model_s": 0.0, "from_s": 0.0}
         self.dim, self.out_dim = int(os.environ["BENCH_DIM"]), int(os.environ["BENCH_OUT_DIM"])
         self.wait = float(os.environ["BENCH_MODEL_US"]) * 1e-6
         self.model = None
@@ -67,22 +89,52 @@ class Embed:
             self.model = torch.nn.Sequential(
                 torch.nn.Linear(self.dim, 1024), torch.nn.GELU(), torch.nn.Linear(1024, self.out_dim)
             ).to(device).eval()
+            self._sync()
+        self.spent["setup_s"] = time.perf_counter() - started
+        self._report()
+
+    def _sync(self) -> None:
+        """Wait for the device (the stages are timed apart: a copy or a kernel runs on after its call returns)."""
+        if self.model is not None and str(self.device).startswith("cuda"):
+            self.torch.cuda.synchronize(self.device)
+
+    def _report(self) -> None:
+        """This instance's totals so far, where the bench reads them (one file per process and instance)."""
+        where = os.environ.get("BENCH_STAGE_DIR")
+        if where:
+            with open(os.path.join(where, f"{os.getpid()}-{id(self)}.json"), "w") as f:
+                json.dump(self.spent, f)
 
     def __call__(self, x: pa.Array) -> pa.Array:
+        t0 = time.perf_counter()
         m = x.flatten().to_numpy(zero_copy_only=False).reshape(-1, self.dim)
         if self.model is not None:
             with self.torch.inference_mode():
-                out = self.model(self.torch.from_numpy(m).to(self.device, non_blocking=True)).float().cpu().numpy()
+                xs = self.torch.from_numpy(m).to(self.device, non_blocking=True)  # host to device
+                self._sync()
+                t1 = time.perf_counter()
+                ys = self.model(xs)
+                self._sync()
+                t2 = time.perf_counter()
+                out = ys.float().cpu().numpy()  # device to host
         else:
+            t1 = time.perf_counter()
             if self.wait:  # the device working; the GIL is free meanwhile
                 with open(os.environ["BENCH_GPU_LOCK"], "rb") as device:
                     fcntl.flock(device, fcntl.LOCK_EX)  # one device for all worker processes
                     time.sleep(self.wait * len(m))
+            t2 = time.perf_counter()
             out = np.empty((len(m), self.out_dim), np.float32)  # the device-to-host copy
             out[:, : self.dim] = m[:, : min(self.dim, self.out_dim)]
             if self.out_dim > self.dim:
                 out[:, self.dim:] = m[:, : self.out_dim - self.dim]
-        return pa.FixedSizeListArray.from_arrays(pa.array(out.ravel(), pa.float32()), self.out_dim)
+        result = pa.FixedSizeListArray.from_arrays(pa.array(out.ravel(), pa.float32()), self.out_dim)
+        t3 = time.perf_counter()
+        self.spent["to_s"] += t1 - t0
+        self.spent["model_s"] += t2 - t1
+        self.spent["from_s"] += t3 - t2
+        self._report()
+        return result
 
 
 def _udf(out_dim: int, model: str, batch: int = 8192) -> mv.UDF:
@@ -140,37 +192,111 @@ class PoolRunner:
         self.pool.shutdown()
 
 
-def _model_alone(src_uri: str, batch: int) -> float:
+def _udf_spent() -> dict[str, float]:
+    """The UDF instances' own totals so far, over every process (bench.Embed._report)."""
+    total: dict[str, float] = {}
+    for path in glob.glob(os.path.join(os.environ["BENCH_STAGE_DIR"], "*.json")):
+        with open(path) as f:
+            for k, v in json.load(f).items():
+                total[k] = total.get(k, 0.0) + v
+    return total
+
+
+def _since(before: dict[str, float]) -> dict[str, float]:
+    after = _udf_spent()
+    return {k: v - before.get(k, 0.0) for k, v in after.items()}
+
+
+def _model_alone(src_uri: str, batch: int) -> tuple[float, dict]:
     batches = list(lance.dataset(src_uri).to_batches(columns=["x"], batch_size=batch))
+    before = _udf_spent()
     f = Embed()
+    setup = _since(before)["setup_s"]
     f(batches[0].column(0).slice(0, 8))  # warm
-    t0 = time.perf_counter()
+    before = _udf_spent()
+    t0, cpu = time.perf_counter(), time.process_time()
     for b in batches:
         f(b.column(0))
-    return time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    return wall, {**_since(before), "setup_s": setup, "cpu_s": time.process_time() - cpu}
 
 
-def _plain_loop(src_uri: str, out_uri: str, batch: int) -> float:
+def _plain_loop(src_uri: str, out_uri: str, batch: int) -> tuple[float, dict]:
+    before = _udf_spent()
+    t0, cpu = time.perf_counter(), time.process_time()
     f = Embed()
-    t0 = time.perf_counter()
     ds = lance.dataset(src_uri)
     schema = pa.schema([("id", pa.int64()), ("emb", pa.list_(pa.float32(), f.out_dim))])
+    stages = {"read_s": 0.0, "in_loop_s": 0.0}
 
     def gen():
-        for b in ds.to_batches(columns=["id", "x"], batch_size=batch):
-            yield pa.RecordBatch.from_arrays([b.column(0), f(b.column(1))], schema=schema)
+        batches = iter(ds.to_batches(columns=["id", "x"], batch_size=batch))
+        while True:
+            r0 = time.perf_counter()
+            b = next(batches, None)
+            r1 = time.perf_counter()
+            stages["read_s"] += r1 - r0
+            if b is None:
+                stages["in_loop_s"] += r1 - r0
+                return
+            out = pa.RecordBatch.from_arrays([b.column(0), f(b.column(1))], schema=schema)
+            stages["in_loop_s"] += time.perf_counter() - r0
+            yield out
 
+    w0 = time.perf_counter()
     lance.write_dataset(pa.RecordBatchReader.from_batches(schema, gen()), out_uri, mode="overwrite")
-    return time.perf_counter() - t0
+    wall = time.perf_counter() - t0
+    # write_dataset pulls the loop's batches: its own time (encode, write, commit) is the rest
+    spent = _since(before)
+    return wall, {**spent, "read_s": stages["read_s"], "write_s": time.perf_counter() - w0 - stages["in_loop_s"],
+                  "cpu_s": time.process_time() - cpu}
 
 
-def _refresh(db, name: str, runner) -> tuple[float, int]:
+def _refresh(db, name: str, runner) -> tuple[float, int, dict]:
     v = db.open_table(name)
+    before = _udf_spent()
     t0 = time.perf_counter()
     r = v.refresh(runner=runner, mode="full")
+    wall = time.perf_counter() - t0
+    spent = _since(before)
+    t = r.timings
+    own = spent.get("to_s", 0.0) + spent.get("model_s", 0.0) + spent.get("from_s", 0.0)
+    stages = {**spent, "setup_s": t.get("stage_setup_s", 0.0), "read_s": t.get("stage_read_s", 0.0),
+              "glue_s": t.get("stage_udf_s", 0.0) - own, "write_s": t.get("stage_write_s", 0.0),
+              "commit_s": t.get("commit_s", 0.0), "other_s": wall - t.get("execute_s", 0.0) - t.get("commit_s", 0.0),
+              "cpu_s": t.get("stage_cpu_s", 0.0)}
     if os.environ.get("BENCH_VERBOSE"):
         print(f"      {r.runner}: {r.tasks} tasks, {r.timings}")
-    return time.perf_counter() - t0, r.udf_rows_computed["emb"]
+    return wall, r.udf_rows_computed["emb"], stages
+
+
+COLUMNS = [("setup_s", "set-up"), ("read_s", "read"), ("to_s", "to-model"), ("model_s", "model"),
+           ("from_s", "from-model"), ("glue_s", "glue"), ("write_s", "write"), ("commit_s", "commit"),
+           ("other_s", "plan+other"), ("cpu_s", "CPU")]
+
+
+def _row(label: str, wall: float, stages: dict, rows: int, versus: str = "") -> str:
+    cells = "".join(f"{stages[k]:>11.2f}" if k in stages else f"{'-':>11}" for k, _ in COLUMNS)
+    return f"    {label:<24}{wall:>8.2f}{rows / 1e3 / wall:>9.0f}k{cells}  {versus}"
+
+
+def _check(db, view: str, src_uri: str, dim: int, out_dim: int, sample: int = 1000) -> None:
+    """The view's values for a sample of rows equal the model's own on the same inputs (a tolerance:
+    a GPU's kernels may round differently batch by batch)."""
+    ds = lance.dataset(db.open_table(view).uri)
+    ids = ds.to_table(columns=["id"]).column("id").to_numpy()
+    rng = np.random.default_rng(1)
+    want_ids = np.sort(rng.choice(ids, size=min(sample, len(ids)), replace=False))
+    got = ds.take(np.searchsorted(ids, want_ids) if np.all(ids[:-1] <= ids[1:]) else
+                  np.argsort(ids)[np.searchsorted(np.sort(ids), want_ids)], columns=["id", "emb"])
+    assert got.column("id").to_numpy().tolist() == want_ids.tolist()
+    src = lance.dataset(src_uri)
+    src_ids = src.to_table(columns=["id"]).column("id").to_numpy()
+    x = src.take(np.argsort(src_ids)[np.searchsorted(np.sort(src_ids), want_ids)], columns=["x"]).column("x")
+    want = Embed()(x.combine_chunks())
+    g = got.column("emb").combine_chunks().flatten().to_numpy().reshape(-1, out_dim)
+    w = want.flatten().to_numpy().reshape(-1, out_dim)
+    assert np.allclose(g, w, rtol=1e-3, atol=1e-4), f"view {view}: its values differ from the model's"
 
 
 def main() -> None:
@@ -182,11 +308,16 @@ def main() -> None:
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--batch", type=int, default=8192)
     ap.add_argument("--torch", action="store_true", help="a real torch MLP on the GPU (io-bound case only)")
+    ap.add_argument("--model", choices=["both", "gpu-bound", "io-bound"], default="both",
+                    help="which stand-in model(s) to run")
     args = ap.parse_args()
     root = tempfile.mkdtemp(prefix="mv_bench_gpu_")
     print(f"\nmodel column benchmark: {args.rows:,} rows x {args.dim} float32 -> {args.out_dim}, "
           f"{os.cpu_count()} cores, {args.workers} workers")
+    print("  seconds per stage; stages of one task overlap (read, compute, write threads); with workers, "
+          "summed over the processes;\n  CPU: CPU seconds of the processes over the tasks (all their threads)")
     models = [("io-bound", 0.0)] if args.torch else [("gpu-bound", args.model_us), ("io-bound", 0.0)]
+    models = [m for m in models if args.model in ("both", m[0])]
     try:
         db = mv.connect(os.path.join(root, "catalog"), runner=InlineRunner())
         src = db.create_table("src", _source(root, args.rows, args.dim))
@@ -194,41 +325,38 @@ def main() -> None:
         for name, us in models:
             lock = os.path.join(root, "gpu.lock")
             open(lock, "wb").close()
-            env = {"BENCH_GPU_LOCK": lock, "BENCH_DIM": str(args.dim), "BENCH_OUT_DIM": str(args.out_dim), "BENCH_MODEL_US": str(us),
-                   "BENCH_TORCH": "1" if args.torch else "0"}
+            stage_dir = os.path.join(root, f"stages_{name}")
+            os.makedirs(stage_dir)
+            env = {"BENCH_GPU_LOCK": lock, "BENCH_DIM": str(args.dim), "BENCH_OUT_DIM": str(args.out_dim),
+                   "BENCH_MODEL_US": str(us), "BENCH_TORCH": "1" if args.torch else "0",
+                   "BENCH_STAGE_DIR": stage_dir, "MV_ASSETS_STAGE_TIMINGS": "1"}
             os.environ.update(env)
             view = f"v_{name.replace('-', '_')}"
             db.create_materialized_view(view, src.search(None).select({"id": "id", "emb": _udf(args.out_dim, name, args.batch)}))
-            model = _model_alone(src_uri, args.batch)
-            plain = _plain_loop(src_uri, os.path.join(root, f"plain_{view}.lance"), args.batch)
-            inline, n1 = _refresh(db, view, InlineRunner())
+            model, model_st = _model_alone(src_uri, args.batch)
+            plain, plain_st = _plain_loop(src_uri, os.path.join(root, f"plain_{view}.lance"), args.batch)
+            inline, n1, inline_st = _refresh(db, view, InlineRunner())
+            _check(db, view, src_uri, args.dim, args.out_dim)
             pool = PoolRunner(args.workers, env)
             try:
                 pool.warm()
-                pooled, n2 = _refresh(db, view, pool)
+                pooled, n2, pooled_st = _refresh(db, view, pool)
             finally:
                 pool.close()
             assert n1 == n2 == args.rows, (n1, n2)
-            emb = db.open_table(view).to_arrow().sort_by("id").column("emb")
-            # (a real model on a GPU: its kernels may round differently batch by batch: a tolerance)
-            got, want = np.array(emb.to_pylist()[:3]), np.array(_plain_emb(src_uri, args.dim, args.out_dim)[:3])
-            assert np.allclose(got, want, rtol=1e-3, atol=1e-4), "the view's values differ from the model's"
-            rate = args.rows / 1e3
-            print(f"\n  {name} model ({us:g} us/row wait + output copy)")
-            print(f"    {'model alone':<26} {model:7.2f} s  {rate / model:8.0f}k rows/s")
-            print(f"    {'plain loop (1 process)':<26} {plain:7.2f} s  {rate / plain:8.0f}k rows/s")
-            print(f"    {'mv_assets inline':<26} {inline:7.2f} s  {rate / inline:8.0f}k rows/s  "
-                  f"{model / inline:5.2f}x model throughput, {plain / inline:5.2f}x plain loop")
-            print(f"    {f'mv_assets {args.workers} workers':<26} {pooled:7.2f} s  {rate / pooled:8.0f}k rows/s  "
-                  f"{model / pooled:5.2f}x model throughput, {plain / pooled:5.2f}x plain loop")
+            _check(db, view, src_uri, args.dim, args.out_dim)
+            print(f"\n  {name} model ({us:g} us/row wait + output copy){' : torch MLP' if args.torch else ''}")
+            print(f"    {'':<24}{'wall s':>8}{'rows/s':>10}" + "".join(f"{h:>11}" for _, h in COLUMNS))
+            rows = args.rows
+            print(_row("model alone", model, model_st, rows))
+            print(_row("plain loop (1 process)", plain, plain_st, rows, "(write: encode+write+commit)"))
+            print(_row("mv_assets inline", inline, inline_st, rows,
+                       f"{model / inline:5.2f}x model, {plain / inline:5.2f}x plain loop"))
+            print(_row(f"mv_assets {args.workers} workers", pooled, pooled_st, rows,
+                       f"{model / pooled:5.2f}x model, {plain / pooled:5.2f}x plain loop"))
+        print("\n  values: a sample of 1,000 rows of the view equals the model's own after each refresh")
     finally:
         shutil.rmtree(root, ignore_errors=True)
-
-
-def _plain_emb(src_uri: str, dim: int, out_dim: int) -> list:
-    """The oracle: the first rows' outputs computed directly from the source."""
-    x = lance.dataset(src_uri).to_table(columns=["id", "x"]).sort_by("id").slice(0, 3)
-    return Embed()(x.column("x").combine_chunks()).to_pylist()
 
 
 if __name__ == "__main__":

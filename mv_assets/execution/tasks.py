@@ -26,6 +26,8 @@ from mv_assets.execution.agg_tasks import agg_batches
 from mv_assets.execution.chunk_tasks import chunk_batches
 from mv_assets.execution.join_tasks import join_batches
 from mv_assets.execution.pipeline import prefetched, write_behind
+from mv_assets.execution.stages import StageClock
+from mv_assets.execution.stages import clock as stage_clock
 from mv_assets.execution.udtf_tasks import udtf_batches
 from mv_assets.model.definition import (
     SOURCE_MARKER_PREFIX,
@@ -41,7 +43,7 @@ from mv_assets.model.kinds import kind_of
 from mv_assets.model.names import Alias, input_alias, input_marker_alias
 from mv_assets.model.pacing import CheckpointPacer
 from mv_assets.model.planning import column_ids, positions, shuffle_keys
-from mv_assets.model.udf import RowError
+from mv_assets.model.udf import UDF, RowError
 from mv_assets.storage import objects
 from mv_assets.storage.checkpoints import CheckpointIndex, CheckpointStore
 from mv_assets.storage.lance_compat import with_filter_columns
@@ -117,6 +119,8 @@ class TaskResult:
     worker_pid: int = 0
     errors: list[dict] = field(default_factory=list)  # rows a UDF failed on (on_error="skip")
     rows_path: str | None = None  # shuffled views: the task's rows (Arrow IPC), ordered at the commit
+    # seconds per stage (read_s, udf_s, setup_s, write_s), only when asked for (execution.stages)
+    stages: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -180,10 +184,12 @@ def _compute_batches(
     udf_resumed: dict[str, int] | None = None,
     checkpoint_seconds: float | None = None,
     overlap: bool = False,
+    clock: StageClock | None = None,
 ):
     """Yield view batches; with ``only``, just the key, version and those UDF
     columns. With ``overlap``, source batches are read ahead in a thread while
-    the UDF columns are computed."""
+    the UDF columns are computed. With a ``clock``, the time reading and in the
+    UDFs is added to its ``read_s`` and ``udf_s``."""
     if only is not None:
         definition = ViewDefinition(
             definition.source, tuple(c for c in definition.columns if c.name in only), definition.filter
@@ -208,9 +214,11 @@ def _compute_batches(
         # batches no larger than the UDFs take in one call (no slicing and joining
         # again) and of OVERLAP_BATCH_BYTES: smaller batches fill and drain the
         # pipeline sooner.
-        source = prefetched(paced(_scanned(scanner, definition), store, udf_batch_rows(specs), OVERLAP_BATCH_BYTES))
+        read = paced(_scanned(scanner, definition), store, udf_batch_rows(specs), OVERLAP_BATCH_BYTES)
+        source = prefetched(read if clock is None else clock.timed_iter(read, "read_s"))
     else:
-        source = paced(_scanned(scanner, definition), store)
+        read = paced(_scanned(scanner, definition), store)
+        source = read if clock is None else clock.timed_iter(read, "read_s")
     for batch in source:
         if batch.num_rows == 0:
             continue
@@ -226,6 +234,8 @@ def _compute_batches(
             specs, input_batch, row_ids, row_versions, udf_rows, errors, store,
             functools.partial(input_identity, batch, computed_inputs), udf_resumed,
         )
+        if clock is not None:
+            clock.add("udf_s", time.perf_counter() - started)
         if isinstance(store, PacedRowStore) and store.pacer.computed(batch.num_rows, time.perf_counter() - started):
             store.flush()
         progress.advance(batch.num_rows)
@@ -657,7 +667,7 @@ KIND_TASKS: dict[str, Callable[..., Iterator[pa.RecordBatch]]] = {
 
 
 def _task_batches(spec: TaskSpec, definition: ViewDefinition, ds, view_schema: pa.Schema, udf_rows: dict,
-                  errors: list[dict], resumed: dict):
+                  errors: list[dict], resumed: dict, clock: StageClock | None = None):
     """The task's view batches, computed as they are consumed. Parts sharing a
     predicate (whole small fragments) are read by one scan; kinds whose work
     is not such a scan by their :data:`KIND_TASKS` entry."""
@@ -683,7 +693,7 @@ def _task_batches(spec: TaskSpec, definition: ViewDefinition, ds, view_schema: p
         yield from _compute_batches(
             scan, definition, view_schema,
             ds.schema, predicate, spec.batch_size, udf_rows, spec.recompute, errors, spec.batch_checkpoint_dir,
-            spec.batch_resume, resumed, spec.checkpoint_seconds, overlap=_overlaps(spec, definition),
+            spec.batch_resume, resumed, spec.checkpoint_seconds, overlap=_overlaps(spec, definition), clock=clock,
         )
 
 
@@ -714,20 +724,31 @@ def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
 
 def _run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
     start = time.perf_counter()
+    clock = stage_clock()  # None unless stage timings are asked for
+    set_up, cpu = UDF.setup_seconds, (time.process_time() if clock is not None else 0.0)
     definition = decode_definition(definition_raw)
     ds = objects.dataset(spec.src_uri, version=spec.src_version)
     view_schema = objects.dataset(spec.view_uri, version=spec.view_version).schema
     udf_rows: dict[str, int] = {c.name: 0 for c in definition.udf_columns}
     errors: list[dict] = []
     resumed: dict[str, int] = {}
-    batches = _task_batches(spec, definition, ds, view_schema, udf_rows, errors, resumed)
+    batches = _task_batches(spec, definition, ds, view_schema, udf_rows, errors, resumed, clock)
     fragments: list[dict] = []
     rows_path = None
     if spec.recompute is None and not definition.shuffle and _overlaps(spec, definition):
         # UDF columns: each batch is written while the next ones are computed (execution.pipeline)
-        metas = write_behind(batches, lambda it: objects.write_fragments(
-            pa.RecordBatchReader.from_batches(view_schema, _coalesced(it, max_bytes=OVERLAP_BATCH_BYTES)),
-            spec.view_uri, schema=view_schema, max_rows_per_file=spec.max_rows_per_file))
+        def write(it: Iterator[pa.RecordBatch]) -> list:
+            started, waits = time.perf_counter(), StageClock()
+            if clock is not None:  # the writer's waits for the next batch are not writing
+                it = waits.timed_iter(it, "wait_s")
+            metas = objects.write_fragments(
+                pa.RecordBatchReader.from_batches(view_schema, _coalesced(it, max_bytes=OVERLAP_BATCH_BYTES)),
+                spec.view_uri, schema=view_schema, max_rows_per_file=spec.max_rows_per_file)
+            if clock is not None:
+                clock.add("write_s", time.perf_counter() - started - waits.seconds.get("wait_s", 0.0))
+            return metas
+
+        metas = write_behind(batches, write)
         fragments = [m.to_json() for m in metas]
         rows_written = sum(int(f.physical_rows or 0) for f in metas)
     else:
@@ -738,6 +759,7 @@ def _run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
         else:
             table = _merge_with_view(spec, view_schema, list(batches))
         rows_written = table.num_rows
+        written = time.perf_counter()
         if table.num_rows and definition.shuffle:
             # A shuffled view is written in one global order at the commit (see
             # refresh.shuffled_fragments): hand the rows over, not view files.
@@ -748,6 +770,17 @@ def _run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
             metas = objects.write_fragments(table, spec.view_uri, schema=view_schema,
                                             max_rows_per_file=spec.max_rows_per_file)
             fragments = [m.to_json() for m in metas]  # plain dicts
+        if clock is not None:
+            clock.add("write_s", time.perf_counter() - written)
+    stages: dict[str, float] = {}
+    if clock is not None:
+        setup = UDF.setup_seconds - set_up  # made in the task's first UDF call: not the UDF's steady time
+        if "udf_s" in clock.seconds:
+            clock.add("udf_s", -setup)
+        if setup or "udf_s" in clock.seconds:
+            clock.add("setup_s", setup)
+        clock.add("cpu_s", time.process_time() - cpu)
+        stages = dict(clock.seconds)
     result = TaskResult(
         task_id=spec.task_id,
         fragments=fragments,
@@ -758,6 +791,7 @@ def _run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
         worker_pid=os.getpid(),
         errors=errors,
         rows_path=rows_path,
+        stages=stages,
     )
     if (definition.udf_columns or definition.function or spec.checkpoint_seconds is None
             or result.seconds >= spec.checkpoint_seconds):

@@ -549,13 +549,18 @@ class UDF:
 
     # -- checked call path ----------------------------------------------
     _instances: dict[str, Any] = {}
+    # seconds this process spent constructing stateful UDFs (their set-up: a
+    # model's load), for the tasks' stage timings (execution.stages)
+    setup_seconds: float = 0.0
 
     def _instance(self) -> Any:
         key = self.instance_key()
         inst = UDF._instances.get(key)
         if inst is None:
             args, kwargs = getattr(self, "init_args", None) or ((), {})
+            started = time.perf_counter()
             inst = self.func(*args, **kwargs)
+            UDF.setup_seconds += time.perf_counter() - started
             UDF._instances[key] = inst
         return inst
 

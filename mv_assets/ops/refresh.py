@@ -1288,6 +1288,16 @@ def _rebuild(view: ViewRef, plan: RefreshPlan, new_fragments: list):
     return LanceOperation.Overwrite(view_ds.schema, new_fragments)
 
 
+def _stage_totals(results: list[TaskResult]) -> dict[str, float]:
+    """The tasks' stage timings summed (``stage_read_s`` ...), when they were
+    asked for (execution.stages); task-seconds, as ``task_s_total``."""
+    totals: dict[str, float] = {}
+    for r in results:
+        for stage, seconds in (getattr(r, "stages", None) or {}).items():
+            totals[f"stage_{stage}"] = totals.get(f"stage_{stage}", 0.0) + seconds
+    return totals
+
+
 def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner", job_id: str | None = None) -> RefreshResult:
     """Run the plan's tasks and commit the result as one Lance transaction
     (recorded as job ``job_id``, default :func:`refresh_job_id`)."""
@@ -1354,6 +1364,7 @@ def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner", job_id: 
             "execute_s": executed - start, "commit_s": done - executed,
             "task_s_total": sum(r.seconds for r in results),
             **({"index_s": indexed - done} if upkeep else {}),
+            **_stage_totals(results),
         },
         indexes=upkeep, job_id=job, details=dict(plan.details),
     )
