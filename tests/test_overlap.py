@@ -17,6 +17,7 @@ import pytest
 
 import mv_assets as mv
 from mv_assets.execution.pipeline import prefetched, write_behind
+from mv_assets.execution.stages import ENV as STAGE_TIMINGS
 from mv_assets.model.errors import UdfError
 
 WAIT_S = 5.0
@@ -212,7 +213,10 @@ def breaks_late(x: pa.Array) -> pa.Array:
     return pc.multiply(x, 2.0)
 
 
-def test_udf_failure_part_way_commits_nothing_and_leaves_no_thread(db):
+@pytest.mark.parametrize("timed", [False, True], ids=["untimed", "stage-timings"])
+def test_udf_failure_part_way_commits_nothing_and_leaves_no_thread(db, monkeypatch, timed):
+    if timed:  # (the stage clock's threads and timers too: MV_ASSETS_STAGE_TIMINGS)
+        monkeypatch.setenv(STAGE_TIMINGS, "1")
     src = db.create_table("src", pa.table({"id": np.arange(40_000), "x": np.arange(40_000, dtype=np.float64)}))
     view = db.create_materialized_view("v", src.search(None).select({"id": "id", "y": breaks_late}))
     before = view.version
