@@ -36,6 +36,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 TESTS = os.path.join(os.path.dirname(HERE), "tests")
 
 
+# the sensor daemon's threads in the dagster.yaml of make demo and the devserver
+# (mv_assets.dagster.devserver.SENSOR_THREADS_YAML)
+SENSOR_WORKERS = 8
+
+
 def _build(uri: str, n: int, options: dict | None) -> None:
     import mv_assets as mv
 
@@ -99,18 +104,26 @@ def _measure(uri: str, options: dict | None, proxy) -> dict:
             cursors[s.name] = r.cursor or cursors[s.name]
         one = next(s for s in sensors if s.name == "t0_changes")
 
-        def ticks(key: str, which: list) -> None:
-            """``which`` sensors ticked once each: seconds and requests as ``key``."""
+        def ticks(key: str, which: list, threads: int = 1) -> None:
+            """``which`` sensors ticked once each (on ``threads`` threads, as
+            Dagster's daemon does with ``sensors: use_threads``): seconds and
+            requests as ``key``."""
+            from concurrent.futures import ThreadPoolExecutor
+
+            def tick(s) -> None:
+                evaluate_sensor(s, instance=instance, cursor=cursors[s.name], definitions=defs,
+                                resources=defs.resources)
+
             with counting() as seen:
                 t0 = time.perf_counter()
-                for s in which:
-                    evaluate_sensor(s, instance=instance, cursor=cursors[s.name], definitions=defs,
-                                    resources=defs.resources)
+                with ThreadPoolExecutor(threads) as pool:
+                    list(pool.map(tick, which))
                 out[f"{key}_s"] = time.perf_counter() - t0
             out[f"{key}_req"] = seen.total if seen is not None else None
 
         ticks("idle", [one])
         ticks("all", sensors)
+        ticks("all_threads", sensors, threads=SENSOR_WORKERS)
         db.open_table("t0").add([{"id": 1000 + int(time.time() * 1000) % 10**6, "x": 1}])
         ticks("changed", [one])
         db.refresh("v0")
@@ -215,6 +228,7 @@ def _side(args) -> None:
 
 
 ROWS = [("idle tick, one sensor", "idle"), ("tick after an append", "changed"), ("every sensor once", "all"),
+        (f"... on {SENSOR_WORKERS} threads", "all_threads"),
         ("db.status()", "status"), ("definitions load", "defs"), ("mv-assets status", "cli_status")]
 
 
