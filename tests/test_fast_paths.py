@@ -678,14 +678,21 @@ def test_an_incremental_refresh_reads_the_views_keys_not_their_row_versions(tmp_
         return real(self, *a, **k)
 
     real_batches = lance.LanceDataset.to_batches
+    real_fragment_batches = lance.fragment.LanceFragment.to_batches
 
     def to_batches(self, *a, **k):  # (the keys are streamed: only those of changed rows are kept)
         if self.uri == view.uri:
             read.append(list(k.get("columns") or []))
         return real_batches(self, *a, **k)
 
+    def fragment_batches(self, *a, **k):  # (... fragment by fragment, in ranges of rows)
+        if self._ds.uri == view.uri:
+            read.append(list(k.get("columns") or []))
+        return real_fragment_batches(self, *a, **k)
+
     monkeypatch.setattr(lance.LanceDataset, "to_table", to_table)
     monkeypatch.setattr(lance.LanceDataset, "to_batches", to_batches)
+    monkeypatch.setattr(lance.fragment.LanceFragment, "to_batches", fragment_batches)
     r = view.refresh()
     monkeypatch.undo()
     assert read and all(SOURCE_ROW_VERSION not in cols for cols in read)
@@ -784,3 +791,83 @@ def test_planning_a_delete_holds_only_the_changed_rows_keys(tmp_path, monkeypatc
     r = view.refresh()
     assert (r.rows_deleted, r.rows_updated) == (deleted, updated)
     assert view.to_arrow().num_rows == n - deleted
+
+
+def test_a_load_and_a_delete_in_one_fragment_of_many_are_planned_from_that_fragment(tmp_path, monkeypatch):
+    """Rows loaded in place (``load_columns``: a ``rewrite_columns`` commit that
+    moves their versions) and rows deleted, all in one fragment of eight: the
+    plan scans that fragment of the source, not the table (the commits name
+    the fragments updated in place; before, such a commit made the plan scan
+    every fragment for changed row versions: 15,960 rows here). Exact either
+    way, and after a compaction moved the loaded rows into a new fragment."""
+    import numpy as np
+    import pyarrow.parquet as pq
+
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    src = db.create_table("src", pa.table({"id": np.arange(1000), "x": np.arange(1000)}), primary_key="id")
+    for k in range(1, 8):
+        src.add(pa.table({"id": np.arange(k * 1000, (k + 1) * 1000), "x": np.arange(k * 1000, (k + 1) * 1000)}))
+    assert [f.count_rows() for f in lance.dataset(src.uri).get_fragments()] == [1000] * 8
+    view = db.create_materialized_view("v", src.search(None).where("x % 3 != 0").select({"id": "id", "y": plus}))
+    view.refresh()
+    scanned = []
+    real = lance.LanceDataset.scanner
+
+    def scanner(self, *a, **k):  # rows of the source Lance scans
+        if self.uri == src.uri:
+            k["scan_stats_callback"] = lambda s: scanned.append(int(s.all_counts.get("rows_scanned", 0)))
+        return real(self, *a, **k)
+
+    def plan_and_refresh(expected: tuple[int, int, int]) -> int:
+        scanned.clear()
+        monkeypatch.setattr(lance.LanceDataset, "scanner", scanner)
+        plan = view.plan_refresh()
+        monkeypatch.undo()
+        assert plan.reason == "incremental"
+        assert (plan.rows_to_insert, plan.rows_to_update, plan.rows_to_delete) == expected
+        r = view.refresh()
+        assert (r.rows_inserted, r.rows_updated, r.rows_deleted) == expected
+        assert actual_view(view) == expected_view(src.uri, src.version, _keep, _project)
+        return sum(scanned)
+
+    # 12 rows of fragment 3 loaded (x + 1: 4 rows now pass, 4 now fail, 4 pass before and after)
+    pq.write_table(pa.table({"id": np.arange(3000, 3012), "x": np.arange(3001, 3013)}), tmp_path / "x.parquet")
+    src.load_columns(str(tmp_path / "x.parquet"), "id", ["x"])
+    src.delete("id >= 3500 AND id < 3520")  # 20 rows of the same fragment, 13 of them in the view
+    rows = plan_and_refresh((4, 4, 17))
+    assert 0 < rows <= 2 * 1000, rows  # that fragment, scanned for rows passing and for rows failing the filter
+    # a load, then a compaction that moves the loaded rows into new fragments: exact (those are scanned)
+    pq.write_table(pa.table({"id": np.arange(6000, 6003), "x": [1, 2, 3]}), tmp_path / "y.parquet")
+    src.load_columns(str(tmp_path / "y.parquet"), "id", ["x"])
+    lance.dataset(src.uri).optimize.compact_files(target_rows_per_fragment=2000)
+    plan_and_refresh((1, 1, 1))
+
+
+def test_commits_that_change_no_row_are_planned_without_reading_the_views_keys(tmp_path, monkeypatch):
+    """An update and a delete that match no row still commit: the plan finds
+    no changed row and reads none of the view's keys (before: all of them)."""
+    from mv_assets.ops import refresh as refresh_ops
+
+    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(100)], primary_key="id")
+    view = db.create_materialized_view("v", src.search(None).where("x % 3 != 0").select({"id": "id", "y": plus}))
+    view.refresh()
+    before = src.version
+    src.update("id < 0", values_sql={"x": "x + 1"})
+    src.delete("id < 0")
+    assert src.version == before + 2
+    read = []
+    real = refresh_ops.ViewKeys.touching
+
+    def touching(self, ids):
+        out = real(self, ids)
+        read.append(self.rows_read)
+        return out
+
+    monkeypatch.setattr(refresh_ops.ViewKeys, "touching", touching)
+    plan = view.plan_refresh()
+    monkeypatch.undo()
+    assert plan.reason == "incremental" and (plan.rows_to_insert, plan.rows_to_update, plan.rows_to_delete) == (0, 0, 0)
+    assert read == [0]
+    view.refresh()
+    assert actual_view(view) == expected_view(src.uri, src.version, _keep, _project)

@@ -130,6 +130,29 @@ def test_isin_and_positions_match_numpy(n_values, n_members):
     assert positions(values, members).tolist() == expected
 
 
+@pytest.mark.parametrize("span", [1_000, 10_000_000, 2**40])
+def test_membership_and_isin_of_many_thin_ids_match_numpy_and_hold_o_members(span):
+    """A 1% delete's ids spread over the table: the lookup holds a bit per id
+    of their span, or their sorted array when the span is wider, never a bool
+    per id of the table (10 MB at 10M rows before, whatever was deleted)."""
+    from mv_assets.model.planning import Membership, isin
+
+    rng = np.random.default_rng(span % 997)
+    n = min(span // 100, 100_000)
+    members = rng.choice(span, size=n, replace=False) if span < 2**31 else rng.integers(0, span, n)
+    values = np.concatenate([rng.integers(-5, span + 5, 50_000), members[::3]])
+
+    def held(m: Membership) -> int:  # the bytes of the arrays the lookup keeps
+        return sum(a.nbytes for a in vars(m).values() if isinstance(a, np.ndarray))
+
+    m = Membership(members)
+    assert m.mask(values).tolist() == np.isin(values, members).tolist()
+    assert isin(values, members).tolist() == np.isin(values, members).tolist()
+    assert held(m) <= 8 * n + (1 << 20), held(m)  # O(members): at most their sorted array, or 1 MiB
+    assert held(Membership(members[:1])) <= 8 + (1 << 20)
+    assert Membership(np.empty(0, np.int64)).mask(values).tolist() == [False] * len(values)
+
+
 # --- how a refresh looks for rows: a table of cases ---------------------------
 
 from mv_assets.model.planning import History, choose_how, pack_pieces, pieces_from_rows, ranges_predicate  # noqa: E402

@@ -105,6 +105,7 @@ def column_ids(table: pa.Table, col: str = "_rowid") -> np.ndarray:
 
 
 _DENSE_MIN = 65_536  # below this many ids hashing is as fast
+_BLOCK = 1 << 14  # ids a step of a bitmap's build or lookup
 
 
 def isin(values: np.ndarray, members: np.ndarray) -> np.ndarray:
@@ -130,42 +131,91 @@ def isin(values: np.ndarray, members: np.ndarray) -> np.ndarray:
         members = members[_mask(members, values)]  # hash the small side only
         if len(members) == 0:
             return np.zeros(len(values), dtype=bool)
+    if len(members) >= _DENSE_MIN:
+        # Many ids spread thinly (a 1% delete: 100,000 ids over 10M): sorted already (a view's
+        # keys in its order), searched where they are; else a bitmap of their span: no copy, or
+        # ~1 bit an id, where a hash table holds ~60 bytes an id (and is slower to build)
+        if _sorted_distinct(members):
+            return _in_sorted(values, members)
+        if Membership.fits_bitmap(int(members.min()), int(members.max()), len(members)):
+            return Membership(members).mask(values)
     return _mask(values, members)
+
+
+def _sorted_distinct(a: np.ndarray) -> bool:
+    return len(a) < 2 or bool((a[1:] > a[:-1]).all())
+
+
+def _in_sorted(values: np.ndarray, members: np.ndarray) -> np.ndarray:
+    """Mask of ``values`` found in ``members`` (sorted, distinct, not empty)."""
+    out = np.empty(len(values), dtype=bool)
+    for start in range(0, len(values), _BLOCK):  # (in blocks: a few small temporaries)
+        v = values[start:start + _BLOCK]
+        pos = np.searchsorted(members, v)
+        np.minimum(pos, len(members) - 1, out=pos)
+        out[start:start + _BLOCK] = members[pos] == v
+    return out
 
 
 class Membership:
     """``isin`` against one set of ``members`` asked many times (a stream of
-    batches): the lookup is built once. Ids (non-negative) spanning at most
-    ``BITMAP_MAX`` get a bitmap (one gather a batch); others a sorted array.
+    batches): the lookup is built once, in memory O(members). Members whose
+    span (largest less smallest) is small next to their count get a bitmap
+    of that span, one bit an id (one gather a batch); others a sorted array
+    (a binary search a value). At most ``BITS_PER_MEMBER`` bits a member
+    beyond ``BITMAP_FREE_BITS``: a 1% delete at 10M rows (100,000 ids over
+    10M) holds 1.2 MiB, where a bool an id of the whole span held 10 MiB.
 
     >>> m = Membership(np.array([5, 3, 9]))
     >>> m.mask(np.array([1, 3, 9, 12, -1])).tolist()
     [False, True, True, False, False]
     >>> Membership(np.array([2**40, 7])).mask(np.array([7, 2**40, 8])).tolist()
     [True, True, False]
+    >>> Membership(np.array([-4, 2**62])).mask(np.array([-4, 2**62, 0])).tolist()
+    [True, True, False]
     """
 
-    BITMAP_MAX = 1 << 26  # 64 MiB of bools at the most
+    BITS_PER_MEMBER = 64  # a bitmap no larger than the sorted array (8 bytes a member) ...
+    BITMAP_FREE_BITS = 1 << 23  # ... beyond 1 MiB
 
     def __init__(self, members: np.ndarray) -> None:
-        members = np.unique(np.asarray(members, dtype=np.int64))
-        self._bitmap = None
-        self._sorted = members
-        if len(members) and members[0] >= 0 and members[-1] < self.BITMAP_MAX:
-            self._bitmap = np.zeros(int(members[-1]) + 1, dtype=bool)
-            self._bitmap[members] = True
+        members = np.asarray(members, dtype=np.int64)
+        self._bits: np.ndarray | None = None
+        self._lo = self._hi = 0
+        if len(members) and self.fits_bitmap(int(members.min()), int(members.max()), len(members)):
+            self._lo, self._hi = int(members.min()), int(members.max())
+            self._bits = np.zeros((self._hi - self._lo + 8) >> 3, dtype=np.uint8)
+            for start in range(0, len(members), _BLOCK):  # (in blocks: a few small temporaries, no sorted copy)
+                rel = members[start:start + _BLOCK] - self._lo
+                bit = np.left_shift(np.uint8(1), rel.astype(np.uint8) & 7)
+                rel >>= 3  # each member's byte
+                np.bitwise_or.at(self._bits, rel, bit)
+            self._sorted = np.empty(0, np.int64)  # (the bitmap answers)
+        else:
+            self._sorted = _distinct(members)
+
+    @classmethod
+    def fits_bitmap(cls, lo: int, hi: int, count: int) -> bool:
+        """Whether ``count`` members from ``lo`` to ``hi`` get a bitmap."""
+        return hi - lo + 1 <= cls.BITS_PER_MEMBER * count + cls.BITMAP_FREE_BITS  # (Python ints: no overflow)
 
     def mask(self, values: np.ndarray) -> np.ndarray:
         values = np.asarray(values, dtype=np.int64)
-        if self._bitmap is not None:
-            inside = (values >= 0) & (values < len(self._bitmap))
-            out = np.zeros(len(values), dtype=bool)
-            out[inside] = self._bitmap[values[inside]]
-            return out
-        if not len(self._sorted):
-            return np.zeros(len(values), dtype=bool)
-        pos = np.minimum(np.searchsorted(self._sorted, values), len(self._sorted) - 1)
-        return self._sorted[pos] == values
+        if self._bits is None:
+            if not len(self._sorted):
+                return np.zeros(len(values), dtype=bool)
+            pos = np.minimum(np.searchsorted(self._sorted, values), len(self._sorted) - 1)
+            return self._sorted[pos] == values
+        out = np.empty(len(values), dtype=bool)
+        span = np.uint64(self._hi - self._lo)
+        for start in range(0, len(values), _BLOCK):  # (in blocks: a few small temporaries)
+            rel = values[start:start + _BLOCK] - self._lo  # (below lo: wraps around as unsigned, outside too)
+            inside = rel.view(np.uint64) <= span
+            rel[~inside] = 0
+            shift = rel.astype(np.uint8) & 7
+            rel >>= 3
+            out[start:start + _BLOCK] = inside & ((self._bits[rel] >> shift) & 1).astype(bool)
+        return out
 
 
 def positions(values: np.ndarray, members: np.ndarray) -> np.ndarray:
@@ -187,6 +237,21 @@ def positions(values: np.ndarray, members: np.ndarray) -> np.ndarray:
 
 def _sorted(a: np.ndarray) -> np.ndarray:
     return np.sort(np.asarray(a, dtype=np.int64))
+
+
+def _distinct(a: np.ndarray, owned: bool = False) -> np.ndarray:
+    """The distinct values of ``a``, sorted (``np.unique``, by a sort: NumPy 2's hashing
+    ``unique`` is ~5x slower on 100,000 ids). ``owned``: ``a`` is int64 and the
+    caller's own (a concatenation): sorted in place, not copied."""
+    a = np.asarray(a, dtype=np.int64)
+    if _sorted_distinct(a):  # (row ids from Lance: mostly so already, no copy)
+        return a
+    if owned:
+        a.sort()
+    else:
+        a = _sorted(a)
+    new = a[1:] != a[:-1]
+    return a if new.all() else a[np.r_[True, new]]  # (row ids: mostly distinct already, no copy)
 
 
 @dataclass
@@ -224,9 +289,10 @@ def plan_keys(view_keys: np.ndarray, changes: ChangeSet, limit: int | None = Non
         passing = changes.changed_pass[~isin(changes.changed_pass, changes.deleted)]
         in_view = isin(passing, view)
         insert, update = passing[~in_view], passing[in_view]
-        gone = np.unique(np.concatenate([changes.deleted, changes.changed_fail]))
-        delete = gone[isin(gone, view) & ~isin(gone, update)]
-        return KeyPlan(_sorted(insert), _sorted(update), _sorted(delete))
+        gone = (_distinct(np.concatenate([changes.deleted, changes.changed_fail]), owned=True)
+                if len(changes.changed_fail) else _distinct(changes.deleted))
+        delete = gone[isin(gone, view) & ~isin(gone, update)]  # (sorted: a subset of gone)
+        return KeyPlan(_sorted(insert), _sorted(update), delete)
     if changes.candidates is None:
         raise ValueError("a limited view needs the full candidate set to plan")
     target = select_limited(changes.candidates, limit, seed)

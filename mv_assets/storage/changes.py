@@ -315,22 +315,35 @@ def written_fragments(src: lance.LanceDataset, v0: int | None, commits: list) ->
     Lance writes appended rows, and rows an update or merge_insert rewrites,
     into new fragments (ids above every id at ``v0``); deletes and compactions
     write no row version, nor do column drops; backfills of computed columns
-    keep row versions. So
-    while every commit since ``v0`` is one of those, the change feed's rows
-    are all in the fragments written since, and a refresh after deletes and
-    updates scans only them (O(changed rows), not O(source)). Any other commit
-    (an update of columns in place, a load of columns, a data replacement,
-    one whose record was cleaned up) answers None."""
+    keep row versions. An update of columns in place (``rewrite_columns``: a
+    load of columns, another tool's in-place update) moves the versions of
+    rows of the fragments it names, and only of those. So while every commit
+    since ``v0`` is one of those, the change feed's rows are all in the
+    fragments written since and those updated in place (still there: a
+    compaction since moved their rows into fragments written since), and a
+    refresh after deletes and updates scans only them (O(changed rows'
+    fragments), not O(source)). Any other commit (a Merge adding a column
+    with values, a data replacement, one whose record was cleaned up) answers
+    None. Cost: the commits (read already) and one fragment listing."""
     if v0 is None:
         return None
+    in_place: set[int] = set()
     for txn in commits:
-        kind = type(txn.operation).__name__
+        op = txn.operation
+        kind = type(op).__name__
         props = txn.transaction_properties or {}
         # (a Merge, adding a column with values, moves the versions of rows in place)
         if kind in NEUTRAL_OPERATIONS or kind in ("Append", "Delete", "Project") or BACKFILL_KEY in props:
             continue
-        if kind == "Update" and getattr(txn.operation, "update_mode", None) in (None, "rewrite_rows") \
-                and not getattr(txn.operation, "updated_fragment_offsets", None):
+        mode = getattr(op, "update_mode", None)
+        if kind == "Update" and mode in (None, "rewrite_rows") and not getattr(op, "updated_fragment_offsets", None):
+            continue
+        if kind == "Update" and mode == "rewrite_columns":
+            in_place |= {int(f.id) for f in getattr(op, "updated_fragments", None) or []}
             continue
         return None
-    return fragments_after(src, v0)
+    written = fragments_after(src, v0)
+    if written is None or not in_place:
+        return written
+    new = {f.fragment_id for f in written}
+    return written + [f for i in sorted(in_place - new) if (f := src.get_fragment(i)) is not None]
