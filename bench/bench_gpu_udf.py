@@ -35,7 +35,11 @@ engine's read, write, set-up and UDF totals come from its stage timings
 writes), so they add up to more than the wall time; with workers they are
 summed over the processes (task-seconds). CPU: the CPU seconds of the
 processes over the tasks, all their threads: CPU / wall is how many cores
-were kept busy. The values are checked against
+were kept busy. Faults: the page faults of this process over the
+configuration (all its threads; not printed for the pool, whose faults are its
+workers'): fresh memory touched, costly in a VM. After each model, the files
+the plain loop and the inline refresh wrote (count, rows, bytes, Lance file
+version, columns). The values are checked against
 the model's own on a sample of rows (with a tolerance: a GPU's kernels may
 round differently batch by batch).
 
@@ -50,6 +54,7 @@ import glob
 import json
 import multiprocessing
 import os
+import resource
 import shutil
 import tempfile
 import time
@@ -192,6 +197,21 @@ class PoolRunner:
         self.pool.shutdown()
 
 
+def _faults() -> int:
+    """Page faults of this process so far, all its threads (fresh memory touched: costly in a VM)."""
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_minflt + r.ru_majflt
+
+
+def _files(uri: str) -> str:
+    """The current version's data files of a dataset: how many, rows per file, bytes, file version."""
+    ds = lance.dataset(uri)
+    files = [(f, fr.count_rows()) for fr in ds.get_fragments() for f in fr.data_files()]
+    size = sum(os.path.getsize(os.path.join(uri, "data", f.path)) for f, _ in files)
+    return (f"{len(files)} file(s), {sorted({n for _, n in files})} rows each, {size / 1e6:.1f} MB, "
+            f"Lance file {ds.data_storage_version}, columns {ds.schema.names}")
+
+
 def _udf_spent() -> dict[str, float]:
     """The UDF instances' own totals so far, over every process (bench.Embed._report)."""
     total: dict[str, float] = {}
@@ -213,16 +233,16 @@ def _model_alone(src_uri: str, batch: int) -> tuple[float, dict]:
     f = Embed()
     setup = _since(before)["setup_s"]
     f(batches[0].column(0).slice(0, 8))  # warm
-    before = _udf_spent()
+    before, faults = _udf_spent(), _faults()
     t0, cpu = time.perf_counter(), time.process_time()
     for b in batches:
         f(b.column(0))
     wall = time.perf_counter() - t0
-    return wall, {**_since(before), "setup_s": setup, "cpu_s": time.process_time() - cpu}
+    return wall, {**_since(before), "setup_s": setup, "cpu_s": time.process_time() - cpu, "faults": _faults() - faults}
 
 
 def _plain_loop(src_uri: str, out_uri: str, batch: int) -> tuple[float, dict]:
-    before = _udf_spent()
+    before, faults = _udf_spent(), _faults()
     t0, cpu = time.perf_counter(), time.process_time()
     f = Embed()
     ds = lance.dataset(src_uri)
@@ -249,12 +269,12 @@ def _plain_loop(src_uri: str, out_uri: str, batch: int) -> tuple[float, dict]:
     # write_dataset pulls the loop's batches: its own time (encode, write, commit) is the rest
     spent = _since(before)
     return wall, {**spent, "read_s": stages["read_s"], "write_s": time.perf_counter() - w0 - stages["in_loop_s"],
-                  "cpu_s": time.process_time() - cpu}
+                  "cpu_s": time.process_time() - cpu, "faults": _faults() - faults}
 
 
 def _refresh(db, name: str, runner) -> tuple[float, int, dict]:
     v = db.open_table(name)
-    before = _udf_spent()
+    before, faults = _udf_spent(), _faults()
     t0 = time.perf_counter()
     r = v.refresh(runner=runner, mode="full")
     wall = time.perf_counter() - t0
@@ -265,6 +285,8 @@ def _refresh(db, name: str, runner) -> tuple[float, int, dict]:
               "glue_s": t.get("stage_udf_s", 0.0) - own, "write_s": t.get("stage_write_s", 0.0),
               "commit_s": t.get("commit_s", 0.0), "other_s": wall - t.get("execute_s", 0.0) - t.get("commit_s", 0.0),
               "cpu_s": t.get("stage_cpu_s", 0.0)}
+    if runner.name == "inline":  # (a pool's faults are its workers')
+        stages["faults"] = _faults() - faults
     if os.environ.get("BENCH_VERBOSE"):
         print(f"      {r.runner}: {r.tasks} tasks, {r.timings}")
     return wall, r.udf_rows_computed["emb"], stages
@@ -272,11 +294,12 @@ def _refresh(db, name: str, runner) -> tuple[float, int, dict]:
 
 COLUMNS = [("setup_s", "set-up"), ("read_s", "read"), ("to_s", "to-model"), ("model_s", "model"),
            ("from_s", "from-model"), ("glue_s", "glue"), ("write_s", "write"), ("commit_s", "commit"),
-           ("other_s", "plan+other"), ("cpu_s", "CPU")]
+           ("other_s", "plan+other"), ("cpu_s", "CPU"), ("faults", "faults")]
 
 
 def _row(label: str, wall: float, stages: dict, rows: int, versus: str = "") -> str:
-    cells = "".join(f"{stages[k]:>11.2f}" if k in stages else f"{'-':>11}" for k, _ in COLUMNS)
+    cells = "".join(f"{'-':>11}" if k not in stages else f"{stages[k]:>11,}" if k == "faults" else f"{stages[k]:>11.2f}"
+                    for k, _ in COLUMNS)
     return f"    {label:<24}{wall:>8.2f}{rows / 1e3 / wall:>9.0f}k{cells}  {versus}"
 
 
@@ -337,6 +360,8 @@ def main() -> None:
             plain, plain_st = _plain_loop(src_uri, os.path.join(root, f"plain_{view}.lance"), args.batch)
             inline, n1, inline_st = _refresh(db, view, InlineRunner())
             _check(db, view, src_uri, args.dim, args.out_dim)
+            written = (f"    written: plain loop {_files(os.path.join(root, f'plain_{view}.lance'))}\n"
+                       f"             inline    {_files(db.open_table(view).uri)}")
             pool = PoolRunner(args.workers, env)
             try:
                 pool.warm()
@@ -354,6 +379,7 @@ def main() -> None:
                        f"{model / inline:5.2f}x model, {plain / inline:5.2f}x plain loop"))
             print(_row(f"mv_assets {args.workers} workers", pooled, pooled_st, rows,
                        f"{model / pooled:5.2f}x model, {plain / pooled:5.2f}x plain loop"))
+            print(written)
         print("\n  values: a sample of 1,000 rows of the view equals the model's own after each refresh")
     finally:
         shutil.rmtree(root, ignore_errors=True)

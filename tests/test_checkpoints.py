@@ -86,3 +86,105 @@ def test_backfill_and_refresh_leave_checkpoints_in_one_format(tmp_path):
     assert res.batches_resumed == 3 and res.udf_rows_computed == 0
     assert sorted(t.to_arrow().column("y").to_pylist()) == [2 * x for x in range(40)]
     assert store.keys() == []
+
+
+# -- results held by time-sized checkpoints (execution.tasks.PacedRowStore) -------------
+
+
+def _paced(tmp_path, target_s):
+    from types import SimpleNamespace
+
+    from mv_assets.execution.tasks import PacedRowStore
+
+    spec = SimpleNamespace(name="y", fingerprint="f", field=None)
+    return PacedRowStore(str(tmp_path / "rows"), [spec], False, target_s)  # pyright: ignore[reportArgumentType]
+
+
+def _slice(store, first, rows=10):
+    """One slice as a task gives it to the store: its results saved, then its UDF time recorded."""
+    ids = np.arange(first, first + rows, dtype=np.int64)
+    store.save(ids, np.ones(rows, np.int64), lambda: np.full(rows, "", dtype=object),
+               {"y": pa.array(ids * 10), "__computed__y": pa.array(["f"] * rows)}, [])
+
+
+def _saved_ids(store):
+    index = store.store.index()
+    return sorted(index.ids.tolist()) if len(index) else []
+
+
+def test_a_paced_store_lets_go_of_a_cheap_udfs_results_past_its_bound(tmp_path, monkeypatch):
+    """A cheap UDF's results would never be saved (its task ends long before a
+    checkpoint's worth of UDF time): past HOLD_BYTES the oldest are let go, not
+    held to the task's end (which kept a task's whole output in memory)."""
+    from mv_assets.execution import tasks
+
+    monkeypatch.setattr(tasks, "HOLD_BYTES", 1000)
+    store = _paced(tmp_path, target_s=10.0)
+    held = []
+    for b in range(50):
+        _slice(store, 10 * b)
+        assert not store.computed(10, 0.001)
+        held.append(store._held_bytes)
+    assert max(held) <= 1000 and len(store._held) <= 3
+    assert abs(store.released_seconds - 0.001 * (50 - len(store._held))) < 1e-9
+    assert _saved_ids(store) == []  # nothing saved, as before
+
+
+def test_results_let_go_of_bring_the_next_save_sooner(tmp_path, monkeypatch):
+    """Results are let go of only while their UDF time fits in RELEASE_SHARE of
+    the target; that time stays counted as unsaved, so the UDF time not in a
+    checkpoint never exceeds the target (what a crash may lose, as before)."""
+    from mv_assets.execution import tasks
+
+    monkeypatch.setattr(tasks, "HOLD_BYTES", 0)
+    monkeypatch.setattr(tasks, "RELEASE_SHARE", 0.25)
+    store = _paced(tmp_path, target_s=1.0)
+    saves, unsaved = [], []
+    for b in range(20):  # 0.125 s a slice (exact in binary)
+        _slice(store, 10 * b)
+        if store.computed(10, 0.125):
+            store.flush()
+            saves.append(b)
+        unsaved.append(store.released_seconds + sum(h[6] for h in store._held))
+    # slices 0 and 1 let go of (0.25 s), the save after slice 7 holds slices 2-7; the 0.25 s
+    # let go of stay unsaved, so the next save comes after 6 more slices (13), not 8 (15)
+    assert saves == [7, 13, 19]
+    assert _saved_ids(store) == list(range(20, 200))
+    assert max(unsaved) <= 1.0
+    assert store.released_seconds == 0.25
+
+
+def test_a_refresh_holding_little_equals_the_oracle(tmp_path, monkeypatch):
+    """A refresh under time-sized checkpoints (the default) with wide results
+    and a small hold bound: the held results stay bounded and the view equals
+    the oracle."""
+    from mv_assets.execution import tasks
+
+    monkeypatch.setattr(tasks, "HOLD_BYTES", 64 * 1024)
+    held: list[int] = []
+    real = tasks.PacedRowStore.computed
+
+    def computed(self, rows, seconds):
+        out = real(self, rows, seconds)
+        held.append(self._held_bytes)
+        return out
+
+    monkeypatch.setattr(tasks.PacedRowStore, "computed", computed)
+    n, dim = 20_000, 16
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    src = db.create_table("src", pa.table({"id": pa.array(np.arange(n)),
+                                           "x": pa.array(np.arange(n, dtype=np.float32))}))
+
+    def wide(x: pa.Array) -> pa.Array:
+        v = np.repeat(x.to_numpy()[:, None], dim, axis=1) + np.arange(dim, dtype=np.float32)
+        return pa.FixedSizeListArray.from_arrays(pa.array(v.ravel()), dim)
+
+    udf = mv.udf(wide, data_type=pa.list_(pa.float32(), dim), input_columns=["x"], batch_size=1024)
+    view = db.create_materialized_view("v", src.search(None).select({"id": "id", "e": udf}))
+    assert view.refresh().udf_rows_computed == {"e": n}
+    one = 1024 * (dim * 4 + 8 * 3 + 64 + 4)  # a slice's results: about one UDF batch
+    assert held and max(held) <= 64 * 1024 + 2 * one
+    got = view.to_arrow().sort_by("id")
+    want = np.repeat(np.arange(n, dtype=np.float32)[:, None], dim, axis=1) + np.arange(dim, dtype=np.float32)
+    assert got.column("id").to_pylist() == list(range(n))
+    assert np.array_equal(got.column("e").combine_chunks().flatten().to_numpy().reshape(n, dim), want)

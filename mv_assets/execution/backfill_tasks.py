@@ -337,7 +337,7 @@ def run_fused_task(payload: str, shared: bytes) -> str:
                 batch.column("_rowid").cast(pa.int64()), batch.column(Alias.ROW_VERSION).cast(pa.int64()),
                 udf_rows, errors, store, functools.partial(identity, batch), resumed,
             )
-            if store.pacer.computed(batch.num_rows, time.perf_counter() - started):
+            if store.computed(batch.num_rows, time.perf_counter() - started):
                 store.flush()
             progress.advance(batch.num_rows)
             if "plan_path" not in job:  # a table's markers name the row version the inputs were read at

@@ -65,3 +65,14 @@ class CheckpointPacer:
             self._pending = 0.0
             return True
         return False
+
+    def unsaved(self, seconds: float) -> None:
+        """Count ``seconds`` of work as still unsaved after a save (results let go
+        of before it, see ``tasks.PacedRowStore``): the next save comes that much
+        sooner, so a crash still loses less than ``target_seconds`` of work.
+
+        >>> p = CheckpointPacer(target_seconds=10)
+        >>> p.computed(100, 10.0), p.unsaved(4.0), p.computed(100, 6.0)
+        (True, None, True)
+        """
+        self._pending += max(0.0, seconds)
