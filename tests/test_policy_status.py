@@ -15,6 +15,14 @@ from mv_assets.model.policy import RefreshPolicy, decide
 NOW = 10_000.0
 
 
+def _lines_seen(log: str) -> set:
+    """The lines a probe UDF wrote to ``log`` (what the status said while the
+    refresh computed), then the log removed for the next refresh."""
+    with open(log) as fh:
+        lines = set(fh.read().splitlines())
+    os.remove(log)
+    return lines
+
 def _d(policy, reflected=4, source=5, last=NOW - 100, changed=10, card=100, scheduled=False):
     return decide(
         policy, source_version=source, reflected_version=reflected, last_refreshed_at=last, now=NOW,
@@ -211,10 +219,7 @@ def test_a_refresh_is_loading_while_it_runs_and_loaded_once_committed_with_one_r
         return x
 
     def seen() -> set:
-        with open(log) as fh:
-            states = set(fh.read().split())
-        os.remove(log)
-        return states
+        return _lines_seen(log)
 
     v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": probe}))
     open(flag, "w").close()
@@ -339,10 +344,7 @@ def test_the_load_state_is_read_from_the_commits_and_a_record_is_kept_only_while
         return x
 
     def seen() -> set:
-        with open(log) as fh:
-            lines = set(fh.read().splitlines())
-        os.remove(log)
-        return lines
+        return _lines_seen(log)
 
     u = db.create_materialized_view("u", t.search(None).select({"id": "id", "y": probe}))
     u.refresh()
