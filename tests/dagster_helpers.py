@@ -111,3 +111,12 @@ def run_requested(defs, instance, result) -> list:
 def run_log(instance, result) -> list[str]:
     """The messages a run logged through ``context.log`` (its Dagster events left out)."""
     return [r.user_message for r in instance.all_logs(result.run_id) if r.dagster_event is None and r.user_message]
+
+
+def column_lineage(lineage) -> dict[str, set[tuple[str, str]]]:
+    """An asset's ``dagster/column_lineage`` metadata (the value, or its
+    metadata wrapper) as ``{column: {(asset key, column), ...}}``."""
+    if not isinstance(lineage, dg.TableColumnLineage):
+        lineage = lineage.column_lineage
+    return {col: {(d.asset_key.to_user_string(), d.column_name) for d in deps}
+            for col, deps in lineage.deps_by_column.items()}

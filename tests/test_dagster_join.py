@@ -8,7 +8,7 @@ job)."""
 import dagster as dg
 import pyarrow as pa
 from dagster._core.definitions.partitions.mapping import AllPartitionMapping
-from dagster_helpers import apply_partition_requests, evaluate_sensor, run_requested
+from dagster_helpers import apply_partition_requests, column_lineage, evaluate_sensor, run_requested
 
 import mv_assets as mv
 from mv_assets.dagster import MvAssetsResource, build_definitions, partitions_def_name
@@ -81,11 +81,7 @@ def _defs(db):
 
 
 def _lineage(node) -> dict[str, set[tuple[str, str]]]:
-    lineage = node.metadata["dagster/column_lineage"]
-    if not isinstance(lineage, dg.TableColumnLineage):
-        lineage = lineage.column_lineage
-    return {col: {(d.asset_key.to_user_string(), d.column_name) for d in deps}
-            for col, deps in lineage.deps_by_column.items()}
+    return column_lineage(node.metadata["dagster/column_lineage"])
 
 
 def test_a_join_view_is_an_asset_with_every_source_upstream_and_column_lineage_to_each(tmp_path):

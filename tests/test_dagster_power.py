@@ -5,7 +5,7 @@ source table. Real catalogs (the demo's) and Dagster's own definitions."""
 import dagster as dg
 import pyarrow as pa
 import pytest
-from dagster_helpers import apply_partition_requests, evaluate_sensor, run_log, ui_graphql
+from dagster_helpers import apply_partition_requests, column_lineage, evaluate_sensor, run_log, ui_graphql
 
 import mv_assets as mv
 from mv_assets.dagster import MvAssetsResource, build_definitions
@@ -44,11 +44,7 @@ def _spec_metadata(defs, key: dg.AssetKey) -> dict:
 
 
 def _lineage(defs, name: str) -> dict[str, set[tuple[str, str]]]:
-    lineage = _spec_metadata(defs, K([name]))["dagster/column_lineage"]
-    if not isinstance(lineage, dg.TableColumnLineage):
-        lineage = lineage.column_lineage
-    return {col: {(d.asset_key.to_user_string(), d.column_name) for d in deps}
-            for col, deps in lineage.deps_by_column.items()}
+    return column_lineage(_spec_metadata(defs, K([name]))["dagster/column_lineage"])
 
 
 def test_each_view_asset_carries_its_column_lineage(tmp_path):

@@ -60,6 +60,15 @@ def rows_at(db, name, version, options=None):
     return lance.dataset(db.open_table(name).uri, version=version, storage_options=options).to_table().to_pylist()
 
 
+def _oracle_row(c, v, h) -> dict:
+    """The view's row of clip ``c`` joined to video ``v`` and channel ``h`` (None: no match, LEFT)."""
+    title = v["title"] if v else None
+    return {"cid": c["id"], "title": title, "lang": v["lang"] if v else None,
+            "name": h["name"] if h else None, "long": c["dur"] * 10,
+            "cap": None if title is None else f"{title}|{c['dur']}",
+            "badge": None if h is None else f"<{h['name']}>"}
+
+
 def oracle_chain(db, versions, how, options=None):
     """clips ⋈ videos (video_id = vid) ⋈ channels (videos.channel_id = channel_id), filter, columns."""
     clips, videos, channels = (rows_at(db, n, versions[n], options) for n in ("clips", "videos", "channels"))
@@ -76,11 +85,7 @@ def oracle_chain(db, versions, how, options=None):
             for h in chs:
                 if c["dur"] < 2:  # where clips.dur >= 2
                     continue
-                title = v["title"] if v else None
-                out.append({"cid": c["id"], "title": title, "lang": v["lang"] if v else None,
-                            "name": h["name"] if h else None, "long": c["dur"] * 10,
-                            "cap": None if title is None else f"{title}|{c['dur']}",
-                            "badge": None if h is None else f"<{h['name']}>"})
+                out.append(_oracle_row(c, v, h))
     return sorted(out, key=_key)
 
 
@@ -96,11 +101,7 @@ def oracle_star(db, versions, how, options=None):
             for h in chs:
                 if c["dur"] < 2:
                     continue
-                title = v["title"] if v else None
-                out.append({"cid": c["id"], "title": title, "lang": v["lang"] if v else None,
-                            "name": h["name"] if h else None, "long": c["dur"] * 10,
-                            "cap": None if title is None else f"{title}|{c['dur']}",
-                            "badge": None if h is None else f"<{h['name']}>"})
+                out.append(_oracle_row(c, v, h))
     return sorted(out, key=_key)
 
 
