@@ -49,7 +49,9 @@ Usage: python bench/bench_gpu_udf.py [--rows 200000] [--dim 256] [--out-dim 384]
 
 import argparse
 import concurrent.futures
+import contextlib
 import fcntl
+import functools
 import glob
 import json
 import multiprocessing
@@ -57,7 +59,9 @@ import os
 import resource
 import shutil
 import tempfile
+import threading
 import time
+from datetime import timedelta
 
 os.environ.setdefault("LANCE_LOG", "error")
 os.environ["MV_ASSETS_STAGE_TIMINGS"] = "1"  # the engine's stage timings (execution.stages), in the workers too
@@ -69,57 +73,95 @@ import pyarrow as pa  # noqa: E402
 import mv_assets as mv  # noqa: E402
 from mv_assets.execution.spark import InlineRunner, resolve  # noqa: E402
 
-ARGS = {"dim": 256, "out_dim": 384, "model_us": 20.0, "torch": False}
+VOCAB = 32_000  # the encoder's token ids
 
 
 class Embed:
     """A stateful batched UDF shaped like a model column: set-up once per
     process, then one call per batch: inputs to a matrix, the "model", its
-    output back to Arrow."""
+    output back to Arrow. Calls may come from several threads at once (the
+    inline runner's ``threads``): with torch each thread copies and computes
+    on a CUDA stream of its own, so one thread's copies overlap another's
+    kernels on the one model."""
 
     def __init__(self) -> None:
         started = time.perf_counter()
         self.spent = {"setup_s": 0.0, "to_s": 0.0, "model_s": 0.0, "from_s": 0.0}
+        self._lock = threading.Lock()
         self.dim, self.out_dim = int(os.environ["BENCH_DIM"]), int(os.environ["BENCH_OUT_DIM"])
         self.wait = float(os.environ["BENCH_MODEL_US"]) * 1e-6
+        self.kind = os.environ.get("BENCH_TORCH_MODEL", "")  # "mlp", "encoder" or "" (a stand-in)
         self.model = None
-        if os.environ.get("BENCH_TORCH") == "1":
+        self._local = threading.local()
+        if self.kind:
             import torch
 
             device = mv.current_device()  # a Spark task's GPU; inline or in the pool: $MV_ASSETS_DEVICE
             if device == "cpu" and torch.cuda.is_available():
-                device = "cuda:0"  # one GPU shared by the worker processes
+                device = "cuda:0"  # one GPU shared by the threads or worker processes
             self.torch, self.device = torch, device
             torch.manual_seed(0)  # the same weights in every process (and in the oracle)
-            self.model = torch.nn.Sequential(
-                torch.nn.Linear(self.dim, 1024), torch.nn.GELU(), torch.nn.Linear(1024, self.out_dim)
-            ).to(device).eval()
+            if self.kind == "mlp":
+                self.model = torch.nn.Sequential(
+                    torch.nn.Linear(self.dim, 1024), torch.nn.GELU(), torch.nn.Linear(1024, self.out_dim)
+                ).to(device).eval()
+                self.dtype = torch.float32
+            else:  # a 12-layer d=1024 encoder over token ids, mean-pooled: GPU-bound
+                self.dtype = torch.bfloat16
+                layer = torch.nn.TransformerEncoderLayer(self.out_dim, 16, 4 * self.out_dim, batch_first=True,
+                                                         dropout=0.0)
+                self.model = torch.nn.ModuleDict({
+                    "emb": torch.nn.Embedding(VOCAB, self.out_dim),
+                    "enc": torch.nn.TransformerEncoder(layer, 12, enable_nested_tensor=False),
+                }).to(device, dtype=self.dtype).eval()
             self._sync()
         self.spent["setup_s"] = time.perf_counter() - started
         self._report()
 
-    def _sync(self) -> None:
-        """Wait for the device (the stages are timed apart: a copy or a kernel runs on after its call returns)."""
-        if self.model is not None and str(self.device).startswith("cuda"):
+    def _stream(self):
+        """This thread's CUDA stream (None: not on a GPU)."""
+        if self.model is None or not str(self.device).startswith("cuda"):
+            return None
+        stream = getattr(self._local, "stream", None)
+        if stream is None:
+            stream = self._local.stream = self.torch.cuda.Stream(self.device)
+        return stream
+
+    def _sync(self, stream=None) -> None:
+        """Wait for this thread's work on the device (the stages are timed apart: a copy or a kernel runs on after its call returns)."""
+        if stream is not None:
+            stream.synchronize()
+        elif self.model is not None and str(self.device).startswith("cuda"):
             self.torch.cuda.synchronize(self.device)
 
     def _report(self) -> None:
         """This instance's totals so far, where the bench reads them (one file per process and instance)."""
         where = os.environ.get("BENCH_STAGE_DIR")
         if where:
-            with open(os.path.join(where, f"{os.getpid()}-{id(self)}.json"), "w") as f:
+            with self._lock, open(os.path.join(where, f"{os.getpid()}-{id(self)}.json"), "w") as f:
                 json.dump(self.spent, f)
+
+    def _forward(self, xs):
+        if self.kind == "mlp":
+            return self.model(xs)
+        return self.model["enc"](self.model["emb"](xs)).mean(dim=1)
 
     def __call__(self, x: pa.Array) -> pa.Array:
         t0 = time.perf_counter()
         m = x.flatten().to_numpy(zero_copy_only=False).reshape(-1, self.dim)
         if self.model is not None:
-            with self.torch.inference_mode():
-                xs = self.torch.from_numpy(m).to(self.device, non_blocking=True)  # host to device
-                self._sync()
+            torch = self.torch
+            stream = self._stream()
+            with torch.inference_mode(), torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+                xs = torch.from_numpy(m).to(self.device, non_blocking=False)  # host to device
+                if self.kind == "mlp":
+                    xs = xs.to(self.dtype)
+                else:
+                    xs = xs.long()
+                self._sync(stream)
                 t1 = time.perf_counter()
-                ys = self.model(xs)
-                self._sync()
+                ys = self._forward(xs)
+                self._sync(stream)
                 t2 = time.perf_counter()
                 out = ys.float().cpu().numpy()  # device to host
         else:
@@ -135,9 +177,10 @@ class Embed:
                 out[:, self.dim:] = m[:, : self.out_dim - self.dim]
         result = pa.FixedSizeListArray.from_arrays(pa.array(out.ravel(), pa.float32()), self.out_dim)
         t3 = time.perf_counter()
-        self.spent["to_s"] += t1 - t0
-        self.spent["model_s"] += t2 - t1
-        self.spent["from_s"] += t3 - t2
+        with self._lock:
+            self.spent["to_s"] += t1 - t0
+            self.spent["model_s"] += t2 - t1
+            self.spent["from_s"] += t3 - t2
         self._report()
         return result
 
@@ -149,10 +192,46 @@ def _udf(out_dim: int, model: str, batch: int = 8192) -> mv.UDF:
                   batch_size=batch)  # the model's batches: as in "model alone"
 
 
-def _source(path: str, rows: int, dim: int) -> pa.Table:
+def _source(rows: int, dim: int, tokens: bool = False) -> pa.Table:
     rng = np.random.default_rng(7)
-    x = pa.FixedSizeListArray.from_arrays(pa.array(rng.random(rows * dim, dtype=np.float32)), dim)
-    return pa.table({"id": pa.array(np.arange(rows)), "x": x})
+    values = (pa.array(rng.integers(0, VOCAB, rows * dim, dtype=np.int32)) if tokens
+              else pa.array(rng.random(rows * dim, dtype=np.float32)))
+    return pa.table({"id": pa.array(np.arange(rows)), "x": pa.FixedSizeListArray.from_arrays(values, dim)})
+
+
+class GpuUse:
+    """The GPU's mean utilisation (NVML: the share of time a kernel ran) while
+    a configuration runs; "-" without a GPU or NVML."""
+
+    def __init__(self) -> None:
+        self.samples: list[int] = []
+        self._stop = threading.Event()
+        self._thread = None
+        try:
+            import pynvml
+
+            pynvml.nvmlInit()
+            self._nvml, self._handle = pynvml, pynvml.nvmlDeviceGetHandleByIndex(0)
+        except Exception:  # noqa: BLE001 - no GPU, no NVML: nothing sampled
+            self._nvml = None
+
+    def __enter__(self) -> "GpuUse":
+        if self._nvml is not None:
+            self._thread = threading.Thread(target=self._sample, daemon=True)
+            self._thread.start()
+        return self
+
+    def _sample(self) -> None:
+        while not self._stop.wait(0.05):
+            self.samples.append(self._nvml.nvmlDeviceGetUtilizationRates(self._handle).gpu)
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+
+    def mean(self) -> str:
+        return f"{sum(self.samples) / len(self.samples):.0f}%" if self.samples else "-"
 
 
 def _init_worker(env: dict) -> None:
@@ -275,8 +354,9 @@ def _plain_loop(src_uri: str, out_uri: str, batch: int) -> tuple[float, dict]:
 def _refresh(db, name: str, runner) -> tuple[float, int, dict]:
     v = db.open_table(name)
     before, faults = _udf_spent(), _faults()
-    t0 = time.perf_counter()
-    r = v.refresh(runner=runner, mode="full")
+    t0, cpu = time.perf_counter(), time.process_time()
+    with GpuUse() as gpu:
+        r = v.refresh(runner=runner, mode="full")
     wall = time.perf_counter() - t0
     spent = _since(before)
     t = r.timings
@@ -284,104 +364,165 @@ def _refresh(db, name: str, runner) -> tuple[float, int, dict]:
     stages = {**spent, "setup_s": t.get("stage_setup_s", 0.0), "read_s": t.get("stage_read_s", 0.0),
               "glue_s": t.get("stage_udf_s", 0.0) - own, "write_s": t.get("stage_write_s", 0.0),
               "commit_s": t.get("commit_s", 0.0), "other_s": wall - t.get("execute_s", 0.0) - t.get("commit_s", 0.0),
-              "cpu_s": t.get("stage_cpu_s", 0.0)}
+              "cpu_s": t.get("stage_cpu_s", 0.0), "gpu": gpu.mean()}
     if runner.name == "inline":  # (a pool's faults are its workers')
         stages["faults"] = _faults() - faults
+        # tasks on threads overlap: each one's cpu_s counts the others'; the process's own is the truth
+        stages["cpu_s"] = time.process_time() - cpu
     if os.environ.get("BENCH_VERBOSE"):
         print(f"      {r.runner}: {r.tasks} tasks, {r.timings}")
+    v.cleanup_old_versions(timedelta(0), delete_unverified=True)  # the disk holds one copy of the view at a time
     return wall, r.udf_rows_computed["emb"], stages
 
 
 COLUMNS = [("setup_s", "set-up"), ("read_s", "read"), ("to_s", "to-model"), ("model_s", "model"),
            ("from_s", "from-model"), ("glue_s", "glue"), ("write_s", "write"), ("commit_s", "commit"),
-           ("other_s", "plan+other"), ("cpu_s", "CPU"), ("faults", "faults")]
+           ("other_s", "plan+other"), ("cpu_s", "CPU"), ("faults", "faults"), ("gpu", "GPU busy")]
 
 
 def _row(label: str, wall: float, stages: dict, rows: int, versus: str = "") -> str:
-    cells = "".join(f"{'-':>11}" if k not in stages else f"{stages[k]:>11,}" if k == "faults" else f"{stages[k]:>11.2f}"
-                    for k, _ in COLUMNS)
-    return f"    {label:<24}{wall:>8.2f}{rows / 1e3 / wall:>9.0f}k{cells}  {versus}"
+    def cell(k: str) -> str:
+        v = stages.get(k)
+        return f"{'-':>11}" if v is None else f"{v:>11}" if isinstance(v, str) else f"{v:>11,}" if k == "faults" \
+            else f"{v:>11.2f}"
+
+    return f"    {label:<30}{wall:>8.2f}{rows / 1e3 / wall:>9.0f}k{''.join(cell(k) for k, _ in COLUMNS)}  {versus}"
 
 
-def _check(db, view: str, src_uri: str, dim: int, out_dim: int, sample: int = 1000) -> None:
-    """The view's values for a sample of rows equal the model's own on the same inputs (a tolerance:
-    a GPU's kernels may round differently batch by batch)."""
+def _check(db, view: str, src_uri: str, dim: int, out_dim: int, tolerance: float, sample: int = 1000) -> float:
+    """The view's values for a sample of rows equal the model's own on the same inputs, within
+    ``tolerance`` (the largest per-row relative error: a GPU's kernels may round differently
+    batch by batch; bf16 more than float32). Returns that error."""
     ds = lance.dataset(db.open_table(view).uri)
     ids = ds.to_table(columns=["id"]).column("id").to_numpy()
     rng = np.random.default_rng(1)
     want_ids = np.sort(rng.choice(ids, size=min(sample, len(ids)), replace=False))
-    got = ds.take(np.searchsorted(ids, want_ids) if np.all(ids[:-1] <= ids[1:]) else
-                  np.argsort(ids)[np.searchsorted(np.sort(ids), want_ids)], columns=["id", "emb"])
+    got = ds.take(np.argsort(ids, kind="stable")[np.searchsorted(np.sort(ids), want_ids)], columns=["id", "emb"])
     assert got.column("id").to_numpy().tolist() == want_ids.tolist()
     src = lance.dataset(src_uri)
     src_ids = src.to_table(columns=["id"]).column("id").to_numpy()
     x = src.take(np.argsort(src_ids)[np.searchsorted(np.sort(src_ids), want_ids)], columns=["x"]).column("x")
-    want = Embed()(x.combine_chunks())
+    model = _CHECKERS.get(os.environ["BENCH_TORCH_MODEL"]) or Embed()
+    _CHECKERS[os.environ["BENCH_TORCH_MODEL"]] = model
+    want = model(x.combine_chunks())
     g = got.column("emb").combine_chunks().flatten().to_numpy().reshape(-1, out_dim)
     w = want.flatten().to_numpy().reshape(-1, out_dim)
-    assert np.allclose(g, w, rtol=1e-3, atol=1e-4), f"view {view}: its values differ from the model's"
+    assert np.isfinite(g).all(), f"view {view}: values that are not finite"
+    error = float((np.linalg.norm(g - w, axis=1) / np.maximum(np.linalg.norm(w, axis=1), 1e-12)).max())
+    assert error <= tolerance, f"view {view}: its values differ from the model's (relative error {error:.2e})"
+    return error
+
+
+_CHECKERS: dict[str, Embed] = {}  # one model instance per kind for the checks
+
+
+def _configurations(db, view: str, env: dict, threads: list[int], workers: list[int], rows: int, check) -> list:
+    """(label, wall, stages) of the refreshes: inline, inline on each thread count, and a pool of
+    each worker count twice: its first refresh (cold: each process imports the model's library,
+    makes its CUDA context and loads the model) and its second (warm: the processes and their
+    models kept, as Spark keeps its Python workers)."""
+    out = []
+    wall, n, st = _refresh(db, view, InlineRunner())
+    assert n == rows, (n, rows)
+    st["error"] = check()
+    out.append(("mv_assets inline", wall, st))
+    for k in threads:
+        wall, n, st = _refresh(db, view, InlineRunner(threads=k))
+        assert n == rows, (n, rows)
+        st["error"] = check()
+        out.append((f"mv_assets inline, {k} threads", wall, st))
+    for k in workers:
+        pool = PoolRunner(k, env)
+        try:
+            pool.warm()
+            for when in ("cold", "warm"):
+                wall, n, st = _refresh(db, view, pool)
+                assert n == rows, (n, rows)
+                st["error"] = check()
+                out.append((f"mv_assets {k} workers, {when}", wall, st))
+        finally:
+            pool.close()
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--rows", type=int, default=200_000)
+    ap.add_argument("--rows", type=int, default=200_000, help="rows of the io-bound model (and the stand-ins)")
     ap.add_argument("--dim", type=int, default=256)
     ap.add_argument("--out-dim", type=int, default=384)
-    ap.add_argument("--model-us", type=float, default=20.0, help="gpu-bound model: microseconds per row")
-    ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--model-us", type=float, default=20.0, help="gpu-bound stand-in: microseconds per row")
+    ap.add_argument("--workers", type=int, nargs="*", default=[2], help="worker-process counts (a pool each)")
+    ap.add_argument("--threads", type=int, nargs="*", default=[2], help="the inline runner's thread counts")
     ap.add_argument("--batch", type=int, default=8192)
-    ap.add_argument("--torch", action="store_true", help="a real torch MLP on the GPU (io-bound case only)")
+    ap.add_argument("--torch", action="store_true",
+                    help="real torch models on the GPU: an MLP (io-bound) and a 12-layer encoder (gpu-bound)")
+    ap.add_argument("--encoder-rows", type=int, default=50_000, help="--torch: rows of 128 tokens for the encoder")
     ap.add_argument("--model", choices=["both", "gpu-bound", "io-bound"], default="both",
-                    help="which stand-in model(s) to run")
+                    help="which model(s) to run")
+    ap.add_argument("--root", default=None, help="where the datasets are written (a temporary folder under it)")
+    ap.add_argument("--json", default=None, help="also write every figure to this file (JSON lines)")
     args = ap.parse_args()
-    root = tempfile.mkdtemp(prefix="mv_bench_gpu_")
-    print(f"\nmodel column benchmark: {args.rows:,} rows x {args.dim} float32 -> {args.out_dim}, "
-          f"{os.cpu_count()} cores, {args.workers} workers")
+    root = tempfile.mkdtemp(prefix="mv_bench_gpu_", dir=args.root)
+    print(f"\nmodel column benchmark: {os.cpu_count()} cores, threads {args.threads}, workers {args.workers}")
     print("  seconds per stage; stages of one task overlap (read, compute, write threads); with workers, "
-          "summed over the processes;\n  CPU: CPU seconds of the processes over the tasks (all their threads)")
-    models = [("io-bound", 0.0)] if args.torch else [("gpu-bound", args.model_us), ("io-bound", 0.0)]
+          "summed over the processes;\n  CPU: CPU seconds of the processes over the tasks (all their threads); "
+          "GPU busy: NVML's mean utilisation")
+    # (name, torch model, rows, dim, out dim, batch, stand-in wait, tolerance)
+    if args.torch:
+        models = [("io-bound", "mlp", args.rows, args.dim, args.out_dim, args.batch, 0.0, 1e-3),
+                  ("gpu-bound", "encoder", args.encoder_rows, 128, 1024, 256, 0.0, 3e-2)]
+    else:
+        models = [("gpu-bound", "", args.rows, args.dim, args.out_dim, args.batch, args.model_us, 1e-3),
+                  ("io-bound", "", args.rows, args.dim, args.out_dim, args.batch, 0.0, 1e-3)]
     models = [m for m in models if args.model in ("both", m[0])]
+    out = open(args.json, "a") if args.json else None
     try:
         db = mv.connect(os.path.join(root, "catalog"), runner=InlineRunner())
-        src = db.create_table("src", _source(root, args.rows, args.dim))
-        src_uri = src.uri
-        for name, us in models:
+        for name, kind, rows, dim, out_dim, batch, us, tolerance in models:
+            src = db.create_table(f"src_{name.replace('-', '_')}", _source(rows, dim, tokens=kind == "encoder"))
+            src_uri = src.uri
             lock = os.path.join(root, "gpu.lock")
             open(lock, "wb").close()
             stage_dir = os.path.join(root, f"stages_{name}")
             os.makedirs(stage_dir)
-            env = {"BENCH_GPU_LOCK": lock, "BENCH_DIM": str(args.dim), "BENCH_OUT_DIM": str(args.out_dim),
-                   "BENCH_MODEL_US": str(us), "BENCH_TORCH": "1" if args.torch else "0",
+            env = {"BENCH_GPU_LOCK": lock, "BENCH_DIM": str(dim), "BENCH_OUT_DIM": str(out_dim),
+                   "BENCH_MODEL_US": str(us), "BENCH_TORCH_MODEL": kind,
                    "BENCH_STAGE_DIR": stage_dir, "MV_ASSETS_STAGE_TIMINGS": "1"}
             os.environ.update(env)
             view = f"v_{name.replace('-', '_')}"
-            db.create_materialized_view(view, src.search(None).select({"id": "id", "emb": _udf(args.out_dim, name, args.batch)}))
-            model, model_st = _model_alone(src_uri, args.batch)
-            plain, plain_st = _plain_loop(src_uri, os.path.join(root, f"plain_{view}.lance"), args.batch)
-            inline, n1, inline_st = _refresh(db, view, InlineRunner())
-            _check(db, view, src_uri, args.dim, args.out_dim)
-            written = (f"    written: plain loop {_files(os.path.join(root, f'plain_{view}.lance'))}\n"
-                       f"             inline    {_files(db.open_table(view).uri)}")
-            pool = PoolRunner(args.workers, env)
-            try:
-                pool.warm()
-                pooled, n2, pooled_st = _refresh(db, view, pool)
-            finally:
-                pool.close()
-            assert n1 == n2 == args.rows, (n1, n2)
-            _check(db, view, src_uri, args.dim, args.out_dim)
-            print(f"\n  {name} model ({us:g} us/row wait + output copy){' : torch MLP' if args.torch else ''}")
-            print(f"    {'':<24}{'wall s':>8}{'rows/s':>10}" + "".join(f"{h:>11}" for _, h in COLUMNS))
-            rows = args.rows
+            db.create_materialized_view(view, src.search(None).select({"id": "id", "emb": _udf(out_dim, name, batch)}))
+            with GpuUse() as gpu:
+                model, model_st = _model_alone(src_uri, batch)
+            model_st["gpu"] = gpu.mean()
+            plain_uri = os.path.join(root, f"plain_{view}.lance")
+            with GpuUse() as gpu:
+                plain, plain_st = _plain_loop(src_uri, plain_uri, batch)
+            plain_st["gpu"] = gpu.mean()
+            plain_files = _files(plain_uri)
+            shutil.rmtree(plain_uri, ignore_errors=True)
+            results = _configurations(db, view, env, args.threads, args.workers, rows,
+                                      functools.partial(_check, db, view, src_uri, dim, out_dim, tolerance))
+            what = f"torch {kind}" if kind else f"stand-in, {us:g} us/row wait + output copy"
+            print(f"\n  {name} model ({what}): {rows:,} rows x {dim} {'token ids' if kind == 'encoder' else 'float32'}"
+                  f" -> {out_dim} float32, batches of {batch}")
+            print(f"    {'':<30}{'wall s':>8}{'rows/s':>10}" + "".join(f"{h:>11}" for _, h in COLUMNS))
             print(_row("model alone", model, model_st, rows))
             print(_row("plain loop (1 process)", plain, plain_st, rows, "(write: encode+write+commit)"))
-            print(_row("mv_assets inline", inline, inline_st, rows,
-                       f"{model / inline:5.2f}x model, {plain / inline:5.2f}x plain loop"))
-            print(_row(f"mv_assets {args.workers} workers", pooled, pooled_st, rows,
-                       f"{model / pooled:5.2f}x model, {plain / pooled:5.2f}x plain loop"))
-            print(written)
-        print("\n  values: a sample of 1,000 rows of the view equals the model's own after each refresh")
+            for label, wall, st in results:
+                print(_row(label, wall, st, rows, f"{model / wall:5.2f}x model, {plain / wall:5.2f}x plain loop"))
+            print(f"    written: plain loop {plain_files}\n             view      {_files(db.open_table(view).uri)}")
+            print(f"    values: a sample of 1,000 rows of the view equals the model's own after each refresh "
+                  f"(largest relative error {max(st['error'] for _, _, st in results):.1e}, tolerance {tolerance:g})")
+            if out is not None:
+                for label, wall, st in [("model alone", model, model_st), ("plain loop", plain, plain_st), *results]:
+                    out.write(json.dumps({"model": name, "torch": kind, "rows": rows, "config": label, "wall_s": wall,
+                                          "vs_model": model / wall, "vs_plain": plain / wall, **st}) + "\n")
+                out.flush()
+            db.drop_table(view)
+            db.drop_table(src.name)
     finally:
+        if out is not None:
+            out.close()
         shutil.rmtree(root, ignore_errors=True)
 
 

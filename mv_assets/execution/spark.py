@@ -194,36 +194,80 @@ _RUN_TASK = "mv_assets.execution.spark:_run_task_json"
 
 
 class InlineRunner:
-    """Runs tasks one after another in this process. For debugging and tiny views."""
+    """Runs tasks in this process: one after another (the default; for
+    debugging and small views), or ``threads`` at once.
+
+    With ``threads``, the tasks share this process's stateful UDF instances:
+    one model per process (one CUDA context, one copy of its weights on the
+    GPU) fed by every task's thread, while each task reads, decodes, encodes
+    and writes its own rows on Lance's native threads. The UDF must take calls
+    from several threads at once (a torch module in inference mode does); its
+    set-up still runs once. Results come back in task order; the first failure
+    is raised after the tasks already running end (their files are never
+    committed, their checkpoints kept), and tasks not yet started are not run.
+    No thread outlives the call.
+    """
 
     name = "inline"
+
+    def __init__(self, threads: int = 1) -> None:
+        if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
+            raise ValueError(f"InlineRunner(threads=...) takes a positive int, not {threads!r}")
+        self.threads = threads
 
     def run(
         self, tasks: list[TaskSpec], definition_raw: bytes, *, estimated_seconds: float | None = None,
         resources: ResourceRequest | None = None,
     ) -> list[TaskResult]:
-        resource_requests.unscheduled(resources, _INLINE)
+        resource_requests.unscheduled(resources, self._where())
         with progress.stage(sum(t.rows for t in tasks)):
-            return [run_task(t, definition_raw) for t in tasks]
+            return concurrently(functools.partial(run_task, definition_raw=definition_raw), tasks, self.threads)
 
     def parallelism(self) -> int:
-        """Tasks that run at once: one at a time here."""
-        return 1
+        """Tasks that run at once: ``threads``."""
+        return self.threads
 
     def map(
         self, func_ref: str, payloads: list[str], shared: bytes, rows: int = 0, *,
         resources: ResourceRequest | None = None,
     ) -> list[str]:
-        resource_requests.unscheduled(resources, _INLINE)
+        resource_requests.unscheduled(resources, self._where())
         fn = resolve(func_ref)
         with progress.stage(rows, _stage_name(func_ref)):
-            return [fn(p, shared) for p in payloads]
+            return concurrently(lambda p: fn(p, shared), payloads, self.threads)
 
     def describe_last_run(self) -> str:
-        return self.name
+        return self.name if self.threads == 1 else f"{self.name}[{self.threads} threads]"
+
+    def _where(self) -> str:
+        if self.threads == 1:
+            return "the inline runner runs them one after another in this process"
+        return f"the inline runner runs them on {self.threads} threads of this process"
 
 
-_INLINE = "the inline runner runs them one after another in this process"
+def concurrently(fn: Callable[[Any], Any], items: list, threads: int) -> list:
+    """``[fn(item) for item in items]``, on up to ``threads`` threads, in the
+    items' order. Each call runs in a copy of the caller's context (progress
+    listeners, stage clocks). The first failure (in the items' order among
+    those that failed) is raised once the calls already running have ended;
+    items not yet started are not run. Every thread has ended when this returns."""
+    if threads <= 1 or len(items) <= 1:
+        return [fn(item) for item in items]
+    import concurrent.futures
+    import contextvars
+
+    pool = concurrent.futures.ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix="mv_assets-task")
+    try:
+        futures = [pool.submit(contextvars.copy_context().run, fn, item) for item in items]
+        concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
+        if any(f.done() and f.exception() is not None for f in futures):
+            for f in futures:
+                f.cancel()  # not started yet: never run
+            concurrent.futures.wait(futures)
+            raise next(f.exception() for f in futures if not f.cancelled() and f.exception() is not None)
+        return [f.result() for f in futures]
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
 
 
 def _stage_name(func_ref: str) -> str:

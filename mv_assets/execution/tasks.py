@@ -776,7 +776,7 @@ def run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
 def _run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
     start = time.perf_counter()
     clock = stage_clock()  # None unless stage timings are asked for
-    set_up, cpu = UDF.setup_seconds, (time.process_time() if clock is not None else 0.0)
+    set_up, cpu = UDF.setup_seconds_here(), (time.process_time() if clock is not None else 0.0)
     definition = decode_definition(definition_raw)
     ds = objects.dataset(spec.src_uri, version=spec.src_version)
     view_schema = objects.dataset(spec.view_uri, version=spec.view_version).schema
@@ -825,7 +825,7 @@ def _run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
             clock.add("write_s", time.perf_counter() - written)
     stages: dict[str, float] = {}
     if clock is not None:
-        setup = UDF.setup_seconds - set_up  # made in the task's first UDF call: not the UDF's steady time
+        setup = UDF.setup_seconds_here() - set_up  # made in the task's first UDF call: not the UDF's steady time
         if "udf_s" in clock.seconds:
             clock.add("udf_s", -setup)
         if setup or "udf_s" in clock.seconds:

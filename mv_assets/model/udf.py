@@ -77,6 +77,7 @@ import os
 import sys
 import sysconfig
 import textwrap
+import threading
 import time
 import traceback as _traceback
 import typing
@@ -549,20 +550,35 @@ class UDF:
 
     # -- checked call path ----------------------------------------------
     _instances: dict[str, Any] = {}
+    # held while a stateful UDF is constructed: tasks on several threads of a
+    # process (InlineRunner(threads=...)) share one instance, set up once
+    _instances_lock = threading.RLock()
     # seconds this process spent constructing stateful UDFs (their set-up: a
     # model's load), for the tasks' stage timings (execution.stages)
     setup_seconds: float = 0.0
+    # the same, per thread: a task's share when tasks run on several threads
+    _setup_here = threading.local()
 
     def _instance(self) -> Any:
         key = self.instance_key()
         inst = UDF._instances.get(key)
         if inst is None:
-            args, kwargs = getattr(self, "init_args", None) or ((), {})
-            started = time.perf_counter()
-            inst = self.func(*args, **kwargs)
-            UDF.setup_seconds += time.perf_counter() - started
-            UDF._instances[key] = inst
+            with UDF._instances_lock:
+                inst = UDF._instances.get(key)
+                if inst is None:
+                    args, kwargs = getattr(self, "init_args", None) or ((), {})
+                    started = time.perf_counter()
+                    inst = self.func(*args, **kwargs)
+                    spent = time.perf_counter() - started
+                    UDF.setup_seconds += spent
+                    UDF._setup_here.seconds = UDF.setup_seconds_here() + spent
+                    UDF._instances[key] = inst
         return inst
+
+    @staticmethod
+    def setup_seconds_here() -> float:
+        """Seconds this thread spent constructing stateful UDFs (see ``setup_seconds``)."""
+        return getattr(UDF._setup_here, "seconds", 0.0)
 
     def instance_key(self) -> str:
         """Which function this is: the code fingerprint and the values it
