@@ -495,6 +495,7 @@ def test_resource_settings_from_the_environment_stay_env_vars(tmp_path, monkeypa
     monkeypatch.setenv("MV_ASSETS_SPARK_MASTER", "local[3]")
     monkeypatch.setenv("MV_ASSETS_LOCAL_BELOW_ROWS", "7")
     monkeypatch.setenv("MV_ASSETS_RUNNER", "inline")
+    monkeypatch.setenv("MV_ASSETS_INLINE_THREADS", "3")
     resource = build_definitions(db).resources["mv_assets"]
     assert isinstance(resource, MvAssetsResource)
     config = resource._convert_to_config_dictionary()
@@ -504,6 +505,8 @@ def test_resource_settings_from_the_environment_stay_env_vars(tmp_path, monkeypa
     with dg.build_resources({"r": resource}) as res:
         assert (res.r.spark_master, res.r.local_below_rows) == ("local[3]", 7)
         assert type(res.r.get_runner()).__name__ == "InlineRunner"
+        assert res.r.get_runner().parallelism() == 3  # tasks on three threads of the run process
+    assert config["inline_threads"] == {"env": "MV_ASSETS_INLINE_THREADS"}
     monkeypatch.setenv("MV_ASSETS_RUNNER", "spork")
     with pytest.raises(ValueError, match="MV_ASSETS_RUNNER must be 'spark' or 'inline', got 'spork'"):
         build_definitions(db)

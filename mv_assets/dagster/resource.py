@@ -13,6 +13,7 @@ ENV = {
     "spark_master": "MV_ASSETS_SPARK_MASTER",
     "spark_remote": "MV_ASSETS_SPARK_REMOTE",
     "local_below_rows": "MV_ASSETS_LOCAL_BELOW_ROWS",
+    "inline_threads": "MV_ASSETS_INLINE_THREADS",
 }
 """Resource fields bound to environment variables (:meth:`MvAssetsResource.from_env`);
 ``runner`` comes from ``MV_ASSETS_RUNNER``."""
@@ -42,6 +43,12 @@ class MvAssetsResource(dg.ConfigurableResource):
     runner: Literal["spark", "inline"] = Field(
         default="spark", description="'spark' (default) or 'inline' (run tasks in the run process, no JVM)."
     )
+    inline_threads: int = Field(
+        default=1,
+        description="With runner 'inline': tasks run at once on threads of the run process, sharing its "
+        "stateful UDF instances (one model per process; the UDF must take calls from several threads). "
+        "Default $MV_ASSETS_INLINE_THREADS or 1.",
+    )
     local_below_rows: Optional[int] = Field(
         default=None,
         description="Refreshes computing at most this many rows run in the run process instead of a Spark job "
@@ -59,7 +66,7 @@ class MvAssetsResource(dg.ConfigurableResource):
         kwargs: dict = {}
         for name, var in ENV.items():
             if os.environ.get(var):
-                kwargs[name] = dg.EnvVar.int(var) if name == "local_below_rows" else dg.EnvVar(var)
+                kwargs[name] = dg.EnvVar.int(var) if name in ("local_below_rows", "inline_threads") else dg.EnvVar(var)
         runner = os.environ.get("MV_ASSETS_RUNNER")
         if runner:  # a Literal field takes the value itself (checked here, before any run)
             if runner not in ("spark", "inline"):
@@ -70,7 +77,7 @@ class MvAssetsResource(dg.ConfigurableResource):
     def get_runner(self) -> Runner:
         if self._runner is None:
             if self.runner == "inline":
-                self._runner = InlineRunner()
+                self._runner = InlineRunner(threads=self.inline_threads)
             elif self.runner == "spark":
                 self._runner = SparkRunner(
                     master=self.spark_master or None,

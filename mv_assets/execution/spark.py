@@ -264,7 +264,8 @@ def concurrently(fn: Callable[[Any], Any], items: list, threads: int) -> list:
             for f in futures:
                 f.cancel()  # not started yet: never run
             concurrent.futures.wait(futures)
-            raise next(f.exception() for f in futures if not f.cancelled() and f.exception() is not None)
+            failed = [e for f in futures if not f.cancelled() and (e := f.exception()) is not None]
+            raise failed[0]
         return [f.result() for f in futures]
     finally:
         pool.shutdown(wait=True, cancel_futures=True)
