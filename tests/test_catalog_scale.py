@@ -89,28 +89,30 @@ def _fresh_process_requests(proxy, uri: str, options: dict, call: str):
 
 @pytest.mark.parametrize("n", [2, 5])
 def test_the_status_and_the_definitions_load_read_each_dataset_a_few_times(counted, n):
-    """Every dataset is listed and its manifest read once: 1 + 3 requests per
-    dataset for the definitions load, 1 + 1 + 3 per dataset for the status (the
-    load-state records listed once for the catalog; a view that loaded has none:
-    its load state is in its commits). Before: 1 + 4 per dataset, and about 18
-    per view, then 5 (the view's manifest read a second time for its newest
-    commit), then 4 (its load-state record read)."""
+    """Every dataset's versions are listed and its manifest read once: 1 + 2
+    requests per dataset for the definitions load, 1 + 1 + 2 per dataset for
+    the status (the root and the load-state records listed once for the
+    catalog; a view that loaded has no record: its load state is in its
+    commits). Before: 1 + 4 per dataset, and about 18 per view, then 5 (the
+    view's manifest read a second time for its newest commit), then 4 (its
+    load-state record read), then 3 (Lance's directory namespace listing each
+    dataset's folder for a deregistration marker)."""
     s3, proxy = counted
     db, _ = _catalog(s3, proxy, n)
     options = {**s3.options, "aws_endpoint": proxy.endpoint}
-    assert _fresh_process_requests(proxy, db.uri, options, "defs").total == 1 + 3 * 2 * n
-    assert _fresh_process_requests(proxy, db.uri, options, "status").total == 1 + 1 + 3 * n + 3 * n
+    assert _fresh_process_requests(proxy, db.uri, options, "defs").total == 1 + 2 * 2 * n
+    assert _fresh_process_requests(proxy, db.uri, options, "status").total == 1 + 1 + 2 * n + 2 * n
 
 
 def test_the_status_reads_each_views_manifest_once(counted):
     """What the status asks the store for each view, by kind: the listing of
-    the catalog's namespace and the listing of its load-state records (one
-    each for all), then per view the namespace's look into its directory, the
-    listing of its versions and its manifest (its newest commit, whose
+    the catalog's root and the listing of its load-state records (one
+    each for all), then per view the listing of its versions and its manifest (its newest commit, whose
     properties hold the refresh state and so the LOADED load state, comes
     inline with it); its source costs the same. Each once: before, the
     manifest was read a second time (Lance's read_transaction), 5 requests a
-    view, then each view's load-state record was read too, 4."""
+    view, then each view's load-state record was read too, 4, then Lance's
+    directory namespace listed each view's folder for a deregistration marker, 3."""
     import re
     from collections import Counter
 
@@ -128,7 +130,6 @@ def test_the_status_reads_each_views_manifest_once(counted):
 
     assert Counter(kind(m, p) for m, p in seen.requests) == {
         "GET ?prefix=catalog/": 1,
-        "GET ?prefix=catalog/tN.lance/": n, "GET ?prefix=catalog/vN.lance/": n,
         "GET ?prefix=catalog/tN.lance/_versions/": n, "GET ?prefix=catalog/vN.lance/_versions/": n,
         "GET /catalog/tN.lance/_versions/<version>.manifest": n,
         "GET /catalog/vN.lance/_versions/<version>.manifest": n,

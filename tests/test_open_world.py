@@ -442,6 +442,31 @@ def test_a_table_lancedb_created_is_refused_until_it_is_brought_in(db):
     assert sorted((r["id"], r["y"]) for r in view.to_arrow().to_pylist()) == [(1, 12), (3, 31), (4, 41)]
 
 
+def test_the_catalog_lists_the_tables_lancedb_lists(db):
+    """The catalog's tables are the folders lancedb lists at the root, found in
+    one listing: tables lancedb wrote among ours, and one deregistered through
+    Lance's directory namespace (a marker beside the files it keeps; lancedb 0.40
+    lists and opens it). A folder that is no dataset (a creation that never
+    committed), which lancedb lists too, and the catalog's own state are not tables."""
+    import lancedb
+    from lance.namespace import DirectoryNamespace
+    from lance_namespace_urllib3_client.models.deregister_table_request import DeregisterTableRequest
+
+    ldb = lancedb.connect(db.uri)
+    db.create_table("ours", pa.table({"id": [1, 2]}))
+    ldb.create_table("theirs", pa.table({"id": [3]}))
+    db.create_table("kept", pa.table({"id": [4]}))
+    db.create_materialized_view("v", db.open_table("ours").search(None).select({"id": "id"})).refresh()
+    DirectoryNamespace(root=db.uri, manifest_enabled="false", dir_listing_enabled="true").deregister_table(
+        DeregisterTableRequest(id=["kept"]))
+    os.makedirs(os.path.join(db.uri, "half.lance", "data"))  # a creation that never committed
+    assert db.table_names() == ["kept", "ours", "theirs", "v"]
+    assert sorted(ldb.table_names()) == ["half", "kept", "ours", "theirs", "v"]  # lancedb lists any folder
+    assert db.open_table("kept").to_arrow().column("id").to_pylist() == ldb.open_table("kept").to_arrow()[
+        "id"].to_pylist() == [4]
+    assert [r["name"] for r in db.status().to_pylist()] == ["v"]
+
+
 def test_a_column_added_with_values_by_another_tool_keeps_the_view_exact(db):
     """Lance's add_columns with values (a Merge) moves the versions of the rows
     it rewrites in place: the refresh must look at every fragment, not only the

@@ -3,7 +3,6 @@
 import contextlib
 import contextvars
 import datetime as dt
-import functools
 import json
 import os
 import re
@@ -85,19 +84,6 @@ def _storage_options(options: dict | None) -> dict[str, str] | None:
     if not isinstance(options, dict) or not all(isinstance(k, str) for k in options):
         raise ValueError("storage_options must be a dict of option name -> value")
     return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in options.items()}
-
-
-@functools.cache
-def _namespace_cached(root: str, options: tuple):
-    from lance.namespace import DirectoryNamespace
-
-    props = {f"storage.{k}": v for k, v in options}
-    return DirectoryNamespace(root=root, manifest_enabled="false", dir_listing_enabled="true", **props)
-
-
-def _namespace(root: str, options: dict[str, str] | None):
-    """Lance's directory namespace over the catalog root (listing only: no manifest is written)."""
-    return _namespace_cached(root, tuple(sorted((options or {}).items())))
 
 
 class Connection:
@@ -188,20 +174,14 @@ class Connection:
             lambda n: objects.is_dataset(self.table_uri(n)), found, "catalog-list", self.uri), strict=True) if ok]
 
     def _listed(self) -> list[str]:
-        """What Lance's directory namespace lists at the root, sorted: each a
-        dataset, or one whose creation never committed (no manifest yet)."""
-        from lance_namespace_urllib3_client.models.list_tables_request import ListTablesRequest
-
-        namespace = _namespace(self.uri, self.storage_options)
-        names: list[str] = []
-        token = None
-        while True:
-            page = namespace.list_tables(ListTablesRequest(id=[], page_token=token))
-            names += page.tables
-            token = page.page_token
-            if not token or not page.tables:
-                break
-        return sorted(set(names))
+        """The folders ``<name>.lance`` at the root, sorted, in one listing:
+        each a dataset, or one whose creation never committed (no manifest
+        yet). As lancedb lists a directory catalog: a dataset deregistered
+        through Lance's directory namespace (a ``.lance-deregistered`` marker
+        beside files it keeps) is listed too; looking for that marker cost a
+        listing per dataset, a third of the status's requests."""
+        return sorted(n[: -len(".lance")] for n in objects.listdir(self.uri)
+                      if n.endswith(".lance") and len(n) > len(".lance"))
 
     def describe(self, name: str | None = None, *, unreadable: dict[str, str] | None = None
                  ) -> dict[str, TableDescription]:

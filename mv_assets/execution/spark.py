@@ -209,6 +209,7 @@ class InlineRunner:
     """
 
     name = "inline"
+    threads = 1  # (a subclass whose __init__ does not call this one's runs one task at a time)
 
     def __init__(self, threads: int = 1) -> None:
         if isinstance(threads, bool) or not isinstance(threads, int) or threads < 1:
