@@ -256,3 +256,21 @@ def test_a_backfill_on_threads_equals_the_oracle(tmp_path, seen):
     assert t.column("y").to_pylist() == [3 * x for x in t.column("x").to_pylist()]
     assert len(Seen.inits()) == 1
     assert not _task_threads()
+
+
+def test_progress_of_a_refresh_on_threads_counts_every_task_once(tmp_path, seen):
+    """Tasks on threads count their batches into one stage at once: the reports
+    never go back nor past the rows planned, and the last says all of them."""
+    from mv_assets import progress
+
+    db = mv.connect(str(tmp_path / "cat"), runner=InlineRunner(threads=4))
+    src = _source(db)
+    udf = mv.udf(Model, data_type=pa.int64(), input_columns=["x"], batch_size=1024)
+    db.create_materialized_view("v", src.search(None).where("x % 5 != 0").select({"id": "id", "y": udf}))
+    reports = []
+    with progress.listen(reports.append, every=0.05):
+        db.open_table("v").refresh()
+    assert len(reports) >= 3, reports
+    done = [r.rows_done for r in reports]
+    assert done == sorted(done) and all(d <= r.rows_planned for d, r in zip(done, reports, strict=True))
+    assert reports[-1].done and reports[-1].rows_done == reports[-1].rows_planned == len(_oracle(src.uri))

@@ -112,6 +112,8 @@ class _Listener:
 
 _LISTENER: ContextVar["_Listener | None"] = ContextVar("mv_assets_progress_listener", default=None)
 _STAGE: ContextVar["_Stage | None"] = ContextVar("mv_assets_progress_stage", default=None)
+# the rows the running task counted so far (its own: tasks on threads each run in a copy of the context)
+_TASK: ContextVar["list[int] | None"] = ContextVar("mv_assets_progress_task", default=None)
 
 
 @contextmanager
@@ -135,10 +137,16 @@ class _Stage:
         self.name, self.planned, self.listener = name, int(planned), listener
         self.done = 0
         self.resumed = 0
+        self._lock = threading.Lock()  # tasks on several threads (the inline runner's) count at once
         self.started = time.monotonic()
         self.next_at = self.started + listener.every
         self.reported = False
         self.poll: Callable[[], int | None] | None = None  # rows done elsewhere (a Spark job's finished tasks)
+
+    def add(self, rows: int = 0, resumed: int = 0) -> None:
+        with self._lock:
+            self.done += rows
+            self.resumed += resumed
 
     def snapshot(self, done: bool = False) -> Progress:
         rows = self.done
@@ -236,14 +244,17 @@ def advance(rows: int) -> None:
     """``rows`` more rows done in the current stage (a finished batch)."""
     st = _STAGE.get()
     if st is not None:
-        st.done += rows
+        st.add(rows)
+        counted = _TASK.get()
+        if counted is not None:
+            counted[0] += rows
 
 
 def resumed(rows: int) -> None:
     """``rows`` of the current stage's rows came from checkpoints of an earlier run."""
     st = _STAGE.get()
     if st is not None:
-        st.resumed += rows
+        st.add(resumed=rows)
 
 
 @contextmanager
@@ -254,6 +265,10 @@ def task(rows: int) -> Iterator[None]:
     if st is None:
         yield
         return
-    start = st.done
-    yield
-    st.done = max(st.done, start + rows)
+    counted = [0]
+    token = _TASK.set(counted)
+    try:
+        yield
+    finally:
+        _TASK.reset(token)
+    st.add(max(0, rows - counted[0]))  # (tasks running beside it count their own)
