@@ -766,3 +766,20 @@ def test_a_views_indexes_and_their_coverage_show_on_its_asset(tmp_path):
             mat = instance.get_latest_materialization_event(dg.AssetKey(["v"])).asset_materialization
             assert mat.metadata["index_coverage"].value == 1.0
             assert f"| x_idx | BTREE | x | {n:,} of {n:,} (100%) |" in mat.metadata["indexes"].value
+
+
+@pytest.mark.parametrize("runner, kind, words", [("spark", "spark", "on Spark"),
+                                                  ("inline", "python", "in the run's process (the inline runner)")])
+def test_the_assets_say_where_their_refreshes_compute(tmp_path, runner, kind, words):
+    """The view's and its UDF column's kinds and the view's description name
+    the resource's runner: an inline runner's lineage does not say Spark."""
+    db = mv.connect(str(tmp_path / "cat"))
+    t = db.create_table("t", pa.table({"x": [1, 2]}))
+    db.create_materialized_view("v", t.search(None).select({"x": "x", "y": mv.udf(lambda x: x, data_type=pa.int64())}))
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner=runner))
+    view = defs.get_assets_def(dg.AssetKey(["v"])).specs_by_key[dg.AssetKey(["v"])]
+    column = defs.get_assets_def(dg.AssetKey(["v", "y"])).specs_by_key[dg.AssetKey(["v", "y"])]
+    assert set(view.kinds) == {"lance", kind}
+    assert kind in set(column.kinds)
+    assert f"refreshed incrementally {words}." in (view.description or "")
+    assert ("Spark" in (view.description or "")) == (runner == "spark")

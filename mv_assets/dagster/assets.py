@@ -451,7 +451,11 @@ def _chunk_what(info: TableInfo, where: str, lim: str, cols: str) -> str:
 _WHAT = {"query": _query_what, "join": _join_what, "aggregate": _agg_what, "udtf": _udtf_what, "chunker": _chunk_what}
 
 
-def _view_description(info: TableInfo) -> str:
+# where a lineage's refreshes compute, as the resource's runner says: (asset kind, words)
+ENGINES = {"spark": ("spark", "on Spark"), "inline": ("python", "in the run's process (the inline runner)")}
+
+
+def _view_description(info: TableInfo, engine: str = "spark") -> str:
     """The view asset's description, in plain text: Dagster's Catalog list shows
     descriptions as they are (markdown is rendered on the asset page only)."""
     cols = ", ".join(c["name"] for c in info.columns)
@@ -466,7 +470,7 @@ def _view_description(info: TableInfo) -> str:
     what = _WHAT[info.kind](info, where, lim, cols)
     if info.join is not None:
         how += f"; a change of any of its sources ({', '.join(info.join.sources)}) refreshes it"
-    text = f"{what}. {how}; refreshed incrementally on Spark. Policy: {info.policy.describe()}."
+    text = f"{what}. {how}; refreshed incrementally {ENGINES[engine][1]}. Policy: {info.policy.describe()}."
     diff = info.code_changes
     if diff is not None:
         # what is true whatever runs after the definitions' load: a state as of the
@@ -662,7 +666,7 @@ def automation_condition(policy: RefreshPolicy) -> dg.AutomationCondition | None
     return None
 
 
-def _view_specs(info: TableInfo, tables: dict[str, TableInfo], conditions: bool = False):
+def _view_specs(info: TableInfo, tables: dict[str, TableInfo], conditions: bool = False, engine: str = "spark"):
     """The asset specs of one view and its UDF columns, and its check specs
     (``conditions``: with the AutomationCondition of the view's policy)."""
     condition = automation_condition(info.policy) if conditions else None
@@ -685,8 +689,8 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo], conditions: bool 
         dg.AssetSpec(
             view_key,
             deps=deps,
-            description=_view_description(info),
-            kinds={"lance", "spark"},
+            description=_view_description(info, engine),
+            kinds={"lance", ENGINES[engine][0]},
             metadata={
                 **_table_metadata(info),
                 "dagster/column_lineage": lineage,
@@ -719,7 +723,7 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo], conditions: bool 
                 key,
                 deps=[view_key],
                 description=description,
-                kinds={"python", "spark"},
+                kinds={"python", ENGINES[engine][0]},
                 code_version=col["udf"]["fingerprint"],
                 metadata={"udf": col["udf"]["name"], "data_type": col["udf"]["data_type"], **_code_references(col["udf"])},
                 owners=list(info.ownership.owners),  # the view's: a part of it
@@ -819,7 +823,7 @@ def _computed_column_metadata(info: TableInfo, col: dict, reads: list[str], comp
     }
 
 
-def _column_specs(info: TableInfo, condition: dg.AutomationCondition | None = None):
+def _column_specs(info: TableInfo, condition: dg.AutomationCondition | None = None, engine: str = "spark"):
     """The asset specs of a base table's computed columns (of a chunk view's:
     the columns computed from its own rows), with ``condition``, and their
     check specs (``COLUMN_CHECK_NAMES``: SQL columns have no failed rows)."""
@@ -839,7 +843,7 @@ def _column_specs(info: TableInfo, condition: dg.AutomationCondition | None = No
                 # the table, and the computed columns it reads (filled first: added before it)
                 deps=[table_key, *(dg.AssetKey([info.name, c]) for c in inputs if c in computed)],
                 description=_column_description(info.name, col),
-                kinds={"python", "spark"} if udf else {"sql"},
+                kinds={"python", ENGINES[engine][0]} if udf else {"sql"},
                 code_version=udf["fingerprint"] if udf else None,
                 metadata={
                     **(
@@ -878,7 +882,7 @@ def _run_column_checks(context, info: TableInfo, keys: dict[str, dg.AssetKey], w
 
 
 def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, TableInfo], pdef,
-                  conditions: bool = False):
+                  conditions: bool = False, engine: str = "spark"):
     """One multi-asset for everything downstream of a base table: its computed
     columns, its views and views over them (``tree``, in lineage order).
 
@@ -887,14 +891,14 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
     and partitions record their own numbers.
     """
     # conditions: a table's computed columns are backfilled eagerly (views reading them wait for them)
-    specs, column_keys, checks = _column_specs(table, dg.AutomationCondition.eager() if conditions else None)
+    specs, column_keys, checks = _column_specs(table, dg.AutomationCondition.eager() if conditions else None, engine)
     views: dict[str, tuple[dg.AssetKey, dict[str, dg.AssetKey]]] = {}
     row_keys: dict[str, dict[str, dg.AssetKey]] = {}
     for info in tree:
-        v_specs, v_checks, view_key, col_keys = _view_specs(info, tables, conditions)
+        v_specs, v_checks, view_key, col_keys = _view_specs(info, tables, conditions, engine)
         # a chunk view's row columns: backfilled after its refresh, on the view's condition
         r_specs, row_keys[info.name], r_checks = _column_specs(
-            info, automation_condition(info.policy) if conditions else None)
+            info, automation_condition(info.policy) if conditions else None, engine)
         specs += v_specs + r_specs
         checks += v_checks + r_checks
         views[info.name] = (view_key, col_keys)

@@ -166,7 +166,7 @@ def build_definitions(
     lineages: dict[str, Any] = {}
     for root in roots:
         tree = lineage_order([v for v in view_infos if v.root == root], tables)
-        asset, keys, columns = lineage_asset(tables[root], tree, tables, pdefs[root], conditions)
+        asset, keys, columns = lineage_asset(tables[root], tree, tables, pdefs[root], conditions, resource.runner)
         assets.append(asset)
         lineages[root] = asset
         view_assets.update(keys)
