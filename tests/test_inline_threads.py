@@ -46,11 +46,14 @@ def test_concurrently_keeps_the_items_order_and_runs_them_at_once():
 
 def test_concurrently_runs_at_most_threads_calls_at_once():
     running, peak, lock = [0], [0], threading.Lock()
+    first = threading.Barrier(3, timeout=WAIT_S)  # the first three run at once, however busy the machine
 
     def call(i):
         with lock:
             running[0] += 1
             peak[0] = max(peak[0], running[0])
+        if i < 3:
+            first.wait()
         time.sleep(0.02)
         with lock:
             running[0] -= 1
@@ -82,6 +85,8 @@ def test_concurrently_raises_the_first_failure_after_running_calls_end_and_start
             raise KeyError("task 1 failed")
         if i == 0:
             release.wait(0.3)  # still running when task 1 fails
+        elif i > 1:
+            time.sleep(0.1)  # the rest take a while: they are not all done before the failure is seen
         ended.append(i)
         return i
 
@@ -268,7 +273,7 @@ def test_progress_of_a_refresh_on_threads_counts_every_task_once(tmp_path, seen)
     udf = mv.udf(Model, data_type=pa.int64(), input_columns=["x"], batch_size=1024)
     db.create_materialized_view("v", src.search(None).where("x % 5 != 0").select({"id": "id", "y": udf}))
     reports = []
-    with progress.listen(reports.append, every=0.05):
+    with progress.listen(reports.append, every=0.02):
         db.open_table("v").refresh()
     assert len(reports) >= 3, reports
     done = [r.rows_done for r in reports]
