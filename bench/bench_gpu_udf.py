@@ -6,17 +6,22 @@ rows (``--rows`` x ``--dim`` float32 in, ``--out-dim`` float32 out):
 * model alone: the UDF's own time over the same batches already in memory;
 * plain loop: one process, pylance scan -> model -> ``lance.write_dataset``,
   one step after the other (what a user writes by hand);
-* mv_assets inline: a view refresh in this process (the engine's task path);
-* mv_assets with ``--workers`` worker processes (a process pool standing in
-  for Spark's Python workers; on a GPU machine they would share the GPU).
+* mv_assets inline: a view refresh in this process (the engine's task path),
+  cold (its first refresh sets the model up) and warm;
+* mv_assets inline on each of ``--threads`` threads (``InlineRunner(threads=)``:
+  tasks at once in this process, one model);
+* mv_assets with each of ``--workers`` worker processes (a process pool standing
+  in for Spark's Python workers, sharing the GPU), cold (each process sets the
+  model up in the refresh) and warm (the processes and models kept).
 
 Two models: "gpu-bound" stands in for a GPU call that dominates (the thread
 waits ``--model-us`` microseconds per row with the GIL released, as a CUDA
 call does, holding a lock shared by all processes, as one GPU runs one call
 at a time, then copies its output like a device-to-host copy); "io-bound"
 runs the same copy with no wait (the model is ~free, decoding and writing
-dominate). On a machine with a GPU, ``--torch`` runs a real torch MLP on
-``cuda`` instead (the io-bound case of the GPU issue).
+dominate). On a machine with a GPU, ``--torch`` runs real torch models on
+``cuda`` instead: an MLP (io-bound) and a 12-layer bf16 encoder over token ids
+(gpu-bound); bench/gpu_device_run.sh runs every configuration there.
 
 The overlap goals: gpu-bound refresh throughput >= 0.9x the model's own
 throughput; io-bound, the engine with workers >= 3x the plain loop where
@@ -44,7 +49,8 @@ the model's own on a sample of rows (with a tolerance: a GPU's kernels may
 round differently batch by batch).
 
 Usage: python bench/bench_gpu_udf.py [--rows 200000] [--dim 256] [--out-dim 384]
-           [--model-us 20] [--workers 2] [--batch 8192] [--torch] [--model both|gpu-bound|io-bound]
+           [--model-us 20] [--threads 2 ...] [--workers 2 ...] [--batch 8192] [--torch]
+           [--encoder-rows 50000] [--model both|gpu-bound|io-bound] [--root DIR] [--json FILE]
 """
 
 import argparse
