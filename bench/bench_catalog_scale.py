@@ -11,7 +11,9 @@ each costs far less there than on a real object store, so read the counts).
 Per N it prints: the idle tick of one sensor (seconds, requests), a tick after
 an append to its table, every sensor once, db.status() (in the process that
 ticked the sensors), the definitions load (build_definitions in a fresh
-process) and ``mv-assets status`` (the CLI, in a fresh process). ``--compare`` runs the same
+process: first with no summaries of the catalog, ``cold``, then with what
+that load remembered, storage.summaries) and ``mv-assets status`` (the CLI, in
+a fresh process). ``--compare`` runs the same
 measurements with another checkout's mv_assets (PYTHONPATH) on the same
 machine, one after the other, and prints both side by side with ratios.
 
@@ -135,10 +137,17 @@ def _measure(uri: str, options: dict | None, proxy) -> dict:
     code = ("import sys, time; t0 = time.perf_counter(); from mv_assets.dagster import build_definitions; "
             "build_definitions(sys.argv[1]); print(time.perf_counter() - t0)")
     env = {**os.environ, "MV_ASSETS_STORAGE_OPTIONS": json.dumps(options or {})}
-    with counting() as seen:
-        done = subprocess.run([sys.executable, "-c", code, uri], capture_output=True, text=True, env=env, check=True)
-    out["defs_s"] = float(done.stdout.strip().splitlines()[-1])
-    out["defs_req"] = seen.total if seen is not None else None
+    from mv_assets.storage import objects
+
+    # first with no summaries of the catalog (storage.summaries: what a new process remembers of each
+    # dataset; code without them never reads nor writes the file), then with what that load wrote
+    objects.remove(objects.join(uri, "_mv_assets", "summaries.json"))
+    for key in ("defs_cold", "defs"):
+        with counting() as seen:
+            done = subprocess.run([sys.executable, "-c", code, uri], capture_output=True, text=True, env=env,
+                                  check=True)
+        out[f"{key}_s"] = float(done.stdout.strip().splitlines()[-1])
+        out[f"{key}_req"] = seen.total if seen is not None else None
     # `mv-assets status`: a new process (nothing cached), as an operator runs it
     code = ("import sys, time; t0 = time.perf_counter(); from mv_assets.cli import main\n"
             "try:\n    main(['--db', sys.argv[1], '--runner', 'inline', 'status', '--json'])\n"
@@ -229,7 +238,8 @@ def _side(args) -> None:
 
 ROWS = [("idle tick, one sensor", "idle"), ("tick after an append", "changed"), ("every sensor once", "all"),
         (f"... on {SENSOR_WORKERS} threads", "all_threads"),
-        ("db.status()", "status"), ("definitions load", "defs"), ("mv-assets status", "cli_status")]
+        ("db.status()", "status"), ("definitions load, cold", "defs_cold"), ("definitions load", "defs"),
+        ("mv-assets status", "cli_status")]
 
 
 def _run_side(checkout: str | None, uri: str, options: dict | None, upstream: str | None) -> dict:

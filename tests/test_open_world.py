@@ -344,6 +344,7 @@ def _open_world_history(ops, tmp_path_factory):
         return {"id": r["id"], "x": r["x"], "s": 3 * r["x"] + 1, "lbl": r["x"] + 100}
 
     for op, arg in list(ops) + [("refresh", 0), ("backfill", 0)]:
+        _catalog_reads_agree(db)  # (after the previous step, whoever wrote it)
         ds = lance.dataset(t.uri)
         if op == "add":
             t.add(rows(fresh(arg)))
@@ -416,6 +417,25 @@ def _open_world_history(ops, tmp_path_factory):
             assert all(dx == 2 * x for x, dx in got.values()), got
             status = {c["column"]: c for c in t.column_status()}["dx"]
             assert status["stale"] == 0 and status["current"] == len(got)
+
+
+def _catalog_reads_agree(db) -> None:
+    """What the catalog-wide reads say, served in part from the catalog's
+    summaries (a table unchanged since last looked at is listed, not opened),
+    equals what the same reads say from the datasets alone: the view's own
+    status, and every dataset described with the summaries removed."""
+    from mv_assets.api.describe import describe_dataset
+    from mv_assets.storage import objects
+
+    fields = ("load_state", "valid", "cardinality", "source_version", "source_latest_version", "versions_behind",
+              "stale_count", "last_error")
+    whole = {r["name"]: {f: r[f] for f in fields} for r in db.status().to_pylist()}
+    alone = {n: {f: r[f] for f in fields} for n in whole for r in db.status(n).to_pylist()}
+    assert whole == alone
+    described = db.describe()
+    assert described == {n: describe_dataset(n, db.table_uri(n)) for n in db.table_names()}
+    objects.remove(db.layout.summaries())
+    assert db.describe() == described
 
 
 def test_a_table_lancedb_created_is_refused_until_it_is_brought_in(db):

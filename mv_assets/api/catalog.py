@@ -30,7 +30,7 @@ from mv_assets.ops.jobs import Job, process_jobs
 from mv_assets.ops.refresh import RefreshResult
 from mv_assets.storage import objects
 from mv_assets.storage.error_log import drop_errors, failures_unrecorded
-from mv_assets.storage.identity import ensure_table_id
+from mv_assets.storage.identity import ensure_table_id, table_id
 from mv_assets.storage.jobs import JobRecord, job_records
 from mv_assets.storage.layout import Layout
 from mv_assets.storage.row_ids import (
@@ -50,6 +50,7 @@ from mv_assets.storage.status import (
     unreadable_status,
     view_status,
 )
+from mv_assets.storage.summaries import Newest, Summaries, TableSummary, newest_manifest
 from mv_assets.storage.threads import pool
 
 __all__ = ["Connection", "connect", "validate_name"]
@@ -192,18 +193,33 @@ class Connection:
         if name is not None and name not in self.table_names():
             raise TableNotFoundError(f"no table or view named {name!r} in {self.uri}")
         names = self._listed() if name is None else [name]
+        known = self._summaries()
 
         def one(n: str) -> "TableDescription | Exception | None":
-            try:  # (opened first: a listing and a manifest read each on an object store)
-                return describe_dataset(n, self.table_uri(n))
+            uri = self.table_uri(n)
+            newest = None
+            if not known.is_view(n):  # a table unchanged since last described: one listing, no manifest
+                newest = newest_manifest(uri)
+                if newest is None:
+                    return None  # a creation that never committed is no dataset: left out, as table_names() does
+                hit = known.table(n, newest)
+                if hit is not None:
+                    return TableDescription(n, uri, False, hit.version, columns=hit.columns, schema=hit.schema,
+                                            field_names=hit.field_names)
+            if newest is not None:
+                objects.pin_latest(uri, newest.version)  # (listed: its manifest is read, not listed again)
+            try:  # (a listing and a manifest read on an object store)
+                d = describe_dataset(n, uri)
             except Exception as exc:
-                # a creation that never committed is no dataset: left out, as table_names() does
-                return exc if objects.is_dataset(self.table_uri(n)) else None
+                return exc if objects.is_dataset(uri) else None
+            self._learn(known, n, newest, d)
+            return d
 
         out = {}
-        # each dataset read once (its manifest), concurrently: what an object store waits on
+        # each dataset read once, concurrently: what an object store waits on
         with objects.reusing_handles(snapshot=True):
             described = _concurrently(one, names, "catalog-describe", self.uri)
+        known.save(names if name is None else None)
         for n, d in zip(names, described, strict=True):
             if d is None:
                 continue
@@ -214,6 +230,25 @@ class Connection:
             else:
                 out[n] = d
         return out
+
+    def _summaries(self) -> Summaries:
+        """What the catalog's datasets were when last looked at (storage.summaries): one read."""
+        return Summaries(self.layout.summaries())
+
+    def _learn(self, known: Summaries, name: str, newest: Newest | None, d: TableDescription) -> TableSummary | None:
+        """Remember what was read of dataset ``name`` (described as ``d``, its
+        handle still open in the caller's ``reusing_handles`` block): a view,
+        or a table at the manifest ``newest`` listed."""
+        if d.is_view:
+            known.learn_view(name)
+            return None
+        if newest is None or d.version != newest.version:  # (a commit in between: not this manifest's)
+            known.forget(name)
+            return None
+        summary = TableSummary(newest.version, table_id(objects.dataset(self.table_uri(name))), list(d.columns),
+                               list(d.schema), list(d.field_names))
+        known.learn_table(name, newest, summary)
+        return summary
 
     def describe_query(self, name: str, query: "Query | ViewDefinition") -> TableDescription:
         """How view ``name`` would look if created from ``query`` now (validated
@@ -383,32 +418,54 @@ class Connection:
         """The materialized views. A dataset that cannot be opened (damaged
         files) is left out with a warning naming it; :meth:`status` lists it
         as UNREADABLE with the reason."""
-        out, broken = self._open_views()
+        out, broken, _ = self._open_views()
         if broken:
             warnings.warn("left out of the views of " + self.uri + ", as they cannot be read: "
                           + "; ".join(f"{n!r}: {why}" for n, why in sorted(broken.items())), stacklevel=2)
         return out
 
-    def _open_views(self) -> tuple[list["MaterializedView"], dict[str, str]]:
-        """The materialized views that open, and the datasets that cannot be opened (name -> why)."""
-        out, broken = [], {}
+    def _open_views(self) -> tuple[list["MaterializedView"], dict[str, str], dict[str, TableSummary]]:
+        """The materialized views that open, the datasets that cannot be
+        opened (name -> why), and the tables with what their newest manifest
+        says (a view's status needs no more of an unchanged source). A table
+        unchanged since a call last looked costs one listing, a view its
+        opening (storage.summaries)."""
+        out, broken, tables = [], {}, {}
+        known = self._summaries()
 
-        def one(n: str) -> "Table | View | Exception":
+        def one(n: str) -> "Table | View | TableSummary | Exception | None":
+            uri = self.table_uri(n)
+            newest = None
+            if not known.is_view(n):
+                newest = newest_manifest(uri)
+                if newest is None:
+                    return None  # dropped meanwhile, or a creation that never committed
+                hit = known.table(n, newest)
+                if hit is not None:
+                    return hit
             try:
-                return self.open_table(n)
+                with objects.reusing_handles(snapshot=True):  # (the handle open_table opened, described)
+                    if newest is not None:
+                        objects.pin_latest(uri, newest.version)
+                    t = self.open_table(n)
+                    summary = self._learn(known, n, newest, describe_dataset(n, uri))
             except Exception as exc:
                 return exc
+            return summary if summary is not None and not isinstance(t, MaterializedView) else t
 
         names = self._listed()  # (open_table tells a dataset from a creation that never committed)
         for n, t in zip(names, _concurrently(one, names, "catalog-open", self.uri), strict=True):
-            if isinstance(t, TableNotFoundError):
+            if t is None or isinstance(t, TableNotFoundError):
                 continue  # dropped meanwhile
             if isinstance(t, Exception):
                 broken[n] = _unreadable_reason(t)
                 continue
-            if isinstance(t, MaterializedView):
+            if isinstance(t, TableSummary):
+                tables[n] = t
+            elif isinstance(t, MaterializedView):
                 out.append(t)
-        return out, broken
+        known.save(names)
+        return out, broken, tables
 
     def dependents(self, name: str) -> list[str]:
         """Views defined directly over ``name`` (materialized or not)."""
@@ -689,7 +746,7 @@ class Connection:
         UNREADABLE, each with the reason in ``last_error``: one broken view
         never hides the others."""
         out = []
-        views, broken = ([self.open_view(name)], {}) if name else self._open_views()
+        views, broken, tables = ([self.open_view(name)], {}, {}) if name else self._open_views()
         # a dataset that cannot be opened (damaged files) is listed, not hiding the others
         out += [unreadable_status(n, None, why) for n, why in broken.items()]
         # the load state records, listed once: only views loading or failed have one (the others' is in their commits)
@@ -699,7 +756,8 @@ class Connection:
             try:
                 if recorded is None:
                     return view_status(view.ref())
-                return view_status(view.ref(), load_record(self.layout, view.name) if view.name in recorded else {})
+                return view_status(view.ref(), load_record(self.layout, view.name) if view.name in recorded else {},
+                                   source=tables.get(view.source))
             except Exception as exc:  # a status listing reports what it cannot read, it does not stop
                 try:
                     source = view.source

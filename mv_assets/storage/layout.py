@@ -9,6 +9,7 @@ as a small frozen value (no handle to call back into).
     <root>/_mv_assets/checkpoints/<name>/columns/<fingerprint>/   column backfills
     <root>/_mv_assets/status/<view>.json      load state records (LOADING, FAILED_LOAD only)
     <root>/_mv_assets/errors.lance            rows a UDF failed on
+    <root>/_mv_assets/summaries.json          what each dataset is, a cache (storage.summaries)
     <root>/_mv_assets/locks/<name>.lock       one refresh of a view at a time
     <root>/_mv_assets/adopt/<name>/           a table being rewritten with stable row ids
 """
@@ -54,6 +55,10 @@ class Layout:
         """Whether a catalog is at the root: a Lance dataset (``<name>.lance``)
         or the engine's state (one listing, also on object stores)."""
         return any(e.endswith(".lance") or e == STATE_DIR for e in objects.listdir(self.root))
+
+    def summaries(self) -> str:
+        """What each dataset is, remembered across processes (storage.summaries)."""
+        return self.state("summaries.json")
 
     def checkpoints(self, name: str) -> str:
         """Task checkpoints of one plan live in a folder each under here, row checkpoints in ``batches``."""

@@ -192,10 +192,26 @@ def dataset(uri: str, version: int | None = None, **kwargs: Any) -> lance.LanceD
             pass  # opened anew below: the same error as without the block
     plain = not kwargs
     session = kwargs.pop("session", None) or _session()
+    pinned = _LATEST.get()
+    if version is None and plain and pinned is not None and uri in pinned:
+        # the block's latest, known from a listing already (pin_latest): opened at it, not listed again
+        ds = lance.dataset(uri, version=pinned[uri], storage_options=options_for(uri), session=session)
+        return _known(uri, ds) if handles is not None else ds
     ds = lance.dataset(uri, version=version, storage_options=options_for(uri), session=session, **kwargs)
     if version is None and plain and (pinned := _LATEST.get()) is not None:
         pinned.setdefault(uri, ds.version)
     return _known(uri, ds) if handles is not None and plain else ds
+
+
+def pin_latest(uri: str, version: int) -> None:
+    """In a ``reusing_handles(snapshot=True)`` block: the latest version of
+    the dataset at ``uri`` is ``version`` (its newest manifest, listed by the
+    caller), so opening it reads that manifest (Lance: a HEAD and a GET)
+    instead of listing its versions once more. Outside such a block, or once
+    the block read the dataset's latest, nothing changes."""
+    pinned = _LATEST.get()
+    if pinned is not None:
+        pinned.setdefault(uri, version)
 
 
 def read_transaction(ds: lance.LanceDataset, version: int) -> "lance.Transaction | None":
@@ -416,6 +432,30 @@ def listdir(uri: str) -> list[str]:
     names = [p.rstrip("/").rsplit("/", 1)[-1] for p in res["common_prefixes"]]
     names += [o["path"].rsplit("/", 1)[-1] for o in res["objects"]]
     return sorted(set(names))
+
+
+def stamped(uri: str) -> list[tuple[str, str]]:
+    """The files directly under ``uri`` (not folders), sorted, each with a
+    stamp that tells that object from any other ever written there: its size
+    and e-tag (or last-modified time) on an object store, its size, inode and
+    nanosecond modification time on a local disk. One listing; [] if none."""
+    if is_local(uri):
+        try:
+            with os.scandir(_local_path(uri)) as it:
+                found = []
+                for e in it:
+                    if e.is_file():
+                        st = e.stat()
+                        found.append((e.name, f"{st.st_size}:{st.st_ino}:{st.st_mtime_ns}"))
+                return sorted(found)
+        except (FileNotFoundError, NotADirectoryError):
+            return []
+    import obstore
+
+    store, key = _store(uri)
+    res = obstore.list_with_delimiter(store, prefix=key.rstrip("/") + "/" if key else None)
+    return sorted((o["path"].rsplit("/", 1)[-1], f"{o['size']}:{o.get('e_tag') or o['last_modified'].isoformat()}")
+                  for o in res["objects"])
 
 
 def remove(uri: str) -> None:

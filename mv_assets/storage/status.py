@@ -44,6 +44,7 @@ from mv_assets.storage.state import read_refresh_state
 
 if TYPE_CHECKING:
     from mv_assets.storage.state import RefreshState
+    from mv_assets.storage.summaries import TableSummary
 
 __all__ = [
     "ViewStatus",
@@ -322,26 +323,37 @@ def unreadable_status(name: str, source: str | None, error: str) -> ViewStatus:
     )
 
 
-def view_status(view: ViewRef, record: dict | None = None) -> ViewStatus:
+def view_status(view: ViewRef, record: dict | None = None, source: "TableSummary | None" = None) -> ViewStatus:
     """The view's record of the status table (SOURCE_MISSING when its source
     dataset is gone). ``record``: its load state record (:func:`load_record`)
     when the caller read it already, {} when it has none (the status of a
-    catalog lists them once: :func:`recorded_views`); None: read here."""
+    catalog lists them once: :func:`recorded_views`); None: read here.
+    ``source``: what the source table's newest manifest says, when the caller
+    listed it (storage.summaries): a source still at the version and identity
+    the view reflects is not opened."""
     ds = view.dataset()
     state = read_refresh_state(ds)
     file = load_record(view.layout, view.name) if record is None else record
-    try:
-        src = view.source_dataset()
-    except (ValueError, OSError):
-        if objects.is_dataset(view.source_uri):
-            raise
-        return _source_missing(view, ds, state, file)
-    latest = src.version
-    replaced = source_replaced(view, state, src)
     cardinality = ds.count_rows()
-    # a recreated source: every row of the view and of the new table is stale
-    stale = stale_count(view.source_uri, None, latest, src) + cardinality if replaced else (
-        stale_count(view.source_uri, state.source_version, latest, src) + _joined_stale(view, state))
+    if source is not None and state.source_version is not None and source.version == state.source_version and (
+            state.source_id is None or source.table_id == state.source_id):
+        # nothing of the source is pending: only a join's other tables can be
+        latest, replaced = source.version, False
+        stale = _joined_stale(view, state)
+        behind = sum(len(vs) for vs in joined_pending(view, state).values())
+    else:
+        try:
+            src = view.source_dataset()
+        except (ValueError, OSError):
+            if objects.is_dataset(view.source_uri):
+                raise
+            return _source_missing(view, ds, state, file)
+        latest = src.version
+        replaced = source_replaced(view, state, src)
+        # a recreated source: every row of the view and of the new table is stale
+        stale = stale_count(view.source_uri, None, latest, src) + cardinality if replaced else (
+            stale_count(view.source_uri, state.source_version, latest, src) + _joined_stale(view, state))
+        behind = len(pending_source_versions(view, latest, state, src))
     standing = _standing(file, state)  # {}: the commits say it all
     load_state = standing.get("load_state") or (LOADED if state.load_number else NEVER_LOADED)
     last_error = standing.get("last_error")
@@ -368,7 +380,7 @@ def view_status(view: ViewRef, record: dict | None = None) -> ViewStatus:
         node=_node(file, state),
         source_version=state.source_version,
         source_latest_version=latest,
-        versions_behind=len(pending_source_versions(view, latest, state, src)),
+        versions_behind=behind,
         stale_count=stale,
         # a view never loaded is entirely stale: 100 %, not rows / 1
         stale_pct=100.0 if state.source_version is None or replaced else round(100.0 * stale / max(cardinality, 1), 3),
