@@ -135,7 +135,7 @@ def fragments_between(dataset: Callable[[], lance.LanceDataset], skip_frags: Any
     num = _positive("num_frags", num_frags)
     if not skip and num is None:
         return None
-    ids = sorted(f.fragment_id for f in dataset().get_fragments())
+    ids = sorted(dataset().fragment_ids())
     return ids[skip:] if num is None else ids[skip : skip + num]
 
 

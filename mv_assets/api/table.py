@@ -343,7 +343,7 @@ class Table(Indexed):
 
     def fragment_ids(self) -> list[int]:
         """Ids of the fragments of the latest version (the partitions of views over it)."""
-        return [f.fragment_id for f in self._dataset().get_fragments()]
+        return list(self._dataset().fragment_ids())
 
     def fragment_count(self) -> int:
         """How many fragments the latest version has (from the manifest, no

@@ -700,7 +700,7 @@ def lance_dataframe(spark, uri: str, version: int | None, columns: list[str]):
         spark_schema = from_arrow_schema(arrow_schema)
     except (TypeError, ValueError) as exc:
         raise ValueError(f"{uri}: a column has no Spark type ({exc}); pick columns= without it") from exc
-    fragment_ids = [f.fragment_id for f in ds.get_fragments()]
+    fragment_ids = list(ds.fragment_ids())
     if not fragment_ids:
         return spark.createDataFrame([], spark_schema)
     storage = objects.registered()

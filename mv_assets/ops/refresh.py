@@ -355,10 +355,10 @@ def _scope(view_name: str, definition: ViewDefinition, src: lance.LanceDataset, 
     if fragments is not None:
         if definition.limit is not None:
             raise ValueError(f"view {view_name!r} has a limit: it refreshes as a whole, not by fragment")
-        existing = {f.fragment_id: f for f in src.get_fragments()}
+        existing = src.fragment_ids()  # (ids only: no object made for each of thousands of fragments)
         scope = sorted({int(f) for f in fragments})
-        scope_frags = [existing[f] for f in scope if f in existing]
-        if set(existing) <= set(scope):  # covers the whole source: a whole-view refresh
+        scope_frags = [src.get_fragment(f) for f in scope if f in existing]
+        if len(scope_frags) == len(existing):  # covers the whole source: a whole-view refresh
             scope, scope_frags = None, None
     udf_names = [c.name for c in definition.udf_columns]
     if recompute is not None:
@@ -1152,11 +1152,10 @@ def view_rows_by_fragment(view_uri: str, src_uri: str, src_version: int, fragmen
     view) come from each of ``fragments`` of the source at ``src_version``
     (ids only are read: no data columns; O(view keys) per fragment)."""
     src = objects.dataset(src_uri, version=src_version)
-    present = {f.fragment_id: f for f in src.get_fragments()}
     keys = _ids(objects.dataset(view_uri).to_table(columns=[SOURCE_ROW_ID], filter=where), SOURCE_ROW_ID)
     out = {}
     for fid in fragments:
-        frag = present.get(int(fid))
+        frag = src.get_fragment(int(fid))  # (by id: none made for the table's other fragments)
         if frag is None:
             out[int(fid)] = 0
             continue

@@ -86,12 +86,13 @@ def fragments_after(ds: lance.LanceDataset, version: int) -> list | None:
     except Exception:
         return None
     top = top_fragment(before)
-    return [f for f in ds.get_fragments() if f.fragment_id > top]
+    # (by id: no object made for each of a table's fragments, thousands of them, only for the new ones)
+    return [ds.get_fragment(fid) for fid in ds.fragment_ids() if fid > top]
 
 
 def top_fragment(ds: lance.LanceDataset) -> int:
     """The largest fragment id of ``ds`` (-1: none); later fragments get larger ones."""
-    return max((f.fragment_id for f in ds.get_fragments()), default=-1)
+    return max(ds.fragment_ids(), default=-1)
 
 
 # Operations that rewrite a dataset so that no row can be traced to what was
