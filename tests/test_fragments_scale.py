@@ -30,6 +30,19 @@ def _fragmented(path, n: int) -> mv.Connection:
     return db
 
 
+def _fragments_made(monkeypatch) -> list:
+    """A list that grows by one with each Lance fragment object made from now on."""
+    made: list = []
+    real = lance.fragment.LanceFragment.__init__
+
+    def counting(self, *args, **kwargs):
+        made.append(1)
+        real(self, *args, **kwargs)
+
+    monkeypatch.setattr(lance.fragment.LanceFragment, "__init__", counting)
+    return made
+
+
 def _observations(events) -> list:
     return [e for e in events if isinstance(e, dg.AssetObservation)]
 
@@ -87,14 +100,7 @@ def test_data_versions_of_a_few_fragments_read_only_those(tmp_path, monkeypatch)
     fragments are not listed (before: every fragment's metadata, per run)."""
     db = _fragmented(tmp_path / "cat", 60)
     src = db.open_table("src")
-    made = []
-    real = lance.fragment.LanceFragment.__init__
-
-    def counting(self, *args, **kwargs):
-        made.append(1)
-        real(self, *args, **kwargs)
-
-    monkeypatch.setattr(lance.fragment.LanceFragment, "__init__", counting)
+    made = _fragments_made(monkeypatch)
     assert src.fragment_data_versions([7, 999]) == {7: src.fragment_data_versions([7])[7]}
     assert src.fragment_count() == 60
     made.clear()
@@ -120,14 +126,7 @@ def test_a_one_fragment_refresh_makes_no_object_for_the_tables_other_fragments(t
     lance.dataset(src.uri).update({"x": "x + 100"}, where="id = 21")  # (pylance moves it to a new fragment)
     (fragment,) = [f.fragment_id for f in lance.dataset(src.uri).get_fragments()
                    if 21 in f.to_table(columns=["id"]).column("id").to_pylist()]
-    made = []
-    real = lance.fragment.LanceFragment.__init__
-
-    def counting(self, *args, **kwargs):
-        made.append(1)
-        real(self, *args, **kwargs)
-
-    monkeypatch.setattr(lance.fragment.LanceFragment, "__init__", counting)
+    made = _fragments_made(monkeypatch)
     result = view.refresh(fragments=[fragment])
     counts = view_rows_by_fragment(view.uri, src.uri, lance.dataset(src.uri).version, [fragment, 3])
     assert len(made) <= 8, len(made)  # the scope's and the new ones: never one per fragment (80 here)
