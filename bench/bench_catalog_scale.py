@@ -11,8 +11,8 @@ each costs far less there than on a real object store, so read the counts).
 Per N it prints: the idle tick of one sensor (seconds, requests), a tick after
 an append to its table, every sensor once, db.status() (in the process that
 ticked the sensors), the definitions load (build_definitions in a fresh
-process: first with no summaries of the catalog, ``cold``, then with what
-that load remembered, storage.summaries) and ``mv-assets status`` (the CLI, in
+process: first with no summaries of the catalog, ``cold``, then a second
+and a third time with what the loads before remembered, storage.summaries) and ``mv-assets status`` (the CLI, in
 a fresh process). ``--compare`` runs the same
 measurements with another checkout's mv_assets (PYTHONPATH) on the same
 machine, one after the other, and prints both side by side with ratios.
@@ -140,9 +140,10 @@ def _measure(uri: str, options: dict | None, proxy) -> dict:
     from mv_assets.storage import objects
 
     # first with no summaries of the catalog (storage.summaries: what a new process remembers of each
-    # dataset; code without them never reads nor writes the file), then with what that load wrote
+    # dataset; code without them never reads nor writes the file), then twice with what the loads wrote
+    # (the first remembers each dataset's kind, the second each table's newest manifest)
     objects.remove(objects.join(uri, "_mv_assets", "summaries.json"))
-    for key in ("defs_cold", "defs"):
+    for key in ("defs_cold", "defs_second", "defs"):
         with counting() as seen:
             done = subprocess.run([sys.executable, "-c", code, uri], capture_output=True, text=True, env=env,
                                   check=True)
@@ -238,7 +239,8 @@ def _side(args) -> None:
 
 ROWS = [("idle tick, one sensor", "idle"), ("tick after an append", "changed"), ("every sensor once", "all"),
         (f"... on {SENSOR_WORKERS} threads", "all_threads"),
-        ("db.status()", "status"), ("definitions load, cold", "defs_cold"), ("definitions load", "defs"),
+        ("db.status()", "status"), ("definitions load, cold", "defs_cold"),
+        ("definitions load, second", "defs_second"), ("definitions load", "defs"),
         ("mv-assets status", "cli_status")]
 
 

@@ -83,7 +83,10 @@ def _catalog(path: Path) -> mv.Connection:
 
 
 def _files(path: Path) -> dict[str, float]:
-    return {str(p): p.stat().st_mtime for p in path.rglob("*") if p.is_file()}
+    """Every file of the catalog with its modification time, but the
+    catalog's summaries: a cache of what each dataset is, which a load may
+    write (storage.summaries), never a table or a view."""
+    return {str(p): p.stat().st_mtime for p in path.rglob("*") if p.is_file() and p.name != "summaries.json"}
 
 
 def _load(project: Path, module: str) -> dg.Definitions:

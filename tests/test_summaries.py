@@ -31,6 +31,12 @@ def _truth(db: mv.Connection) -> tuple[dict, dict]:
     return status, described
 
 
+def _looked_twice(db: mv.Connection) -> None:
+    """The first look remembers each dataset's kind, the second each table's newest manifest."""
+    db.describe()
+    db.describe()
+
+
 def _entries(db: mv.Connection) -> dict:
     return json.loads(objects.get_bytes(db.layout.summaries()) or b"{}").get("datasets", {})
 
@@ -51,8 +57,8 @@ def test_the_newest_manifest_listed_is_the_version_lance_opens(tmp_path, v2):
 
 def test_a_table_written_by_another_tool_is_described_as_it_is_now(tmp_path):
     db = _catalog(str(tmp_path / "cat"))
-    db.describe()  # learns src as it is
-    assert _entries(db)["src"]["kind"] == "table" and _entries(db)["v"] == {"kind": "view"}
+    _looked_twice(db)  # learns src as it is
+    assert "manifest" in _entries(db)["src"] and _entries(db)["v"] == {"kind": "view"}
     kept = objects.get_bytes(db.layout.summaries())
     lance.dataset(db.table_uri("src")).add_columns({"z": "x + 1"})  # pylance: a new manifest, a new column
     objects.put_bytes(db.layout.summaries(), kept)  # (and the old summaries, as a slower writer would leave them)
@@ -67,9 +73,9 @@ def test_a_table_dropped_and_made_a_view_is_a_view_whatever_the_summaries_say(tm
     is gone."""
     db = _catalog(str(tmp_path / "cat"))
     db.create_table("other", pa.table({"id": [1], "x": [5]}), primary_key="id")
-    db.status()
+    _looked_twice(db)
     kept = objects.get_bytes(db.layout.summaries())
-    assert _entries(db)["other"]["kind"] == "table"
+    assert "manifest" in _entries(db)["other"]
     db.drop_table("other")
     db.create_materialized_view("other", db.open_table("src").search(None).select({"id": "id", "w": "x"})).refresh()
     objects.put_bytes(db.layout.summaries(), kept)
@@ -84,7 +90,7 @@ def test_a_source_created_again_is_seen_by_the_status_with_summaries_from_before
 
     db = _catalog(str(tmp_path / "cat"))
     reflected = db.open_view("v").status().source_version
-    db.status()  # the summaries know src at the version the view reflects
+    _looked_twice(db)  # the summaries know src at the version the view reflects
     uri = db.table_uri("src")
     shutil.rmtree(uri)  # another tool drops it and creates it again, as many commits as before
     lance.write_dataset(pa.table({"id": [7], "x": [70]}), uri, enable_stable_row_ids=True)
@@ -104,14 +110,31 @@ def test_damaged_summaries_are_ignored_and_written_again(tmp_path):
                  b'{"format": 99}'):
         objects.put_bytes(db.layout.summaries(), junk)
         assert ({r["name"]: r for r in db.status().to_pylist()}, db.describe()) == truth
-        assert _entries(db)["src"]["kind"] == "table"  # rewritten whole
+        assert ({r["name"]: r for r in db.status().to_pylist()}, db.describe()) == truth
+        assert "manifest" in _entries(db)["src"]  # rewritten whole
+
+
+def test_a_catalog_whose_summaries_cannot_be_written_reads_as_before(tmp_path, monkeypatch):
+    """Read-only credentials: the file is never written, so every dataset is
+    opened as before there were summaries (no listing of our own first), and
+    every answer is the datasets' own."""
+    db = _catalog(str(tmp_path / "cat"))
+    truth = _truth(db)
+    objects.remove(db.layout.summaries())
+    monkeypatch.setattr(objects, "put_bytes", lambda *a, **k: (_ for _ in ()).throw(PermissionError("read-only")))
+    listed: list[str] = []
+    real = objects.stamped
+    monkeypatch.setattr(objects, "stamped", lambda uri: listed.append(uri) or real(uri))
+    for _ in range(3):
+        assert ({r["name"]: r for r in db.status().to_pylist()}, db.describe()) == truth
+    assert objects.get_bytes(db.layout.summaries()) is None and listed == []
 
 
 def test_an_unchanged_table_is_not_opened_and_a_changed_one_is(tmp_path, monkeypatch):
     """Counted on a local disk too: the status opens the view, and its source
     only when the source moved since the summaries were written."""
     db = _catalog(str(tmp_path / "cat"))
-    db.status()
+    _looked_twice(db)
     opened: list[str] = []
     real = objects.dataset
 
@@ -135,8 +158,8 @@ def test_the_summaries_on_an_object_store(s3_server):
     uri = f"s3://{s3_server.new_bucket()}/cat"
     db = _catalog(uri, storage_options=s3_server.options)
     assert {r["name"]: r for r in db.status().to_pylist()} == _truth(db)[0]
-    db.status()
-    assert _entries(db)["src"]["kind"] == "table"
+    _looked_twice(db)
+    assert "manifest" in _entries(db)["src"]
     db.open_table("src").delete("id = 2")
     (row,) = db.status().to_pylist()
     assert row["versions_behind"] == 1 and row["stale_count"] == 1

@@ -198,7 +198,7 @@ class Connection:
         def one(n: str) -> "TableDescription | Exception | None":
             uri = self.table_uri(n)
             newest = None
-            if not known.is_view(n):  # a table unchanged since last described: one listing, no manifest
+            if known.is_table(n):  # a table unchanged since last described: one listing, no manifest
                 newest = newest_manifest(uri)
                 if newest is None:
                     return None  # a creation that never committed is no dataset: left out, as table_names() does
@@ -242,7 +242,10 @@ class Connection:
         if d.is_view:
             known.learn_view(name)
             return None
-        if newest is None or d.version != newest.version:  # (a commit in between: not this manifest's)
+        if newest is None:  # opened without a listing (a name not known as a table): its kind only
+            known.learn_kind(name, False)
+            return None
+        if d.version != newest.version:  # (a commit in between: not this manifest's)
             known.forget(name)
             return None
         summary = TableSummary(newest.version, table_id(objects.dataset(self.table_uri(name))), list(d.columns),
@@ -436,7 +439,7 @@ class Connection:
         def one(n: str) -> "Table | View | TableSummary | Exception | None":
             uri = self.table_uri(n)
             newest = None
-            if not known.is_view(n):
+            if known.is_table(n):
                 newest = newest_manifest(uri)
                 if newest is None:
                     return None  # dropped meanwhile, or a creation that never committed

@@ -102,6 +102,15 @@ class Summaries:
         with self._lock:
             return (self._entries.get(name) or {}).get("kind") == "view"
 
+    def is_table(self, name: str) -> bool:
+        """Whether ``name`` was a table when last seen: worth listing its
+        versions first (an unchanged one is then served from here). A name
+        never seen is opened as it was before there were summaries (its
+        listing and its manifest), and only its kind is remembered: with
+        credentials that cannot write the file, nothing costs more."""
+        with self._lock:
+            return (self._entries.get(name) or {}).get("kind") == "table"
+
     def table(self, name: str, newest: Newest) -> TableSummary | None:
         """What table ``name``'s manifest said, if ``newest`` is still the one it was read from."""
         with self._lock:
@@ -119,6 +128,13 @@ class Summaries:
                  "table_id": summary.table_id, "columns": summary.columns,
                  "schema": [list(f) for f in summary.schema], "field_names": summary.field_names}
         self._learn(name, entry)
+
+    def learn_kind(self, name: str, is_view: bool) -> None:
+        """Remember that ``name`` is a view or a table (a table's manifest, not listed, is not)."""
+        with self._lock:
+            if (self._entries.get(name) or {}).get("kind") == ("view" if is_view else "table"):
+                return  # (what is known of it stays)
+        self._learn(name, {"kind": "view" if is_view else "table"})
 
     def learn_view(self, name: str) -> None:
         self._learn(name, {"kind": "view"})
