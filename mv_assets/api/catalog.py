@@ -197,17 +197,13 @@ class Connection:
 
         def one(n: str) -> "TableDescription | Exception | None":
             uri = self.table_uri(n)
-            newest = None
-            if known.is_table(n):  # a table unchanged since last described: one listing, no manifest
-                newest = newest_manifest(uri)
-                if newest is None:
-                    return None  # a creation that never committed is no dataset: left out, as table_names() does
-                hit = known.table(n, newest)
-                if hit is not None:
-                    return TableDescription(n, uri, False, hit.version, columns=hit.columns, schema=hit.schema,
-                                            field_names=hit.field_names)
-            if newest is not None:
-                objects.pin_latest(uri, newest.version)  # (listed: its manifest is read, not listed again)
+            looked = self._remembered(known, n)
+            if looked is None:
+                return None  # a creation that never committed is no dataset: left out, as table_names() does
+            newest, hit = looked
+            if hit is not None:
+                return TableDescription(n, uri, False, hit.version, columns=hit.columns, schema=hit.schema,
+                                        field_names=hit.field_names)
             try:  # (a listing and a manifest read on an object store)
                 d = describe_dataset(n, uri)
             except Exception as exc:
@@ -235,12 +231,29 @@ class Connection:
         """What the catalog's datasets were when last looked at (storage.summaries): one read."""
         return Summaries(self.layout.summaries())
 
+    def _remembered(self, known: Summaries, name: str) -> "tuple[Newest | None, TableSummary | None] | None":
+        """A table the summaries know: its versions listed (None: no dataset
+        there any more), with what its newest manifest said if that is the one
+        they remember; otherwise that manifest is what the caller's
+        ``reusing_handles(snapshot=True)`` block opens, not listed again. Any
+        other name: (None, None), to be opened as it was before summaries."""
+        if not known.is_table(name):
+            return None, None
+        uri = self.table_uri(name)
+        newest = newest_manifest(uri)
+        if newest is None:
+            return None
+        hit = known.table(name, newest)
+        if hit is None:
+            objects.pin_latest(uri, newest.version)
+        return newest, hit
+
     def _learn(self, known: Summaries, name: str, newest: Newest | None, d: TableDescription) -> TableSummary | None:
         """Remember what was read of dataset ``name`` (described as ``d``, its
         handle still open in the caller's ``reusing_handles`` block): a view,
         or a table at the manifest ``newest`` listed."""
         if d.is_view:
-            known.learn_view(name)
+            known.learn_kind(name, True)
             return None
         if newest is None:  # opened without a listing (a name not known as a table): its kind only
             known.learn_kind(name, False)
@@ -436,22 +449,17 @@ class Connection:
         out, broken, tables = [], {}, {}
         known = self._summaries()
 
+        @objects.reusing_handles(snapshot=True)  # (the handle open_table opens, described)
         def one(n: str) -> "Table | View | TableSummary | Exception | None":
-            uri = self.table_uri(n)
-            newest = None
-            if known.is_table(n):
-                newest = newest_manifest(uri)
-                if newest is None:
-                    return None  # dropped meanwhile, or a creation that never committed
-                hit = known.table(n, newest)
-                if hit is not None:
-                    return hit
+            looked = self._remembered(known, n)
+            if looked is None:
+                return None  # dropped meanwhile, or a creation that never committed
+            newest, hit = looked
+            if hit is not None:
+                return hit
             try:
-                with objects.reusing_handles(snapshot=True):  # (the handle open_table opened, described)
-                    if newest is not None:
-                        objects.pin_latest(uri, newest.version)
-                    t = self.open_table(n)
-                    summary = self._learn(known, n, newest, describe_dataset(n, uri))
+                t = self.open_table(n)
+                summary = self._learn(known, n, newest, describe_dataset(n, self.table_uri(n)))
             except Exception as exc:
                 return exc
             return summary if summary is not None and not isinstance(t, MaterializedView) else t

@@ -334,10 +334,10 @@ def view_status(view: ViewRef, record: dict | None = None, source: "TableSummary
     ds = view.dataset()
     state = read_refresh_state(ds)
     file = load_record(view.layout, view.name) if record is None else record
-    cardinality = ds.count_rows()
     if source is not None and state.source_version is not None and source.version == state.source_version and (
             state.source_id is None or source.table_id == state.source_id):
         # nothing of the source is pending: only a join's other tables can be
+        cardinality = ds.count_rows()
         latest, replaced = source.version, False
         stale = _joined_stale(view, state)
         behind = sum(len(vs) for vs in joined_pending(view, state).values())
@@ -348,6 +348,7 @@ def view_status(view: ViewRef, record: dict | None = None, source: "TableSummary
             if objects.is_dataset(view.source_uri):
                 raise
             return _source_missing(view, ds, state, file)
+        cardinality = ds.count_rows()
         latest = src.version
         replaced = source_replaced(view, state, src)
         # a recreated source: every row of the view and of the new table is stale

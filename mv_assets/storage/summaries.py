@@ -12,10 +12,10 @@ meant reading every dataset's newest manifest. This file keeps, per dataset:
   same object as the newest: any commit, by any tool, writes a new manifest,
   and a table dropped and created again has new objects, so a stale entry is
   never served, only missed;
-- a view: only that it is one. Views are opened whatever this file says (their
-  status and description need their newest commit), so the entry only saves
-  the listing that would tell it from a table; a name that stopped being a view
-  is seen when it is opened.
+- a view: only that it is one, so it is opened without a listing of ours
+  first (its status and description need its newest commit whatever this file
+  says); a name that stopped being a view is seen when it is opened. A name
+  the file does not know is opened the same way, and only its kind learned.
 
 The file is a cache: written whole, last writer wins, read once per call. A
 missing, damaged or foreign file is an empty one, and a write that fails is
@@ -97,11 +97,6 @@ class Summaries:
         except Exception as exc:  # damaged or unreadable: as if empty (a cache, never the only copy)
             log.debug("ignoring the catalog's summaries at %s: %s", uri, exc)
 
-    def is_view(self, name: str) -> bool:
-        """Whether ``name`` was a view when last seen (open it: no listing needed to tell)."""
-        with self._lock:
-            return (self._entries.get(name) or {}).get("kind") == "view"
-
     def is_table(self, name: str) -> bool:
         """Whether ``name`` was a table when last seen: worth listing its
         versions first (an unchanged one is then served from here). A name
@@ -135,9 +130,6 @@ class Summaries:
             if (self._entries.get(name) or {}).get("kind") == ("view" if is_view else "table"):
                 return  # (what is known of it stays)
         self._learn(name, {"kind": "view" if is_view else "table"})
-
-    def learn_view(self, name: str) -> None:
-        self._learn(name, {"kind": "view"})
 
     def forget(self, name: str) -> None:
         with self._lock:
