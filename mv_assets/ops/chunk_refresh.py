@@ -47,7 +47,7 @@ from mv_assets.ops.refresh import (
     _scan,
     and_filters,
 )
-from mv_assets.storage.changes import written_fragments
+from mv_assets.storage.changes import gone_rows, written_fragments
 from mv_assets.storage.lance_compat import take_rows
 from mv_assets.storage.refs import ViewRef
 from mv_assets.storage.state import scoped_since_whole
@@ -149,8 +149,9 @@ def _changes(view_ds: lance.LanceDataset, src: lance.LanceDataset, definition, h
         parents = parents.filter(pa.array(~current))
         if scope_frags is not None:
             in_scope = _ids(_scan(src, None, scope_frags, with_version=False))
-            every = _ids(src.to_table(columns=[], with_row_id=True))
-            gone = np.concatenate([in_scope[~isin(in_scope, ids)], view_keys[~isin(view_keys, every)]])
+            # (the view's rows whose parent is gone anywhere: from the change feed, no scan of the source's ids)
+            elsewhere = gone_rows(src, view_keys, _ids(vk, SOURCE_ROW_VERSION), v0)
+            gone = np.concatenate([in_scope[~isin(in_scope, ids)], view_keys[elsewhere]])
         else:
             gone = view_keys[~isin(view_keys, ids)]
         touched = np.concatenate([_ids(parents), gone])

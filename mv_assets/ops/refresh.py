@@ -72,6 +72,7 @@ from mv_assets.storage.changes import (
     commits_since,
     foreign_writes,
     fragments_after,
+    gone_rows,
     top_fragment,
     written_fragments,
 )
@@ -849,7 +850,9 @@ def _changed_rows(
             vk, view_keys, view_vers = _keys_touching(vk, view_keys, view_vers,
                                                       np.concatenate([_ids(passing), fail, deleted]))
     else:
-        passing, within, fail, deleted = _whole_changes(src, base_filter, scope, scope_frags, tracked, view_keys)
+        versions = None if isinstance(vk, ViewKeys) or SOURCE_ROW_VERSION not in vk.column_names else view_vers
+        passing, within, fail, deleted = _whole_changes(src, base_filter, scope, scope_frags, tracked, view_keys,
+                                                        versions, v0)
     assert not isinstance(vk, ViewKeys)  # (streamed keys were read above: an incremental refresh without a limit)
     current_rows = passing.slice(0, 0)
     if how != "full":
@@ -937,12 +940,17 @@ def _changes_since(src: lance.LanceDataset, src_uri: str, base_filter: str | Non
 
 
 def _whole_changes(src: lance.LanceDataset, base_filter: str | None, scope: list[int] | None,
-                   scope_frags: list | None, tracked: list[str], view_keys: np.ndarray
+                   scope_frags: list | None, tracked: list[str], view_keys: np.ndarray,
+                   view_vers: np.ndarray | None = None, reflected: int | None = None,
                    ) -> "tuple[pa.Table, tuple[np.ndarray, str | None], np.ndarray, np.ndarray]":
     """A full or sync refresh's source rows: every row passing the filter (in
     the scope's fragments), the candidates they were chosen from, the ids of
     the scope's rows that fail it, and of the view's rows whose source row is
-    gone (the whole view: or no longer passes)."""
+    gone (the whole view: or no longer passes). A scoped refresh finds the
+    view's rows gone anywhere from the change feed since the version the
+    whole view reflected (``reflected``; ``view_vers``: the source row
+    versions of ``view_keys``), not by reading every row id of the source
+    (storage.changes.gone_rows)."""
     passing = _scan(src, base_filter, scope_frags, markers=tracked)
     within = (_ids(passing, "_rowaddr"), base_filter)
     pass_ids = _ids(passing)
@@ -952,8 +960,7 @@ def _whole_changes(src: lance.LanceDataset, base_filter: str | None, scope: list
     else:
         in_scope = _ids(_scan(src, None, scope_frags, with_version=False)) if base_filter else pass_ids
         fail = in_scope[~isin(in_scope, pass_ids)]
-        all_ids = _ids(src.to_table(columns=[], with_row_id=True))
-        deleted = view_keys[~isin(view_keys, all_ids)]
+        deleted = view_keys[gone_rows(src, view_keys, view_vers, reflected)]
     return passing, within, fail, deleted
 
 

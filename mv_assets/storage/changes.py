@@ -11,8 +11,11 @@ from dataclasses import dataclass, field
 
 import lance
 import numpy as np
+import pyarrow as pa
 
+from mv_assets.model.planning import column_ids, isin
 from mv_assets.storage import objects
+from mv_assets.storage.lance_compat import take_rows
 
 __all__ = [
     "FragmentChanges",
@@ -27,6 +30,7 @@ __all__ = [
     "written_fragments",
     "foreign_writes",
     "ForeignWrites",
+    "gone_rows",
     "STATE_KEY",
     "BACKFILL_KEY",
 ]
@@ -88,6 +92,41 @@ def fragments_after(ds: lance.LanceDataset, version: int) -> list | None:
     top = top_fragment(before)
     # (by id: no object made for each of a table's fragments, thousands of them, only for the new ones)
     return [ds.get_fragment(fid) for fid in ds.fragment_ids() if fid > top]
+
+
+def gone_rows(src: lance.LanceDataset, keys: np.ndarray, versions: np.ndarray | None,
+              reflected: int | None) -> np.ndarray:
+    """Mask of ``keys`` (the source row ids of a view's rows) whose source row
+    is no longer in ``src``: what a fragment-scoped refresh removes wherever
+    the row was.
+
+    With each key's source row version (``versions``: what the row was computed
+    from) and the source version the whole view last reflected
+    (``reflected``, at most ``src``'s), it reads no source row: a view row at
+    a version up to ``reflected`` is of a row that existed then, so it is gone
+    exactly when the change feed since ``reflected`` lists it deleted (stable
+    row ids are never reused); a later one (a row a scoped refresh brought in
+    since) is looked up by id. Otherwise (no versions, no whole refresh, an
+    older ``src``, or ``reflected``'s manifest cleaned up), every row id of
+    ``src`` is read: one scan of the whole table's ids (~0.2 s at 10,000
+    fragments, O(rows))."""
+    keys = np.asarray(keys, dtype=np.int64)
+    if (versions is not None and reflected is not None and reflected <= src.version
+            and src.has_stable_row_ids):
+        try:
+            deleted = (column_ids(src.delta(begin_version=reflected, end_version=src.version)
+                                  .get_deleted_row_ids().read_all())
+                       if src.version > reflected else np.empty(0, np.int64))
+        except (OSError, ValueError, RuntimeError):  # (that version's manifest cleaned up)
+            deleted = None
+        if deleted is not None:
+            out = isin(keys, deleted)
+            later = ~out & (np.asarray(versions, dtype=np.int64) > reflected)
+            if later.any():
+                alive = column_ids(take_rows(src, pa.array(np.unique(keys[later])), ["_rowid"]), "_rowid")
+                out |= later & ~isin(keys, alive)
+            return out
+    return ~isin(keys, column_ids(src.to_table(columns=[], with_row_id=True), "_rowid"))
 
 
 def top_fragment(ds: lance.LanceDataset) -> int:
