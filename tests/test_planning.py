@@ -174,6 +174,14 @@ HOW_CASES = [
     ({"history": History(cleaned_up_at=6)}, "sync", "up to version 6 was cleaned up"),
     ({"history": History(breaks_row_ids="an Overwrite", cleaned_up_at=6)}, "full", "Overwrite"),
     ({"scoped_since_whole": True}, "sync", "fragment-scoped"),
+    # scoped refreshes within [v0, target]: the change feed since v0 covers what they changed
+    ({"scoped_since_whole": True, "scoped_versions": (5, 9)}, "incremental", "after fragment-scoped refreshes"),
+    ({"scoped_since_whole": True, "scoped_versions": (6, 7)}, "incremental", "after fragment-scoped refreshes"),
+    ({"scoped_since_whole": True, "scoped_versions": (4, 9)}, "sync", "fragment-scoped"),  # one went back
+    ({"scoped_since_whole": True, "scoped_versions": (6, 10)}, "sync", "fragment-scoped"),  # one past the target
+    ({"scoped_since_whole": True, "scoped_versions": (6, 7), "target": 3}, "sync", "older than the reflected"),
+    ({"scoped_since_whole": True, "scoped_versions": (6, 7), "history": History(cleaned_up_at=6)}, "sync",
+     "cleaned up"),
     ({"target": 3}, "sync", "older than the reflected version 5"),
     ({"target": 5}, "incremental", "incremental"),
     ({"definition_changed": True, "scope": [1]}, "full", "definition changed"),

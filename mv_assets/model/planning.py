@@ -440,6 +440,7 @@ def choose_how(
     history: History,
     source_replaced: str | None = None,
     view_written: tuple[bool, str] | None = None,
+    scoped_versions: tuple[int, int] | None = None,
 ) -> tuple[str, str]:
     """How a refresh finds the rows to look at, and why:
 
@@ -456,6 +457,12 @@ def choose_how(
     since its last refresh; rows it touched are found by their row versions
     and every other row is compared with the source (``sync``), unless the
     writes cannot be traced (an overwrite): then the view is rebuilt.
+    ``scoped_versions``: the lowest and highest source version of the
+    fragment-scoped refreshes since the last whole one, where the planner can
+    take them into account (1:1 views: the rows they brought in that are gone
+    since, and rows they already hold current). Within ``[v0, target]`` the
+    change feed since ``v0`` covers every row they can have changed, so the
+    refresh is incremental; otherwise (or unknown) every row is compared.
 
     >>> choose_how(mode="auto", definition_changed=False, v0=3, target=5, scope=None, recompute=None,
     ...            scoped_since_whole=False, history=History())
@@ -483,12 +490,14 @@ def choose_how(
         return "sync", "first refresh"
     if history.cleaned_up_at is not None:
         return "sync", f"the source's history up to version {history.cleaned_up_at} was cleaned up: comparing row versions"
+    if target < v0:
+        return "sync", f"source version {target} is older than the reflected version {v0}"
     if scoped_since_whole:
+        if scoped_versions is not None and v0 <= scoped_versions[0] and scoped_versions[1] <= target:
+            return "incremental", "incremental (after fragment-scoped refreshes)"
         # rows a scoped refresh took from other source versions are only found
         # by comparing every row with the source (the change feed since v0 misses them)
         return "sync", "fragment-scoped refreshes since the last whole refresh"
-    if target < v0:
-        return "sync", f"source version {target} is older than the reflected version {v0}"
     return "incremental", "incremental"
 
 

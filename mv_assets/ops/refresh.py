@@ -137,6 +137,8 @@ class RefreshPlan:
     load_number: int = field(default=0, repr=False)
     scope: list[int] | None = None
     scoped_since_whole: bool = field(default=False, repr=False)
+    # the range of source versions of the scoped refreshes since the last whole one (RefreshState)
+    scoped_versions: tuple[int, int] | None = field(default=None, repr=False)
     seconds_per_row: float | None = field(default=None, repr=False)  # measured by the last refresh
     source_id: str | None = field(default=None, repr=False)  # the source's identity (storage.identity); None: unstamped
     repaired: bool = False  # another tool wrote into the view since its last refresh: this refresh repairs it
@@ -446,7 +448,7 @@ def plan_refresh(
     appended = _appended_since(src, v0, commits, reads, state, definition) if commits is not None else None
     moved = written_fragments(src, v0, commits) if commits is not None and appended is None else None
     work = _plan_work(place, src, view_ds, definition, how, v0, scope, scope_frags, recompute, appended, tainted,
-                      moved, exact)
+                      moved, exact, scoped=state.scoped_since_whole)
     return _refresh_plan(view.name, definition, src, view_ds, state, how, reason, scope, work, source_id=source_id,
                          repaired=foreign is not None, read_fields=read_fields)
 
@@ -465,6 +467,7 @@ def _how(view_name: str, definition: ViewDefinition, src: lance.LanceDataset, st
         mode=mode, definition_changed=state.definition not in (None, def_fp), v0=v0, target=src.version,
         scope=scope, recompute=recompute, scoped_since_whole=state.scoped_since_whole, history=history,
         source_replaced=replaced, view_written=(foreign.replaced, foreign.describe()) if foreign else None,
+        scoped_versions=state.scoped_versions,  # (_plan_work takes the rows they wrote into account)
     )
     if how == "full" and mode == "incremental_strict" and v0 is not None:
         raise ValueError(f"refresh of {view_name!r} cannot be incremental: {reason}")
@@ -485,7 +488,8 @@ def _refresh_plan(view_name: str, definition: ViewDefinition, src: lance.LanceDa
         rows_to_update=int(len(keys.update)), rows_to_delete=int(len(keys.delete)), udf_rows=udf_rows,
         tasks=tasks, keys=keys, view_key_addrs=(_ids(vk, SOURCE_ROW_ID), _ids(vk, "_rowaddr")) if vk is not None else None,
         checkpoint_dir=where.checkpoint_dir, definition_raw=definition.encode(), load_number=state.load_number,
-        scope=scope, scoped_since_whole=state.scoped_since_whole, seconds_per_row=state.seconds_per_row,
+        scope=scope, scoped_since_whole=state.scoped_since_whole, scoped_versions=state.scoped_versions,
+        seconds_per_row=state.seconds_per_row,
         source_id=source_id, repaired=repaired, read_fields=read_fields, counted_by_tasks=counted,
         source_top_fragment=top_fragment(src),
     )
@@ -493,11 +497,14 @@ def _refresh_plan(view_name: str, definition: ViewDefinition, src: lance.LanceDa
 
 def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, definition: ViewDefinition,
                how: str, v0: int | None, scope, scope_frags, recompute, appended: list | None,
-               tainted: np.ndarray | None = None, moved: list | None = None, exact: bool = True):
+               tainted: np.ndarray | None = None, moved: list | None = None, exact: bool = True,
+               scoped: bool = False):
     """The tasks of a refresh and its row-level outcome: rows only appended since
     ``v0`` (in the fragments ``appended``) or a first refresh are all inserts
     (the view's keys are not read); otherwise the changes are found against the
-    view's keys."""
+    view's keys. ``scoped``: fragment-scoped refreshes since the last whole
+    one may have written rows the change feed since ``v0`` names (see
+    :func:`_changed_rows`)."""
     # Computed columns of the source the view reads: their markers are compared too.
     tracked = tracked_source_columns(view_ds.schema)
     # After deletes alone (``moved == []``) no source row is compared with the view's:
@@ -511,7 +518,8 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
     # the view's row versions are not read (900k view rows: their keys and versions read in
     # ~9 ms, their keys alone in ~4).
     # Computed source columns' markers are compared with versions: then they are read.
-    ids_only = deletes_only or rebuild or (how == "incremental" and not tracked)
+    # (After fragment-scoped refreshes a changed row may be current in the view: versions are read.)
+    ids_only = deletes_only or rebuild or (how == "incremental" and not tracked and not scoped)
     key_columns = [SOURCE_ROW_ID] if ids_only else [SOURCE_ROW_ID, SOURCE_ROW_VERSION,
                                                     *(source_marker(m) for m in tracked)]
     vk: "pa.Table | ViewKeys | None" = None
@@ -547,7 +555,8 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
     else:
         assert vk is not None
         keys, rows, current_rows, vk, within = _changed_rows(
-            src, src.uri, definition, how, v0, src.version, scope, scope_frags, vk, tracked, recompute, tainted, moved
+            src, src.uri, definition, how, v0, src.version, scope, scope_frags, vk, tracked, recompute, tainted, moved,
+            view_ds if scoped else None,
         )
         where = place(rows.num_rows + current_rows.num_rows)
         tasks, udf_rows = _tasks_for(where, rows, current_rows, recompute, within)
@@ -827,6 +836,7 @@ def _changed_rows(
     recompute: list[str] | None,
     tainted: np.ndarray | None = None,
     moved: list | None = None,
+    scoped_view: lance.LanceDataset | None = None,
 ) -> "tuple[KeyPlan, pa.Table, pa.Table, pa.Table, tuple[np.ndarray, str | None] | None]":
     """The key plan, the source rows to compute, (``recompute``) the rows the
     view holds current whose UDF columns are computed again, the view's keys
@@ -834,7 +844,10 @@ def _changed_rows(
     the candidates the rows were chosen from (see ``pieces_from_rows``).
     ``vk``: the view's keys, or (an incremental refresh without a limit) a
     :class:`ViewKeys` read once the changed source rows are known, keeping
-    only theirs."""
+    only theirs. ``scoped_view``: the view, when fragment-scoped refreshes
+    since ``v0`` wrote into it (an incremental refresh then also removes the
+    rows they brought in whose source row is gone: the change feed since
+    ``v0`` does not name rows created after it)."""
     if isinstance(vk, ViewKeys):  # read below, once the changed ids are known
         view_keys, view_vers = np.empty(0, np.int64), np.empty(0, np.int64)
     else:
@@ -844,6 +857,8 @@ def _changed_rows(
     if how == "incremental":
         assert v0 is not None  # an incremental refresh starts from a reflected version
         passing, within, fail, deleted = _changes_since(src, src_uri, base_filter, v0, src_version, tracked, moved)
+        if scoped_view is not None:
+            deleted = np.union1d(deleted, _gone_since(scoped_view, src, v0))
         if definition.limit is None:
             # Only view rows whose source row changed matter from here on: one pass
             # over the view's keys, then every step works on that small subset.
@@ -878,6 +893,17 @@ def _changed_rows(
         rows = passing
 
     return keys, rows, current_rows, vk, within
+
+
+def _gone_since(view_ds: lance.LanceDataset, src: lance.LanceDataset, v0: int) -> np.ndarray:
+    """Source row ids of the view's rows computed from source rows newer than
+    ``v0`` (what fragment-scoped refreshes brought in since) whose row is no
+    longer in ``src``: one filtered read of the view's keys, then lookups by id."""
+    later = view_ds.to_table(columns=[SOURCE_ROW_ID, SOURCE_ROW_VERSION], filter=f"{SOURCE_ROW_VERSION} > {int(v0)}")
+    keys = _ids(later, SOURCE_ROW_ID)
+    if not len(keys):
+        return keys
+    return np.unique(keys[gone_rows(src, keys, _ids(later, SOURCE_ROW_VERSION), v0)])
 
 
 def _key_versions(keys: pa.Table) -> tuple[np.ndarray, np.ndarray]:
@@ -1196,6 +1222,7 @@ def _state_record(
         "full": plan.full,
         "scope": plan.scope,
         "whole_source_version": plan.to_version if plan.scope is None else plan.from_version,
+        "scoped_versions": _scoped_range(plan),
         "rows_inserted": plan.rows_to_insert,
         "rows_updated": plan.rows_to_update,
         "rows_deleted": plan.rows_to_delete,
@@ -1209,6 +1236,19 @@ def _state_record(
         # a view of several sources: every source's version and identity (ops.join_refresh)
         **{k: plan.details[k] for k in ("sources", "source_ids") if k in plan.details},
     }
+
+
+def _scoped_range(plan: RefreshPlan) -> list[int] | None:
+    """The source versions of the scoped refreshes since the last whole one,
+    this one's included (None: a whole refresh, or one of them did not
+    record it: the next whole refresh then compares every row)."""
+    if plan.scope is None:
+        return None
+    if not plan.scoped_since_whole:
+        return [plan.to_version, plan.to_version]
+    if plan.scoped_versions is None:
+        return None
+    return [min(plan.scoped_versions[0], plan.to_version), max(plan.scoped_versions[1], plan.to_version)]
 
 
 def _seconds_per_row(plan: RefreshPlan, results: list[TaskResult]) -> float | None:

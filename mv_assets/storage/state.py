@@ -29,8 +29,13 @@ class RefreshState:
     node: str | None = None  # the host whose refresh committed it (None: not recorded)
     # A fragment-scoped refresh committed after the last whole refresh: the view
     # may hold rows (or row versions) of other source versions than
-    # ``source_version``, so the next whole refresh compares every row (sync).
+    # ``source_version``: the next whole refresh takes them into account
+    # (model.planning.choose_how: incremental when they were all at versions in
+    # between, else every row compared).
     scoped_since_whole: bool = False
+    # the lowest and highest source version of those scoped refreshes (None:
+    # none, or not recorded by the refreshes that made them)
+    scoped_versions: tuple[int, int] | None = None
     # measured cost of the last refresh that computed rows: task seconds per row
     seconds_per_row: float | None = None
     # the identity of the source the view was built from (storage.identity;
@@ -85,6 +90,7 @@ def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
                     refreshed_at=latest.get("refreshed_at"),
                     node=latest.get("node"),
                     scoped_since_whole=latest.get("scope") is not None,
+                    scoped_versions=_scoped_versions(latest),
                     seconds_per_row=latest.get("seconds_per_row"),
                     source_id=latest.get("source_id"),
                     read_fields=latest.get("read_fields"),
@@ -106,6 +112,15 @@ def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
         scoped_since_whole=True,
         source_id=latest.get("source_id"),
     )
+
+
+def _scoped_versions(record: dict) -> tuple[int, int] | None:
+    """The range of source versions a fragment-scoped refresh's record says
+    the scoped refreshes since the last whole one were at."""
+    found = record.get("scoped_versions") if record.get("scope") is not None else None
+    if not isinstance(found, list) or len(found) != 2:
+        return None
+    return int(found[0]), int(found[1])
 
 
 def scoped_since_whole(view_ds: lance.LanceDataset) -> dict[int, int]:
