@@ -2,6 +2,11 @@
 and its time, at 1M and 10M rows, side by side with another checkout.
 
     python bench/bench_delete_plan.py --rows 1000000 10000000 --compare /path/to/older/checkout
+    python bench/bench_delete_plan.py --scoped ...   # the plan of a partition run: one fragment
+
+``--scoped``: the refresh is scoped to one source fragment (what a Dagster
+partition run plans), the one the update wrote: its rows are compared, and
+the view's rows deleted anywhere found.
 
 Each measurement runs in a fresh process: the plan's peak resident memory
 above the process's before it (sampled every 0.5 ms), the largest of
@@ -29,6 +34,7 @@ def rss():
 db = mv.connect(sys.argv[1], runner=mv.InlineRunner())
 view = db.open_view("v")
 view.refresh_state()
+kw = {"fragments": [max(db.open_table("src").fragment_ids())]} if sys.argv[3] == "scoped" else {}
 times, peaks = [], []
 for _ in range(int(sys.argv[2])):
     base, peak, done = rss(), [0], threading.Event()
@@ -41,14 +47,13 @@ for _ in range(int(sys.argv[2])):
     t = threading.Thread(target=sample)
     t.start()
     t0 = time.perf_counter()
-    plan = view.plan_refresh()
+    plan = view.plan_refresh(**kw)
     times.append(time.perf_counter() - t0)
     done.set()
     t.join()
     peaks.append(max(peak[0], rss()) - base)
-    del plan
 print("RESULT " + json.dumps({"mb": max(peaks) / 2**20, "s": statistics.median(times),
-                              "deleted": view.plan_refresh().rows_to_delete, "updated": view.plan_refresh().rows_to_update}))
+                              "deleted": plan.rows_to_delete, "updated": plan.rows_to_update}))
 """
 
 
@@ -67,11 +72,11 @@ def build(rows: int) -> str:
     return uri
 
 
-def measure(uri: str, checkout: str | None, repeat: int) -> dict:
+def measure(uri: str, checkout: str | None, repeat: int, scoped: bool = False) -> dict:
     env = dict(os.environ)
     if checkout:
         env["PYTHONPATH"] = checkout + os.pathsep + env.get("PYTHONPATH", "")
-    done = subprocess.run([sys.executable, "-c", CHILD, uri, str(repeat)], capture_output=True, text=True, env=env,
+    done = subprocess.run([sys.executable, "-c", CHILD, uri, str(repeat), "scoped" if scoped else "whole"], capture_output=True, text=True, env=env,
                           cwd=checkout or None)
     line = [x for x in done.stdout.splitlines() if x.startswith("RESULT ")]
     if not line:
@@ -84,6 +89,7 @@ def main() -> None:
     p.add_argument("--rows", type=int, nargs="+", default=[1_000_000, 10_000_000])
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--compare", help="another checkout's root, measured the same way")
+    p.add_argument("--scoped", action="store_true", help="plan a refresh of one source fragment (a partition run)")
     args = p.parse_args()
     print(f"{'rows':>12} {'plan MB':>9} {'plan s':>8}" + (f" {'compared MB':>12} {'compared s':>11}" if args.compare else ""))
     first = {}
@@ -91,10 +97,10 @@ def main() -> None:
         t0 = time.perf_counter()
         uri = build(rows)
         built = time.perf_counter() - t0
-        now = measure(uri, None, args.repeat)
+        now = measure(uri, None, args.repeat, args.scoped)
         line = f"{rows:>12,} {now['mb']:>9.1f} {now['s']:>8.3f}"
         if args.compare:
-            old = measure(uri, args.compare, args.repeat)
+            old = measure(uri, args.compare, args.repeat, args.scoped)
             line += f" {old['mb']:>12.1f} {old['s']:>11.3f}"
         first.setdefault("mb", now["mb"])
         print(line + f"   (-{now['deleted']:,} ~{now['updated']:,}; built in {built:.0f} s)", flush=True)

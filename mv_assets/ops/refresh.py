@@ -70,6 +70,7 @@ from mv_assets.storage.changes import (
     backfill_commits,
     commit_matters,
     commits_since,
+    deleted_since,
     foreign_writes,
     fragments_after,
     gone_rows,
@@ -523,9 +524,12 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
     key_columns = [SOURCE_ROW_ID] if ids_only else [SOURCE_ROW_ID, SOURCE_ROW_VERSION,
                                                     *(source_marker(m) for m in tracked)]
     vk: "pa.Table | ViewKeys | None" = None
-    if appended is None and how == "incremental" and definition.limit is None:
-        # Only view rows whose source row changed matter: the view's keys are streamed and
-        # those are kept (memory O(changed rows), not O(view rows)): see _changed_rows.
+    # A fragment-scoped refresh finds the view's rows deleted anywhere from the change feed
+    # since the whole view's version (None: not readable; then every row id is compared).
+    feed = deleted_since(src, v0) if scope is not None and appended is None and definition.limit is None else None
+    if appended is None and (how == "incremental" or feed is not None) and definition.limit is None:
+        # Only view rows whose source row changed (or is in scope) matter: the view's keys are
+        # streamed and those are kept (memory O(changed rows), not O(view rows)): see _changed_rows.
         vk = ViewKeys(view_ds, key_columns)
     elif appended is None:
         vk = view_ds.to_table(columns=key_columns, with_row_address=True)
@@ -556,7 +560,7 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
         assert vk is not None
         keys, rows, current_rows, vk, within = _changed_rows(
             src, src.uri, definition, how, v0, src.version, scope, scope_frags, vk, tracked, recompute, tainted, moved,
-            view_ds if scoped else None,
+            view_ds if scoped else None, feed,
         )
         where = place(rows.num_rows + current_rows.num_rows)
         tasks, udf_rows = _tasks_for(where, rows, current_rows, recompute, within)
@@ -837,6 +841,7 @@ def _changed_rows(
     tainted: np.ndarray | None = None,
     moved: list | None = None,
     scoped_view: lance.LanceDataset | None = None,
+    feed: np.ndarray | None = None,
 ) -> "tuple[KeyPlan, pa.Table, pa.Table, pa.Table, tuple[np.ndarray, str | None] | None]":
     """The key plan, the source rows to compute, (``recompute``) the rows the
     view holds current whose UDF columns are computed again, the view's keys
@@ -847,7 +852,9 @@ def _changed_rows(
     only theirs. ``scoped_view``: the view, when fragment-scoped refreshes
     since ``v0`` wrote into it (an incremental refresh then also removes the
     rows they brought in whose source row is gone: the change feed since
-    ``v0`` does not name rows created after it)."""
+    ``v0`` does not name rows created after it). ``feed``: a
+    fragment-scoped refresh's source rows deleted since ``v0`` (its view keys
+    are then a :class:`ViewKeys`, read once the rows in scope are known)."""
     if isinstance(vk, ViewKeys):  # read below, once the changed ids are known
         view_keys, view_vers = np.empty(0, np.int64), np.empty(0, np.int64)
     else:
@@ -864,8 +871,16 @@ def _changed_rows(
             # over the view's keys, then every step works on that small subset.
             vk, view_keys, view_vers = _keys_touching(vk, view_keys, view_vers,
                                                       np.concatenate([_ids(passing), fail, deleted]))
+    elif isinstance(vk, ViewKeys):
+        # fragment-scoped, with the change feed: the rows in scope, the view's rows gone anywhere
+        # (deleted since v0, or brought in by scoped refreshes since and gone), then only their keys
+        assert feed is not None and v0 is not None and scope_frags is not None
+        passing, within, fail = _in_scope(src, base_filter, scope_frags, tracked)
+        deleted = np.union1d(feed, _gone_since(vk.view_ds, src, v0, feed))
+        vk, view_keys, view_vers = _keys_touching(vk, view_keys, view_vers,
+                                                  np.concatenate([_ids(passing), fail, deleted]))
     else:
-        versions = None if isinstance(vk, ViewKeys) or SOURCE_ROW_VERSION not in vk.column_names else view_vers
+        versions = None if SOURCE_ROW_VERSION not in vk.column_names else view_vers
         passing, within, fail, deleted = _whole_changes(src, base_filter, scope, scope_frags, tracked, view_keys,
                                                         versions, v0)
     assert not isinstance(vk, ViewKeys)  # (streamed keys were read above: an incremental refresh without a limit)
@@ -895,15 +910,17 @@ def _changed_rows(
     return keys, rows, current_rows, vk, within
 
 
-def _gone_since(view_ds: lance.LanceDataset, src: lance.LanceDataset, v0: int) -> np.ndarray:
+def _gone_since(view_ds: lance.LanceDataset, src: lance.LanceDataset, v0: int,
+                feed: np.ndarray | None = None) -> np.ndarray:
     """Source row ids of the view's rows computed from source rows newer than
     ``v0`` (what fragment-scoped refreshes brought in since) whose row is no
-    longer in ``src``: one filtered read of the view's keys, then lookups by id."""
+    longer in ``src``: one filtered read of the view's keys, then lookups by id
+    (``feed``: the rows deleted since ``v0``, if read already)."""
     later = view_ds.to_table(columns=[SOURCE_ROW_ID, SOURCE_ROW_VERSION], filter=f"{SOURCE_ROW_VERSION} > {int(v0)}")
     keys = _ids(later, SOURCE_ROW_ID)
     if not len(keys):
         return keys
-    return np.unique(keys[gone_rows(src, keys, _ids(later, SOURCE_ROW_VERSION), v0)])
+    return np.unique(keys[gone_rows(src, keys, _ids(later, SOURCE_ROW_VERSION), v0, feed)])
 
 
 def _key_versions(keys: pa.Table) -> tuple[np.ndarray, np.ndarray]:
@@ -973,21 +990,27 @@ def _whole_changes(src: lance.LanceDataset, base_filter: str | None, scope: list
     the scope's fragments), the candidates they were chosen from, the ids of
     the scope's rows that fail it, and of the view's rows whose source row is
     gone (the whole view: or no longer passes). A scoped refresh finds the
-    view's rows gone anywhere from the change feed since the version the
-    whole view reflected (``reflected``; ``view_vers``: the source row
-    versions of ``view_keys``), not by reading every row id of the source
-    (storage.changes.gone_rows)."""
+    view's rows gone anywhere with storage.changes.gone_rows (``reflected``:
+    the version the whole view reflected; ``view_vers``: the source row
+    versions of ``view_keys``): here the change feed since ``reflected``
+    cannot be read, so every row id of the source is (the streamed path of
+    :func:`_changed_rows` is taken when it can)."""
+    if scope is not None:
+        passing, within, fail = _in_scope(src, base_filter, scope_frags, tracked)
+        return passing, within, fail, view_keys[gone_rows(src, view_keys, view_vers, reflected)]
+    passing = _scan(src, base_filter, markers=tracked)
+    deleted = view_keys[~isin(view_keys, _ids(passing))]  # gone or no longer passing
+    return passing, (_ids(passing, "_rowaddr"), base_filter), np.empty(0, np.int64), deleted
+
+
+def _in_scope(src: lance.LanceDataset, base_filter: str | None, scope_frags: list | None, tracked: list[str]
+              ) -> "tuple[pa.Table, tuple[np.ndarray, str | None], np.ndarray]":
+    """The rows of the scope's fragments passing the filter, the candidates
+    they were chosen from, and the ids of the scope's rows that fail it."""
     passing = _scan(src, base_filter, scope_frags, markers=tracked)
-    within = (_ids(passing, "_rowaddr"), base_filter)
     pass_ids = _ids(passing)
-    if scope is None:
-        fail = np.empty(0, np.int64)
-        deleted = view_keys[~isin(view_keys, pass_ids)]  # gone or no longer passing
-    else:
-        in_scope = _ids(_scan(src, None, scope_frags, with_version=False)) if base_filter else pass_ids
-        fail = in_scope[~isin(in_scope, pass_ids)]
-        deleted = view_keys[gone_rows(src, view_keys, view_vers, reflected)]
-    return passing, within, fail, deleted
+    in_scope = _ids(_scan(src, None, scope_frags, with_version=False)) if base_filter else pass_ids
+    return passing, (_ids(passing, "_rowaddr"), base_filter), in_scope[~isin(in_scope, pass_ids)]
 
 
 def _current(
