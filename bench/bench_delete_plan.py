@@ -6,7 +6,8 @@ and its time, at 1M and 10M rows, side by side with another checkout.
 
 ``--scoped``: the refresh is scoped to one source fragment (what a Dagster
 partition run plans), the one the update wrote: its rows are compared, and
-the view's rows deleted anywhere found.
+the view's rows deleted anywhere found. ``--chunk``: the view is a chunk
+view (two children a source row) instead of a 1:1 view.
 
 Each measurement runs in a fresh process: the plan's peak resident memory
 above the process's before it (sampled every 0.5 ms), the largest of
@@ -57,7 +58,9 @@ print("RESULT " + json.dumps({"mb": max(peaks) / 2**20, "s": statistics.median(t
 """
 
 
-def build(rows: int) -> str:
+def build(rows: int, chunk: bool = False) -> str:
+    import typing
+
     import pyarrow as pa
 
     import mv_assets as mv
@@ -65,6 +68,21 @@ def build(rows: int) -> str:
     uri = os.path.join(tempfile.mkdtemp(prefix="mvdelete-"), "catalog")
     db = mv.connect(uri, runner=mv.InlineRunner())
     ids = pa.array(range(rows), pa.int64())
+    if chunk:
+        class Piece(typing.NamedTuple):
+            text: str
+
+        @mv.chunker
+        def halves(body: str) -> typing.Iterator[Piece]:
+            words = body.split()
+            yield Piece(" ".join(words[:2]))
+            yield Piece(" ".join(words[2:]))
+
+        src = db.create_table("src", pa.table({"id": ids, "body": pa.array(["a b c d"] * rows)}), primary_key="id")
+        db.create_udtf_view("v", src.search(None).select(["id"]), halves).refresh()
+        src.delete("id % 100 = 7")
+        src.update("id < 1000", values_sql={"body": "'e f g h'"})
+        return uri
     src = db.create_table("src", pa.table({"id": ids, "x": ids}), primary_key="id")
     db.create_materialized_view("v", src.search(None).where("x >= 0").select({"id": "id", "x": "x"})).refresh()
     src.delete("id % 100 = 7")
@@ -90,12 +108,13 @@ def main() -> None:
     p.add_argument("--repeat", type=int, default=3)
     p.add_argument("--compare", help="another checkout's root, measured the same way")
     p.add_argument("--scoped", action="store_true", help="plan a refresh of one source fragment (a partition run)")
+    p.add_argument("--chunk", action="store_true", help="a chunk view (two children a row) instead of a 1:1 view")
     args = p.parse_args()
     print(f"{'rows':>12} {'plan MB':>9} {'plan s':>8}" + (f" {'compared MB':>12} {'compared s':>11}" if args.compare else ""))
     first = {}
     for rows in args.rows:
         t0 = time.perf_counter()
-        uri = build(rows)
+        uri = build(rows, args.chunk)
         built = time.perf_counter() - t0
         now = measure(uri, None, args.repeat, args.scoped)
         line = f"{rows:>12,} {now['mb']:>9.1f} {now['s']:>8.3f}"

@@ -42,12 +42,14 @@ from mv_assets.ops.function_plan import start_plan
 from mv_assets.ops.refresh import (
     ROW_VERSION_ALIAS,
     RefreshPlan,
-        _no_rows,
+    ViewKeys,
+    _gone_since,
+    _no_rows,
     _place,
     _scan,
     and_filters,
 )
-from mv_assets.storage.changes import gone_rows, written_fragments
+from mv_assets.storage.changes import deleted_since, gone_rows, written_fragments
 from mv_assets.storage.lance_compat import take_rows
 from mv_assets.storage.refs import ViewRef
 from mv_assets.storage.state import scoped_since_whole
@@ -132,13 +134,27 @@ def _changes(view_ds: lance.LanceDataset, src: lance.LanceDataset, definition, h
         deleted = (_ids(src.delta(begin_version=v0, end_version=src.version).get_deleted_row_ids().read_all())
                    if src.version > v0 else empty)
         touched = np.concatenate([changed, deleted])
-    # every child's parent key (and, to compare, its version); row ids (for the digests of
+    # the children's parent keys (and, to compare, their versions); row ids (for the digests of
     # the touched ones) only when some parent may be copied
-    vk = view_ds.to_table(columns=[SOURCE_ROW_ID] + ([SOURCE_ROW_VERSION] if how != "incremental" else []),
-                          with_row_id=how != "incremental" or parents.num_rows > 0, with_row_address=True)
+    columns = [SOURCE_ROW_ID] + ([SOURCE_ROW_VERSION] if how != "incremental" else [])
+    streamed = ViewKeys(view_ds, columns, with_row_id=how != "incremental" or parents.num_rows > 0)
+    feed = deleted_since(src, v0) if how != "incremental" and scope_frags is not None else None
+    in_scope = empty
+    if how == "incremental":  # only the children of the parents that changed: streamed, those kept
+        vk = streamed.touching(touched)
+    elif feed is not None:
+        # fragment-scoped with the change feed: the children of the parents in scope, and of
+        # those deleted anywhere (since v0, or brought in by scoped refreshes since and gone)
+        assert v0 is not None
+        parents = _scan(src, definition.filter, scope_frags)
+        in_scope = _ids(_scan(src, None, scope_frags, with_version=False))
+        vk = streamed.touching(np.concatenate([in_scope, feed, _gone_since(view_ds, src, v0, feed)]))
+    else:  # every child: a sync of the whole view, or no change feed to read
+        vk = view_ds.to_table(columns=columns, with_row_id=streamed.with_row_id, with_row_address=True)
     view_keys = _ids(vk, SOURCE_ROW_ID)
     if how != "incremental":  # sync: every passing parent (in scope) against the view's children
-        parents = _scan(src, definition.filter, scope_frags)
+        if feed is None:
+            parents = _scan(src, definition.filter, scope_frags)
         ids, vers = _ids(parents), _ids(parents, ROW_VERSION_ALIAS)
         pos = positions(ids, view_keys)  # one child of each parent the view holds
         has = pos >= 0
@@ -148,15 +164,17 @@ def _changes(view_ds: lance.LanceDataset, src: lance.LanceDataset, definition, h
                                                      scoped_since_whole(view_ds))
         parents = parents.filter(pa.array(~current))
         if scope_frags is not None:
-            in_scope = _ids(_scan(src, None, scope_frags, with_version=False))
+            if feed is None:
+                in_scope = _ids(_scan(src, None, scope_frags, with_version=False))
             # (the view's rows whose parent is gone anywhere: from the change feed, no scan of the source's ids)
-            elsewhere = gone_rows(src, view_keys, _ids(vk, SOURCE_ROW_VERSION), v0)
+            elsewhere = gone_rows(src, view_keys, _ids(vk, SOURCE_ROW_VERSION), v0, feed)
             gone = np.concatenate([in_scope[~isin(in_scope, ids)], view_keys[elsewhere]])
         else:
             gone = view_keys[~isin(view_keys, ids)]
         touched = np.concatenate([_ids(parents), gone])
-    mask = isin(view_keys, touched)
-    vk = vk.filter(pa.array(mask))
+    if how != "incremental":  # (streamed: only touched parents' children were kept already)
+        mask = isin(view_keys, touched)
+        vk = vk.filter(pa.array(mask))
     if vk.num_rows and "_rowid" in vk.column_names:
         digests = take_rows(view_ds, _ids(vk, "_rowid").tolist(), [CHUNK_INPUTS]).column(CHUNK_INPUTS)
         vk = vk.append_column(CHUNK_INPUTS, digests)

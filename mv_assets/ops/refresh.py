@@ -784,8 +784,9 @@ class ViewKeys:
     are taken)."""
 
     def __init__(self, view_ds: lance.LanceDataset, columns: list[str], batch_rows: int = 1 << 14,
-                 range_rows: int = 1 << 18) -> None:
+                 range_rows: int = 1 << 18, *, with_row_id: bool = False) -> None:
         self.view_ds, self.columns, self.batch_rows, self.range_rows = view_ds, columns, batch_rows, range_rows
+        self.with_row_id = with_row_id  # (the view rows' own ids too, before their addresses)
         self.rows_read = 0  # what was streamed (all of the view's keys, once)
         self.rows_kept = 0  # what was held
 
@@ -818,11 +819,13 @@ class ViewKeys:
         for fragment in self.view_ds.get_fragments():
             rows = fragment.count_rows()
             for offset in range(0, rows, self.range_rows):
-                yield from fragment.to_batches(columns=self.columns, with_row_address=True, batch_size=self.batch_rows,
+                yield from fragment.to_batches(columns=self.columns, with_row_id=self.with_row_id,
+                                               with_row_address=True, batch_size=self.batch_rows,
                                                batch_readahead=1, offset=offset, limit=self.range_rows)
 
     def _empty(self) -> pa.Table:
-        fields = [self.view_ds.schema.field(c) for c in self.columns] + [pa.field("_rowaddr", pa.uint64())]
+        fields = ([self.view_ds.schema.field(c) for c in self.columns]
+                  + ([pa.field("_rowid", pa.uint64())] if self.with_row_id else []) + [pa.field("_rowaddr", pa.uint64())])
         return pa.schema(fields).empty_table()
 
 
