@@ -526,7 +526,9 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
     vk: "pa.Table | ViewKeys | None" = None
     # A fragment-scoped refresh finds the view's rows deleted anywhere from the change feed
     # since the whole view's version (None: not readable; then every row id is compared).
-    feed = deleted_since(src, v0) if scope is not None and appended is None and definition.limit is None else None
+    # (A full refresh of some fragments, after its definition changed or row ids were broken, does not.)
+    feed = (deleted_since(src, v0) if scope is not None and how == "sync" and appended is None
+            and definition.limit is None else None)
     if appended is None and (how == "incremental" or feed is not None) and definition.limit is None:
         # Only view rows whose source row changed (or is in scope) matter: the view's keys are
         # streamed and those are kept (memory O(changed rows), not O(view rows)): see _changed_rows.
@@ -885,7 +887,7 @@ def _changed_rows(
     else:
         versions = None if SOURCE_ROW_VERSION not in vk.column_names else view_vers
         passing, within, fail, deleted = _whole_changes(src, base_filter, scope, scope_frags, tracked, view_keys,
-                                                        versions, v0)
+                                                        versions, v0 if how == "sync" else None)
     assert not isinstance(vk, ViewKeys)  # (streamed keys were read above: an incremental refresh without a limit)
     current_rows = passing.slice(0, 0)
     if how != "full":
