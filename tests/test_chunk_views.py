@@ -10,6 +10,7 @@ import lance
 import pyarrow as pa
 import pytest
 from runners import CrashAfter
+from spies import view_key_reads
 
 import mv_assets as mv
 
@@ -485,8 +486,6 @@ def test_a_chunk_views_plans_hold_only_the_children_of_the_parents_they_touch(db
     once and those rows kept, so the memory is O(changed parents' children),
     the same for a view 10x larger (before: every child's key, version, row
     id and address were held). Both plans are carried out against the oracle."""
-    from mv_assets.ops import refresh as refresh_ops
-
     docs, view = _setup(db, call_log, n=n)  # children: 0-2 a parent (2 words a chunk, 0-4 words)
     view.refresh()
     docs.delete("id % 100 = 7")  # 1% of the parents, all over the view
@@ -494,21 +493,7 @@ def test_a_chunk_views_plans_hold_only_the_children_of_the_parents_they_touch(db
     children = lambda ids: sum(len(words(docs_rows([i])[0]["body"])) for i in ids)  # noqa: E731
     deleted = [i for i in range(1, n) if i % 100 == 7]
     updated = [i for i in range(1, 50) if i % 100 != 7]
-    held, whole = [], []
-    real_touching, real_to_table = refresh_ops.ViewKeys.touching, lance.LanceDataset.to_table
-
-    def touching(self, ids):
-        out = real_touching(self, ids)
-        held.append((self.rows_read, self.rows_kept))
-        return out
-
-    def to_table(self, *a, **k):
-        if self.uri == view.uri and k.get("filter") is None:
-            whole.append(k.get("columns"))
-        return real_to_table(self, *a, **k)
-
-    monkeypatch.setattr(refresh_ops.ViewKeys, "touching", touching)
-    monkeypatch.setattr(lance.LanceDataset, "to_table", to_table)
+    held, whole = view_key_reads(monkeypatch, view.uri)
     view.plan_refresh(fragments=[max(docs.fragment_ids())])
     view.plan_refresh()
     monkeypatch.undo()

@@ -7,6 +7,7 @@ import lance
 import pyarrow as pa
 import pytest
 from oracle import actual_view, expected_view
+from spies import view_key_reads
 
 import mv_assets as mv
 from mv_assets.execution import tasks
@@ -747,40 +748,28 @@ def test_appended_rows_split_into_small_tasks_refresh(tmp_path, appended):
     assert actual_view(view) == expected_view(src.uri, src.version, _keep, _project)
 
 
+def _deleted_and_updated(tmp_path, n: int):
+    """A table of ``n`` rows and a 1:1 view of it, refreshed; then 1% of the
+    rows deleted, all over the view, and rows 0-49 updated (moved to a new
+    fragment)."""
+    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
+    src = db.create_table("src", pa.table({"id": pa.array(range(n), pa.int64()), "x": pa.array(range(n), pa.int64())}),
+                          primary_key="id")
+    view = db.create_materialized_view("v", src.search(None).where("x >= 0").select({"id": "id", "x": "x"}))
+    view.refresh()
+    src.delete("id % 100 = 7")
+    src.update("id < 50", values_sql={"x": "x + 1"})
+    return src, view
+
+
 @pytest.mark.parametrize("n", [20_000, 200_000])
 def test_planning_a_delete_holds_only_the_changed_rows_keys(tmp_path, monkeypatch, n):
     """A 1% delete (and an update) is planned holding the view's keys of the
     changed rows only: the keys are streamed once and those rows kept, so
     the memory is O(changed rows), the same for a view 10x larger (before:
     every view row's key and address were held: 617 MB at 10M rows)."""
-    import pyarrow as pa
-
-    from mv_assets.ops import refresh as refresh_ops
-
-    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
-    src = db.create_table("src", pa.table({"id": pa.array(range(n), pa.int64()), "x": pa.array(range(n), pa.int64())}),
-                          primary_key="id")
-    view = db.create_materialized_view("v", src.search(None).where("x >= 0").select({"id": "id", "x": "x"}))
-    view.refresh()
-    src.delete("id % 100 = 7")  # 1% of the rows, all over the view
-    src.update("id < 50", values_sql={"x": "x + 1"})
-    held = []
-    real_touching = refresh_ops.ViewKeys.touching
-    whole = []
-    real_to_table = lance.LanceDataset.to_table
-
-    def touching(self, ids):
-        out = real_touching(self, ids)
-        held.append((self.rows_read, self.rows_kept))
-        return out
-
-    def to_table(self, *a, **k):
-        if self.uri == view.uri and k.get("filter") is None:
-            whole.append(k.get("columns"))
-        return real_to_table(self, *a, **k)
-
-    monkeypatch.setattr(refresh_ops.ViewKeys, "touching", touching)
-    monkeypatch.setattr(lance.LanceDataset, "to_table", to_table)
+    src, view = _deleted_and_updated(tmp_path, n)
+    held, whole = view_key_reads(monkeypatch, view.uri)
     plan = view.plan_refresh()
     monkeypatch.undo()
     deleted = n // 100
@@ -801,35 +790,9 @@ def test_planning_a_partition_run_holds_only_its_rows_and_the_deleted_rows_keys(
     memory is O(changed rows), the same for a view 10x larger (before: every
     view row's key, version and address were held: 621 MB at 10M rows,
     bench/bench_delete_plan.py --scoped)."""
-    import pyarrow as pa
-
-    from mv_assets.ops import refresh as refresh_ops
-
-    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
-    src = db.create_table("src", pa.table({"id": pa.array(range(n), pa.int64()), "x": pa.array(range(n), pa.int64())}),
-                          primary_key="id")
-    view = db.create_materialized_view("v", src.search(None).where("x >= 0").select({"id": "id", "x": "x"}))
-    view.refresh()
-    src.delete("id % 100 = 7")  # 1% of the rows, all over the view
-    src.update("id < 50", values_sql={"x": "x + 1"})  # moved to a new fragment: the partition run's
+    src, view = _deleted_and_updated(tmp_path, n)
     newest = max(src.fragment_ids())
-    held = []
-    real_touching = refresh_ops.ViewKeys.touching
-    whole = []
-    real_to_table = lance.LanceDataset.to_table
-
-    def touching(self, ids):
-        out = real_touching(self, ids)
-        held.append((self.rows_read, self.rows_kept))
-        return out
-
-    def to_table(self, *a, **k):
-        if self.uri == view.uri and k.get("filter") is None:
-            whole.append(k.get("columns"))
-        return real_to_table(self, *a, **k)
-
-    monkeypatch.setattr(refresh_ops.ViewKeys, "touching", touching)
-    monkeypatch.setattr(lance.LanceDataset, "to_table", to_table)
+    held, whole = view_key_reads(monkeypatch, view.uri)
     plan = view.plan_refresh(fragments=[newest])
     monkeypatch.undo()
     deleted = n // 100

@@ -15,6 +15,7 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from oracle import actual_view, expected_view, shuffle_key, source_rows
+from spies import whole_source_scans
 
 import mv_assets as mv
 
@@ -212,22 +213,6 @@ def test_scoped_and_whole_refreshes_interleaved_match_the_oracle(ops, tmp_path_f
 
 
 
-def _whole_source_scans(monkeypatch, uri: str) -> list:
-    """A list that grows by one with each scan of every fragment of the
-    dataset at ``uri`` (no ``fragments=``) from now on."""
-    scans: list = []
-    real = lance.LanceDataset.scanner
-    name = os.path.basename(uri.rstrip("/"))
-
-    def scanner(self, *args, **kwargs):
-        if kwargs.get("fragments") is None and os.path.basename(self.uri.rstrip("/")) == name:
-            scans.append(kwargs.get("filter"))
-        return real(self, *args, **kwargs)
-
-    monkeypatch.setattr(lance.LanceDataset, "scanner", scanner)
-    return scans
-
-
 def test_a_scoped_refresh_removes_rows_deleted_anywhere_without_reading_every_row_id(db, monkeypatch):
     """A partition run removes the view's rows whose source row is gone from
     any fragment: those the whole view held, from the change feed since the
@@ -244,7 +229,7 @@ def test_a_scoped_refresh_removes_rows_deleted_anywhere_without_reading_every_ro
     t.delete("id IN (1, 10)")  # one row the whole refresh brought in, one a scoped refresh did
     t.update("id = 2", values_sql={"x": "x + 3"})  # moved to a new fragment, its id kept: not gone
     lance.dataset(t.uri).delete("id = 4")  # another tool
-    scans = _whole_source_scans(monkeypatch, t.uri)
+    scans = whole_source_scans(monkeypatch, t.uri)
     v.refresh(fragments=[third])
     monkeypatch.undo()
     assert scans == []
@@ -254,7 +239,7 @@ def test_a_scoped_refresh_removes_rows_deleted_anywhere_without_reading_every_ro
 
     t.optimize(cleanup_older_than=timedelta(0))  # the version the whole view reflects is gone
     t.delete("id IN (5, 11)")
-    scans = _whole_source_scans(monkeypatch, t.uri)
+    scans = whole_source_scans(monkeypatch, t.uri)
     v.refresh(fragments=[_fragments(t)[0]])
     monkeypatch.undo()
     assert scans  # (every row id read)
@@ -276,7 +261,7 @@ def test_the_whole_refresh_after_partition_runs_follows_the_change_feed(db, monk
     t.add([{"id": 13, "x": 13}])
     t.delete("id IN (1, 10)")
     assert v.plan_refresh().reason == "incremental (after fragment-scoped refreshes)"
-    scans = _whole_source_scans(monkeypatch, t.uri)
+    scans = whole_source_scans(monkeypatch, t.uri)
     r = v.refresh()
     monkeypatch.undo()
     assert scans == []
