@@ -17,6 +17,11 @@ a fresh process). ``--compare`` runs the same
 measurements with another checkout's mv_assets (PYTHONPATH) on the same
 machine, one after the other, and prints both side by side with ratios.
 
+``--s3-list indexed``: the S3 server answers a LIST from the keys under its
+prefix (tests/moto_indexed.py) instead of filtering every key of the bucket as
+moto does: an object store's LIST by prefix does not grow with the bucket, and
+at N = 1,000 the bucket holds ~30,000 keys. The requests are the same.
+
 ``--fragments N...``: one table of N 2-row fragments (written with one Append)
 and a view over it, local disk, in this process: the first sensor tick (its
 partition requests and observations, applied as the daemon does) plus the run
@@ -55,15 +60,17 @@ def _build(uri: str, n: int, options: dict | None) -> None:
         db.create_materialized_view(f"v{i}", t.search(None).where("x >= 0").select({"id": "id", "x": "x"})).refresh()
 
 
-def _build_by_upload(uri: str, n: int, s3) -> None:
+def _build_by_upload(uri: str, n: int, s3, local: str | None = None) -> str:
     """The catalog of :func:`_build` on the S3 server, written on local disk
-    and its files uploaded as they are (Lance's paths inside a dataset are
-    relative; the catalog is the same bytes), concurrently: building 100
-    tables through the S3 server takes ~6 minutes, 1,000 an hour."""
+    (or the one at ``local``, built so before) and its files uploaded as they
+    are (Lance's paths inside a dataset are relative; the catalog is the same
+    bytes), concurrently: building 100 tables through the S3 server takes ~6
+    minutes, 1,000 an hour. Returns the local catalog."""
     from concurrent.futures import ThreadPoolExecutor
 
-    local = os.path.join(tempfile.mkdtemp(prefix="mvscale-up-"), "catalog")
-    _build(local, n, None)
+    if local is None:
+        local = os.path.join(tempfile.mkdtemp(prefix="mvscale-up-"), "catalog")
+        _build(local, n, None)
     bucket, _, prefix = uri[len("s3://"):].partition("/")
     files = [os.path.join(d, f) for d, _, fs in os.walk(local) for f in fs]
     client = s3.client()
@@ -75,6 +82,7 @@ def _build_by_upload(uri: str, n: int, s3) -> None:
     fine = [r for r in statuses if r["load_state"] == "LOADED" and r["versions_behind"] == 0]
     if len(fine) != n:
         raise RuntimeError(f"uploaded catalog: {len(fine)} of {n} views loaded and current: {statuses[:3]}")
+    return local
 
 
 def _measure(uri: str, options: dict | None, proxy) -> dict:
@@ -271,6 +279,9 @@ def main() -> None:
     p.add_argument("--stores", nargs="+", default=["local", "s3"], choices=["local", "s3"])
     p.add_argument("--compare", help="another checkout's root: its mv_assets measured the same way, side by side")
     p.add_argument("--fragments", type=int, nargs="+", help="one table of N fragments (and only that)")
+    p.add_argument("--s3-list", nargs="+", choices=["moto", "indexed"], default=["moto"],
+                   help="the S3 server's LIST: moto's (filters every key of the bucket) and/or by prefix; "
+                        "with --upload both get the same catalog")
     p.add_argument("--upload", action="store_true",
                    help="build the S3 catalogs on local disk and upload their files (faster than through moto)")
     p.add_argument("--dagster-storage", nargs="+", default=["sqlite", "batched"], choices=["sqlite", "batched"],
@@ -288,34 +299,43 @@ def main() -> None:
             for storage in args.dagster_storage:
                 _fragments(n, storage)
         return
-    s3 = None
+    servers: dict = {}
     try:
         for store in args.stores:
             for n in args.sizes:
-                if store == "s3":
-                    from s3_server import S3Server
+                local = None
+                for listing in args.s3_list if store == "s3" else [None]:
+                    if store == "s3":
+                        from s3_server import S3Server
 
-                    s3 = s3 or S3Server()
-                    uri, options, upstream = f"s3://{s3.new_bucket()}/catalog", s3.options, s3.endpoint
-                else:
-                    uri, options, upstream = os.path.join(tempfile.mkdtemp(prefix="mvscale-"), "catalog"), None, None
-                t0 = time.perf_counter()
-                if store == "s3" and args.upload:
-                    _build_by_upload(uri, n, s3)
-                else:
-                    _build(uri, n, options)
-                print(f"\n== {store}, N = {n} tables with one view each (built in {time.perf_counter() - t0:.0f} s)")
-                now = _run_side(None, uri, options, upstream)
-                before = _run_side(args.compare, uri, options, upstream) if args.compare else None
-                print(f"{'':24} {'this checkout':>22}" + (f" {'compared':>22}   ratio (s)" if before else ""))
-                for label, k in ROWS:
-                    line = f"{label:24} {_fmt(now, k):>22}"
-                    if before:
-                        line += f" {_fmt(before, k):>22}   {now[f'{k}_s'] / max(before[f'{k}_s'], 1e-9):.3f}x"
-                    print(line, flush=True)
+                        s3 = servers.setdefault(listing, None) or S3Server(indexed_list=listing == "indexed")
+                        servers[listing] = s3
+                        uri, options, upstream = f"s3://{s3.new_bucket()}/catalog", s3.options, s3.endpoint
+                    else:
+                        s3, options, upstream = None, None, None
+                        uri = os.path.join(tempfile.mkdtemp(prefix="mvscale-"), "catalog")
+                    t0 = time.perf_counter()
+                    if s3 is not None and args.upload:
+                        local = _build_by_upload(uri, n, s3, local)
+                    else:
+                        _build(uri, n, options)
+                    where = f"{store} (LIST: {listing})" if listing else store
+                    print(f"\n== {where}, N = {n} tables with one view each (built in {time.perf_counter() - t0:.0f} s)")
+                    _print_sides(args, uri, options, upstream)
     finally:
-        if s3 is not None:
+        for s3 in servers.values():
             s3.stop()
+
+
+def _print_sides(args, uri: str, options: dict | None, upstream: str | None) -> None:
+    now = _run_side(None, uri, options, upstream)
+    before = _run_side(args.compare, uri, options, upstream) if args.compare else None
+    print(f"{'':24} {'this checkout':>22}" + (f" {'compared':>22}   ratio (s)" if before else ""))
+    for label, k in ROWS:
+        line = f"{label:24} {_fmt(now, k):>22}"
+        if before:
+            line += f" {_fmt(before, k):>22}   {now[f'{k}_s'] / max(before[f'{k}_s'], 1e-9):.3f}x"
+        print(line, flush=True)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ seconds are the server's, and moto's LIST filters every key of the bucket.
 
 Prints the mean time of a LIST by prefix (with a delimiter, as Lance lists a
 dataset's versions) and of a GET of a small object, in a bucket of 150 keys
-and in one of 16,000 (1,000 datasets' worth of small files).
+and in one of 16,000 (1,000 datasets' worth of small files); on moto's server
+as it comes and with its LIST answered from the keys under the prefix.
 
 Usage: python bench/bench_s3_server_list.py
 """
@@ -19,7 +20,12 @@ from s3_server import S3Server  # noqa: E402
 
 
 def main() -> None:
-    s3 = S3Server()
+    for indexed in (False, True):
+        print("moto's server, its LIST by prefix (tests/moto_indexed.py)" if indexed else "moto's server as it comes")
+        _measure(S3Server(indexed_list=indexed))
+
+
+def _measure(s3: S3Server) -> None:
     try:
         c = s3.client()
         small, big = s3.new_bucket(), s3.new_bucket()

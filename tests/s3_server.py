@@ -1,7 +1,10 @@
 """A real S3-compatible server for tests: moto's server on 127.0.0.1 (a
-separate process, stopped by PID), and the storage options to reach it."""
+separate process, stopped by PID), and the storage options to reach it.
+``S3Server(indexed_list=True)``: the same server, its LIST answered from the
+keys under the prefix (tests/moto_indexed.py), as an object store does."""
 
 import contextlib
+import os
 import subprocess
 import sys
 import time
@@ -11,11 +14,13 @@ from mv_assets.dagster.devserver import free_port
 
 
 class S3Server:
-    def __init__(self) -> None:
+    def __init__(self, indexed_list: bool = False) -> None:
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
+        server = ([os.path.join(os.path.dirname(os.path.abspath(__file__)), "moto_indexed.py")] if indexed_list
+                  else ["-m", "moto.server"])
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, *server, "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
         self.options = {
