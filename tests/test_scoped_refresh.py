@@ -306,7 +306,7 @@ def test_the_rows_found_gone_are_those_missing_from_the_source_at_that_version(o
     and whole refreshes: at the newest version and at an older one. Each
     whole refresh (incremental after scoped refreshes within its versions)
     makes the view equal the oracle."""
-    from mv_assets.storage.changes import gone_rows
+    from mv_assets.storage.changes import deleted_since, gone_rows
 
     db = mv.connect(str(tmp_path_factory.mktemp("cat")), runner=mv.InlineRunner())
     t, v = _make(db, n=6)
@@ -349,7 +349,8 @@ def test_the_rows_found_gone_are_those_missing_from_the_source_at_that_version(o
         for version in {t.version, history[at % len(history)]}:
             present = set(source_rows(t.uri, version))
             expected = [int(k) not in present for k in keys]
-            got = gone_rows(lance.dataset(t.uri, version=version), keys, versions, v.source_version)
+            src = lance.dataset(t.uri, version=version)
+            got = gone_rows(src, keys, versions, v.source_version, deleted_since(src, v.source_version))
             assert got.tolist() == expected, (op, version, v.source_version)
 
 

@@ -140,21 +140,21 @@ def _changes(view_ds: lance.LanceDataset, src: lance.LanceDataset, definition, h
     streamed = ViewKeys(view_ds, columns, with_row_id=how != "incremental" or parents.num_rows > 0)
     feed = deleted_since(src, v0) if how != "incremental" and scope_frags is not None else None
     in_scope = empty
+    if how != "incremental":  # sync: every passing parent (in scope), and every row in scope
+        parents = _scan(src, definition.filter, scope_frags)
+        if scope_frags is not None:
+            in_scope = _ids(_scan(src, None, scope_frags, with_version=False))
     if how == "incremental":  # only the children of the parents that changed: streamed, those kept
         vk = streamed.touching(touched)
     elif feed is not None:
         # fragment-scoped with the change feed: the children of the parents in scope, and of
         # those deleted anywhere (since v0, or brought in by scoped refreshes since and gone)
         assert v0 is not None
-        parents = _scan(src, definition.filter, scope_frags)
-        in_scope = _ids(_scan(src, None, scope_frags, with_version=False))
         vk = streamed.touching(np.concatenate([in_scope, feed, _gone_since(view_ds, src, v0, feed)]))
     else:  # every child: a sync of the whole view, or no change feed to read
         vk = view_ds.to_table(columns=columns, with_row_id=streamed.with_row_id, with_row_address=True)
     view_keys = _ids(vk, SOURCE_ROW_ID)
-    if how != "incremental":  # sync: every passing parent (in scope) against the view's children
-        if feed is None:
-            parents = _scan(src, definition.filter, scope_frags)
+    if how != "incremental":  # sync: the parents against the view's children
         ids, vers = _ids(parents), _ids(parents, ROW_VERSION_ALIAS)
         pos = positions(ids, view_keys)  # one child of each parent the view holds
         has = pos >= 0
@@ -164,8 +164,6 @@ def _changes(view_ds: lance.LanceDataset, src: lance.LanceDataset, definition, h
                                                      scoped_since_whole(view_ds))
         parents = parents.filter(pa.array(~current))
         if scope_frags is not None:
-            if feed is None:
-                in_scope = _ids(_scan(src, None, scope_frags, with_version=False))
             # (the view's rows whose parent is gone anywhere: from the change feed, no scan of the source's ids)
             elsewhere = gone_rows(src, view_keys, _ids(vk, SOURCE_ROW_VERSION), v0, feed)
             gone = np.concatenate([in_scope[~isin(in_scope, ids)], view_keys[elsewhere]])

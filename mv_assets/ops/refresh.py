@@ -870,7 +870,7 @@ def _changed_rows(
         assert v0 is not None  # an incremental refresh starts from a reflected version
         passing, within, fail, deleted = _changes_since(src, src_uri, base_filter, v0, src_version, tracked, moved)
         if scoped_view is not None:
-            deleted = np.union1d(deleted, _gone_since(scoped_view, src, v0))
+            deleted = np.union1d(deleted, _gone_since(scoped_view, src, v0, deleted))
         if definition.limit is None:
             # Only view rows whose source row changed matter from here on: one pass
             # over the view's keys, then every step works on that small subset.
@@ -885,9 +885,7 @@ def _changed_rows(
         vk, view_keys, view_vers = _keys_touching(vk, view_keys, view_vers,
                                                   np.concatenate([_ids(passing), fail, deleted]))
     else:
-        versions = None if SOURCE_ROW_VERSION not in vk.column_names else view_vers
-        passing, within, fail, deleted = _whole_changes(src, base_filter, scope, scope_frags, tracked, view_keys,
-                                                        versions, v0 if how == "sync" else None)
+        passing, within, fail, deleted = _whole_changes(src, base_filter, scope, scope_frags, tracked, view_keys)
     assert not isinstance(vk, ViewKeys)  # (streamed keys were read above: an incremental refresh without a limit)
     current_rows = passing.slice(0, 0)
     if how != "full":
@@ -915,12 +913,11 @@ def _changed_rows(
     return keys, rows, current_rows, vk, within
 
 
-def _gone_since(view_ds: lance.LanceDataset, src: lance.LanceDataset, v0: int,
-                feed: np.ndarray | None = None) -> np.ndarray:
+def _gone_since(view_ds: lance.LanceDataset, src: lance.LanceDataset, v0: int, feed: np.ndarray) -> np.ndarray:
     """Source row ids of the view's rows computed from source rows newer than
     ``v0`` (what fragment-scoped refreshes brought in since) whose row is no
     longer in ``src``: one filtered read of the view's keys, then lookups by id
-    (``feed``: the rows deleted since ``v0``, if read already)."""
+    (``feed``: the source rows deleted since ``v0``)."""
     later = view_ds.to_table(columns=[SOURCE_ROW_ID, SOURCE_ROW_VERSION], filter=f"{SOURCE_ROW_VERSION} > {int(v0)}")
     keys = _ids(later, SOURCE_ROW_ID)
     if not len(keys):
@@ -988,21 +985,17 @@ def _changes_since(src: lance.LanceDataset, src_uri: str, base_filter: str | Non
 
 
 def _whole_changes(src: lance.LanceDataset, base_filter: str | None, scope: list[int] | None,
-                   scope_frags: list | None, tracked: list[str], view_keys: np.ndarray,
-                   view_vers: np.ndarray | None = None, reflected: int | None = None,
+                   scope_frags: list | None, tracked: list[str], view_keys: np.ndarray
                    ) -> "tuple[pa.Table, tuple[np.ndarray, str | None], np.ndarray, np.ndarray]":
     """A full or sync refresh's source rows: every row passing the filter (in
     the scope's fragments), the candidates they were chosen from, the ids of
     the scope's rows that fail it, and of the view's rows whose source row is
-    gone (the whole view: or no longer passes). A scoped refresh finds the
-    view's rows gone anywhere with storage.changes.gone_rows (``reflected``:
-    the version the whole view reflected; ``view_vers``: the source row
-    versions of ``view_keys``): here the change feed since ``reflected``
-    cannot be read, so every row id of the source is (the streamed path of
-    :func:`_changed_rows` is taken when it can)."""
+    gone (the whole view: or no longer passes). A scoped refresh here could
+    not read the change feed (see :func:`_changed_rows`): every row id of the
+    source is read to find the view's rows gone anywhere."""
     if scope is not None:
         passing, within, fail = _in_scope(src, base_filter, scope_frags, tracked)
-        return passing, within, fail, view_keys[gone_rows(src, view_keys, view_vers, reflected)]
+        return passing, within, fail, view_keys[gone_rows(src, view_keys, None, None, None)]
     passing = _scan(src, base_filter, markers=tracked)
     deleted = view_keys[~isin(view_keys, _ids(passing))]  # gone or no longer passing
     return passing, (_ids(passing, "_rowaddr"), base_filter), np.empty(0, np.int64), deleted

@@ -111,34 +111,30 @@ def deleted_since(src: lance.LanceDataset, reflected: int | None) -> np.ndarray 
 
 
 def gone_rows(src: lance.LanceDataset, keys: np.ndarray, versions: np.ndarray | None,
-              reflected: int | None, deleted: np.ndarray | None = None) -> np.ndarray:
+              reflected: int | None, deleted: np.ndarray | None) -> np.ndarray:
     """Mask of ``keys`` (the source row ids of a view's rows) whose source row
     is no longer in ``src``: what a fragment-scoped refresh removes wherever
     the row was.
 
     With each key's source row version (``versions``: what the row was computed
-    from) and the source version the whole view last reflected
-    (``reflected``, at most ``src``'s), it reads no source row: a view row at
-    a version up to ``reflected`` is of a row that existed then, so it is gone
-    exactly when the change feed since ``reflected`` lists it deleted (stable
-    row ids are never reused); a later one (a row a scoped refresh brought in
-    since) is looked up by id. Otherwise (no versions, no whole refresh, an
-    older ``src``, or ``reflected``'s manifest cleaned up), every row id of
-    ``src`` is read: one scan of the whole table's ids (~0.2 s at 10,000
-    fragments, O(rows)). ``deleted``: :func:`deleted_since` ``reflected``,
-    when the caller read it already."""
+    from), the source version the whole view last reflected (``reflected``,
+    at most ``src``'s) and the rows deleted since (``deleted``: what
+    :func:`deleted_since` read), it reads no source row: a view row at a
+    version up to ``reflected`` is of a row that existed then, so it is gone
+    exactly when the change feed lists it deleted (stable row ids are never
+    reused); a later one (a row a scoped refresh brought in since) is looked
+    up by id. Without them (no versions, no whole refresh, an older ``src``,
+    or ``reflected``'s manifest cleaned up), every row id of ``src`` is read:
+    one scan of the whole table's ids (~0.2 s at 10,000 fragments, O(rows))."""
     keys = np.asarray(keys, dtype=np.int64)
-    if versions is not None:
-        if deleted is None:
-            deleted = deleted_since(src, reflected)
-        if deleted is not None and reflected is not None:
-            out = isin(keys, deleted)
-            later = ~out & (np.asarray(versions, dtype=np.int64) > reflected)
-            if later.any():
-                alive = column_ids(take_rows(src, pa.array(np.unique(keys[later])), ["_rowid"]), "_rowid")
-                out |= later & ~isin(keys, alive)
-            return out
-    return ~isin(keys, column_ids(src.to_table(columns=[], with_row_id=True), "_rowid"))
+    if versions is None or reflected is None or deleted is None:
+        return ~isin(keys, column_ids(src.to_table(columns=[], with_row_id=True), "_rowid"))
+    out = isin(keys, deleted)
+    later = ~out & (np.asarray(versions, dtype=np.int64) > reflected)
+    if later.any():
+        alive = column_ids(take_rows(src, pa.array(np.unique(keys[later])), ["_rowid"]), "_rowid")
+        out |= later & ~isin(keys, alive)
+    return out
 
 
 def top_fragment(ds: lance.LanceDataset) -> int:
