@@ -296,3 +296,22 @@ def test_a_refresh_more_than_a_minute_after_the_last_finds_its_models_set_up(tmp
         assert got.column("y").to_pylist() == [x * 2.0 for x in want.column("x").to_pylist()]
     finally:
         runner.stop()
+
+
+def test_a_python_that_cannot_import_the_daemon_keeps_sparks_own(tmp_path, monkeypatch, caplog):
+    """The executors of a local master run $PYSPARK_PYTHON: one without
+    mv_assets would fail every task with the daemon set, so the runner leaves
+    Spark's daemon in place and the log says why."""
+    from mv_assets.execution.spark import _daemon_importable
+
+    monkeypatch.chdir(tmp_path)  # as `python -m`, the probe looks in the working directory too
+    monkeypatch.delenv("PYTHONPATH", raising=False)
+    bare = tmp_path / "bare"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(bare)], check=True)
+    assert daemon.importable(sys.executable)
+    assert not daemon.importable(str(bare / "bin" / "python"))
+    assert not daemon.importable(str(tmp_path / "no-such-python"))
+    monkeypatch.setenv("PYSPARK_PYTHON", str(bare / "bin" / "python"))
+    with caplog.at_level("INFO", logger="mv_assets.execution.spark"):
+        assert not _daemon_importable()
+    assert "cannot import mv_assets.execution.daemon" in caplog.text

@@ -84,7 +84,9 @@ def start(port: int = 15002, master: str = "local[*]", state_dir: str = ".spark-
         )
     settings = {}
     keep = daemon.keep_seconds()  # a bad $MV_ASSETS_PYTHON_WORKER_KEEP_S fails here, before anything starts
-    if keep:  # idle Python workers keep their models between refreshes more than a minute apart
+    if not master.startswith("local") and not os.environ.get(daemon.KEEP_ENV, "").strip():
+        keep = 0.0  # a cluster's executors: only when asked (their Python must have mv_assets installed)
+    if keep and daemon.importable(sys.executable, _env(state_dir)):  # models kept between refreshes a minute apart
         settings = {"spark.python.daemon.module": daemon.MODULE, f"spark.executorEnv.{daemon.KEEP_ENV}": f"{keep:g}"}
     settings.update(conf or {})
     os.makedirs(state_dir, exist_ok=True)

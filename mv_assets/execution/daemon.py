@@ -68,6 +68,19 @@ def keep_seconds(environ=os.environ) -> float:
     return value
 
 
+def importable(python: str, environ=os.environ) -> bool:
+    """Whether ``python`` -- the executors' interpreter, in this environment --
+    can import this module (``spark.python.daemon.module``): if it cannot,
+    every task would fail, so the runner keeps Spark's own daemon then."""
+    import subprocess
+
+    probe = f"import importlib.util, sys; sys.exit(importlib.util.find_spec({MODULE!r}) is None)"
+    try:
+        return subprocess.run([python, "-c", probe], env=dict(environ), capture_output=True, timeout=60).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        return False
+
+
 def _closed_between_tasks(sock: socket.socket) -> bool:
     """Block until the executor sends the next task or closes the socket:
     True when it closed it (or reset it), False when a task is coming."""

@@ -364,6 +364,19 @@ def _map_in_arrow(run: Callable) -> Callable:
     return fn
 
 
+def _daemon_importable() -> bool:
+    """A local master's executors run $PYSPARK_PYTHON in this environment: can
+    it import mv_assets' daemon (not when mv_assets is on this process's
+    ``sys.path`` only)? If not, Spark's own daemon runs, and the log says so."""
+    from mv_assets.execution import daemon
+
+    if daemon.importable(os.environ.get("PYSPARK_PYTHON", sys.executable)):
+        return True
+    log.info("idle Python workers are not kept past Spark's one-minute limit: the executors' Python cannot "
+             "import %s (install mv_assets, or put it on PYTHONPATH)", daemon.MODULE)
+    return False
+
+
 @dataclass
 class SparkRunner:
     """Runs each task as one Spark partition (an RDD job; ``mapInArrow`` on Spark Connect).
@@ -486,7 +499,7 @@ class SparkRunner:
                 if var in os.environ:
                     builder = builder.config(f"spark.executorEnv.{var}", os.environ[var])
             keep = self.resolved_keep_workers_seconds()
-            if keep:  # idle Python workers keep their models past Spark's one-minute limit
+            if keep and (not local or _daemon_importable()):  # models kept past Spark's one-minute idle limit
                 from mv_assets.execution import daemon
 
                 builder = builder.config("spark.python.daemon.module", daemon.MODULE).config(
