@@ -210,7 +210,11 @@ class _Daemon:
 def manager() -> None:
     """pyspark's daemon loop (``pyspark.daemon.manager``), with parking."""
     from pyspark.serializers import read_int, write_int, write_with_length
-    from pyspark.util import enable_faulthandler
+
+    try:
+        from pyspark.util import enable_faulthandler
+    except ImportError:  # a pyspark whose daemon has none
+        from contextlib import nullcontext as enable_faulthandler
 
     os.setpgid(0, 0)
     listen_sock, listen_port, socket_path = _listen()
@@ -246,7 +250,8 @@ def manager() -> None:
         while True:
             events = poller.poll(1000)
             state.expire()
-            for fd, event in events:
+            # workers parking themselves first: a connection that comes at once then finds them
+            for fd, event in sorted(events, key=lambda e: e[0] == listen_sock.fileno()):
                 if not event & (select.POLLIN | select.POLLHUP | select.POLLERR):
                     continue
                 if fd == 0:
