@@ -2,6 +2,7 @@
 
 import subprocess
 import sys
+import time
 
 import cloudpickle
 import pyarrow as pa
@@ -334,3 +335,50 @@ def test_a_stateful_udf_registered_as_an_instance_with_init_arguments(db, tmp_pa
     assert [(r["a"], r["b"]) for r in rows] == [(2.0, 10.0), (4.0, 20.0)]
     assert sorted(_setups(log)) == ["10.0", "2.0"]
     assert model(3.0) == 6.0  # called with __call__'s arguments it is still the function
+
+
+def test_a_model_unused_longer_than_the_keep_time_is_let_go(monkeypatch):
+    """A process that lives long (a Spark worker the daemon keeps) lets go of
+    the stateful UDF instances it has not used for $MV_ASSETS_PYTHON_WORKER_KEEP_S,
+    such as a column's model since redefined; those in use stay; 0 keeps all."""
+    from mv_assets.model import udf as udf_module
+
+    monkeypatch.setattr(UDF, "_instances", {})
+    monkeypatch.setattr(UDF, "_last_used", {})
+    monkeypatch.setenv("MV_ASSETS_PYTHON_WORKER_KEEP_S", "0.3")
+    made: list[str] = []
+
+    @udf(data_type=pa.int64(), version="kept")
+    class Kept:
+        def __init__(self) -> None:
+            made.append("kept")
+
+        def __call__(self, x: int) -> int:
+            return x
+
+    @udf(data_type=pa.int64(), version="stale")
+    class Stale:
+        def __init__(self) -> None:
+            made.append("stale")
+
+        def __call__(self, x: int) -> int:
+            return x
+
+    kept, stale = Kept._instance(), Stale._instance()
+    time.sleep(0.2)
+    assert Kept._instance() is kept  # used again: its idle time starts over
+    time.sleep(0.2)
+    assert UDF.drop_unused_instances() == [Stale.instance_key()]
+    assert Kept._instance() is kept and made == ["kept", "stale"]
+    assert Stale._instance() is not stale and made == ["kept", "stale", "stale"]  # set up again when asked
+
+    monkeypatch.setattr(udf_module, "_SWEEP_S", 0.0)  # every call looks: the sweep runs from the call path
+    time.sleep(0.4)
+    Kept._instance()
+    assert set(UDF._instances) == {Kept.instance_key()}
+
+    for keep in ("0", "-3", "soon"):  # nothing is let go
+        monkeypatch.setenv("MV_ASSETS_PYTHON_WORKER_KEEP_S", keep)
+        Stale._instance()
+        time.sleep(0.35)
+        assert UDF.drop_unused_instances() == [] and Stale.instance_key() in UDF._instances

@@ -422,6 +422,21 @@ def _output_type(name: str, data_type: Any, hints: dict[str, Any]) -> pa.DataTyp
     return data_type
 
 
+_SWEEP_S = 30.0  # how often a process looks for stateful UDF instances unused too long
+
+
+def _instance_idle_seconds() -> float:
+    """Seconds a stateful UDF instance may go unused before it is let go: the
+    time a Spark worker is kept idle ($MV_ASSETS_PYTHON_WORKER_KEEP_S, 900 s);
+    0 (or a bad value, which the runner refuses first) keeps them all."""
+    raw = os.environ.get("MV_ASSETS_PYTHON_WORKER_KEEP_S", "").strip()
+    try:
+        value = float(raw) if raw else 900.0
+    except ValueError:
+        return 0.0
+    return value if value > 0 else 0.0
+
+
 class UDF:
     """A user-defined column function. Create with :func:`udf`."""
 
@@ -559,9 +574,19 @@ class UDF:
     # the same, per thread: a task's share when tasks run on several threads
     _setup_here = threading.local()
 
+    # when each instance was last asked for (time.monotonic()), and when unused ones were
+    # last let go: a process that lives long (a Spark worker the daemon keeps, a notebook)
+    # does not hold every model it ever set up, such as those of columns since redefined
+    _last_used: dict[str, float] = {}
+    _last_sweep: float = 0.0
+
     def _instance(self) -> Any:
         key = self.instance_key()
+        now = time.monotonic()
         inst = UDF._instances.get(key)
+        UDF._last_used[key] = now
+        if now - UDF._last_sweep >= _SWEEP_S:
+            UDF.drop_unused_instances(now)
         if inst is None:
             with UDF._instances_lock:
                 inst = UDF._instances.get(key)
@@ -573,7 +598,27 @@ class UDF:
                     UDF.setup_seconds += spent
                     UDF._setup_here.seconds = UDF.setup_seconds_here() + spent
                     UDF._instances[key] = inst
+                    UDF._last_used[key] = time.monotonic()
         return inst
+
+    @staticmethod
+    def drop_unused_instances(now: float | None = None) -> list[str]:
+        """Let go of the stateful UDF instances (models) this process has not
+        used for ``$MV_ASSETS_PYTHON_WORKER_KEEP_S`` seconds (900; 0 or unset
+        by a bad value: never), as a kept Spark worker is let go after that
+        long idle. Returns their keys. A task using one holds its own
+        reference: at worst the next call sets it up again."""
+        now = time.monotonic() if now is None else now
+        idle = _instance_idle_seconds()
+        with UDF._instances_lock:
+            UDF._last_sweep = now
+            if not idle:
+                return []
+            old = [k for k, t in list(UDF._last_used.items()) if now - t > idle]
+            for k in old:
+                UDF._last_used.pop(k, None)
+                UDF._instances.pop(k, None)
+            return old
 
     @staticmethod
     def setup_seconds_here() -> float:
