@@ -4,6 +4,9 @@
 # into .device-bundle/, carried with the working tree. One run: a smoke test at small sizes (stops
 # here on failure), then 1M rows (io-bound MLP) and the encoder (GPU-bound) in every configuration,
 # then 10M rows of the io-bound model if the time allows. Figures go to $OUT (or ./gpu-out).
+# "1 workers, cold" is one task in a fresh process: the cold figure to hold the cold pools to
+# ("inline, cold" runs in the bench's process, where the model alone already imported torch
+# and made the CUDA context).
 #   DRY=1 bench/gpu_device_run.sh   # the same steps at toy sizes with the CPU stand-ins (no torch)
 set -u
 out=${OUT:-$PWD/gpu-out}
@@ -33,7 +36,7 @@ timeout 150 "$py" bench/bench_gpu_udf.py $torch $small --threads 4 --workers 2 -
 tail -30 "$out/smoke.txt"
 [ $rc -eq 0 ] || { echo "smoke failed: $rc"; exit 1; }
 echo "== 1M rows and the encoder: every configuration ($(( $(date +%s) - started )) s so far)"
-timeout 270 "$py" bench/bench_gpu_udf.py $torch $mid --threads 4 8 16 --workers 4 8 16 --root "$root" \
+timeout 270 "$py" bench/bench_gpu_udf.py $torch $mid --threads 4 8 16 --workers 1 4 8 16 --root "$root" \
   --json "$out/mid.jsonl" > "$out/mid.txt" 2>&1
 echo "rc $?"
 grep -v "^ *written\|^ *view " "$out/mid.txt" | tail -40
