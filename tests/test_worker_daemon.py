@@ -114,6 +114,14 @@ def executor():
         assert not [p for p in pids if _alive(p)]
 
 
+def _next_worker_is_fresh(e: Executor, gone: int) -> None:
+    """The worker ``gone`` exits, and the next connection gets another."""
+    _wait_until(lambda: not _alive(gone), timeout=5)
+    conn, pid = e.connect()
+    assert pid != gone
+    conn.close()
+
+
 def _parked_soon() -> None:
     time.sleep(1.0)  # the closed worker tells the daemon it is free (microseconds; a margin for a loaded machine)
 
@@ -166,10 +174,7 @@ def test_a_parked_worker_exits_after_the_keep_time(executor):
     conn.close()
     _parked_soon()
     assert _alive(first)
-    _wait_until(lambda: not _alive(first), timeout=5)
-    conn, second = e.connect()
-    assert second != first
-    conn.close()
+    _next_worker_is_fresh(e, first)
 
 
 @pytest.mark.parametrize("keep", ["0", "not a number"])
@@ -177,10 +182,7 @@ def test_with_no_keep_time_a_worker_exits_as_sparks_own_do(executor, keep):
     e = executor(keep_s=keep)
     conn, first = e.connect()
     conn.close()
-    _wait_until(lambda: not _alive(first))
-    conn, second = e.connect()
-    assert second != first
-    conn.close()
+    _next_worker_is_fresh(e, first)
 
 
 def test_a_worker_whose_task_failed_exits_and_is_not_handed_out(executor):
@@ -191,10 +193,7 @@ def test_a_worker_whose_task_failed_exits_and_is_not_handed_out(executor):
     conn.sendall(struct.pack(">i", -1))
     time.sleep(0.3)
     conn.close()
-    _wait_until(lambda: not _alive(first))
-    conn, second = e.connect()
-    assert second != first
-    conn.close()
+    _next_worker_is_fresh(e, first)
 
 
 def test_a_worker_the_executor_kills_is_not_handed_out(executor):
@@ -203,9 +202,7 @@ def test_a_worker_the_executor_kills_is_not_handed_out(executor):
     e.kill(first)
     _wait_until(lambda: not _alive(first))
     conn.close()
-    conn, second = e.connect()
-    assert second != first
-    conn.close()
+    _next_worker_is_fresh(e, first)
 
 
 def test_stopping_the_daemon_stops_its_workers_parked_or_busy(executor):
