@@ -12,7 +12,9 @@ rows (``--rows`` x ``--dim`` float32 in, ``--out-dim`` float32 out):
   tasks at once in this process, one model);
 * mv_assets with each of ``--workers`` worker processes (a process pool standing
   in for Spark's Python workers, sharing the GPU), cold (each process sets the
-  model up in the refresh) and warm (the processes and models kept).
+  model up in the refresh) and warm (the processes and models kept);
+* with ``--spark k ...``, the same on Spark itself, ``local[k]`` (where there is
+  Java), cold and warm: how near the pool is to what it stands in for.
 
 Two models: "gpu-bound" stands in for a GPU call that dominates (the thread
 waits ``--model-us`` microseconds per row with the GIL released, as a CUDA
@@ -49,7 +51,7 @@ the model's own on a sample of rows (with a tolerance: a GPU's kernels may
 round differently batch by batch).
 
 Usage: python bench/bench_gpu_udf.py [--rows 200000] [--dim 256] [--out-dim 384]
-           [--model-us 20] [--threads 2 ...] [--workers 2 ...] [--batch 8192] [--torch]
+           [--model-us 20] [--threads 2 ...] [--workers 2 ...] [--spark 2 ...] [--batch 8192] [--torch]
            [--encoder-rows 50000] [--model both|gpu-bound|io-bound] [--root DIR] [--json FILE]
 """
 
@@ -424,7 +426,8 @@ def _check(db, view: str, src_uri: str, dim: int, out_dim: int, tolerance: float
 _CHECKERS: dict[str, Embed] = {}  # one model instance per kind for the checks
 
 
-def _configurations(db, view: str, env: dict, threads: list[int], workers: list[int], rows: int, check) -> list:
+def _configurations(db, view: str, env: dict, threads: list[int], workers: list[int], rows: int, check,
+                    spark: list[int] = ()) -> list:
     """(label, wall, stages) of the refreshes: inline twice (cold: its first refresh sets the
     model up in this process; warm: it is kept), inline on each thread count, and a pool of
     each worker count twice: its first refresh (cold: each process imports the model's library,
@@ -452,6 +455,19 @@ def _configurations(db, view: str, env: dict, threads: list[int], workers: list[
                 out.append((f"mv_assets {k} workers, {when}", wall, st))
         finally:
             pool.close()
+    for k in spark:  # the path the pool stands in for: Spark's reused Python workers (local[k])
+        from mv_assets.execution.spark import SparkRunner
+
+        runner = SparkRunner(master=f"local[{k}]", local_below_rows=0, forward_env=sorted(env))
+        try:
+            runner.session()  # the JVM's start is not the refresh's
+            for when in ("cold", "warm"):
+                wall, n, st = _refresh(db, view, runner)
+                assert n == rows, (n, rows)
+                st["error"] = check()
+                out.append((f"mv_assets Spark local[{k}], {when}", wall, st))
+        finally:
+            runner.stop()
     return out
 
 
@@ -463,6 +479,8 @@ def main() -> None:
     ap.add_argument("--model-us", type=float, default=20.0, help="gpu-bound stand-in: microseconds per row")
     ap.add_argument("--workers", type=int, nargs="*", default=[2], help="worker-process counts (a pool each)")
     ap.add_argument("--threads", type=int, nargs="*", default=[2], help="the inline runner's thread counts")
+    ap.add_argument("--spark", type=int, nargs="*", default=[],
+                    help="also on Spark, local[k] for each k (needs Java: not on the GPU machine)")
     ap.add_argument("--batch", type=int, default=8192)
     ap.add_argument("--torch", action="store_true",
                     help="real torch models on the GPU: an MLP (io-bound) and a 12-layer encoder (gpu-bound)")
@@ -511,7 +529,8 @@ def main() -> None:
             plain_files = _files(plain_uri)
             shutil.rmtree(plain_uri, ignore_errors=True)
             results = _configurations(db, view, env, args.threads, args.workers, rows,
-                                      functools.partial(_check, db, view, src_uri, dim, out_dim, tolerance))
+                                      functools.partial(_check, db, view, src_uri, dim, out_dim, tolerance),
+                                      args.spark)
             what = f"torch {kind}" if kind else f"stand-in, {us:g} us/row wait + output copy"
             print(f"\n  {name} model ({what}): {rows:,} rows x {dim} {'token ids' if kind == 'encoder' else 'float32'}"
                   f" -> {out_dim} float32, batches of {batch}")
