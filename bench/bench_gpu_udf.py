@@ -14,7 +14,9 @@ rows (``--rows`` x ``--dim`` float32 in, ``--out-dim`` float32 out):
   in for Spark's Python workers, sharing the GPU), cold (each process sets the
   model up in the refresh) and warm (the processes and models kept);
 * with ``--spark k ...``, the same on Spark itself, ``local[k]`` (where there is
-  Java), cold and warm: how near the pool is to what it stands in for.
+  Java), cold and warm: how near the pool is to what it stands in for; ``KxT``
+  runs T refresh tasks on threads in each Spark task (``task_threads``), one
+  model per worker.
 
 Two models: "gpu-bound" stands in for a GPU call that dominates (the thread
 waits ``--model-us`` microseconds per row with the GIL released, as a CUDA
@@ -427,7 +429,7 @@ _CHECKERS: dict[str, Embed] = {}  # one model instance per kind for the checks
 
 
 def _configurations(db, view: str, env: dict, threads: list[int], workers: list[int], rows: int, check,
-                    spark: list[int] = ()) -> list:
+                    spark: "list[str] | tuple[str, ...]" = ()) -> list:
     """(label, wall, stages) of the refreshes: inline twice (cold: its first refresh sets the
     model up in this process; warm: it is kept), inline on each thread count, and a pool of
     each worker count twice: its first refresh (cold: each process imports the model's library,
@@ -455,17 +457,20 @@ def _configurations(db, view: str, env: dict, threads: list[int], workers: list[
                 out.append((f"mv_assets {k} workers, {when}", wall, st))
         finally:
             pool.close()
-    for k in spark:  # the path the pool stands in for: Spark's reused Python workers (local[k])
+    for spec in spark:  # the path the pool stands in for: Spark's reused Python workers (local[k])
         from mv_assets.execution.spark import SparkRunner
 
-        runner = SparkRunner(master=f"local[{k}]", local_below_rows=0, forward_env=sorted(env))
+        k, _, t = spec.partition("x")  # "KxT": local[K], T refresh tasks on threads in each Spark task
+        runner = SparkRunner(master=f"local[{k}]", local_below_rows=0, forward_env=sorted(env),
+                             task_threads=int(t or 1))
         try:
             runner.session()  # the JVM's start is not the refresh's
             for when in ("cold", "warm"):
                 wall, n, st = _refresh(db, view, runner)
                 assert n == rows, (n, rows)
                 st["error"] = check()
-                out.append((f"mv_assets Spark local[{k}], {when}", wall, st))
+                label = f"Spark local[{k}]" + (f" x {t} threads" if t else "")
+                out.append((f"mv_assets {label}, {when}", wall, st))
         finally:
             runner.stop()
     return out
@@ -479,8 +484,9 @@ def main() -> None:
     ap.add_argument("--model-us", type=float, default=20.0, help="gpu-bound stand-in: microseconds per row")
     ap.add_argument("--workers", type=int, nargs="*", default=[2], help="worker-process counts (a pool each)")
     ap.add_argument("--threads", type=int, nargs="*", default=[2], help="the inline runner's thread counts")
-    ap.add_argument("--spark", type=int, nargs="*", default=[],
-                    help="also on Spark, local[k] for each k (needs Java: not on the GPU machine)")
+    ap.add_argument("--spark", nargs="*", default=[],
+                    help="also on Spark: K for local[K], KxT for local[K] with T refresh tasks on threads in "
+                         "each Spark task (task_threads); needs Java: not on the GPU machine")
     ap.add_argument("--batch", type=int, default=8192)
     ap.add_argument("--torch", action="store_true",
                     help="real torch models on the GPU: an MLP (io-bound) and a 12-layer encoder (gpu-bound)")
