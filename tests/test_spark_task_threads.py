@@ -113,3 +113,36 @@ def test_a_bad_thread_count_is_refused_before_spark_starts(monkeypatch, bad):
     monkeypatch.delenv("MV_ASSETS_SPARK_TASK_THREADS")
     assert SparkRunner(master="local[2]").parallelism() == 2
     assert SparkRunner(master="local[2]", task_threads=4).parallelism() == 8
+
+
+_CONNECT_CLIENT = """
+import json, sys
+from mv_assets.execution.spark import SparkRunner
+runner = SparkRunner(remote=sys.argv[1], local_below_rows=0, task_threads=3)
+payloads = [f"x = {i}" for i in range(7)]
+print(json.dumps(runner.map("mv_assets.execution.tasks:and_filters", payloads, None)))
+"""
+
+
+def test_on_spark_connect_a_partitions_tasks_run_on_threads_in_order(tmp_path):
+    """Spark Connect's path (mapInArrow, a partition's task ids in one call),
+    in a client process of its own (pyspark marks a process as a Connect
+    client for good)."""
+    import json
+    import subprocess
+    import sys
+
+    from mv_assets.dagster.devserver import free_port
+    from mv_assets.execution import connect_server
+
+    state = str(tmp_path / "connect")
+    url = connect_server.start(port=free_port(), master="local[2]", state_dir=state)
+    try:
+        script = tmp_path / "client.py"
+        script.write_text(_CONNECT_CLIENT)
+        out = subprocess.run([sys.executable, str(script), url], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "SPARK_CONNECT_MODE_ENABLED": "1"})
+    finally:
+        connect_server.stop(state)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert json.loads(out.stdout.strip().splitlines()[-1]) == [f"x = {i}" for i in range(7)]
