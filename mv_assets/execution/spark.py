@@ -43,12 +43,13 @@ from typing import Any, Callable, Protocol
 
 import pyarrow as pa
 
-from mv_assets.execution import progress
+from mv_assets.execution import daemon, progress
 from mv_assets.execution import resources as resource_requests
 from mv_assets.execution.java import ensure_java
 from mv_assets.execution.resources import ResourceRequest
 from mv_assets.execution.tasks import TaskResult, TaskSpec, run_task
 from mv_assets.model.errors import UdfError
+from mv_assets.model.idle import resolve_keep
 from mv_assets.storage import objects
 
 __all__ = ["Runner", "SparkRunner", "InlineRunner", "as_runner", "default_runner", "set_default_runner"]
@@ -370,8 +371,6 @@ def _daemon_importable() -> bool:
     """A local master's executors run $PYSPARK_PYTHON in this environment: can
     it import mv_assets' daemon (not when mv_assets is on this process's
     ``sys.path`` only)? If not, Spark's own daemon runs, and the log says so."""
-    from mv_assets.execution import daemon
-
     if daemon.importable(os.environ.get("PYSPARK_PYTHON", sys.executable)):
         return True
     log.info("idle Python workers are not kept past Spark's one-minute limit: the executors' Python cannot "
@@ -441,17 +440,7 @@ class SparkRunner:
     def resolved_keep_workers_seconds(self) -> float | None:
         """Seconds idle Python workers are kept (None: Spark's own daemon).
         A bad value is an error here, before a session starts."""
-        from mv_assets.execution import daemon
-
-        if self.keep_workers_seconds is not None:
-            keep = daemon.keep_seconds({daemon.KEEP_ENV: str(self.keep_workers_seconds)})
-        elif os.environ.get(daemon.KEEP_ENV, "").strip():
-            keep = daemon.keep_seconds()
-        elif self._is_local_master():
-            keep = daemon.DEFAULT_KEEP_S
-        else:
-            return None
-        return keep or None
+        return resolve_keep(self.keep_workers_seconds, self._is_local_master())
 
     def _forward_env(self) -> list[str]:
         listed = [p.strip() for p in (os.environ.get("MV_ASSETS_SPARK_FORWARD_ENV") or "").split(",") if p.strip()]
@@ -507,11 +496,8 @@ class SparkRunner:
                     builder = builder.config(f"spark.executorEnv.{var}", os.environ[var])
             keep = self.resolved_keep_workers_seconds()
             if keep and (not local or _daemon_importable()):  # models kept past Spark's one-minute idle limit
-                from mv_assets.execution import daemon
-
-                builder = builder.config("spark.python.daemon.module", daemon.MODULE).config(
-                    f"spark.executorEnv.{daemon.KEEP_ENV}", f"{keep:g}"
-                )
+                for k, v in daemon.spark_settings(keep).items():
+                    builder = builder.config(k, v)
         for k, v in self.conf.items():
             builder = builder.config(k, v)
         existing = None if remote else SparkSession.getActiveSession()

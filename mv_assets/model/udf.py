@@ -89,6 +89,7 @@ import pyarrow as pa
 
 from mv_assets.model.compat import NO_MANIFEST, warn_ignored
 from mv_assets.model.errors import UdfError
+from mv_assets.model.idle import keep_seconds
 from mv_assets.model.matchers import ExceptionMatcher, Retry, Skip, backoff_seconds, first_match, outcome
 from mv_assets.model.names import UdfKind, is_reserved_name
 from mv_assets.model.trust import declared_only, resolve, track
@@ -427,14 +428,12 @@ _SWEEP_S = 30.0  # how often a process looks for stateful UDF instances unused t
 
 def _instance_idle_seconds() -> float:
     """Seconds a stateful UDF instance may go unused before it is let go: the
-    time a Spark worker is kept idle ($MV_ASSETS_PYTHON_WORKER_KEEP_S, 900 s);
-    0 (or a bad value, which the runner refuses first) keeps them all."""
-    raw = os.environ.get("MV_ASSETS_PYTHON_WORKER_KEEP_S", "").strip()
+    time a Spark worker is kept idle (model/idle.py); 0 (or a bad value, which
+    the runner refuses first) keeps them all."""
     try:
-        value = float(raw) if raw else 900.0
+        return keep_seconds()
     except ValueError:
         return 0.0
-    return value if value > 0 else 0.0
 
 
 class UDF:
