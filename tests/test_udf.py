@@ -2,7 +2,6 @@
 
 import subprocess
 import sys
-import time
 
 import cloudpickle
 import pyarrow as pa
@@ -345,7 +344,7 @@ def test_a_model_unused_longer_than_the_keep_time_is_let_go(monkeypatch):
 
     monkeypatch.setattr(UDF, "_instances", {})
     monkeypatch.setattr(UDF, "_last_used", {})
-    monkeypatch.setenv("MV_ASSETS_PYTHON_WORKER_KEEP_S", "0.3")
+    monkeypatch.setenv("MV_ASSETS_PYTHON_WORKER_KEEP_S", "100")
     made: list[str] = []
 
     @udf(data_type=pa.int64(), version="kept")
@@ -364,21 +363,25 @@ def test_a_model_unused_longer_than_the_keep_time_is_let_go(monkeypatch):
         def __call__(self, x: int) -> int:
             return x
 
+    def age(udf_obj, seconds: float) -> None:  # as if unused that long (no sleeping: a busy machine's clock)
+        UDF._last_used[udf_obj.instance_key()] -= seconds
+
+    monkeypatch.setattr(udf_module, "_SWEEP_S", float("inf"))  # first, only the explicit call lets go
     kept, stale = Kept._instance(), Stale._instance()
-    time.sleep(0.2)
+    age(Kept, 200)
+    age(Stale, 200)
     assert Kept._instance() is kept  # used again: its idle time starts over
-    time.sleep(0.2)
     assert UDF.drop_unused_instances() == [Stale.instance_key()]
     assert Kept._instance() is kept and made == ["kept", "stale"]
     assert Stale._instance() is not stale and made == ["kept", "stale", "stale"]  # set up again when asked
 
     monkeypatch.setattr(udf_module, "_SWEEP_S", 0.0)  # every call looks: the sweep runs from the call path
-    time.sleep(0.4)
+    age(Stale, 200)
     Kept._instance()
     assert set(UDF._instances) == {Kept.instance_key()}
 
     for keep in ("0", "-3", "soon"):  # nothing is let go
         monkeypatch.setenv("MV_ASSETS_PYTHON_WORKER_KEEP_S", keep)
         Stale._instance()
-        time.sleep(0.35)
+        age(Stale, 200)
         assert UDF.drop_unused_instances() == [] and Stale.instance_key() in UDF._instances
