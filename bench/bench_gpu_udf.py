@@ -197,11 +197,13 @@ class Embed:
         return result
 
 
-def _udf(out_dim: int, model: str, batch: int = 8192) -> mv.UDF:
+def _udf(out_dim: int, model: str, batch: int = 8192, gpus: float = 0.0, calls: int | None = None) -> mv.UDF:
     # one version per model: a stateful UDF's instance is kept per process by its code
-    # fingerprint, and the two models are one class set up from the environment
+    # fingerprint, and the two models are one class set up from the environment. A torch
+    # model is declared as users declare one (num_gpus=1: by default 4 calls at once in a
+    # process, model/udf.py GPU_CALLS); ``calls`` sets max_concurrency (the "no bound" rows)
     return mv.udf(Embed, data_type=pa.list_(pa.float32(), out_dim), input_columns=["x"], version=model,
-                  batch_size=batch)  # the model's batches: as in "model alone"
+                  batch_size=batch, num_gpus=gpus, max_concurrency=calls)  # the batches: as in "model alone"
 
 
 def _source(rows: int, dim: int, tokens: bool = False) -> pa.Table:
@@ -398,7 +400,7 @@ def _row(label: str, wall: float, stages: dict, rows: int, versus: str = "") -> 
         return f"{'-':>11}" if v is None else f"{v:>11}" if isinstance(v, str) else f"{v:>11,}" if k == "faults" \
             else f"{v:>11.2f}"
 
-    return f"    {label:<30}{wall:>8.2f}{rows / 1e3 / wall:>9.0f}k{''.join(cell(k) for k, _ in COLUMNS)}  {versus}"
+    return f"    {label:<40}{wall:>8.2f}{rows / 1e3 / wall:>9.0f}k{''.join(cell(k) for k, _ in COLUMNS)}  {versus}"
 
 
 def _check(db, view: str, src_uri: str, dim: int, out_dim: int, tolerance: float, sample: int = 1000) -> float:
@@ -429,7 +431,7 @@ _CHECKERS: dict[str, Embed] = {}  # one model instance per kind for the checks
 
 
 def _configurations(db, view: str, env: dict, threads: list[int], workers: list[int], rows: int, check,
-                    spark: "list[str] | tuple[str, ...]" = ()) -> list:
+                    spark: "list[str] | tuple[str, ...]" = (), free: "tuple[str, list[int]] | None" = None) -> list:
     """(label, wall, stages) of the refreshes: inline twice (cold: its first refresh sets the
     model up in this process; warm: it is kept), inline on each thread count, and a pool of
     each worker count twice: its first refresh (cold: each process imports the model's library,
@@ -446,6 +448,13 @@ def _configurations(db, view: str, env: dict, threads: list[int], workers: list[
         assert n == rows, (n, rows)
         st["error"] = check()
         out.append((f"mv_assets inline, {k} threads", wall, st))
+    if free is not None:  # the same model and threads, its calls not bounded (max_concurrency=threads)
+        free_view, counts = free
+        for k in counts:
+            wall, n, st = _refresh(db, free_view, InlineRunner(threads=k))
+            assert n == rows, (n, rows)
+            st["error"] = check(view=free_view)
+            out.append((f"mv_assets inline, {k} threads, no bound", wall, st))
     for k in workers:
         pool = PoolRunner(k, env)
         try:
@@ -484,6 +493,9 @@ def main() -> None:
     ap.add_argument("--model-us", type=float, default=20.0, help="gpu-bound stand-in: microseconds per row")
     ap.add_argument("--workers", type=int, nargs="*", default=[2], help="worker-process counts (a pool each)")
     ap.add_argument("--threads", type=int, nargs="*", default=[2], help="the inline runner's thread counts")
+    ap.add_argument("--free-threads", type=int, nargs="*", default=[],
+                    help="thread counts run again with the model's calls not bounded (max_concurrency = threads; "
+                         "a --torch model is num_gpus=1, which takes 4 calls at once by default)")
     ap.add_argument("--spark", nargs="*", default=[],
                     help="also on Spark: K for local[K], KxT for local[K] with T refresh tasks on threads in "
                          "each Spark task (task_threads); needs Java: not on the GPU machine")
@@ -524,7 +536,14 @@ def main() -> None:
                    "BENCH_STAGE_DIR": stage_dir, "MV_ASSETS_STAGE_TIMINGS": "1"}
             os.environ.update(env)
             view = f"v_{name.replace('-', '_')}"
-            db.create_materialized_view(view, src.search(None).select({"id": "id", "emb": _udf(out_dim, name, batch)}))
+            gpus = 1.0 if kind else 0.0
+            db.create_materialized_view(view, src.search(None).select({"id": "id", "emb": _udf(out_dim, name, batch,
+                                                                                              gpus)}))
+            free = None
+            if args.free_threads:
+                free = (f"{view}_free", args.free_threads)
+                db.create_materialized_view(free[0], src.search(None).select(
+                    {"id": "id", "emb": _udf(out_dim, name, batch, gpus, calls=max(args.free_threads))}))
             with GpuUse() as gpu:
                 model, model_st = _model_alone(src_uri, batch)
             model_st["gpu"] = gpu.mean()
@@ -535,12 +554,13 @@ def main() -> None:
             plain_files = _files(plain_uri)
             shutil.rmtree(plain_uri, ignore_errors=True)
             results = _configurations(db, view, env, args.threads, args.workers, rows,
-                                      functools.partial(_check, db, view, src_uri, dim, out_dim, tolerance),
-                                      args.spark)
+                                      functools.partial(_check, db, view=view, src_uri=src_uri, dim=dim, out_dim=out_dim,
+                                                        tolerance=tolerance),
+                                      args.spark, free)
             what = f"torch {kind}" if kind else f"stand-in, {us:g} us/row wait + output copy"
             print(f"\n  {name} model ({what}): {rows:,} rows x {dim} {'token ids' if kind == 'encoder' else 'float32'}"
                   f" -> {out_dim} float32, batches of {batch}")
-            print(f"    {'':<30}{'wall s':>8}{'rows/s':>10}" + "".join(f"{h:>11}" for _, h in COLUMNS))
+            print(f"    {'':<40}{'wall s':>8}{'rows/s':>10}" + "".join(f"{h:>11}" for _, h in COLUMNS))
             print(_row("model alone", model, model_st, rows))
             print(_row("plain loop (1 process)", plain, plain_st, rows, "(write: encode+write+commit)"))
             for label, wall, st in results:
@@ -554,6 +574,8 @@ def main() -> None:
                                           "vs_model": model / wall, "vs_plain": plain / wall, **st}) + "\n")
                 out.flush()
             db.drop_table(view)
+            if free is not None:
+                db.drop_table(free[0])
             db.drop_table(src.name)
     finally:
         if out is not None:

@@ -26,24 +26,26 @@ df -h "$root" | tail -1
 if [ -n "${DRY:-}" ]; then
   torch=""; small="--rows 20000"; mid="--rows 60000"; big="--rows 100000"
 else
-  torch="--torch"; small="--rows 20000 --encoder-rows 2000"; mid="--rows 1000000 --encoder-rows 30000"
+  torch="--torch"; small="--rows 20000 --encoder-rows 2000"; mid="--rows 1000000 --encoder-rows 60000"
   big="--rows 10000000"
 fi
 "$py" -c "import lance, mv_assets; print('lance', lance.__version__)" || exit 1
 echo "== smoke"
-timeout 150 "$py" bench/bench_gpu_udf.py $torch $small --threads 4 --workers 2 --root "$root" \
+timeout 150 "$py" bench/bench_gpu_udf.py $torch $small --threads 4 --free-threads 4 --workers 2 --root "$root" \
   > "$out/smoke.txt" 2>&1; rc=$?
 tail -30 "$out/smoke.txt"
 [ $rc -eq 0 ] || { echo "smoke failed: $rc"; exit 1; }
 echo "== 1M rows and the encoder: every configuration ($(( $(date +%s) - started )) s so far)"
-timeout 270 "$py" bench/bench_gpu_udf.py $torch $mid --threads 4 8 16 --workers 1 4 8 16 --root "$root" \
+timeout 330 "$py" bench/bench_gpu_udf.py $torch $mid --threads 2 4 8 16 --free-threads 8 16 --workers 1 4 8 16 \
+  --root "$root" \
   --json "$out/mid.jsonl" > "$out/mid.txt" 2>&1
 echo "rc $?"
 grep -v "^ *written\|^ *view " "$out/mid.txt" | tail -40
-left=$(( 420 - ($(date +%s) - started) ))
+left=$(( 480 - ($(date +%s) - started) ))
 echo "== 10M rows, io-bound ($left s left)"
-if [ $left -gt 100 ]; then
-  timeout $(( left - 15 )) "$py" bench/bench_gpu_udf.py $torch $big --model io-bound --threads 16 --workers 16 \
+if [ $left -gt 160 ]; then
+  timeout $(( left - 15 )) "$py" bench/bench_gpu_udf.py $torch $big --model io-bound --threads 16 --free-threads 16 \
+    --workers \
     --root "$root" --json "$out/big.jsonl" > "$out/big.txt" 2>&1
   echo "rc $?"
   grep -v "^ *written\|^ *view " "$out/big.txt" | tail -14

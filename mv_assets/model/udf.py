@@ -48,6 +48,13 @@ Forms (as in Geneva):
   and run CPU tasks.
 * ``task_size``: as in Geneva: rows per task, the default ``task_size`` of a
   backfill of this column (a call's own ``task_size=`` wins).
+* ``max_concurrency``: at most this many calls of the UDF at once in one
+  process (Ray's name for an actor's concurrent calls), however many task
+  threads feed it (``InlineRunner(threads=)``, ``SparkRunner(task_threads=)``);
+  the other threads decode, encode and write meanwhile. By default a UDF
+  with ``num_gpus`` takes ``GPU_CALLS`` (4) calls at once: more threads
+  launching work on one GPU from one interpreter made it slower (docs/
+  performance.md); other UDFs take every call at once.
 
 Geneva's other :func:`udf` arguments (docs/geneva.md):
 
@@ -68,6 +75,7 @@ Geneva's other :func:`udf` arguments (docs/geneva.md):
 """
 
 import base64
+import contextlib
 import copy
 import dataclasses
 import functools
@@ -426,6 +434,9 @@ def _output_type(name: str, data_type: Any, hints: dict[str, Any]) -> pa.DataTyp
 _SWEEP_S = 30.0  # how often a process looks for stateful UDF instances unused too long
 
 
+GPU_CALLS = 4  # calls at once into a UDF with num_gpus, by default (see ``UDF.call_limit``)
+
+
 def _instance_idle_seconds() -> float:
     """Seconds a stateful UDF instance may go unused before it is let go: the
     time a Spark worker is kept idle (model/idle.py); 0 (or a bad value, which
@@ -458,10 +469,13 @@ class UDF:
         task_size: int | None = None,
         manifest: Any = None,
         auto_backfill: bool = False,
+        max_concurrency: int | None = None,
     ) -> None:
         if not callable(func):
             raise ValueError(f"@udf needs a function or class, got {func!r}")
         _check_positive_int("task_size", task_size, "rows per task")
+        _check_positive_int("max_concurrency", max_concurrency, "calls at once in a process")
+        self.max_concurrency = max_concurrency
         if manifest is not None:
             warn_ignored("udf", "manifest", manifest, NO_MANIFEST, stacklevel=4)
         if auto_backfill:
@@ -617,6 +631,9 @@ class UDF:
             for k in old:
                 UDF._last_used.pop(k, None)
                 UDF._instances.pop(k, None)
+            gone = set(old)
+            for g in [g for g in UDF._gates if g[0] in gone]:
+                UDF._gates.pop(g, None)
             return old
 
     @staticmethod
@@ -641,6 +658,31 @@ class UDF:
 
     def _target(self) -> Callable:
         return self._instance() if self.stateful else self.func
+
+    def call_limit(self) -> int:
+        """How many calls of this UDF a process runs at once (0: no bound):
+        ``max_concurrency``, else ``GPU_CALLS`` for a UDF with ``num_gpus``."""
+        limit = getattr(self, "max_concurrency", None)  # UDFs pickled before it existed lack it
+        if limit is not None:
+            return limit
+        return GPU_CALLS if getattr(self, "num_gpus", 0.0) > 0 else 0
+
+    # one gate per UDF (by its instance key) and bound in a process: the calls it lets through at once
+    _gates: dict[tuple[str, int], threading.BoundedSemaphore] = {}
+
+    def _gate(self) -> "threading.BoundedSemaphore | contextlib.nullcontext":
+        """What a call holds while it runs: a slot of this UDF's bound in
+        this process, shared by the threads of every task calling it (a
+        nullcontext when there is no bound)."""
+        limit = self.call_limit()
+        if not limit:
+            return contextlib.nullcontext()
+        key = (self.instance_key(), limit)
+        gate = UDF._gates.get(key)
+        if gate is None:
+            with UDF._instances_lock:
+                gate = UDF._gates.setdefault(key, threading.BoundedSemaphore(limit))
+        return gate
 
     def validate_inputs(self, schema: pa.Schema, column_label: str) -> None:
         """Raise ValueError if the inputs are missing or of the wrong type."""
@@ -723,25 +765,26 @@ class UDF:
             computed = 0
             retrying = policy.may_retry
             skip_nulls = self.skip_nulls
-            for i, row in enumerate(zip(*cols, strict=True) if cols else ([()] * n)):
-                if skip_nulls and None in row:
-                    values.append(None)
-                    continue
-                computed += 1
-                try:
-                    value = self._call(lambda row=row: fn(*row))[0] if retrying else fn(*row)
-                except Exception as exc:
-                    if not policy.skips(exc):
-                        raise self._failure(i, 1, exc) from exc
-                    errors.append(self._row_error(i, exc))
-                    value = None
-                if self.output_fields is not None and value is not None and hasattr(value, "_asdict"):
-                    value = value._asdict()
-                elif isinstance(value, pa.Array | pa.ChunkedArray | pa.Scalar):
-                    # a row's value given as Arrow (Geneva's stateful example returns pa.array(...)): as Python,
-                    # so Arrow casts it to data_type (float64 values into a float32 list, say)
-                    value = value.as_py() if isinstance(value, pa.Scalar) else value.to_pylist()  # pyright: ignore[reportOptionalMemberAccess]
-                values.append(value)
+            with self._gate():  # a batch's rows, one slot
+                for i, row in enumerate(zip(*cols, strict=True) if cols else ([()] * n)):
+                    if skip_nulls and None in row:
+                        values.append(None)
+                        continue
+                    computed += 1
+                    try:
+                        value = self._call(lambda row=row: fn(*row))[0] if retrying else fn(*row)
+                    except Exception as exc:
+                        if not policy.skips(exc):
+                            raise self._failure(i, 1, exc) from exc
+                        errors.append(self._row_error(i, exc))
+                        value = None
+                    if self.output_fields is not None and value is not None and hasattr(value, "_asdict"):
+                        value = value._asdict()
+                    elif isinstance(value, pa.Array | pa.ChunkedArray | pa.Scalar):
+                        # a row's value given as Arrow (Geneva's stateful example returns pa.array(...)): as Python,
+                        # so Arrow casts it to data_type (float64 values into a float32 list, say)
+                        value = value.as_py() if isinstance(value, pa.Scalar) else value.to_pylist()  # pyright: ignore[reportOptionalMemberAccess]
+                    values.append(value)
             try:
                 out = pa.array(values, type=self.data_type)
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
@@ -816,9 +859,10 @@ class UDF:
         return pa.concat_arrays(parts), computed
 
     def _call_batch(self, fn: Callable, batch: pa.RecordBatch) -> Any:
-        if self.kind == BATCH:
-            return fn(batch.select(self.input_columns) if self.input_columns else batch)
-        return fn(*[batch.column(c) for c in self.input_columns])
+        args = ([batch.select(self.input_columns) if self.input_columns else batch] if self.kind == BATCH
+                else [batch.column(c) for c in self.input_columns])
+        with self._gate():
+            return fn(*args)
 
     def _check_output(self, out: Any, n: int) -> pa.Array:
         def fail(exc: Exception) -> Exception:
@@ -1147,6 +1191,7 @@ def udf(
     version: str | None = None, skip_nulls: bool = True, on_error: "OnError | str | list | None" = None,
     batch_size: int | None = None, checkpoint_size: int | None = None, field_metadata: dict[str, str] | None = None,
     num_cpus: float | None = 1.0, num_gpus: float | None = 0.0, memory: int | None = None, task_size: int | None = None,
+    max_concurrency: int | None = None,
     # Geneva's (see the module docstring)
     manifest: Any = None, auto_backfill: bool = False, cuda: bool | None = False, min_checkpoint_size: int | None = 1,
     max_checkpoint_size: int | None = None, timeout: float | None = None, error_handling: "OnError | list | None" = None,
@@ -1180,6 +1225,10 @@ def udf(
         As in Geneva: what one call needs (CPUs, GPUs, bytes of memory).
     task_size:
         As in Geneva: rows per task of a backfill of this column.
+    max_concurrency:
+        At most this many calls at once in one process, whatever the task
+        threads feeding it (by default 4 for a UDF with ``num_gpus``, else
+        no bound).
     error_handling, manifest, auto_backfill, cuda, min_checkpoint_size, max_checkpoint_size, timeout:
         Geneva's: mapped to the arguments above or accepted with a
         ``GenevaCompatWarning``.
@@ -1210,7 +1259,7 @@ def udf(
             f, name=name, data_type=data_type, input_columns=input_columns, version=version,
             skip_nulls=skip_nulls, on_error=on_error, batch_size=batch_size, checkpoint_size=checkpoint_size,
             field_metadata=field_metadata, num_cpus=num_cpus, num_gpus=num_gpus, memory=memory,
-            task_size=task_size, manifest=manifest, auto_backfill=auto_backfill,
+            task_size=task_size, manifest=manifest, auto_backfill=auto_backfill, max_concurrency=max_concurrency,
         )
 
     if func is not None:
