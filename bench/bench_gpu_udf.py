@@ -131,9 +131,15 @@ class Embed:
         self._report()
 
     def _stream(self):
-        """This thread's CUDA stream (None: not on a GPU)."""
+        """This thread's CUDA stream (None: not on a GPU). ``$BENCH_STREAMS=shared``: one
+        stream for every thread (a diagnostic: is a stream per thread what costs at 16 threads?)."""
         if self.model is None or not str(self.device).startswith("cuda"):
             return None
+        if os.environ.get("BENCH_STREAMS") == "shared":
+            with self._lock:
+                if getattr(self, "_shared", None) is None:
+                    self._shared = self.torch.cuda.Stream(self.device)
+            return self._shared
         stream = getattr(self._local, "stream", None)
         if stream is None:
             stream = self._local.stream = self.torch.cuda.Stream(self.device)
@@ -200,8 +206,7 @@ class Embed:
 def _udf(out_dim: int, model: str, batch: int = 8192, gpus: float = 0.0, calls: int | None = None) -> mv.UDF:
     # one version per model: a stateful UDF's instance is kept per process by its code
     # fingerprint, and the two models are one class set up from the environment. A torch
-    # model is declared as users declare one (num_gpus=1: by default 4 calls at once in a
-    # process, model/udf.py GPU_CALLS); ``calls`` sets max_concurrency (the "no bound" rows)
+    # model is declared as users declare one (num_gpus=1); ``calls`` sets max_concurrency
     return mv.udf(Embed, data_type=pa.list_(pa.float32(), out_dim), input_columns=["x"], version=model,
                   batch_size=batch, num_gpus=gpus, max_concurrency=calls)  # the batches: as in "model alone"
 
@@ -431,7 +436,7 @@ _CHECKERS: dict[str, Embed] = {}  # one model instance per kind for the checks
 
 
 def _configurations(db, view: str, env: dict, threads: list[int], workers: list[int], rows: int, check,
-                    spark: "list[str] | tuple[str, ...]" = (), free: "tuple[str, list[int]] | None" = None) -> list:
+                    spark: "list[str] | tuple[str, ...]" = (), free: "tuple[str, list[int], int] | None" = None) -> list:
     """(label, wall, stages) of the refreshes: inline twice (cold: its first refresh sets the
     model up in this process; warm: it is kept), inline on each thread count, and a pool of
     each worker count twice: its first refresh (cold: each process imports the model's library,
@@ -448,13 +453,13 @@ def _configurations(db, view: str, env: dict, threads: list[int], workers: list[
         assert n == rows, (n, rows)
         st["error"] = check()
         out.append((f"mv_assets inline, {k} threads", wall, st))
-    if free is not None:  # the same model and threads, its calls not bounded (max_concurrency=threads)
-        free_view, counts = free
+    if free is not None:  # the same model and threads, at most ``bound`` of its calls at once (max_concurrency)
+        bound_view, counts, bound = free
         for k in counts:
-            wall, n, st = _refresh(db, free_view, InlineRunner(threads=k))
+            wall, n, st = _refresh(db, bound_view, InlineRunner(threads=k))
             assert n == rows, (n, rows)
-            st["error"] = check(view=free_view)
-            out.append((f"mv_assets inline, {k} threads, no bound", wall, st))
+            st["error"] = check(view=bound_view)
+            out.append((f"mv_assets inline, {k} threads, {bound} calls", wall, st))
     for k in workers:
         pool = PoolRunner(k, env)
         try:
@@ -493,9 +498,10 @@ def main() -> None:
     ap.add_argument("--model-us", type=float, default=20.0, help="gpu-bound stand-in: microseconds per row")
     ap.add_argument("--workers", type=int, nargs="*", default=[2], help="worker-process counts (a pool each)")
     ap.add_argument("--threads", type=int, nargs="*", default=[2], help="the inline runner's thread counts")
-    ap.add_argument("--free-threads", type=int, nargs="*", default=[],
-                    help="thread counts run again with the model's calls not bounded (max_concurrency = threads; "
-                         "a --torch model is num_gpus=1, which takes 4 calls at once by default)")
+    ap.add_argument("--bound-threads", type=int, nargs="*", default=[],
+                    help="thread counts run again with at most --bound calls of the model at once (max_concurrency)")
+    ap.add_argument("--bound", type=int, default=4, help="max_concurrency of the --bound-threads runs")
+    ap.add_argument("--skip-plain", action="store_true", help="no plain loop (a shorter run)")
     ap.add_argument("--spark", nargs="*", default=[],
                     help="also on Spark: K for local[K], KxT for local[K] with T refresh tasks on threads in "
                          "each Spark task (task_threads); needs Java: not on the GPU machine")
@@ -508,6 +514,10 @@ def main() -> None:
     ap.add_argument("--root", default=None, help="where the datasets are written (a temporary folder under it)")
     ap.add_argument("--json", default=None, help="also write every figure to this file (JSON lines)")
     args = ap.parse_args()
+    if os.environ.get("BENCH_SWITCH_INTERVAL"):  # a diagnostic: the interpreter's thread switch interval (s)
+        import sys
+
+        sys.setswitchinterval(float(os.environ["BENCH_SWITCH_INTERVAL"]))
     root = tempfile.mkdtemp(prefix="mv_bench_gpu_", dir=args.root)
     print(f"\nmodel column benchmark: {os.cpu_count()} cores, threads {args.threads}, workers {args.workers}")
     print("  seconds per stage; stages of one task overlap (read, compute, write threads); with workers, "
@@ -540,18 +550,21 @@ def main() -> None:
             db.create_materialized_view(view, src.search(None).select({"id": "id", "emb": _udf(out_dim, name, batch,
                                                                                               gpus)}))
             free = None
-            if args.free_threads:
-                free = (f"{view}_free", args.free_threads)
+            if args.bound_threads:
+                free = (f"{view}_bound", args.bound_threads, args.bound)
                 db.create_materialized_view(free[0], src.search(None).select(
-                    {"id": "id", "emb": _udf(out_dim, name, batch, gpus, calls=max(args.free_threads))}))
+                    {"id": "id", "emb": _udf(out_dim, name, batch, gpus, calls=args.bound)}))
             with GpuUse() as gpu:
                 model, model_st = _model_alone(src_uri, batch)
             model_st["gpu"] = gpu.mean()
             plain_uri = os.path.join(root, f"plain_{view}.lance")
-            with GpuUse() as gpu:
-                plain, plain_st = _plain_loop(src_uri, plain_uri, batch)
-            plain_st["gpu"] = gpu.mean()
-            plain_files = _files(plain_uri)
+            if args.skip_plain:
+                plain, plain_st, plain_files = float("nan"), {}, "(not run)"
+            else:
+                with GpuUse() as gpu:
+                    plain, plain_st = _plain_loop(src_uri, plain_uri, batch)
+                plain_st["gpu"] = gpu.mean()
+                plain_files = _files(plain_uri)
             shutil.rmtree(plain_uri, ignore_errors=True)
             results = _configurations(db, view, env, args.threads, args.workers, rows,
                                       functools.partial(_check, db, view=view, src_uri=src_uri, dim=dim, out_dim=out_dim,

@@ -4,6 +4,7 @@
 # into .device-bundle/, carried with the working tree. One run: a smoke test at small sizes (stops
 # here on failure), then 1M rows (io-bound MLP) and the encoder (GPU-bound) in every configuration,
 # then 10M rows of the io-bound model if the time allows. Figures go to $OUT (or ./gpu-out).
+# "--bound-threads" rows run those thread counts again with @udf(max_concurrency=4).
 # "1 workers, cold" is one task in a fresh process: the cold figure to hold the cold pools to
 # ("inline, cold" runs in the bench's process, where the model alone already imported torch
 # and made the CUDA context).
@@ -31,12 +32,12 @@ else
 fi
 "$py" -c "import lance, mv_assets; print('lance', lance.__version__)" || exit 1
 echo "== smoke"
-timeout 150 "$py" bench/bench_gpu_udf.py $torch $small --threads 4 --free-threads 4 --workers 2 --root "$root" \
+timeout 150 "$py" bench/bench_gpu_udf.py $torch $small --threads 4 --bound-threads 4 --workers 2 --root "$root" \
   > "$out/smoke.txt" 2>&1; rc=$?
 tail -30 "$out/smoke.txt"
 [ $rc -eq 0 ] || { echo "smoke failed: $rc"; exit 1; }
 echo "== 1M rows and the encoder: every configuration ($(( $(date +%s) - started )) s so far)"
-timeout 330 "$py" bench/bench_gpu_udf.py $torch $mid --threads 2 4 8 16 --free-threads 8 16 --workers 1 4 8 16 \
+timeout 330 "$py" bench/bench_gpu_udf.py $torch $mid --threads 2 4 8 16 --bound-threads 8 16 --workers 1 4 8 16 \
   --root "$root" \
   --json "$out/mid.jsonl" > "$out/mid.txt" 2>&1
 echo "rc $?"
@@ -44,7 +45,7 @@ grep -v "^ *written\|^ *view " "$out/mid.txt" | tail -40
 left=$(( 480 - ($(date +%s) - started) ))
 echo "== 10M rows, io-bound ($left s left)"
 if [ $left -gt 160 ]; then
-  timeout $(( left - 15 )) "$py" bench/bench_gpu_udf.py $torch $big --model io-bound --threads 16 --free-threads 16 \
+  timeout $(( left - 15 )) "$py" bench/bench_gpu_udf.py $torch $big --model io-bound --threads 16 --bound-threads 16 \
     --workers \
     --root "$root" --json "$out/big.jsonl" > "$out/big.txt" 2>&1
   echo "rc $?"

@@ -51,10 +51,10 @@ Forms (as in Geneva):
 * ``max_concurrency``: at most this many calls of the UDF at once in one
   process (Ray's name for an actor's concurrent calls), however many task
   threads feed it (``InlineRunner(threads=)``, ``SparkRunner(task_threads=)``);
-  the other threads decode, encode and write meanwhile. By default a UDF
-  with ``num_gpus`` takes ``GPU_CALLS`` (4) calls at once: more threads
-  launching work on one GPU from one interpreter made it slower (docs/
-  performance.md); other UDFs take every call at once.
+  the other threads read and write meanwhile. A bound on the memory the
+  calls hold at once (a large model's activations on one GPU), not a speed
+  setting: on an H100 every bound measured was slower than none (docs/
+  performance.md). By default, no bound.
 
 Geneva's other :func:`udf` arguments (docs/geneva.md):
 
@@ -434,9 +434,6 @@ def _output_type(name: str, data_type: Any, hints: dict[str, Any]) -> pa.DataTyp
 _SWEEP_S = 30.0  # how often a process looks for stateful UDF instances unused too long
 
 
-GPU_CALLS = 4  # calls at once into a UDF with num_gpus, by default (see ``UDF.call_limit``)
-
-
 def _instance_idle_seconds() -> float:
     """Seconds a stateful UDF instance may go unused before it is let go: the
     time a Spark worker is kept idle (model/idle.py); 0 (or a bad value, which
@@ -660,12 +657,9 @@ class UDF:
         return self._instance() if self.stateful else self.func
 
     def call_limit(self) -> int:
-        """How many calls of this UDF a process runs at once (0: no bound):
-        ``max_concurrency``, else ``GPU_CALLS`` for a UDF with ``num_gpus``."""
-        limit = getattr(self, "max_concurrency", None)  # UDFs pickled before it existed lack it
-        if limit is not None:
-            return limit
-        return GPU_CALLS if getattr(self, "num_gpus", 0.0) > 0 else 0
+        """How many calls of this UDF a process runs at once: ``max_concurrency``
+        (0: no bound, the default)."""
+        return getattr(self, "max_concurrency", None) or 0  # UDFs pickled before it existed lack it
 
     # one gate per UDF (by its instance key) and bound in a process: the calls it lets through at once
     _gates: dict[tuple[str, int], threading.BoundedSemaphore] = {}
@@ -1227,8 +1221,8 @@ def udf(
         As in Geneva: rows per task of a backfill of this column.
     max_concurrency:
         At most this many calls at once in one process, whatever the task
-        threads feeding it (by default 4 for a UDF with ``num_gpus``, else
-        no bound).
+        threads feeding it: a bound on the memory calls hold at once (by
+        default, no bound).
     error_handling, manifest, auto_backfill, cuda, min_checkpoint_size, max_checkpoint_size, timeout:
         Geneva's: mapped to the arguments above or accepted with a
         ``GenevaCompatWarning``.
