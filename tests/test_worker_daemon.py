@@ -297,11 +297,11 @@ def test_a_refresh_more_than_a_minute_after_the_last_finds_its_models_set_up(tmp
 
 
 def test_a_python_that_cannot_import_the_daemon_keeps_sparks_own(tmp_path, monkeypatch, caplog):
-    """The executors of a local master run $PYSPARK_PYTHON: one without
-    mv_assets would fail every task with the daemon set, so the runner leaves
-    Spark's daemon in place and the log says why."""
-    from mv_assets.execution.spark import _daemon_importable
-
+    """The executors of a local master run $PYSPARK_PYTHON (the Connect
+    server's, its own interpreter): one without mv_assets would fail every
+    task with the daemon set, so the session and the server leave Spark's
+    daemon in place (one decision, ``daemon.settings_for``, for both) and the
+    log says why."""
     monkeypatch.chdir(tmp_path)  # as `python -m`, the probe looks in the working directory too
     monkeypatch.delenv("PYTHONPATH", raising=False)
     bare = tmp_path / "bare"
@@ -309,7 +309,12 @@ def test_a_python_that_cannot_import_the_daemon_keeps_sparks_own(tmp_path, monke
     assert daemon.importable(sys.executable)
     assert not daemon.importable(str(bare / "bin" / "python"))
     assert not daemon.importable(str(tmp_path / "no-such-python"))
-    monkeypatch.setenv("PYSPARK_PYTHON", str(bare / "bin" / "python"))
-    with caplog.at_level("INFO", logger="mv_assets.execution.spark"):
-        assert not _daemon_importable()
-    assert "cannot import mv_assets.execution.daemon" in caplog.text
+    bare_python = str(bare / "bin" / "python")
+    with caplog.at_level("WARNING", logger="mv_assets.execution.daemon"):
+        assert daemon.settings_for(900, True, bare_python) == {}
+    assert f"the executors' Python {bare_python} cannot import mv_assets.execution.daemon" in caplog.text
+    caplog.clear()
+    assert daemon.settings_for(900, True, sys.executable) == daemon.spark_settings(900)
+    assert daemon.settings_for(0, True, sys.executable) == {}
+    assert daemon.settings_for(900, False, bare_python) == daemon.spark_settings(900)  # a cluster's are not here
+    assert not caplog.text

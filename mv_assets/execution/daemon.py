@@ -61,6 +61,25 @@ def spark_settings(keep: float) -> dict[str, str]:
     return {"spark.python.daemon.module": MODULE, f"spark.executorEnv.{KEEP_ENV}": f"{keep:g}"}
 
 
+def settings_for(keep: float | None, local: bool, python: str, environ=os.environ) -> dict[str, str]:
+    """The Spark settings of a session (``SparkRunner``) or Connect server
+    whose idle Python workers are kept ``keep`` seconds: none when ``keep`` is
+    0 or None, nor on a local master whose executors' interpreter (``python``, in
+    ``environ``) cannot import this module: every task would fail, so Spark's
+    own daemon runs and the log says why. (A cluster's executors are not this
+    machine's: the setting is only used there when asked for.)"""
+    if not keep:
+        return {}
+    if local and not importable(python, environ):
+        import logging
+
+        logging.getLogger(__name__).warning(
+            "idle Python workers are not kept past Spark's one-minute limit: the executors' Python %s cannot import "
+            "%s (install mv_assets there, or put it on PYTHONPATH)", python, MODULE)
+        return {}
+    return spark_settings(keep)
+
+
 def importable(python: str, environ=os.environ) -> bool:
     """Whether ``python`` -- the executors' interpreter, in this environment --
     can import this module (``spark.python.daemon.module``): if it cannot,

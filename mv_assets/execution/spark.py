@@ -367,17 +367,6 @@ def _map_in_arrow(run: Callable) -> Callable:
     return fn
 
 
-def _daemon_importable() -> bool:
-    """A local master's executors run $PYSPARK_PYTHON in this environment: can
-    it import mv_assets' daemon (not when mv_assets is on this process's
-    ``sys.path`` only)? If not, Spark's own daemon runs, and the log says so."""
-    if daemon.importable(os.environ.get("PYSPARK_PYTHON", sys.executable)):
-        return True
-    log.info("idle Python workers are not kept past Spark's one-minute limit: the executors' Python cannot "
-             "import %s (install mv_assets, or put it on PYTHONPATH)", daemon.MODULE)
-    return False
-
-
 @dataclass
 class SparkRunner:
     """Runs each task as one Spark partition (an RDD job; ``mapInArrow`` on Spark Connect).
@@ -494,10 +483,10 @@ class SparkRunner:
             for var in self._forward_env():
                 if var in os.environ:
                     builder = builder.config(f"spark.executorEnv.{var}", os.environ[var])
-            keep = self.resolved_keep_workers_seconds()
-            if keep and (not local or _daemon_importable()):  # models kept past Spark's one-minute idle limit
-                for k, v in daemon.spark_settings(keep).items():
-                    builder = builder.config(k, v)
+            # models kept past Spark's one-minute idle limit (where the executors can import the daemon)
+            python = os.environ.get("PYSPARK_PYTHON", sys.executable)
+            for k, v in daemon.settings_for(self.resolved_keep_workers_seconds(), local, python).items():
+                builder = builder.config(k, v)
         for k, v in self.conf.items():
             builder = builder.config(k, v)
         existing = None if remote else SparkSession.getActiveSession()
