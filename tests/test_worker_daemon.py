@@ -154,6 +154,33 @@ def test_a_worker_the_executor_lets_go_serves_its_next_connection(executor):
     conn.close()
 
 
+def test_a_parked_worker_gives_back_the_device_memory_its_framework_caches(executor, tmp_path):
+    """torch's CUDA caching allocator keeps the last batches' blocks; a
+    worker being parked empties it (``torch.cuda.empty_cache()``), keeping its
+    model. Neither torch nor a GPU is on this machine: a stand-in ``torch``
+    module, imported before the daemon forks, records the calls."""
+    site = tmp_path / "site"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text(
+        "import os, types\n"
+        "def _empty():\n"
+        "    open(os.path.join(os.environ['STAND_IN_LOG'], str(os.getpid())), 'a').write('empty_cache\\n')\n"
+        "cuda = types.SimpleNamespace(is_initialized=lambda: True, empty_cache=_empty)\n")
+    (site / "sitecustomize.py").write_text("import torch  # noqa: F401\n")
+    log = tmp_path / "log"
+    log.mkdir()
+    path = os.pathsep.join([str(site), *filter(None, [os.environ.get("PYTHONPATH")])])
+    e = executor(keep_s=60, PYTHONPATH=path, STAND_IN_LOG=str(log))
+    conn, first = e.connect()
+    assert not os.listdir(log)  # a busy worker keeps its caches
+    conn.close()
+    _parked_soon()
+    assert (log / str(first)).read_text() == "empty_cache\n"
+    conn, again = e.connect()
+    assert again == first  # parked, then handed the next connection
+    conn.close()
+
+
 def test_parked_workers_serve_concurrent_connections_newest_first_then_fresh_ones(executor):
     e = executor(keep_s=60)
     (a, pa_), (b, pb) = e.connect(), e.connect()
