@@ -266,6 +266,49 @@ def test_a_view_over_a_chunk_view_and_the_status_record(db, call_log):
     assert "chunks" not in db.table_names()
 
 
+class Piece(typing.NamedTuple):
+    letter: str
+
+
+@mv.chunker
+def letters(text: str) -> typing.Iterator[Piece]:
+    for ch in text[:3]:
+        yield Piece(ch)
+
+
+def test_a_chunk_view_over_a_chunk_view_follows_its_parent_through_every_change(db, call_log):
+    """docs -> chunks (a chunk view) -> pieces (a chunk view over it). Without
+    select() the child takes every column of its parent a user could select
+    but its chunker's input, not the parent's ``__chunk_index`` (the child
+    has its own); after
+    appends, updates and deletes of the documents each view equals the oracle
+    at the version it reflects."""
+    docs, chunks = _setup(db, call_log)
+    pieces = db.create_udtf_view("pieces", chunks.search(None), letters)
+    names = pieces.schema.names
+    assert {"id", "title", "start", "letter", "__chunk_index"} <= set(names) and "text" not in names
+    assert names.count("__chunk_index") == 1
+
+    def want() -> list[tuple]:
+        return sorted((i, t, start, k, ch) for i, t, _, text, start in expected(docs.uri, docs.version)
+                      for k, ch in enumerate(text[:3]))
+
+    def got() -> list[tuple]:
+        t = pieces.to_arrow()
+        return sorted(zip(*(t.column(c).to_pylist() for c in ("id", "title", "start", "__chunk_index", "letter")),
+                          strict=True))
+
+    for change in (lambda: None, lambda: docs.add(docs_rows([40, 41, 42])),
+                   lambda: docs.update(where="id = 3", values={"body": "zz yy xx ww"}),
+                   lambda: docs.delete("id = 41 OR id = 2")):
+        change()
+        chunks.refresh()
+        pieces.refresh()
+        assert actual(chunks) == expected(docs.uri, docs.version)
+        assert got() == want()
+    assert pieces.status().load_state == "LOADED"
+
+
 def test_a_chunk_view_refreshes_on_spark_with_a_batched_chunker(spark_db, call_log):
     @mv.chunker(batch=True, output_schema=pa.schema([("text", pa.string()), ("start", pa.int64())]))
     def split_batch(body: pa.Array, __source_row_id: pa.Array) -> pa.RecordBatch:

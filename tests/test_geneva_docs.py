@@ -887,9 +887,6 @@ def test_chunkers_list_return_and_batched(tmp_path):
     assert sorted((r["clip_start"], r["clip_end"]) for r in batched.to_arrow().to_pylist()) == want
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="not provided yet: a chunker view over a chunker view (search(None) takes the "
-                          "parent view's __chunk_index, a reserved name): docs/geneva.md")
 def test_chunkers_chained_views(tmp_path):
     from typing import NamedTuple
 

@@ -182,8 +182,10 @@ class Query:
         ds = self._table._dataset()
         columns: list[ColumnSpec] = []
         if self._select is None:
+            # every column a user could select under its own name: not a view's bookkeeping
+            # (keys, markers, a chunk view's __chunk_index: a view over a chunk view has its own)
             for name in source_schema.names:
-                if name not in _VIEW_COLUMNS and not is_marker(name):
+                if name not in _VIEW_COLUMNS and not is_marker(name) and not is_reserved_name(name):
                     columns.append(ColumnSpec(name, "column", name))
         else:
             seen: set[str] = set()
