@@ -503,8 +503,10 @@ def test_bad_udtf_declarations_are_refused():
 
     with pytest.raises(ValueError, match="UDTF 'f' needs output_schema="):
         udtf(f, input_columns=["x"])
-    with pytest.raises(ValueError, match=r"UDTF 'f' needs input_columns=\[...\]"):
-        udtf(f, output_schema=schema)
+    assert udtf(f, output_schema=schema).input_columns is None  # Geneva's "the whole source": bound with its view
+    for bad in ([], "x", [1], ["x", None]):
+        with pytest.raises(ValueError, match=r"UDTF 'f': input_columns must be a non-empty list of column names"):
+            udtf(f, output_schema=schema, input_columns=bad)
     with pytest.raises(ValueError, match=r"UDTF 'f' partitions by 'k', which is not one of its input_columns \['x'\]"):
         udtf(f, output_schema=schema, input_columns=["x"], partition_by="k")
     with pytest.raises(ValueError, match="UDTF 'f': on_error cannot skip"):

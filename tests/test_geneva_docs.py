@@ -994,9 +994,6 @@ def test_chunkers_full_document_chunking_example(tmp_path):
 # -- udfs/batch-udtfs.mdx ---------------------------------------------------------------------
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="not provided yet: a UDTF without input_columns= (Geneva: the whole source) and a "
-                          "UDTF view whose source query select()s columns: docs/geneva.md")
 def test_batch_udtfs_aggregation_function_and_class(tmp_path):
     from collections.abc import Iterator
 
@@ -1067,10 +1064,6 @@ def test_batch_udtfs_aggregation_function_and_class(tmp_path):
     assert got(stats) == want(labels + ["c"], scores + [10.0])
 
 
-@pytest.mark.xfail(strict=True, raises=(AttributeError, ValueError),
-                   reason="not provided yet: a UDTF gets its partition as a pyarrow Table, not Geneva's query "
-                          "builder (source.to_arrow(), to_batches(batch_size=)); a UDTF view's source query "
-                          "cannot select(): docs/geneva.md")
 def test_batch_udtfs_class_reading_source_to_arrow(tmp_path):
     from collections.abc import Iterator
 
@@ -1085,7 +1078,8 @@ def test_batch_udtfs_class_reading_source_to_arrow(tmp_path):
 
         def __call__(self, source: geneva.GenevaQueryBuilder) -> Iterator[pa.RecordBatch]:
             data = source.to_arrow().select(["row_id", "phash"])
-            yield pa.RecordBatch.from_pydict({"row_id": data["row_id"], "cluster_id": pc_div(data["phash"])})
+            clusters = {"row_id": data["row_id"].combine_chunks(), "cluster_id": pc_div(data["phash"])}  # self._cluster
+            yield pa.RecordBatch.from_pydict({"row_id": clusters["row_id"], "cluster_id": clusters["cluster_id"]})
 
     def pc_div(a):
         return pa.array([v // 16 for v in a.to_pylist()], pa.int64())
@@ -1095,6 +1089,8 @@ def test_batch_udtfs_class_reading_source_to_arrow(tmp_path):
     deduped = conn.create_udtf_view("deduped_images", source=images.search(None).select(["row_id", "phash"]),
                                     udtf=PHashDedupe(threshold=4))
     deduped.refresh()
+    got = sorted((r["row_id"], r["cluster_id"]) for r in deduped.to_arrow().to_pylist())
+    assert got == [(1, 0), (2, 2)]
 
 
 # -- jobs/materialized-views.mdx --------------------------------------------------------------

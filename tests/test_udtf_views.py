@@ -178,6 +178,56 @@ def test_without_partition_by_the_whole_source_is_one_partition(db, call_log):
     assert calls(call_log) == [] and r.rows_deleted == 1 and lance.dataset(view.uri).count_rows() == 0
 
 
+def test_a_udtf_without_input_columns_reads_the_columns_its_query_selects(db, call_log, tmp_path):
+    """Geneva's "the whole source": a UDTF declared without input_columns
+    reads the columns of its view's source query, fixed when the view is
+    created (all of them, or those select() names). It receives the partition
+    with Geneva's query-builder reads (to_arrow, to_pandas, to_batches with
+    batch_size) besides the Table's own; changed partitions are computed
+    again, and the view equals the oracle."""
+    cols = tmp_path / "columns"  # what each call saw (the UDTF runs from its pickled copy)
+    cols.mkdir()
+    where = str(cols)
+
+    def seen() -> set:
+        out = {tuple(json.loads(line)) for f in os.listdir(where) for line in open(os.path.join(where, f))}
+        for f in os.listdir(where):
+            os.remove(os.path.join(where, f))
+        return out
+
+    @mv.udtf(output_schema=OUT, partition_by="g")
+    def agg(source: mv.GenevaQueryBuilder):
+        t = source.to_arrow()
+        with open(os.path.join(where, f"cols-{os.getpid()}"), "a") as fh:
+            fh.write(json.dumps(sorted(t.column_names)) + "\n")
+        assert len(source) == t.num_rows == sum(b.num_rows for b in source.to_batches(batch_size=2))
+        assert all(b.num_rows <= 2 for b in source.to_batches(batch_size=2))
+        assert source.to_pandas().shape == (t.num_rows, t.num_columns) and pa.table(source).equals(t)
+        gs, xs = source.column("g").to_pylist(), source["x"].to_pylist()
+        _log(call_log, gs[0])
+        return pa.Table.from_pylist([dict(zip(OUT.names, r, strict=True)) for r in summarize(gs, xs)], schema=OUT)
+
+    src = db.create_table("src", src_rows(range(1, 12)), primary_key="id")
+    view = db.create_udtf_view("parts", src.search(None).select(["g", "x"]), agg)
+    assert view.definition.table_function.input_columns == ["g", "x"]  # bound at creation
+    view.refresh()
+    assert seen() == {("g", "x")}
+    assert actual(view) == expected(src.uri, src.version, lambda r: True)
+    calls(call_log)
+    src.update("id = 5", values_sql={"x": "100"})
+    src.delete("id = 7")
+    view.refresh()
+    assert calls(call_log) == sorted({GROUPS[5 % len(GROUPS)], GROUPS[7 % len(GROUPS)]},
+                                     key=lambda k: (k is not None, k or ""))
+    assert actual(view) == expected(src.uri, src.version, lambda r: True)
+
+    every = db.create_udtf_view("every", src.search(None), agg)  # no select: every column of the source
+    seen()
+    every.refresh()
+    assert seen() == {("g", "id", "title", "x")}
+    assert actual(every) == expected(src.uri, src.version, lambda r: True)
+
+
 def test_a_udtf_view_refresh_killed_after_some_tasks_resumes_without_recomputing_them(db, call_log):
     src = db.create_table("src", src_rows(range(1, 9), g=lambda i: "pqrs"[i % 4]), primary_key="id")
     view = db.create_udtf_view("parts", src.search(None), make_agg(call_log))
@@ -206,7 +256,9 @@ def test_bad_udtf_views_are_refused_before_anything_is_written(db, call_log):
         (lambda: db.create_udtf_view("c", src.search(None), udtf(input_columns=["gg", "x"], partition_by="gg")), "gg"),
         (lambda: db.create_udtf_view("c", src.search(None), udtf(input_columns=["f"], partition_by="f")), "double"),
         (lambda: db.create_udtf_view("src", src.search(None), agg), "already exists"),
-        (lambda: db.create_udtf_view("c", src.search(None).select(["g", "x"]), agg), "select"),
+        (lambda: db.create_udtf_view("c", src.search(None).select({"g": "g", "y": "x + 1"}), agg), "select"),
+        (lambda: db.create_udtf_view("c", src.search(None).select({"gg": "g", "x": "x"}), agg), "select"),
+        (lambda: db.create_udtf_view("c", src.search(None).select(["g", "f"]), agg), "does not select"),
         (lambda: db.create_udtf_view("c", src.search(None).limit(2), agg), "limit"),
         (lambda: db.create_udtf_view("c", src.search(None).where("nope > 1"), agg), "nope"),
         (lambda: db.create_udtf_view("c", src.search(None), lambda t: t), "@udtf"),

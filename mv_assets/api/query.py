@@ -336,14 +336,16 @@ def function_view_definition(query: Query, function: Any, name: str) -> ViewDefi
     a function). A chunker: the selected columns are the parent columns each
     child inherits, its input columns left out unless ``inherit_input_columns``
     (big inputs stay out of every child row, as in Geneva); a UDTF: its
-    output only (the query may filter, not select). Refused in words first."""
+    output only, the query's columns (all, or those it selects by name) what
+    the UDTF may read. Refused in words first."""
     from mv_assets.model.chunk_view import check_chunk_query
     from mv_assets.model.chunker import UDTF
-    from mv_assets.model.udtf_view import check_udtf_query
+    from mv_assets.model.udtf_view import bind_udtf, check_udtf_query
 
     definition = query.to_definition()
     if isinstance(function, UDTF):
-        check_udtf_query(definition, name, query.selects_all)
+        readable = check_udtf_query(definition, name, query.selects_all)
+        function = bind_udtf(function, readable, name, query.selects_all)
         return dataclasses.replace(definition, columns=(), function=json.dumps(function.to_spec()))
     if not function.inherit_input_columns:
         definition = dataclasses.replace(

@@ -180,7 +180,7 @@ class _TableFunction:
             "name": self.name,
             "kind": self.kind,
             "fingerprint": self.fingerprint,
-            "input_columns": list(self.input_columns),
+            "input_columns": None if self.input_columns is None else list(self.input_columns),  # (None: a UDTF not bound)
             "output_schema": {f.name: str(f.type) for f in self._output_schema},
             "pickle": base64.b64encode(dumps_by_value(self)).decode("ascii"),  # pyright: ignore[reportArgumentType]
         }
@@ -530,6 +530,52 @@ class Chunker(_TableFunction):
         return children, parent.take(order).cast(pa.int64())
 
 
+class Partition:
+    """What a UDTF receives: one partition of its source, a pyarrow Table with
+    the reads of Geneva's query builder (``GenevaQueryBuilder``) besides:
+    ``to_arrow()``, ``to_pandas()``, ``to_batches(batch_size=)``,
+    ``to_pylist()``. Every other attribute is the Table's (``num_rows``,
+    ``column("x")``, ``select([...])``, ``table["x"]``, ``len(table)``), and it
+    hands its rows to anything that reads Arrow streams (``pa.table(p)``)."""
+
+    __slots__ = ("_table",)
+
+    def __init__(self, table: pa.Table) -> None:
+        self._table = table
+
+    def to_arrow(self) -> pa.Table:
+        return self._table
+
+    def to_pandas(self, **kwargs: Any) -> Any:
+        return self._table.to_pandas(**kwargs)
+
+    def to_batches(self, batch_size: int | None = None, max_chunksize: int | None = None) -> list[pa.RecordBatch]:
+        """The rows as record batches of at most ``batch_size`` rows (Geneva's
+        name; pyarrow's ``max_chunksize`` works too)."""
+        return self._table.to_batches(max_chunksize=batch_size or max_chunksize)
+
+    def to_pylist(self) -> list[dict]:
+        return self._table.to_pylist()
+
+    def select(self, columns: Any) -> "Partition":
+        return Partition(self._table.select(columns))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._table, name)
+
+    def __getitem__(self, key: Any) -> Any:
+        return self._table[key]
+
+    def __len__(self) -> int:
+        return len(self._table)
+
+    def __arrow_c_stream__(self, requested_schema: Any = None) -> Any:
+        return self._table.__arrow_c_stream__(requested_schema)
+
+    def __repr__(self) -> str:
+        return f"Partition({self._table.num_rows} rows, columns={self._table.column_names})"
+
+
 class UDTF(_TableFunction):
     """An N:M table function over the rows of one partition. Create with :func:`udtf`."""
 
@@ -559,17 +605,38 @@ class UDTF(_TableFunction):
         _geneva_only("udtf", manifest, auto_refresh)
         if output_schema is None:
             raise ValueError(f"UDTF {self.name!r} needs output_schema=pa.schema([...]): its output cannot be inferred")
-        if not input_columns or not all(isinstance(c, str) for c in input_columns):
-            raise ValueError(f"UDTF {self.name!r} needs input_columns=[...]: the source columns its table holds")
-        if partition_by is not None and partition_by not in input_columns:
-            raise ValueError(
-                f"UDTF {self.name!r} partitions by {partition_by!r}, which is not one of its "
-                f"input_columns {list(input_columns)}; add it there"
-            )
-        self.input_columns = list(input_columns)
         self.partition_by = partition_by
+        # None (Geneva: "the whole source"): the columns of the view's source query, fixed when
+        # the view is created (bound_to), as a RecordBatch UDF's "every column" is
+        self.input_columns: list[str] | None = (  # pyright: ignore[reportIncompatibleVariableOverride] (None: unbound)
+            None if input_columns is None else self._checked(input_columns))
         self._output_schema = output_schema
         self._check_output_names(output_schema)
+
+    def _checked(self, input_columns: Any) -> list[str]:
+        if (not isinstance(input_columns, list | tuple) or not input_columns
+                or not all(isinstance(c, str) for c in input_columns)):
+            raise ValueError(f"UDTF {self.name!r}: input_columns must be a non-empty list of column names "
+                             f"(or left out: every column of the view's source query), got {input_columns!r}")
+        if self.partition_by is not None and self.partition_by not in input_columns:
+            raise ValueError(
+                f"UDTF {self.name!r} partitions by {self.partition_by!r}, which is not one of its "
+                f"input_columns {list(input_columns)}; add it there"
+            )
+        return list(input_columns)
+
+    def with_inputs(self, input_columns: list[str]) -> "UDTF":
+        """A copy of this UDTF reading ``input_columns`` (every other setting kept)."""
+        u = copy.copy(self)
+        u.input_columns = self._checked(input_columns)
+        u._fingerprint = None
+        return u
+
+    def bound_to(self, columns: list[str]) -> "UDTF":
+        """This UDTF with its inputs fixed: a UDTF declared without
+        ``input_columns`` reads ``columns`` (the view's source query's, when
+        the view is created); one that names its inputs is returned as it is."""
+        return self if self.input_columns is not None else self.with_inputs(columns)
 
     def __repr__(self) -> str:
         outputs = self._output_schema.names
@@ -585,20 +652,29 @@ class UDTF(_TableFunction):
                 f"UDTF {self.name!r} partitions by column {self.partition_by!r}, which the source {label!r} "
                 f"does not have (columns: {schema.names})"
             )
-        missing = [c for c in self.input_columns if c not in schema.names]
+        missing = [c for c in self.inputs() if c not in schema.names]
         if missing:
             raise ValueError(
                 f"UDTF {self.name!r} reads columns {missing}, which the source {label!r} does not have "
                 f"(columns: {schema.names})"
             )
 
+    def inputs(self) -> list[str]:
+        """The columns it reads: ``input_columns``, bound when its view was created."""
+        if self.input_columns is None:
+            raise ValueError(f"UDTF {self.name!r} reads every column of its view's source query: it is bound to "
+                             "them when the view is created (create_udtf_view)")
+        return self.input_columns
+
     def apply(self, table: pa.Table) -> pa.Table:
         """Run the UDTF over one partition (``table`` holds at least the input
-        columns); return its output as a Table of the output schema. A call
-        that raises is retried as ``on_error`` says, then raises :class:`UdfError`;
-        a wrong result (type, columns) raises TypeError or ValueError."""
+        columns); return its output as a Table of the output schema. The
+        function receives the partition as a :class:`Partition` (a pyarrow
+        Table with Geneva's query-builder reads). A call that raises is
+        retried as ``on_error`` says, then raises :class:`UdfError`; a wrong
+        result (type, columns) raises TypeError or ValueError."""
         fn = self._target()
-        inputs = table.select(self.input_columns)
+        inputs = table.select(self.input_columns or table.column_names)
         try:
             out, _ = self._call(lambda: self._run(fn, inputs))
         except Exception as exc:
@@ -609,7 +685,7 @@ class UDTF(_TableFunction):
 
     def _run(self, fn: Callable, table: pa.Table) -> list:
         """The function's batches, an iterator run to its end (its exceptions are the user's)."""
-        out = fn(table)
+        out = fn(Partition(table))
         if isinstance(out, pa.Table | pa.RecordBatch):
             return [out]
         if not isinstance(out, collections.abc.Iterable) or isinstance(out, str | bytes | dict):
@@ -750,7 +826,9 @@ def udtf(
     output_schema:
         Required: the output table's columns.
     input_columns:
-        Required: the source columns of the ``pa.Table`` the function receives.
+        The source columns of the partition the function receives. Left
+        out (Geneva: "the whole source"), every column of the view's source
+        query, fixed when the view is created.
     partition_by:
         One of ``input_columns``: the function is called once per distinct
         value of it (rows of other values never meet). Default: one call over

@@ -36,6 +36,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mv_assets.model.chunker import UDTF
 from mv_assets.model.definition import (
     READ_FIELDS_METADATA_KEY,
     VIEW_METADATA_KEY,
@@ -49,7 +50,7 @@ from mv_assets.model.definition import (
 from mv_assets.model.names import PARTITION, SOURCE_ROW_ID
 
 __all__ = [
-    "WHOLE_SOURCE", "udtf_view_schema", "check_udtf_query", "check_partition_type", "partition_key", "partition_id",
+    "WHOLE_SOURCE", "udtf_view_schema", "check_udtf_query", "bind_udtf", "check_partition_type", "partition_key", "partition_id",
     "partition_ids", "partition_predicate", "group_partitions",
 ]
 
@@ -68,15 +69,39 @@ def check_partition_type(name: str, column: str, dtype: pa.DataType) -> None:
     )
 
 
-def check_udtf_query(definition: ViewDefinition, name: str, selects_all: bool) -> None:
-    """What a table-function view's query may hold, refused before anything is written."""
-    if not selects_all:
-        raise ValueError(
-            f"table-function view {name!r}: the query cannot select() columns (the UDTF's output_schema makes "
-            "the view's columns, and its input_columns what it reads); use source.search(None).where(...)"
-        )
+def check_udtf_query(definition: ViewDefinition, name: str, selects_all: bool) -> list[str]:
+    """What a table-function view's query may hold, refused before anything
+    is written; returns the columns the UDTF may read: those the query
+    selects, by their source names, or every column of the source."""
     if definition.limit is not None or definition.shuffle:
         raise ValueError(f"table-function view {name!r}: limit() and shuffle() apply to query views only")
+    if not selects_all:
+        bad = [c.name for c in definition.columns if c.kind != "column" or c.expr != c.name]
+        if bad:
+            raise ValueError(
+                f"table-function view {name!r}: its query selects {bad}, which are not source columns under their "
+                "own names; a UDTF reads source columns (select them by name: source.search(None).select([...])), "
+                "and its output_schema makes the view's columns"
+            )
+    return [c.name for c in definition.columns]
+
+
+def bind_udtf(function: UDTF, readable: list[str], name: str, selects_all: bool) -> UDTF:
+    """The UDTF with its inputs fixed: one declared without ``input_columns``
+    reads ``readable`` (Geneva: the whole source, here the query's columns at
+    the view's creation); one that names them must name columns the query
+    selects."""
+    if function.input_columns is None:
+        if not readable:
+            raise ValueError(f"table-function view {name!r}: the source query has no column for UDTF "
+                             f"{function.name!r} to read")
+        return function.bound_to(readable)
+    if not selects_all:
+        missing = [c for c in function.input_columns if c not in readable]
+        if missing:
+            raise ValueError(f"table-function view {name!r}: UDTF {function.name!r} reads {missing}, which its "
+                             f"source query does not select ({readable})")
+    return function
 
 
 def udtf_view_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Schema:
