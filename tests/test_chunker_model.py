@@ -574,3 +574,28 @@ print(json.dumps(out, default=repr))
             children, parent, _ = c.apply(docs_batch, pa.array([7, 8, 9]))
             expected = [c.fingerprint, children.to_pylist(), parent.to_pylist()]
         assert got[k] == json.loads(json.dumps(expected, default=repr)), k
+
+
+def test_a_udtf_receives_its_partition_with_the_query_builders_reads():
+    """Geneva's UDTFs read ``source.to_arrow()`` / ``to_pandas()`` /
+    ``to_batches(batch_size=)``; code written for a pyarrow Table keeps working."""
+    import copy
+    import pickle
+
+    from mv_assets.model.chunker import Partition
+
+    t = pa.table({"x": [1, 2, 3], "y": ["a", "b", "c"]})
+    p = Partition(t)
+    assert p.to_arrow() is t and p.num_rows == len(p) == 3 and p.column_names == ["x", "y"]
+    assert [b.num_rows for b in p.to_batches(batch_size=2)] == [2, 1] == [b.num_rows for b in p.to_batches(2)]
+    assert p.to_pandas()["x"].tolist() == [1, 2, 3] and p.to_pylist() == t.to_pylist()
+    assert p["y"].to_pylist() == ["a", "b", "c"] and p.select(["y"]).to_arrow().column_names == ["y"]
+    assert pa.table(p).equals(t)
+    assert copy.copy(p).to_arrow().equals(t) and pickle.loads(pickle.dumps(p)).to_arrow().equals(t)
+
+    @udtf(output_schema=pa.schema([("n", pa.int64())]), input_columns=["x"])
+    def total(source) -> pa.Table:
+        assert isinstance(source, Partition) and source.column_names == ["x"]
+        return pa.table({"n": [sum(b.column(0).to_pylist()[0] for b in source.to_arrow().to_batches(1))]})
+
+    assert total.apply(t).to_pylist() == [{"n": 6}]

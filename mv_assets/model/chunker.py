@@ -561,7 +561,12 @@ class Partition:
         return Partition(self._table.select(columns))
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_table":  # not set yet (a copy being made): no recursion
+            raise AttributeError(name)
         return getattr(self._table, name)
+
+    def __reduce__(self) -> Any:
+        return Partition, (self._table,)
 
     def __getitem__(self, key: Any) -> Any:
         return self._table[key]
