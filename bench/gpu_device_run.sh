@@ -9,14 +9,7 @@
 # ("inline, cold" runs in the bench's process, where the model alone already imported torch
 # and made the CUDA context).
 #   DRY=1 bench/gpu_device_run.sh   # the same steps at toy sizes with the CPU stand-ins (no torch)
-set -u
-out=${OUT:-$PWD/gpu-out}
-mkdir -p "$out"
-if [ -f .device-bundle/site.tar.xz ] && [ -z "${DRY:-}" ]; then
-  site=$(mktemp -d) && tar xJf .device-bundle/site.tar.xz -C "$site" && export PYTHONPATH="$site:$PWD"
-fi
-py=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1 LANCE_LOG=error
+source "$(dirname "$0")/gpu_env.sh"
 started=$(date +%s)
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>/dev/null
 nproc; free -g | head -2

@@ -3,14 +3,8 @@
 # torch encoder, inline runner): the same refreshes with the interpreter's thread switch interval
 # at 0.5 ms instead of 5 ms, and with one CUDA stream shared by the threads instead of one each.
 # For the GPU machine (see gpu_device_run.sh); DRY=1 runs it here with the CPU stand-in.
-set -u
-out=${OUT:-$PWD/gpu-out}
-mkdir -p "$out"
-if [ -f .device-bundle/site.tar.xz ] && [ -z "${DRY:-}" ]; then
-  site=$(mktemp -d) && tar xJf .device-bundle/site.tar.xz -C "$site" && export PYTHONPATH="$site:$PWD"
-fi
-py=${PYTHON:-python3}
-export PYTHONUNBUFFERED=1 LANCE_LOG=error PYTHONWARNINGS=ignore
+source "$(dirname "$0")/gpu_env.sh"
+export PYTHONWARNINGS=ignore
 root=/tmp
 [ -d /dev/shm ] && root=/dev/shm
 if [ -n "${DRY:-}" ]; then args="--model gpu-bound --rows 20000"; else args="--torch --model gpu-bound --encoder-rows 60000"; fi

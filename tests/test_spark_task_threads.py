@@ -12,10 +12,10 @@ import os
 import threading
 import time
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from tables import fragmented
 
 import mv_assets as mv
 from mv_assets.execution.spark import SparkRunner
@@ -27,15 +27,7 @@ def _runner(spark_runner: SparkRunner, threads: int) -> SparkRunner:
 
 
 def _source(db, fragments: int, rows: int):
-    rng = np.random.default_rng(11)
-
-    def part(i: int) -> pa.Table:
-        return pa.table({"id": np.arange(i * rows, (i + 1) * rows), "x": rng.random(rows)})
-
-    src = db.create_table("src", part(0))
-    for i in range(1, fragments):
-        src.add(part(i))
-    return src
+    return fragmented(db, fragments, rows, seed=11)
 
 
 def test_a_spark_task_runs_its_refresh_tasks_at_once_on_threads_sharing_one_model(tmp_path, spark_runner, call_log):

@@ -12,10 +12,10 @@ import threading
 import time
 import warnings
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
+from tables import fragmented
 
 import mv_assets as mv
 from mv_assets.execution.spark import InlineRunner, SparkRunner
@@ -58,15 +58,7 @@ class Spans:
 
 
 def _source(db, fragments: int, rows: int):
-    rng = np.random.default_rng(5)
-
-    def part(i: int) -> pa.Table:
-        return pa.table({"id": np.arange(i * rows, (i + 1) * rows), "x": rng.random(rows)})
-
-    src = db.create_table("src", part(0))
-    for i in range(1, fragments):
-        src.add(part(i))
-    return src
+    return fragmented(db, fragments, rows, seed=5)
 
 
 def _model(spans: Spans, seconds: float, **kwargs) -> mv.UDF:
