@@ -561,9 +561,6 @@ def test_udfs_struct_outputs(tmp_path):
     assert _column(images, "dims", key="id") == {1: {"width": 640, "height": 480}, 2: {"width": 3, "height": 5}}
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError,
-                   reason="not provided yet: a struct field named with dot notation in input_columns ('info.vals'), "
-                          "a list passed as np.ndarray (docs/geneva.md)")
 def test_udfs_struct_field_and_list_inputs(tmp_path):
     import numpy as np
 

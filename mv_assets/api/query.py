@@ -196,11 +196,11 @@ class Query:
                     raise ValueError(f"duplicate output column name {name!r}")
                 seen.add(name)
                 if isinstance(value, UDF):
-                    value = value.bound_to(source_schema)
+                    value = value.bound_to(source_schema, struct_paths=True)
                     value.validate_inputs(source_schema, name)
                     columns.append(ColumnSpec(name, "udf", None, value))
                 elif isinstance(value, tuple) and len(value) == 2 and isinstance(value[0], UDF):
-                    u = value[0].with_inputs(list(value[1]))
+                    u = value[0].with_inputs(list(value[1])).bound_to(source_schema, struct_paths=True)
                     u.validate_inputs(source_schema, name)
                     columns.append(ColumnSpec(name, "udf", None, u))
                 elif isinstance(value, str):

@@ -444,6 +444,47 @@ def _instance_idle_seconds() -> float:
         return 0.0
 
 
+def nested_type(schema: pa.Schema, path: str) -> pa.DataType | None:
+    """The type of ``path`` in ``schema``: a column's name, or a field of a
+    struct column in dot notation (``"info.vals"``, Geneva's); None if none."""
+    if path in schema.names:
+        return schema.field(path).type
+    head, _, rest = path.partition(".")
+    if not rest or head not in schema.names:
+        return None
+    dtype = schema.field(head).type
+    for name in rest.split("."):
+        if not pa.types.is_struct(dtype) or dtype.get_field_index(name) < 0:
+            return None
+        dtype = dtype.field(name).type
+    return dtype
+
+
+def input_values(data: "pa.RecordBatch | pa.Table", path: str) -> Any:
+    """The values of ``path`` in ``data``: its column, or a struct column's
+    field in dot notation (NULL where the struct is NULL)."""
+    if path in data.schema.names:
+        return data.column(path)
+    import pyarrow.compute as pc
+
+    head, _, rest = path.partition(".")
+    return pc.struct_field(data.column(head), rest.split("."))  # pyright: ignore[reportAttributeAccessIssue]  (generated at import)
+
+
+def _as_array(value: Any) -> Any:
+    import numpy as np
+
+    return np.asarray(value)
+
+
+def _wants_ndarray(annotation: Any) -> bool:
+    """Whether a scalar parameter is annotated ``np.ndarray`` (or ``np.ndarray | None``):
+    its list values are passed as NumPy arrays, as Geneva does."""
+    if getattr(annotation, "__name__", None) == "ndarray" and getattr(annotation, "__module__", None) == "numpy":
+        return True
+    return any(_wants_ndarray(a) for a in typing.get_args(annotation))
+
+
 class UDF:
     """A user-defined column function. Create with :func:`udf`."""
 
@@ -547,19 +588,45 @@ class UDF:
         other setting (``batch_size``, error policy, version...) is kept."""
         u = copy.copy(self)
         u.input_columns = self._checked_inputs(input_columns)
+        u.__dict__.pop("_input_paths", None)
         u._fingerprint = None
         return u
 
-    def bound_to(self, schema: "pa.Schema | list[str]") -> "UDF":
+    @property
+    def input_paths(self) -> list[str]:
+        """What each parameter reads: a source column, or a field of a struct
+        column in dot notation (``"info.vals"``). ``input_columns`` are the
+        source columns read: a struct field's column (see :meth:`bound_to`)."""
+        return self.__dict__.get("_input_paths") or self.input_columns
+
+    def _with_paths(self, paths: list[str], columns: list[str]) -> "UDF":
+        u = copy.copy(self)
+        u.__dict__["_input_paths"] = list(paths)
+        u.input_columns = list(columns)  # (the fingerprint hashes the paths: unchanged)
+        return u
+
+    def bound_to(self, schema: "pa.Schema | list[str]", struct_paths: bool = False) -> "UDF":
         """This UDF with its inputs fixed against ``schema`` (the input table's
         schema when the column or view is created).
 
         A RecordBatch UDF receives "every column": that means the data columns
         of the input at creation, fixed from then on, so rows computed before
         and after the input gains a column see the same batch. Other kinds
-        already name their inputs and are returned as they are. A list of
-        names (an altered column keeping its columns) is taken as it is.
+        already name their inputs and are returned as they are, but with
+        ``struct_paths`` (one source, not a join), where an input names a
+        struct column's field in dot notation: then the struct's column is
+        what it reads. A list of names (an altered column keeping its
+        columns) is taken as it is.
         """
+        if self.kind != BATCH and struct_paths and isinstance(schema, pa.Schema):
+            # an input in dot notation naming a struct's field (not a column of that name): its
+            # struct column is read, the field taken out for the call (not in join views,
+            # whose dotted names are table.column)
+            paths, struct = self.input_paths, typing.cast(pa.Schema, schema)
+            heads = [p if p in struct.names or nested_type(struct, p) is None else p.partition(".")[0] for p in paths]
+            if heads != paths:
+                return self._with_paths(paths, list(dict.fromkeys(heads)))
+            return self
         if self.kind != BATCH or self.input_columns:
             return self
         u = copy.copy(self)
@@ -688,15 +755,15 @@ class UDF:
                     f"which the input does not have (columns: {schema.names})"
                 )
             return
-        for param, col in zip(self.param_names, self.input_columns, strict=True):
-            if col not in schema.names:
+        for param, col in zip(self.param_names, self.input_paths, strict=True):
+            col_type = nested_type(schema, col)
+            if col_type is None:
                 raise ValueError(
                     f"column {column_label!r}: UDF {self.name!r} parameter {param!r} reads "
                     f"column {col!r}, which the source does not have (columns: {schema.names})"
                 )
             if self.kind == SCALAR:
                 ann = self.param_annotations.get(param)
-                col_type = schema.field(col).type
                 if ann is not None and not _compatible(ann, col_type):
                     raise ValueError(
                         f"column {column_label!r}: UDF {self.name!r} parameter {param!r} "
@@ -754,7 +821,8 @@ class UDF:
         if errors is None:
             errors = []
         if self.kind == SCALAR:
-            cols = [batch.column(c).to_pylist() for c in self.input_columns]
+            cols = [input_values(batch, c).to_pylist() for c in self.input_paths]
+            arrays = [_wants_ndarray(self.param_annotations.get(p)) for p in self.param_names]
             values: list[Any] = []
             computed = 0
             retrying = policy.may_retry
@@ -765,6 +833,8 @@ class UDF:
                         values.append(None)
                         continue
                     computed += 1
+                    if any(arrays):  # list values as NumPy arrays where the parameter says np.ndarray
+                        row = tuple(_as_array(v) if a and v is not None else v for v, a in zip(row, arrays, strict=True))
                     try:
                         value = self._call(lambda row=row: fn(*row))[0] if retrying else fn(*row)
                     except Exception as exc:
@@ -854,7 +924,7 @@ class UDF:
 
     def _call_batch(self, fn: Callable, batch: pa.RecordBatch) -> Any:
         args = ([batch.select(self.input_columns) if self.input_columns else batch] if self.kind == BATCH
-                else [batch.column(c) for c in self.input_columns])
+                else [input_values(batch, c) for c in self.input_paths])
         with self._gate():
             return fn(*args)
 
@@ -890,7 +960,7 @@ class UDF:
         """A hash of the UDF's code and signature: changes when the code does."""
         if self._fingerprint is None:
             h = hashlib.sha256()
-            h.update(f"{self.kind}|{self.data_type}|{self.input_columns}|{self.version}|{self.skip_nulls}".encode())
+            h.update(f"{self.kind}|{self.data_type}|{self.input_paths}|{self.version}|{self.skip_nulls}".encode())
             if self.version is None:
                 h.update(_code_identity(self.func))
             self._fingerprint = h.hexdigest()[:16]
@@ -907,6 +977,7 @@ class UDF:
             "name": self.name,
             "fingerprint": self.fingerprint,
             "input_columns": self.input_columns,
+            **({"input_paths": self.input_paths} if self.input_paths != self.input_columns else {}),
             "data_type": str(self.data_type),
             "kind": self.kind,
             "pickle": base64.b64encode(dumps_by_value(self)).decode("ascii"),
@@ -936,6 +1007,8 @@ class UDF:
     def from_spec(spec: dict) -> "UDF":
         if declared_only():  # never load the stored pickle: the code this process declared (model.trust)
             found = copy.copy(resolve(spec, UDF, "UDF", lambda u, cols: u.with_inputs(cols)))
+            if spec.get("input_paths") and found.input_paths == spec["input_paths"]:  # struct fields, as stored
+                found = found._with_paths(spec["input_paths"], spec["input_columns"])
             found.__dict__["_stored_spec"] = dict(spec)
             return found
         obj = cloudpickle.loads(base64.b64decode(spec["pickle"]))
@@ -1199,7 +1272,9 @@ def udf(
         (``float`` is float64); required for batched and RecordBatch UDFs.
     input_columns:
         Columns feeding the parameters, positionally. Defaults to the parameter
-        names.
+        names. A struct column's field in dot notation (``"info.vals"``) passes
+        that field (its struct column is what is read); a scalar parameter
+        annotated ``np.ndarray`` gets list values as NumPy arrays.
     version:
         An explicit code version; when given it replaces the source-code hash
         in the fingerprint.

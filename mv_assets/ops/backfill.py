@@ -227,7 +227,7 @@ def _group_specs(table: Ref, column: str) -> list[ColumnSpec]:
         return [spec]
     u = spec.the_udf
     return [c for c in specs if c.udf is not None and c.field is not None and c.udf.fingerprint == u.fingerprint
-            and c.udf.input_columns == u.input_columns]
+            and c.udf.input_paths == u.input_paths]
 
 
 def _backfill_specs(table: Ref, column: str, udf: Any) -> list[ColumnSpec]:
@@ -240,7 +240,7 @@ def _backfill_specs(table: Ref, column: str, udf: Any) -> list[ColumnSpec]:
     if len(specs) > 1 or specs[0].kind != "udf":
         raise ValueError("backfill(udf=...) overrides a single UDF column; use alter_columns for others")
     if udf.kind != "batch":
-        udf = udf.with_inputs(specs[0].the_udf.input_columns)
+        udf = udf.with_inputs(specs[0].the_udf.input_paths).bound_to(table.input_dataset().schema, struct_paths=True)
     else:  # the column's fixed batch columns
         old = specs[0].the_udf
         keep = old.kind == "batch" and old.input_columns

@@ -19,6 +19,7 @@ from mv_assets.model.markers import ROW_VERSION_COLUMN, stale_sql
 from mv_assets.model.names import CHUNK_INDEX, PARTITION, Alias
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.model.planning import isin, positions, select_limited, values_differ
+from mv_assets.model.udf import input_values
 from mv_assets.model.udtf_view import WHOLE_SOURCE, partition_key
 from mv_assets.storage import objects
 from mv_assets.storage.changes import STATE_KEY, commits_since, written_fragments
@@ -157,8 +158,8 @@ def _udf_values_present(view: ViewRef, src, view_tbl: pa.Table, keys: np.ndarray
             columns=inputs, filter=f"_rowid IN ({', '.join(str(int(k)) for k in null_keys)})", with_row_id=True
         )
         has_all = np.ones(rows.num_rows, dtype=bool)
-        for c in inputs:
-            has_all &= ~rows.column(c).is_null().to_numpy(zero_copy_only=False)
+        for c in spec.the_udf.input_paths:  # (a struct's field: NULL where it is)
+            has_all &= ~input_values(rows, c).is_null().to_numpy(zero_copy_only=False)
         missing_values[spec.name] = int(has_all.sum())
     if kind_of(definition).children:  # its added columns are computed from its own rows (as a table's)
         missing_values.update(_row_columns_missing(view.dataset()))
@@ -797,19 +798,20 @@ def _udfs_in_window(q: _QueryWindow) -> CheckOutcome:
     """udf_values_present, over the rows written."""
     view, ch, w_keys = q.view, q.ch, q.w_keys
     missing_values: dict[str, int] = {}
-    inputs_by = {c.name: (c.udf.input_columns if c.udf is not None else [], c.the_udf.skip_nulls)
+    inputs_by = {c.name: (c.udf.input_columns if c.udf is not None else [], c.the_udf.skip_nulls,
+                          c.udf.input_paths if c.udf is not None else [])
                  for c in view.definition.udf_columns}
     for name in (c.name for c in view.definition.udf_columns):
         col = ch.written.column(name)
         null_keys = w_keys[col.is_null().to_numpy(zero_copy_only=False)] if col.null_count else w_keys[:0]
-        inputs, skip_nulls = inputs_by[name]
+        inputs, skip_nulls, paths = inputs_by[name]
         if not len(null_keys) or not inputs or not skip_nulls:
             missing_values[name] = int(len(null_keys))
             continue
         rows = _by_ids(q.src, null_keys, inputs)
         has_all = np.ones(rows.num_rows, dtype=bool)
-        for c in inputs:
-            has_all &= ~rows.column(c).is_null().to_numpy(zero_copy_only=False)
+        for c in paths:  # (a struct's field: NULL where it is)
+            has_all &= ~input_values(rows, c).is_null().to_numpy(zero_copy_only=False)
         missing_values[name] = int(has_all.sum())
     if q.chunks:  # its added columns, computed from its own rows: the rows written since
         missing_values.update(_row_columns_missing(view.dataset(), objects.dataset(view.uri, version=q.w.view_from)))

@@ -44,7 +44,7 @@ from mv_assets.model.markers import marker_value
 from mv_assets.model.names import LANCE_ROW_COLUMNS
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.model.planning import positions
-from mv_assets.model.udf import UDF, UnpackedUDF
+from mv_assets.model.udf import UDF, UnpackedUDF, nested_type
 from mv_assets.ops.backfill import _driver_writer, backfill_column, commit_column_values
 from mv_assets.storage import objects
 from mv_assets.storage.refs import Ref, TableRef, ViewRef
@@ -57,7 +57,7 @@ def _single(name: str, u: UDF, input_schema: pa.Schema) -> ColumnSpec:
             f"column {name!r}: UDF {u.name!r} returns several columns (Columns[...]); pass it directly, "
             "add_columns(udf), or wrapped, add_columns(UnpackedUDF(udf, prefix=...)), not inside a dict"
         )
-    u = u.bound_to(input_schema)
+    u = u.bound_to(input_schema, struct_paths=True)
     u.validate_inputs(input_schema, name)
     return ColumnSpec(name, "udf", None, u, None, True)
 
@@ -67,7 +67,7 @@ def parse_transforms(transforms: Any, input_schema: pa.Schema, input_ds: lance.L
     inputs and types against ``input_schema``. Raises ValueError."""
     specs: list[ColumnSpec] = []
     if isinstance(transforms, UnpackedUDF):
-        u = transforms.udf.bound_to(input_schema)
+        u = transforms.udf.bound_to(input_schema, struct_paths=True)
         u.validate_inputs(input_schema, u.name)
         specs = [ColumnSpec(col, "udf", None, u, f, True) for col, f in transforms.columns().items()]
     elif isinstance(transforms, UDF):
@@ -76,7 +76,7 @@ def parse_transforms(transforms: Any, input_schema: pa.Schema, input_ds: lance.L
                 f"UDF {transforms.name!r} returns one column: name it, add_columns({{'name': udf}}); "
                 "only a Columns[...] UDF is passed directly"
             )
-        transforms = transforms.bound_to(input_schema)
+        transforms = transforms.bound_to(input_schema, struct_paths=True)
         transforms.validate_inputs(input_schema, transforms.name)
         specs = [ColumnSpec(f, "udf", None, transforms, f, True) for f in transforms.output_fields]
     elif isinstance(transforms, dict):
@@ -218,9 +218,10 @@ def alter_columns(table: Ref, alterations: tuple[dict, ...]) -> None:
         if new.kind == "batch":
             keep = old.the_udf.kind == "batch" and old.the_udf.input_columns
             new = new.bound_to(list(old.the_udf.input_columns) if keep else input_schema)
-        elif not all(c in input_schema.names for c in new.input_columns):
-            if len(new.param_names) == len(old.the_udf.input_columns):
-                new = new.with_inputs(list(old.the_udf.input_columns))  # keep the column's input mapping
+        elif not all(nested_type(input_schema, c) is not None for c in new.input_paths):
+            if len(new.param_names) == len(old.the_udf.input_paths):
+                new = new.with_inputs(list(old.the_udf.input_paths))  # keep the column's input mapping
+        new = new.bound_to(input_schema, struct_paths=True)
         if new.output_fields is not None or new.data_type != udf_column_type(old):
             raise ValueError(f"the new UDF for {name!r} returns {new.data_type}; the column holds {udf_column_type(old)}")
         new.validate_inputs(input_schema, name)
