@@ -50,7 +50,7 @@ from typing import NoReturn
 
 from mv_assets.model.idle import DEFAULT_KEEP_S, KEEP_ENV, keep_seconds
 
-__all__ = ["DEFAULT_KEEP_S", "KEEP_ENV", "MODULE", "importable", "keep_seconds", "manager", "spark_settings"]
+__all__ = ["DEFAULT_KEEP_S", "KEEP_ENV", "MODULE", "importable", "keep_seconds", "manager", "settings_for", "spark_settings"]
 
 MODULE = "mv_assets.execution.daemon"
 _PARKED = b"P"
