@@ -42,6 +42,7 @@ if TYPE_CHECKING:
     from mv_assets.model.errors import CatalogNotFoundError as CatalogNotFoundError
     from mv_assets.model.errors import ConcurrentRefreshError as ConcurrentRefreshError
     from mv_assets.model.errors import ConcurrentWriteError as ConcurrentWriteError
+    from mv_assets.model.errors import JobNotFoundError as JobNotFoundError
     from mv_assets.model.errors import MvAssetsError as MvAssetsError
     from mv_assets.model.errors import SourceBehindError as SourceBehindError
     from mv_assets.model.errors import TableExistsError as TableExistsError
@@ -67,7 +68,9 @@ if TYPE_CHECKING:
     from mv_assets.ops.refresh import RefreshPlan as RefreshPlan
     from mv_assets.ops.refresh import RefreshResult as RefreshResult
     from mv_assets.storage.error_log import ErrorRecord as ErrorRecord
+    from mv_assets.storage.jobs import JobMetric as JobMetric
     from mv_assets.storage.jobs import JobRecord as JobRecord
+    from mv_assets.storage.jobs import JobStatus as JobStatus
 
 _EXPORTS: dict[str, tuple[str, str | None]] = {
     "progress": ("mv_assets.api.progress", None),
@@ -94,6 +97,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "CatalogNotFoundError": ("mv_assets.model.errors", 'CatalogNotFoundError'),
     "ConcurrentRefreshError": ("mv_assets.model.errors", 'ConcurrentRefreshError'),
     "ConcurrentWriteError": ("mv_assets.model.errors", 'ConcurrentWriteError'),
+    "JobNotFoundError": ("mv_assets.model.errors", 'JobNotFoundError'),
     "MvAssetsError": ("mv_assets.model.errors", 'MvAssetsError'),
     "SourceBehindError": ("mv_assets.model.errors", 'SourceBehindError'),
     "TableExistsError": ("mv_assets.model.errors", 'TableExistsError'),
@@ -119,7 +123,9 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "RefreshPlan": ("mv_assets.ops.refresh", 'RefreshPlan'),
     "RefreshResult": ("mv_assets.ops.refresh", 'RefreshResult'),
     "ErrorRecord": ("mv_assets.storage.error_log", 'ErrorRecord'),
+    "JobMetric": ("mv_assets.storage.jobs", 'JobMetric'),
     "JobRecord": ("mv_assets.storage.jobs", 'JobRecord'),
+    "JobStatus": ("mv_assets.storage.jobs", 'JobStatus'),
 }
 
 __all__ = [
@@ -134,7 +140,9 @@ __all__ = [
     "ErrorRecord",
     "GenevaCompatWarning",
     "Job",
+    "JobMetric",
     "JobRecord",
+    "JobStatus",
     "View",
     "OnError",
     "UnpackedUDF",
@@ -144,6 +152,7 @@ __all__ = [
     "CatalogNotFoundError",
     "ConcurrentRefreshError",
     "ConcurrentWriteError",
+    "JobNotFoundError",
     "MvAssetsError",
     "SourceBehindError",
     "TableExistsError",

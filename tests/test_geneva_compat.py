@@ -205,7 +205,7 @@ def test_commit_granularity_commits_every_n_fragments(db):
     assert sum(1 for row in first if row["y"] is not None) == 200
     assert sorted(row["y"] for row in t.to_arrow().to_pylist()) == sorted(-i for i in range(600))
     job = [j for j in t.connection.list_jobs(table_name="t") if j.job_id == "granular"]
-    assert len(job) == 1 and job[0].metrics["rows"] == 600 and job[0].version == t.version
+    assert len(job) == 1 and job[0].metric("rows") == 600 and job[0].version == t.version
 
 
 def test_checkpoint_sizes_map_to_checkpoints(db):
@@ -322,7 +322,7 @@ def test_read_version_timeout_and_the_parameters_that_do_not_apply(db, tmp_path)
     while db.get_job("slowjob").status == "RUNNING" and time.time() < deadline:
         time.sleep(0.05)
     job = db.get_job("slowjob")
-    assert job.status == "DONE" and job.metrics["rows"] == 30
+    assert job.status == "DONE" and job.metric("rows") == 30
 
 
 def test_async_jobs_refresh_column_and_plans(db):
@@ -388,11 +388,13 @@ def test_jobs_are_listed_from_what_they_left(db):
     jobs = {j.job_id: j for j in db.list_jobs()}
     assert jobs["failing"].status == "FAILED" and "seven" in jobs["failing"].error
     assert jobs["failing"].job_type == "backfill" and jobs["failing"].column_name == "y"
-    assert jobs["skipping"].status == "DONE" and jobs["skipping"].metrics["errors"] == 1  # skipped rows: DONE
-    assert jobs["first-refresh"].job_type == "refresh" and jobs["first-refresh"].metrics["rows_inserted"] == 30
+    assert jobs["skipping"].status == "DONE" and jobs["skipping"].metric("errors") == 1  # skipped rows: DONE
+    assert jobs["first-refresh"].job_type == "refresh" and jobs["first-refresh"].metric("rows_inserted") == 30
     assert {j.job_id for j in db.list_jobs(status="FAILED")} == {"failing"}
     assert {j.job_id for j in db.list_jobs(table_name="v")} == {"first-refresh"}
-    assert db.get_job("skipping").table_name == "t" and db.get_job("no-such-job") is None
+    assert db.get_job("skipping").table_name == "t"
+    with pytest.raises(ValueError, match="no-such-job"):  # as Geneva (mv.JobNotFoundError)
+        db.get_job("no-such-job")
     # another process (a fresh connection) reads the same records
     again = mv.connect(db.uri, runner=mv.InlineRunner())
     assert {j.job_id: j.status for j in again.list_jobs()} == {j: jobs[j].status for j in jobs}
@@ -439,7 +441,7 @@ def test_load_columns_with_genevas_parameters(db, tmp_path):
                        enable_job_tracker_saves=True, job_id="load1")
     assert v == t.version
     assert {r["id"]: r["emb"] for r in t.to_arrow().to_pylist() if r["emb"] is not None} == {1: 1.5, 2: 2.5, 3: 3.5}
-    assert db.get_job("load1").job_type == "load_columns" and db.get_job("load1").metrics["rows"] == 3
+    assert db.get_job("load1").job_type == "load_columns" and db.get_job("load1").metric("rows") == 3
     with pytest.warns(mv.GenevaCompatWarning, match=r"load_columns\(checkpoint_size=100\).*commits once"):
         t.load_columns(str(tmp_path / "e.parquet"), "id", ["emb"], checkpoint_size=100)
     with pytest.warns(mv.GenevaCompatWarning, match=r"load_columns_async\(commit_granularity=4\)"):

@@ -21,7 +21,13 @@ from mv_assets.api.views import View, read_view_definition, remove_view, view_na
 from mv_assets.execution.spark import Runner, default_runner
 from mv_assets.model.chunker import UDTF, Chunker
 from mv_assets.model.definition import VIEW_METADATA_KEY, ViewDefinition, is_reserved_name, short_error
-from mv_assets.model.errors import CatalogNotFoundError, SourceBehindError, TableExistsError, TableNotFoundError
+from mv_assets.model.errors import (
+    CatalogNotFoundError,
+    JobNotFoundError,
+    SourceBehindError,
+    TableExistsError,
+    TableNotFoundError,
+)
 from mv_assets.model.kinds import kind_of
 from mv_assets.model.ownership import OWNERSHIP_METADATA_KEY, Ownership
 from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
@@ -31,7 +37,7 @@ from mv_assets.ops.refresh import RefreshResult
 from mv_assets.storage import objects
 from mv_assets.storage.error_log import drop_errors, failures_unrecorded
 from mv_assets.storage.identity import ensure_table_id, table_id
-from mv_assets.storage.jobs import JobRecord, job_records
+from mv_assets.storage.jobs import JobRecord, job_record, job_records
 from mv_assets.storage.layout import Layout
 from mv_assets.storage.row_ids import (
     AdoptResult,
@@ -901,15 +907,16 @@ class Connection:
             jobs = [j for j in jobs if j.status == str(status).upper()]
         return jobs
 
-    def get_job(self, job_id: str) -> JobRecord | None:
-        """The record of job ``job_id`` (see :meth:`list_jobs`), or None."""
+    def get_job(self, job_id: str) -> JobRecord:
+        """The record of job ``job_id`` (see :meth:`list_jobs`); ``ValueError``
+        (:class:`JobNotFoundError`) where the catalog knows no such job, as Geneva."""
         for job in process_jobs(self.layout.root):
             if job.job_id == job_id and job.status == "RUNNING":
                 return _job_record(job)
         for job in self.list_jobs():
             if job.job_id == job_id:
                 return job
-        return None
+        raise JobNotFoundError(f"Job {job_id} not found in {self.uri}")
 
 
 def _job_record(job: Job) -> JobRecord:
@@ -918,9 +925,9 @@ def _job_record(job: Job) -> JobRecord:
         return dt.datetime.fromtimestamp(t, tz=dt.timezone.utc) if t else None
 
     error = job.error
-    return JobRecord(job.job_id, job.job_type, job.table_name or "", job.column_name, job.status,
-                     when(job.launched_at), when(job.completed_at), None, {},
-                     f"{type(error).__name__}: {error}" if error is not None else None)
+    return job_record(job.job_id, job.job_type, job.table_name or "", job.column_name, job.status,
+                      when(job.launched_at), when(job.completed_at),
+                      error=f"{type(error).__name__}: {error}" if error is not None else None)
 
 
 def _auto_refresh_policy(auto_refresh: Any, policy: RefreshPolicy | None) -> RefreshPolicy | None:

@@ -5,6 +5,7 @@ __all__ = [
     "CatalogNotFoundError",
     "TableNotFoundError",
     "TableExistsError",
+    "JobNotFoundError",
     "SourceBehindError",
     "ConcurrentRefreshError",
     "ConcurrentWriteError",
@@ -22,6 +23,10 @@ class CatalogNotFoundError(ValueError, MvAssetsError):
 
 class TableNotFoundError(ValueError, MvAssetsError):
     """No table or view of that name in the catalog."""
+
+
+class JobNotFoundError(ValueError, MvAssetsError):
+    """No job of that id in the catalog's records (``db.get_job``)."""
 
 
 class TableExistsError(ValueError, MvAssetsError):

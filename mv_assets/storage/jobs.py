@@ -13,10 +13,17 @@
 So a job's record is as durable as the table's history: a cleanup of old
 versions forgets the jobs whose commits it removed. Rows a UDF skipped
 (``on_error="skip"``) do not fail a job: it is DONE, with ``errors`` counted.
+
+A record has the shape of Geneva's (what its tools read: ``status`` an enum
+with ``.value``, ``metrics`` a list of ``name``/``n``/``total``/``done``/``desc``,
+``events`` a list of lines, ``config`` JSON text); fields Geneva fills from its
+cluster (``cluster_name``, ``object_ref``, the manifest) are None here.
 """
 
 import datetime as dt
+import enum
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,10 +33,46 @@ from mv_assets.storage.error_log import read_errors
 from mv_assets.storage.layout import Layout
 from mv_assets.storage.status import FAILED_LOAD, LOADING, load_record, recorded_views
 
-__all__ = ["JobRecord", "job_records", "LOAD_COLUMNS_KEY", "RUNNING", "DONE", "FAILED"]
+__all__ = ["JobMetric", "JobRecord", "JobStatus", "job_record", "job_records", "LOAD_COLUMNS_KEY", "RUNNING",
+           "DONE", "FAILED"]
 
 LOAD_COLUMNS_KEY = "mv_assets.load_columns"
-RUNNING, DONE, FAILED = "RUNNING", "DONE", "FAILED"
+
+
+class JobStatus(enum.StrEnum):
+    """A job's status, as Geneva's enum (``.value``); equal to its name as a string (``"DONE"``)."""
+
+    PENDING = "PENDING"  # not here: a job starts at once
+    RUNNING = "RUNNING"
+    DONE = "DONE"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"  # not here: no job is cancelled
+
+
+RUNNING, DONE, FAILED = JobStatus.RUNNING, JobStatus.DONE, JobStatus.FAILED
+
+_DESCRIPTIONS = {
+    "rows_committed": "rows the job committed",
+    "rows": "rows written",
+    "udf_rows_computed": "rows the UDFs computed",
+    "errors": "rows a UDF failed on (skipped, or failing the job)",
+    "rows_inserted": "view rows inserted",
+    "rows_updated": "view rows updated",
+    "rows_deleted": "view rows deleted",
+    "udf_errors": "rows a UDF failed on",
+}
+
+
+@dataclass(frozen=True)
+class JobMetric:
+    """One of a job's counters, as Geneva's: ``n`` of ``total`` (``total`` 0
+    where a counter has no total), ``done`` once the job has ended."""
+
+    name: str
+    n: int
+    total: int
+    done: bool
+    desc: str = ""
 
 
 @dataclass(frozen=True)
@@ -40,12 +83,60 @@ class JobRecord:
     job_type: str  # "backfill" | "refresh" | "load_columns"
     table_name: str
     column_name: str | None  # a backfill's or load's columns, joined by ","; None for a refresh
-    status: str  # "RUNNING" | "DONE" | "FAILED"
+    status: JobStatus
     launched_at: dt.datetime | None = None
     completed_at: dt.datetime | None = None
     version: int | None = None  # the (last) commit that recorded it
-    metrics: dict = field(default_factory=dict)
+    metrics: list[JobMetric] = field(default_factory=list)
     error: str | None = None
+    events: list[str] = field(default_factory=list)  # what happened, oldest first
+    updated_at: dt.datetime | None = None  # the last event's time
+    config: str = "{}"  # JSON text: what the job was asked to do
+    input_columns: list[str] | None = None
+    output_columns: list[str] | None = None
+    launched_by: str | None = None
+    cluster_name: str | None = None
+    object_ref: str | None = None
+    manifest_id: str | None = None
+    manifest_checksum: str | None = None
+
+    def metric(self, name: str, default: Any = None) -> Any:
+        """Counter ``name``'s ``n`` (``default`` where the job has none of that name)."""
+        return next((m.n for m in self.metrics if m.name == name), default)
+
+
+def _stamp(at: dt.datetime | None) -> str:
+    return at.astimezone(dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC: ") if at is not None else ""
+
+
+def job_record(job_id: str, job_type: str, table: str, column: str | None, status: str,
+               launched_at: dt.datetime | None, completed_at: dt.datetime | None, version: int | None = None,
+               counts: dict[str, Any] | None = None, error: str | None = None,
+               commits: Sequence[tuple[int, dt.datetime | None]] = (), config: dict[str, Any] | None = None
+               ) -> JobRecord:
+    """A record from what a job left: its integer counters become ``metrics``
+    (``rows_committed``, the rows it committed, first, as a ratio of itself
+    once the job is over), its commits and end become ``events``."""
+    status = JobStatus(str(status).upper())
+    over = status in (DONE, FAILED, JobStatus.CANCELLED)
+    counts = {k: v for k, v in (counts or {}).items() if isinstance(v, int) and not isinstance(v, bool)}
+    metrics: list[JobMetric] = []
+    committed = counts.get("rows", sum(counts.get(k, 0) for k in ("rows_inserted", "rows_updated", "rows_deleted")))
+    if version is not None:
+        metrics.append(JobMetric("rows_committed", committed, committed if over else 0, over,
+                                 _DESCRIPTIONS["rows_committed"]))
+    metrics += [JobMetric(k, v, 0, over, _DESCRIPTIONS.get(k, "")) for k, v in counts.items()]
+    events = [f"{_stamp(launched_at)}{job_type} of {table}{f' ({column})' if column else ''} launched"]
+    events += [f"{_stamp(at)}committed version {v}" for v, at in commits]
+    if status == FAILED:
+        events.append(f"{_stamp(completed_at)}Job failed: {error or 'unknown error'}")
+    elif over:
+        events.append(f"{_stamp(completed_at)}Job completed with status {status.value}")
+    times = [t for t in (launched_at, completed_at, *(at for _, at in commits)) if t is not None]
+    columns = column.split(",") if column else None
+    return JobRecord(job_id, job_type, table, column, status, launched_at, completed_at, version, metrics, error,
+                     events, max(times, default=None), json.dumps(config or {}, sort_keys=True, default=str),
+                     output_columns=columns)
 
 
 def _when(seconds: float | None) -> dt.datetime | None:
@@ -59,49 +150,64 @@ def _commit_time(entry: Any) -> dt.datetime | None:
     return None
 
 
-def _from_commit(table: str, version: int, at: dt.datetime | None, props: dict) -> JobRecord | None:
+@dataclass
+class _Committed:
+    """What the commits of one job say (a backfill may commit several times)."""
+
+    job_id: str
+    job_type: str
+    table: str
+    column: str | None
+    launched: dt.datetime | None
+    counts: dict[str, Any]
+    config: dict[str, Any]
+    commits: list[tuple[int, dt.datetime | None]]
+
+    def merged(self, other: "_Committed") -> "_Committed":
+        counts = dict(self.counts)
+        for k, v in other.counts.items():
+            both_int = isinstance(v, int) and isinstance(counts.get(k), int)
+            counts[k] = counts[k] + v if both_int else v
+        launched = min((t for t in (self.launched, other.launched) if t is not None), default=None)
+        return _Committed(self.job_id, self.job_type, self.table, self.column, launched, counts,
+                          {**self.config, **other.config}, sorted(self.commits + other.commits, key=lambda c: c[0]))
+
+    def record(self) -> JobRecord:
+        version, at = self.commits[-1]
+        completed = max((t for _, t in self.commits if t is not None), default=at)
+        return job_record(self.job_id, self.job_type, self.table, self.column, DONE, self.launched or completed,
+                          completed, version, self.counts, commits=self.commits, config=self.config)
+
+
+def _from_commit(table: str, version: int, at: dt.datetime | None, props: dict) -> _Committed | None:
     """The job a commit records, if any."""
     if BACKFILL_KEY in props:
         d = json.loads(props[BACKFILL_KEY])
         if not d.get("job_id"):  # markers restamped after an update: no job
             return None
-        return JobRecord(
-            d["job_id"], "backfill", table, ",".join(d.get("columns") or []) or None, DONE,
-            _when(d.get("started_at")) or at, at, version,
-            {"rows": d.get("rows", 0), "udf_rows_computed": d.get("udf_rows_computed", 0),
-             "errors": d.get("errors", 0)},
-        )
+        columns = d.get("columns") or []
+        return _Committed(d["job_id"], "backfill", table, ",".join(columns) or None, _when(d.get("started_at")) or at,
+                          {"rows": d.get("rows", 0), "udf_rows_computed": d.get("udf_rows_computed", 0),
+                           "errors": d.get("errors", 0)}, {"columns": columns}, [(version, at)])
     if LOAD_COLUMNS_KEY in props:
         d = json.loads(props[LOAD_COLUMNS_KEY])
         load = d.get("load_columns") or {}
-        return JobRecord(
-            d.get("job_id") or f"load_columns-{table}-{version}", "load_columns", table,
-            ",".join(load.get("columns") or []) or None, DONE, _when(d.get("started_at")) or at, at, version,
-            {"rows": d.get("rows", 0)},
-        )
+        columns = load.get("columns") or []
+        return _Committed(d.get("job_id") or f"load_columns-{table}-{version}", "load_columns", table,
+                          ",".join(columns) or None, _when(d.get("started_at")) or at, {"rows": d.get("rows", 0)},
+                          {"columns": columns}, [(version, at)])
     if STATE_KEY in props:
         d = json.loads(props[STATE_KEY])
         if "carried_from" in d:  # the state carried forward before a cleanup: no job
             return None
         done = _when(d.get("refreshed_at")) or at
-        return JobRecord(
-            d.get("job_id") or f"refresh-{d.get('load_number', 0)}", "refresh", table, None, DONE,
-            _when(d.get("started_at")) or done, done, version,
-            {k: d.get(k) for k in ("rows_inserted", "rows_updated", "rows_deleted", "udf_rows_computed", "udf_errors",
-                                   "source_version", "full")},
-        )
+        return _Committed(d.get("job_id") or f"refresh-{d.get('load_number', 0)}", "refresh", table, None,
+                          _when(d.get("started_at")) or done,
+                          {k: d.get(k) for k in ("rows_inserted", "rows_updated", "rows_deleted", "udf_rows_computed",
+                                                 "udf_errors") if d.get(k) is not None},
+                          {k: d.get(k) for k in ("source_version", "full") if d.get(k) is not None},
+                          [(version, done)])
     return None
-
-
-def _merge(a: JobRecord, b: JobRecord) -> JobRecord:
-    """Two commits of one job (a backfill committing every ``commit_granularity`` fragments)."""
-    metrics = dict(a.metrics)
-    for k, v in b.metrics.items():
-        metrics[k] = metrics.get(k, 0) + v if isinstance(v, int) and isinstance(metrics.get(k), int) else v
-    launched = min((t for t in (a.launched_at, b.launched_at) if t is not None), default=None)
-    completed = max((t for t in (a.completed_at, b.completed_at) if t is not None), default=None)
-    return JobRecord(a.job_id, a.job_type, a.table_name, a.column_name, DONE, launched, completed,
-                     max(a.version or 0, b.version or 0) or None, metrics)
 
 
 def _committed(layout: Layout, table: str) -> list[JobRecord]:
@@ -109,7 +215,7 @@ def _committed(layout: Layout, table: str) -> list[JobRecord]:
     if not objects.is_dataset(uri):
         return []
     ds = objects.dataset(uri)
-    out: dict[str, JobRecord] = {}
+    out: dict[str, _Committed] = {}
     for entry in ds.versions():
         version = int(entry["version"])
         try:
@@ -120,8 +226,8 @@ def _committed(layout: Layout, table: str) -> list[JobRecord]:
             continue
         job = _from_commit(table, version, _commit_time(entry), txn.transaction_properties or {})
         if job is not None:
-            out[job.job_id] = _merge(out[job.job_id], job) if job.job_id in out else job
-    return list(out.values())
+            out[job.job_id] = out[job.job_id].merged(job) if job.job_id in out else job
+    return [job.record() for job in out.values()]
 
 
 def _refresh_state(layout: Layout, view: str) -> JobRecord | None:
@@ -131,14 +237,11 @@ def _refresh_state(layout: Layout, view: str) -> JobRecord | None:
     if state not in (LOADING, FAILED_LOAD):
         return None
     running = state == LOADING and not record.get("process_gone")
-    if state == LOADING and not running:
-        state = FAILED_LOAD
     job_id = record.get("job_id") or f"refresh-{record.get('load_number') or '?'}"
     since = _when(record.get("state_since"))
-    return JobRecord(
-        job_id, "refresh", view, None, RUNNING if running else FAILED, since, None if running else since, None, {},
-        None if running else (record.get("last_error") or "the refreshing process is gone"),
-    )
+    return job_record(job_id, "refresh", view, None, RUNNING if running else FAILED, since,
+                      None if running else since,
+                      error=None if running else (record.get("last_error") or "the refreshing process is gone"))
 
 
 def job_records(layout: Layout, tables: list[str], views: list[str]) -> list[JobRecord]:
@@ -163,10 +266,9 @@ def job_records(layout: Layout, tables: list[str], views: list[str]) -> list[Job
             continue  # rows skipped by a job that committed (counted in its metrics)
         first = errors[0]
         at = first.created_at if isinstance(first.created_at, dt.datetime) else None
-        jobs[key] = JobRecord(
-            first.job_id, "refresh" if first.job_id.startswith("refresh-") else "backfill", first.table,
-            None if first.job_id.startswith("refresh-") else first.column, FAILED, at, at, None,
-            {"errors": len(errors)}, f"{first.error_type}: {first.message}",
-        )
+        refresh = first.job_id.startswith("refresh-")
+        jobs[key] = job_record(first.job_id, "refresh" if refresh else "backfill", first.table,
+                               None if refresh else first.column, FAILED, at, at, None, {"errors": len(errors)},
+                               f"{first.error_type}: {first.message}")
     epoch = dt.datetime.min.replace(tzinfo=dt.timezone.utc)
     return sorted(jobs.values(), key=lambda j: (j.launched_at or j.completed_at or epoch, j.job_id))
