@@ -418,6 +418,60 @@ def columns(obj: _Ctx, table: str, as_json: bool) -> None:
 
 
 @main.command()
+@click.argument("job_id", required=False)
+@click.option("--table", default=None, help="Only the jobs of this table or view.")
+@click.option("--status", type=click.Choice(["RUNNING", "DONE", "FAILED"], case_sensitive=False), default=None,
+              help="Only the jobs in this state.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+@_guard
+def jobs(obj: _Ctx, job_id: str | None, table: str | None, status: str | None, as_json: bool) -> None:
+    """Jobs (backfills, refreshes, column loads), newest first; with JOB_ID,
+    that job's record: counters, commits, error."""
+    if job_id:
+        record = obj.db.get_job(job_id)
+        if as_json:
+            _print_json(record.to_dict())
+            return
+        click.echo(_job_block(record))
+        return
+    records = list(reversed(obj.db.list_jobs(table_name=table, status=status)))
+    if as_json:
+        _print_json([r.to_dict() for r in records])
+        return
+    rows = [{"job": r.job_id, "type": r.job_type, "target": r.table_name + (f".{r.column_name}" if r.column_name else ""),
+             "status": r.status.value, "launched": _when(r.launched_at), "took": _took(r),
+             "rows": _n(r.metric("rows_committed")), "error": r.error} for r in records]
+    _print_rows(rows, f"jobs in {obj.db.uri}")
+
+
+def _when(at: datetime | None) -> str | None:
+    return at.astimezone(timezone.utc).strftime("%Y-%m-%d %H:%M:%S") if at is not None else None
+
+
+def _took(r: Any) -> str | None:
+    """How long a job ran (so far, while it runs)."""
+    if r.launched_at is None:
+        return None
+    end = r.completed_at or datetime.now(timezone.utc)
+    return f"{max(0.0, (end - r.launched_at).total_seconds()):.1f}s"
+
+
+def _job_block(r: Any) -> str:
+    """One job's record, as lines: what, when, counters, then its events."""
+    target = r.table_name + (f" ({r.column_name})" if r.column_name else "")
+    lines = [f"job {r.job_id} · {r.job_type} of {target} · {r.status.value}",
+             f"  launched {_when(r.launched_at) or '-'} · completed {_when(r.completed_at) or '-'}"
+             f" · took {_took(r) or '-'}" + (f" · version {r.version}" if r.version is not None else "")]
+    if r.error:
+        lines.append(f"  error: {r.error}")
+    if r.metrics:
+        lines.append("  " + " · ".join(f"{m.name} {_n(m.n)}" for m in r.metrics))
+    lines += [f"  {event}" for event in r.events]
+    return "\n".join(lines)
+
+
+@main.command()
 @click.argument("table")
 @click.option("--column", default=None, help="Only this column.")
 @click.option("--job", "job_id", default=None, help="Only this job.")

@@ -256,3 +256,40 @@ def test_refresh_and_backfill_report_progress_and_a_first_refresh_in_words(tmp_p
     lines = [line for line in r.stderr.splitlines() if line.startswith("backfilling src.z: computing: ")]
     assert len(lines) >= 3 and lines[-1].startswith("backfilling src.z: computing: 200 of 200 rows (100%)")
     assert run(db, "refresh", "v", "--json").stderr == ""  # --json: nothing but the JSON
+
+
+def test_jobs_lists_newest_first_and_shows_one_record(catalog):
+    assert run(catalog, "refresh", "a").exit_code == 0
+    assert run(catalog, "refresh", "bad").exit_code == 1  # its UDF fails: a failed job
+    src = catalog.open_table("src")
+    src.add_columns({"y": neg})
+    r = run(catalog, "backfill", "src", "y", "--json")
+    backfill_job = json.loads(r.output)["job_id"]
+
+    listed = json.loads(run(catalog, "jobs", "--json").output)
+    assert [j["job_type"] for j in listed] == ["backfill", "refresh", "refresh"]  # newest first
+    assert listed[0]["job_id"] == backfill_job and listed[0]["status"] == "DONE"
+    assert [j["table_name"] for j in listed[1:]] == ["bad", "a"]
+    assert listed[1]["status"] == "FAILED" and "no model today" in listed[1]["error"]
+    assert {m["name"]: m["n"] for m in listed[0]["metrics"]}["rows_committed"] == 5
+
+    r = run(catalog, "jobs", "--status", "failed", "--table", "bad", "--json")
+    assert [j["table_name"] for j in json.loads(r.output)] == ["bad"]
+    r = run(catalog, "jobs", "--table", "src", "--json")
+    assert [j["job_id"] for j in json.loads(r.output)] == [backfill_job]
+
+    r = CliRunner().invoke(main, ["--db", catalog.uri, "jobs"], env={"COLUMNS": "200"}, catch_exceptions=False)
+    assert r.exit_code == 0 and backfill_job in r.output and "src.y" in r.output and "FAILED" in r.output
+
+    r = run(catalog, "jobs", backfill_job)
+    lines = r.output.splitlines()
+    assert r.exit_code == 0 and lines[0] == f"job {backfill_job} · backfill of src (y) · DONE"
+    assert lines[2].startswith("  rows_committed 5 · rows 5 · udf_rows_computed 5 · errors 0")
+    assert lines[-1].endswith("Job completed with status DONE") and "committed version" in lines[-2]
+    record = json.loads(run(catalog, "jobs", backfill_job, "--json").output)
+    assert record["config"] == {"columns": ["y"]} and record["output_columns"] == ["y"]
+
+    r = run(catalog, "jobs", "no-such-job")
+    assert r.exit_code == 2 and "Job no-such-job not found" in r.output
+    r = run(catalog, "jobs", "--table", "nope")
+    assert r.exit_code == 2 and "no table or view named 'nope'" in r.output

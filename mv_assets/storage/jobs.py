@@ -24,7 +24,7 @@ import datetime as dt
 import enum
 import json
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any
 
 from mv_assets.storage import objects
@@ -103,6 +103,22 @@ class JobRecord:
     def metric(self, name: str, default: Any = None) -> Any:
         """Counter ``name``'s ``n`` (``default`` where the job has none of that name)."""
         return next((m.n for m in self.metrics if m.name == name), default)
+
+    def to_dict(self) -> dict[str, Any]:
+        """The record as JSON-ready values (times in ISO 8601, ``config`` parsed)."""
+        out: dict[str, Any] = {}
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if isinstance(value, dt.datetime):
+                value = value.isoformat()
+            elif f.name == "metrics":
+                value = [asdict(m) for m in value]
+            elif f.name == "config":
+                value = json.loads(value)
+            elif isinstance(value, JobStatus):
+                value = value.value
+            out[f.name] = value
+        return out
 
 
 def _stamp(at: dt.datetime | None) -> str:
