@@ -107,6 +107,15 @@ def test_a_bad_thread_count_is_refused_before_spark_starts(monkeypatch, bad):
     assert SparkRunner(master="local[2]", task_threads=4).parallelism() == 8
 
 
+@pytest.mark.parametrize("bad", [2.7, 0, True, "3x"])
+def test_a_bad_task_threads_argument_is_refused_not_rounded(bad):
+    runner = SparkRunner(master="local[2]", task_threads=bad)
+    with pytest.raises(ValueError, match="task_threads"):
+        runner.parallelism()
+    assert not runner.started
+    assert SparkRunner(master="local[2]", task_threads=3.0).parallelism() == 6  # a whole float is a count
+
+
 _CONNECT_CLIENT = """
 import json, sys
 from mv_assets.execution.spark import SparkRunner

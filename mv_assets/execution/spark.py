@@ -586,7 +586,7 @@ class SparkRunner:
             n = int(raw)
         except (TypeError, ValueError):
             n = 0
-        if n < 1 or isinstance(raw, bool):
+        if n < 1 or isinstance(raw, bool) or (isinstance(raw, float) and raw != n):  # 2.7 is no count of threads
             raise ValueError(f"task_threads / MV_ASSETS_SPARK_TASK_THREADS must be a whole number >= 1, got {raw!r}")
         return n
 
