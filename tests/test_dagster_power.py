@@ -346,3 +346,23 @@ def test_resource_hints_read_in_the_columns_description_and_the_cli_plan(tmp_pat
     # a view without hints says nothing of them
     plain = db.create_materialized_view("p", src.search(None).select({"id": "id"}))
     assert plain.resource_request() is None
+
+
+def test_a_udf_reading_a_struct_field_is_described_by_the_field(tmp_path):
+    """Geneva's dot notation (``input_columns=["info.vals"]``): the descriptions name the field
+    the UDF reads; lineage (column to column) is the struct column."""
+    info = pa.struct([("vals", pa.list_(pa.int64())), ("tag", pa.string())])
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    src = db.create_table("src", pa.table({"id": [1, 2], "info": pa.array([{"vals": [1], "tag": "a"}, None], info)}))
+
+    @mv.udf(data_type=pa.int64(), input_columns=["info.vals"])
+    def total(vals: list | None) -> int | None:
+        return sum(vals or [])
+
+    db.create_materialized_view("v", src.search(None).select({"id": "id", "total": total}))
+    src.add_columns({"first": mv.udf(data_type=pa.int64(), input_columns=["info.vals"])(lambda vals: (vals or [0])[0])})
+    defs = _defs(db)
+    assert _columns(defs, K(["v"]))["total"][1] == (
+        f"UDF `total`(info.vals) -> int64; code fingerprint {total.fingerprint}.")
+    assert _columns(defs, K(["src"]))["first"][1].startswith("Computed column: UDF `<lambda>`(info.vals) -> int64")
+    assert _lineage(defs, "v")["total"] == {("src", "info")}

@@ -159,7 +159,7 @@ def _resources_text(spec: dict) -> str:
 
 
 def _udf_text(udf: dict, field: str | None = None) -> str:
-    inputs = ", ".join(udf.get("input_columns") or ["<all columns>"])
+    inputs = ", ".join(udf.get("input_paths") or udf.get("input_columns") or ["<all columns>"])  # (info.vals: a field)
     part = f", field `{field}` of its result" if field else ""
     return (f"UDF `{udf['name']}`({inputs}) -> {udf['data_type']}{part}; code fingerprint {udf['fingerprint']}"
             f"{_resources_text(udf)}")
@@ -502,7 +502,7 @@ def _join_text(info: TableInfo) -> str:
 
 def _udf_description(owner: str, col: dict) -> str:
     u = col["udf"]
-    inputs = ", ".join(u.get("input_columns") or ["<all columns>"])
+    inputs = ", ".join(u.get("input_paths") or u.get("input_columns") or ["<all columns>"])
     hints = _resources_text(u)
     return (f"UDF column {col['name']} of {owner}: {u['name']}({inputs}) -> {u['data_type']}. Code fingerprint "
             f"{u['fingerprint']}{'. It a' + hints[3:] if hints else ''}.")
