@@ -19,6 +19,7 @@ from mv_assets.api.query import Query
 from mv_assets.api.search import SearchQuery
 from mv_assets.execution.resources import ResourceRequest, request_of_definition
 from mv_assets.execution.spark import InlineRunner, as_runner
+from mv_assets.model.blobs import logical_schema
 from mv_assets.model.compaction import (
     COMPACTION_CONFIG_KEY,
     DAGSTER_PARTITION_LIMIT,
@@ -134,7 +135,9 @@ def _too_wide(items: Any, exc: OverflowError) -> ValueError:
 
 
 def to_arrow_table(data: Any, schema: pa.Schema | None = None) -> pa.Table:
-    """Accept a pyarrow Table / RecordBatch / reader or a list of dicts."""
+    """Accept a pyarrow Table / RecordBatch / reader or a list of dicts (a
+    blob column's values are its bytes: Lance's writer stores them as blobs)."""
+    schema = logical_schema(schema) if schema is not None else None
     if isinstance(data, pa.Table):
         table = data
     elif isinstance(data, pa.RecordBatch):

@@ -26,7 +26,7 @@ import numpy as np
 import pyarrow as pa
 from lance.fragment import DataFile, FragmentMetadata
 
-from mv_assets.execution import progress
+from mv_assets.execution import blobs, progress
 from mv_assets.execution.pipeline import prefetched
 from mv_assets.execution.tasks import (
     OVERLAP_BATCH_BYTES,
@@ -155,7 +155,7 @@ def read_rows(ds: lance.LanceDataset, columns: list[str] | dict, batch_rows: pa.
             fragment = ds.get_fragment(int(fid))
             parts.append(ds.scanner(
                 columns=columns if isinstance(columns, dict) else list(columns), with_row_id=True,
-                filter=f"_rowaddr >= {lo} AND _rowaddr <= {hi}", fragments=[fragment],
+                filter=f"_rowaddr >= {lo} AND _rowaddr <= {hi}", fragments=[fragment], blob_handling=blobs.BYTES,
             ).to_table())
         else:
             scattered.append(batch_rows.column(_IN_ID).filter(pa.array(sel)))
@@ -368,7 +368,7 @@ def _table_input_batches(ds: lance.LanceDataset, task: dict, job: dict, specs: l
             raise RuntimeError(f"fragment {fid} of {ds.uri} disappeared while backfilling")
         scanner = fragment.scanner(
             columns=with_filter_columns(projection, job["predicate"]), filter=job["predicate"], with_row_id=True,
-            with_row_address=True, batch_size=8192,
+            with_row_address=True, batch_size=8192, blob_handling=blobs.BYTES,
         )
         yield int(fid), inputs, scanner.to_batches(), functools.partial(input_identity, computed_inputs=computed_inputs)
 

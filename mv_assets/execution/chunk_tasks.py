@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 import pyarrow as pa
 
-from mv_assets.execution import progress
+from mv_assets.execution import blobs, progress
 from mv_assets.model.chunk_view import child_index, inherited_columns, input_digests
 from mv_assets.model.definition import ViewDefinition, quote_ident, stored_columns
 from mv_assets.model.errors import UdfError
@@ -84,7 +84,7 @@ def chunk_batches(
         projection[input_alias(col)] = quote_ident(col)
     projection[_ROW_VERSION] = "_row_last_updated_at_version"
     scanner = scanner_source.scanner(columns=with_filter_columns(projection, predicate), filter=predicate,
-                                     with_row_id=True, batch_size=batch_size)
+                                     with_row_id=True, batch_size=batch_size, blob_handling=blobs.BYTES)
     old = _old_children(view_uri, view_version, reuse_rows, schema)
     kept = _kept_computed(schema, outputs)
     # A copied child is a new row of the refresh's commit, which lands at the next

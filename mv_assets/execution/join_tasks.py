@@ -23,7 +23,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mv_assets.execution import progress
+from mv_assets.execution import blobs, progress
 from mv_assets.model.definition import ColumnSpec, ViewDefinition, computed_marker, sql_literal
 from mv_assets.model.join_view import Join, joined_row_id, row_id_column, staged_name
 from mv_assets.model.names import JOINED_ROW_ID_PREFIX, SOURCE_ROW_ID, SOURCE_ROW_VERSION
@@ -94,18 +94,19 @@ def read_first(ds: lance.LanceDataset, columns: list[str], *, fragments: list[in
             table = taken.rename_columns([staged_name(0, c) for c in columns] + ["_rowid"])
             table = table.append_column(SOURCE_ROW_VERSION, _versions(ds, _id_array(table, "_rowid"), known))
         else:
-            table = ds.scanner(columns=projection, with_row_id=True, limit=0).to_table()
+            table = ds.scanner(columns=projection, with_row_id=True, limit=0, blob_handling=blobs.BYTES).to_table()
     elif part is not None:
         fragment = ds.get_fragment(int(part[0]))
         if fragment is None:
             raise RuntimeError(f"fragment {part[0]} does not exist at version {ds.version} of {ds.uri}")
         table = fragment.scanner(columns=projection, with_row_id=True, offset=int(part[1]),
-                                 limit=int(part[2])).to_table()
+                                 limit=int(part[2]), blob_handling=blobs.BYTES).to_table()
     else:
         frags = None if fragments is None else [ds.get_fragment(int(f)) for f in fragments]
         if frags is not None and any(f is None for f in frags):
             raise RuntimeError(f"a fragment of {fragments} does not exist at version {ds.version} of {ds.uri}")
-        table = ds.scanner(columns=projection, with_row_id=True, fragments=frags, scan_in_order=True).to_table()
+        table = ds.scanner(columns=projection, with_row_id=True, fragments=frags, scan_in_order=True,
+                           blob_handling=blobs.BYTES).to_table()
     table = table.rename_columns([SOURCE_ROW_ID if n == "_rowid" else n for n in table.column_names])
     return table.set_column(table.schema.get_field_index(SOURCE_ROW_ID), SOURCE_ROW_ID,
                             table.column(SOURCE_ROW_ID).cast(pa.int64())).set_column(
@@ -135,7 +136,7 @@ def _read_joined(ds: lance.LanceDataset, i: int, columns: list[str], keys: list[
     """Source ``i``'s rows (staged columns and row id) that can match the left
     side's key values: through an ``IN`` filter when the keys are few, else all."""
     projection = {staged_name(i, c): f"`{c}`" for c in columns}
-    table = ds.to_table(columns=projection, filter=key_filter(keys, left_values), with_row_id=True)
+    table = ds.to_table(columns=projection, filter=key_filter(keys, left_values), with_row_id=True, blob_handling=blobs.BYTES)
     return table.rename_columns([joined_row_id(i) if n == "_rowid" else n for n in table.column_names])
 
 

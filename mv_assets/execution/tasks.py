@@ -21,7 +21,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mv_assets.execution import progress
+from mv_assets.execution import blobs, progress
 from mv_assets.execution.agg_tasks import agg_batches
 from mv_assets.execution.chunk_tasks import chunk_batches
 from mv_assets.execution.join_tasks import join_batches
@@ -29,6 +29,7 @@ from mv_assets.execution.pipeline import prefetched, write_behind
 from mv_assets.execution.stages import StageClock
 from mv_assets.execution.stages import clock as stage_clock
 from mv_assets.execution.udtf_tasks import udtf_batches
+from mv_assets.model.blobs import logical_schema
 from mv_assets.model.definition import (
     SOURCE_MARKER_PREFIX,
     SOURCE_ROW_ID,
@@ -204,6 +205,7 @@ def _compute_batches(
         filter=predicate,
         with_row_id=True,
         batch_size=batch_size,
+        blob_handling=blobs.BYTES,  # a blob column's bytes, not Lance's descriptors
     )
     specs = [c for c in definition.udf_columns if c.name in schema.names]
     store = _row_store(batch_checkpoint_dir, specs, batch_resume, checkpoint_seconds)
@@ -651,7 +653,7 @@ def _merge_with_view(spec: TaskSpec, view_schema: pa.Schema, batches: list[pa.Re
     ids = keys.to_pylist()
     for start in range(0, len(ids), 50_000):
         chunk = ", ".join(str(i) for i in ids[start : start + 50_000])
-        parts.append(view.to_table(columns=keep, filter=f"{SOURCE_ROW_ID} IN ({chunk})"))
+        parts.append(view.to_table(columns=keep, filter=f"{SOURCE_ROW_ID} IN ({chunk})", blob_handling=blobs.BYTES))
     old = pa.concat_tables(parts)
     # Match by key with a positional take, not an Arrow join: joins cannot carry
     # list, struct or other nested non-key columns (embeddings).
@@ -779,7 +781,8 @@ def _run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
     set_up, cpu = UDF.setup_seconds_here(), (time.process_time() if clock is not None else 0.0)
     definition = decode_definition(definition_raw)
     ds = objects.dataset(spec.src_uri, version=spec.src_version)
-    view_schema = objects.dataset(spec.view_uri, version=spec.view_version).schema
+    # (a blob column as its bytes, large_binary marked for blob encoding: Lance's writer stores it as a blob)
+    view_schema = logical_schema(objects.dataset(spec.view_uri, version=spec.view_version).schema)
     udf_rows: dict[str, int] = {c.name: 0 for c in definition.udf_columns}
     errors: list[dict] = []
     resumed: dict[str, int] = {}

@@ -11,6 +11,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
+from mv_assets.execution import blobs
 from mv_assets.model.definition import ViewDefinition
 from mv_assets.model.errors import UdfError
 from mv_assets.model.names import PARTITION, SOURCE_ROW_ID
@@ -35,7 +36,7 @@ def udtf_batches(ds: lance.LanceDataset, definition: ViewDefinition, schema: pa.
     column = f.partition_by
     dtype = ds.schema.field(column).type if column is not None else None
     predicate = _and(partition_predicate(column, dtype, keys), definition.filter)
-    rows = ds.to_table(columns=list(f.input_columns), filter=predicate, with_row_id=True)
+    rows = ds.to_table(columns=list(f.input_columns), filter=predicate, with_row_id=True, blob_handling=blobs.BYTES)
     groups = group_partitions(rows.column(column) if column is not None else None, rows.num_rows)
     # one take puts every partition's rows together (in scan order within each); then zero-copy slices
     present = [k for k in keys if k in groups]  # (the planner saw rows in each: it never plans an empty partition)

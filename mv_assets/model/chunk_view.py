@@ -76,7 +76,7 @@ def chunk_view_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.
         pa.field(SOURCE_ROW_ID, pa.int64(), nullable=False),
         pa.field(SOURCE_ROW_VERSION, pa.int64(), nullable=False),
         pa.field(CHUNK_INDEX, pa.int32(), nullable=False),
-        *(pa.field(n, projected.field(n).type, nullable=True) for n in inherited),
+        *(projected.field(n).with_nullable(True) for n in inherited),  # (a blob column's marking kept)
         *(f.with_nullable(True) for f in out),
         pa.field(CHUNK_INPUTS, pa.string(), nullable=False),
     ]

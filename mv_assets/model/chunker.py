@@ -42,6 +42,7 @@ import cloudpickle
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mv_assets.model.blobs import logical_type
 from mv_assets.model.compat import NO_MANIFEST, warn_ignored
 from mv_assets.model.errors import UdfError
 from mv_assets.model.names import SOURCE_ROW_ID, is_reserved_name
@@ -50,6 +51,7 @@ from mv_assets.model.udf import (
     UDF,
     OnError,
     RowError,
+    _adapter,
     _code_identity,
     _compatible,
     _signature,
@@ -341,7 +343,7 @@ class Chunker(_TableFunction):
                     f"{label!r} does not have (columns: {schema.names})"
                 )
             ann = self.param_annotations.get(param)
-            col_type = schema.field(col).type
+            col_type = logical_type(schema.field(col))  # (a blob column's values are its bytes)
             if not self.batch and ann is not None and not _compatible(ann, col_type):
                 raise ValueError(
                     f"chunker {self.name!r} parameter {param!r} expects {getattr(ann, '__name__', ann)} "
@@ -427,6 +429,10 @@ class Chunker(_TableFunction):
         fn = self._target()
         n = batch.num_rows
         cols = [batch.column(c).to_pylist() for c in self.input_columns]
+        adapters = [_adapter(self.param_annotations.get(p)) for p in self.param_names]
+        if any(adapters):  # (a blob's bytes as a file object where the parameter says BlobFile)
+            cols = [[a(v) if v is not None else v for v in col] if a else col
+                    for col, a in zip(cols, adapters, strict=True)]
         width = len(self._output_schema)
         rows: list[tuple] = []
         parent: list[int] = []

@@ -15,6 +15,7 @@ from typing import Any
 import lance
 import pyarrow as pa
 
+from mv_assets.model.blobs import BLOB_METADATA, blob_names
 from mv_assets.model.chunker import from_spec as function_from_spec
 from mv_assets.model.names import (
     COMPUTED_PREFIX,
@@ -372,7 +373,7 @@ def output_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sche
             fields.append(udf_field(c))
         else:
             f = projected.field(c.name)
-            fields.append(pa.field(c.name, f.type, nullable=True))
+            fields.append(pa.field(c.name, f.type, nullable=True, metadata=f.metadata))  # (a blob's marking)
     for c in definition.columns:
         if c.kind == "udf":
             fields.append(pa.field(computed_marker(c.name), pa.string(), nullable=True))
@@ -405,12 +406,20 @@ def udf_field(c: ColumnSpec) -> pa.Field:
 
 
 def check_sql(ds: lance.LanceDataset, *, filter: str | None = None, columns: dict[str, str] | None = None) -> pa.Schema:
-    """Plan (without running) a scan so bad SQL fails here; return its schema."""
+    """Plan (without running) a scan so bad SQL fails here; return its schema
+    (a blob column as its bytes; a column copying one marked for blob encoding,
+    so the copy is stored as a blob too: model.blobs)."""
     if columns:  # a real column keeps Lance from refusing literal-only projections
         columns = {**columns, Alias.PROBE: quote_ident(ds.schema.names[0])}
-    scanner = ds.scanner(columns=columns or None, filter=filter)
+    scanner = ds.scanner(columns=columns or None, filter=filter, blob_handling="all_binary")
     scanner.explain_plan()
-    return scanner.projected_schema
+    schema = scanner.projected_schema
+    blobs = set(blob_names(ds.schema))
+    if blobs:
+        named = columns or {n: quote_ident(n) for n in ds.schema.names}
+        schema = pa.schema([f.with_metadata({**(f.metadata or {}), **BLOB_METADATA})
+                            if named.get(f.name, "").strip("`") in blobs else f for f in schema], schema.metadata)
+    return schema
 
 
 _RUST_LOCATION = re.compile(r",?\s*(?:/[^\s,]*)?/?[\w./-]*\.rs:\d+:\d+")

@@ -95,6 +95,7 @@ from typing import Any, Callable
 import cloudpickle
 import pyarrow as pa
 
+from mv_assets.model.blobs import logical_type
 from mv_assets.model.compat import NO_MANIFEST, warn_ignored
 from mv_assets.model.errors import UdfError
 from mv_assets.model.idle import keep_seconds
@@ -448,7 +449,7 @@ def nested_type(schema: pa.Schema, path: str) -> pa.DataType | None:
     """The type of ``path`` in ``schema``: a column's name, or a field of a
     struct column in dot notation (``"info.vals"``, Geneva's); None if none."""
     if path in schema.names:
-        return schema.field(path).type
+        return logical_type(schema.field(path))  # (a blob column's values are its bytes)
     head, _, rest = path.partition(".")
     if not rest or head not in schema.names:
         return None
@@ -475,6 +476,22 @@ def _as_array(value: Any) -> Any:
     import numpy as np
 
     return np.asarray(value)
+
+
+# How a column's value becomes a scalar parameter annotated with a class of
+# another layer, by the class's "module.qualname": ``lance.blob.BlobFile``
+# (Geneva passes a blob column's values as file objects) is registered by
+# mv_assets.execution.blobs, which owns Lance; this module stays free of it.
+PARAM_ADAPTERS: dict[str, Callable[[Any], Any]] = {}
+
+
+def _adapter(annotation: Any) -> Callable[[Any], Any] | None:
+    """The registered adapter of a parameter annotated ``annotation`` (or ``X | None``), if any."""
+    for a in (annotation, *typing.get_args(annotation)):
+        key = f"{getattr(a, '__module__', '')}.{getattr(a, '__qualname__', '')}"
+        if key in PARAM_ADAPTERS:
+            return PARAM_ADAPTERS[key]
+    return None
 
 
 def _wants_ndarray(annotation: Any) -> bool:
@@ -823,6 +840,10 @@ class UDF:
         if self.kind == SCALAR:
             cols = [input_values(batch, c).to_pylist() for c in self.input_paths]
             arrays = [_wants_ndarray(self.param_annotations.get(p)) for p in self.param_names]
+            adapters = [_adapter(self.param_annotations.get(p)) for p in self.param_names]
+            if any(adapters):  # (a blob's bytes as a file object where the parameter says BlobFile)
+                cols = [[a(v) if v is not None else v for v in col] if a else col
+                        for col, a in zip(cols, adapters, strict=True)]
             values: list[Any] = []
             computed = 0
             retrying = policy.may_retry

@@ -337,9 +337,10 @@ def _values_match_source(view: ViewRef, src, state, version: int) -> CheckOutcom
                             "no view row was written outside a refresh (values not compared: the view was refreshed "
                             "partition by partition since its last whole refresh)", meta)
     projection = view.definition.projection
-    held = ds.to_table(columns=[SOURCE_ROW_ID, SOURCE_ROW_VERSION, *projection])
+    # (blob columns compared by their bytes: the descriptors say where each copy's bytes are)
+    held = ds.to_table(columns=[SOURCE_ROW_ID, SOURCE_ROW_VERSION, *projection], blob_handling="all_binary")
     source = src.to_table(
-        columns={"__v": "_row_last_updated_at_version", **projection}, with_row_id=True
+        columns={"__v": "_row_last_updated_at_version", **projection}, with_row_id=True, blob_handling="all_binary"
     )
     pos = positions(_ids(held, SOURCE_ROW_ID), _ids(source, "_rowid"))
     found = pos >= 0

@@ -22,6 +22,7 @@ import pyarrow.compute as pc
 import pyarrow.dataset as pads
 
 from mv_assets.execution.spark import InlineRunner
+from mv_assets.model.blobs import is_blob_field
 from mv_assets.model.definition import (
     COLUMNS_METADATA_KEY,
     SOURCE_MARKER_PREFIX,
@@ -123,6 +124,13 @@ def parse_transforms(transforms: Any, input_schema: pa.Schema, input_ds: lance.L
         seen.add(c.name)
         if is_reserved_name(c.name):
             raise ValueError(f"column name {c.name!r} is reserved (names starting with '__' and Lance's row columns)")
+        if c.kind == "udf" and is_blob_field(udf_field(c)):
+            raise ValueError(
+                f"column {c.name!r}: UDF {c.the_udf.name!r} returns a blob column (field_metadata "
+                "lance-encoding:blob), which cannot be added to rows already written: Lance stores blob data "
+                "only with whole rows (pylance's own add_columns fails on it). Compute it in a materialized "
+                "view's select(), whose rows are written whole, or leave out the blob field_metadata to keep "
+                "the bytes in the column itself")
     return specs
 
 

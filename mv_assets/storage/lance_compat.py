@@ -10,6 +10,8 @@ import pyarrow as pa
 from lance.commit import CommitConflictError  # a concurrent writer won (``.retryable``)
 from lance.fragment import Bitmap  # pyright: ignore[reportPrivateImportUsage]
 
+from mv_assets.model.blobs import blob_names
+
 __all__ = ["CommitConflictError", "take_rows", "roaring_bitmap_bytes", "delete_offsets", "field_ids",
            "with_filter_columns"]
 
@@ -18,8 +20,23 @@ _ROW_VERSION_COLUMNS = ("_row_created_at_version", "_row_last_updated_at_version
 
 def take_rows(ds: lance.LanceDataset, row_ids: "list[int] | pa.Array", columns) -> pa.Table:
     """Rows by Lance row id (stable ids; addresses for datasets without them),
-    in the order given. pylance offers this only as ``_take_rows``."""
-    return ds._take_rows(row_ids, columns=columns)
+    in the order given. pylance offers this only as ``_take_rows``, which
+    returns a blob column's descriptors (where its bytes are): a blob column
+    (named as itself or as a quoted identifier) comes as its bytes, read with
+    ``take_blobs``, as the scans of tasks read it (``blob_handling``)."""
+    table = ds._take_rows(row_ids, columns=columns)
+    blobs = set(blob_names(ds.schema))
+    if not blobs:
+        return table
+    named = dict(columns) if isinstance(columns, dict) else {c: f"`{c}`" for c in columns or ds.schema.names}
+    ids = list(row_ids) if isinstance(row_ids, list) else row_ids.to_pylist()
+    for i, name in enumerate(table.column_names):
+        source = named.get(name, "").strip("`")
+        if source in blobs:
+            files = ds.take_blobs(source, ids=ids)
+            values = pa.array([None if f is None else f.readall() for f in files], pa.large_binary())
+            table = table.set_column(i, pa.field(name, pa.large_binary()), values)
+    return table
 
 
 def roaring_bitmap_bytes(offsets: list[int]) -> bytes:

@@ -1,0 +1,178 @@
+"""Lance blob columns (``large_binary`` with ``lance-encoding:blob``: videos, images stored out of
+line) read by UDFs and chunkers and written by a view's UDF, as Geneva's blobs page
+(docs/geneva/udfs/blobs.mdx) describes them: a scalar parameter annotated ``BlobFile`` gets a file
+object, one annotated ``bytes`` (or a batch UDF) the bytes; a UDF declared with the blob
+``field_metadata`` writes a blob column that Lance's ``take_blobs`` reads back.
+
+Before, a UDF got Lance's descriptor dicts (``{'kind', 'position', 'size', ...}``) instead of the
+bytes, a view's blob UDF column failed its refresh with a cast error, and a table's blob computed
+column was committed unreadable (every later scan of it failed). The oracle is plain Python over
+the bytes the test wrote, at each step of a history with appends, updates and deletes.
+"""
+
+import typing
+
+import lance
+import pyarrow as pa
+import pytest
+from lance.blob import BlobFile
+
+import mv_assets as mv
+from mv_assets import udf
+
+BLOB = {"lance-encoding:blob": "true"}
+SCHEMA = pa.schema([pa.field("id", pa.int64()), pa.field("text", pa.string()), pa.field("mult", pa.int64()),
+                    pa.field("video", pa.large_binary(), metadata=BLOB)])
+
+
+def _rows(ids, salt: str = "") -> pa.Table:
+    videos = [None if i % 5 == 4 else (f"v{i}{salt}-" * (i % 7)).encode() for i in ids]
+    return pa.table({"id": list(ids), "text": [f"t{i}" for i in ids], "mult": [i % 3 + 1 for i in ids],
+                     "video": videos}, schema=SCHEMA)
+
+
+def _source(db, name="videos"):
+    t = db.create_table(name, _rows(range(0, 12)), primary_key="id")
+    t.add(_rows(range(12, 20)))  # two fragments
+    return t
+
+
+def _videos(table) -> dict[int, bytes | None]:
+    """id -> the bytes of its video, read with Lance's own blob API (the oracle's input)."""
+    ds = lance.dataset(table.uri) if hasattr(table, "uri") else table
+    t = ds.to_table(columns=["id"], with_row_id=True)
+    ids = t.column("_rowid").to_pylist()
+    files = ds.take_blobs("video", ids=ids)
+    return {i: (None if f is None else f.readall()) for i, f in zip(t.column("id").to_pylist(), files, strict=True)}
+
+
+# Geneva's blobs page, as written (the body's "do something interesting" is the length)
+@udf
+def work_on_udf(blob: BlobFile) -> int:
+    assert isinstance(blob, BlobFile)
+    data = blob.read()
+    # do something intresting.
+
+    return len(data)
+
+
+@udf(data_type=pa.large_binary(), field_metadata={"lance-encoding:blob": "true"})
+def generate_blob(text: str, multiplier: int) -> bytes:
+    """UDF that generates blob data by repeating text."""
+    return (text * multiplier).encode("utf-8")
+
+
+@udf(input_columns=["video"])
+def head(video: bytes) -> str:
+    return video[:3].decode()
+
+
+@udf(data_type=pa.int64(), input_columns=["video"])
+def sizes(video: pa.Array) -> pa.Array:
+    return pa.array([None if v is None else len(v) for v in video.to_pylist()], pa.int64())
+
+
+@udf(input_columns=["video"])
+def seek_tail(video: BlobFile) -> str:
+    video.seek(-2, 2)  # file semantics: from the end
+    return video.read().decode()
+
+
+def _changes(src):
+    yield lambda: None
+    yield lambda: src.add(_rows(range(20, 26)))
+    yield lambda: src.update(where="id = 3", values={"text": "changed"})  # no video change
+    yield lambda: src.merge_insert(_rows([5, 6], salt="new"))  # (by the primary key: new videos)
+    yield lambda: src.delete("id < 2")
+
+
+def test_a_view_reads_blob_columns_as_files_and_bytes_and_writes_blobs(db):
+    src = _source(db)
+    view = db.create_materialized_view("v", src.search(None).select({
+        "id": "id", "video": "video", "n": work_on_udf.with_inputs(["video"]), "head": head, "size": sizes,
+        "tail": seek_tail, "made": generate_blob.with_inputs(["text", "mult"]),
+    }))
+    for change in _changes(src):
+        change()
+        view.refresh()
+        want = _videos(src)
+        got = {r["id"]: r for r in view.search(None).select(["id", "n", "head", "size", "tail"]).to_list()}
+        assert set(got) == set(want)
+        for i, video in want.items():
+            row = got[i]
+            assert (row["n"], row["size"]) == ((None, None) if video is None else (len(video), len(video))), i
+            assert row["head"] == (None if video is None else video[:3].decode()), i
+            assert row["tail"] == (None if video is None else video[-2:].decode()), i
+        # the view's blob columns: its copy of the source's, and the one its UDF wrote
+        assert _videos(view) == want
+        ds = lance.dataset(view.uri)
+        t = ds.to_table(columns=["id"], with_row_id=True)
+        made = ds.take_blobs("made", ids=t.column("_rowid").to_pylist())
+        source = {r["id"]: r for r in src.search(None).select(["id", "text", "mult"]).to_list()}
+        assert {i: f.readall() for i, f in zip(t.column("id").to_pylist(), made, strict=True)} == {
+            i: (r["text"] * r["mult"]).encode() for i, r in source.items()}
+    assert all(o.passed for o in view.check("full")), [o for o in view.check("full") if not o.passed]
+
+
+def test_a_table_column_reads_a_blob_column(db):
+    src = _source(db)
+    src.add_columns({"n": work_on_udf.with_inputs(["video"]), "size": sizes})
+    for change in _changes(src):
+        change()
+        src.backfill("n")
+        src.backfill("size")
+        want = _videos(src)
+        got = {r["id"]: (r["n"], r["size"]) for r in src.search(None).select(["id", "n", "size"]).to_list()}
+        assert got == {i: (None, None) if v is None else (len(v), len(v)) for i, v in want.items()}
+
+
+class Clip(typing.NamedTuple):
+    index: int
+    clip: bytes
+
+
+@mv.chunker
+def clips(video: bytes | None) -> typing.Iterator[Clip]:
+    for i in range(0, len(video or b""), 4):
+        yield Clip(i // 4, video[i:i + 4])
+
+
+def test_a_chunker_reads_a_blob_column(db):
+    src = _source(db)
+    view = db.create_udtf_view("clips", source=src.search(None).select(["id", "video"]), udtf=clips)
+    for change in _changes(src):
+        change()
+        view.refresh()
+        got = sorted((r["id"], r["index"], r["clip"]) for r in view.search(None).select(["id", "index", "clip"])
+                     .to_list())
+        want = sorted((i, k // 4, v[k:k + 4]) for i, v in _videos(src).items() if v for k in range(0, len(v), 4))
+        assert got == want
+
+
+def test_a_blob_computed_column_of_a_table_is_refused_before_anything_is_written(db):
+    src = _source(db)
+    version, schema = src.version, src.schema
+    with pytest.raises(ValueError, match="blob column.*cannot be added to rows already written"):
+        src.add_columns({"made": generate_blob.with_inputs(["text", "mult"])})
+    assert (src.version, src.schema) == (version, schema)
+    view = db.create_materialized_view("v", src.search(None).select(["id", "text", "mult"]))
+    view.refresh()
+    with pytest.raises(ValueError, match="materialized view's select"):
+        view.add_columns({"made": generate_blob.with_inputs(["text", "mult"])})
+    assert lance.dataset(src.uri).to_table(columns=["video"], blob_handling="all_binary").num_rows == 20
+
+
+def test_spark_tasks_read_and_write_blobs(spark_db):
+    src = _source(spark_db)
+    view = spark_db.create_materialized_view("v", src.search(None).select({
+        "id": "id", "n": work_on_udf.with_inputs(["video"]), "made": generate_blob.with_inputs(["text", "mult"])}))
+    view.refresh()
+    src.add(_rows(range(20, 24)))
+    view.refresh()
+    want = _videos(src)
+    got = {r["id"]: r["n"] for r in view.search(None).select(["id", "n"]).to_list()}
+    assert got == {i: None if v is None else len(v) for i, v in want.items()}
+    ds = lance.dataset(view.uri)
+    t = ds.to_table(columns=["id"], with_row_id=True)
+    made = ds.take_blobs("made", ids=t.column("_rowid").to_pylist())
+    assert sorted(len(f.readall()) for f in made) == sorted(len(f"t{i}") * (i % 3 + 1) for i in range(24))
