@@ -67,6 +67,9 @@ def test_create_from_schema_and_open_drop(db):
     db.drop_table("e")
     with pytest.raises(TableNotFoundError):
         db.open_table("e")
+    with pytest.raises(TableNotFoundError):
+        db.drop_table("e")
+    db.drop_table("e", ignore_missing=True)  # as lancedb's (Geneva passes it through)
 
 
 def test_add_validation(db):

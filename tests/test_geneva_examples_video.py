@@ -19,7 +19,7 @@ The programs are lancedb/geneva-examples'
   ``CliRunner`` over a catalog holding the ``videos`` table and the ``video_clips`` view the chunk
   example made (with a ``caption`` column backfilled onto the view, as ``frame-caption`` does).
   Dropping ``videos`` while the view is defined over it is refused here (Geneva drops it): those
-  two runs are strict xfails.
+  two runs check the refusal and that the views dropped first let it through.
 
 Each is copied as written with ``import geneva`` -> ``import mv_assets as geneva``. PyAV and
 PIL are stand-in modules of the same calls (``av.open`` with ``streams.video[0]``, ``seek``,
@@ -1823,16 +1823,17 @@ def test_delete_table_cli_picks_confirms_and_drops_the_view_then_the_table(clips
     assert code == 0 and out.splitlines()[1:] == ["  (no tables)"]
 
 
-@pytest.mark.xfail(strict=True, raises=ValueError, reason=(
-    "mv_assets' drop_table refuses a table that views are defined over (\"cannot drop 'videos': views "
-    "['video_clips'] are defined over it; drop them first\", asserted in tests/test_catalog.py); Geneva's "
-    "drop_table drops it whatever reads it, so `delete-table videos -y` prints 'dropped videos' there and "
-    "stops with this ValueError here"))
-def test_delete_table_cli_drops_the_source_of_a_view(clips_catalog):
+def test_delete_table_cli_is_refused_the_source_of_a_view_until_the_view_is_gone(clips_catalog):
+    """Geneva drops a view's source; mv_assets refuses (docs/geneva.md, ``drop_table``): the CLI
+    stops with the refusal, nothing is dropped, and dropping the view first lets it through."""
     c = clips_catalog
-    code, out = _invoke(delete_app, ["videos", "-y", "--config", c.config])
-    assert code == 0 and out.splitlines()[-1] == "dropped videos"
-    assert c.conn.table_names() == ["video_clips"]
+    with pytest.raises(ValueError, match=r"cannot drop 'videos': views \['video_clips'\] are defined over it"):
+        _invoke(delete_app, ["videos", "-y", "--config", c.config])
+    assert sorted(c.conn.table_names()) == ["video_clips", "videos"]
+    for name in ("video_clips", "videos"):
+        code, out = _invoke(delete_app, [name, "-y", "--config", c.config])
+        assert code == 0 and out.splitlines()[-1] == f"dropped {name}"
+    assert c.conn.table_names() == []
 
 
 # -- geneva_examples/ops/cleanup.py, as written: the same drop, in the order the example lists ------
@@ -1895,15 +1896,16 @@ def cleanup_run(
     logger.info("cleanup_ok")
 
 
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "cleanup drops 'videos' before 'video_clips'; mv_assets refuses to drop a view's source (ValueError), "
-    "which the CLI takes for a missing table ('skip_missing videos'): 'videos' is left behind, where Geneva "
-    "drops both"))
-def test_cleanup_cli_drops_the_videos_table_and_the_clips_view(clips_catalog, monkeypatch, caplog):
+def test_cleanup_cli_leaves_the_view_source_then_drops_it_on_a_second_run(clips_catalog, monkeypatch, caplog):
+    """cleanup drops ``videos`` before ``video_clips``: the refusal (docs/geneva.md) is logged as
+    the CLI's skip and ``videos`` stays; run again, it goes (Geneva drops both at once)."""
     _scoped_env(monkeypatch, "RAY_ENABLE_UV_RUN_RUNTIME_ENV")
     caplog.set_level(logging.INFO)
     c = clips_catalog
     code, out = _invoke(cleanup_app, ["--config", c.config, "-y"])
-    assert code == 0 and "cleanup_ok" in caplog.messages
-    assert "dropped video_clips" in caplog.messages
+    assert code == 0 and "cleanup_ok" in caplog.messages and "dropped video_clips" in caplog.messages
+    assert c.conn.table_names() == ["videos"]
+    caplog.clear()
+    code, out = _invoke(cleanup_app, ["--config", c.config, "-y"])
+    assert code == 0 and "dropped videos" in caplog.messages
     assert c.conn.table_names() == []

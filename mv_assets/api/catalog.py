@@ -418,13 +418,17 @@ class Connection:
                 )
         return t
 
-    def drop_table(self, name: str) -> None:
+    def drop_table(self, name: str, *, ignore_missing: bool = False) -> None:
         """Drop a table or view (materialized or not). Fails while views are
-        defined over it. A dataset whose files are damaged (status UNREADABLE)
-        can be dropped: it is not opened."""
+        defined over it (Geneva and lancedb drop it, leaving the views without
+        a source). A dataset whose files are damaged (status UNREADABLE) can be
+        dropped: it is not opened. ``ignore_missing``: no error when there is
+        nothing of that name (as lancedb's)."""
         if not objects.is_dataset(self._table_uri(name)):
             if read_view_definition(self.layout, name) is not None:
                 remove_view(self.layout, name)
+                return
+            if ignore_missing and name not in self.table_names():
                 return
             self.open_table(name)  # raises: nothing of that name
         deps = self.dependents(name)

@@ -52,13 +52,13 @@ class JobStatus(enum.StrEnum):
 RUNNING, DONE, FAILED = JobStatus.RUNNING, JobStatus.DONE, JobStatus.FAILED
 
 _DESCRIPTIONS = {
-    "rows_committed": "rows the job committed",
+    "rows_committed": "rows the job committed",  # a refresh: inserted + updated + deleted
     "rows": "rows written",
     "udf_rows_computed": "rows the UDFs computed",
     "errors": "rows a UDF failed on (skipped, or failing the job)",
-    "rows_inserted": "view rows inserted",
-    "rows_updated": "view rows updated",
-    "rows_deleted": "view rows deleted",
+    "rows_inserted": "view rows inserted (a chunk view's: parents; a table-function view's: partitions)",
+    "rows_updated": "view rows updated (a chunk view's: parents; a table-function view's: partitions)",
+    "rows_deleted": "view rows deleted (a chunk view's: parents; a table-function view's: partitions)",
     "udf_errors": "rows a UDF failed on",
 }
 
