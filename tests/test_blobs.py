@@ -147,6 +147,28 @@ def test_a_chunker_reads_a_blob_column(db):
                      .to_list())
         want = sorted((i, k // 4, v[k:k + 4]) for i, v in _videos(src).items() if v for k in range(0, len(v), 4))
         assert got == want
+    assert all(o.passed for o in view.check("full")), [o for o in view.check("full") if not o.passed]
+
+
+def test_a_join_view_copies_and_reads_a_blob_column_of_a_joined_table(db):
+    src = _source(db)
+    notes = db.create_table("notes", pa.table({"nid": list(range(0, 20, 2)), "note": [f"n{i}" for i in range(0, 20, 2)]}),
+                            primary_key="nid")
+    view = db.create_materialized_view("j", notes.search(None).join(src, left_on="nid", right_on="id").select(
+        {"nid": "nid", "note": "note", "video": "videos.video", "n": (work_on_udf, ["videos.video"])}))
+    for change in (lambda: None, lambda: (src.add(_rows(range(20, 22))), notes.add(pa.table({"nid": [20], "note": ["x"]}))),
+                   lambda: src.merge_insert(_rows([2], salt="new")), lambda: src.delete("id = 4")):
+        change()
+        view.refresh()
+        want = {i: v for i, v in _videos(src).items() if i in set(notes.to_arrow().column("nid").to_pylist())}
+        assert {r["nid"]: r["n"] for r in view.search(None).select(["nid", "n"]).to_list()} == {
+            i: None if v is None else len(v) for i, v in want.items()}
+        ds = lance.dataset(view.uri)
+        t = ds.to_table(columns=["nid"], with_row_id=True)
+        files = ds.take_blobs("video", ids=t.column("_rowid").to_pylist())
+        assert {i: None if f is None else f.readall() for i, f in zip(t.column("nid").to_pylist(), files,
+                                                                        strict=True)} == want
+        assert all(o.passed for o in view.check("full")), [o for o in view.check("full") if not o.passed]
 
 
 def test_a_blob_computed_column_of_a_table_is_refused_before_anything_is_written(db):

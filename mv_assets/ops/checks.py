@@ -988,7 +988,8 @@ def _join_checks(view: ViewRef) -> list[CheckOutcome]:
     versions = state.sources or {}
     keys = [row_id_column(i) for i in range(len(join.sources))]
     plain = [c.name for c in definition.columns if c.kind != "udf"]
-    held = view.dataset().to_table(columns=keys + plain + [c.name for c in definition.udf_columns])
+    held = view.dataset().to_table(columns=keys + plain + [c.name for c in definition.udf_columns],
+                                   blob_handling="all_binary")  # (a blob column compared by its bytes)
     if not versions:
         never = "not checked: the view was never refreshed"
         return [CheckOutcome(n, held.num_rows == 0, never, {"view_rows": held.num_rows})
