@@ -198,3 +198,18 @@ def test_spark_tasks_read_and_write_blobs(spark_db):
     t = ds.to_table(columns=["id"], with_row_id=True)
     made = ds.take_blobs("made", ids=t.column("_rowid").to_pylist())
     assert sorted(len(f.readall()) for f in made) == sorted(len(f"t{i}") * (i % 3 + 1) for i in range(24))
+
+
+def test_dagster_shows_a_blob_column_as_bytes_stored_as_a_blob(db):
+    import dagster as dg
+
+    from mv_assets.dagster import MvAssetsResource, build_definitions
+
+    src = _source(db)
+    db.create_materialized_view("v", src.search(None).select({"id": "id", "video": "video", "n": work_on_udf
+                                                              .with_inputs(["video"])}))
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    for name in ("videos", "v"):
+        schema = defs.get_repository_def().asset_graph.get(dg.AssetKey([name])).metadata["dagster/column_schema"]
+        columns = {c.name: c.type for c in getattr(schema, "schema", schema).columns}
+        assert columns["video"] == "large_binary (blob)", columns

@@ -8,6 +8,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
+from mv_assets.model.blobs import is_blob_field
 from mv_assets.model.definition import (
     COLUMNS_METADATA_KEY,
     VIEW_METADATA_KEY,
@@ -50,7 +51,9 @@ class TableDescription:
 
 
 def _visible(schema: pa.Schema) -> list[tuple[str, str]]:
-    return [(f.name, str(f.type)) for f in schema if not is_internal_column(f.name)]
+    """(name, type) of the user's columns; a blob column is its bytes, stored as a blob."""
+    return [(f.name, "large_binary (blob)" if is_blob_field(f) else str(f.type))
+            for f in schema if not is_internal_column(f.name)]
 
 
 def describe_dataset(name: str, uri: str) -> TableDescription:
