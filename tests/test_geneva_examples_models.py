@@ -37,9 +37,10 @@ The helpers the examples import from ``core/`` are those of ``tests/test_geneva_
 (local mode; ``GenevaCompatWarning`` filtered). The second incremental ``frame-embed`` run is also
 made in another process, as the CLI runs it (the view's stored UDF unpickled there).
 
-All run on mv_assets unchanged. One divergence found (a strict xfail): on ``InlineRunner(threads=2)``
-the tasks' threads share one UDF instance and call it at once from its first call, so the examples'
-lazy ``if not self.is_loaded: self.setup()`` loads the model once per thread, not once per process.
+All run on mv_assets unchanged. One defect found, now fixed: on ``InlineRunner(threads=2)`` the
+tasks' threads share one UDF instance and called it at once from its first call, so the examples'
+lazy ``if not self.is_loaded: self.setup()`` loaded the model once per thread, not once per process
+(a stateful instance's first call now runs alone: model/udf.py).
 """
 
 from __future__ import annotations
@@ -1408,13 +1409,6 @@ def test_images_embed_example_backfills_clip_embeddings_and_searches_them(images
     assert CALLS["clip.rows"] == 1 and CALLS["open_clip.load"] == 0
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "InlineRunner(threads=2): the tasks' threads share one ClipEmbedding instance (constructed once, under "
-    "UDF._instances_lock), but the examples' UDFs load their model lazily in __call__ "
-    "(`if not self.is_loaded: self.setup()`), and mv_assets lets the first calls of a fresh instance run "
-    "at once: both threads see is_loaded False and each loads the model (two loads, two copies of the "
-    "weights, in one process). Geneva never calls one instance from two threads. Fix in "
-    "mv_assets/model/udf.py: the first call of a stateful instance runs alone (the others wait for it)"))
 def test_images_embed_example_on_threads_sets_its_model_up_once(images_catalog):
     """The threaded inline runner (docs: "its set-up still runs once") with the example's lazy set-up.
     The stand-in load waits (up to 2 s) for a second load to start: it does only when the first calls

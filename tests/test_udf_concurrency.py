@@ -210,3 +210,66 @@ def test_spark_task_threads_share_the_bound_of_their_worker(tmp_path, spark_runn
     assert len(calls) >= 24
     assert any(len({c[1] for c in calls if c[0] == pid}) > 1 for pid in {c[0] for c in calls})  # threads fed a worker
     assert spans.most == 1, "two calls at once in a worker"
+
+
+def _lazy_model(folder: str, fail_flag: str | None = None) -> mv.UDF:
+    """A stateful UDF that loads its model in its first call, as Geneva's examples do
+    (``if not self.is_loaded: self.setup()``): each load leaves a file, a slow one."""
+
+    @mv.udf(data_type=pa.float64(), batch_size=50, version="lazy")
+    class Lazy:
+        def __init__(self) -> None:
+            self.factor = None
+
+        def __call__(self, x: pa.Array) -> pa.Array:
+            if self.factor is None:
+                open(os.path.join(folder, f"load-{os.getpid()}-{threading.get_ident()}-{time.time()!r}"), "w").close()
+                time.sleep(0.3)  # the other threads' first calls arrive meanwhile
+                if fail_flag is not None and os.path.exists(fail_flag):
+                    raise RuntimeError("the weights are not there yet")
+                self.factor = 2.0
+            t0 = time.time()
+            time.sleep(0.02)
+            Spans(os.path.join(folder, "spans")).record(t0)
+            return pc.multiply(x, self.factor)
+
+    return Lazy
+
+
+def _loads(folder: str) -> int:
+    return sum(1 for n in os.listdir(folder) if n.startswith("load-"))
+
+
+def test_a_model_loaded_in_the_first_call_is_loaded_once_by_many_threads(tmp_path):
+    """The task threads share one instance; its first call runs alone, the others wait for it, then
+    every thread calls it at once (before, each thread's first call loaded the model again)."""
+    folder = tmp_path / "calls"
+    (folder / "spans").mkdir(parents=True)
+    result = _refresh(tmp_path, _lazy_model(str(folder)), threads=4)
+    assert _loads(str(folder)) == 1
+    assert result.udf_rows_computed["y"] == result.rows_inserted > 0  # every row, once
+    assert Spans(str(folder / "spans")).most > 1  # after the first call, no longer one at a time
+
+
+def test_a_first_call_that_raises_leaves_the_next_call_first(tmp_path):
+    """The first call failed (the load raised): no thread waits for ever, the refresh fails with the
+    UDF's error, and the next refresh's first call loads again, alone."""
+    folder = tmp_path / "calls"
+    (folder / "spans").mkdir(parents=True)
+    flag = tmp_path / "not-yet"
+    flag.write_text("1")
+    db = mv.connect(str(tmp_path / "catalog"), runner=InlineRunner(threads=4))
+    src = _source(db, fragments=8, rows=400)
+    view = db.create_materialized_view("v", src.search(None).select({"id": "id", "y": _lazy_model(str(folder),
+                                                                                                  str(flag))}))
+    before = threading.active_count()
+    out = _refresh_in_time(view)
+    assert isinstance(out.get("error"), mv.UdfError) and "not there yet" in str(out["error"]), out
+    failed_loads = _loads(str(folder))
+    assert failed_loads >= 1
+    flag.unlink()
+    out = _refresh_in_time(view)
+    assert "error" not in out, out
+    assert _loads(str(folder)) == failed_loads + 1
+    assert threading.active_count() == before
+    _equal_to_oracle(view, src)

@@ -203,7 +203,8 @@ class InlineRunner:
     GPU) fed by every task's thread, while each task reads, decodes, encodes
     and writes its own rows on Lance's native threads. The UDF must take calls
     from several threads at once (a torch module in inference mode does); its
-    set-up still runs once. Results come back in task order; the first failure
+    set-up still runs once (construction, and a model loaded in its first
+    call: an instance's first call runs alone). Results come back in task order; the first failure
     is raised after the tasks already running end (their files are never
     committed, their checkpoints kept), and tasks not yet started are not run.
     No thread outlives the call.

@@ -715,6 +715,9 @@ class UDF:
             gone = set(old)
             for g in [g for g in UDF._gates if g[0] in gone]:
                 UDF._gates.pop(g, None)
+            for k in gone:
+                UDF._warm.pop(k, None)
+                UDF._warming.pop(k, None)
             return old
 
     @staticmethod
@@ -747,20 +750,41 @@ class UDF:
 
     # one gate per UDF (by its instance key) and bound in a process: the calls it lets through at once
     _gates: dict[tuple[str, int], threading.BoundedSemaphore] = {}
+    # stateful instances whose first call has returned in this process (instance key -> id of the
+    # instance), and the lock their first calls take: until an instance's first call returns, its
+    # calls run one at a time, so a model the UDF loads lazily in its first __call__ (as Geneva's
+    # examples do: ``if not self.is_loaded: self.setup()``) is loaded once, not by each task thread
+    _warm: dict[str, int] = {}
+    _warming: dict[str, threading.Lock] = {}
 
-    def _gate(self) -> "threading.BoundedSemaphore | contextlib.nullcontext":
-        """What a call holds while it runs: a slot of this UDF's bound in
-        this process, shared by the threads of every task calling it (a
-        nullcontext when there is no bound)."""
+    @contextlib.contextmanager
+    def _gate(self, target: Any = None) -> "typing.Iterator[None]":
+        """What a call of ``target`` (the UDF's instance or function) holds
+        while it runs: a slot of this UDF's bound in this process, shared by
+        the threads of every task calling it (none without a bound); and, for
+        a stateful instance whose first call has not returned yet, that
+        instance to itself (the other threads wait for its first call)."""
         limit = self.call_limit()
-        if not limit:
-            return contextlib.nullcontext()
-        key = (self.instance_key(), limit)
-        gate = UDF._gates.get(key)
-        if gate is None:
+        bound: Any = contextlib.nullcontext()
+        if limit:
+            key = (self.instance_key(), limit)
+            bound = UDF._gates.get(key)
+            if bound is None:
+                with UDF._instances_lock:
+                    bound = UDF._gates.setdefault(key, threading.BoundedSemaphore(limit))
+        with bound:
+            ikey = self.instance_key() if self.stateful and target is not None else None
+            if ikey is None or UDF._warm.get(ikey) == id(target):
+                yield
+                return
             with UDF._instances_lock:
-                gate = UDF._gates.setdefault(key, threading.BoundedSemaphore(limit))
-        return gate
+                first = UDF._warming.setdefault(ikey, threading.Lock())
+            with first:
+                if UDF._warm.get(ikey) != id(target):
+                    yield  # the instance's first call, alone (raising, it leaves the next call first)
+                    UDF._warm[ikey] = id(target)
+                    return
+            yield
 
     def validate_inputs(self, schema: pa.Schema, column_label: str) -> None:
         """Raise ValueError if the inputs are missing or of the wrong type."""
@@ -848,7 +872,7 @@ class UDF:
             computed = 0
             retrying = policy.may_retry
             skip_nulls = self.skip_nulls
-            with self._gate():  # a batch's rows, one slot
+            with self._gate(fn):  # a batch's rows, one slot
                 for i, row in enumerate(zip(*cols, strict=True) if cols else ([()] * n)):
                     if skip_nulls and None in row:
                         values.append(None)
@@ -946,7 +970,7 @@ class UDF:
     def _call_batch(self, fn: Callable, batch: pa.RecordBatch) -> Any:
         args = ([batch.select(self.input_columns) if self.input_columns else batch] if self.kind == BATCH
                 else [input_values(batch, c) for c in self.input_paths])
-        with self._gate():
+        with self._gate(fn):
             return fn(*args)
 
     def _check_output(self, out: Any, n: int) -> pa.Array:
