@@ -269,6 +269,53 @@ def test_merge_insert_upserts_by_primary_key_and_views_follow(tmp_path):
         free.merge_insert([{"id": 1}])
 
 
+def test_merge_insert_builder_as_lancedb_and_geneva_write_it(tmp_path):
+    """``merge_insert("id")`` is lancedb's builder (Geneva's Table is a LanceTable): each clause
+    alone or together, views following; ``merge_insert(data)`` stays the upsert."""
+    db = _inline(tmp_path)
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(5)], primary_key="id")
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "x": "x"}))
+    v.refresh()
+
+    def rows(tbl):
+        return sorted((r["id"], r["x"]) for r in tbl.to_arrow().to_pylist())
+
+    r = t.merge_insert("id").when_not_matched_insert_all().execute([{"id": 1, "x": 10}, {"id": 5, "x": 50}])
+    assert (r.num_inserted_rows, r.num_updated_rows, r.num_deleted_rows, r.num_rows) == (1, 0, 0, 2)
+    assert r.version == t.version and rows(t) == [(0, 0), (1, 1), (2, 2), (3, 3), (4, 4), (5, 50)]
+    res = v.refresh()
+    assert (res.rows_inserted, res.rows_updated, res.rows_deleted) == (1, 0, 0) and rows(v) == rows(t)
+
+    r = t.merge_insert(["id"]).when_matched_update_all(where="target.x < source.x").execute(
+        pa.table({"id": [2, 3, 9], "x": [20, -3, 90]}))
+    assert (r.num_inserted_rows, r.num_updated_rows) == (0, 1)
+    assert rows(t) == [(0, 0), (1, 1), (2, 20), (3, 3), (4, 4), (5, 50)]
+
+    r = (t.merge_insert("id").when_matched_update_all().when_not_matched_insert_all()
+         .when_not_matched_by_source_delete("id > 3").execute([{"id": 0, "x": -1}, {"id": 6, "x": 60}]))
+    assert (r.num_inserted_rows, r.num_updated_rows, r.num_deleted_rows) == (1, 1, 2)
+    assert rows(t) == [(0, -1), (1, 1), (2, 20), (3, 3), (6, 60)]
+    res = v.refresh()
+    assert (res.rows_inserted, res.rows_updated, res.rows_deleted) == (1, 2, 2) and rows(v) == rows(t)
+
+    before = t.version
+    with pytest.raises(ValueError, match="has the primary key 'id'"):
+        t.merge_insert("x").when_not_matched_insert_all().execute([{"id": 1, "x": 99}])
+    with pytest.raises(ValueError, match="no when_... clause"):
+        t.merge_insert("id").execute([{"id": 1, "x": 99}])
+    with pytest.raises(ValueError, match=r"merge_insert on \['nope'\]"):
+        t.merge_insert("nope").when_not_matched_insert_all().execute([{"id": 1, "x": 99}])
+    with pytest.raises(ValueError):
+        v.merge_insert("id").when_not_matched_insert_all().execute([{"id": 8, "x": 8}])
+    assert t.version == before
+    with pytest.warns(mv.GenevaCompatWarning, match="on_bad_vectors"):
+        t.merge_insert("id").when_not_matched_insert_all().execute([{"id": 7, "x": 7}], on_bad_vectors="drop")
+
+    free = db.create_table("free", [{"k": 1, "s": "a"}])  # no primary key: any columns to match on
+    free.merge_insert("k").when_matched_update_all().when_not_matched_insert_all().execute(
+        [{"k": 1, "s": "b"}, {"k": 2, "s": "c"}])
+    assert sorted((r["k"], r["s"]) for r in free.to_arrow().to_pylist()) == [(1, "b"), (2, "c")]
+
 # -- our words, not Lance's ---------------------------------------------------
 
 

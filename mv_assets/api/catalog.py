@@ -138,10 +138,13 @@ class Connection:
     def __repr__(self) -> str:
         return f"Connection({self.uri!r})"
 
-    def local_ray_context(self, *args: Any, **kwargs: Any) -> contextlib.AbstractContextManager:
+    @staticmethod
+    def local_ray_context(*args: Any, **kwargs: Any) -> contextlib.AbstractContextManager:
         """Geneva's context that starts a local Ray for the jobs inside it: a
-        context that does nothing here (jobs run on this connection's runner,
-        inline or on Spark, which needs no context); its arguments are Ray's."""
+        context that does nothing here (jobs run on their connection's runner,
+        inline or on Spark, which needs no context); its arguments are Ray's.
+        A static method, as Geneva's: ``Connection.local_ray_context()`` (its
+        docs call it on the class) and ``db.local_ray_context()`` alike."""
         return contextlib.nullcontext()
 
     def is_remote(self) -> bool:

@@ -6,8 +6,9 @@ import time
 import uuid
 from collections.abc import Collection
 from contextlib import AbstractContextManager
+from dataclasses import dataclass
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, overload
 
 import lance
 import pyarrow as pa
@@ -874,22 +875,63 @@ class Table(Indexed):
         version = objects.write_dataset(table, self.uri, mode="append").version
         return self._fill_sql_columns() or version
 
-    def merge_insert(self, data: Any) -> int:
+    @overload
+    def merge_insert(  # pyright: ignore[reportOverlappingOverload]  (a name or names: the builder)
+        self, data: "str | list[str] | tuple[str, ...]") -> "MergeInsertBuilder": ...
+
+    @overload
+    def merge_insert(self, data: Any) -> int: ...
+
+    def merge_insert(self, data: Any) -> "int | MergeInsertBuilder":
         """Upsert by primary key: rows whose key exists replace that row's
         values (the row keeps its stable row id, so views see an update),
         the others are added. Computed columns of replaced rows become stale
         and are recomputed by the next backfill. Returns the new version.
+
+        ``merge_insert("id")`` (a column name, or a list of them) is lancedb's
+        (and so Geneva's) builder instead: ``.when_matched_update_all(where=)``,
+        ``.when_not_matched_insert_all()``, ``.when_not_matched_by_source_delete()``,
+        then ``.execute(new_data)`` (see :class:`MergeInsertBuilder`).
         """
-        self._require_latest("merge_insert()")
-        self._check_writable()
+        if isinstance(data, str) or (isinstance(data, list | tuple) and data
+                                     and all(isinstance(c, str) for c in data)):
+            return MergeInsertBuilder(self, [data] if isinstance(data, str) else list(data))
         pk = self.primary_key
         if pk is None:
+            self._require_latest("merge_insert()")
+            self._check_writable()
             raise ValueError(f"merge_insert needs a primary key; {self.name!r} was created without one")
+        return self._merge([pk], data, update=True, update_where=None, insert=True, delete=False,
+                           delete_where=None).version
+
+    def _merge(self, on: list[str], data: Any, *, update: bool, update_where: str | None, insert: bool,
+               delete: bool, delete_where: str | None) -> "MergeInsertResult":
+        """One Lance merge_insert of ``data`` on ``on`` with the clauses asked for."""
+        self._require_latest("merge_insert()")
+        self._check_writable()
+        if not (update or insert or delete):
+            raise ValueError("merge_insert: no when_... clause was given, so there is nothing to do")
         ds, table = self._new_rows(data)
-        if table.num_rows == 0:
-            return ds.version
-        ds.merge_insert(pk).when_matched_update_all().when_not_matched_insert_all().execute(table)
-        return self._fill_sql_columns() or self.version
+        unknown = [c for c in on if c not in ds.schema.names or c not in table.column_names]
+        if unknown:
+            raise ValueError(f"merge_insert on {unknown}: not columns of both {self.name!r} and the new rows")
+        pk = self.primary_key
+        if pk is not None and on != [pk]:
+            raise ValueError(f"merge_insert on {on}: {self.name!r} has the primary key {pk!r}; rows are matched "
+                             "by it (a match on other columns could give two rows one key)")
+        if table.num_rows == 0 and not delete:
+            return MergeInsertResult(ds.version, 0, 0, 0, 0)
+        builder = ds.merge_insert(on[0] if len(on) == 1 else on)
+        if update:
+            builder = builder.when_matched_update_all(update_where)
+        if insert:
+            builder = builder.when_not_matched_insert_all()
+        if delete:
+            builder = builder.when_not_matched_by_source_delete(delete_where)
+        stats = builder.execute(table)
+        version = self._fill_sql_columns() or self.version
+        return MergeInsertResult(version, int(stats.get("num_updated_rows", 0)), int(stats.get("num_inserted_rows", 0)),
+                                 int(stats.get("num_deleted_rows", 0)), table.num_rows)
 
     def _fill_sql_columns(self) -> int | None:
         """Compute SQL computed columns for rows that lack them (after add/update)."""
@@ -1084,6 +1126,64 @@ class Table(Indexed):
 
         with objects.reusing_handles():
             catch_up(self.uri)
+
+
+@dataclass(frozen=True)
+class MergeInsertResult:
+    """What :meth:`MergeInsertBuilder.execute` did (lancedb's ``MergeResult`` fields)."""
+
+    version: int
+    num_updated_rows: int
+    num_inserted_rows: int
+    num_deleted_rows: int
+    num_rows: int  # rows given
+
+
+class MergeInsertBuilder:
+    """lancedb's ``table.merge_insert(on)`` builder, as Geneva programs use it::
+
+        tbl.merge_insert("id").when_not_matched_insert_all().execute(new_rows)  # insert only
+        tbl.merge_insert("id").when_matched_update_all().execute(rows)          # update only
+        tbl.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(rows)
+
+    ``on`` is the table's primary key where it has one (any columns where it
+    has none). Updated rows keep their stable row ids (views see updates) and
+    their computed columns read as stale until the next backfill, as with
+    ``merge_insert(data)``. ``execute``'s ``on_bad_vectors`` / ``fill_value``
+    are ``add()``'s: accepted, with a warning when not the default.
+    """
+
+    def __init__(self, table: Table, on: list[str]) -> None:
+        self._table, self._on = table, on
+        self._update, self._update_where = False, None
+        self._insert = False
+        self._delete, self._delete_where = False, None
+
+    def when_matched_update_all(self, *, where: str | None = None) -> "MergeInsertBuilder":
+        """Rows whose key matches take the new row's values (``where``: only those
+        matching it, ``target.`` / ``source.`` prefixed columns)."""
+        self._update, self._update_where = True, where
+        return self
+
+    def when_not_matched_insert_all(self) -> "MergeInsertBuilder":
+        """New rows whose key matches no row are inserted."""
+        self._insert = True
+        return self
+
+    def when_not_matched_by_source_delete(self, condition: str | None = None) -> "MergeInsertBuilder":
+        """Rows of the table that no new row matches are deleted (``condition``: only those matching it)."""
+        self._delete, self._delete_where = True, condition
+        return self
+
+    def execute(self, new_data: Any, on_bad_vectors: str = "error", fill_value: float = 0.0,
+                timeout: timedelta | None = None) -> MergeInsertResult:
+        """Run the merge: one commit; returns its :class:`MergeInsertResult`."""
+        geneva.accept("merge_insert().execute", {"on_bad_vectors": on_bad_vectors, "fill_value": fill_value},
+                      geneva.ADD_IGNORED)
+        if timeout is not None:
+            geneva.warn("merge_insert().execute", "timeout", timeout, "the merge is one Lance commit, not cancelled")
+        return self._table._merge(self._on, new_data, update=self._update, update_where=self._update_where,
+                                  insert=self._insert, delete=self._delete, delete_where=self._delete_where)
 
 
 class MaterializedView(Table):

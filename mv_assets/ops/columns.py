@@ -252,17 +252,22 @@ _FORMATS = ("parquet", "lance", "ipc")
 
 
 def _detect_format(source: str | list[str], source_format: str | None) -> str:
+    """The format of ``source`` (its first file when a list): by suffix, a local Lance
+    dataset by its ``_versions``; a folder, local or a URI (``s3://bucket/embeddings/``,
+    ``file:///data/emb``: a trailing ``/`` or a last segment without a suffix), is one of
+    Parquet files, as Geneva takes it. Another suffix (``.csv``) is refused."""
     if source_format is not None:
         if source_format not in _FORMATS:
             raise ValueError(f"source_format must be one of {_FORMATS}, got {source_format!r}")
         return source_format
     first = source[0] if isinstance(source, list) else source
+    folder = first.endswith("/")
     first = first.rstrip("/")
     if first.endswith(".lance") or os.path.isdir(os.path.join(first, "_versions")):
         return "lance"
     if first.endswith((".arrow", ".ipc", ".feather", ".arrows")):
         return "ipc"
-    if first.endswith((".parquet", ".pq")) or os.path.isdir(first):
+    if first.endswith((".parquet", ".pq")) or os.path.isdir(first) or folder or "." not in first.rsplit("/", 1)[-1]:
         return "parquet"
     raise ValueError(f"cannot tell the format of {first!r}; pass source_format='parquet' | 'lance' | 'ipc'")
 
