@@ -10,6 +10,7 @@ left behind."""
 import os
 import threading
 import time
+import typing
 import warnings
 
 import pyarrow as pa
@@ -273,3 +274,31 @@ def test_a_first_call_that_raises_leaves_the_next_call_first(tmp_path):
     assert _loads(str(folder)) == failed_loads + 1
     assert threading.active_count() == before
     _equal_to_oracle(view, src)
+
+
+def test_a_chunker_loading_its_model_in_the_first_call_loads_it_once_by_many_threads(tmp_path):
+    folder = str(tmp_path)
+
+    class Piece(typing.NamedTuple):
+        k: int
+
+    @mv.chunker
+    class Split:
+        def __init__(self) -> None:
+            self.n = None
+
+        def __call__(self, x: float) -> typing.Iterator[Piece]:
+            if self.n is None:
+                open(os.path.join(folder, f"load-{threading.get_ident()}-{time.time()!r}"), "w").close()
+                time.sleep(0.3)
+                self.n = 2
+            for k in range(self.n):
+                yield Piece(k)
+
+    db = mv.connect(str(tmp_path / "catalog"), runner=InlineRunner(threads=4))
+    src = _source(db, fragments=8, rows=2000)
+    view = db.create_udtf_view("pieces", source=src.search(None).select(["id"]), udtf=Split)
+    result = view.refresh()
+    assert result.tasks > 1  # tasks on several threads
+    assert _loads(folder) == 1
+    assert view.count_rows() == 2 * src.count_rows()

@@ -95,6 +95,8 @@ class _TableFunction:
     _row_error = UDF._row_error
     _failure = UDF._failure
     _instance = UDF._instance
+    _gate: Any = UDF._gate  # (an instance's first call alone: a model loaded in it is loaded once)
+    call_limit = UDF.call_limit
     instance_key = UDF.instance_key
     code_location = UDF.code_location
 
@@ -382,7 +384,8 @@ class Chunker(_TableFunction):
             return self._apply_in_slices(batch, ids, self.batch_size, errors)
         fn = self._target()
         try:
-            out, _ = self._call(lambda: self._call_batch(fn, batch, ids))
+            with self._gate(fn):
+                out, _ = self._call(lambda: self._call_batch(fn, batch, ids))
         except Exception as exc:
             if self.on_error.then != "skip":  # no exception is skipped (which are: on_error.skips)
                 raise self._failure(0, n, exc) from exc
@@ -438,7 +441,8 @@ class Chunker(_TableFunction):
         parent: list[int] = []
         for i, args in enumerate(zip(*cols, strict=True) if cols else ([()] * n)):
             try:
-                children, _ = self._call(lambda args=args: self._rows(fn, args))
+                with self._gate(fn):
+                    children, _ = self._call(lambda args=args: self._rows(fn, args))
             except Exception as exc:
                 if _is_output_error(exc):
                     raise
@@ -687,7 +691,8 @@ class UDTF(_TableFunction):
         fn = self._target()
         inputs = table.select(self.input_columns or table.column_names)
         try:
-            out, _ = self._call(lambda: self._run(fn, inputs))
+            with self._gate(fn):
+                out, _ = self._call(lambda: self._run(fn, inputs))
         except Exception as exc:
             if _is_output_error(exc):
                 raise
