@@ -55,7 +55,6 @@ import sys
 import threading
 import types
 import uuid
-import warnings
 import wave
 from collections import Counter
 from collections.abc import Callable
@@ -74,6 +73,7 @@ from test_geneva_examples import (
     build_manifest,
     connect,
     format_sample,
+    inline_default,  # noqa: F401  (autouse: the examples run inline)
     local_or,
     resolve_resources,
     retry_io,
@@ -87,15 +87,6 @@ from mv_assets.execution.spark import InlineRunner, set_default_runner
 logger = logging.getLogger(__name__)
 
 
-@pytest.fixture(autouse=True)
-def inline_default():
-    """``geneva.connect(uri=...)`` with no runner (as the examples call it) runs inline."""
-    set_default_runner(InlineRunner())
-    with warnings.catch_warnings():
-        # local mode passes _admission_check=False, num_cpus=, memory=...: accepted, each with its warning
-        warnings.simplefilter("ignore", mv_assets.GenevaCompatWarning)
-        yield
-    set_default_runner(None)
 
 
 # -- the stand-ins -----------------------------------------------------------------------------------

@@ -43,7 +43,6 @@ import threading
 import time
 import types
 import uuid
-import warnings
 from collections import Counter
 from dataclasses import dataclass
 from fractions import Fraction
@@ -60,6 +59,7 @@ from test_geneva_examples import (
     OPT_STABLE_ROW_IDS,
     connect,
     format_sample,
+    inline_default,  # noqa: F401  (autouse: the examples run inline)
     local_concurrency,
     require_stable_row_ids,
     resolve_resources,
@@ -69,21 +69,9 @@ from test_geneva_examples import (
 from test_geneva_examples import Config as _LocalConfig
 from typer.testing import CliRunner
 
-import mv_assets
-from mv_assets.execution.spark import InlineRunner, set_default_runner
-
 logger = logging.getLogger(__name__)
 
 
-@pytest.fixture(autouse=True)
-def inline_default():
-    """``geneva.connect(uri=...)`` with no runner (as the examples call it) runs inline."""
-    set_default_runner(InlineRunner())
-    with warnings.catch_warnings():
-        # local mode passes _admission_check=False, num_cpus=, memory=...: accepted, each with its warning
-        warnings.simplefilter("ignore", mv_assets.GenevaCompatWarning)
-        yield
-    set_default_runner(None)
 
 
 @dataclass
