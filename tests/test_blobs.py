@@ -112,6 +112,11 @@ def test_a_view_reads_blob_columns_as_files_and_bytes_and_writes_blobs(db):
         assert {i: f.readall() for i, f in zip(t.column("id").to_pylist(), made, strict=True)} == {
             i: (r["text"] * r["mult"]).encode() for i, r in source.items()}
     assert all(o.passed for o in view.check("full")), [o for o in view.check("full") if not o.passed]
+    ids = view.to_arrow().column("id").to_pylist()  # Geneva's Table.take_blobs(indices, column): positions
+    assert [None if f is None else f.readall() for f in view.take_blobs(list(range(len(ids))), "video")] == [
+        _videos(src)[i] for i in ids]
+    with pytest.raises(ValueError, match="'head' is not a blob column of 'v'.*'video', 'made'"):
+        view.take_blobs([0], "head")
 
 
 def test_a_table_column_reads_a_blob_column(db):

@@ -20,7 +20,7 @@ from mv_assets.api.query import Query
 from mv_assets.api.search import SearchQuery
 from mv_assets.execution.resources import ResourceRequest, request_of_definition
 from mv_assets.execution.spark import InlineRunner, as_runner
-from mv_assets.model.blobs import logical_schema
+from mv_assets.model.blobs import is_blob_field, logical_schema
 from mv_assets.model.compaction import (
     COMPACTION_CONFIG_KEY,
     DAGSTER_PARTITION_LIMIT,
@@ -262,6 +262,16 @@ class Table(Indexed):
         (read it freely; write through the handle, which keeps views and
         computed columns in step)."""
         return self._dataset()
+
+    def take_blobs(self, indices: "list[int] | pa.Array", column: str) -> list:
+        """Geneva's: the values of blob column ``column`` at row positions
+        ``indices`` (in the order the table is read), as ``lance.blob.BlobFile``
+        file objects, at the version this handle reads (None for a NULL)."""
+        ds = self._dataset()
+        if column not in ds.schema.names or not is_blob_field(ds.schema.field(column)):
+            blobs = [f.name for f in ds.schema if is_blob_field(f)]
+            raise ValueError(f"{column!r} is not a blob column of {self.name!r} (blob columns: {blobs})")
+        return ds.take_blobs(column, indices=indices)
 
     # -- versions (Geneva's / lancedb's checkout) --------------------------
     def checkout(self, version: int) -> None:
