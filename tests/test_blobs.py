@@ -218,3 +218,25 @@ def test_dagster_shows_a_blob_column_as_bytes_stored_as_a_blob(db):
         schema = defs.get_repository_def().asset_graph.get(dg.AssetKey([name])).metadata["dagster/column_schema"]
         columns = {c.name: c.type for c in getattr(schema, "schema", schema).columns}
         assert columns["video"] == "large_binary (blob)", columns
+
+
+def test_a_blob_table_written_by_lancedb(tmp_path):
+    """The open world: lancedb creates the blob table and keeps writing it; a view over it copies
+    and reads the videos."""
+    import lancedb
+
+    ldb = lancedb.connect(str(tmp_path / "catalog"))
+    written = ldb.create_table("videos", _rows(range(10)), schema=SCHEMA,
+                               storage_options={"new_table_enable_stable_row_ids": "true"})
+    db = mv.connect(str(tmp_path / "catalog"), runner=mv.InlineRunner())
+    src = db.open_table("videos")
+    view = db.create_materialized_view("v", src.search(None).select(
+        {"id": "id", "video": "video", "n": work_on_udf.with_inputs(["video"])}))
+    for change in (lambda: None, lambda: written.add(_rows(range(10, 14))), lambda: written.delete("id = 3")):
+        change()
+        view.refresh()
+        want = _videos(src)
+        assert {r["id"]: r["n"] for r in view.search(None).select(["id", "n"]).to_list()} == {
+            i: None if v is None else len(v) for i, v in want.items()}
+        assert _videos(view) == want
+        assert all(o.passed for o in view.check("full"))
