@@ -240,3 +240,63 @@ def test_a_blob_table_written_by_lancedb(tmp_path):
             i: None if v is None else len(v) for i, v in want.items()}
         assert _videos(view) == want
         assert all(o.passed for o in view.check("full"))
+
+
+def test_a_scan_of_blob_columns_takes_as_many_rows_as_fit_its_budget(db):
+    """A scan batch holds every blob byte of its rows: rows per batch = budget // the largest row's
+    blob bytes (read from Lance's descriptors), at least 1, and few batches read ahead; scans without
+    blob columns keep theirs."""
+    from mv_assets.execution.blobs import READ_AHEAD, scan_options
+
+    src = _source(db)
+    ds = lance.dataset(src.uri)
+    largest = max(len(v or b"") for v in _videos(src).values())
+    assert largest > 0
+    assert scan_options(ds, ["id", "video"], None, 8192, budget=10 * largest) == {
+        "batch_size": 10, "batch_readahead": READ_AHEAD}
+    assert scan_options(ds, {"v": "`video`"}, None, 8192, budget=largest // 2)["batch_size"] == 1
+    assert scan_options(ds, ["id", "video"], None, 4, budget=10 * largest)["batch_size"] == 4  # never more
+    assert scan_options(ds, ["id", "text"], None, 8192, budget=1) == {"batch_size": 8192}  # no blob read
+    small = max(len(v or b"") for i, v in _videos(src).items() if i < 3)
+    assert scan_options(ds, ["video"], "id < 3", 8192, budget=10 * small)["batch_size"] == 10  # the rows kept
+    for fragment in ds.get_fragments():
+        assert scan_options(fragment, ["video"], None, 8192, budget=10 * largest)["batch_size"] >= 10
+
+
+def _batches_in(obj, depth: int = 0):
+    """The record batches a callable holds (its closure and partial arguments, a few levels deep)."""
+    import functools
+
+    if isinstance(obj, pa.RecordBatch):
+        yield obj
+    elif depth < 4 and isinstance(obj, functools.partial):
+        for a in obj.args:
+            yield from _batches_in(a, depth + 1)
+    elif depth < 4 and callable(obj):
+        for cell in getattr(obj, "__closure__", None) or ():
+            yield from _batches_in(cell.cell_contents, depth + 1)
+
+
+def test_results_waiting_for_a_checkpoint_do_not_hold_their_input_batches(db, monkeypatch):
+    """A cheap UDF's results are held in memory for the next checkpoint (by time), with a callable
+    giving their rows' identities when saved. That callable held the whole input batch (the
+    identity reads only the markers of computed inputs), so a task kept every blob it had read
+    until a checkpoint. Now the held callables hold no input column."""
+    from mv_assets.execution.tasks import PacedRowStore
+
+    held: list = []
+    save = PacedRowStore.save
+
+    def spy(self, ids, vers, ins, values, errors):
+        held.append(ins)
+        return save(self, ids, vers, ins, values, errors)
+
+    monkeypatch.setattr(PacedRowStore, "save", spy)
+    src = _source(db)
+    src.add_columns({"size": sizes})
+    src.backfill("size")
+    view = db.create_materialized_view("v", src.search(None).select({"id": "id", "n": sizes}))
+    view.refresh()
+    assert held, "no result was held for a checkpoint"
+    kept = [f for ins in held for b in _batches_in(ins) for f in b.schema.names]
+    assert kept and not [f for f in kept if f.endswith("video")], kept

@@ -37,6 +37,7 @@ from mv_assets.execution.tasks import (
     paced,
     repeat_string,
     udf_batch_rows,
+    without_inputs,
 )
 from mv_assets.model.definition import (
     SOURCE_ROW_ID,
@@ -335,7 +336,8 @@ def run_fused_task(payload: str, shared: bytes) -> str:
             values = checkpointed_udf_columns(
                 specs, pa.RecordBatch.from_arrays([batch.column(input_alias(c)) for c in inputs], names=inputs),
                 batch.column("_rowid").cast(pa.int64()), batch.column(Alias.ROW_VERSION).cast(pa.int64()),
-                udf_rows, errors, store, functools.partial(identity, batch), resumed,
+                udf_rows, errors, store,
+                functools.partial(identity, without_inputs(batch, [input_alias(c) for c in inputs])), resumed,
             )
             if store.computed(batch.num_rows, time.perf_counter() - started):
                 store.flush()
@@ -366,9 +368,10 @@ def _table_input_batches(ds: lance.LanceDataset, task: dict, job: dict, specs: l
         fragment = ds.get_fragment(int(fid))
         if fragment is None:
             raise RuntimeError(f"fragment {fid} of {ds.uri} disappeared while backfilling")
+        columns = with_filter_columns(projection, job["predicate"])
         scanner = fragment.scanner(
-            columns=with_filter_columns(projection, job["predicate"]), filter=job["predicate"], with_row_id=True,
-            with_row_address=True, batch_size=8192, blob_handling=blobs.BYTES,
+            columns=columns, filter=job["predicate"], with_row_id=True, with_row_address=True,
+            blob_handling=blobs.BYTES, **blobs.scan_options(fragment, columns, job["predicate"], 8192),
         )
         yield int(fid), inputs, scanner.to_batches(), functools.partial(input_identity, computed_inputs=computed_inputs)
 

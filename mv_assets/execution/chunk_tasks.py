@@ -83,8 +83,9 @@ def chunk_batches(
     for col in inputs:
         projection[input_alias(col)] = quote_ident(col)
     projection[_ROW_VERSION] = "_row_last_updated_at_version"
-    scanner = scanner_source.scanner(columns=with_filter_columns(projection, predicate), filter=predicate,
-                                     with_row_id=True, batch_size=batch_size, blob_handling=blobs.BYTES)
+    columns = with_filter_columns(projection, predicate)
+    scanner = scanner_source.scanner(columns=columns, filter=predicate, with_row_id=True, blob_handling=blobs.BYTES,
+                                     **blobs.scan_options(scanner_source, columns, predicate, batch_size))
     old = _old_children(view_uri, view_version, reuse_rows, schema)
     kept = _kept_computed(schema, outputs)
     # A copied child is a new row of the refresh's commit, which lands at the next

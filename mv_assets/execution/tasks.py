@@ -51,7 +51,7 @@ from mv_assets.storage.lance_compat import with_filter_columns
 
 __all__ = [
     "TaskSpec", "TaskResult", "run_task", "compute_rows", "and_filters", "PacedRowStore", "checkpointed_udf_columns",
-    "input_identity", "paced",
+    "input_identity", "paced", "without_inputs",
 ]
 
 
@@ -170,6 +170,15 @@ def input_identity(batch: pa.RecordBatch, computed_inputs: list[str]) -> np.ndar
     return np.asarray(joined.to_pylist(), dtype=object)
 
 
+def without_inputs(batch: pa.RecordBatch, names: list[str]) -> pa.RecordBatch:
+    """``batch`` without its UDF input columns ``names``: what a row identity
+    computed later (when its results are checkpointed) may hold. Results held
+    until a checkpoint kept their whole input batches alive with it: a blob
+    column's bytes, 10 batches of 32 MB of videos at once."""
+    present = [n for n in names if n in batch.schema.names]
+    return batch.drop_columns(present) if present else batch
+
+
 def _compute_batches(
     scanner_source: "lance.LanceDataset | lance.LanceFragment | _FragmentsScan",
     definition: ViewDefinition,
@@ -200,12 +209,13 @@ def _compute_batches(
     inputs = definition.udf_input_columns(source_schema)
     computed_inputs = [c for c in inputs if computed_marker(c) in source_schema.names]
     projection = _scan_projection(definition, schema, inputs, computed_inputs, whole=only is None)
+    columns = with_filter_columns(projection, predicate)
     scanner = scanner_source.scanner(
-        columns=with_filter_columns(projection, predicate),
+        columns=columns,
         filter=predicate,
         with_row_id=True,
-        batch_size=batch_size,
         blob_handling=blobs.BYTES,  # a blob column's bytes, not Lance's descriptors
+        **blobs.scan_options(scanner_source, columns, predicate, batch_size),  # (fewer rows of large blobs)
     )
     specs = [c for c in definition.udf_columns if c.name in schema.names]
     store = _row_store(batch_checkpoint_dir, specs, batch_resume, checkpoint_seconds)
@@ -234,7 +244,8 @@ def _compute_batches(
         started = time.perf_counter()
         udf_values = checkpointed_udf_columns(
             specs, input_batch, row_ids, row_versions, udf_rows, errors, store,
-            functools.partial(input_identity, batch, computed_inputs), udf_resumed,
+            functools.partial(input_identity, without_inputs(batch, [_in_name(c) for c in inputs]), computed_inputs),
+            udf_resumed,
         )
         if clock is not None:
             clock.add("udf_s", time.perf_counter() - started)
@@ -700,6 +711,7 @@ class _FragmentsScan:
 
     def __init__(self, ds: lance.LanceDataset, fragments: list) -> None:
         self.ds, self.fragments = ds, fragments
+        self.schema = ds.schema
 
     def scanner(self, **kwargs):
         return self.ds.scanner(fragments=self.fragments, scan_in_order=True, **kwargs)
