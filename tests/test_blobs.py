@@ -300,3 +300,28 @@ def test_results_waiting_for_a_checkpoint_do_not_hold_their_input_batches(db, mo
     assert held, "no result was held for a checkpoint"
     kept = [f for ins in held for b in _batches_in(ins) for f in b.schema.names]
     assert kept and not [f for f in kept if f.endswith("video")], kept
+
+
+def test_a_chunker_writes_its_clips_as_blobs(db):
+    """A chunker whose output field is marked for blob encoding: the chunk view stores its clips as
+    blobs, which take_blobs reads back, through the source's changes."""
+    src = _source(db)
+    out = pa.schema([pa.field("k", pa.int32()), pa.field("clip", pa.large_binary(), metadata=BLOB)])
+
+    @mv.chunker(output_schema=out, input_columns=["video"])
+    def cut(video):
+        for i in range(0, len(video or b""), 4):
+            yield {"k": i // 4, "clip": video[i:i + 4]}
+
+    view = db.create_udtf_view("cuts", source=src.search(None).select(["id", "video"]), udtf=cut)
+    for change in _changes(src):
+        change()
+        view.refresh()
+        ds = lance.dataset(view.uri)
+        t = ds.to_table(columns=[mv.SOURCE_ROW_ID, "k"], with_row_id=True)
+        ids = {r["_rowid"]: r["k"] for r in t.to_pylist()}
+        clips_by_row = dict(zip(ids, (f.readall() for f in ds.take_blobs("clip", ids=list(ids))), strict=True))
+        got = sorted(clips_by_row.values())
+        want = sorted(v[k:k + 4] for v in _videos(src).values() if v for k in range(0, len(v), 4))
+        assert got == want
+        assert all(o.passed for o in view.check("full"))
