@@ -17,17 +17,16 @@ than the disk would otherwise hold 16 such batches waiting.
 
 import io
 import os
-from typing import Any, Final, Literal, TypedDict
+from typing import Any, TypedDict
 
 import pyarrow.compute as pc
 from lance.blob import BlobFile
 
 from mv_assets.model import udf as _udf
-from mv_assets.model.blobs import blob_names
+from mv_assets.model.blobs import BYTES, blob_sources
 
 __all__ = ["BYTES", "READ_AHEAD", "SCAN_BYTES", "BytesBlobFile", "scan_options"]
 
-BYTES: Final[Literal["all_binary"]] = "all_binary"
 SCAN_BYTES = 32 * 1024 * 1024  # blob bytes a scan batch holds at most (beyond one row larger than that)
 READ_AHEAD = 2  # batches a scan reading blob columns reads ahead of its consumer
 
@@ -45,9 +44,7 @@ def scan_options(scan: Any, columns: dict[str, str] | list[str], filter: str | N
     column is read; else as many rows as keep the largest row's blob bytes
     times the rows within ``budget`` (:data:`SCAN_BYTES`; at least 1), and
     :data:`READ_AHEAD` batches ahead."""
-    named = columns.values() if isinstance(columns, dict) else columns
-    read = {str(c).strip("`") for c in named}
-    blob_cols = [c for c in blob_names(scan.schema) if c in read]
+    blob_cols = sorted(set(blob_sources(columns, scan.schema).values()))
     if not blob_cols:
         return {"batch_size": batch_size}
     sizes = scan.scanner(columns={f"__blob{i}": f"`{c}`" for i, c in enumerate(blob_cols)}, filter=filter
@@ -69,8 +66,8 @@ class BytesBlobFile(BlobFile):
 
     def __init__(self, data: bytes | bytearray | memoryview) -> None:  # (no Lance handle: no super().__init__)
         io.BufferedIOBase.__init__(self)
-        self._buffer = io.BytesIO(bytes(data))
-        self._size = len(self._buffer.getbuffer())
+        self._buffer = io.BytesIO(data)
+        self._size = len(data)
 
     def close(self) -> None:
         self._buffer.close()

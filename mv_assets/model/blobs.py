@@ -17,11 +17,14 @@ metadata, which Lance's dataset writer stores as blobs again.
 DataType(large_binary)
 """
 
+from typing import Final, Literal
+
 import pyarrow as pa
 
-__all__ = ["BLOB_METADATA", "blob_names", "is_blob_field", "logical_schema", "logical_type"]
+__all__ = ["BLOB_METADATA", "BYTES", "blob_names", "blob_sources", "is_blob_field", "logical_schema", "logical_type"]
 
 BLOB_METADATA = {b"lance-encoding:blob": b"true"}
+BYTES: Final[Literal["all_binary"]] = "all_binary"  # a scan's ``blob_handling``: blob columns as their bytes
 
 
 def is_blob_field(field: pa.Field) -> bool:
@@ -42,6 +45,22 @@ def logical_type(field: pa.Field) -> pa.DataType:
 def blob_names(schema: pa.Schema) -> list[str]:
     """The schema's top-level blob columns."""
     return [f.name for f in schema if is_blob_field(f)]
+
+
+def blob_sources(columns: "dict[str, str] | list[str] | None", schema: pa.Schema) -> dict[str, str]:
+    """Of a scan's projection (``{name: SQL}``, names, or None: every column),
+    each output name that reads a blob column of ``schema`` as it is (the
+    column's name, quoted or not), with that column.
+
+    >>> s = pa.schema([pa.field("v", pa.large_binary(), metadata=BLOB_METADATA), pa.field("x", pa.int64())])
+    >>> blob_sources({"copy": "`v`", "y": "x + 1"}, s), blob_sources(["x", "v"], s), blob_sources(None, s)
+    ({'copy': 'v'}, {'v': 'v'}, {'v': 'v'})
+    """
+    blobs = set(blob_names(schema))
+    if not blobs:
+        return {}
+    named = dict(columns) if isinstance(columns, dict) else {c: c for c in (columns or schema.names)}
+    return {name: source for name, sql in named.items() if (source := str(sql).strip("`")) in blobs}
 
 
 def logical_schema(schema: pa.Schema) -> pa.Schema:

@@ -51,11 +51,11 @@ from mv_assets.model.udf import (
     UDF,
     OnError,
     RowError,
-    _adapter,
     _code_identity,
     _compatible,
     _signature,
     _type_hints,
+    adapted,
     check_resources,
     constructs,
     dumps_by_value,
@@ -431,11 +431,8 @@ class Chunker(_TableFunction):
     def _apply_scalar(self, batch: pa.RecordBatch, errors: list[RowError]) -> tuple[pa.Table, pa.Array, int]:
         fn = self._target()
         n = batch.num_rows
-        cols = [batch.column(c).to_pylist() for c in self.input_columns]
-        adapters = [_adapter(self.param_annotations.get(p)) for p in self.param_names]
-        if any(adapters):  # (a blob's bytes as a file object where the parameter says BlobFile)
-            cols = [[a(v) if v is not None else v for v in col] if a else col
-                    for col, a in zip(cols, adapters, strict=True)]
+        cols = adapted([batch.column(c).to_pylist() for c in self.input_columns], self.param_names,
+                       self.param_annotations)  # (a blob's bytes as a file object where a parameter says BlobFile)
         width = len(self._output_schema)
         rows: list[tuple] = []
         parent: list[int] = []

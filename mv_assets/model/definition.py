@@ -15,7 +15,7 @@ from typing import Any
 import lance
 import pyarrow as pa
 
-from mv_assets.model.blobs import BLOB_METADATA, blob_names
+from mv_assets.model.blobs import BLOB_METADATA, BYTES, blob_sources
 from mv_assets.model.chunker import from_spec as function_from_spec
 from mv_assets.model.names import (
     COMPUTED_PREFIX,
@@ -411,14 +411,13 @@ def check_sql(ds: lance.LanceDataset, *, filter: str | None = None, columns: dic
     so the copy is stored as a blob too: model.blobs)."""
     if columns:  # a real column keeps Lance from refusing literal-only projections
         columns = {**columns, Alias.PROBE: quote_ident(ds.schema.names[0])}
-    scanner = ds.scanner(columns=columns or None, filter=filter, blob_handling="all_binary")
+    scanner = ds.scanner(columns=columns or None, filter=filter, blob_handling=BYTES)
     scanner.explain_plan()
     schema = scanner.projected_schema
-    blobs = set(blob_names(ds.schema))
-    if blobs:
-        named = columns or {n: quote_ident(n) for n in ds.schema.names}
-        schema = pa.schema([f.with_metadata({**(f.metadata or {}), **BLOB_METADATA})
-                            if named.get(f.name, "").strip("`") in blobs else f for f in schema], schema.metadata)
+    copies = blob_sources(columns, ds.schema)
+    if copies:
+        schema = pa.schema([f.with_metadata({**(f.metadata or {}), **BLOB_METADATA}) if f.name in copies else f
+                            for f in schema], schema.metadata)
     return schema
 
 

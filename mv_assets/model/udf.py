@@ -494,6 +494,16 @@ def _adapter(annotation: Any) -> Callable[[Any], Any] | None:
     return None
 
 
+def adapted(cols: list[list], param_names: list[str], annotations: dict[str, Any]) -> list[list]:
+    """A scalar call's argument columns (one per parameter), each value adapted
+    where its parameter's annotation has an adapter (a blob's bytes as a
+    ``BlobFile``); NULLs stay None. The columns as they are when none has one."""
+    adapters = [_adapter(annotations.get(p)) for p in param_names]
+    if not any(adapters):
+        return cols
+    return [[a(v) if v is not None else v for v in col] if a else col for col, a in zip(cols, adapters, strict=True)]
+
+
 def _wants_ndarray(annotation: Any) -> bool:
     """Whether a scalar parameter is annotated ``np.ndarray`` (or ``np.ndarray | None``):
     its list values are passed as NumPy arrays, as Geneva does."""
@@ -862,12 +872,9 @@ class UDF:
         if errors is None:
             errors = []
         if self.kind == SCALAR:
-            cols = [input_values(batch, c).to_pylist() for c in self.input_paths]
+            cols = adapted([input_values(batch, c).to_pylist() for c in self.input_paths], self.param_names,
+                           self.param_annotations)
             arrays = [_wants_ndarray(self.param_annotations.get(p)) for p in self.param_names]
-            adapters = [_adapter(self.param_annotations.get(p)) for p in self.param_names]
-            if any(adapters):  # (a blob's bytes as a file object where the parameter says BlobFile)
-                cols = [[a(v) if v is not None else v for v in col] if a else col
-                        for col, a in zip(cols, adapters, strict=True)]
             values: list[Any] = []
             computed = 0
             retrying = policy.may_retry

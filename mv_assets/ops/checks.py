@@ -13,6 +13,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from mv_assets.model.blobs import BYTES
 from mv_assets.model.definition import SOURCE_ROW_ID, SOURCE_ROW_VERSION, computed_marker, stored_columns
 from mv_assets.model.kinds import kind_of
 from mv_assets.model.markers import ROW_VERSION_COLUMN, stale_sql
@@ -338,9 +339,9 @@ def _values_match_source(view: ViewRef, src, state, version: int) -> CheckOutcom
                             "partition by partition since its last whole refresh)", meta)
     projection = view.definition.projection
     # (blob columns compared by their bytes: the descriptors say where each copy's bytes are)
-    held = ds.to_table(columns=[SOURCE_ROW_ID, SOURCE_ROW_VERSION, *projection], blob_handling="all_binary")
+    held = ds.to_table(columns=[SOURCE_ROW_ID, SOURCE_ROW_VERSION, *projection], blob_handling=BYTES)
     source = src.to_table(
-        columns={"__v": "_row_last_updated_at_version", **projection}, with_row_id=True, blob_handling="all_binary"
+        columns={"__v": "_row_last_updated_at_version", **projection}, with_row_id=True, blob_handling=BYTES
     )
     pos = positions(_ids(held, SOURCE_ROW_ID), _ids(source, "_rowid"))
     found = pos >= 0
@@ -989,7 +990,7 @@ def _join_checks(view: ViewRef) -> list[CheckOutcome]:
     keys = [row_id_column(i) for i in range(len(join.sources))]
     plain = [c.name for c in definition.columns if c.kind != "udf"]
     held = view.dataset().to_table(columns=keys + plain + [c.name for c in definition.udf_columns],
-                                   blob_handling="all_binary")  # (a blob column compared by its bytes)
+                                   blob_handling=BYTES)  # (a blob column compared by its bytes)
     if not versions:
         never = "not checked: the view was never refreshed"
         return [CheckOutcome(n, held.num_rows == 0, never, {"view_rows": held.num_rows})

@@ -10,7 +10,7 @@ import pyarrow as pa
 from lance.commit import CommitConflictError  # a concurrent writer won (``.retryable``)
 from lance.fragment import Bitmap  # pyright: ignore[reportPrivateImportUsage]
 
-from mv_assets.model.blobs import blob_names
+from mv_assets.model.blobs import blob_sources
 
 __all__ = ["CommitConflictError", "take_rows", "roaring_bitmap_bytes", "delete_offsets", "field_ids",
            "with_filter_columns"]
@@ -25,15 +25,13 @@ def take_rows(ds: lance.LanceDataset, row_ids: "list[int] | pa.Array", columns) 
     (named as itself or as a quoted identifier) comes as its bytes, read with
     ``take_blobs``, as the scans of tasks read it (``blob_handling``)."""
     table = ds._take_rows(row_ids, columns=columns)
-    blobs = set(blob_names(ds.schema))
-    if not blobs:
+    copies = blob_sources(columns, ds.schema)
+    if not copies:
         return table
-    named = dict(columns) if isinstance(columns, dict) else {c: f"`{c}`" for c in columns or ds.schema.names}
     ids = list(row_ids) if isinstance(row_ids, list) else row_ids.to_pylist()
     for i, name in enumerate(table.column_names):
-        source = named.get(name, "").strip("`")
-        if source in blobs:
-            files = ds.take_blobs(source, ids=ids)
+        if name in copies:
+            files = ds.take_blobs(copies[name], ids=ids)
             values = pa.array([None if f is None else f.readall() for f in files], pa.large_binary())
             table = table.set_column(i, pa.field(name, pa.large_binary()), values)
     return table
