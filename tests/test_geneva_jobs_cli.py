@@ -521,8 +521,19 @@ def test_listing_filters_and_unknown_ids(tmp_path):
     assert db.get_job("fill").status == "DONE"
 
 
-def test_tail_follows_a_running_job_to_its_end(tmp_path):
+def test_tail_follows_a_running_job_to_its_end(tmp_path, monkeypatch):
+    """The job is held running until tail has read its record once (then it goes on to DONE):
+    tail sees RUNNING, then DONE, whatever the machine's speed."""
     db, t = _catalog(tmp_path)
+    looked = threading.Event()
+    get_job = mv.Connection.get_job
+
+    def watched(self, job_id):
+        record = get_job(self, job_id)
+        looked.set()
+        return record
+
+    monkeypatch.setattr(mv.Connection, "get_job", watched)
     gate = tmp_path / "gate"
     gate.write_text("x")
 
@@ -534,14 +545,13 @@ def test_tail_follows_a_running_job_to_its_end(tmp_path):
 
     t.add_columns({"z": slow})
     job = t.backfill_async("z", job_id="slowjob")
-    opened = threading.Timer(1.5, gate.unlink)
+    opened = threading.Thread(target=lambda: (looked.wait(60), gate.unlink()))  # after tail's first look
     opened.start()
     try:
         code, out = _cli(db.uri, "tail", "slowjob", "--interval", "0.5")
     finally:
-        opened.cancel()
-        if gate.exists():
-            gate.unlink()
+        looked.set()
+        opened.join()
         job.result(timeout=60)
     assert code == 0, out
     lines = [line.strip() for line in out.splitlines()]
