@@ -601,9 +601,6 @@ class Connection:
                 raise ValueError("a view cannot have the same name as one of its sources")
             require_stable_row_ids(ds, t.name, f"{kind.a_noun} ({name!r})")
             require_current_format(ds, t.name, f"{kind.a_noun} ({name!r})")
-        for t in sources[1:]:  # the view records which tables it reads (storage.identity)
-            assert isinstance(t, Table)  # (checked above)
-            ensure_table_id(t.uri)
         return self._write_view(name, definition, kind.schema(definition, datasets), query, refresh_policy,
                                 with_no_data, ownership)
 
@@ -640,7 +637,8 @@ class Connection:
         require_current_format(query.table._dataset(), query.table.name, f"a materialized view ({name!r})")
         check_deterministic(name, {"the filter": definition.filter,
                                    **{f"column {c.name!r}": c.expr for c in definition.columns if c.kind == "sql"}})
-        ensure_table_id(query.table.uri)  # the view records which table it reads (storage.identity)
+        for t in [query.table, *query.joined]:  # the view records which tables it reads (storage.identity)
+            ensure_table_id(t.uri)
         empty = pa.Table.from_batches([], schema=schema)
         objects.write_dataset(empty, self._table_uri(name), schema=schema, mode="create", enable_stable_row_ids=True)
         view = MaterializedView(self, name, definition)

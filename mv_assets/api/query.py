@@ -108,7 +108,12 @@ class Query:
         table's name (``"videos.title"``) where more than one table has them."""
         if not hasattr(other, "schema") or not hasattr(other, "_dataset") or not isinstance(
                 getattr(other, "name", None), str):
-            raise ValueError(f"join() takes a table or view of this catalog, got {type(other).__name__}")
+            named = getattr(other, "name", None)
+            what = f"{type(other).__name__} {named!r}" if isinstance(named, str) else type(other).__name__
+            hint = (" (a view that is not materialized is computed when read and has no row ids to keep: "
+                    "create it with create_materialized_view to join it)" if type(other).__name__ == "View" else "")
+            raise ValueError(f"join() takes a table or materialized view of this catalog (db.open_table(name)), "
+                             f"got {what}{hint}")
         if self._group_by is not None or self._aggs is not None:
             raise ValueError("join() comes before group_by()")
         spec = {"on": on, "left_on": left_on, "right_on": right_on, "how": how}

@@ -38,6 +38,7 @@ from mv_assets.model.definition import (
     short_error,
     sql_literal,
 )
+from mv_assets.model.errors import TableNotFoundError
 from mv_assets.model.kinds import kind_of
 from mv_assets.model.markers import current_sql, stale_sql
 from mv_assets.model.names import PRIMARY_KEY_METADATA_KEY, Alias, is_internal_column
@@ -252,7 +253,13 @@ class Table(Indexed):
         if version is None:
             version = self._checked_out
             if version is None:
-                return objects.dataset(self.uri)
+                try:
+                    return objects.dataset(self.uri)
+                except (ValueError, OSError):
+                    if objects.is_dataset(self.uri):
+                        raise
+                    raise TableNotFoundError(f"no table or view named {self.name!r} in {self.connection.uri} "
+                                             "(dropped since this handle was opened?)") from None
         if isinstance(version, bool) or not isinstance(version, int):
             raise ValueError(f"a version is an int, got {version!r}")
         return dataset_at(self.uri, self.name, version)  # a cleaned-up or unknown version: said so

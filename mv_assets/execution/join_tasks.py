@@ -14,6 +14,7 @@ input rows: a row whose UDF reads no source row that changed (by stable row
 id, for each source the UDF reads) keeps its value with no UDF call.
 """
 
+import functools
 import shutil
 import tempfile
 from collections.abc import Callable, Iterator
@@ -31,7 +32,7 @@ from mv_assets.model.planning import positions
 from mv_assets.storage import objects
 from mv_assets.storage.lance_compat import take_rows
 
-__all__ = ["join_batches", "computed_join", "joined_rows", "evaluated", "planned_calls", "key_filter", "read_first", "ID_CHUNK", "KEY_FILTER_MAX"]
+__all__ = ["join_batches", "match_key", "row_identities", "joined_version", "UdfCall", "computed_join", "joined_rows", "evaluated", "planned_calls", "key_filter", "read_first", "ID_CHUNK", "KEY_FILTER_MAX"]
 
 # Row ids per ``_rowid IN`` list when rows are read by id.
 ID_CHUNK = 20_000
@@ -131,11 +132,18 @@ def key_filter(keys: list[str], values: "list[pa.ChunkedArray | pa.Array]") -> s
         return None
 
 
+def joined_version(i: int) -> str:
+    """The staged column holding the version of source ``i``'s row (what a
+    checkpointed UDF value of the joined row depends on, with its id)."""
+    return f"__jv{i}"
+
+
 def _read_joined(ds: lance.LanceDataset, i: int, columns: list[str], keys: list[str],
                  left_values: list[pa.ChunkedArray]) -> pa.Table:
-    """Source ``i``'s rows (staged columns and row id) that can match the left
-    side's key values: through an ``IN`` filter when the keys are few, else all."""
+    """Source ``i``'s rows (staged columns, row id and version) that can match the
+    left side's key values: through an ``IN`` filter when the keys are few, else all."""
     projection = {staged_name(i, c): f"`{c}`" for c in columns}
+    projection[joined_version(i)] = "_row_last_updated_at_version"
     table = ds.to_table(columns=projection, filter=key_filter(keys, left_values), with_row_id=True, blob_handling=blobs.BYTES)
     return table.rename_columns([joined_row_id(i) if n == "_rowid" else n for n in table.column_names])
 
@@ -157,6 +165,15 @@ def joined_rows(first: pa.Table, datasets: list[lance.LanceDataset], join: Join)
     return rel
 
 
+def match_key(values: "pa.ChunkedArray | pa.Array") -> "pa.ChunkedArray | pa.Array":
+    """A key column as joins compare it: SQL's float equality, where -0.0
+    equals 0.0 (Arrow's hashing tells them apart; adding +0.0 turns -0.0 into
+    0.0 and changes no other value; NaN matches NaN, as it does in Arrow)."""
+    if pa.types.is_floating(values.type):
+        return pc.add(values, pa.scalar(0, values.type))  # pyright: ignore[reportAttributeAccessIssue]
+    return values
+
+
 def _matches(rel: pa.Table, left: list[str], right: pa.Table, right_keys: list[str], how: str):
     """Which left rows the joined rows come from (None: every row, in order; a
     mask: those rows, in order; else positions) and the right row each takes
@@ -165,10 +182,10 @@ def _matches(rel: pa.Table, left: list[str], right: pa.Table, right_keys: list[s
     order, and only the right side is gathered; otherwise a hash join of the
     keys and row positions."""
     if len(left) == 1:
-        key = right.column(right_keys[0])
+        key = match_key(right.column(right_keys[0]))
         non_null = key.drop_null()
         if pc.count_distinct(non_null).as_py() == len(non_null):  # pyright: ignore[reportAttributeAccessIssue]
-            ri = pc.index_in(rel.column(left[0]), value_set=non_null.combine_chunks())  # pyright: ignore[reportAttributeAccessIssue]
+            ri = pc.index_in(match_key(rel.column(left[0])), value_set=non_null.combine_chunks())  # pyright: ignore[reportAttributeAccessIssue]
             if key.null_count:  # positions among the non-NULL keys -> positions in the table
                 where = np.flatnonzero(np.asarray(key.is_valid().to_numpy(zero_copy_only=False)))
                 ri = pc.take(pa.array(where), ri)  # pyright: ignore[reportAttributeAccessIssue]
@@ -177,9 +194,9 @@ def _matches(rel: pa.Table, left: list[str], right: pa.Table, right_keys: list[s
             found = ri.is_valid()
             return found, ri.filter(found)
     keys = [f"__k{n}" for n in range(len(left))]
-    lhs = pa.table({**{k: rel.column(c) for k, c in zip(keys, left, strict=True)},
+    lhs = pa.table({**{k: match_key(rel.column(c)) for k, c in zip(keys, left, strict=True)},
                     _LI: pa.array(np.arange(rel.num_rows, dtype=np.int64))})
-    rhs = pa.table({**{k: right.column(c) for k, c in zip(keys, right_keys, strict=True)},
+    rhs = pa.table({**{k: match_key(right.column(c)) for k, c in zip(keys, right_keys, strict=True)},
                     _RI: pa.array(np.arange(right.num_rows, dtype=np.int64))})
     matched = lhs.join(rhs, keys=keys, join_type="inner" if how == "inner" else "left outer",
                        use_threads=True, coalesce_keys=True)
@@ -232,10 +249,36 @@ def _reuse(new: pa.Table, old: pa.Table, c: ColumnSpec, sources: list[int], chan
     return pos
 
 
+def row_identities(rel: pa.Table, sources: list[int]) -> np.ndarray:
+    """Per staged row, what its UDF value depends on beyond its first-table
+    row's id and version: the id and version of each joined row of
+    ``sources`` (``"1:7@3;2:-"``; ``-`` a LEFT row without match), as a row
+    checkpoint's input identity (one first-table row has a view row per match)."""
+    parts = []
+    for i in sources:
+        if i == 0:
+            continue
+        ids = rel.column(joined_row_id(i)).cast(pa.string())
+        vers = rel.column(joined_version(i)).cast(pa.string())
+        parts.append(pc.binary_join_element_wise(f"{i}:", ids, "@", vers, "").fill_null(f"{i}:-"))  # pyright: ignore[reportAttributeAccessIssue]
+    if not parts:
+        return np.full(rel.num_rows, "", dtype=object)
+    joined = parts[0] if len(parts) == 1 else pc.binary_join_element_wise(*parts, ";")  # pyright: ignore[reportAttributeAccessIssue]
+    return np.asarray(joined.to_pylist(), dtype=object)
+
+
+# A join task's UDF call for one column: ``udf_call(column, inputs, first ids,
+# first versions, identities, udf_rows, errors)`` -> the column's values and
+# markers; ``identities()`` gives the rows' :func:`row_identities` (built only
+# when a checkpoint needs them). The task's is checkpointed
+# (:func:`mv_assets.execution.tasks.join_udf_call`).
+UdfCall = Callable[[ColumnSpec, pa.RecordBatch, pa.Array, pa.Array, Callable[[], np.ndarray], dict, list],
+                   dict[str, pa.Array]]
+
+
 def _udf_values(rel: pa.Table, join: Join, definition: ViewDefinition, udf_rows: dict, errors: list,
-                old: pa.Table | None, changed: dict, compute_udf_columns: Callable) -> dict[str, pa.Array]:
-    """Every UDF column's values and markers for the rows of ``rel`` (``compute_udf_columns``:
-    :func:`mv_assets.execution.tasks.compute_udf_columns`, every view kind's UDF call)."""
+                old: pa.Table | None, changed: dict, udf_call: UdfCall) -> dict[str, pa.Array]:
+    """Every UDF column's values and markers for the rows of ``rel`` (see :data:`UdfCall`)."""
     out: dict[str, pa.Array] = {}
     ids = rel.column(SOURCE_ROW_ID).combine_chunks()
     versions = rel.column(SOURCE_ROW_VERSION).combine_chunks()
@@ -253,8 +296,10 @@ def _udf_values(rel: pa.Table, join: Join, definition: ViewDefinition, udf_rows:
             inputs = pa.RecordBatch.from_arrays(
                 [sub.column(staged_name(*join.refs[n])).combine_chunks() for n in u.input_columns],
                 names=list(u.input_columns))
-            got = compute_udf_columns([c], inputs, ids if every else ids.take(pa.array(todo)),
-                                      versions if every else versions.take(pa.array(todo)), udf_rows, errors)
+            got = udf_call(c, inputs, ids if every else ids.take(pa.array(todo)),
+                           versions if every else versions.take(pa.array(todo)),
+                           _once(functools.partial(row_identities, sub, join.udf_sources.get(c.name, []))),
+                           udf_rows, errors)
             computed_v, computed_m = got[c.name], got[computed_marker(c.name)]
         if len(todo) == rel.num_rows:
             values, markers = computed_v, computed_m
@@ -277,6 +322,17 @@ def _udf_values(rel: pa.Table, join: Join, definition: ViewDefinition, udf_rows:
     return out
 
 
+def _once(make: Callable[[], np.ndarray]) -> Callable[[], np.ndarray]:
+    """``make``, called at most once."""
+    got: list[np.ndarray] = []
+
+    def value() -> np.ndarray:
+        if not got:
+            got.append(make())
+        return got[0]
+    return value
+
+
 def _view_batch(rel: pa.Table, join: Join, definition: ViewDefinition, schema: pa.Schema,
                 udfs: dict[str, pa.Array]) -> pa.Table:
     columns = {c.name: c for c in definition.columns}
@@ -295,11 +351,11 @@ def _view_batch(rel: pa.Table, join: Join, definition: ViewDefinition, schema: p
 
 
 def join_batches(definition: ViewDefinition, schema: pa.Schema, args: dict, udf_rows: dict,
-                 errors: list, compute_udf_columns: Callable) -> Iterator[pa.RecordBatch]:
+                 errors: list, udf_call: UdfCall) -> Iterator[pa.RecordBatch]:
     """The view rows of one task: ``args`` (planned by :mod:`mv_assets.ops.join_refresh`)
     names the sources' uris and versions and the first table's fragments or row ids."""
     datasets = [objects.dataset(u, version=v) for u, v in zip(args["uris"], args["versions"], strict=True)]
-    yield from _batches_over(definition, schema, args, udf_rows, errors, datasets, compute_udf_columns)
+    yield from _batches_over(definition, schema, args, udf_rows, errors, datasets, udf_call)
 
 
 def _staged(definition: ViewDefinition, args: dict, datasets: list[lance.LanceDataset]
@@ -353,13 +409,13 @@ def planned_calls(definition: ViewDefinition, args: dict) -> tuple[int, dict[str
 
 
 def _batches_over(definition: ViewDefinition, schema: pa.Schema, args: dict, udf_rows: dict, errors: list,
-                  datasets: list[lance.LanceDataset], compute_udf_columns: Callable) -> Iterator[pa.RecordBatch]:
+                  datasets: list[lance.LanceDataset], udf_call: UdfCall) -> Iterator[pa.RecordBatch]:
     join, first, staged, old = _staged(definition, args, datasets)
     done = 0
     for start in range(0, staged.num_rows, OUT_BATCH):
         rel = staged.slice(start, OUT_BATCH)
         udfs = _udf_values(rel, join, definition, udf_rows, errors, old, (args.get("reuse") or {}).get("changed", {}),
-                           compute_udf_columns)
+                           udf_call)
         yield from _view_batch(rel, join, definition, schema, udfs).to_batches()
         step = first.num_rows * (start + rel.num_rows) // staged.num_rows - done  # (progress counts first rows)
         progress.advance(step)
@@ -372,5 +428,8 @@ def computed_join(definition: ViewDefinition, schema: pa.Schema, datasets: list[
     """Every row of a join view over ``datasets`` (at their versions), in this process."""
     args = {"uris": [d.uri for d in datasets], "versions": [d.version for d in datasets], "fragments": None}
     udf_rows: dict[str, int] = {}
-    batches = list(_batches_over(definition, schema, args, udf_rows, [], datasets, compute_udf_columns))
+
+    def udf_call(c, inputs, ids, versions, _identities, rows, errors):
+        return compute_udf_columns([c], inputs, ids, versions, rows, errors)
+    batches = list(_batches_over(definition, schema, args, udf_rows, [], datasets, udf_call))
     return pa.Table.from_batches(batches, schema=schema)

@@ -719,16 +719,47 @@ class _FragmentsScan:
 
 # The task work of the view kinds whose tasks are not scans of source
 # fragments (model.kinds: one registry per layer), as
-# ``work(spec, definition, source, view_schema, udf_rows, errors)``:
+# ``work(spec, definition, source, view_schema, udf_rows, errors, resumed)``:
 KIND_TASKS: dict[str, Callable[..., Iterator[pa.RecordBatch]]] = {
     # a table-function view: whole partitions (execution.udtf_tasks)
-    "udtf": lambda spec, d, ds, schema, udf_rows, errors: udtf_batches(ds, d, schema, spec.partitions or [], udf_rows),
+    "udtf": lambda spec, d, ds, schema, udf_rows, errors, resumed: udtf_batches(ds, d, schema, spec.partitions or [], udf_rows),
     # an aggregate view: its groups (execution.agg_tasks)
-    "aggregate": lambda spec, d, ds, schema, udf_rows, errors: agg_batches(ds, d, schema, spec.kind_args),
+    "aggregate": lambda spec, d, ds, schema, udf_rows, errors, resumed: agg_batches(ds, d, schema, spec.kind_args),
     # a join view: the joined rows of some first-table rows (execution.join_tasks)
-    "join": lambda spec, d, ds, schema, udf_rows, errors: join_batches(d, schema, spec.kind_args or {}, udf_rows,
-                                                                      errors, compute_udf_columns),
+    "join": lambda spec, d, ds, schema, udf_rows, errors, resumed: join_batches(
+        d, schema, spec.kind_args or {}, udf_rows, errors, join_udf_call(spec, resumed)),
 }
+
+
+def join_udf_call(spec: TaskSpec, resumed: dict[str, int] | None = None) -> Callable:
+    """A join task's UDF call (:data:`mv_assets.execution.join_tasks.UdfCall`),
+    checkpointed as a query view's: the rows to compute in slices of
+    ``checkpoint_size`` rows (or paced by time), each slice's results saved
+    before they are used, by the view row's identity (its first-table row's
+    id and version, and the ids and versions of the joined rows the UDF
+    reads), so a failed task's retry computes only what no checkpoint holds."""
+    stores: dict[str, RowStore | None] = {}
+
+    def call(c: ColumnSpec, inputs: pa.RecordBatch, ids: pa.Array, versions: pa.Array,
+             identities: Callable[[], np.ndarray], udf_rows: dict, errors: list) -> dict[str, pa.Array]:
+        if c.name not in stores:
+            stores[c.name] = _row_store(spec.batch_checkpoint_dir, [c], spec.batch_resume, spec.checkpoint_seconds)
+        store = stores[c.name]
+        if store is None or not len(ids):
+            return compute_udf_columns([c], inputs, ids, versions, udf_rows, errors)
+        parts, at = [], 0
+        while at < len(ids):
+            n = store.pacer.next_rows() if isinstance(store, PacedRowStore) else spec.batch_size
+            started = time.perf_counter()
+            parts.append(checkpointed_udf_columns(
+                [c], inputs.slice(at, n), ids.slice(at, n), versions.slice(at, n), udf_rows, errors, store,
+                lambda at=at, n=n: identities()[at:at + n], resumed))
+            if isinstance(store, PacedRowStore) and store.computed(min(n, len(ids) - at),
+                                                                    time.perf_counter() - started):
+                store.flush()
+            at += n
+        return {k: pa.concat_arrays([p[k] for p in parts]) for k in parts[0]}
+    return call
 
 
 def _task_batches(spec: TaskSpec, definition: ViewDefinition, ds, view_schema: pa.Schema, udf_rows: dict,
@@ -738,7 +769,7 @@ def _task_batches(spec: TaskSpec, definition: ViewDefinition, ds, view_schema: p
     is not such a scan by their :data:`KIND_TASKS` entry."""
     work = KIND_TASKS.get(definition.kind)
     if work is not None:
-        yield from work(spec, definition, ds, view_schema, udf_rows, errors)
+        yield from work(spec, definition, ds, view_schema, udf_rows, errors, resumed)
         return
     for predicate, group in itertools.groupby(spec.parts, key=lambda part: part[1]):
         fragments = []

@@ -347,14 +347,39 @@ _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")
 
 
 def _keys(value: Any, what: str) -> list[str]:
+    """The key names given: a name or a list; a name may be quoted in
+    backticks (```Cust Id```), which are removed (a name with spaces may be
+    given either way)."""
     keys = [value] if isinstance(value, str) else list(value) if isinstance(value, (list, tuple)) else None
-    if not keys or not all(isinstance(k, str) and k for k in keys):
+    if not keys or not all(isinstance(k, str) and k.strip("`") for k in keys):
         raise ValueError(f"{what} takes a column name or a list of column names, got {value!r}")
-    bad = [k for k in keys if not _NAME.match(k)]
-    if bad:
-        raise ValueError(f"{what} names columns: {bad[0]!r} is not a column name (join views are equi-joins: "
-                         "on=, left_on= and right_on= name the columns whose values must be equal)")
-    return keys
+    return [k[1:-1] if len(k) > 2 and k[0] == k[-1] == "`" else k for k in keys]
+
+
+def _not_a_key(ref: str, what: str, exc: ValueError) -> ValueError:
+    """The error for a key name that resolves to no column: an expression is
+    said to be one (join views are equi-joins), else the resolution's own."""
+    if _NAME.match(ref) or not re.search(r"[^\w. ]", ref):
+        return exc
+    return ValueError(f"{what} names columns: {ref!r} is not a column name (join views are equi-joins: "
+                      "on=, left_on= and right_on= name the columns whose values must be equal)")
+
+
+def _resolve_key(names: "Names", ref: str, within: int, what: str) -> tuple[int, str]:
+    """A left key's (source, column): a column of an earlier source, named as
+    it is (spaces too), or qualified ``table.column``."""
+    try:
+        return names.resolve(ref, within=within)
+    except ValueError as exc:
+        raise _not_a_key(ref, what, exc) from None
+
+
+def _check_key_type(table: str, column: str, t: pa.DataType) -> None:
+    """Keys are compared by hashing: a nested value (list, struct, map) cannot
+    be one (refused when the view is created, not at its first refresh)."""
+    if pa.types.is_nested(t) or pa.types.is_dictionary(t) or pa.types.is_null(t):
+        raise ValueError(f"{table}.{column} is of type {t}, which cannot be a join key (keys are scalar values: "
+                         "numbers, strings, binary, dates, timestamps, booleans, decimals)")
 
 
 def _step(names: Names, k: int, j: dict) -> JoinStep:
@@ -375,15 +400,20 @@ def _step(names: Names, k: int, j: dict) -> JoinStep:
         if len(left_refs) != len(right):
             raise ValueError(f"left_on= names {len(left_refs)} columns and right_on= {len(right)}: one per key")
         right = [r.split(".", 1)[1] if r.startswith(table + ".") else r for r in right]
-    left = [names.resolve(r, within=k - 1) for r in left_refs]
+    what = "on=" if j.get("on") is not None else "left_on="
+    left = [_resolve_key(names, r, k - 1, what) for r in left_refs]
     for r in right:
         if r not in names.columns(k):
-            raise ValueError(f"unknown column {r!r} of {table!r} in the join's keys (its columns: {names.columns(k)})")
+            unknown = ValueError(f"unknown column {r!r} of {table!r} in the join's keys (its columns: "
+                                 f"{names.columns(k)})")
+            raise _not_a_key(r, "on=" if j.get("on") is not None else "right_on=", unknown)
     if len({i for i, _ in left}) > 1:
         raise ValueError(f"the keys of join({table!r}) come from several tables ({left}); a join's left keys are "
                          "columns of one table")
     for (i, c), r in zip(left, right, strict=True):
         lt, rt = names.field(i, c).type, names.field(k, r).type
+        _check_key_type(names.sources[i], c, lt)
+        _check_key_type(table, r, rt)
         if lt != rt:
             raise ValueError(f"join key types differ: {names.sources[i]}.{c} is {lt} and {table}.{r} is {rt}; "
                              "join columns of one type (select a CAST in a view of one side)")

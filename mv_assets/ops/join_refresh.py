@@ -38,13 +38,14 @@ A join view refreshes as a whole: ``fragments=`` widens to the whole source.
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass
 
 import lance
 import numpy as np
 import pyarrow as pa
 
-from mv_assets.execution.join_tasks import key_filter, planned_calls
+from mv_assets.execution.join_tasks import key_filter, match_key, planned_calls
 from mv_assets.execution.tasks import TaskSpec
 from mv_assets.model.definition import computed_column_names, short_error
 from mv_assets.model.join_view import Join, row_id_column
@@ -152,10 +153,13 @@ def _matching(ds: lance.LanceDataset, keys: list[str], values: pa.Table, columns
     wanted = list(dict.fromkeys(keys + columns))
     filter_sql = key_filter(keys, [values.column(0)])
     rows = ds.to_table(columns=wanted, filter=filter_sql, with_row_id=True)
-    probe = values.rename_columns([f"__k{n}" for n in range(len(keys))]).group_by(
+    probe = pa.table({f"__k{n}": match_key(c) for n, c in enumerate(values.columns)}).group_by(
         [f"__k{n}" for n in range(len(keys))]).aggregate([])
     keyed = rows.append_column("__pos", pa.array(np.arange(rows.num_rows, dtype=np.int64)))
     keyed = keyed.rename_columns([f"__k{keys.index(n)}" if n in keys else n for n in keyed.column_names])
+    for n in range(len(keys)):
+        at = keyed.schema.get_field_index(f"__k{n}")
+        keyed = keyed.set_column(at, f"__k{n}", match_key(keyed.column(at)))
     hit = keyed.select([*(f"__k{n}" for n in range(len(keys))), "__pos"]).join(
         probe, keys=[f"__k{n}" for n in range(len(keys))], join_type="inner", use_threads=False)
     return rows.take(hit.column("__pos"))
@@ -192,6 +196,7 @@ class _Delta:
     updated: pa.Table  # rows updated since in a column the view reads: their values now
     before: pa.Table  # ... and at the reflected version (aligned with ``updated``)
     deleted: np.ndarray
+    was_deleted: pa.Table | None = None  # the deleted rows' values at the reflected version (read when asked)
 
     @property
     def gone(self) -> np.ndarray:
@@ -203,19 +208,54 @@ class _Delta:
         """The rows as they are now that may match rows of the other sources (inserted or updated)."""
         return pa.concat_tables([self.inserted, self.updated])
 
+    def departed(self, keys: list[str]) -> pa.Table:
+        """The ``keys`` of the rows as they were at the reflected version that
+        no longer are (updated or deleted): the rows they matched then."""
+        parts = [self.before.select(keys)]
+        if self.was_deleted is not None:
+            parts.append(self.was_deleted.select(keys))
+        return pa.concat_tables(parts)
 
-def _delta(ds: lance.LanceDataset, reflected: int, reads: list[str]) -> _Delta:
+
+def _delta(ds: lance.LanceDataset, reflected: int, reads: list[str], *, old_keys: list[str] | None = None) -> _Delta:
+    """One source's changes; ``old_keys``: also read the deleted rows' values
+    of these columns at the reflected version (see :func:`_departed_probes`)."""
     written, deleted = _changes(ds, reflected, reads)
     created = np.asarray(written.column(_CREATED).to_numpy(), np.int64)
     written = written.drop_columns([_CREATED])  # (the version stays: rows written since, their versions)
     inserted = written.filter(pa.array(created > reflected))
     updated = written.filter(pa.array(created <= reflected))
+    was_deleted = None
+    if old_keys is not None:
+        then = ds.checkout_version(reflected)
+        was_deleted = take_rows(then, pa.array(deleted, pa.uint64()), old_keys) if len(deleted) else \
+            then.scanner(columns=old_keys, limit=0).to_table()
     if not updated.num_rows:
-        return _Delta(inserted, updated, updated, deleted)
+        return _Delta(inserted, updated, updated.select(reads), deleted, was_deleted)
     # (updated rows existed at the reflected version: read there by stable row id, in the same order)
     before = take_rows(ds.checkout_version(reflected), updated.column("_rowid"), reads)
     differ = pa.array(_rows_differ(before, updated.select(reads)))
-    return _Delta(inserted, updated.filter(differ), before.filter(differ), deleted)
+    return _Delta(inserted, updated.filter(differ), before.filter(differ), deleted, was_deleted)
+
+
+_STAGED_SOURCE = re.compile(r"__j(\d+)__")
+
+
+def _departed_probes(join: Join) -> bool:
+    """Whether a joined row's *old* key must be probed to the first table too.
+
+    Every first-table row keeps the stable ids of the joined rows of its view
+    rows, so a change to a joined row finds the view rows it made. A
+    first-table row that has no view row is found only by probing: the new
+    key of a row written finds the rows that match it now. Its old key is
+    needed when losing a match can make a row *enter* the view: a LEFT join
+    (the row becomes NULL-padded) whose filter reads a joined table's columns
+    (``customers.name IS NULL``, the anti-join that finds orphans). An inner
+    join is monotone (losing a joined row only removes view rows, found by
+    their ids), and so is a filter on the first table's columns alone."""
+    if not join.filter or not any(s.how == "left" for s in join.steps):
+        return False
+    return any(int(i) > 0 for i in _STAGED_SOURCE.findall(join.filter))
 
 
 def _input_changes(join: Join, definition, deltas: dict[int, _Delta]) -> dict[str, dict]:
@@ -310,11 +350,18 @@ def plan_join_refresh(
     reflected: dict[str, int] = state.sources
     moved = {n: v for n, v in versions.items() if reflected.get(n) != v}
     details["sources_moved"] = bool(moved)
-    deltas = {i: _delta(ds, reflected[name], join.reads(i))
+    old_too = _departed_probes(join)
+    deltas = {i: _delta(ds, reflected[name], join.reads(i),
+                        old_keys=list(join.step_of(i).right) if i and old_too else None)
               for i, (name, ds) in enumerate(zip(join.sources, datasets, strict=True)) if name in moved}
     first_new = _ids(deltas[0].inserted) if 0 in deltas else np.empty(0, np.int64)  # (no view row yet)
     first_gone = deltas[0].gone if 0 in deltas else np.empty(0, np.int64)
+    # the delta rule's probes: every joined row written since, by its key now; with old_too, every
+    # joined row updated or deleted since, by its key then too (whatever the view holds now)
     probed = [_probe(join, datasets, i, d.arrived) for i, d in deltas.items() if i and d.arrived.num_rows]
+    if old_too:
+        probed += [_probe(join, datasets, i, gone) for i, d in deltas.items() if i
+                   for gone in [d.departed(list(join.step_of(i).right))] if gone.num_rows]
     known = np.unique(np.concatenate([first_gone, *probed]))
     held = _view_rows(view_ds, known, {i: d.gone for i, d in deltas.items() if i})
     touched = np.unique(np.concatenate([first_new, known, _ids(held, SOURCE_ROW_ID)]))
@@ -337,6 +384,7 @@ def plan_join_refresh(
             mine = isin(_ids(written_first), chunk)
             args["known_versions"] = [_ids(written_first)[mine].tolist(), _ids(written_first, _VERSION)[mine].tolist()]
         tasks.append(_task(where, args, len(chunk)))
+    where.checkpointed(tasks)
     rows_out, udf_rows = _counted(definition, tasks, exact, len(alive))
     return RefreshPlan(
         view=view.name, source=definition.source, from_version=state.source_version, to_version=datasets[0].version,
@@ -397,6 +445,7 @@ def _full_plan(view: ViewRef, definition, datasets, view_ds, state, reason: str,
     if group:
         tasks.append(_task(where, {"uris": uris, "versions": [d.version for d in datasets], "fragments": group}, rows))
     held = view_ds.count_rows()
+    where.checkpointed(tasks)
     rows_out, udf_rows = _counted(definition, tasks, exact, total)
     return RefreshPlan(
         view=view.name, source=definition.source, from_version=state.source_version, to_version=datasets[0].version,

@@ -748,8 +748,12 @@ class _TaskPlace:
             pieces, self.src_version, self.src_uri, self.view_uri, self.checkpoint_dir, self.max_rows_per_task,
             self.plan_key, recompute, self.view_version, self.balanced,
         )
-        # Row checkpoints are looked up only when an earlier run left some (a
-        # resume); a fresh refresh only writes them.
+        return self.checkpointed(tasks)
+
+    def checkpointed(self, tasks: list[TaskSpec]) -> list[TaskSpec]:
+        """``tasks`` set to checkpoint their UDF results by row (every
+        ``checkpoint_size`` rows, else paced by time) in the plan's row
+        checkpoints, looked up only when an earlier run left some (a resume)."""
         resume = bool(objects.listdir(self.batch_dir))
         for t in tasks:
             t.batch_size, t.batch_checkpoint_dir, t.batch_resume = self.checkpoint_size or 8192, self.batch_dir, resume

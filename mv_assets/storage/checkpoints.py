@@ -126,7 +126,16 @@ class CheckpointIndex:
         p = np.minimum(np.searchsorted(self._sorted, row_ids), len(self._sorted) - 1)
         pos = self._order[p]
         found = (self._sorted[p] == row_ids) & (self.versions[pos] == row_versions) & (self._inputs[pos] == inputs)
-        return np.where(found, pos, -1)
+        out = np.where(found, pos, -1)
+        # an id saved several times (a join view's row id is its first table's: one per joined row, told
+        # apart by the inputs): the rows not found at the first of their id look through the others
+        hi = np.searchsorted(self._sorted, row_ids, side="right")
+        for k in np.flatnonzero(~found & (hi - p > 1)):
+            for q in self._order[p[k] + 1:hi[k]]:
+                if self.versions[q] == row_versions[k] and self._inputs[q] == inputs[k]:
+                    out[k] = q
+                    break
+        return out
 
     def values(self, pos: np.ndarray, names: list[str]) -> dict[str, pa.Array]:
         """The saved ``names`` of the rows at ``pos`` (positions from :meth:`lookup`), in that order."""
