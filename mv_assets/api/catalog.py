@@ -28,7 +28,9 @@ from mv_assets.model.errors import (
     TableExistsError,
     TableNotFoundError,
 )
+from mv_assets.model.join_agg_view import is_join_under, join_under
 from mv_assets.model.kinds import kind_of
+from mv_assets.model.names import JOIN_UNDER_PREFIX
 from mv_assets.model.ownership import OWNERSHIP_METADATA_KEY, Ownership
 from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
 from mv_assets.model.volatility import check_deterministic
@@ -62,6 +64,15 @@ from mv_assets.storage.threads import pool
 __all__ = ["Connection", "connect", "validate_name"]
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,127}$")
+
+
+def validate_new_name(name: str) -> str:
+    """A name for a new table or view: :func:`validate_name`, and not one of the engine's."""
+    validate_name(name)
+    if name.startswith(JOIN_UNDER_PREFIX):
+        raise ValueError(f"invalid table name {name!r}: names starting with {JOIN_UNDER_PREFIX!r} are the engine's "
+                         "(the joins kept under join aggregate views)")
+    return name
 
 
 def validate_name(name: str) -> str:
@@ -191,7 +202,7 @@ class Connection:
         beside files it keeps) is listed too; looking for that marker cost a
         listing per dataset, a third of the status's requests."""
         return sorted(n[: -len(".lance")] for n in objects.listdir(self.uri)
-                      if n.endswith(".lance") and len(n) > len(".lance"))
+                      if n.endswith(".lance") and len(n) > len(".lance") and not n.startswith(JOIN_UNDER_PREFIX))
 
     def describe(self, name: str | None = None, *, unreadable: dict[str, str] | None = None
                  ) -> dict[str, TableDescription]:
@@ -372,7 +383,7 @@ class Connection:
         are ``connect(storage_options=)``'s, and other values warn
         (``GenevaCompatWarning``, docs/geneva.md).
         """
-        validate_name(name)
+        validate_new_name(name)
         _check_table_storage_options(storage_options, self.storage_options)
         if mode not in ("create", "overwrite"):
             raise ValueError(f"mode must be 'create' or 'overwrite', got {mode!r}")
@@ -437,6 +448,11 @@ class Connection:
         deps = self.dependents(name)
         if deps:
             raise ValueError(f"cannot drop {name!r}: views {deps} are defined over it; drop them first")
+        self._drop_dataset(name)
+        if objects.is_dataset(self._table_uri(join_under(name))):  # a join aggregate: the join kept under it
+            self._drop_dataset(join_under(name))
+
+    def _drop_dataset(self, name: str) -> None:
         objects.remove_tree(self._table_uri(name))
         # its bookkeeping goes too, or a new table of the same name would inherit it
         objects.remove_tree(self._state_dir("checkpoints", name))
@@ -586,10 +602,17 @@ class Connection:
         (``{"domain": "search"}``) are the view's asset owners and tags in
         Dagster (see :meth:`MaterializedView.set_owners`).
         """
-        validate_name(name)
+        validate_new_name(name)
         refresh_policy = _auto_refresh_policy(auto_refresh, refresh_policy)
         ownership = Ownership.of(owners, tags)  # (validated before anything is written)
         self._check_new_view(name, query, refresh_policy, "create_materialized_view")
+        if query.is_join_aggregate:
+            return self._create_join_aggregate(name, query, refresh_policy, with_no_data, ownership)
+        return self._create_view(name, query, refresh_policy, with_no_data, ownership)
+
+    def _create_view(self, name: str, query: Query, refresh_policy: RefreshPolicy | None, with_no_data: bool,
+                     ownership: Ownership | None) -> MaterializedView:
+        """A materialized view of ``query`` named ``name`` (checked by the caller)."""
         definition = query.to_definition()
         kind = kind_of(definition)  # (a query view, or group_by().agg(): an aggregate, join(): a join view)
         sources = [query.table, *query.joined]
@@ -603,6 +626,28 @@ class Connection:
             require_current_format(ds, t.name, f"{kind.a_noun} ({name!r})")
         return self._write_view(name, definition, kind.schema(definition, datasets), query, refresh_policy,
                                 with_no_data, ownership)
+
+    def _create_join_aggregate(self, name: str, query: Query, refresh_policy: RefreshPolicy | None,
+                               with_no_data: bool, ownership: Ownership) -> MaterializedView:
+        """Joins and ``GROUP BY`` in one view (model.join_agg_view): the join
+        kept under it (a join view never listed), then the aggregate over it;
+        both validated before either is written, the join dropped again if
+        the view cannot be written."""
+        inner, outline = query.join_aggregate()  # (every check: nothing written yet)
+        under = join_under(name)
+        if objects.is_dataset(self._table_uri(under)):  # (left by a view of that name dropped outside mv_assets)
+            self._drop_dataset(under)
+        self._create_view(under, inner, RefreshPolicy.manual(), True, None)
+        try:
+            spec = {**json.loads(outline.function or "{}")}
+            spec["sources"] = [under, *spec["sources"][1:]]
+            definition = ViewDefinition(source=under, columns=(), function=json.dumps(spec))
+            join_ds = objects.dataset(self._table_uri(under))
+            return self._write_view(name, definition, kind_of(definition).schema(definition, [join_ds]), query,
+                                    refresh_policy, with_no_data, ownership)
+        except BaseException:
+            self._drop_dataset(under)
+            raise
 
     def _check_new_view(self, name: str, query: Any, refresh_policy: Any, api: str) -> None:
         """What every new view needs: a policy, a query over a table of this
@@ -659,7 +704,7 @@ class Connection:
         source's latest version, in this process. Nothing is refreshed or
         kept; open it with ``open_table(name, views=True)``; drop it with
         :meth:`drop_table`. Validates everything before writing."""
-        validate_name(name)
+        validate_new_name(name)
         self._check_new_view(name, query, None, "create_view")
         definition = query.to_definition()
         if not write_view_definition(self.layout, name, definition):
@@ -703,7 +748,7 @@ class Connection:
         ``auto_refresh``: as in :meth:`create_materialized_view`. Geneva's
         keyword names ``source=`` (the query) and ``udtf=`` (the function) are
         taken too."""
-        validate_name(name)
+        validate_new_name(name)
         query = typing.cast(Query, _one_of("query", query, "source", source))
         function = _one_of("function", function, "udtf", udtf)
         refresh_policy = _auto_refresh_policy(auto_refresh, refresh_policy)
@@ -741,7 +786,7 @@ class Connection:
         the table was recreated without stable row ids): drop it first. Views
         that never refreshed are kept; their first refresh computes every row.
         """
-        validate_name(name)
+        validate_new_name(name)
         finished = finish_interrupted(self.layout, name)  # an interrupted one is finished (or undone) first
         if finished is not None:
             return finished
@@ -798,7 +843,8 @@ class Connection:
 
     def _check_source_current(self, view: MaterializedView) -> None:
         for source in view.definition.sources:  # (a join view: each of them)
-            self._check_one_source_current(view, source)
+            if not is_join_under(source):  # (a join aggregate's own join: its refresh brings it up first)
+                self._check_one_source_current(view, source)
 
     def _check_one_source_current(self, view: MaterializedView, source: str) -> None:
         uri = self.table_uri(source)

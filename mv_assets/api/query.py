@@ -97,7 +97,7 @@ class Query:
         return self._copy(_select=items)
 
     def join(self, other: QuerySource, on: str | list[str] | None = None, *, left_on: str | list[str] | None = None,
-             right_on: str | list[str] | None = None, how: str = "inner") -> "Query":
+             right_on: str | list[str] | None = None, how: str = "inner", alias: str | None = None) -> "Query":
         """Join another table or view (PySpark's and polars' names): ``on``, a
         column (or list) both sides have, kept once like SQL's ``USING``; or
         ``left_on``/``right_on``, a name or list each (``left_on`` may be
@@ -105,7 +105,11 @@ class Query:
         ``how``: ``"inner"`` or ``"left"``. Equi-joins; NULL keys never match.
         Materialized, it is a join view kept by the delta rule
         (:mod:`mv_assets.ops.join_refresh`); names are qualified with their
-        table's name (``"videos.title"``) where more than one table has them."""
+        table's name (``"videos.title"``) where more than one table has them.
+        ``alias``: the joined table's name in the query (SQL's ``AS``): a
+        table joined with itself (a self-join) gives the second occurrence its
+        own name, ``employees.join(employees, alias="mgr",
+        left_on="manager_id", right_on="mgr.id")``."""
         if not hasattr(other, "schema") or not hasattr(other, "_dataset") or not isinstance(
                 getattr(other, "name", None), str):
             named = getattr(other, "name", None)
@@ -116,7 +120,7 @@ class Query:
                              f"got {what}{hint}")
         if self._group_by is not None or self._aggs is not None:
             raise ValueError("join() comes before group_by()")
-        spec = {"on": on, "left_on": left_on, "right_on": right_on, "how": how}
+        spec = {"on": on, "left_on": left_on, "right_on": right_on, "how": how, "alias": alias}
         q = self._copy(_joins=(*self._joins, (other, spec)))
         q._join_parts(keys_only=True)  # tables and keys checked now, in the user's words
         return q
@@ -150,8 +154,13 @@ class Query:
         "count(x)" | "count(distinct x)" | "sum(x)" | "avg(x)" | "min(x)" | "max(x)" |
         "approx_quantile(x, q)"}`` (see docs/concepts.md)."""
         from mv_assets.model.agg_view import parse_aggs
+        from mv_assets.model.join_agg_view import split
 
-        parse_aggs(aggregates)  # refused now, in our words
+        if self._joins:  # (over a join, an aggregate may take an expression: a column of the join computes it)
+            split(self._group_by or (), aggregates, self._select) if isinstance(aggregates, dict) else \
+                parse_aggs(aggregates)
+        else:
+            parse_aggs(aggregates)  # refused now, in our words
         return self._copy(_aggs=dict(aggregates))
 
     def shuffle(self, seed: int | None = None) -> "Query":
@@ -234,12 +243,46 @@ class Query:
         output_schema(definition, ds)  # raises ValueError on bad SQL / columns
         return definition
 
+    @property
+    def is_join_aggregate(self) -> bool:
+        """A join with ``group_by().agg()``: one view, a join aggregate (model.join_agg_view)."""
+        return bool(self._joins) and (self._group_by is not None or self._aggs is not None)
+
+    def join_aggregate(self) -> "tuple[Query, ViewDefinition]":
+        """A join aggregate's two parts, validated: the join kept under it (a
+        query: its joins, filter and the columns the aggregate reads) and the
+        aggregate's definition over it (its ``source`` a stand-in, named by
+        the catalog; see :func:`mv_assets.model.join_agg_view.split`)."""
+        import tempfile
+
+        import lance
+
+        from mv_assets.model import join_agg_view
+        from mv_assets.model.join_view import join_view_schema
+
+        if self._group_by is None:
+            raise ValueError("agg() needs group_by() first (group_by() with no columns: one group of every row)")
+        if self._aggs is None:
+            raise ValueError("group_by() needs agg({...}): the outputs of each group")
+        if self._shuffle or self._limit is not None:
+            raise ValueError("group_by() cannot be combined with shuffle() or limit()")
+        parts = join_agg_view.split(self._group_by, self._aggs, self._select)
+        inner = self._copy(_group_by=None, _aggs=None, _select=list(parts.select))
+        joined = inner.to_definition()
+        spec = join_agg_view.spec("join", [t.name for t in [self._table, *self.joined]], parts.keys, parts.aggs)
+        definition = ViewDefinition(source="join", columns=(), function=json.dumps(spec))
+        datasets = [self._table._dataset(), *(t._dataset() for t, _ in self._joins)]
+        with tempfile.TemporaryDirectory(prefix="mv-join-agg-") as scratch:  # (the join's schema, no rows)
+            ds = lance.write_dataset(join_view_schema(joined, datasets).empty_table(), scratch)
+            join_agg_view.view_schema(definition, [ds])  # raises ValueError on bad keys / aggregates
+        return inner, definition
+
     def _join_definition(self) -> ViewDefinition:
         from mv_assets.model.join_view import join_view_schema
 
         if self._group_by is not None or self._aggs is not None:
-            raise ValueError("group_by() over a join: create the join view, then an aggregate view over it "
-                             "(db.open_table(join_view).search(None).group_by(...).agg(...))")
+            raise ValueError("a join with group_by() is a join aggregate: create it with "
+                             "db.create_materialized_view(name, query) (to_arrow() computes it now)")
         if self._shuffle or self._limit is not None:
             raise ValueError("shuffle() and limit() do not apply to join views")
         join, outputs = self._join_parts()
@@ -277,7 +320,20 @@ class Query:
     def to_arrow(self) -> pa.Table:
         """Evaluate the query in this process (no Spark) and return the rows
         (the user's columns: no row keys or markers, as a view's reader sees)."""
+        if self.is_join_aggregate:
+            return self._join_aggregate_rows()
         return rows_in_process(self.to_definition(), [self._table._dataset(), *(t._dataset() for t, _ in self._joins)])
+
+    def _join_aggregate_rows(self) -> pa.Table:
+        """A join aggregate's groups now: the join's rows, then their groups."""
+        import tempfile
+
+        import lance
+
+        inner, definition = self.join_aggregate()
+        with tempfile.TemporaryDirectory(prefix="mv-join-agg-") as scratch:
+            ds = lance.write_dataset(inner.to_arrow(), scratch)
+            return rows_in_process(definition, [ds])
 
     def to_pandas(self):
         """:meth:`to_arrow` as a pandas DataFrame."""
@@ -322,7 +378,7 @@ def _agg_rows(definition: ViewDefinition, schema: pa.Schema, datasets: list) -> 
 
 
 # How a kind's rows are computed in this process (model.kinds: one registry per layer); others as a query view's
-_IN_PROCESS = {"join": _join_rows, "aggregate": _agg_rows}
+_IN_PROCESS = {"join": _join_rows, "aggregate": _agg_rows, "join_aggregate": _agg_rows}
 
 
 def rows_in_process(definition: ViewDefinition, datasets: list) -> pa.Table:

@@ -39,6 +39,7 @@ from mv_assets.model.definition import (
     sql_literal,
 )
 from mv_assets.model.errors import TableNotFoundError
+from mv_assets.model.join_agg_view import JOIN_AGG_KIND
 from mv_assets.model.kinds import kind_of
 from mv_assets.model.markers import current_sql, stale_sql
 from mv_assets.model.names import PRIMARY_KEY_METADATA_KEY, Alias, is_internal_column
@@ -1487,6 +1488,9 @@ class MaterializedView(Table):
             if isinstance(source_task_size, bool) or not isinstance(source_task_size, int) or source_task_size < 1:
                 raise ValueError(f"source_task_size must be an int >= 1 (source rows per task), got {source_task_size!r}")
             max_rows_per_task = max_rows_per_task or source_task_size
+        if self.definition.kind == JOIN_AGG_KIND:  # joins and GROUP BY: the join kept under it first
+            self._refresh_join_under(src_version, mode, runner, checkpoint_size, lock_timeout)
+            src_version = None
         self.connection._check_source_current(self)
         with self.connection._refresh_lock(self.name, lock_timeout):
             ref = self.ref()
@@ -1497,6 +1501,15 @@ class MaterializedView(Table):
             )
             plan = _with_fragment_size(plan, max_rows_per_fragment)
             return self._execute_refresh(ref, plan, runner, job_id)
+
+    def _refresh_join_under(self, src_version: int | None, mode: str, runner: "Runner | None",
+                            checkpoint_size: int | None, lock_timeout: float | None) -> None:
+        """A join aggregate's join (model.join_agg_view), brought up to date by
+        the delta rule: a view of its own, refreshed under its own lock."""
+        under = self.connection.open_table(self.definition.source)
+        assert isinstance(under, MaterializedView)
+        under.refresh(src_version=src_version, mode=mode, runner=runner, checkpoint_size=checkpoint_size,
+                      lock_timeout=lock_timeout)
 
     def _execute_refresh(self, ref: ViewRef, plan: RefreshPlan, runner: "Runner | None",
                          job_id: str | None) -> RefreshResult:

@@ -227,7 +227,7 @@ def _query_column_texts(info: TableInfo) -> dict[str, str]:
 
 
 # what each column of a view is, by kind (model.kinds: one registry per layer); others as a query view's
-_COLUMN_TEXTS = {"join": _join_column_texts, "aggregate": _agg_column_texts}
+_COLUMN_TEXTS = {"join": _join_column_texts, "aggregate": _agg_column_texts, "join_aggregate": _agg_column_texts}
 
 
 def _table_metadata(info: TableInfo) -> dict:
@@ -433,6 +433,14 @@ def _agg_what(info: TableInfo, where: str, lim: str, cols: str) -> str:
             "changed rows to the groups they touch")
 
 
+def _join_agg_what(info: TableInfo, where: str, lim: str, cols: str) -> str:
+    function = info.definition["function"]
+    keys = ", ".join(k for k in function["keys"]) or "nothing (one group)"
+    outs = ", ".join(f"{n} = {agg_text(fn, c, *q)}" for n, fn, c, *q in function["aggs"])
+    return (f"Aggregate view over the join of {', '.join(info.sources)}: group by {keys}; {outs}; a refresh "
+            "brings the join up to date by the delta rule, then applies its changed rows to the groups they touch")
+
+
 def _udtf_what(info: TableInfo, where: str, lim: str, cols: str) -> str:
     function = info.definition["function"]
     by = function.get("partition_by")
@@ -448,7 +456,8 @@ def _chunk_what(info: TableInfo, where: str, lim: str, cols: str) -> str:
 
 
 # what a view is, said in its asset's description, by kind (model.kinds: one registry per layer)
-_WHAT = {"query": _query_what, "join": _join_what, "aggregate": _agg_what, "udtf": _udtf_what, "chunker": _chunk_what}
+_WHAT = {"query": _query_what, "join": _join_what, "aggregate": _agg_what, "udtf": _udtf_what, "chunker": _chunk_what,
+         "join_aggregate": _join_agg_what}
 
 
 # where a lineage's refreshes compute, as the resource's runner says: (asset kind, words)
@@ -490,13 +499,13 @@ def _join_text(info: TableInfo) -> str:
     assert join is not None
     parts = [join.sources[0]]
     for step in join.steps:
-        table = join.sources[step.index]
+        table, name = join.sources[step.index], join.names[step.index]
         if step.using:
             on = "using " + ", ".join(step.right)
         else:
-            on = "on " + " and ".join(f"{join.sources[i]}.{c} = {table}.{r}"
+            on = "on " + " and ".join(f"{join.names[i]}.{c} = {name}.{r}"
                                       for (i, c), r in zip(step.left, step.right, strict=True))
-        parts.append(f"{step.how} join {table} {on}")
+        parts.append(f"{step.how} join {table}{f' as {name}' if name != table else ''} {on}")
     return ", ".join(parts)
 
 
@@ -734,10 +743,11 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo], conditions: bool 
             )
         )
     # rows per partition or per group: other checks
-    names = {"udtf": UDTF_CHECK_NAMES, "aggregate": AGG_CHECK_NAMES, "join": JOIN_CHECK_NAMES}.get(
-        info.kind, CHECK_NAMES)
+    names = {"udtf": UDTF_CHECK_NAMES, "aggregate": AGG_CHECK_NAMES, "join": JOIN_CHECK_NAMES,
+             "join_aggregate": AGG_CHECK_NAMES}.get(info.kind, CHECK_NAMES)
     described = {**CHECK_DESCRIPTIONS, **{"udtf": UDTF_CHECK_DESCRIPTIONS, "aggregate": AGG_CHECK_DESCRIPTIONS,
-                                          "join": JOIN_CHECK_DESCRIPTIONS}.get(info.kind, {})}
+                                          "join": JOIN_CHECK_DESCRIPTIONS,
+                                          "join_aggregate": AGG_CHECK_DESCRIPTIONS}.get(info.kind, {})}
     note = {"join": JOIN_CHECK_SCOPE_NOTE}.get(info.kind, CHECK_SCOPE_NOTE)
     check_specs = [dg.AssetCheckSpec(name, asset=view_key, description=described[name] + note)
                    for name in names]
@@ -1194,7 +1204,8 @@ def _counts(counts: dict) -> str:
 
 def _log_outcome(context, info: TableInfo, result, recomputed: dict, columns: list[str], duration: float) -> None:
     if result is not None:
-        counted = {"chunker": "parents", "udtf": "partitions", "aggregate": "groups"}.get(info.kind, "rows")
+        counted = {"chunker": "parents", "udtf": "partitions", "aggregate": "groups",
+                   "join_aggregate": "groups"}.get(info.kind, "rows")
         calls = {"chunker": "chunker calls", "udtf": "UDTF calls"}.get(info.kind, "UDF rows computed")
         if result.tasks == 0 and not (result.rows_inserted or result.rows_updated or result.rows_deleted):
             if result.from_version == result.to_version:
@@ -1264,7 +1275,7 @@ def _record_run(
         **({"source_versions": dg.MetadataValue.json(view.source_versions)} if info.join is not None else {}),
     }
     # a chunk view's refresh counts parents (documents), its rows are their chunks; an aggregate view's, groups
-    unit = {"chunker": "parents", "aggregate": "groups"}.get(info.kind, "rows")
+    unit = {"chunker": "parents", "aggregate": "groups", "join_aggregate": "groups"}.get(info.kind, "rows")
     computed_key = "parents_chunked" if unit == "parents" else "rows_computed"
     run_md = dict(base_md)
     if result is not None:

@@ -82,13 +82,16 @@ class TableInfo:
         its ``source``), another view's source; none for a base table."""
         join = self.join
         if join is not None:
-            return list(join.sources)
+            return list(dict.fromkeys(join.sources))  # (a self-join reads its table once)
+        if self.kind == "join_aggregate":  # its join's tables (the join kept under it is the engine's)
+            return kind_of(self.definition).sources_of(self.definition)
         return [self.source] if self.source is not None else []
 
     @property
     def joined(self) -> list[str]:
-        """A join view's joined sources (all but the first); [] for anything else."""
-        return self.sources[1:] if self.join is not None else []
+        """A join view's joined sources (all but the first; a table joined with
+        itself is not joined apart from it); [] for anything else."""
+        return self.sources[1:] if self.join is not None or self.kind == "join_aggregate" else []
 
     @property
     def kind(self) -> str:
@@ -104,8 +107,11 @@ class TableInfo:
 
 
 def _info(d: TableDescription) -> TableInfo:
+    source = d.source
+    if d.is_view and kind_of(d.definition).name == "join_aggregate":  # (its first table, as its users see it)
+        source = kind_of(d.definition).sources_of(d.definition)[0]
     return TableInfo(
-        d.name, d.uri, d.is_view, d.source, d.filter, d.limit, list(d.columns), d.policy, list(d.schema),
+        d.name, d.uri, d.is_view, source, d.filter, d.limit, list(d.columns), d.policy, list(d.schema),
         list(d.reads), root=d.name if not d.is_view else "", definition=d.definition, row_columns=list(d.row_columns),
         ownership=d.ownership,
     )
@@ -177,10 +183,12 @@ def catalog_tables(db: Connection, declared: dict | None = None,
         info.over_view = src.is_view
         join = info.join
         if join is not None:  # the computed columns of each source it reads (Join.reads: keys, names used)
-            reads = {s: [c for c in join.reads(i) if s in out and c in out[s].computed]
-                     for i, s in enumerate(join.sources)}
+            reads: dict[str, list[str]] = {}
+            for i, s in enumerate(join.sources):  # (a table joined with itself: what each occurrence reads)
+                reads[s] = list(dict.fromkeys(reads.get(s, []) + [c for c in join.reads(i)
+                                                                   if s in out and c in out[s].computed]))
             info.reads = reads[info.source]
-            info.joined_reads = {s: reads[s] for s in join.sources[1:] if s in out}
+            info.joined_reads = {s: reads[s] for s in dict.fromkeys(join.sources[1:]) if s in out}
         elif src.is_view:  # which UDF columns of the upstream view it reads
             info.reads = definition_reads(info.definition, src.computed, names[src.name])
         root, seen = src, {info.name}

@@ -725,6 +725,9 @@ KIND_TASKS: dict[str, Callable[..., Iterator[pa.RecordBatch]]] = {
     "udtf": lambda spec, d, ds, schema, udf_rows, errors, resumed: udtf_batches(ds, d, schema, spec.partitions or [], udf_rows),
     # an aggregate view: its groups (execution.agg_tasks)
     "aggregate": lambda spec, d, ds, schema, udf_rows, errors, resumed: agg_batches(ds, d, schema, spec.kind_args),
+    # joins and GROUP BY in one view: the groups of the join kept under it (its source)
+    "join_aggregate": lambda spec, d, ds, schema, udf_rows, errors, resumed: agg_batches(ds, d, schema,
+                                                                                       spec.kind_args),
     # a join view: the joined rows of some first-table rows (execution.join_tasks)
     "join": lambda spec, d, ds, schema, udf_rows, errors, resumed: join_batches(
         d, schema, spec.kind_args or {}, udf_rows, errors, join_udf_call(spec, resumed)),

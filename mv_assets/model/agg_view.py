@@ -274,7 +274,7 @@ class Aggregate:
     @classmethod
     def from_definition(cls, definition: ViewDefinition) -> "Aggregate":
         spec = json.loads(definition.function or "{}")
-        if spec.get("kind") != "aggregate":
+        if spec.get("kind") not in ("aggregate", "join_aggregate"):  # (a join aggregate: over the join under it)
             raise ValueError("not an aggregate view")
         return cls(tuple(spec["keys"]), tuple(Agg(*entry) for entry in spec["aggs"]))
 

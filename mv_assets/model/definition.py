@@ -176,7 +176,10 @@ class ViewDefinition:
     def sources(self) -> list[str]:
         """The tables (or views) the view reads, its source first: one, or a
         join view's every table (its spec's ``sources``)."""
-        return list(self._function_spec.get("sources") or [self.source]) if self.function else [self.source]
+        if not self.function:
+            return [self.source]
+        # (a table joined with itself is read once: one name per table)
+        return list(dict.fromkeys(self._function_spec.get("sources") or [self.source]))
 
     @property
     def udf_columns(self) -> list[ColumnSpec]:

@@ -105,13 +105,24 @@ class Join:
     filter: str | None = None  # the where clause on staged names
     exprs: dict[str, str] = field(default_factory=dict)  # SQL column -> its SQL on staged names
     udf_sources: dict[str, list[int]] = field(default_factory=dict)  # UDF column -> the sources it reads
+    # the name each source goes by in the query (its alias; its table's name without one): a table
+    # joined with itself appears under several names (a self-join), ``sources`` naming it each time
+    aliases: tuple[str, ...] = ()
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        """Each source's name in the query: its alias, else its table's."""
+        return self.aliases or self.sources
 
     def to_spec(self) -> dict:
-        return {
+        spec = {
             "kind": JOIN_KIND, "sources": list(self.sources), "steps": [s.to_json() for s in self.steps],
             "refs": {k: list(v) for k, v in self.refs.items()}, "filter": self.filter, "exprs": dict(self.exprs),
             "udf_sources": {k: list(v) for k, v in self.udf_sources.items()},
         }
+        if self.aliases and self.aliases != self.sources:
+            spec["aliases"] = list(self.aliases)
+        return spec
 
     @staticmethod
     def from_spec(spec: dict) -> "Join":
@@ -121,7 +132,12 @@ class Join:
             tuple(spec["sources"]), tuple(JoinStep.from_json(s) for s in spec["steps"]),
             {k: (int(v[0]), str(v[1])) for k, v in spec.get("refs", {}).items()}, spec.get("filter"),
             dict(spec.get("exprs", {})), {k: [int(i) for i in v] for k, v in spec.get("udf_sources", {}).items()},
+            tuple(spec.get("aliases") or ()),
         )
+
+    def occurrences(self, name: str) -> list[int]:
+        """The indexes at which table ``name`` is read (several: a self-join)."""
+        return [i for i, s in enumerate(self.sources) if s == name]
 
     @staticmethod
     def of(definition: Any) -> "Join":
@@ -290,17 +306,22 @@ def build_join(sources: list[str], schemas: list[pa.Schema], joins: list[dict], 
     """Resolve a join query's names (see the module docstring): its :class:`Join`
     and its output columns as ``(name, kind, value)`` (kind ``"column"``: the
     name as written; ``"sql"``: the SQL as written; ``"udf"``: the UDF bound
-    to its inputs). Raises ValueError, in the user's terms, on any unknown,
-    ambiguous or mistyped name."""
+    to its inputs). A join's ``alias`` names its table in the query (a table
+    joined with itself: each occurrence its own name). Raises ValueError, in
+    the user's terms, on any unknown, ambiguous or mistyped name."""
     from mv_assets.model.udf import UDF
 
-    if len(set(sources)) != len(sources):
-        twice = next(s for s in sources if sources.count(s) > 1)
-        raise ValueError(f"table {twice!r} is joined twice; a join view reads each table once (join a view of it)")
-    names = Names(sources, schemas)
+    aliases = [sources[0], *(_alias(j.get("alias"), t) for j, t in zip(joins, sources[1:], strict=True))]
+    if len(set(aliases)) != len(aliases):
+        twice = next(s for s in aliases if aliases.count(s) > 1)
+        raise ValueError(f"{twice!r} is joined twice; give each occurrence of a table its own name: "
+                         f".join({twice}, alias='{twice}2', ...) (a self-join), then qualify its columns "
+                         f"('{twice}2.column')")
+    names = Names(aliases, schemas)
+    keep = tuple(aliases) if aliases != list(sources) else ()
     steps = [_step(names, k, j) for k, j in enumerate(joins, start=1)]
     if keys_only:  # (join() checks its keys; the outputs once the query is complete)
-        return Join(tuple(sources), tuple(steps)), []
+        return Join(tuple(sources), tuple(steps), aliases=keep), []
     refs: dict[str, tuple[int, str]] = {}
     out: list[tuple[str, str, Any]] = []
     exprs: dict[str, str] = {}
@@ -340,7 +361,15 @@ def build_join(sources: list[str], schemas: list[pa.Schema], joins: list[dict], 
     if where is not None:
         staged_filter, used = rewrite_sql(where, names.resolve)
         refs.update(used)
-    return Join(tuple(sources), tuple(steps), refs, staged_filter, exprs, udf_sources), out
+    return Join(tuple(sources), tuple(steps), refs, staged_filter, exprs, udf_sources, keep), out
+
+
+def _alias(alias: Any, table: str) -> str:
+    if alias is None:
+        return table
+    if not isinstance(alias, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", alias):
+        raise ValueError(f"alias= names the joined table in the query: a plain identifier, got {alias!r}")
+    return alias
 
 
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)?$")

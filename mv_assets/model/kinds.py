@@ -38,6 +38,14 @@ def _join_sources(definition: dict) -> list[str]:
     return list((definition.get("function") or {}).get("sources") or _one_source(definition))
 
 
+def _tables_read(definition: dict) -> list[str]:
+    """A join aggregate's tables as its users see them (lineage): its join's
+    tables, each once, without the join kept under it (model.join_agg_view)."""
+    from mv_assets.model.names import JOIN_UNDER_PREFIX
+
+    return [s for s in dict.fromkeys(_join_sources(definition)) if not s.startswith(JOIN_UNDER_PREFIX)]
+
+
 @dataclass(frozen=True)
 class ViewKind:
     """What every layer asks of a kind of view."""
@@ -82,6 +90,8 @@ KINDS: dict[str, ViewKind] = {k.name: k for k in (
              "its rows are groups; add an aggregate to its agg()"),
     ViewKind("join", "join view", "rows", False, False, "mv_assets.model.join_view",
              "its rows come from several tables; add the column to the join's select()", _join_sources),
+    ViewKind("join_aggregate", "aggregate view", "groups", False, False, "mv_assets.model.join_agg_view",
+             "its rows are groups; add an aggregate to its agg()", _tables_read),
 )}
 
 

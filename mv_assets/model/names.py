@@ -126,3 +126,8 @@ def nth_marker_alias(i: int) -> str:
 def input_marker_alias(column: str) -> str:
     """The marker of a computed UDF input column inside a task scan."""
     return f"__in_marker__{column}"
+
+
+# the join kept under a join aggregate view ``<name>`` (model.join_agg_view) is the
+# dataset ``__mvjoin__<name>``: never listed, refused as a name
+JOIN_UNDER_PREFIX = "__mvjoin__"

@@ -1002,7 +1002,7 @@ def _join_checks(view: ViewRef) -> list[CheckOutcome]:
     for i, ds in enumerate(datasets):
         ids = np.asarray(held.column(keys[i]).drop_null().to_numpy(), np.int64)
         every = _ids(ds.to_table(columns=[], with_row_id=True), "_rowid")
-        orphans[join.sources[i]] = int((~isin(ids, every)).sum())
+        orphans[join.names[i]] = int((~isin(ids, every)).sum())
     out = [CheckOutcome("no_orphan_rows", not any(orphans.values()),
                         f"every view row's source rows exist at {at}", {"orphan_rows_by_source": orphans})]
     rel = evaluated(joined_rows(read_first(datasets[0], join.reads(0)), datasets, join), join)
@@ -1064,5 +1064,7 @@ def _join_differing(expected: pa.Table, have: pa.Table, keys: list[str], columns
 
 # The checks of kinds whose rows are not one per source row (model.kinds: one registry per layer),
 # in full and over the newest refresh (a join view's: in full, see check_view)
-_KIND_CHECKS = {"udtf": _udtf_checks, "aggregate": _agg_checks, "join": _join_checks}
-_KIND_LAST_REFRESH = {"udtf": _udtf_last_refresh, "aggregate": _agg_last_refresh}
+# (a join aggregate: its groups checked against the join under it, as an aggregate view's against its source)
+_KIND_CHECKS = {"udtf": _udtf_checks, "aggregate": _agg_checks, "join": _join_checks, "join_aggregate": _agg_checks}
+_KIND_LAST_REFRESH = {"udtf": _udtf_last_refresh, "aggregate": _agg_last_refresh,
+                      "join_aggregate": _agg_last_refresh}

@@ -114,8 +114,7 @@ def _full_reason(view: ViewRef, join: Join, datasets: list[lance.LanceDataset], 
             return f"{name!r}: {history.breaks_row_ids} (row ids no longer mean the same rows)"
         if history.cleaned_up_at is not None:
             return f"{name!r}: the history of version {history.cleaned_up_at} was cleaned up (its changes are unknown)"
-        i = join.sources.index(name)
-        computed = [c for c in join.reads(i) if c in computed_column_names(ds.schema)]
+        computed = [c for i in join.occurrences(name) for c in join.reads(i) if c in computed_column_names(ds.schema)]
         if computed and backfill_commits(ds, v, ds.version, computed):
             return f"a backfill of {name}.{computed} (read by the view) rewrote values without moving row versions"
     return None

@@ -5,13 +5,15 @@ tasks' execution and its one commit, is shared: :func:`mv_assets.ops.refresh.exe
 * ``"chunker"``: zero or more rows per passing source row (:mod:`mv_assets.ops.chunk_refresh`);
 * ``"udtf"``: zero or more rows per partition of the passing source rows (:mod:`mv_assets.ops.udtf_refresh`);
 * ``"aggregate"``: one row per group of the passing source rows (:mod:`mv_assets.ops.agg_refresh`);
-* ``"join"``: one row per row of an equi-join of several sources (:mod:`mv_assets.ops.join_refresh`).
+* ``"join"``: one row per row of an equi-join of several sources (:mod:`mv_assets.ops.join_refresh`);
+* ``"join_aggregate"``: one row per group of a join's rows (:mod:`mv_assets.ops.join_agg_refresh`).
 """
 
 from collections.abc import Callable
 
 from mv_assets.ops.agg_refresh import plan_agg_refresh
 from mv_assets.ops.chunk_refresh import plan_chunk_refresh
+from mv_assets.ops.join_agg_refresh import plan_join_agg_refresh
 from mv_assets.ops.join_refresh import plan_join_refresh
 from mv_assets.ops.refresh import RefreshPlan, plan_refresh
 from mv_assets.ops.udtf_refresh import plan_udtf_refresh
@@ -21,7 +23,7 @@ __all__ = ["PLANNERS", "plan_view_refresh"]
 
 PLANNERS: dict[str, Callable[..., RefreshPlan]] = {
     "query": plan_refresh, "chunker": plan_chunk_refresh, "udtf": plan_udtf_refresh, "aggregate": plan_agg_refresh,
-    "join": plan_join_refresh,
+    "join": plan_join_refresh, "join_aggregate": plan_join_agg_refresh,
 }
 
 

@@ -32,7 +32,7 @@ from typing import TYPE_CHECKING
 import lance
 import pyarrow as pa
 
-from mv_assets.model.definition import computed_column_names
+from mv_assets.model.definition import VIEW_METADATA_KEY, ViewDefinition, computed_column_names
 from mv_assets.model.join_view import Join
 from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
 from mv_assets.storage import objects
@@ -268,9 +268,13 @@ def joined_pending(view: ViewRef, state: "RefreshState") -> dict[str, list[int]]
     (every version of a source recreated since); {} for a view of one source."""
     if len(view.definition.sources) == 1:
         return {}
-    join = Join.of(view.definition)
+    join, first = Join.of(view.definition if view.definition.kind == "join" else _join_under(view)), 1
+    if view.definition.kind != "join":  # a join aggregate: every table of the join under it (model.join_agg_view)
+        first = 0
     out: dict[str, list[int]] = {}
-    for i, name in enumerate(join.sources[1:], start=1):
+    for i, name in enumerate(join.sources[first:], start=first):
+        if name in out:  # (a table joined with itself)
+            continue
         uri = view.layout.table_uri(name)
         ds = objects.dataset(uri)
         reflected = (state.sources or {}).get(name)
@@ -281,6 +285,14 @@ def joined_pending(view: ViewRef, state: "RefreshState") -> dict[str, list[int]]
         computed = [c for c in join.reads(i) if c in computed_column_names(ds.schema)]
         out[name] = pending_versions(uri, reflected, computed, ds.version, ds=ds)
     return out
+
+
+def _join_under(view: ViewRef):
+    """The definition of the join kept under a join aggregate (its source)."""
+    raw = (view.source_dataset().schema.metadata or {}).get(VIEW_METADATA_KEY.encode())
+    if raw is None:
+        raise ValueError(f"the join under {view.name!r} ({view.source!r}) is not a join view")
+    return ViewDefinition.decode(raw)
 
 
 def _source_missing(view: ViewRef, ds, state: "RefreshState", record: dict) -> ViewStatus:
