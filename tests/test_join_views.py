@@ -230,7 +230,7 @@ def test_many_to_many_gives_sqls_multiplicities(db):
     (lambda a, b, c: a.search(None).join("b", on="k"), "takes a table or materialized view"),
     (lambda a, b, c: a.search(None).group_by("k").join(b, on="k"), "comes before"),
     (lambda a, b, c: a.search(None).join(b, on="k").group_by("k").agg({"n": "count(*)"}).to_definition(),
-     "then an aggregate view over it"),
+     "is a join aggregate: create it with"),
 ])
 def test_bad_joins_are_refused_in_the_users_words(db, make, match):
     a = db.create_table("a", pa.table({"k": [1], "x": [1], "s": ["1"]}))

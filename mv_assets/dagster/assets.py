@@ -1321,6 +1321,8 @@ def _record_run(
     # fragment, as observed (the run observes what the instance has not seen:
     # never observed, a partition would show Unsynced right after this run).
     read = None if result is None else result.to_version
+    if result is not None and info.kind == "join_aggregate":  # (its own source is the join under it: the first
+        read = view.source_versions.get(info.source_name)      # table's version is the one it recorded)
     fragment_inputs = (observe_fragments(context, source, fragments, read, every=observe_all)
                        if keys and not info.over_view else {})
     # A view over a view: each partition's inputs are the upstream view's partition and the upstream
