@@ -114,6 +114,7 @@ def build_definitions(
     db: Connection | str,
     *,
     resource: MvAssetsResource | None = None,
+    pyspark: Any = None,
     sensor_interval_seconds: int = 15,
     sensors_running: bool = True,
     views: dict | str | None = None,
@@ -141,10 +142,20 @@ def build_definitions(
     running; stopped by default (turn them on in the UI). A
     materialization's checks cover what its refresh changed only.
 
+    ``pyspark``: a dagster-pyspark ``LazyPySparkResource`` (or
+    ``PySparkResource``): the runs' refreshes use the Spark session it builds
+    from its ``spark_config`` (started by the first refresh with Spark work;
+    ``spark.remote`` in it: Spark Connect) instead of ``MV_ASSETS_SPARK_MASTER``
+    / ``MV_ASSETS_SPARK_REMOTE``. The same as ``resource=MvAssetsResource(...,
+    pyspark=...)``; give one of the two.
+
     Runs execute in process (one Spark session per run, shared by its assets).
     """
     if automation not in AUTOMATIONS:
         raise ValueError(f"automation must be one of {AUTOMATIONS}, got {automation!r}")
+    if pyspark is not None and resource is not None:
+        raise ValueError("build_definitions: give pyspark= to the MvAssetsResource passed as resource= "
+                         "(MvAssetsResource(catalog_uri=..., pyspark=...)), or pass no resource")
     conditions = automation == "conditions"
     conn = db if isinstance(db, Connection) else connect(db)
     declared = load_declared(views, conn) if isinstance(views, str) else views
@@ -153,7 +164,7 @@ def build_definitions(
     # options given in code go into the resource; options from the environment
     # stay there (they may hold credentials the UI would show)
     options = conn.storage_options if conn.storage_options_given else None
-    resource = resource or MvAssetsResource.from_env(conn.uri, storage_options=options)
+    resource = resource or MvAssetsResource.from_env(conn.uri, storage_options=options, pyspark=pyspark)
     status = dg.DefaultSensorStatus.RUNNING if sensors_running else dg.DefaultSensorStatus.STOPPED
     view_infos = [t for t in tables.values() if t.is_view and t.source in tables]
     roots = sorted({v.root for v in view_infos} | {t.name for t in tables.values() if not t.is_view and t.columns})

@@ -1,13 +1,14 @@
 """The Dagster resource: a catalog connection whose Spark starts lazily."""
 
 import os
-from typing import Literal, Optional
+from typing import Any, Literal, Optional
 
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
 from mv_assets.api.catalog import Connection, connect
 from mv_assets.api.runners import InlineRunner, Runner, SparkRunner
+from mv_assets.dagster.spark_session import PySparkResourceRunner, as_pyspark_resource
 
 ENV = {
     "spark_master": "MV_ASSETS_SPARK_MASTER",
@@ -25,6 +26,11 @@ class MvAssetsResource(dg.ConfigurableResource):
     Nothing starts at definition load or resource construction: the Spark
     session (a local JVM, or a Spark Connect client) is created by the first
     refresh that has work to do, and shared by every asset in the run.
+
+    ``pyspark``: a dagster-pyspark ``LazyPySparkResource`` (or
+    ``PySparkResource``) whose session runs the refreshes instead of one
+    configured by ``spark_master`` / ``spark_remote``: its ``spark_config``
+    says where Spark runs and how (see :mod:`mv_assets.dagster.spark_session`).
     """
 
     catalog_uri: str = Field(description="Catalog: a local directory or an object-store URI (s3://bucket/path...).")
@@ -55,16 +61,42 @@ class MvAssetsResource(dg.ConfigurableResource):
         "(default $MV_ASSETS_LOCAL_BELOW_ROWS or 0: always Spark).",
     )
 
+    pyspark: Optional[dg.ConfigurableResource] = Field(
+        default=None,
+        description="A dagster-pyspark LazyPySparkResource (or PySparkResource, taken as lazy): the refreshes run "
+        "on the session it builds from its spark_config, started by the first refresh with Spark work, instead of "
+        "spark_master / spark_remote.",
+    )
+
     _runner: Optional[Runner] = PrivateAttr(default=None)
 
+    def __init__(self, **data: Any) -> None:
+        if data.get("pyspark") is not None:  # refused here, with what to pass, not by a pydantic error
+            data["pyspark"] = as_pyspark_resource(data["pyspark"])
+            given = [name for name in ("spark_master", "spark_remote") if data.get(name)]
+            if given:
+                raise ValueError(
+                    f"MvAssetsResource: {' and '.join(given)} and pyspark= both say where Spark runs; the pyspark "
+                    "resource's spark_config does (spark.master, spark.remote): give one of them"
+                )
+        super().__init__(**data)
+
     @classmethod
-    def from_env(cls, catalog_uri: str, storage_options: dict[str, str] | None = None) -> "MvAssetsResource":
+    def from_env(
+        cls, catalog_uri: str, storage_options: dict[str, str] | None = None, pyspark: Any = None,
+    ) -> "MvAssetsResource":
         """The resource with each setting whose environment variable is set
         bound as a ``dg.EnvVar`` (see ``ENV``): the value is read when the
         resource initialises, never stored in the definitions, and the
-        Dagster UI shows which variable it comes from."""
+        Dagster UI shows which variable it comes from. With ``pyspark`` (a
+        dagster-pyspark resource) its spark_config says where Spark runs:
+        ``MV_ASSETS_SPARK_MASTER`` and ``MV_ASSETS_SPARK_REMOTE`` are not read."""
         kwargs: dict = {}
+        if pyspark is not None:
+            kwargs["pyspark"] = pyspark
         for name, var in ENV.items():
+            if pyspark is not None and name in ("spark_master", "spark_remote"):
+                continue
             if os.environ.get(var):
                 kwargs[name] = dg.EnvVar.int(var) if name in ("local_below_rows", "inline_threads") else dg.EnvVar(var)
         runner = os.environ.get("MV_ASSETS_RUNNER")
@@ -78,6 +110,8 @@ class MvAssetsResource(dg.ConfigurableResource):
         if self._runner is None:
             if self.runner == "inline":
                 self._runner = InlineRunner(threads=self.inline_threads)
+            elif self.runner == "spark" and self.pyspark is not None:
+                self._runner = PySparkResourceRunner(pyspark=self.pyspark, local_below_rows=self.local_below_rows)
             elif self.runner == "spark":
                 self._runner = SparkRunner(
                     master=self.spark_master or None,
