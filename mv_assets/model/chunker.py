@@ -92,6 +92,7 @@ class _TableFunction:
 
     # The UDF model's own methods: they read only name, on_error, func and fingerprint (and cache in __dict__).
     _call = UDF._call
+    _retried = UDF._retried
     _row_error = UDF._row_error
     _failure = UDF._failure
     _instance = UDF._instance
@@ -436,27 +437,28 @@ class Chunker(_TableFunction):
         width = len(self._output_schema)
         rows: list[tuple] = []
         parent: list[int] = []
-        for i, args in enumerate(zip(*cols, strict=True) if cols else ([()] * n)):
-            try:
-                with self._gate(fn):
-                    children, _ = self._call(lambda args=args: self._rows(fn, args))
-            except Exception as exc:
-                if _is_output_error(exc):
-                    raise
-                if not self.on_error.skips(exc):
-                    raise self._failure(i, 1, exc) from exc
-                errors.append(self._row_error(i, exc))
-                continue
-            for k, child in enumerate(children):
-                if isinstance(child, dict):  # Geneva's chunkers may yield dicts keyed by the output columns
-                    children[k] = child = self._dict_row(child, i)
-                if not isinstance(child, tuple) or len(child) != width:
-                    raise TypeError(
-                        f"chunker {self.name!r} yielded {type(child).__name__} for parent row {i}; expected a "
-                        f"NamedTuple of {width} fields {self._output_schema.names} (or a dict of them)"
-                    )
-            rows.extend(children)
-            parent.extend([i] * len(children))
+        call = self._retried_rows if self.on_error.may_retry else self._rows  # (chosen once per batch)
+        with self._gate(fn):  # a batch's parents, one slot (as a scalar UDF's rows)
+            for i, args in enumerate(zip(*cols, strict=True) if cols else ([()] * n)):
+                try:
+                    children = call(fn, args)
+                except Exception as exc:
+                    if _is_output_error(exc):
+                        raise
+                    if not self.on_error.skips(exc):
+                        raise self._failure(i, 1, exc) from exc
+                    errors.append(self._row_error(i, exc))
+                    continue
+                for k, child in enumerate(children):
+                    if isinstance(child, dict):  # Geneva's chunkers may yield dicts keyed by the output columns
+                        children[k] = child = self._dict_row(child, i)
+                    if not isinstance(child, tuple) or len(child) != width:
+                        raise TypeError(
+                            f"chunker {self.name!r} yielded {type(child).__name__} for parent row {i}; expected a "
+                            f"NamedTuple of {width} fields {self._output_schema.names} (or a dict of them)"
+                        )
+                rows.extend(children)
+                parent.extend([i] * len(children))
         arrays = []
         for k, field in enumerate(self._output_schema):
             values = [r[k] for r in rows]
@@ -480,6 +482,10 @@ class Chunker(_TableFunction):
                 f"not among its output columns {names}"
             ))
         return tuple(child.get(n) for n in names)
+
+    def _retried_rows(self, fn: Callable, args: tuple) -> list:
+        """:meth:`_rows` under the retry policy."""
+        return self._call(lambda: self._rows(fn, args))[0]
 
     def _rows(self, fn: Callable, args: tuple) -> list:
         """One parent's children, the generator run to its end (its exceptions are the user's)."""

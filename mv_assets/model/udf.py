@@ -478,6 +478,49 @@ def _as_array(value: Any) -> Any:
     return np.asarray(value)
 
 
+def _plain_value(value: Any, fields: list[str] | None) -> Any:
+    """A scalar UDF's value as Arrow takes it for ``data_type``: a multi-column
+    UDF's (``fields``) NamedTuple as a dict by field name, and a value given as
+    Arrow (Geneva's stateful example returns ``pa.array(...)``) as Python, so
+    that Arrow casts it (float64 values into a float32 list, say)."""
+    if fields is not None and value is not None and hasattr(value, "_asdict"):
+        return value._asdict()
+    if isinstance(value, pa.Scalar):
+        return value.as_py()  # pyright: ignore[reportOptionalMemberAccess]  (pyarrow's stubs)
+    if isinstance(value, pa.Array | pa.ChunkedArray):
+        return value.to_pylist()  # pyright: ignore[reportOptionalMemberAccess]
+    return value
+
+
+def _rows_without_nulls(inputs: list) -> Any:
+    """A boolean mask of the rows where no input is NULL, or None when no
+    input has a NULL (every row is called)."""
+    if not any(a.null_count for a in inputs):
+        return None
+    import pyarrow.compute as pc
+
+    kept = pc.is_valid(inputs[0])  # pyright: ignore[reportAttributeAccessIssue]  (generated at import)
+    for a in inputs[1:]:
+        kept = pc.and_(kept, pc.is_valid(a))  # pyright: ignore[reportAttributeAccessIssue]
+    return kept
+
+
+def _positions(mask: Any) -> Any:
+    """The positions (a NumPy array) where a boolean mask is true."""
+    import numpy as np
+
+    return np.flatnonzero(mask.to_numpy(zero_copy_only=False))
+
+
+def _spread(values: pa.Array, mask: Any) -> pa.Array:
+    """``values`` (one per true row of ``mask``) in their rows, NULL in the others."""
+    import numpy as np
+
+    keep = mask.to_numpy(zero_copy_only=False)
+    index = np.cumsum(keep) - 1
+    return values.take(pa.array(index, pa.int64(), mask=~keep))
+
+
 # How a column's value becomes a scalar parameter annotated with a class of
 # another layer, by the class's "module.qualname": ``lance.blob.BlobFile``
 # (Geneva passes a blob column's values as file objects) is registered by
@@ -823,18 +866,27 @@ class UDF:
 
     def _call(self, call: Callable[[], Any]) -> tuple[Any, int]:
         """Run ``call`` under the retry policy; return (result, attempts)."""
+        try:
+            return call(), 1
+        except Exception as exc:
+            first = exc
+        return self._retried(call, first)
+
+    def _retried(self, call: Callable[[], Any], exc: Exception) -> tuple[Any, int]:
+        """``call``'s first attempt raised ``exc``: retry it as the policy says
+        for that exception; return (result, attempts) or raise the last
+        exception (its ``__mv_attempts__`` set)."""
         policy = self.on_error
         attempt = 1
-        while True:
+        while attempt < policy.max_attempts(exc):
+            _sleep(policy.wait_s(exc, attempt))
+            attempt += 1
             try:
                 return call(), attempt
-            except Exception as exc:
-                if attempt < policy.max_attempts(exc):
-                    _sleep(policy.wait_s(exc, attempt))
-                    attempt += 1
-                    continue
-                exc.__mv_attempts__ = attempt  # type: ignore[attr-defined]
-                raise
+            except Exception as again:
+                exc = again
+        exc.__mv_attempts__ = attempt  # type: ignore[attr-defined]
+        raise exc
 
     def _row_error(self, index: int, exc: BaseException) -> RowError:
         return RowError(
@@ -862,61 +914,142 @@ class UDF:
         the function raises on get NULL and a :class:`RowError` in ``errors``
         (a batched UDF that raises is re-run row by row to find them).
         """
-        n = batch.num_rows
         limit = getattr(self, "batch_size", None)  # UDFs pickled before batch_size existed lack it
-        if limit and n > limit and self.kind != SCALAR:
+        if limit and batch.num_rows > limit and self.kind != SCALAR:
             return self._apply_in_slices(batch, limit, errors)
-        fn = self._target()
-        policy = self.on_error
-        skip = policy.then == "skip"  # some rows may be skipped: which, policy.skips(exc) says
         if errors is None:
             errors = []
         if self.kind == SCALAR:
-            cols = adapted([input_values(batch, c).to_pylist() for c in self.input_paths], self.param_names,
-                           self.param_annotations)
-            arrays = [_wants_ndarray(self.param_annotations.get(p)) for p in self.param_names]
-            values: list[Any] = []
-            computed = 0
-            retrying = policy.may_retry
-            skip_nulls = self.skip_nulls
-            with self._gate(fn):  # a batch's rows, one slot
-                for i, row in enumerate(zip(*cols, strict=True) if cols else ([()] * n)):
-                    if skip_nulls and None in row:
-                        values.append(None)
-                        continue
-                    computed += 1
-                    if any(arrays):  # list values as NumPy arrays where the parameter says np.ndarray
-                        row = tuple(_as_array(v) if a and v is not None else v for v, a in zip(row, arrays, strict=True))
-                    try:
-                        value = self._call(lambda row=row: fn(*row))[0] if retrying else fn(*row)
-                    except Exception as exc:
-                        if not policy.skips(exc):
-                            raise self._failure(i, 1, exc) from exc
-                        errors.append(self._row_error(i, exc))
-                        value = None
-                    if self.output_fields is not None and value is not None and hasattr(value, "_asdict"):
-                        value = value._asdict()
-                    elif isinstance(value, pa.Array | pa.ChunkedArray | pa.Scalar):
-                        # a row's value given as Arrow (Geneva's stateful example returns pa.array(...)): as Python,
-                        # so Arrow casts it to data_type (float64 values into a float32 list, say)
-                        value = value.as_py() if isinstance(value, pa.Scalar) else value.to_pylist()  # pyright: ignore[reportOptionalMemberAccess]
-                    values.append(value)
+            return self._apply_scalar(batch, errors)
+        return self._apply_batched(batch, errors)
+
+    # -- scalar UDFs: once per row --------------------------------------
+    def _apply_scalar(self, batch: pa.RecordBatch, errors: list[RowError], fast: bool = True) -> tuple[pa.Array, int]:
+        """``apply`` of a scalar UDF. What a row needs beyond the call is
+        decided once per batch (:meth:`_scalar_fast`); ``fast=False`` (and a
+        UDF of no parameter) runs :meth:`_scalar_rowwise`, which decides it
+        row by row: the reference the fast path is tested against."""
+        fn = self._target()
+        if not fast or not self.param_names:
+            values, computed = self._scalar_rowwise(fn, batch, errors)
+            return self._check_output(self._scalar_array(values, True), batch.num_rows), computed
+        return self._scalar_fast(fn, batch, errors)
+
+    def _scalar_rowwise(self, fn: Callable, batch: pa.RecordBatch, errors: list[RowError]) -> tuple[list, int]:
+        """The values of a scalar UDF over ``batch``, each row checked on its
+        own: NULL inputs, NumPy arguments, retries, skips, Arrow values and
+        NamedTuples returned. Returns (values as Python, rows computed)."""
+        cols = adapted([input_values(batch, c).to_pylist() for c in self.input_paths], self.param_names,
+                       self.param_annotations)
+        arrays = [_wants_ndarray(self.param_annotations.get(p)) for p in self.param_names]
+        policy, fields, ndarrays = self.on_error, self.output_fields, any(arrays)
+        values: list[Any] = []
+        computed = 0
+        with self._gate(fn):  # a batch's rows, one slot
+            for i, row in enumerate(zip(*cols, strict=True) if cols else ([()] * batch.num_rows)):
+                if self.skip_nulls and None in row:
+                    values.append(None)
+                    continue
+                computed += 1
+                if ndarrays:  # list values as NumPy arrays where the parameter says np.ndarray
+                    row = tuple(_as_array(v) if a and v is not None else v for v, a in zip(row, arrays, strict=True))
+                try:
+                    value = self._call(lambda row=row: fn(*row))[0] if policy.may_retry else fn(*row)
+                except Exception as exc:
+                    if not policy.skips(exc):
+                        raise self._failure(i, 1, exc) from exc
+                    errors.append(self._row_error(i, exc))
+                    value = None
+                values.append(_plain_value(value, fields))
+        return values, computed
+
+    def _scalar_fast(self, fn: Callable, batch: pa.RecordBatch, errors: list[RowError]) -> tuple[pa.Array, int]:
+        """``apply`` of a scalar UDF with the per-row work chosen once per batch:
+        rows with a NULL input are left out beforehand (Arrow's filter, when
+        ``skip_nulls`` and an input has NULLs) and get NULL after; NumPy
+        arguments are made column by column; the function is mapped over the
+        argument columns with nothing else per row, a row that raises handled
+        apart (:meth:`_failed_row`: retries, skip or fail) before the map goes
+        on from the next row; values returned as Arrow or as NamedTuples are
+        made Python once per batch (:meth:`_scalar_array`)."""
+        n = batch.num_rows
+        inputs = [input_values(batch, c) for c in self.input_paths]
+        kept = _rows_without_nulls(inputs) if self.skip_nulls else None  # None: every row is called
+        if kept is not None:
+            inputs = [a.filter(kept) for a in inputs]
+        cols = adapted([a.to_pylist() for a in inputs], self.param_names, self.param_annotations)
+        for k, p in enumerate(self.param_names):
+            if _wants_ndarray(self.param_annotations.get(p)):  # list values as NumPy arrays
+                cols[k] = [_as_array(v) if v is not None else v for v in cols[k]]
+        rows = None if kept is None else _positions(kept)
+        its, called = [iter(c) for c in cols], len(cols[0])
+        values: list[Any] = []
+        with self._gate(fn):  # a batch's rows, one slot
+            while True:
+                try:
+                    values.extend(map(fn, *its))  # (a row that raises leaves the rows before it in values)
+                except Exception as exc:
+                    failed = exc
+                else:
+                    if len(values) == called:
+                        break
+                    failed = StopIteration()  # the map ended early: the function raised StopIteration
+                i = len(values)  # the row that raised; its iterators stand at the next one
+                index = i if rows is None else int(rows[i])
+                values.append(self._failed_row(fn, [c[i] for c in cols], failed, index, errors))
+        out = self._scalar_array(values, False)
+        if kept is not None:
+            out = _spread(out, kept)
+        return self._check_output(out, n), len(values)
+
+    def _failed_row(self, fn: Callable, args: list, exc: Exception, index: int, errors: list[RowError]) -> Any:
+        """The value of a row whose call raised ``exc`` (row ``index`` of the
+        batch): its retries' result, or None with a :class:`RowError` in
+        ``errors`` when the policy skips it; else the job fails."""
+        policy = self.on_error
+        if policy.may_retry:
             try:
-                out = pa.array(values, type=self.data_type)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
-                got = sorted({type(v).__name__ for v in values if v is not None})
-                raise TypeError(
-                    f"UDF {self.name!r} returned {', '.join(got)} values; expected "
-                    f"{self.data_type}: {exc}"
-                ) from exc
-            return self._check_output(out, n), computed
+                return self._retried(lambda: fn(*args), exc)[0]
+            except Exception as last:
+                exc = last
+        if not policy.skips(exc):
+            raise self._failure(index, 1, exc) from exc
+        errors.append(self._row_error(index, exc))
+        return None
+
+    def _scalar_array(self, values: list, plain: bool) -> pa.Array:
+        """A scalar UDF's values as an array of ``data_type``. Unless ``plain``
+        (made Python already), values given as Arrow (Geneva's stateful example
+        returns ``pa.array(...)`` for a row) are made Python when Arrow refuses
+        them, and a multi-column UDF's NamedTuples are taken by field name."""
+        fields = self.output_fields
+        if not plain and fields is not None and any(hasattr(t, "_asdict") for t in set(map(type, values))):
+            values, plain = [_plain_value(v, fields) for v in values], True
+        try:
+            return pa.array(values, type=self.data_type)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
+            if not plain:  # Arrow values among them: as Python, so Arrow casts them (float64 into float32, say)
+                return self._scalar_array([_plain_value(v, fields) for v in values], True)
+            got = sorted({type(v).__name__ for v in values if v is not None})
+            raise TypeError(
+                f"UDF {self.name!r} returned {', '.join(got)} values; expected {self.data_type}: {exc}"
+            ) from exc
+
+    # -- batched and RecordBatch UDFs: once per batch -------------------
+    def _apply_batched(self, batch: pa.RecordBatch, errors: list[RowError]) -> tuple[pa.Array, int]:
+        """``apply`` of a batched or RecordBatch UDF: one call for the batch;
+        when it raises under a policy that may skip, row by row to find the
+        failing rows."""
+        n = batch.num_rows
+        fn = self._target()
+        policy = self.on_error
         try:
             out, _ = self._call(lambda: self._call_batch(fn, batch))
             return self._check_output(out, n), n
         except Exception as exc:
             if getattr(exc, "__mv_output_error__", False):
                 raise
-            if not skip:
+            if policy.then != "skip":  # no exception is skipped (which are: policy.skips(exc))
                 index, rows, cause = self._failing_part(fn, batch, exc)
                 raise self._failure(index, rows, cause) from cause
         # The batch failed: find the failing rows one by one.
@@ -1281,7 +1414,7 @@ def _geneva_checkpoint_bounds(checkpoint_size: int | None, low: int | None, high
     for name, value, default in (("min_checkpoint_size", low, 1), ("max_checkpoint_size", high, None)):
         if value != default:
             warn_ignored("udf", name, value, "checkpoints are sized by time here (or fixed by checkpoint_size=), "
-                         "not adaptively between bounds; batch_size= bounds the rows of one call", stacklevel=4)
+                         "not adaptively between bounds; batch_size= bounds the rows of one call", stacklevel=5)
     return checkpoint_size
 
 
@@ -1302,6 +1435,22 @@ def _error_policy(on_error: "OnError | str | list | None", error_handling: "OnEr
             f"{error_handling!r} (Geneva's tenacity ErrorHandlingConfig is not provided: docs/geneva.md)"
         )
     return error_handling
+
+
+def _geneva_arguments(
+    on_error: "OnError | str | list | None", error_handling: "OnError | list | None", num_gpus: float | None,
+    cuda: bool | None, checkpoint_size: int | None, min_checkpoint_size: int | None,
+    max_checkpoint_size: int | None, timeout: float | None,
+) -> "tuple[OnError | str | list | None, float | None, int | None]":
+    """:func:`udf`'s Geneva arguments mapped to its own: (on_error, num_gpus,
+    checkpoint_size); those ignored here warn (at the ``@udf`` line)."""
+    on_error = _error_policy(on_error, error_handling)
+    if cuda and not num_gpus:
+        num_gpus = 1.0  # Geneva: the deprecated cuda=True is num_gpus=1 when num_gpus is not given
+    checkpoint_size = _geneva_checkpoint_bounds(checkpoint_size, min_checkpoint_size, max_checkpoint_size)
+    if timeout is not None:
+        warn_ignored("udf", "timeout", timeout, _NO_TIMEOUT, stacklevel=4)
+    return on_error, num_gpus, checkpoint_size
 
 
 def udf(
@@ -1368,12 +1517,8 @@ def udf(
     >>> double.data_type
     DataType(int64)
     """
-    on_error = _error_policy(on_error, error_handling)
-    if cuda and not num_gpus:
-        num_gpus = 1.0  # Geneva: the deprecated cuda=True is num_gpus=1 when num_gpus is not given
-    checkpoint_size = _geneva_checkpoint_bounds(checkpoint_size, min_checkpoint_size, max_checkpoint_size)
-    if timeout is not None:
-        warn_ignored("udf", "timeout", timeout, _NO_TIMEOUT)
+    on_error, num_gpus, checkpoint_size = _geneva_arguments(
+        on_error, error_handling, num_gpus, cuda, checkpoint_size, min_checkpoint_size, max_checkpoint_size, timeout)
 
     def wrap(f: Callable) -> UDF:
         return UDF(
