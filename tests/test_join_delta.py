@@ -232,3 +232,44 @@ def test_key_names_with_spaces_and_what_can_be_joined(tmp_path):
     db.create_view("plain", b.search(None))
     with pytest.raises(ValueError, match=r"got View 'plain'.*create_materialized_view"):
         a.search(None).join(db.open_table("plain", views=True), on="Cust Id")
+
+
+def test_a_change_touching_most_rows_is_refreshed_in_full_and_says_why(tmp_path):
+    """Snowflake's ADAPTIVE: an incremental refresh that would recompute most of the
+    first table is planned full, with the estimate and the threshold in the plan; a
+    view with UDF columns (an incremental refresh copies the values it can) and
+    mode='incremental_strict' stay incremental. Every plan says what it read."""
+    db = mv.connect(str(tmp_path / "db"))
+    orders = db.create_table("orders", pa.table({"oid": list(range(5000)), "cid": [i % 10 for i in range(5000)]}))
+    customers = db.create_table("customers", pa.table({"cid": list(range(10)), "name": [str(i) for i in range(10)]}))
+
+    @mv.udf
+    def shout(name: str) -> str:
+        return name.upper()
+
+    plain = db.create_materialized_view("plain", orders.search(None).join(customers, on="cid")
+                                        .select({"oid": "oid", "name": "name"}))
+    udfs = db.create_materialized_view("udfs", orders.search(None).join(customers, on="cid")
+                                       .select({"oid": "oid", "loud": shout}))
+    strict = db.create_materialized_view("strict", orders.search(None).join(customers, on="cid")
+                                         .select({"oid": "oid", "name": "name"}))
+    for v in (plain, udfs, strict):
+        v.refresh()
+    customers.update(where="cid < 7", values={"name": "x"})
+    plan = plain.plan_refresh()
+    assert plan.full and plan.reason.startswith("adaptive: the change touches 3,500 of 5,000 first-table rows (70%")
+    assert plan.details["adaptive"] == {**plan.details["adaptive"], "rows": 3500, "first_table_rows": 5000,
+                                        "threshold": 0.5, "chosen": "full"}
+    assert plan.details["work"] == {"changed_rows": {"customers": 7}, "probe_matches": 3500,
+                                    "view_key_rows_read": 5000, "first_rows_computed": 3500,
+                                    "view_rows_removed": 3500}
+    assert not udfs.plan_refresh().full
+    assert not strict.refresh(mode="incremental_strict").full
+    assert plain.refresh().full and not udfs.refresh().full
+    want = sorted((i, "x" if i % 10 < 7 else str(i % 10)) for i in range(5000))
+    assert sorted((r["oid"], r["name"]) for r in plain.to_arrow().to_pylist()) == want
+    assert sorted((r["oid"], r["loud"]) for r in udfs.to_arrow().to_pylist()) == [(i, n.upper()) for i, n in want]
+    customers.update(where="cid = 1", values={"name": "y"})
+    small = plain.plan_refresh()
+    assert not small.full and small.details["adaptive"]["chosen"] == "incremental"
+    assert small.details["work"]["first_rows_computed"] == 500

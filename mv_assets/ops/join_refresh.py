@@ -277,20 +277,23 @@ def _input_changes(join: Join, definition, deltas: dict[int, _Delta]) -> dict[st
     return out
 
 
-def _view_rows(view_ds: lance.LanceDataset, first: np.ndarray, joined: dict[int, np.ndarray]) -> pa.Table:
+def _view_rows(view_ds: lance.LanceDataset, first: np.ndarray, joined: dict[int, np.ndarray]
+               ) -> tuple[pa.Table, int]:
     """The view's rows (first-table id, view row id and address) of every
     first-table row in ``first`` or that came from a row of source ``i`` in
     ``joined[i]``, and then every other view row of the first-table rows
     found so (a row may have several). Read by streaming the view's key
     columns (memory: the rows kept), once, or twice when rows were found
-    through a joined table."""
+    through a joined table; and the passes made (0: nothing to look for)."""
     found = _stream_keys(view_ds, first, joined)
+    passes = int(bool(len(first) or any(len(ids) for ids in joined.values())))
     more = np.setdiff1d(_ids(found, SOURCE_ROW_ID), first)
     if len(more):  # first-table rows reached through a joined row: each of their view rows
         rest = _stream_keys(view_ds, more, {})
+        passes += 1
         found = pa.concat_tables([found, rest]).group_by(["_rowid"], use_threads=False).aggregate(
             [(SOURCE_ROW_ID, "min"), ("_rowaddr", "min")]).rename_columns(["_rowid", SOURCE_ROW_ID, "_rowaddr"])
-    return found
+    return found, passes
 
 
 def _stream_keys(view_ds: lance.LanceDataset, first: np.ndarray, joined: dict[int, np.ndarray]) -> pa.Table:
@@ -362,7 +365,7 @@ def plan_join_refresh(
         probed += [_probe(join, datasets, i, gone) for i, d in deltas.items() if i
                    for gone in [d.departed(list(join.step_of(i).right))] if gone.num_rows]
     known = np.unique(np.concatenate([first_gone, *probed]))
-    held = _view_rows(view_ds, known, {i: d.gone for i, d in deltas.items() if i})
+    held, passes = _view_rows(view_ds, known, {i: d.gone for i, d in deltas.items() if i})
     touched = np.unique(np.concatenate([first_new, known, _ids(held, SOURCE_ROW_ID)]))
     changed = _input_changes(join, definition, deltas) if len(touched) else {}
     reason = ("incremental (" + ", ".join(f"{n} {reflected[n]} -> {v}" for n, v in moved.items()) + ")"
@@ -373,6 +376,11 @@ def plan_join_refresh(
     written_first = deltas[0].arrived if 0 in deltas else None  # (their versions: read with them)
     # (first-table rows deleted since: their view rows go, nothing is computed for them)
     alive = touched[~isin(touched, deltas[0].deleted)] if 0 in deltas else touched
+    details["work"] = _work(join, deltas, probed, passes * view_ds.count_rows(), len(alive), held.num_rows)
+    details["adaptive"] = adaptive = _adaptive(definition, len(alive), datasets[0].count_rows(), mode)
+    if adaptive["chosen"] == "full":
+        return _full_plan(view, definition, datasets, view_ds, state, adaptive["why"], per_task, checkpoint_size,
+                          details, exact)
     tasks = []
     for k in range(0, len(alive), per_task):
         chunk = alive[k:k + per_task]
@@ -394,6 +402,38 @@ def plan_join_refresh(
         scope=None, seconds_per_row=state.seconds_per_row, source_id=ids[join.sources[0]],
         counted_by_tasks=bool(tasks) and not exact, details=details,
     )
+
+
+# An incremental refresh recomputing at least this share of the first table's
+# rows (a view without UDF columns: with them, the rows an incremental refresh
+# copies cost no call, a full one calls every row) is planned full instead:
+# reading rows by id costs more per row than a scan (Snowflake's ADAPTIVE, Enzyme's
+# cost model: the choice and its reason are in the plan's details["adaptive"]).
+ADAPTIVE_FULL_SHARE = 0.5
+
+
+def _adaptive(definition, rows: int, first_rows: int, mode: str) -> dict:
+    """Whether recomputing ``rows`` of the first table's ``first_rows`` costs
+    more incrementally than in full: the estimate, the threshold and the choice."""
+    share = rows / first_rows if first_rows else 0.0
+    out = {"rows": rows, "first_table_rows": first_rows, "share": round(share, 4), "threshold": ADAPTIVE_FULL_SHARE,
+           "chosen": "incremental"}
+    if mode == "auto" and not definition.udf_columns and share >= ADAPTIVE_FULL_SHARE and rows > 1000:
+        out["chosen"] = "full"
+        out["why"] = (f"adaptive: the change touches {rows:,} of {first_rows:,} first-table rows ({share:.0%}, "
+                      f"at least {ADAPTIVE_FULL_SHARE:.0%}): recomputing the view in full is cheaper")
+    return out
+
+
+def _work(join: Join, deltas: dict[int, "_Delta"], probed: list[np.ndarray], view_keys_read: int,
+          first_rows: int, view_rows_removed: int) -> dict:
+    """What the plan read and will rewrite: each source's changed rows, the
+    first-table rows its probes found, the view's key values it read, the
+    first-table rows to compute and the view rows to remove."""
+    return {"changed_rows": {join.names[i]: int(d.inserted.num_rows + d.updated.num_rows + len(d.deleted))
+                             for i, d in deltas.items()},
+            "probe_matches": int(sum(len(p) for p in probed)), "view_key_rows_read": int(view_keys_read),
+            "first_rows_computed": int(first_rows), "view_rows_removed": int(view_rows_removed)}
 
 
 def _counted(definition, tasks: list[TaskSpec], exact: bool, first_rows: int) -> tuple[int, dict[str, int]]:
