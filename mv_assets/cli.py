@@ -24,6 +24,7 @@ from mv_assets.api.catalog import Connection, connect
 from mv_assets.api.runners import InlineRunner, SparkRunner
 from mv_assets.api.table import MaterializedView
 from mv_assets.model.errors import MvAssetsError, UdfError
+from mv_assets.model.join_agg_view import is_join_under
 from mv_assets.model.kinds import kind_of
 
 EXIT_FAILED = 1
@@ -167,7 +168,8 @@ def tables(obj: _Ctx, as_json: bool) -> None:
                 "name": name,
                 # (model.kinds: "chunk view", "join view"...; a query view is "view")
                 "kind": (kind_of(t.definition).noun.replace("materialized view", "view") if is_view else "table"),
-                "source": ", ".join(t.definition.sources) if is_view else None,
+                # (a join aggregate: its tables, not the join kept under it)
+                "source": ", ".join(s for s in t.definition.sources if not is_join_under(s)) if is_view else None,
                 "version": t.version,
                 "rows": t.count_rows(),
             }
