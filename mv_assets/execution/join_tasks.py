@@ -26,7 +26,7 @@ import pyarrow.compute as pc
 
 from mv_assets.execution import blobs, progress
 from mv_assets.model.definition import ColumnSpec, ViewDefinition, computed_marker, sql_literal
-from mv_assets.model.join_view import Join, joined_row_id, row_id_column, staged_name
+from mv_assets.model.join_view import Join, joined_row_id, pushed_filters, row_id_column, staged_name
 from mv_assets.model.names import JOINED_ROW_ID_PREFIX, SOURCE_ROW_ID, SOURCE_ROW_VERSION
 from mv_assets.model.planning import positions
 from mv_assets.storage import objects
@@ -42,6 +42,7 @@ KEY_FILTER_MAX = 5_000
 # Rows per batch of the view's rows (UDF calls, progress).
 OUT_BATCH = 1 << 16
 _LI, _RI = "__li", "__ri"
+_POS = "__pos"  # a staged row's position, through the SQL's evaluation
 
 
 def _id_array(t: pa.Table, name: str) -> np.ndarray:
@@ -81,11 +82,13 @@ def _versions(ds: lance.LanceDataset, ids: np.ndarray, known: tuple[np.ndarray, 
 
 def read_first(ds: lance.LanceDataset, columns: list[str], *, fragments: list[int] | None = None,
                ids: np.ndarray | None = None, part: list[int] | None = None,
-               known: tuple[np.ndarray, np.ndarray] | None = None) -> pa.Table:
+               known: tuple[np.ndarray, np.ndarray] | None = None, pushed: str | None = None) -> pa.Table:
     """The first table's rows (its staged columns, row id and version): of
     these ``fragments``, with these stable row ``ids`` (those still there), or
     the ``part`` [fragment, offset, limit] of one fragment. ``known``: row
-    versions by id already known (read by ``ids`` only for the others)."""
+    versions by id already known (read by ``ids`` only for the others).
+    ``pushed``: the filter's conjuncts on the first table alone, applied by
+    the scan of whole fragments (the rows failing them make no view row)."""
     projection = {staged_name(0, c): f"`{c}`" for c in columns}
     projection[SOURCE_ROW_VERSION] = "_row_last_updated_at_version"
     if ids is not None:  # by stable row id (the ids of rows deleted since are skipped)
@@ -106,8 +109,8 @@ def read_first(ds: lance.LanceDataset, columns: list[str], *, fragments: list[in
         frags = None if fragments is None else [ds.get_fragment(int(f)) for f in fragments]
         if frags is not None and any(f is None for f in frags):
             raise RuntimeError(f"a fragment of {fragments} does not exist at version {ds.version} of {ds.uri}")
-        table = ds.scanner(columns=projection, with_row_id=True, fragments=frags, scan_in_order=True,
-                           blob_handling=blobs.BYTES).to_table()
+        table = _scan(ds, dict(columns=projection, with_row_id=True, fragments=frags, scan_in_order=True,
+                               blob_handling=blobs.BYTES), None, pushed)
     table = table.rename_columns([SOURCE_ROW_ID if n == "_rowid" else n for n in table.column_names])
     return table.set_column(table.schema.get_field_index(SOURCE_ROW_ID), SOURCE_ROW_ID,
                             table.column(SOURCE_ROW_ID).cast(pa.int64())).set_column(
@@ -139,22 +142,43 @@ def joined_version(i: int) -> str:
 
 
 def _read_joined(ds: lance.LanceDataset, i: int, columns: list[str], keys: list[str],
-                 left_values: list[pa.ChunkedArray]) -> pa.Table:
+                 left_values: list[pa.ChunkedArray], pushed: str | None = None) -> pa.Table:
     """Source ``i``'s rows (staged columns, row id and version) that can match the
-    left side's key values: through an ``IN`` filter when the keys are few, else all."""
+    left side's key values: through an ``IN`` filter when the keys are few, else
+    all; and that pass ``pushed``, the filter's conjuncts on this source alone."""
     projection = {staged_name(i, c): f"`{c}`" for c in columns}
     projection[joined_version(i)] = "_row_last_updated_at_version"
-    table = ds.to_table(columns=projection, filter=key_filter(keys, left_values), with_row_id=True, blob_handling=blobs.BYTES)
+    table = _scan(ds, dict(columns=projection, with_row_id=True, blob_handling=blobs.BYTES),
+                  key_filter(keys, left_values), pushed)
     return table.rename_columns([joined_row_id(i) if n == "_rowid" else n for n in table.column_names])
 
 
+def _scan(scannable, kwargs: dict, filter_sql: str | None, pushed: str | None) -> pa.Table:
+    """``scannable.to_table`` (a dataset) or ``.scanner().to_table()`` (a fragment)
+    with ``filter_sql`` and the pushed conjuncts ANDed; the conjuncts are an
+    optimization only (the filter applies after the join): a scan that cannot
+    take them (a function Lance reads otherwise once regenerated) goes without."""
+    def run(f: str | None) -> pa.Table:
+        return scannable.scanner(filter=f, **kwargs).to_table()
+
+    if pushed:
+        try:
+            return run(pushed if filter_sql is None else f"({filter_sql}) AND {pushed}")
+        except (ValueError, OSError, pa.ArrowInvalid):
+            pass
+    return run(filter_sql)
+
+
 def joined_rows(first: pa.Table, datasets: list[lance.LanceDataset], join: Join) -> pa.Table:
-    """``first`` (see :func:`read_first`) joined, step by step, with the other sources."""
+    """``first`` (see :func:`read_first`) joined, step by step, with the other sources
+    (each read with the filter's conjuncts on it alone: :func:`pushed_filters`)."""
     rel = first
+    pushed = pushed_filters(join)
     for step in join.steps:
         i = step.index
         left_cols = [staged_name(s, c) for s, c in step.left]
-        right = _read_joined(datasets[i], i, join.reads(i), list(step.right), [rel.column(c) for c in left_cols])
+        right = _read_joined(datasets[i], i, join.reads(i), list(step.right), [rel.column(c) for c in left_cols],
+                             pushed.get(i))
         li, ri = _matches(rel, left_cols, right, [staged_name(i, c) for c in step.right], step.how)
         taken = right.take(ri)
         if li is not None:
@@ -208,15 +232,22 @@ def evaluated(rel: pa.Table, join: Join) -> pa.Table:
     evaluated by Lance over them (a scratch dataset on local disk)."""
     if not join.filter and not join.exprs:
         return rel
+    # only the columns the SQL reads go to Lance (with each row's position): the rows passing
+    # are then taken from ``rel`` (a wide join wrote every column it carried: half a first refresh)
+    text = " ".join([join.filter or "", *join.exprs.values()])
+    used = [n for n in rel.column_names if f"`{n}`" in text]
     scratch = tempfile.mkdtemp(prefix="mv-join-")
     try:
-        ds = lance.write_dataset(rel, scratch)
-        columns = {n: f"`{n}`" for n in rel.column_names}
-        columns.update({f"__x__{name}": sql for name, sql in join.exprs.items()})
+        ds = lance.write_dataset(rel.select(used).append_column(_POS, pa.array(np.arange(rel.num_rows,
+                                                                                          dtype=np.int64))), scratch)
+        columns = {_POS: _POS, **{f"__x__{name}": sql for name, sql in join.exprs.items()}}
         out = ds.to_table(columns=columns, filter=join.filter, scan_in_order=True)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
-    return out
+    kept = rel.take(out.column(_POS)) if join.filter else rel  # (no filter: every row, in order)
+    for name in join.exprs:
+        kept = kept.append_column(f"__x__{name}", out.column(f"__x__{name}"))
+    return kept
 
 
 def _reuse(new: pa.Table, old: pa.Table, c: ColumnSpec, sources: list[int], changed: dict[int, np.ndarray],
@@ -379,7 +410,7 @@ def _staged(definition: ViewDefinition, args: dict, datasets: list[lance.LanceDa
                  np.concatenate([known[1], _id_array(old, SOURCE_ROW_VERSION)])]
     first = read_first(datasets[0], join.reads(0), fragments=args.get("fragments"),
                        ids=None if args.get("ids") is None else np.asarray(args["ids"], np.int64),
-                       part=args.get("slice"), known=(known[0], known[1]))
+                       part=args.get("slice"), known=(known[0], known[1]), pushed=pushed_filters(join).get(0))
     return join, first, evaluated(joined_rows(first, datasets, join), join), old
 
 

@@ -44,7 +44,7 @@ from mv_assets.model.names import (
 
 __all__ = [
     "JOIN_KIND", "HOWS", "JoinStep", "Join", "Names", "staged_name", "joined_row_id", "rewrite_sql",
-    "JOINED_ROW_ID_PREFIX",
+    "JOINED_ROW_ID_PREFIX", "pushed_filters",
 ]
 
 JOIN_KIND = "join"
@@ -247,6 +247,46 @@ class Names:
                     names.add(ref)
                     fields.append(pa.field(ref, self.field(i, c).type))
         return pa.schema(fields)
+
+
+_STAGED = re.compile(r"`__j(\d+)__((?:[^`]|``)+)`")
+
+
+def pushed_filters(join: "Join") -> dict[int, str]:
+    """The conjuncts of the join's filter that each source's scan can apply
+    itself (by source, on its own column names, ANDed): those reading the
+    columns of one source, that source the first table or joined INNER (a row
+    failing them fails the filter in every view row it is part of; a LEFT
+    join's row cannot be dropped early: its absence pads the row with NULLs,
+    which the filter may take). The filter itself still applies after the join.
+
+    >>> j = Join(("l", "o", "c"), (JoinStep(1, ((0, "k"),), ("k",), "inner", False),
+    ...          JoinStep(2, ((1, "ck"),), ("ck",), "left", False)),
+    ...          filter="`__j1__d` < 3 AND `__j2__seg` = 'B' AND (`__j0__x` > 1 OR `__j1__d` IS NULL) AND `__j0__x` < 9")
+    >>> pushed_filters(j)
+    {1: '(`d` < 3)', 0: '(`x` < 9)'}
+    """
+    if not join.filter:
+        return {}
+    import sqlglot
+    from sqlglot import exp
+
+    try:
+        tree = sqlglot.parse_one(join.filter, read="spark")
+    except sqlglot.errors.ParseError:
+        return {}
+    parts = list(tree.flatten()) if isinstance(tree, exp.And) else [tree]
+    out: dict[int, list[str]] = {}
+    for part in parts:
+        text = part.sql(dialect="spark")
+        sources = {int(i) for i, _ in _STAGED.findall(text)}
+        if len(sources) != 1:
+            continue
+        i = sources.pop()
+        if i and join.step_of(i).how != "inner":
+            continue
+        out.setdefault(i, []).append("(" + _STAGED.sub(lambda m: f"`{m.group(2)}`", text) + ")")
+    return {i: " AND ".join(texts) for i, texts in out.items()}
 
 
 def rewrite_sql(sql: str, resolve) -> tuple[str, dict[str, tuple[int, str]]]:
