@@ -36,13 +36,19 @@ def _print_json(obj: Any) -> None:
     click.echo(json.dumps(obj, indent=2, default=str))
 
 
-def _print_rows(rows: list[dict], title: str) -> None:
+def _print_rows(rows: list[dict], title: str, whole: tuple[str, ...] = ()) -> None:
+    """``rows`` as a table; the ``whole`` columns are never cut (an id a later
+    command takes), the others wrap or fold into the width left."""
     if not rows:
         click.echo(f"{title}: none")
         return
     table = RichTable(title=title)
     for col in rows[0]:
-        table.add_column(col)
+        if col in whole:
+            width = max(len(col), *(len("" if r[col] is None else str(r[col])) for r in rows))
+            table.add_column(col, no_wrap=True, min_width=width)
+        else:
+            table.add_column(col, overflow="fold")
     for r in rows:
         table.add_row(*["" if v is None else str(v) for v in r.values()])
     Console().print(table)
@@ -261,11 +267,30 @@ def plan(obj: _Ctx, view: str, src_version: int | None, mode: str, as_json: bool
             f"{s['view']}: source {s['source']} v{s['from_version']} -> v{s['to_version']} ({s['reason']})")
     click.echo(
         f"{head}\n"
-        f"  insert {s['rows_to_insert']}, update {s['rows_to_update']}, delete {s['rows_to_delete']}\n"
-        f"  UDF rows {s['udf_rows']} in {s['tasks']} tasks"
+        f"  insert {s['rows_to_insert']:,}, update {s['rows_to_update']:,}, delete {s['rows_to_delete']:,}\n"
+        f"  UDF rows: {_udf_rows_text(s['udf_rows'])}, in {s['tasks']} task{'s' if s['tasks'] != 1 else ''}"
+        + _work_text(p.details)
         + (f"\n  each task asks for {request.describe()} (scheduled on a Spark cluster; see docs/deploy.md)"
            if request else "")
     )
+
+
+def _udf_rows_text(udf_rows: dict) -> str:
+    """``caption 120, badge 0`` (``none``: a view without UDF columns)."""
+    return ", ".join(f"{name} {n:,}" for name, n in udf_rows.items()) or "none (no UDF column)"
+
+
+def _work_text(details: dict) -> str:
+    """A join view's plan: what it read and why full or incremental."""
+    work, adaptive = details.get("work"), details.get("adaptive")
+    if not work:
+        return ""
+    text = (f"\n  read: changed rows {', '.join(f'{k} {v:,}' for k, v in work['changed_rows'].items()) or 'none'}; "
+            f"probe matches {work['probe_matches']:,}; view key values {work['view_key_rows_read']:,}")
+    if adaptive:
+        text += (f"\n  recomputes {adaptive['rows']:,} of {adaptive['first_table_rows']:,} first-table rows "
+                 f"({adaptive['share']:.1%}; full at {adaptive['threshold']:.0%}): {adaptive['chosen']}")
+    return text
 
 
 @main.command()
@@ -444,7 +469,7 @@ def jobs(obj: _Ctx, job_id: str | None, table: str | None, status: str | None, a
     rows = [{"job": r.job_id, "type": r.job_type, "target": r.table_name + (f".{r.column_name}" if r.column_name else ""),
              "status": r.status.value, "launched": _when(r.launched_at), "took": _took(r),
              "rows": _n(r.metric("rows_committed")), "error": r.error} for r in records]
-    _print_rows(rows, f"jobs in {obj.db.uri}")
+    _print_rows(rows, f"jobs in {obj.db.uri}", whole=("job", "type", "status", "took", "rows"))
 
 
 def _when(at: datetime | None) -> str | None:

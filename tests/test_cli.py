@@ -3,6 +3,7 @@
 import json
 import os
 
+import pyarrow as pa
 import pytest
 from click.testing import CliRunner
 
@@ -190,7 +191,7 @@ def test_a_chunk_view_through_the_cli(catalog, call_log):
     catalog.create_udtf_view("chunks", docs.search(None).select(["id"]), make_split(call_log))
     rows = {t["name"]: t for t in json.loads(run(catalog, "tables", "--json").output)}
     assert rows["chunks"]["kind"] == "chunk view" and rows["a"]["kind"] == "view"
-    assert "UDF rows {'split': 5}" in run(catalog, "plan", "chunks").output and calls(call_log) == 0
+    assert "UDF rows: split 5, in 1 task" in run(catalog, "plan", "chunks").output and calls(call_log) == 0
     r = run(catalog, "refresh", "chunks")
     assert r.exit_code == 0 and "+5" in r.output and calls(call_log) == 5
     status = {s["name"]: s for s in json.loads(run(catalog, "status", "--json").output)}
@@ -293,3 +294,24 @@ def test_jobs_lists_newest_first_and_shows_one_record(catalog):
     assert r.exit_code == 2 and "Job no-such-job not found" in r.output
     r = run(catalog, "jobs", "--table", "nope")
     assert r.exit_code == 2 and "no table or view named 'nope'" in r.output
+
+
+def test_at_80_columns_job_ids_are_whole_and_plans_read_as_words(tmp_path):
+    """`mv-assets jobs` at 80 columns keeps each job id whole (what `mv-assets jobs ID` takes);
+    `mv-assets plan` names UDF rows per column, and a join view's plan what it read."""
+    db = mv.connect(str(tmp_path / "db"), runner=mv.InlineRunner())
+    o = db.create_table("orders", pa.table({"oid": list(range(50)), "cid": [i % 5 for i in range(50)]}))
+    c = db.create_table("customers", pa.table({"cid": list(range(5)), "name": list("abcde")}))
+    v = db.create_materialized_view("a_rather_long_view_name_for_a_narrow_terminal",
+                                    o.search(None).join(c, on="cid").select({"oid": "oid", "name": "name"}))
+    v.refresh()
+    c.update(where="cid = 1", values={"name": "z"})
+    r = CliRunner().invoke(main, ["--db", db.uri, "plan", v.name], env={"COLUMNS": "80"}, catch_exceptions=False)
+    assert "UDF rows: none (no UDF column), in 1 task" in r.output and "{}" not in r.output
+    assert "read: changed rows customers 1; probe matches 10" in r.output
+    assert "recomputes 10 of 50 first-table rows (20.0%; full at 50%): incremental" in r.output
+    v.refresh()
+    ids = [j.job_id for j in db.list_jobs()]
+    r = CliRunner().invoke(main, ["--db", db.uri, "jobs"], env={"COLUMNS": "80"}, catch_exceptions=False)
+    assert r.exit_code == 0 and all(i in r.output for i in ids) and "…" not in r.output.split("target")[0]
+    assert max(len(line) for line in r.output.splitlines()) <= 80
