@@ -273,3 +273,24 @@ def test_a_change_touching_most_rows_is_refreshed_in_full_and_says_why(tmp_path)
     small = plain.plan_refresh()
     assert not small.full and small.details["adaptive"]["chosen"] == "incremental"
     assert small.details["work"]["first_rows_computed"] == 500
+
+
+def test_a_dimension_update_is_reported_as_updates(tmp_path):
+    """One customer renamed: its orders' view rows are computed again from the same
+    source rows, and the refresh (and its job) says so as updates, not as inserts
+    and deletes; a row whose match changed, or that lost it, is an insert and a delete."""
+    db = mv.connect(str(tmp_path / "db"))
+    orders = db.create_table("orders", pa.table({"oid": list(range(30)), "cid": [i % 3 for i in range(30)]}))
+    customers = db.create_table("customers", pa.table({"cid": [0, 1, 2], "name": ["a", "b", "c"]}))
+    v = db.create_materialized_view("v", orders.search(None).join(customers, on="cid", how="left")
+                                    .select({"oid": "oid", "name": "name"}))
+    v.refresh()
+    customers.update(where="cid = 1", values={"name": "renamed"})
+    r = v.refresh()
+    assert (r.rows_inserted, r.rows_updated, r.rows_deleted) == (0, 10, 0)
+    assert {m.name: m.n for m in db.get_job(r.job_id).metrics}["rows_committed"] == 10
+    orders.update(where="oid < 3", values={"cid": 2})  # oids 0 and 1 move to customer 2 (oid 2 was there)
+    r = v.refresh()
+    assert (r.rows_inserted, r.rows_updated, r.rows_deleted) == (2, 0, 2)  # (a new match: other source rows)
+    assert sorted((x["oid"], x["name"]) for x in v.to_arrow().to_pylist())[:4] == [
+        (0, "c"), (1, "c"), (2, "c"), (3, "a")]

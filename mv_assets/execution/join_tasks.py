@@ -382,11 +382,13 @@ def _view_batch(rel: pa.Table, join: Join, definition: ViewDefinition, schema: p
 
 
 def join_batches(definition: ViewDefinition, schema: pa.Schema, args: dict, udf_rows: dict,
-                 errors: list, udf_call: UdfCall) -> Iterator[pa.RecordBatch]:
+                 errors: list, udf_call: UdfCall, stats: dict | None = None) -> Iterator[pa.RecordBatch]:
     """The view rows of one task: ``args`` (planned by :mod:`mv_assets.ops.join_refresh`)
-    names the sources' uris and versions and the first table's fragments or row ids."""
+    names the sources' uris and versions and the first table's fragments or row ids.
+    ``stats["rows_replaced"]``: how many of them replace a view row removed with the
+    same provenance (the same source rows: an update, as its reader sees it)."""
     datasets = [objects.dataset(u, version=v) for u, v in zip(args["uris"], args["versions"], strict=True)]
-    yield from _batches_over(definition, schema, args, udf_rows, errors, datasets, udf_call)
+    yield from _batches_over(definition, schema, args, udf_rows, errors, datasets, udf_call, stats)
 
 
 def _staged(definition: ViewDefinition, args: dict, datasets: list[lance.LanceDataset]
@@ -412,6 +414,21 @@ def _staged(definition: ViewDefinition, args: dict, datasets: list[lance.LanceDa
                        ids=None if args.get("ids") is None else np.asarray(args["ids"], np.int64),
                        part=args.get("slice"), known=(known[0], known[1]), pushed=pushed_filters(join).get(0))
     return join, first, evaluated(joined_rows(first, datasets, join), join), old
+
+
+def replaced_rows(new: pa.Table, old: pa.Table, sources: int) -> int:
+    """How many rows of ``new`` have the provenance of a row of ``old`` (the same
+    stable id of every source row, a LEFT row's missing match included)."""
+    if not new.num_rows or not old.num_rows:
+        return 0
+    keys = [row_id_column(i) for i in range(sources)]
+    names = [f"__k{n}" for n in range(sources)]
+
+    def keyed(t: pa.Table) -> pa.Table:
+        return pa.table({n: t.column(k).cast(pa.int64()).fill_null(-1) for n, k in zip(names, keys, strict=True)})
+
+    distinct_old = keyed(old).group_by(names, use_threads=False).aggregate([])
+    return keyed(new).join(distinct_old, keys=names, join_type="inner", use_threads=False).num_rows
 
 
 def _to_compute(rel: pa.Table, join: Join, c: ColumnSpec, old: pa.Table | None, changed: dict) -> np.ndarray:
@@ -440,8 +457,11 @@ def planned_calls(definition: ViewDefinition, args: dict) -> tuple[int, dict[str
 
 
 def _batches_over(definition: ViewDefinition, schema: pa.Schema, args: dict, udf_rows: dict, errors: list,
-                  datasets: list[lance.LanceDataset], udf_call: UdfCall) -> Iterator[pa.RecordBatch]:
+                  datasets: list[lance.LanceDataset], udf_call: UdfCall,
+                  stats: dict | None = None) -> Iterator[pa.RecordBatch]:
     join, first, staged, old = _staged(definition, args, datasets)
+    if stats is not None and old is not None:
+        stats["rows_replaced"] = stats.get("rows_replaced", 0) + replaced_rows(staged, old, len(join.sources))
     done = 0
     for start in range(0, staged.num_rows, OUT_BATCH):
         rel = staged.slice(start, OUT_BATCH)

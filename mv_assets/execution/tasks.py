@@ -122,6 +122,9 @@ class TaskResult:
     rows_path: str | None = None  # shuffled views: the task's rows (Arrow IPC), ordered at the commit
     # seconds per stage (read_s, udf_s, setup_s, write_s), only when asked for (execution.stages)
     stages: dict[str, float] = field(default_factory=dict)
+    # rows written that stand for a view row removed with the same provenance (a join view's row
+    # computed again from the same source rows): counted as updates, not an insert and a delete
+    rows_replaced: int = 0
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -719,18 +722,19 @@ class _FragmentsScan:
 
 # The task work of the view kinds whose tasks are not scans of source
 # fragments (model.kinds: one registry per layer), as
-# ``work(spec, definition, source, view_schema, udf_rows, errors, resumed)``:
+# ``work(spec, definition, source, view_schema, udf_rows, errors, resumed, stats)`` (``stats``: what
+# the task says of its rows beyond their count, e.g. a join's ``rows_replaced``):
 KIND_TASKS: dict[str, Callable[..., Iterator[pa.RecordBatch]]] = {
     # a table-function view: whole partitions (execution.udtf_tasks)
-    "udtf": lambda spec, d, ds, schema, udf_rows, errors, resumed: udtf_batches(ds, d, schema, spec.partitions or [], udf_rows),
+    "udtf": lambda spec, d, ds, schema, udf_rows, errors, resumed, stats: udtf_batches(ds, d, schema, spec.partitions or [], udf_rows),
     # an aggregate view: its groups (execution.agg_tasks)
-    "aggregate": lambda spec, d, ds, schema, udf_rows, errors, resumed: agg_batches(ds, d, schema, spec.kind_args),
+    "aggregate": lambda spec, d, ds, schema, udf_rows, errors, resumed, stats: agg_batches(ds, d, schema, spec.kind_args),
     # joins and GROUP BY in one view: the groups of the join kept under it (its source)
-    "join_aggregate": lambda spec, d, ds, schema, udf_rows, errors, resumed: agg_batches(ds, d, schema,
+    "join_aggregate": lambda spec, d, ds, schema, udf_rows, errors, resumed, stats: agg_batches(ds, d, schema,
                                                                                        spec.kind_args),
     # a join view: the joined rows of some first-table rows (execution.join_tasks)
-    "join": lambda spec, d, ds, schema, udf_rows, errors, resumed: join_batches(
-        d, schema, spec.kind_args or {}, udf_rows, errors, join_udf_call(spec, resumed)),
+    "join": lambda spec, d, ds, schema, udf_rows, errors, resumed, stats: join_batches(
+        d, schema, spec.kind_args or {}, udf_rows, errors, join_udf_call(spec, resumed), stats),
 }
 
 
@@ -766,13 +770,13 @@ def join_udf_call(spec: TaskSpec, resumed: dict[str, int] | None = None) -> Call
 
 
 def _task_batches(spec: TaskSpec, definition: ViewDefinition, ds, view_schema: pa.Schema, udf_rows: dict,
-                  errors: list[dict], resumed: dict, clock: StageClock | None = None):
+                  errors: list[dict], resumed: dict, clock: StageClock | None = None, stats: dict | None = None):
     """The task's view batches, computed as they are consumed. Parts sharing a
     predicate (whole small fragments) are read by one scan; kinds whose work
     is not such a scan by their :data:`KIND_TASKS` entry."""
     work = KIND_TASKS.get(definition.kind)
     if work is not None:
-        yield from work(spec, definition, ds, view_schema, udf_rows, errors, resumed)
+        yield from work(spec, definition, ds, view_schema, udf_rows, errors, resumed, stats)
         return
     for predicate, group in itertools.groupby(spec.parts, key=lambda part: part[1]):
         fragments = []
@@ -832,7 +836,8 @@ def _run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
     udf_rows: dict[str, int] = {c.name: 0 for c in definition.udf_columns}
     errors: list[dict] = []
     resumed: dict[str, int] = {}
-    batches = _task_batches(spec, definition, ds, view_schema, udf_rows, errors, resumed, clock)
+    stats: dict[str, int] = {}
+    batches = _task_batches(spec, definition, ds, view_schema, udf_rows, errors, resumed, clock, stats)
     fragments: list[dict] = []
     rows_path = None
     if spec.recompute is None and not definition.shuffle and _overlaps(spec, definition):
@@ -892,6 +897,7 @@ def _run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
         errors=errors,
         rows_path=rows_path,
         stages=stages,
+        rows_replaced=int(stats.get("rows_replaced", 0)),
     )
     if (definition.udf_columns or definition.function or spec.checkpoint_seconds is None
             or result.seconds >= spec.checkpoint_seconds):

@@ -1413,6 +1413,11 @@ def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner", job_id: 
     udf_rows = _sum_counts([r.udf_rows for r in results])
     if plan.counted_by_tasks:  # inserts planned from metadata: what the tasks wrote is exact
         plan.rows_to_insert = sum(r.rows_written for r in results)
+    replaced = sum(r.rows_replaced for r in results)
+    if replaced and not plan.full:  # (a join view's rows computed again from the same source rows: updates)
+        plan.rows_to_update += replaced
+        plan.rows_to_insert -= replaced
+        plan.rows_to_delete -= replaced
     operation = _rebuild(view, plan, new_fragments) or _operation(removed, updated, new_fragments)
     # an Overwrite drops the view's indexes: they are built again after it, as they were declared
     rebuild = (indexes.specs_to_rebuild(objects.dataset(view.uri, version=plan.view_version))
