@@ -51,7 +51,8 @@ demo: install
 	echo "  Spark: $${REMOTE:-local JVM per run} (refreshes of <= $(DEMO_LOCAL_BELOW_ROWS) rows run in the run process)"; \
 	echo "  The documents_changes sensor refreshes the views; change the source with 'make demo-append'."; \
 	echo ""; \
-	DAGSTER_HOME=$(CURDIR)/.demo/dagster_home MV_ASSETS_DB=$(CURDIR)/.demo/catalog MV_ASSETS_VIEWS=mv_assets.demo \
+	echo $$$$ > .demo/dagster.pid; \
+	exec env DAGSTER_HOME=$(CURDIR)/.demo/dagster_home MV_ASSETS_DB=$(CURDIR)/.demo/catalog MV_ASSETS_VIEWS=mv_assets.demo \
 		MV_ASSETS_SPARK_REMOTE=$$REMOTE \
 		MV_ASSETS_LOCAL_BELOW_ROWS=$(DEMO_LOCAL_BELOW_ROWS) \
 		DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS=$${DAGSTER_EMIT_PARTITION_SUBSET_IN_PLANNED_EVENTS:-1} \
@@ -80,7 +81,9 @@ bench: install
 	$(PY) bench/bench_udtf.py
 	$(PY) bench/bench_search.py
 
+## Stop the demo: its Dagster UI (webserver, daemon, code servers) and its Spark Connect server.
 demo-stop:
+	$(PY) -m mv_assets.dagster.devserver stop .demo/dagster.pid
 	$(PY) -m mv_assets.execution.connect_server stop --state-dir .demo/spark-connect
 
 clean:

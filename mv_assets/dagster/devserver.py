@@ -153,12 +153,85 @@ def dagster_dev(
                 os.killpg(proc.pid, signal.SIGKILL)
 
 
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def stop(pid_file: str, wait_s: float = 15.0) -> str:
+    """Stop the ``dagster dev`` whose process id ``make demo`` wrote to
+    ``pid_file``: interrupted as Ctrl-C does (it stops its webserver, daemon
+    and code servers), then, with every process below it, killed if any is
+    still there after ``wait_s`` (a run it was executing can hold its shutdown).
+    A process id that is not a ``dagster dev`` any more (gone, or reused) is
+    left alone. Returns what was done, in words."""
+    try:
+        with open(pid_file) as f:
+            pid = int(f.read().strip())
+    except (OSError, ValueError):
+        return "no Dagster UI recorded as started by make demo"
+    try:
+        if "dagster" not in _cmdline(pid) or " dev" not in _cmdline(pid):
+            return f"the Dagster UI (process {pid}) is not running"
+        tree = [pid, *_descendants(pid)]  # (its webserver, daemon, code servers and run workers)
+        os.kill(pid, signal.SIGINT)
+        if _wait_gone(tree, wait_s):
+            return f"stopped the Dagster UI (process {pid})"
+        # a run it was executing can hold its shutdown: every process of it is ended
+        tree = list(dict.fromkeys(tree + _descendants(pid)))
+        for p in tree:
+            with contextlib.suppress(OSError):
+                os.kill(p, signal.SIGKILL)
+        _wait_gone(tree, 5.0)
+        return f"stopped the Dagster UI (process {pid}; {len(tree)} processes ended after {wait_s:g} s)"
+    finally:
+        if os.path.exists(pid_file):
+            os.remove(pid_file)
+
+
+def _descendants(pid: int) -> list[int]:
+    """The processes below ``pid`` (children, theirs...), from /proc."""
+    parents: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            try:
+                with open(f"/proc/{entry}/stat") as f:
+                    ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+            except (OSError, ValueError, IndexError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def _wait_gone(pids: list[int], wait_s: float) -> bool:
+    deadline = time.time() + wait_s
+    while any(_cmdline(p) for p in pids):
+        if time.time() > deadline:
+            return False
+        time.sleep(0.2)
+    return True
+
+
 def main(argv: list[str] | None = None) -> int:
     """``python -m mv_assets.dagster.devserver prepare HOME PORT``: what ``make demo``
-    runs before ``dagster dev``: HOME's dagster.yaml is ours, PORT is free."""
+    runs before ``dagster dev``: HOME's dagster.yaml is ours, PORT is free.
+    ``... stop PID_FILE``: what ``make demo-stop`` runs: the demo's ``dagster dev``
+    stopped (see :func:`stop`)."""
     args = sys.argv[1:] if argv is None else argv
+    if len(args) == 2 and args[0] == "stop":
+        print(f"mv_assets: {stop(args[1])}")
+        return 0
     if len(args) != 3 or args[0] != "prepare":
-        print("usage: python -m mv_assets.dagster.devserver prepare DAGSTER_HOME PORT", file=sys.stderr)
+        print("usage: python -m mv_assets.dagster.devserver prepare DAGSTER_HOME PORT | stop PID_FILE",
+              file=sys.stderr)
         return 2
     home, port = args[1], int(args[2])
     try:
