@@ -255,6 +255,13 @@ def test_the_demo_joins_documents_to_authors(tmp_path):
         rows = view.to_arrow().to_pylist()
         assert any(r["author"] == "Ada Byron" and r["byline"].startswith("Ada Byron:") for r in rows)
         assert view.status().versions_behind == 0
+    # declared in code as the demo runs it (MV_ASSETS_VIEWS=mv_assets.demo): its UDF column's code is
+    # checked, as every other declared UDF column's is
+    declared = build_definitions(db, views="mv_assets.demo",
+                                 resource=MvAssetsResource(catalog_uri=db.uri, runner="inline")).get_repository_def()
+    checked = {(k.asset_key.to_user_string(), k.name) for k in declared.asset_graph.asset_check_keys}
+    assert ("doc_authors/byline", "udf_code_current") in checked
+    assert ("doc_features/words", "udf_code_current") in checked
 
 
 def test_a_join_of_a_view_of_its_own_lineage_is_refreshed_after_it_in_one_run(tmp_path):
