@@ -33,6 +33,7 @@ from mv_assets.api.declare import apply as apply_declared
 from mv_assets.api.declare import reconcile
 from mv_assets.api.table import MaterializedView, Table
 from mv_assets.dagster.catalog import TableInfo
+from mv_assets.dagster.pipes_client import PipesLauncher, launch_view
 from mv_assets.dagster.resource import MvAssetsResource
 from mv_assets.model.agg_view import agg_text
 from mv_assets.model.errors import UdfError
@@ -892,13 +893,15 @@ def _run_column_checks(context, info: TableInfo, keys: dict[str, dg.AssetKey], w
 
 
 def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, TableInfo], pdef,
-                  conditions: bool = False, engine: str = "spark"):
+                  conditions: bool = False, engine: str = "spark", pipes: PipesLauncher | None = None):
     """One multi-asset for everything downstream of a base table: its computed
     columns, its views and views over them (``tree``, in lineage order).
 
     One op, so a run carries any part of the lineage and refreshes it in
     order; each asset still materializes on its own (the op is subsettable),
-    and partitions record their own numbers.
+    and partitions record their own numbers. With ``pipes``, each view's
+    refresh and checks run in ``python -m mv_assets.pipes`` launched through
+    it (:mod:`mv_assets.dagster.pipes_client`).
     """
     # conditions: a table's computed columns are backfilled eagerly (views reading them wait for them)
     specs, column_keys, checks = _column_specs(table, dg.AutomationCondition.eager() if conditions else None, engine)
@@ -926,6 +929,7 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
     def _refresh(context: dg.AssetExecutionContext):
         selected = context.selected_asset_keys
         before: dict[str, int | None] = {}  # views this run refreshed, at their version before: checked since
+        remote: dict[str, list[dg.AssetCheckResult] | None] = {}  # checks a Pipes process ran, by view
         try:
             if any(k in selected for k in column_keys.values()):
                 _backfill_columns(context, table, column_keys, observe_all=conditions)
@@ -933,8 +937,9 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
                 view_key, col_keys = views[info.name]
                 if any(k in selected for k in (view_key, *col_keys.values())):
                     before.setdefault(info.name, _view_version(context, info.name))
-                    _materialize(context, info, view_key, col_keys, pdef is not None, observe_all=conditions,
-                                 tables=tables)
+                    remote[info.name] = _materialize(context, info, view_key, col_keys, pdef is not None,
+                                                     observe_all=conditions, tables=tables, pipes=pipes,
+                                                     since=before[info.name])
                 if any(k in selected for k in row_keys[info.name].values()):
                     _backfill_columns(context, info, row_keys[info.name], observe_all=conditions)
             if pdef is not None:
@@ -946,8 +951,11 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
         for info in tree:
             view_key, col_keys = views[info.name]
             if any(key == view_key for key, _ in wanted):
-                yield from _run_checks(context, info, view_key, {n for key, n in wanted if key == view_key},
-                                       info.name in before, before.get(info.name))
+                names = {n for key, n in wanted if key == view_key}
+                if pipes is None:
+                    yield from _run_checks(context, info, view_key, names, info.name in before, before.get(info.name))
+                else:
+                    yield from _pipes_checks(context, pipes, info, view_key, names, remote.get(info.name))
             code_keys = {k for k in col_keys.values() if (k, CODE_CHECK) in wanted}
             if code_keys:
                 db = getattr(context.resources, RESOURCE_KEY).connection()
@@ -1113,6 +1121,20 @@ def _progress(context, what: str):
         yield
 
 
+def _pinned_version(context, info: TableInfo, view) -> int | None:
+    """The source version a refresh of a view over a base table goes to: the
+    sensor's pinned one (never behind the view), or None (the latest)."""
+    tags = context.run.tags
+    pinned = int(tags[TAG_SOURCE_VERSION]) if TAG_SOURCE_VERSION in tags else None
+    in_run = context.run.asset_selection or set()
+    if any(dg.AssetKey([info.source_name, c]) in in_run for c in info.reads):
+        pinned = None  # this run backfills a column the view reads: refresh after it, to the latest version
+    current = view.source_version
+    if pinned is not None and current is not None and pinned < current:
+        pinned = current  # another run got further already: never go back
+    return pinned
+
+
 def _refresh_view(context, info: TableInfo, view, fragments: list[int] | None, recompute):
     """Refresh the view (views over views bring their upstream along first)."""
     if info.over_view:
@@ -1128,14 +1150,7 @@ def _refresh_view(context, info: TableInfo, view, fragments: list[int] | None, r
                 context.log.info(f"brought upstream view {name} to source v{r.to_version} first")
         with _progress(context, f"{info.name}: refresh"):
             return view.refresh(recompute=recompute)
-    tags = context.run.tags
-    pinned = int(tags[TAG_SOURCE_VERSION]) if TAG_SOURCE_VERSION in tags else None
-    in_run = context.run.asset_selection or set()
-    if any(dg.AssetKey([info.source_name, c]) in in_run for c in info.reads):
-        pinned = None  # this run backfills a column the view reads: refresh after it, to the latest version
-    current = view.source_version
-    if pinned is not None and current is not None and pinned < current:
-        pinned = current  # another run got further already: never go back
+    pinned = _pinned_version(context, info, view)
     what = f"{info.name}: refresh" + (f" of {', '.join(recompute)}" if recompute else "")
     with _progress(context, what):
         return view.refresh(src_version=pinned, fragments=fragments, recompute=recompute)
@@ -1150,9 +1165,13 @@ def _covers_every_fragment(table: Table, fragments: list[int]) -> bool:
 
 
 def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned: bool, *,
-                 observe_all: bool = False, tables: dict[str, TableInfo] | None = None):
+                 observe_all: bool = False, tables: dict[str, TableInfo] | None = None,
+                 pipes: PipesLauncher | None = None, since: int | None = None) -> list | None:
+    """Refresh the view for the run's partitions (in this process, or through
+    ``pipes``) and record its materializations. Through Pipes: the check
+    results the Pipes process reported (None: it ran no checks)."""
     resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
-    db = resource.connection()
+    db = resource.connection() if pipes is None else resource.reader()  # (through Pipes: no Spark here)
     _apply_code(context, info, db)
     view = db.open_view(info.name)
     selected = context.selected_asset_keys
@@ -1170,9 +1189,27 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
     whole = not info.scoped or not keys or context.run.tags.get(TAG_SCOPE) == "changes" or _covers_every_fragment(
         db.open_table(info.root), fragments)
     started = time.perf_counter()
+    checks = None
+    if pipes is None:
+        result, recomputed = _compute(context, info, view, view_key, columns, fragments, whole)
+    else:
+        result, recomputed, checks = _launch(context, pipes, info, view, view_key, columns, fragments, whole, since)
+        view = db.open_view(info.name)  # as the Pipes process left it
+    duration = time.perf_counter() - started
+    _log_outcome(context, info, result, recomputed, columns, duration)
+    _record_run(
+        context, info, db, view, view_key, col_keys, columns, keys if partitioned else [], fragments, whole, result,
+        recomputed, duration, observe_all=observe_all, tables=tables or {},
+    )
+    return checks
+
+
+def _compute(context, info: TableInfo, view, view_key, columns: list[str], fragments: list[int], whole: bool):
+    """In this process: the refresh, and the recompute of UDF columns whose
+    code changed. The refresh's result (None: none) and the recomputes by column."""
     result = None
     recomputed: dict[str, Any] = {}  # column -> the backfill that recomputed its stale rows
-    if view_key in selected:
+    if view_key in context.selected_asset_keys:
         result = _refresh_view(context, info, view, None if whole else fragments, None)
     elif not whole:  # only UDF columns of some partitions: recompute them there
         result = _refresh_view(context, info, view, fragments, columns)
@@ -1189,12 +1226,40 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
                     done = view.backfill(name)
                 for sibling in done.columns:  # a multi-column UDF fills its siblings too
                     recomputed[sibling] = done
-    duration = time.perf_counter() - started
-    _log_outcome(context, info, result, recomputed, columns, duration)
-    _record_run(
-        context, info, db, view, view_key, col_keys, columns, keys if partitioned else [], fragments, whole, result,
-        recomputed, duration, observe_all=observe_all, tables=tables or {},
-    )
+    return result, recomputed
+
+
+def _launch(context, pipes: PipesLauncher, info: TableInfo, view, view_key, columns: list[str],
+            fragments: list[int], whole: bool, since: int | None):
+    """Through Dagster Pipes: what :func:`_compute` does, in ``python -m
+    mv_assets.pipes`` where the client launches it, with the view's selected
+    checks. Nothing to do (UDF columns alone, every row current): no launch."""
+    refresh = view_key in context.selected_asset_keys or not whole
+    stale = [n for n in columns if view.plan_backfill(n).rows] if whole else []
+    if not refresh and not stale:
+        return None, {}, None
+    request = {
+        "fragments": None if whole else fragments,
+        "src_version": None if info.over_view else _pinned_version(context, info, view),
+        "recompute": columns if view_key not in context.selected_asset_keys and not whole else None,
+        "backfill": stale, "upstream": info.over_view, "refresh": refresh, "since_version": since,
+        "checks": sorted(k.name for k in context.selected_asset_check_keys if k.asset_key == view_key),
+    }
+    resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
+    done = launch_view(context, pipes, resource, info.name, view_key, request)
+    return done.result, done.recomputed, done.checks
+
+
+def _pipes_checks(context, pipes: PipesLauncher, info: TableInfo, view_key, names: set[str],
+                  reported: list[dg.AssetCheckResult] | None):
+    """The view's selected checks through Pipes: those the run's launch
+    reported, or (the view not refreshed by this run) a launch of the checks
+    alone, every row."""
+    if reported is None:
+        resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
+        request = {"refresh": False, "upstream": False, "fragments": None, "checks": sorted(names)}
+        reported = launch_view(context, pipes, resource, info.name, view_key, request).checks
+    yield from (r for r in reported if r.check_name in names)
 
 
 def _counts(counts: dict) -> str:

@@ -22,6 +22,7 @@ from mv_assets.dagster.assets import (
     unreadable_asset,
 )
 from mv_assets.dagster.catalog import TableInfo, catalog_tables
+from mv_assets.dagster.pipes_client import as_pipes_launcher
 from mv_assets.dagster.resource import MvAssetsResource
 from mv_assets.dagster.sensors import JoinWatch, lineage_order, observe_sensor, table_sensor, view_schedule
 
@@ -120,6 +121,7 @@ def build_definitions(
     views: dict | str | None = None,
     automation: str = "sensor",
     full_checks_running: bool = False,
+    pipes_client: Any = None,
 ) -> dg.Definitions:
     """Definitions for every table and view of the catalog ``db`` (a Connection or URI).
 
@@ -149,6 +151,11 @@ def build_definitions(
     / ``MV_ASSETS_SPARK_REMOTE``. The same as ``resource=MvAssetsResource(...,
     pyspark=...)``; give one of the two.
 
+    ``pipes_client``: the views' refreshes and checks run in ``python -m
+    mv_assets.pipes`` launched through Dagster Pipes (a ``PipesSubprocessClient``,
+    a function ``launch(context, extras)`` for any other client, or a
+    :class:`~mv_assets.dagster.pipes_client.PipesLauncher`); see docs/deploy.md.
+
     Runs execute in process (one Spark session per run, shared by its assets).
     """
     if automation not in AUTOMATIONS:
@@ -157,6 +164,7 @@ def build_definitions(
         raise ValueError("build_definitions: give pyspark= to the MvAssetsResource passed as resource= "
                          "(MvAssetsResource(catalog_uri=..., pyspark=...)), or pass no resource")
     conditions = automation == "conditions"
+    pipes = as_pipes_launcher(pipes_client)  # (refused here, at load, when it is nothing Pipes can launch with)
     conn = db if isinstance(db, Connection) else connect(db)
     declared = load_declared(views, conn) if isinstance(views, str) else views
     unreadable: dict[str, str] = {}
@@ -177,7 +185,8 @@ def build_definitions(
     lineages: dict[str, Any] = {}
     for root in roots:
         tree = lineage_order([v for v in view_infos if v.root == root], tables)
-        asset, keys, columns = lineage_asset(tables[root], tree, tables, pdefs[root], conditions, resource.runner)
+        asset, keys, columns = lineage_asset(tables[root], tree, tables, pdefs[root], conditions, resource.runner,
+                                             pipes=pipes)
         assets.append(asset)
         lineages[root] = asset
         view_assets.update(keys)
