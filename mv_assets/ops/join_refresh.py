@@ -381,17 +381,9 @@ def plan_join_refresh(
     if adaptive["chosen"] == "full":
         return _full_plan(view, definition, datasets, view_ds, state, adaptive["why"], per_task, checkpoint_size,
                           details, exact)
-    tasks = []
-    for k in range(0, len(alive), per_task):
-        chunk = alive[k:k + per_task]
-        args = {"uris": uris, "versions": [d.version for d in datasets], "ids": chunk.tolist(), "view_uri": view.uri,
-                "reuse": {"view_version": view_ds.version, "changed": changed,
-                          "rows": _ids(held, "_rowid")[isin(held_first, chunk)].tolist()}}
-        if written_first is not None and written_first.num_rows:
-            mine = isin(_ids(written_first), chunk)
-            args["known_versions"] = [_ids(written_first)[mine].tolist(), _ids(written_first, _VERSION)[mine].tolist()]
-        tasks.append(_task(where, args, len(chunk)))
-    where.checkpointed(tasks)
+    tasks = where.checkpointed([
+        _task(where, _task_args(uris, datasets, view, view_ds, chunk, changed, held, written_first), len(chunk))
+        for chunk in (alive[k:k + per_task] for k in range(0, len(alive), per_task))])
     rows_out, udf_rows = _counted(definition, tasks, exact, len(alive))
     return RefreshPlan(
         view=view.name, source=definition.source, from_version=state.source_version, to_version=datasets[0].version,
@@ -449,6 +441,21 @@ def _counted(definition, tasks: list[TaskSpec], exact: bool, first_rows: int) ->
         for k, v in per.items():
             calls[k] += v
     return rows, calls
+
+
+def _task_args(uris: list[str], datasets: list[lance.LanceDataset], view: ViewRef, view_ds: lance.LanceDataset,
+               chunk: np.ndarray, changed: dict, held: pa.Table, written_first: pa.Table | None) -> dict:
+    """An incremental task's arguments: the first-table rows ``chunk`` to
+    compute, the view rows of them it may copy UDF values from (``held``: the
+    rows the refresh removes), and the versions of those written since."""
+    held_first = _ids(held, SOURCE_ROW_ID)
+    args = {"uris": uris, "versions": [d.version for d in datasets], "ids": chunk.tolist(), "view_uri": view.uri,
+            "reuse": {"view_version": view_ds.version, "changed": changed,
+                      "rows": _ids(held, "_rowid")[isin(held_first, chunk)].tolist()}}
+    if written_first is not None and written_first.num_rows:
+        mine = isin(_ids(written_first), chunk)
+        args["known_versions"] = [_ids(written_first)[mine].tolist(), _ids(written_first, _VERSION)[mine].tolist()]
+    return args
 
 
 def _task(where, args: dict, rows: int) -> TaskSpec:
