@@ -270,10 +270,11 @@ def pushed_filters(join: "Join") -> dict[int, str]:
         return {}
     import sqlglot
     from sqlglot import exp
+    from sqlglot.errors import ParseError
 
     try:
         tree = sqlglot.parse_one(join.filter, read="spark")
-    except sqlglot.errors.ParseError:
+    except ParseError:
         return {}
     parts = list(tree.flatten()) if isinstance(tree, exp.And) else [tree]
     out: dict[int, list[str]] = {}
