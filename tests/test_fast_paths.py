@@ -3,6 +3,8 @@ commits a Lance Append (an Update derives version metadata per row in the
 commit), task output is written in large chunks, and a cheap UDF's paced
 checkpoints never build input identities they do not save."""
 
+import shutil
+
 import lance
 import pyarrow as pa
 import pytest
@@ -884,3 +886,64 @@ def test_commits_that_change_no_row_are_planned_without_reading_the_views_keys(t
     assert read == [0]
     view.refresh()
     assert actual_view(view) == expected_view(src.uri, src.version, _keep, _project)
+
+
+def test_the_only_task_of_a_small_refresh_writes_no_task_checkpoint(tmp_path, monkeypatch):
+    """A refresh's only task, quicker than a checkpoint's worth of time, saves
+    no task checkpoint, UDF columns or not (a crash before the commit redoes
+    less than that; the checkpoint cost every small refresh its write and
+    removal); a refresh of several tasks still checkpoints each, and a task
+    checkpoint that does not read back whole counts as absent."""
+    saved: list[str] = []
+    real = tasks._save_checkpoint
+    monkeypatch.setattr(tasks, "_save_checkpoint", lambda spec, result: (saved.append(spec.task_id), real(spec, result)))
+    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(50)], primary_key="id")
+    view = db.create_materialized_view("v", src.search(None).select({"id": "id", "y": plus}))
+    view.refresh()
+    src.add([{"id": i, "x": i} for i in range(50, 60)])
+    r = view.refresh()
+    assert r.tasks == 1 and r.udf_rows_computed == {"y": 10} and saved == []
+    src.add([{"id": i, "x": i} for i in range(60, 70)])
+    src.add([{"id": i, "x": i} for i in range(70, 80)])
+    assert view.refresh(max_rows_per_task=10).tasks == 2 and len(saved) == 2
+    assert actual_view(view) == expected_view(src.uri, src.version, lambda row: True, _project)
+    # a torn checkpoint (an OS crash after its rename, before its data: it is not fsynced) reads as absent
+    spec = tasks.TaskSpec(task_id="t1", src_uri=src.uri, src_version=src.version, parts=[], view_uri=view.uri, rows=0,
+                          checkpoint_dir=str(tmp_path / "ckpt"))
+    (tmp_path / "ckpt").mkdir()
+    (tmp_path / "ckpt" / "t1.json").write_text('{"task_id": "t1", "fragm')
+    assert tasks.load_checkpoint(spec) is None
+
+
+def test_a_refresh_with_nothing_new_reads_no_history(tmp_path, monkeypatch):
+    """Neither the source nor the view moved since the last refresh: the plan
+    reads the view's state and both tables' versions, not the source's history,
+    the view's writers or the columns it reads; a source dropped and created
+    again (same version numbers, another table) is not taken for unmoved."""
+    from mv_assets.ops import refresh as refresh_ops
+
+    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(20)], primary_key="id")
+    view = db.create_materialized_view("v", src.search(None).where("x % 3 != 0").select({"id": "id", "y": plus}))
+    view.refresh()
+    src.add([{"id": 20, "x": 20}])
+    view.refresh()
+    read: list[str] = []
+    for name in ("read_history", "foreign_writes", "commits_since", "read_field_ids"):
+        real = getattr(refresh_ops, name)
+        monkeypatch.setattr(refresh_ops, name, lambda *a, _n=name, _r=real, **k: (read.append(_n), _r(*a, **k))[1])
+    r = view.refresh()
+    assert r.runner == "none" and r.view_version == view.version and read == []
+    assert view.plan_refresh().reason == "already current"
+    # another tool drops the source and writes another table there, to the same version: rebuilt, not skipped
+    version = src.version
+    shutil.rmtree(src.uri)
+    lance.write_dataset(pa.table({"id": [0], "x": [100]}), src.uri, enable_stable_row_ids=True)
+    while lance.dataset(src.uri).version < version:
+        n = lance.dataset(src.uri).count_rows()
+        lance.write_dataset(pa.table({"id": [n], "x": [n + 100]}), src.uri, mode="append")
+    assert lance.dataset(src.uri).version == version
+    assert "created again" in view.plan_refresh().reason
+    assert view.refresh().full
+    assert actual_view(view) == expected_view(src.uri, version, lambda row: row["x"] % 3 != 0, _project)

@@ -527,3 +527,45 @@ def test_load_records_are_rewritten_in_place_and_read_whole(tmp_path):
         th.join()
     assert set(seen) <= set(records) | {long, short}
     assert len(set(seen)) > 10  # the reads did race the writes
+
+
+def test_a_load_record_is_created_in_one_write_and_an_empty_one_is_read_again(tmp_path):
+    """A refresh creates its LOADING record (the last one was removed when its
+    commit landed) with its content in one write, no temporary file renamed;
+    a reader finding it created but still empty reads again, and one left
+    empty (a writer killed in between) reads as no record."""
+    from mv_assets.storage import objects
+
+    uri = str(tmp_path / "status" / "v.json")
+    objects.write_record(uri, '{"n": 1}')  # its folder missing: written whole the usual way
+    assert objects.read_record(uri) == '{"n": 1}'
+    os.remove(uri)
+    made: list[str] = []
+    real_put = objects.put_bytes
+    objects.put_bytes = lambda *a, **k: (made.append(a[0]), real_put(*a, **k))[1]
+    try:
+        objects.write_record(uri, '{"n": 2}')
+    finally:
+        objects.put_bytes = real_put
+    assert made == [] and objects.read_record(uri) == '{"n": 2}'
+    open(uri, "wb").close()  # created, nothing written yet
+    naps: list[float] = []
+
+    def nap(seconds: float) -> None:
+        naps.append(seconds)
+        if len(naps) == 2:
+            with open(uri, "wb") as fh:
+                fh.write(objects._sealed(b'{"n": 3}'))
+
+    real_sleep = objects.time.sleep
+    objects.time.sleep = nap
+    try:
+        assert objects.read_record(uri) == '{"n": 3}' and len(naps) == 2
+        open(uri, "wb").close()
+        naps.clear()
+        objects.time.sleep = lambda s: naps.append(s)
+        assert objects.read_record(uri) is None and len(naps) == 50
+    finally:
+        objects.time.sleep = real_sleep
+    objects.write_record(uri, '{"n": 4}')  # over the empty one: written anew
+    assert objects.read_record(uri) == '{"n": 4}'

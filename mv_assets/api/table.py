@@ -37,6 +37,7 @@ from mv_assets.model.definition import (
     is_marker,
     short_error,
     sql_literal,
+    stored_columns,
 )
 from mv_assets.model.errors import TableNotFoundError
 from mv_assets.model.join_agg_view import JOIN_AGG_KIND
@@ -60,7 +61,7 @@ from mv_assets.ops.refresh import (
     view_rows_by_fragment,
 )
 from mv_assets.ops.schema_changes import SCHEMA_KEYS, drop_columns, rename_or_relax_columns
-from mv_assets.storage import objects
+from mv_assets.storage import keys, objects
 from mv_assets.storage.changes import FragmentChanges, data_version, fragment_changes, fragment_data_versions
 from mv_assets.storage.error_log import read_errors
 from mv_assets.storage.layout import Layout
@@ -213,23 +214,6 @@ def check_primary_key(table: pa.Table, pk: str | None) -> None:
         raise ValueError(f"primary key {pk!r} cannot be NULL")
     if len(pc.unique(col)) != len(col):  # pyright: ignore[reportAttributeAccessIssue]  (generated at import)
         raise ValueError(f"duplicate values for primary key {pk!r} in the new rows")
-
-
-def existing_keys(ds: lance.LanceDataset, pk: str, keys: pa.Array, chunk: int = 4096) -> list:
-    """Which of ``keys`` the dataset already holds in its primary key column
-    (filters pushed down to Lance a chunk of keys at a time)."""
-    found: list = []
-    values = keys.to_pylist()
-    col = _quote(pk)
-    for lo in range(0, len(values), chunk):
-        literals = ", ".join(sql_literal(v) for v in values[lo : lo + chunk])
-        hit = ds.to_table(columns=[pk], filter=f"{col} IN ({literals})").column(pk).to_pylist()
-        found.extend(hit)
-    return sorted(set(found), key=lambda v: (str(type(v)), v))
-
-
-def _quote(name: str) -> str:
-    return "`" + name.replace("`", "``") + "`"
 
 
 class Table(Indexed):
@@ -863,6 +847,7 @@ class Table(Indexed):
         check_primary_key(table, self.primary_key)
         return ds, table
 
+    @objects.reusing_handles()
     def add(self, data: Any, mode: str = "append", **geneva_only: Any) -> int:
         """Append rows (a pyarrow Table or batches, a pandas DataFrame, a list
         of dicts); returns the new version. ``mode="overwrite"`` replaces every
@@ -880,9 +865,9 @@ class Table(Indexed):
             return self._fill_sql_columns() or version
         if table.num_rows == 0:
             return ds.version
-        pk = self.primary_key
+        pk = keys.primary_key(ds)
         if pk is not None:
-            taken = existing_keys(ds, pk, table.column(pk).combine_chunks())
+            taken = self._existing_keys(ds, pk, table)
             if taken:
                 shown = taken[:10]
                 raise ValueError(
@@ -890,8 +875,39 @@ class Table(Indexed):
                     f"(keys {shown}{' ...' if len(taken) > 10 else ''}); nothing was added. "
                     "Use merge_insert() to insert or update by key"
                 )
-        version = objects.write_dataset(table, self.uri, mode="append").version
-        return self._fill_sql_columns() or version
+        return self._after_write(objects.write_dataset(table, self.uri, mode="append"), table)
+
+    def _existing_keys(self, ds: lance.LanceDataset, pk: str, table: pa.Table) -> list:
+        """Which primary keys of the new rows ``table`` already has, looked up
+        through the key index (built first when the table is big enough and
+        has none: storage.keys), O(rows added), not O(table)."""
+        ds = keys.ready(self.uri, ds, pk)
+        return keys.existing_keys(self.uri, ds, pk, table.column(pk).combine_chunks())
+
+    def _after_write(self, written: lance.LanceDataset, appended: pa.Table | None = None) -> int:
+        """After rows were written (``written``: the version that made;
+        ``appended``: the rows, when it was an append): their keys kept for
+        the next look-ups while their fragment is outside the key index, SQL
+        computed columns filled in for them, the primary key index brought up
+        to date when the rows outside it grew past what a look-up should scan
+        (storage.keys, lazily; a commit of its own then). The latest version."""
+        pk = keys.primary_key(written)
+        if appended is not None and pk is not None:  # (the version the append made: nothing opened again)
+            keys.remember_written(self.uri, written, pk, appended.column(pk).combine_chunks())
+        # (its commits bring the key index up to date themselves; the schema the write left says whether any)
+        filled = self._fill_sql_columns() if any(c.kind == "sql" for c in stored_columns(written.schema)) else None
+        if filled is not None:
+            return filled
+        return written.version if keys.upkeep(self.uri, written) is None else self.version
+
+    @property
+    def primary_key_index(self) -> "keys.KeyIndex | None":
+        """How the primary key is looked up (None: no primary key): through
+        its BTREE index (the rows it covers, the rows outside it that each
+        look-up scans until the index takes them in) or, with none yet (a
+        table under ``storage.keys.KEY_INDEX_MIN_ROWS`` rows), by a scan of the
+        key column. ``str()`` of it is one line of status."""
+        return keys.key_index(self._dataset(), self.uri)
 
     @overload
     def merge_insert(  # pyright: ignore[reportOverlappingOverload]  (a name or names: the builder)
@@ -922,6 +938,7 @@ class Table(Indexed):
         return self._merge([pk], data, update=True, update_where=None, insert=True, delete=False,
                            delete_where=None).version
 
+    @objects.reusing_handles()
     def _merge(self, on: list[str], data: Any, *, update: bool, update_where: str | None, insert: bool,
                delete: bool, delete_where: str | None) -> "MergeInsertResult":
         """One Lance merge_insert of ``data`` on ``on`` with the clauses asked for."""
@@ -939,6 +956,13 @@ class Table(Indexed):
                              "by it (a match on other columns could give two rows one key)")
         if table.num_rows == 0 and not delete:
             return MergeInsertResult(ds.version, 0, 0, 0, 0)
+        if pk is not None and not delete:
+            ds = keys.ready(self.uri, ds, pk)  # (Lance's merge_insert reads the key index too)
+            if insert and not self._existing_keys(ds, pk, table):
+                # no key matches a row: every row is inserted, an append (O(rows), where Lance's
+                # merge_insert of a table with deletions costs O(table): docs/performance.md)
+                version = self._after_write(objects.write_dataset(table, self.uri, mode="append"), table)
+                return MergeInsertResult(version, 0, table.num_rows, 0, table.num_rows)
         builder = ds.merge_insert(on[0] if len(on) == 1 else on)
         if update:
             builder = builder.when_matched_update_all(update_where)
@@ -947,7 +971,7 @@ class Table(Indexed):
         if delete:
             builder = builder.when_not_matched_by_source_delete(delete_where)
         stats = builder.execute(table)
-        version = self._fill_sql_columns() or self.version
+        version = self._after_write(self._dataset())
         return MergeInsertResult(version, int(stats.get("num_updated_rows", 0)), int(stats.get("num_inserted_rows", 0)),
                                  int(stats.get("num_deleted_rows", 0)), table.num_rows)
 
@@ -1133,17 +1157,17 @@ class Table(Indexed):
 
     def _compact(self, **options: Any) -> Any:
         metrics = self._dataset().optimize.compact_files(**options)
-        self._catch_up_indexes()
+        self._catch_up_indexes(consolidate=True)
         return metrics
 
     def _cleanup(self, older_than: timedelta | None, delete_unverified: bool) -> Any:
         return self._dataset().cleanup_old_versions(older_than=older_than, delete_unverified=delete_unverified)
 
-    def _catch_up_indexes(self) -> None:
+    def _catch_up_indexes(self, consolidate: bool = False) -> None:
         from mv_assets.storage.indexes import catch_up
 
         with objects.reusing_handles():
-            catch_up(self.uri)
+            catch_up(self.uri, consolidate=consolidate)
 
 
 @dataclass(frozen=True)

@@ -102,9 +102,9 @@ TARGET_ROWS_PER_FRAGMENT = 1 << 20
 def compact_if_fragmented(view_ds: lance.LanceDataset) -> bool:
     """Compact the view when refreshes left many small fragments (each refresh
     or Dagster partition run adds at least one). Returns whether it did."""
-    fragments = view_ds.get_fragments()
-    if len(fragments) <= COMPACT_SMALL_FRAGMENTS:
+    if len(view_ds.fragment_ids()) <= COMPACT_SMALL_FRAGMENTS:  # (ids only: no fragment's metadata is built)
         return False
+    fragments = view_ds.get_fragments()
     small = sum(1 for f in fragments if f.metadata.physical_rows < TARGET_ROWS_PER_FRAGMENT // 2)
     if small <= COMPACT_SMALL_FRAGMENTS:
         return False
@@ -412,6 +412,11 @@ def plan_refresh(
     view_ds = view.dataset()
     state = read_refresh_state(view_ds)
     source_id = table_id(src_latest)
+    if _unmoved(definition, src_latest, view_ds, state, source_id, src_version=src_version, mode=mode,
+                fragments=fragments, recompute=recompute):
+        plan = _already_current(view, src_latest.version, view_ds.version, state)
+        plan.source_id = source_id
+        return plan
     read_fields = read_field_ids(definition, src_latest)
     replaced = _source_replaced(view, state, source_id) or _columns_replaced(view, state, read_fields)
     if replaced is not None:
@@ -454,6 +459,22 @@ def plan_refresh(
                          repaired=foreign is not None, read_fields=read_fields)
 
 
+def _unmoved(definition: ViewDefinition, src: lance.LanceDataset, view_ds: lance.LanceDataset, state: RefreshState,
+             source_id: str | None, *, src_version: int | None, mode: str, fragments: list[int] | None,
+             recompute: list[str] | None) -> bool:
+    """Neither the source nor the view committed anything since the view's
+    last whole refresh, which reflected the source's latest version, of the
+    same table and definition: nothing can have changed (what the full plan
+    finds too, after reading the history, the view's writers and the columns
+    it reads: a no-change refresh skips them). Anything else, or a refresh
+    that asks for more (a version, a mode, fragments, recompute), plans in full."""
+    return (src_version is None and mode != "full" and fragments is None and recompute is None
+            and state.source_version is not None and state.source_version == src.version
+            and state.view_version == view_ds.version and not state.scoped_since_whole
+            and state.source_id is not None and state.source_id == source_id
+            and state.definition == definition.shape_fingerprint())
+
+
 def _how(view_name: str, definition: ViewDefinition, src: lance.LanceDataset, state: RefreshState, def_fp: str, *,
          mode: str, scope: list[int] | None, recompute: list[str] | None, replaced: str | None,
          foreign: ForeignWrites | None) -> tuple[str, str]:
@@ -481,6 +502,8 @@ def _refresh_plan(view_name: str, definition: ViewDefinition, src: lance.LanceDa
     """The plan of the ``work`` :func:`_plan_work` found (what it returns);
     every UDF counts the rows of the tasks that compute whole rows."""
     where, tasks, keys, n_insert, udf_rows, vk, counted = work
+    if len(tasks) == 1:  # (no task checkpoint when it is quick: TaskSpec.only_task)
+        tasks[0].only_task = True
     for name in (c.name for c in definition.udf_columns):
         udf_rows[name] = udf_rows.get(name, 0) + int(sum(t.rows for t in tasks if t.recompute is None))
     return RefreshPlan(

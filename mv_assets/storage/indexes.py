@@ -36,7 +36,7 @@ import lance
 import pyarrow as pa
 
 from mv_assets.model.names import is_internal_column
-from mv_assets.storage import objects
+from mv_assets.storage import keys, objects
 
 __all__ = [
     "VECTOR_INDEX_TYPES", "SCALAR_INDEX_TYPES", "FTS_INDEX_TYPE", "IndexSpec", "IndexInfo", "create_index",
@@ -364,7 +364,8 @@ class CatchUp:
         return bool(self.updated or self.rebuilt or self.failed)
 
 
-def catch_up(uri: str, rebuild: list[IndexSpec] | None = None, version: int | None = None) -> CatchUp:
+def catch_up(uri: str, rebuild: list[IndexSpec] | None = None, version: int | None = None, *,
+             consolidate: bool = False) -> CatchUp:
     """Make every index of the dataset at ``uri`` cover every row.
 
     ``rebuild``: declarations of indexes a commit just dropped (see
@@ -373,11 +374,20 @@ def catch_up(uri: str, rebuild: list[IndexSpec] | None = None, version: int | No
     again from its declaration; one covering more is updated in place. A
     failure does not raise (the rows are committed and searches stay right,
     by flat scan): it is warned about and reported. ``version``: the one a
-    commit just made (default: the latest)."""
+    commit just made (default: the latest).
+
+    A table's primary key index is kept by its own, lazier rule
+    (:func:`mv_assets.storage.keys.upkeep`; ``consolidate``: ``optimize()``,
+    its segments merged into one)."""
     done = CatchUp()
     ds = objects.dataset(uri, version=version)
     built = _coverage(ds)
     declared = _declared(ds)
+    if keys.primary_key(ds) is not None:
+        kept = keys.upkeep(uri, consolidate=consolidate, version=version)
+        if kept is not None:
+            (done.rebuilt if kept[1] in ("built", "rebuilt") else done.updated).append(kept[0])
+        built.pop(keys.index_name(ds) or "", None)  # (not updated eagerly below)
     if not built and not declared and not rebuild:
         return done
     todo = {s.name: s for s in (rebuild or []) if s.name not in built}

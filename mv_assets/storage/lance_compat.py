@@ -5,6 +5,8 @@ internal is one edit here (see ../shared/notes/stack-facts.md for the
 facts behind each).
 """
 
+import dataclasses
+
 import lance
 import pyarrow as pa
 from lance.commit import CommitConflictError  # a concurrent writer won (``.retryable``)
@@ -14,6 +16,35 @@ from mv_assets.model.blobs import blob_sources
 
 __all__ = ["CommitConflictError", "take_rows", "roaring_bitmap_bytes", "delete_offsets", "field_ids",
            "with_filter_columns"]
+
+
+def _readable_rewritten_indexes() -> None:
+    """pylance 14 cannot read back the transaction of a compaction that
+    rewrote an index: its Rust side builds ``LanceOperation.RewrittenIndex``
+    from two of the five fields the Python class requires (TypeError), so a
+    table with any index (its primary key's: storage.keys) had its compaction
+    commits unreadable, and views over it took them for unknown changes
+    (history unreadable: rows scanned). The class is looked up by name when a
+    transaction is read: the same class with defaults for the three missing
+    fields reads them (``tests/test_lance_contract.py``)."""
+    cls = lance.LanceOperation.RewrittenIndex
+    fields = getattr(cls, "__dataclass_fields__", {})
+    missing = [n for n in ("new_details_type_url", "new_details_value", "new_index_version") if n in fields]
+    if not missing or getattr(cls, "_mv_assets_defaults", False):
+        return
+
+    @dataclasses.dataclass
+    class RewrittenIndex(cls):  # pyright: ignore[reportGeneralTypeIssues]  (a dataclass of pylance's)
+        new_details_type_url: str = ""
+        new_details_value: bytes = b""
+        new_index_version: int = 0
+        _mv_assets_defaults = True
+
+    RewrittenIndex.__qualname__ = cls.__qualname__
+    lance.LanceOperation.RewrittenIndex = RewrittenIndex  # pyright: ignore[reportAttributeAccessIssue]
+
+
+_readable_rewritten_indexes()
 
 _ROW_VERSION_COLUMNS = ("_row_created_at_version", "_row_last_updated_at_version")
 

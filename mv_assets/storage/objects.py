@@ -270,6 +270,10 @@ def _read_committed(ds: lance.LanceDataset, version: int) -> "lance.Transaction 
 
 
 def write_dataset(data: Any, uri: str, **kwargs: Any) -> lance.LanceDataset:
+    if kwargs.get("mode") == "append" and "session" not in kwargs:
+        # the process's session: its object store and the manifest it cached (~0.8 ms of a
+        # 10-row append); the dataset returned opens in it too
+        kwargs["session"] = _session()
     return lance.write_dataset(data, uri, storage_options=options_for(uri), **kwargs)
 
 
@@ -610,7 +614,8 @@ def write_record(uri: str, text: str) -> None:
     try:
         fd = os.open(path, os.O_RDWR)
     except FileNotFoundError:
-        put_bytes(uri, _sealed(body), durable=False)
+        if not _create_record(path, _sealed(body)):
+            put_bytes(uri, _sealed(body), durable=False)
         return
     try:
         old = os.pread(fd, max(os.fstat(fd).st_size, 1), 0)
@@ -624,6 +629,25 @@ def write_record(uri: str, text: str) -> None:
     put_bytes(uri, data, durable=False)
 
 
+def _create_record(path: str, data: bytes) -> bool:
+    """Create the record at ``path`` with ``data`` in one write (no temporary
+    file and rename: ~40 us instead of ~150 us, a refresh creates one each
+    time). False when it could not (its folder missing, or another writer
+    created it first): then it is written whole by :func:`put_bytes`. A reader
+    in between finds it empty and reads again (:func:`read_record`)."""
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+    except (FileExistsError, FileNotFoundError):
+        return False
+    try:
+        view = memoryview(data)
+        while view:
+            view = view[os.write(fd, view):]
+    finally:
+        os.close(fd)
+    return True
+
+
 def read_record(uri: str) -> str | None:
     """A record written by :func:`write_record` (or whole, by :func:`put_bytes`),
     None when there is none. A read that raced a rewrite (checksum wrong) is
@@ -634,7 +658,7 @@ def read_record(uri: str) -> str | None:
         if data is None:
             return None
         body, intact = _unsealed(data)
-        if intact is not False:
+        if intact is not False and data:  # (empty: created, its content not written yet)
             return body.decode()
         time.sleep(0.0002 * (attempt + 1))
     return None
