@@ -152,10 +152,29 @@ def test_backfill_of_an_unread_column_leaves_the_source_data_version_and_views_a
         assert db.open_table("doc_features").status().versions_behind == 0
 
 
+def _assert_quick_runs(home: str) -> None:
+    """The demo's run coordinator: a run queue (the UI warns on every backfill
+    launch with DefaultRunCoordinator), looked at every second; requested
+    backfills every 2 s, not Dagster's 30 ("Materialize" on a view is a backfill)."""
+    from dagster._core.run_coordinator import QueuedRunCoordinator
+    from dagster._daemon import controller
+
+    before = controller.DEFAULT_DAEMON_INTERVAL_SECONDS
+    try:
+        with dg.DagsterInstance.from_config(home) as instance:
+            coordinator = instance.run_coordinator
+            assert isinstance(coordinator, QueuedRunCoordinator)  # the UI's runQueuingSupported: no warning
+            assert coordinator.dequeue_interval_seconds == 1
+            assert "QUEUED_RUN_COORDINATOR" in instance.get_required_daemon_types()
+            assert controller.DEFAULT_DAEMON_INTERVAL_SECONDS == 2  # what the backfill daemon's loop waits
+    finally:
+        controller.DEFAULT_DAEMON_INTERVAL_SECONDS = before
+
+
 def test_demo_never_reuses_what_it_did_not_create(tmp_path):
     import socket
 
-    from mv_assets.dagster.devserver import IMMEDIATE_RUNS_YAML, SENSOR_THREADS_YAML, main, prepare_home
+    from mv_assets.dagster.devserver import QUICK_RUNS_YAML, SENSOR_THREADS_YAML, main, prepare_home
     from mv_assets.dagster.storage import sqlite_storage_yaml
     from mv_assets.execution import connect_server
 
@@ -169,10 +188,11 @@ def test_demo_never_reuses_what_it_did_not_create(tmp_path):
     ours = tmp_path / "ours"
     prepare_home(str(ours))
     prepare_home(str(ours))  # its own file: rewritten
-    assert (ours / "dagster.yaml").read_text() == IMMEDIATE_RUNS_YAML + SENSOR_THREADS_YAML + sqlite_storage_yaml(str(ours))
+    assert (ours / "dagster.yaml").read_text() == QUICK_RUNS_YAML + SENSOR_THREADS_YAML + sqlite_storage_yaml(str(ours))
     with dg.DagsterInstance.from_config(str(ours)) as instance:  # what it says, as Dagster reads it
         assert instance.get_sensor_settings() == {"use_threads": True, "num_workers": 8}
         assert type(instance.event_log_storage).__name__ == "BatchingSqliteEventLogStorage"
+    _assert_quick_runs(str(ours))
     with socket.socket() as busy:  # a port somebody else listens on
         busy.bind(("127.0.0.1", 0))
         busy.listen()

@@ -51,7 +51,9 @@ def test_a_first_tick_over_many_fragments_observes_none_and_partitions_stay_exac
     """120 fragments written once: the first tick adds their 120 partitions in
     one request and emits no observation (before: one per fragment, stored one
     by one by the daemon), the run records 120 materializations and observes
-    nothing, and every partition is in sync. A delete in one fragment: the
+    each fragment once, in one batch (so the source shows its partitions'
+    data versions, not "Never observed"), and every partition is in sync.
+    A delete in one fragment: the
     next tick observes that fragment alone, its partition is Unsynced and
     only it; "Observe sources" then observes nothing more."""
     from dagster._utils.test.data_versions import get_stale_status_resolver
@@ -75,7 +77,11 @@ def test_a_first_tick_over_many_fragments_observes_none_and_partitions_stay_exac
         assert len(add.partition_keys) == n
         (done,) = run_requested(defs, instance, first)
         mats = [e for e in done.all_events if e.event_type_value == "ASSET_MATERIALIZATION"]
-        assert len(mats) == n and not [e for e in done.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+        assert len(mats) == n
+        obs = [e for e in done.all_events if e.event_type_value == "ASSET_OBSERVATION"]
+        assert sorted(int(e.partition) for e in obs) == list(range(n))  # each fragment once
+        assert {e.event_specific_data.asset_observation.tags["dagster/data_version"] for e in obs} == set(
+            src.fragment_data_versions().values())
         assert statuses(sample) == ["FRESH"] * len(sample)
         assert db.open_table("v").count_rows() == 2 * n
 
@@ -241,3 +247,21 @@ def test_a_runs_materializations_are_stored_in_one_batch_per_asset_and_read_back
     assert len(batched[3]) == 2 * n and batched[3] == plain[3]
     w7 = batched[3][("w", "7")][0]
     assert (w7["source_fragment"], w7["rows_computed"]) == (7, 2)  # each partition its own numbers
+
+
+def test_observe_sources_on_a_fresh_source_observes_every_partition(tmp_path):
+    """"Observe sources" before any run: every partition of the source is
+    observed at its data version (before: none, the source read "Never
+    observed" in the UI); a second press observes nothing more."""
+    n = 5
+    db = _fragmented(tmp_path / "cat", n)
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    source = defs.get_assets_def(K(["src"]))
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(partitions_def_name("src"), [str(i) for i in range(n)])
+        first = observe([source], instance=instance)
+        versions = db.open_table("src").fragment_data_versions()
+        assert sorted((e.partition, e.tags["dagster/data_version"]) for e in first.asset_observations_for_node("src")) == \
+            sorted((str(f), v) for f, v in versions.items())
+        again = observe([source], instance=instance)
+        assert again.asset_observations_for_node("src") == []

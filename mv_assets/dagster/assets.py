@@ -17,6 +17,7 @@ columns, views over views and views with a limit refresh as a whole in any
 partition run, and record every partition the run names.
 """
 
+import functools
 import time
 import warnings
 from collections.abc import Collection
@@ -280,8 +281,9 @@ def source_asset(info: TableInfo, pdef=None):
         if pdef is None:
             return dg.DataVersion(str(table.data_version()))
         known, _ = fragment_keys(context.instance.get_dynamic_partitions(pdef.name))
-        # the fragments the instance does not know as they are (see unobserved_fragments)
-        versions = unobserved_fragments(context.instance, table, known)
+        # the fragments the instance does not know as they are (see unobserved_fragments), and
+        # those never observed: "Observe sources" on a fresh source observes every partition
+        versions = unobserved_fragments(context.instance, table, known, also=set(known))
         return dg.DataVersionsByPartition({str(f): v for f, v in versions.items()})
 
     return _observe
@@ -367,33 +369,35 @@ def _record_id_now(instance) -> int:
     return max(int(latest or 0), 1)
 
 
-def observe_fragments(context, table: Table, fragments: list[int], read: int | None = None, *,
-                      every: bool = False) -> dict[int, tuple[str, int | None]]:
+def observe_fragments(context, table: Table, fragments: list[int],
+                      read: int | None = None) -> dict[int, tuple[str, int | None]]:
     """The input a materialization records for each of ``fragments`` (those
     still in the table) of the source it read at version ``read`` (None: the
     latest): the fragment's data version then, and the storage id of an
     observation of the fragment, which Dagster compares with its latest
     observation (stale when the data versions differ). Fragments the
     instance does not know as they are (:func:`unobserved_fragments`) are
-    observed now (a scan and three queries, whatever the count). A fragment
-    never observed and never changed points at no observation of it (the
-    latest storage id now): Dagster reports its partition stale once an
-    observation of another data version comes after, which is when a row of
-    it is deleted. A fragment changed since ``read`` (a write after the
-    version the run was pinned to) points before the observation of its
-    change: the partition shows Unsynced, as it is. ``every``: observe every
-    fragment never observed (automation conditions: an unobserved source
-    partition counts as missing to them; the ``<table>_observe`` sensor
-    observes them all too)."""
+    observed now (a scan and three queries, whatever the count), every
+    fragment never observed included: the source asset's partitions then
+    show their data versions and the asset its last observation in the UI
+    (before, a source whose fragments were never deleted from read "Never
+    observed" all along), and to automation conditions an unobserved source
+    partition counts as missing. The observations are logged as one batch
+    (one transaction per 1,000 where the storage writes batches, see
+    :func:`_record_batch`). A fragment logged now points at no observation of
+    it yet (the latest storage id now; the batch is stored when the step's
+    events are): Dagster compares data versions, equal until a row of it is
+    deleted. A fragment changed since ``read`` (a write after the version the
+    run was pinned to) points before the observation of its change: the
+    partition shows Unsynced, as it is."""
     versions = table.fragment_data_versions(fragments)
     if not versions:
         return {}
     then = (table.fragment_data_versions(list(versions), version=read)
             if read is not None and read != table.version else {})
     moved = {fid for fid, v in then.items() if v != versions[fid]}
-    also = set(versions) if every else moved
-    for fid, version in unobserved_fragments(context.instance, table, list(versions), also=also).items():
-        context.log_event(fragment_observation(table, fid, version))
+    unseen = unobserved_fragments(context.instance, table, list(versions), also=set(versions))
+    _record_batch(context, [fragment_observation(table, fid, version) for fid, version in unseen.items()])
     key = dg.AssetKey([table.name])
     ids = context.instance.get_latest_storage_id_by_partition(
         key, DagsterEventType.ASSET_OBSERVATION, {str(f) for f in versions})
@@ -426,19 +430,21 @@ def _join_what(info: TableInfo, where: str, lim: str, cols: str) -> str:
     return f"Join view over {_join_text(info)}{where}: {cols}"
 
 
-def _agg_what(info: TableInfo, where: str, lim: str, cols: str) -> str:
+def _grouping(info: TableInfo) -> str:
+    """An aggregate's keys and outputs in words: ``group by lang; n = count(*)``."""
     function = info.definition["function"]
     keys = ", ".join(k for k in function["keys"]) or "nothing (one group)"
     outs = ", ".join(f"{n} = {agg_text(fn, c, *q)}" for n, fn, c, *q in function["aggs"])
-    return (f"Aggregate view over {info.source}{where}: group by {keys}; {outs}; a refresh applies the "
+    return f"group by {keys}; {outs}"
+
+
+def _agg_what(info: TableInfo, where: str, lim: str, cols: str) -> str:
+    return (f"Aggregate view over {info.source}{where}: {_grouping(info)}; a refresh applies the "
             "changed rows to the groups they touch")
 
 
 def _join_agg_what(info: TableInfo, where: str, lim: str, cols: str) -> str:
-    function = info.definition["function"]
-    keys = ", ".join(k for k in function["keys"]) or "nothing (one group)"
-    outs = ", ".join(f"{n} = {agg_text(fn, c, *q)}" for n, fn, c, *q in function["aggs"])
-    return (f"Aggregate view over the join of {', '.join(info.sources)}: group by {keys}; {outs}; a refresh "
+    return (f"Aggregate view over the join of {', '.join(info.sources)}: {_grouping(info)}; a refresh "
             "brings the join up to date by the delta rule, then applies its changed rows to the groups they touch")
 
 
@@ -682,17 +688,7 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo], conditions: bool 
     condition = automation_condition(info.policy) if conditions else None
     view_key = dg.AssetKey([info.name])
     src = tables[info.source]  # type: ignore[index]
-    deps = [dg.AssetDep(dg.AssetKey([src.name]))] + [
-        dg.AssetDep(dg.AssetKey([src.name, c])) for c in src.computed if c in info.reads
-    ]
-    # A join view's joined sources: every partition of it reads all of each (it refreshes as a whole),
-    # whatever their partitions are (another lineage's fragments, or none)
-    every = dg.AllPartitionMapping()
-    for joined in info.joined:
-        if joined in tables:
-            deps.append(dg.AssetDep(dg.AssetKey([joined]), partition_mapping=every))
-            deps += [dg.AssetDep(dg.AssetKey([joined, c]), partition_mapping=every)
-                     for c in info.joined_reads.get(joined, [])]
+    deps = _view_deps(info, src, tables)
     lineage = _join_column_lineage(info, tables) if info.join is not None else _column_lineage(info, src)
     group = safe_name(info.name)
     specs = [
@@ -743,6 +739,29 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo], conditions: bool 
                 skippable=True,
             )
         )
+    return specs, _view_check_specs(info, view_key, col_keys), view_key, col_keys
+
+
+def _view_deps(info: TableInfo, src: TableInfo, tables: dict[str, TableInfo]) -> list[dg.AssetDep]:
+    """What a view's asset depends on: its source, the source's computed
+    columns it reads, and a join view's joined sources (and their columns)."""
+    deps = [dg.AssetDep(dg.AssetKey([src.name]))] + [
+        dg.AssetDep(dg.AssetKey([src.name, c])) for c in src.computed if c in info.reads
+    ]
+    # A join view's joined sources: every partition of it reads all of each (it refreshes as a whole),
+    # whatever their partitions are (another lineage's fragments, or none)
+    every = dg.AllPartitionMapping()
+    for joined in info.joined:
+        if joined in tables:
+            deps.append(dg.AssetDep(dg.AssetKey([joined]), partition_mapping=every))
+            deps += [dg.AssetDep(dg.AssetKey([joined, c]), partition_mapping=every)
+                     for c in info.joined_reads.get(joined, [])]
+    return deps
+
+
+def _view_check_specs(info: TableInfo, view_key: dg.AssetKey, col_keys: dict[str, dg.AssetKey]
+                      ) -> list[dg.AssetCheckSpec]:
+    """A view's checks (by its kind), and a declared view's UDF columns' code check."""
     # rows per partition or per group: other checks
     names = {"udtf": UDTF_CHECK_NAMES, "aggregate": AGG_CHECK_NAMES, "join": JOIN_CHECK_NAMES,
              "join_aggregate": AGG_CHECK_NAMES}.get(info.kind, CHECK_NAMES)
@@ -762,7 +781,7 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo], conditions: bool 
             dg.AssetCheckSpec(CODE_CHECK, asset=key, description=CHECK_DESCRIPTIONS[CODE_CHECK])
             for key in col_keys.values()
         ]
-    return specs, check_specs, view_key, col_keys
+    return check_specs
 
 
 def code_check_evaluations(info: TableInfo, db) -> dict[dg.AssetKey, tuple[bool, str, dict]]:
@@ -932,16 +951,16 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
         remote: dict[str, list[dg.AssetCheckResult] | None] = {}  # checks a Pipes process ran, by view
         try:
             if any(k in selected for k in column_keys.values()):
-                _backfill_columns(context, table, column_keys, observe_all=conditions)
+                _backfill_columns(context, table, column_keys)
             for info in tree:
                 view_key, col_keys = views[info.name]
                 if any(k in selected for k in (view_key, *col_keys.values())):
                     before.setdefault(info.name, _view_version(context, info.name))
                     remote[info.name] = _materialize(context, info, view_key, col_keys, pdef is not None,
-                                                     observe_all=conditions, tables=tables, pipes=pipes,
+                                                     tables=tables, pipes=pipes,
                                                      since=before[info.name])
                 if any(k in selected for k in row_keys[info.name].values()):
-                    _backfill_columns(context, info, row_keys[info.name], observe_all=conditions)
+                    _backfill_columns(context, info, row_keys[info.name])
             if pdef is not None:
                 _compact_if_due(context, table)
         except UdfError as exc:
@@ -1061,8 +1080,8 @@ def _record(context, key: dg.AssetKey, partition: str | None, metadata: dict, ta
         batch.append(event)
 
 
-def _record_batch(context, events: list[dg.AssetMaterialization]) -> None:
-    """Log a run's materializations as one batch per asset, as Dagster logs
+def _record_batch(context, events: list[dg.AssetMaterialization] | list[dg.AssetObservation]) -> None:
+    """Log a run's materializations (or observations) as one batch per asset, as Dagster logs
     those of a partition range's output: where the instance's storage writes
     batches (``DAGSTER_EVENT_BATCH_SIZE`` set; Postgres, or
     ``mv_assets.dagster.storage`` on SQLite) a batch is one transaction, not
@@ -1077,15 +1096,16 @@ def _record_batch(context, events: list[dg.AssetMaterialization]) -> None:
         for event in events:  # (not inside a step Dagster runs: one by one)
             context.log_event(event)
         return
-    by_asset: dict[dg.AssetKey, list[dg.AssetMaterialization]] = {}
+    by_asset: dict[dg.AssetKey, list] = {}
     for event in events:
         by_asset.setdefault(event.asset_key, []).append(event)
     for same in by_asset.values():
         batch_id = generate_event_batch_id()
         for i, event in enumerate(same):
             # what log_event does, with the batch's id: stored when the batch ends (or fills)
-            logged.append(DagsterEvent.asset_materialization(
-                step, event, DagsterEventBatchMetadata(batch_id, i == len(same) - 1)))
+            last = DagsterEventBatchMetadata(batch_id, i == len(same) - 1)
+            logged.append(DagsterEvent.asset_observation(step, event, last) if isinstance(event, dg.AssetObservation)
+                          else DagsterEvent.asset_materialization(step, event, last))
 
 
 def _run_partitions(context: dg.AssetExecutionContext) -> list[str]:
@@ -1165,7 +1185,7 @@ def _covers_every_fragment(table: Table, fragments: list[int]) -> bool:
 
 
 def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned: bool, *,
-                 observe_all: bool = False, tables: dict[str, TableInfo] | None = None,
+                 tables: dict[str, TableInfo] | None = None,
                  pipes: PipesLauncher | None = None, since: int | None = None) -> list | None:
     """Refresh the view for the run's partitions (in this process, or through
     ``pipes``) and record its materializations. Through Pipes: the check
@@ -1199,7 +1219,7 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
     _log_outcome(context, info, result, recomputed, columns, duration)
     _record_run(
         context, info, db, view, view_key, col_keys, columns, keys if partitioned else [], fragments, whole, result,
-        recomputed, duration, observe_all=observe_all, tables=tables or {},
+        recomputed, duration, tables=tables or {},
     )
     return checks
 
@@ -1319,7 +1339,7 @@ SCOPE_NOTHING = "nothing to compute: every row is current"
 
 def _record_run(
     context, info: TableInfo, db, view, view_key, col_keys: dict, columns: list[str], keys: list[str],
-    fragments: list[int], whole: bool, result, recomputed: dict, duration: float, *, observe_all: bool = False,
+    fragments: list[int], whole: bool, result, recomputed: dict, duration: float, *,
     tables: dict[str, TableInfo],
 ) -> None:
     """Materialization events of the run: one per asset, or one per partition.
@@ -1332,46 +1352,11 @@ def _record_run(
     are not counted per source fragment."""
     selected = context.selected_asset_keys
     view_scope = SCOPE_CHANGES if whole else SCOPE_FRAGMENTS
-    base_md = {
-        "source_version": view.source_version if result is None else result.to_version,
-        "view_version": view.version,
-        "run_duration_s": round(duration, 3),
-        # a join view: the version of every source it reflects (source_version is its first source's)
-        **({"source_versions": dg.MetadataValue.json(view.source_versions)} if info.join is not None else {}),
-    }
-    # a chunk view's refresh counts parents (documents), its rows are their chunks; an aggregate view's, groups
-    unit = {"chunker": "parents", "aggregate": "groups", "join_aggregate": "groups"}.get(info.kind, "rows")
-    computed_key = "parents_chunked" if unit == "parents" else "rows_computed"
-    run_md = dict(base_md)
-    if result is not None:
-        run_md.update({
-            "runner": result.runner, f"run_{unit}_inserted": result.rows_inserted,
-            f"run_{unit}_updated": result.rows_updated, f"run_{unit}_deleted": result.rows_deleted,
-            f"run_{computed_key}": sum(result.rows_by_fragment.values()),
-        })
+    base_md, run_md, computed_key = _run_metadata(info, view, result, duration)
     # rows by source fragment: a partition's own only for views refreshed per fragment
     by_fragment = result.rows_by_fragment if result is not None and info.scoped else {}
-
-    def column_md(name: str, fid: int | None) -> dict:
-        refreshed = result is not None and name in result.udf_rows_computed
-        done = recomputed.get(name)
-        scope = "; ".join([view_scope] * refreshed + [SCOPE_RECOMPUTE] * (done is not None)) or SCOPE_NOTHING
-        md: dict[str, Any] = {**base_md, "scope": scope}
-        if result is not None and refreshed:
-            md["run_udf_rows_computed"] = result.udf_rows_computed[name] + (done.udf_rows_computed if done else 0)
-        elif done is not None:
-            md["run_udf_rows_computed"] = done.udf_rows_computed
-        if done is not None:
-            md["run_udf_rows_recomputed"] = done.rows_written
-        if fid is None or info.scoped:  # a partition's own count: rows of its fragment this run computed
-            rows = (sum(by_fragment.values()) if fid is None else int(by_fragment.get(fid, 0))) if refreshed else 0
-            if done is not None:
-                rows += sum(done.rows_by_fragment.values()) if fid is None else int(done.rows_by_fragment.get(fid, 0))
-            md["udf_rows_computed"] = rows
-        if fid is not None:
-            md["source_fragment"] = fid
-        return md
-
+    column_md = functools.partial(_column_metadata, info=info, result=result, recomputed=recomputed,
+                                  view_scope=view_scope, base_md=base_md, by_fragment=by_fragment)
     fingerprints = {c["name"]: c["udf"]["fingerprint"] for c in info.udf_columns}
     source = db.open_table(info.source_name)
     source_key = dg.AssetKey([info.source_name])
@@ -1388,7 +1373,7 @@ def _record_run(
     read = None if result is None else result.to_version
     if result is not None and info.kind == "join_aggregate":  # (its own source is the join under it: the first
         read = view.source_versions.get(info.source_name)      # table's version is the one it recorded)
-    fragment_inputs = (observe_fragments(context, source, fragments, read, every=observe_all)
+    fragment_inputs = (observe_fragments(context, source, fragments, read)
                        if keys and not info.over_view else {})
     # A view over a view: each partition's inputs are the upstream view's partition and the upstream
     # columns it reads, as last materialized (Dagster reports it Unsynced when they change after).
@@ -1412,7 +1397,7 @@ def _record_run(
     col_tags = {n: _version_tags(fingerprints[n], view.version, {view_key: view.version}) for n in columns}
     view_rows = view.count_rows() if view_key in selected else 0
     view_md = {**run_md, "scope": view_scope, "dagster/row_count": view_rows}
-    if not keys:
+    if not keys:  # a run without partitions: one event per asset
         if view_key in selected:
             md = {**view_md, computed_key: sum(result.rows_by_fragment.values()) if result is not None else 0,
                   **_status_metadata(view), **_index_metadata(view)}
@@ -1423,8 +1408,7 @@ def _record_run(
     per_fragment = (
         view.rows_by_fragment(base_md["source_version"], fragments)
         if info.scoped and view_key in selected and len(fragments) <= PER_PARTITION_LIMIT
-        and base_md["source_version"] is not None
-        else {}
+        and base_md["source_version"] is not None else {}
     )
     index_md = _index_metadata(view) if view_key in selected else {}
     batch: list[dg.AssetMaterialization] = []
@@ -1441,6 +1425,55 @@ def _record_run(
             tags = _version_tags(fingerprints[name], f"{held}@{fingerprints[name]}", {view_key: held})
             _record(context, col_keys[name], key_str, column_md(name, fid), tags, batch)
     _record_batch(context, batch)
+
+
+def _run_metadata(info: TableInfo, view, result, duration: float) -> tuple[dict, dict, str]:
+    """The metadata of every materialization of a view's run (versions, its
+    duration), the run's totals (labelled ``run_*``) added to it, and the
+    name of the count of what the refresh computed (rows; a chunk view's
+    parents)."""
+    base_md = {
+        "source_version": view.source_version if result is None else result.to_version,
+        "view_version": view.version,
+        "run_duration_s": round(duration, 3),
+        # a join view: the version of every source it reflects (source_version is its first source's)
+        **({"source_versions": dg.MetadataValue.json(view.source_versions)} if info.join is not None else {}),
+    }
+    # a chunk view's refresh counts parents (documents), its rows are their chunks; an aggregate view's, groups
+    unit = {"chunker": "parents", "aggregate": "groups", "join_aggregate": "groups"}.get(info.kind, "rows")
+    computed_key = "parents_chunked" if unit == "parents" else "rows_computed"
+    run_md = dict(base_md)
+    if result is not None:
+        run_md.update({
+            "runner": result.runner, f"run_{unit}_inserted": result.rows_inserted,
+            f"run_{unit}_updated": result.rows_updated, f"run_{unit}_deleted": result.rows_deleted,
+            f"run_{computed_key}": sum(result.rows_by_fragment.values()),
+        })
+    return base_md, run_md, computed_key
+
+
+def _column_metadata(name: str, fid: int | None, *, info: TableInfo, result, recomputed: dict, view_scope: str,
+                     base_md: dict, by_fragment: dict) -> dict:
+    """The metadata of a UDF column's materialization (of partition ``fid``;
+    None: of the run): what the run computed and recomputed of it."""
+    refreshed = result is not None and name in result.udf_rows_computed
+    done = recomputed.get(name)
+    scope = "; ".join([view_scope] * refreshed + [SCOPE_RECOMPUTE] * (done is not None)) or SCOPE_NOTHING
+    md: dict[str, Any] = {**base_md, "scope": scope}
+    if result is not None and refreshed:
+        md["run_udf_rows_computed"] = result.udf_rows_computed[name] + (done.udf_rows_computed if done else 0)
+    elif done is not None:
+        md["run_udf_rows_computed"] = done.udf_rows_computed
+    if done is not None:
+        md["run_udf_rows_recomputed"] = done.rows_written
+    if fid is None or info.scoped:  # a partition's own count: rows of its fragment this run computed
+        rows = (sum(by_fragment.values()) if fid is None else int(by_fragment.get(fid, 0))) if refreshed else 0
+        if done is not None:
+            rows += sum(done.rows_by_fragment.values()) if fid is None else int(done.rows_by_fragment.get(fid, 0))
+        md["udf_rows_computed"] = rows
+    if fid is not None:
+        md["source_fragment"] = fid
+    return md
 
 
 def _joined_inputs(context, info: TableInfo, tables: dict[str, TableInfo], db) -> tuple[dict, dict]:
@@ -1499,7 +1532,7 @@ def _column_description(table: str, col: dict) -> str:
     )
 
 
-def _backfill_columns(context, info: TableInfo, keys: dict[str, dg.AssetKey], *, observe_all: bool = False):
+def _backfill_columns(context, info: TableInfo, keys: dict[str, dg.AssetKey]):
     """Materialize selected computed columns of a base table (or of a chunk
     view's rows): a backfill of the rows lacking a current value (exact in any
     partition run)."""
@@ -1558,8 +1591,7 @@ def _backfill_columns(context, info: TableInfo, keys: dict[str, dg.AssetKey], *,
             _record(context, key, None, {"job_id": r.job_id, **totals, "table_version": version}, tags)
             continue
         if inputs is None:  # each partition's input: its own fragment (the table's), as observed
-            inputs = {} if info.is_view else observe_fragments(context, table, fragment_keys(parts)[0],
-                                                               every=observe_all)
+            inputs = {} if info.is_view else observe_fragments(context, table, fragment_keys(parts)[0])
         run_md = {"job_id": r.job_id, **{f"run_{k}": v for k, v in totals.items()}, "table_version": version}
         batch: list[dg.AssetMaterialization] = []
         for part in parts:  # the backfill covered every partition of the run: each records its own rows

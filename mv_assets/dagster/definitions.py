@@ -158,11 +158,7 @@ def build_definitions(
 
     Runs execute in process (one Spark session per run, shared by its assets).
     """
-    if automation not in AUTOMATIONS:
-        raise ValueError(f"automation must be one of {AUTOMATIONS}, got {automation!r}")
-    if pyspark is not None and resource is not None:
-        raise ValueError("build_definitions: give pyspark= to the MvAssetsResource passed as resource= "
-                         "(MvAssetsResource(catalog_uri=..., pyspark=...)), or pass no resource")
+    _check_arguments(automation, pyspark, resource)
     conditions = automation == "conditions"
     pipes = as_pipes_launcher(pipes_client)  # (refused here, at load, when it is nothing Pipes can launch with)
     conn = db if isinstance(db, Connection) else connect(db)
@@ -173,67 +169,34 @@ def build_definitions(
     # stay there (they may hold credentials the UI would show)
     options = conn.storage_options if conn.storage_options_given else None
     resource = resource or MvAssetsResource.from_env(conn.uri, storage_options=options, pyspark=pyspark)
-    status = dg.DefaultSensorStatus.RUNNING if sensors_running else dg.DefaultSensorStatus.STOPPED
     view_infos = [t for t in tables.values() if t.is_view and t.source in tables]
     roots = sorted({v.root for v in view_infos} | {t.name for t in tables.values() if not t.is_view and t.columns})
     pdefs = {r: dg.DynamicPartitionsDefinition(name=partitions_def_name(r)) for r in roots}
     assets: list[Any] = [source_asset(t, pdefs.get(t.name)) for t in tables.values() if not t.is_view]
     # a damaged dataset is in the graph, with its reason, not hidden (a view declared in code under its name: not here)
     assets += [unreadable_asset(name, why) for name, why in sorted(unreadable.items()) if name not in tables]
-    view_assets: dict[str, list[dg.AssetKey]] = {}
-    column_keys: dict[str, list[dg.AssetKey]] = {}
-    lineages: dict[str, Any] = {}
-    for root in roots:
-        tree = lineage_order([v for v in view_infos if v.root == root], tables)
-        asset, keys, columns = lineage_asset(tables[root], tree, tables, pdefs[root], conditions, resource.runner,
-                                             pipes=pipes)
-        assets.append(asset)
-        lineages[root] = asset
-        view_assets.update(keys)
-        column_keys[root] = columns
+    lineages, view_assets, column_keys = _lineage_assets(roots, view_infos, tables, pdefs, conditions,
+                                                         resource.runner, pipes)
+    assets += list(lineages.values())
     jobs = {r: lineage_job(tables[r], [v for v in view_infos if v.root == r], view_assets, column_keys[r]) for r in roots}
     check_jobs = [job for job, _ in (full_checks(tables[r], [v for v in view_infos if v.root == r], view_assets,
                                                   lineages[r]) for r in roots) if job is not None]
-    schedule_status = dg.DefaultScheduleStatus.RUNNING if sensors_running else dg.DefaultScheduleStatus.STOPPED
     watches = join_watches(view_infos, tables, view_assets, jobs, pdefs)
     # base tables read only as joined sources of join views: a sensor each, for those views alone
     joined_only = sorted(t for t in watches if t not in roots and not tables[t].is_view)
+    status = dg.DefaultSensorStatus.RUNNING if sensors_running else dg.DefaultSensorStatus.STOPPED
     sensors: list[Any]
     if conditions:
-        sensors = [observe_sensor(tables[r], pdefs.get(r), sensor_interval_seconds, status)
-                   for r in [*roots, *joined_only]]
-        targets = [k for r in roots for k in column_keys[r]] + [k for keys in view_assets.values() for k in keys]
-        if targets:
-            sensors.append(dg.AutomationConditionSensorDefinition(
-                AUTOMATION_SENSOR, target=dg.AssetSelection.assets(*targets), default_status=status,
-                minimum_interval_seconds=sensor_interval_seconds,
-                description="Evaluates the AutomationConditions of the views (from their refresh policies) "
-                            "and of the tables' computed columns, and requests their runs.",
-            ))
+        sensors = _condition_sensors(tables, [*roots, *joined_only], pdefs, column_keys, view_assets,
+                                     sensor_interval_seconds, status)
         schedules: list[Any] = []
     else:
-        sensors = [
-            table_sensor(tables[r], tables, pdefs[r], view_assets, column_keys[r], sensor_interval_seconds, status,
-                         jobs[r], watches.get(r))
-            for r in roots
-        ] + [
-            table_sensor(tables[t], tables, None, view_assets, [], sensor_interval_seconds, status, None, watches[t])
-            for t in joined_only
-        ]
-        schedules = [
-            view_schedule(v, pdefs.get(v.root), view_assets[v.name], schedule_status, jobs.get(v.root))
-            for v in view_infos
-            if v.policy.kind == "cron"
-        ]
-    schedules += [
-        dg.ScheduleDefinition(
-            name=f"{job.name}_daily", job=job, cron_schedule=FULL_CHECKS_CRON,
-            default_status=(dg.DefaultScheduleStatus.RUNNING if full_checks_running
-                            else dg.DefaultScheduleStatus.STOPPED),
-            description=f"Runs {job.name} daily: the full checks of its views (every row).",
-        )
-        for job in check_jobs
-    ]
+        sensors = _table_sensors(tables, roots, joined_only, pdefs, view_assets, column_keys, jobs, watches,
+                                 sensor_interval_seconds, status)
+        schedule_status = dg.DefaultScheduleStatus.RUNNING if sensors_running else dg.DefaultScheduleStatus.STOPPED
+        schedules = [view_schedule(v, pdefs.get(v.root), view_assets[v.name], schedule_status, jobs.get(v.root))
+                     for v in view_infos if v.policy.kind == "cron"]
+    schedules += _full_check_schedules(check_jobs, full_checks_running)
     return dg.Definitions(
         assets=assets,
         jobs=list(jobs.values()) + check_jobs,
@@ -242,3 +205,71 @@ def build_definitions(
         resources={RESOURCE_KEY: resource},
         executor=dg.in_process_executor,
     )
+
+
+def _check_arguments(automation: str, pyspark: Any, resource: MvAssetsResource | None) -> None:
+    if automation not in AUTOMATIONS:
+        raise ValueError(f"automation must be one of {AUTOMATIONS}, got {automation!r}")
+    if pyspark is not None and resource is not None:
+        raise ValueError("build_definitions: give pyspark= to the MvAssetsResource passed as resource= "
+                         "(MvAssetsResource(catalog_uri=..., pyspark=...)), or pass no resource")
+
+
+def _table_sensors(tables: dict[str, TableInfo], roots: list[str], joined_only: list[str], pdefs: dict,
+                   view_assets: dict, column_keys: dict, jobs: dict, watches: dict, interval: int, status) -> list[Any]:
+    """``automation="sensor"``: the ``<table>_changes`` sensor of each lineage,
+    and of each table read only as a joined source (for those join views)."""
+    return [
+        table_sensor(tables[r], tables, pdefs[r], view_assets, column_keys[r], interval, status, jobs[r],
+                     watches.get(r))
+        for r in roots
+    ] + [
+        table_sensor(tables[t], tables, None, view_assets, [], interval, status, None, watches[t])
+        for t in joined_only
+    ]
+
+
+def _lineage_assets(roots: list[str], view_infos: list[TableInfo], tables: dict[str, TableInfo], pdefs: dict,
+                    conditions: bool, runner: str, pipes) -> tuple[dict[str, Any], dict, dict]:
+    """The multi-asset of each base table's lineage (by root), the asset keys
+    of each view (the view, its UDF columns, its row columns) and the keys of
+    each root's computed columns."""
+    view_assets: dict[str, list[dg.AssetKey]] = {}
+    column_keys: dict[str, list[dg.AssetKey]] = {}
+    lineages: dict[str, Any] = {}
+    for root in roots:
+        tree = lineage_order([v for v in view_infos if v.root == root], tables)
+        asset, keys, columns = lineage_asset(tables[root], tree, tables, pdefs[root], conditions, runner, pipes=pipes)
+        lineages[root] = asset
+        view_assets.update(keys)
+        column_keys[root] = columns
+    return lineages, view_assets, column_keys
+
+
+def _condition_sensors(tables: dict[str, TableInfo], watched: list[str], pdefs: dict, column_keys: dict,
+                       view_assets: dict, interval: int, status) -> list[Any]:
+    """``automation="conditions"``: a ``<table>_observe`` sensor per watched
+    table, and the automation condition sensor over the views and the
+    tables' computed columns."""
+    sensors: list[Any] = [observe_sensor(tables[r], pdefs.get(r), interval, status) for r in watched]
+    targets = [k for keys in column_keys.values() for k in keys] + [k for keys in view_assets.values() for k in keys]
+    if targets:
+        sensors.append(dg.AutomationConditionSensorDefinition(
+            AUTOMATION_SENSOR, target=dg.AssetSelection.assets(*targets), default_status=status,
+            minimum_interval_seconds=interval,
+            description="Evaluates the AutomationConditions of the views (from their refresh policies) "
+                        "and of the tables' computed columns, and requests their runs.",
+        ))
+    return sensors
+
+
+def _full_check_schedules(check_jobs: list, running: bool) -> list[dg.ScheduleDefinition]:
+    """The daily schedule of each ``full_checks_<table>`` job."""
+    return [
+        dg.ScheduleDefinition(
+            name=f"{job.name}_daily", job=job, cron_schedule=FULL_CHECKS_CRON,
+            default_status=dg.DefaultScheduleStatus.RUNNING if running else dg.DefaultScheduleStatus.STOPPED,
+            description=f"Runs {job.name} daily: the full checks of its views (every row).",
+        )
+        for job in check_jobs
+    ]

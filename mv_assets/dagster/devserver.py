@@ -14,15 +14,17 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 
+from mv_assets.dagster.coordinator import quick_runs_yaml
 from mv_assets.dagster.storage import BATCH_SIZE, sqlite_storage_yaml
 
-__all__ = ["DAGSTER_ENV", "IMMEDIATE_RUNS_YAML", "SENSOR_THREADS_YAML", "free_port", "dagster_dev", "prepare_home", "port_in_use", "wait_until", "graphql"]
+__all__ = ["DAGSTER_ENV", "QUICK_RUNS_YAML", "SENSOR_THREADS_YAML", "free_port", "dagster_dev", "prepare_home", "port_in_use", "wait_until", "graphql"]
 
 MARKER = "# written by mv_assets: safe to delete, rewritten on the next start\n"
-# Launch runs as soon as a sensor requests them, instead of through the run queue.
-IMMEDIATE_RUNS_YAML = (
-    MARKER + "run_coordinator:\n  module: dagster._core.run_coordinator\n  class: DefaultRunCoordinator\n"
-)
+# Runs start within a second or two of being requested, by a sensor or by the UI
+# (a backfill too): Dagster's run queue, looked at every second, and requested
+# backfills every 2 s instead of 30 (see mv_assets.dagster.coordinator). A queue,
+# not DefaultRunCoordinator: with that the UI warns on every backfill launch.
+QUICK_RUNS_YAML = MARKER + quick_runs_yaml()
 
 # What the webserver and daemon processes need in their environment (they
 # create runs; the code location cannot set it for them). One planned event per
@@ -64,7 +66,7 @@ def prepare_home(dagster_home: str, *, immediate_runs: bool = True) -> str:
                     "Point DAGSTER_HOME elsewhere or remove the file."
                 )
     with open(path, "w") as fh:
-        fh.write((IMMEDIATE_RUNS_YAML if immediate_runs else MARKER) + SENSOR_THREADS_YAML
+        fh.write((QUICK_RUNS_YAML if immediate_runs else MARKER) + SENSOR_THREADS_YAML
                  + sqlite_storage_yaml(dagster_home))
     return path
 

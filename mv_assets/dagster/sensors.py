@@ -233,6 +233,20 @@ def _join_run(context, db, table: str, version: int | None, watch: JoinWatch
                          asset_selection=watch.keys, tags=tags), None
 
 
+@dataclass(frozen=True)
+class _Watched:
+    """What a table's sensor watches, fixed when the definitions are built."""
+
+    table: TableInfo
+    tree: list[TableInfo]  # its views, in lineage order
+    pdef: Any
+    view_assets: dict[str, list[dg.AssetKey]]
+    column_keys: list[dg.AssetKey]
+    columns: list[str]
+    joins: list[JoinWatch]
+    own_job: str | None  # (a sensor of several jobs names each run's)
+
+
 def table_sensor(
     table: TableInfo,
     tables: dict[str, TableInfo],
@@ -252,11 +266,9 @@ def table_sensor(
     joins = list(joins or [])
     tree = lineage_order([t for t in tables.values() if t.is_view and t.root == table.name and t.name in view_assets], tables)
     selection = [k for v in tree for k in view_assets[v.name]] + list(column_keys)
-    columns = [c["name"] for c in table.columns]
     jobs = list({j.name: j for j in ([job] if job is not None else []) + [w.job for w in joins]}.values())
-    own_job = job.name if joins and job is not None else None  # (a sensor of several jobs names each run's)
-    joined_text = (f" A change of it refreshes the join views reading it, each in a run of its own lineage: "
-                   f"{', '.join(w.view.name for w in joins)}." if joins else "")
+    w = _Watched(table, tree, pdef, view_assets, list(column_keys), [c["name"] for c in table.columns], joins,
+                 job.name if joins and job is not None else None)
 
     @dg.sensor(
         name=f"{safe_name(table.name)}_changes",
@@ -265,100 +277,124 @@ def table_sensor(
         job=job if not joins else None,
         jobs=jobs if joins else None,
         asset_selection=selection if job is None and not joins else None,
-        description=(
-            f"Watches Lance table `{table.name}`. On a new version it adds partitions for new fragments, retires "
-            f"partitions of fragments that are gone, backfills its computed columns "
-            f"({', '.join(columns) or 'none'}) and refreshes the views their policies say are due: "
-            f"{', '.join(v.name for v in tree) or 'none'}.{joined_text}"
-        ),
+        description=_sensor_description(w),
     )
     def _sensor(context: dg.SensorEvaluationContext, mv_assets: MvAssetsResource):
-        since, reported, seen = _parse_cursor(context.cursor)
-        db = mv_assets.reader()
-        watched = db.latest_versions([table.name] + [v.name for v in tree])
-        code_id = _code_id(tree)
-        # (partition keys typed in the launch dialog are no fragment ids: a full look retires them;
-        # the instance's list of keys is a database read, not an object-store one)
-        typed = pdef is not None and bool(fragment_keys(context.instance.get_dynamic_partitions(pdef.name))[1])
-        if not typed and _idle(seen, since, watched, table.name, code_id):
-            return dg.SkipReason(f"{table.name} is still at version {since} and no view below it changed")
-        handle = db.open_table(table.name)
-        ch, part_requests, retire = _partition_changes(context, handle, pdef, since)
-        warning = handle.fragments_warning(len(ch.fragments)) if pdef is not None else None
-        if warning:  # Dagster's limit of dynamic partitions per asset comes near
-            context.log.warning(warning)
-        checks, code_state = _code_checks(context, tree, db, reported, {})
-        if _run_in_flight(context, table.name):
-            # One run of a lineage at a time: what it leaves due is seen on the first
-            # tick after it ends (the version in the cursor stays, so nothing is missed);
-            # partitions it may name are retired after it.
-            if not part_requests and not checks:
-                return dg.SkipReason(f"a run of {table.name}'s lineage is in progress")
-            return dg.SensorResult(
-                dynamic_partitions_requests=part_requests, asset_events=checks,
-                cursor=json.dumps({"version": since, "code": code_state}),
-            )
-        moved = since != ch.version
-        runs = []
-        # Fragments whose rows changed since their last observation (a fragment never
-        # observed: once a row of it is deleted; none on a first tick over fragments
-        # written once): one observation each, so a partition downstream depends on its
-        # own fragment only. Computed columns are part of the run then, and for new
-        # partitions: their partitions of those fragments record the new input (a
-        # backfill with nothing to compute), or they would show Unsynced though current.
-        observed = (unobserved_fragments(context.instance, handle, sorted(set(ch.to_refresh) | set(ch.added)))
-                    if pdef is not None and (moved or ch.added) else {})
-        stale: list[dg.AssetKey] = []
-        new_partitions = pdef is not None and bool(ch.added)
-        if column_keys and (moved or observed or new_partitions):
-            stale = [k for k, c in zip(column_keys, columns, strict=True)
-                     if observed or new_partitions or handle.plan_backfill(c).rows > 0]
-        due, loads, due_at = _due_views(context, db, tree, watched)
-        # One run for everything due downstream of the table: its partitions
-        # definition is shared, so the run carries the whole lineage in order.
-        # The run key names what it acts on (table version, views' load numbers),
-        # so a tick that sees the same state again requests nothing new.
-        wanted = list(stale) + [k for v in tree if v.name in due for k in view_assets[v.name]]
-        if wanted:
-            key = f"{table.name}@{ch.version}:" + ",".join(f"{v.name}#{loads[v.name]}" for v in tree if v.name in due)
-            todo = [str(f) for f in (ch.to_refresh or ch.fragments)]
-            if not todo and retire is not None:
-                # the table has no fragment left: the run names the partitions of the fragments
-                # that are gone (it refreshes the views as a whole); a later tick retires them
-                todo, retire = [str(f) for f in ch.retired], None
-            tags = {TAG_SOURCE_VERSION: str(ch.version), TAG_SCOPE: "changes", TAG_LINEAGE: table.name}
-            if todo:
-                runs.append(dg.RunRequest(run_key=key, asset_selection=wanted, tags={**tags, **_range_tags(todo)},
-                                          job_name=own_job))
-            else:  # no fragment and no partition either: a run without partitions (Dagster cannot
-                # check a partitioned asset in such a run, so it runs no checks)
-                runs.append(dg.RunRequest(run_key=key, asset_selection=wanted, tags=tags, asset_check_keys=[],
-                                          job_name=own_job))
-        for watch in joins:  # join views of other lineages reading this table (or a view of its lineage)
-            request, again = _join_run(context, db, table.name, ch.version, watch)
-            if request is not None:
-                runs.append(request)
-            if again is not None:
-                due_at = again if due_at is None else min(due_at, again)
-        if retire is not None:
-            part_requests.append(retire)
-        # what this full look saw: until one of it changes, ticks are idle (_idle)
-        cursor = json.dumps({"version": ch.version, "code": code_state, "code_id": code_id, "due_at": due_at,
-                             "views": {v.name: watched.get(v.name) for v in tree}})
-        if not runs and not part_requests and not moved and not checks:
-            return dg.SensorResult(skip_reason=f"{table.name} is still at version {ch.version} and no view is due",
-                                   cursor=cursor)
-        events = [fragment_observation(handle, f, v) for f, v in observed.items()]
-        if moved and pdef is None:
-            events = [source_observation(handle, ch.version)]
-        return dg.SensorResult(
-            run_requests=runs,
-            dynamic_partitions_requests=part_requests,
-            cursor=cursor,
-            asset_events=events + checks,
-        )
+        return _tick(context, mv_assets, w)
 
     return _sensor
+
+
+def _sensor_description(w: _Watched) -> str:
+    joined_text = (f" A change of it refreshes the join views reading it, each in a run of its own lineage: "
+                   f"{', '.join(j.view.name for j in w.joins)}." if w.joins else "")
+    return (
+        f"Watches Lance table `{w.table.name}`. On a new version it adds partitions for new fragments, retires "
+        f"partitions of fragments that are gone, backfills its computed columns "
+        f"({', '.join(w.columns) or 'none'}) and refreshes the views their policies say are due: "
+        f"{', '.join(v.name for v in w.tree) or 'none'}.{joined_text}"
+    )
+
+
+def _tick(context: dg.SensorEvaluationContext, mv_assets: MvAssetsResource, w: _Watched):
+    """One evaluation of the sensor ``<table>_changes`` (see the module)."""
+    table, tree, pdef = w.table, w.tree, w.pdef
+    since, reported, seen = _parse_cursor(context.cursor)
+    db = mv_assets.reader()
+    watched = db.latest_versions([table.name] + [v.name for v in tree])
+    code_id = _code_id(tree)
+    # (partition keys typed in the launch dialog are no fragment ids: a full look retires them;
+    # the instance's list of keys is a database read, not an object-store one)
+    typed = pdef is not None and bool(fragment_keys(context.instance.get_dynamic_partitions(pdef.name))[1])
+    if not typed and _idle(seen, since, watched, table.name, code_id):
+        return dg.SkipReason(f"{table.name} is still at version {since} and no view below it changed")
+    handle = db.open_table(table.name)
+    ch, part_requests, retire = _partition_changes(context, handle, pdef, since)
+    warning = handle.fragments_warning(len(ch.fragments)) if pdef is not None else None
+    if warning:  # Dagster's limit of dynamic partitions per asset comes near
+        context.log.warning(warning)
+    checks, code_state = _code_checks(context, tree, db, reported, {})
+    if _run_in_flight(context, table.name):
+        # One run of a lineage at a time: what it leaves due is seen on the first
+        # tick after it ends (the version in the cursor stays, so nothing is missed);
+        # partitions it may name are retired after it.
+        if not part_requests and not checks:
+            return dg.SkipReason(f"a run of {table.name}'s lineage is in progress")
+        return dg.SensorResult(
+            dynamic_partitions_requests=part_requests, asset_events=checks,
+            cursor=json.dumps({"version": since, "code": code_state}),
+        )
+    moved = since != ch.version
+    # Fragments whose rows changed since their last observation (a fragment never
+    # observed: once a row of it is deleted; none on a first tick over fragments
+    # written once): one observation each, so a partition downstream depends on its
+    # own fragment only.
+    observed = (unobserved_fragments(context.instance, handle, sorted(set(ch.to_refresh) | set(ch.added)))
+                if pdef is not None and (moved or ch.added) else {})
+    stale = _stale_columns(w, handle, moved, bool(observed), pdef is not None and bool(ch.added))
+    due, loads, due_at = _due_views(context, db, tree, watched)
+    runs, retire = _lineage_run(w, ch, stale, due, loads, retire)
+    for watch in w.joins:  # join views of other lineages reading this table (or a view of its lineage)
+        request, again = _join_run(context, db, table.name, ch.version, watch)
+        if request is not None:
+            runs.append(request)
+        if again is not None:
+            due_at = again if due_at is None else min(due_at, again)
+    if retire is not None:
+        part_requests.append(retire)
+    # what this full look saw: until one of it changes, ticks are idle (_idle)
+    cursor = json.dumps({"version": ch.version, "code": code_state, "code_id": code_id, "due_at": due_at,
+                         "views": {v.name: watched.get(v.name) for v in tree}})
+    if not runs and not part_requests and not moved and not checks:
+        return dg.SensorResult(skip_reason=f"{table.name} is still at version {ch.version} and no view is due",
+                               cursor=cursor)
+    events = [fragment_observation(handle, f, v) for f, v in observed.items()]
+    if moved and pdef is None:
+        events = [source_observation(handle, ch.version)]
+    return dg.SensorResult(
+        run_requests=runs,
+        dynamic_partitions_requests=part_requests,
+        cursor=cursor,
+        asset_events=events + checks,
+    )
+
+
+def _stale_columns(w: _Watched, handle: Table, moved: bool, observed: bool, new_partitions: bool
+                   ) -> list[dg.AssetKey]:
+    """The table's computed columns the run backfills: those with rows lacking
+    a current value, and all of them when fragments changed or are new: their
+    partitions of those fragments record the new input (a backfill with
+    nothing to compute), or they would show Unsynced though current."""
+    if not w.column_keys or not (moved or observed or new_partitions):
+        return []
+    return [k for k, c in zip(w.column_keys, w.columns, strict=True)
+            if observed or new_partitions or handle.plan_backfill(c).rows > 0]
+
+
+def _lineage_run(w: _Watched, ch, stale: list[dg.AssetKey], due: dict[str, str], loads: dict[str, int], retire
+                 ) -> tuple[list[dg.RunRequest], Any]:
+    """One run for everything due downstream of the table (its partitions
+    definition is shared, so the run carries the whole lineage in order), if
+    anything is, and the request retiring gone fragments' partitions still
+    to send. The run key names what it acts on (table version, views' load
+    numbers), so a tick that sees the same state again requests nothing new."""
+    wanted = list(stale) + [k for v in w.tree if v.name in due for k in w.view_assets[v.name]]
+    if not wanted:
+        return [], retire
+    key = f"{w.table.name}@{ch.version}:" + ",".join(f"{v.name}#{loads[v.name]}" for v in w.tree if v.name in due)
+    todo = [str(f) for f in (ch.to_refresh or ch.fragments)]
+    if not todo and retire is not None:
+        # the table has no fragment left: the run names the partitions of the fragments
+        # that are gone (it refreshes the views as a whole); a later tick retires them
+        todo, retire = [str(f) for f in ch.retired], None
+    tags = {TAG_SOURCE_VERSION: str(ch.version), TAG_SCOPE: "changes", TAG_LINEAGE: w.table.name}
+    if todo:
+        return [dg.RunRequest(run_key=key, asset_selection=wanted, tags={**tags, **_range_tags(todo)},
+                              job_name=w.own_job)], retire
+    # no fragment and no partition either: a run without partitions (Dagster cannot
+    # check a partitioned asset in such a run, so it runs no checks)
+    return [dg.RunRequest(run_key=key, asset_selection=wanted, tags=tags, asset_check_keys=[],
+                          job_name=w.own_job)], retire
 
 
 def view_schedule(view: TableInfo, pdef, keys: list[dg.AssetKey], status, job=None):
