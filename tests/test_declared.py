@@ -182,7 +182,7 @@ def test_demo_declares_its_views_in_code(tmp_path):
 
     db = seed(str(tmp_path / "demo"))
     declared = load_declared("mv_assets.demo", db)
-    assert set(declared) == {"doc_features", "long_docs"}
+    assert set(declared) == {"doc_features", "long_docs", "doc_authors"}
     assert all(reconcile(db, name, q).in_sync for name, q in declared.items())
     assert os.path.basename(declared["doc_features"].to_definition().udf_columns[0].udf.code_location()[0]) == "demo.py"
 

@@ -439,10 +439,11 @@ def _to_compute(rel: pa.Table, join: Join, c: ColumnSpec, old: pa.Table | None, 
                   {int(k): np.asarray(v, np.int64) for k, v in changed.get(c.name, {}).items()}, c.fingerprint)
 
 
-def planned_calls(definition: ViewDefinition, args: dict) -> tuple[int, dict[str, int]]:
-    """A task's view rows and each UDF column's calls, exactly, without calling
+def planned_calls(definition: ViewDefinition, args: dict) -> tuple[int, dict[str, int], int]:
+    """A task's view rows, each UDF column's calls, exactly, without calling
     any UDF (a dry run's counts: rows whose value is copied, or whose inputs
-    are NULL under ``skip_nulls``, call nothing)."""
+    are NULL under ``skip_nulls``, call nothing), and how many of the rows
+    replace a view row of the same provenance (updates: :func:`replaced_rows`)."""
     datasets = [objects.dataset(u, version=v) for u, v in zip(args["uris"], args["versions"], strict=True)]
     join, _, staged, old = _staged(definition, args, datasets)
     calls = {}
@@ -453,7 +454,7 @@ def planned_calls(definition: ViewDefinition, args: dict) -> tuple[int, dict[str
                 todo &= ~np.asarray(staged.column(staged_name(*join.refs[ref])).is_null().to_numpy(
                     zero_copy_only=False))
         calls[c.name] = int(todo.sum())
-    return staged.num_rows, calls
+    return staged.num_rows, calls, (0 if old is None else replaced_rows(staged, old, len(join.sources)))
 
 
 def _batches_over(definition: ViewDefinition, schema: pa.Schema, args: dict, udf_rows: dict, errors: list,

@@ -602,8 +602,9 @@ class SparkRunner:
         env = os.environ.get("MV_ASSETS_SPARK_PARALLELISM")
         if env:
             return max(1, int(env))
-        if self._session is not None and not self.resolved_remote():
-            return max(1, int(self._session.sparkContext.defaultParallelism))
+        sc = getattr(self._session, "_sc", None) if self._session is not None and not self.resolved_remote() else None
+        if sc is not None and getattr(sc, "_jsc", None) is not None:  # (a session stopped elsewhere: not asked)
+            return max(1, int(sc.defaultParallelism))
         master = self.resolved_master()
         if not self.resolved_remote() and master.startswith("local"):
             inner = master[len("local"):].strip("[]").split(",")[0]

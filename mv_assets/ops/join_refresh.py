@@ -384,11 +384,11 @@ def plan_join_refresh(
     tasks = where.checkpointed([
         _task(where, _task_args(uris, datasets, view, view_ds, chunk, changed, held, written_first), len(chunk))
         for chunk in (alive[k:k + per_task] for k in range(0, len(alive), per_task))])
-    rows_out, udf_rows = _counted(definition, tasks, exact, len(alive))
+    rows_out, udf_rows, replaced = _counted(definition, tasks, exact, len(alive))
     return RefreshPlan(
         view=view.name, source=definition.source, from_version=state.source_version, to_version=datasets[0].version,
-        view_version=view_ds.version, full=False, reason=reason, rows_to_insert=rows_out,
-        rows_to_update=0, rows_to_delete=held.num_rows, udf_rows=udf_rows, tasks=tasks,
+        view_version=view_ds.version, full=False, reason=reason, rows_to_insert=rows_out - replaced,
+        rows_to_update=replaced, rows_to_delete=held.num_rows - replaced, udf_rows=udf_rows, tasks=tasks,
         keys=KeyPlan(delete=touched), view_key_addrs=(held_first, _ids(held, "_rowaddr")),
         checkpoint_dir=where.checkpoint_dir, definition_raw=definition.encode(), load_number=state.load_number,
         scope=None, seconds_per_row=state.seconds_per_row, source_id=ids[join.sources[0]],
@@ -428,19 +428,21 @@ def _work(join: Join, deltas: dict[int, "_Delta"], probed: list[np.ndarray], vie
             "first_rows_computed": int(first_rows), "view_rows_removed": int(view_rows_removed)}
 
 
-def _counted(definition, tasks: list[TaskSpec], exact: bool, first_rows: int) -> tuple[int, dict[str, int]]:
-    """The view rows the tasks will write and each UDF column's calls: exact for
-    a dry run (the join computed, no UDF called), else at most the first-table
-    rows (the refresh counts what its tasks did)."""
+def _counted(definition, tasks: list[TaskSpec], exact: bool, first_rows: int
+             ) -> tuple[int, dict[str, int], int]:
+    """The view rows the tasks will write, each UDF column's calls and the rows
+    replacing a view row of the same provenance (updates): exact for a dry run
+    (the join computed, no UDF called), else at most the first-table rows and
+    no update known (the refresh counts what its tasks did)."""
     if not exact:
-        return first_rows, ({c.name: first_rows for c in definition.udf_columns} if first_rows else {})
-    rows, calls = 0, {c.name: 0 for c in definition.udf_columns}
+        return first_rows, ({c.name: first_rows for c in definition.udf_columns} if first_rows else {}), 0
+    rows, calls, replaced = 0, {c.name: 0 for c in definition.udf_columns}, 0
     for t in tasks:
-        n, per = planned_calls(definition, t.kind_args or {})
-        rows += n
+        n, per, same = planned_calls(definition, t.kind_args or {})
+        rows, replaced = rows + n, replaced + same
         for k, v in per.items():
             calls[k] += v
-    return rows, calls
+    return rows, calls, replaced
 
 
 def _task_args(uris: list[str], datasets: list[lance.LanceDataset], view: ViewRef, view_ds: lance.LanceDataset,
@@ -492,7 +494,7 @@ def _full_plan(view: ViewRef, definition, datasets, view_ds, state, reason: str,
         tasks.append(_task(where, {"uris": uris, "versions": [d.version for d in datasets], "fragments": group}, rows))
     held = view_ds.count_rows()
     where.checkpointed(tasks)
-    rows_out, udf_rows = _counted(definition, tasks, exact, total)
+    rows_out, udf_rows, _ = _counted(definition, tasks, exact, total)  # (a full refresh replaces every row)
     return RefreshPlan(
         view=view.name, source=definition.source, from_version=state.source_version, to_version=datasets[0].version,
         view_version=view_ds.version, full=True, reason=reason, rows_to_insert=rows_out, rows_to_update=0,
