@@ -272,7 +272,9 @@ def test_ui_flows_in_chromium(tmp_path, artifacts):
             rows = db.open_table("doc_features").count_rows()
             assert count_calls(str(calls), "word_count") - words_calls == rows
             assert count_calls(str(calls), "first_word") == first_calls  # the other UDF column: untouched
-            assert _stale_causes(base, ["doc_features", "words"], "0") == ("FRESH", [])
+            # (the run records each partition's materialization after the engine's commit: a moment later)
+            wait_until(lambda: _stale_causes(base, ["doc_features", "words"], "0") == ("FRESH", []), 60,
+                       "the column to read fresh")
             wait_until(lambda: _code_check(base, ["doc_features", "words"]) == "SUCCEEDED", 60, "the code check to pass")
             ui.goto("/assets/doc_features/words")
             ui.shot("words-recomputed")

@@ -146,14 +146,15 @@ def _refresh_in_time(view, seconds: float = 60.0):
 
 def test_a_call_that_raises_gives_its_slot_back(tmp_path, call_log):
     spans = Spans(call_log)
-    fail = {"on": True}
+    fail = str(tmp_path / "model-fails")  # (a file: the refresh calls the view's stored copy of the UDF)
+    open(fail, "w").close()
 
     @mv.udf(data_type=pa.float64(), batch_size=100, max_concurrency=1, version="raises")
     def double(x: pa.Array) -> pa.Array:
         t0 = time.time()
         time.sleep(0.01)
         Spans(call_log).record(t0)
-        if fail["on"] and pc.any(pc.greater(x, 0.9)).as_py():
+        if os.path.exists(fail) and pc.any(pc.greater(x, 0.9)).as_py():
             raise RuntimeError("the model failed")
         return pc.multiply(x, 2.0)
 
@@ -162,7 +163,7 @@ def test_a_call_that_raises_gives_its_slot_back(tmp_path, call_log):
     view = db.create_materialized_view("v", src.search(None).select({"id": "id", "y": double}))
     out = _refresh_in_time(view)
     assert isinstance(out.get("error"), mv.UdfError), out
-    fail["on"] = False  # the model mended: every slot is free again, the next refresh computes the rest
+    os.remove(fail)  # the model mended: every slot is free again, the next refresh computes the rest
     out = _refresh_in_time(view)
     assert "error" not in out, out
     _equal_to_oracle(view, src)
