@@ -81,6 +81,18 @@ def _defs(db):
     return build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
 
 
+def _ticker(sensors: dict, instance, defs):
+    """``tick(name)``: evaluate the sensor of table ``name``, each from its own last cursor."""
+    cursors: dict = {}
+
+    def tick(name):
+        result = evaluate_sensor(sensors[name], instance=instance, cursor=cursors.get(name), definitions=defs,
+                                 resources=defs.resources)
+        cursors[name] = result.cursor
+        return result
+    return tick
+
+
 def _lineage(node) -> dict[str, set[tuple[str, str]]]:
     return column_lineage(node.metadata["dagster/column_lineage"])
 
@@ -140,13 +152,7 @@ def test_the_joined_tables_sensor_alone_refreshes_the_join_view(tmp_path):
     every = [*repo.assets_defs_by_key.values(),
              *(defs.get_assets_def(K([n])) for n in ("clips", "videos", "channels"))]
     with dg.instance_for_test() as instance:
-        cursors: dict = {}
-
-        def tick(name):
-            result = evaluate_sensor(sensors[name], instance=instance, cursor=cursors.get(name), definitions=defs,
-                                     resources=defs.resources)
-            cursors[name] = result.cursor
-            return result
+        tick = _ticker(sensors, instance, defs)
 
         def stale() -> set:
             resolver = get_stale_status_resolver(instance, every)
@@ -377,13 +383,7 @@ def test_a_join_aggregate_is_one_asset_over_its_tables_refreshed_by_their_sensor
         return {r["title"]: (r["n"], r["total"]) for r in db.open_table("per_title").to_arrow().to_pylist()}
 
     with dg.instance_for_test() as instance:
-        cursors: dict = {}
-
-        def tick(name):
-            result = evaluate_sensor(sensors[name], instance=instance, cursor=cursors.get(name), definitions=defs,
-                                     resources=defs.resources)
-            cursors[name] = result.cursor
-            return result
+        tick = _ticker(sensors, instance, defs)
 
         first = tick("clips")
         assert all(r.success for r in run_requested(defs, instance, first))
