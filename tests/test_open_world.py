@@ -518,3 +518,43 @@ def test_reused_dataset_handles_still_see_versions_written_meanwhile(tmp_path):
         assert objects.dataset(uri).count_rows() == 3 and objects.dataset(uri).version == 3
         with pytest.raises(ValueError, match="not found"):
             objects.dataset(uri, version=9)
+
+
+def test_the_newest_handle_kept_across_refreshes_is_served_only_while_it_is_the_newest(tmp_path):
+    """The newest version of a dataset this process opened or committed is kept
+    across reusing_handles blocks (the next refresh opens its view and source
+    without reading their manifests again). It is served only while it is
+    still the newest and its manifest is the one kept: another writer's
+    commit, a table removed and made again up to the same version (same
+    numbers, same sizes), and a handle a Lance call moved are all seen."""
+    import shutil
+
+    from mv_assets.storage import objects
+
+    uri = str(tmp_path / "t.lance")
+
+    def make(base: int) -> None:
+        lance.write_dataset(pa.table({"id": [base, base + 1]}), uri)
+        lance.write_dataset(pa.table({"id": [base + 2]}), uri, mode="append")
+
+    def ids() -> list[int]:
+        with objects.reusing_handles():
+            return sorted(objects.dataset(uri).to_table().column("id").to_pylist())
+
+    make(0)
+    assert ids() == [0, 1, 2] and ids() == [0, 1, 2]  # (the second served from the kept handle)
+    with objects.reusing_handles():
+        served = objects.dataset(uri)
+        served.delete("id = 0")  # a Lance call moves the handle served: the kept one stays at its version
+    lance.write_dataset(pa.table({"id": [9]}), uri, mode="append")  # another writer
+    assert ids() == [1, 2, 9]
+    shutil.rmtree(uri)
+    make(100)  # versions 1 and 2 again, manifests of the same sizes
+    assert ids() == [100, 101, 102]
+    with objects.reusing_handles():
+        assert objects.dataset(uri).version == 2
+    # a commit of ours is kept as committed, and seen
+    ds = objects.dataset(uri)
+    fragments = objects.write_fragments(pa.table({"id": [103]}), uri)
+    objects.commit(uri, lance.LanceOperation.Append(fragments), read_version=ds.version)
+    assert ids() == [100, 101, 102, 103]
