@@ -184,8 +184,10 @@ def record_load_state(
 
 def clear_load_state(layout: Layout, view: str) -> None:
     """Remove the view's load state record (after a refresh's commit landed:
-    LOADED, read from the commits; a FAILED_LOAD before it is cleared)."""
-    objects.remove(layout.status_file(view))
+    LOADED, read from the commits; a FAILED_LOAD before it is cleared). A
+    local one is set aside for the next refresh to fill (objects.retire_record:
+    no file created and removed per refresh)."""
+    objects.retire_record(layout.status_file(view))
 
 
 def _standing(record: dict, state: "RefreshState") -> dict:
