@@ -20,7 +20,7 @@ partition run, and record every partition the run names.
 import functools
 import time
 import warnings
-from collections.abc import Collection
+from collections.abc import Callable, Collection
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -1358,42 +1358,8 @@ def _record_run(
     column_md = functools.partial(_column_metadata, info=info, result=result, recomputed=recomputed,
                                   view_scope=view_scope, base_md=base_md, by_fragment=by_fragment)
     fingerprints = {c["name"]: c["udf"]["fingerprint"] for c in info.udf_columns}
-    source = db.open_table(info.source_name)
-    source_key = dg.AssetKey([info.source_name])
-    source_version = source.version if info.over_view else source.data_version()
-    view_inputs = {source_key: source_version}
-    view_inputs.update({dg.AssetKey([info.source_name, c]): source.version for c in info.reads})
-    # a join view's joined sources: inputs of every partition (each reads all of them)
-    joined, joined_pointers = _joined_inputs(context, info, tables, db)
-    view_inputs.update(joined)
+    view_inputs, partition_inputs = _run_inputs(context, info, db, view, result, fragments, keys, tables=tables)
     view_tags = _version_tags(None, view.version, view_inputs)
-    # A view over a base table: each partition's input is its own source
-    # fragment, as observed (the run observes what the instance has not seen:
-    # never observed, a partition would show Unsynced right after this run).
-    read = None if result is None else result.to_version
-    if result is not None and info.kind == "join_aggregate":  # (its own source is the join under it: the first
-        read = view.source_versions.get(info.source_name)      # table's version is the one it recorded)
-    fragment_inputs = (observe_fragments(context, source, fragments, read)
-                       if keys and not info.over_view else {})
-    # A view over a view: each partition's inputs are the upstream view's partition and the upstream
-    # columns it reads, as last materialized (Dagster reports it Unsynced when they change after).
-    upstream_keys = [source_key, *(dg.AssetKey([info.source_name, c]) for c in info.reads)]
-    upstream = _latest_materializations(context.instance, upstream_keys, keys) if keys and info.over_view else {}
-
-    def partition_inputs(fid: int, key_str: str) -> tuple[dict, dict, str]:
-        """A partition's inputs (data versions, event pointers) and its own data
-        version: what it holds, its source fragment's rows as read (over a view:
-        the upstream partitions'), so a run that changes nothing there leaves it."""
-        # (a join view's: its joined sources' versions too, so a change of one is a new data version)
-        also = "".join(f"|{k.to_user_string()}@{v}" for k, v in joined.items())
-        if info.over_view:
-            got = {k: upstream.get((k, key_str), ("none", None)) for k in upstream_keys}
-            inputs = {k: v for k, (v, _) in got.items()}
-            return ({**inputs, **joined}, {**{k: p for k, (_, p) in got.items()}, **joined_pointers},
-                    "|".join(inputs.values()) + also)
-        version, pointer = fragment_inputs.get(fid, ("gone", None))  # a fragment gone meanwhile (retired next)
-        return {**view_inputs, source_key: version}, {source_key: pointer, **joined_pointers}, version + also
-
     col_tags = {n: _version_tags(fingerprints[n], view.version, {view_key: view.version}) for n in columns}
     view_rows = view.count_rows() if view_key in selected else 0
     view_md = {**run_md, "scope": view_scope, "dagster/row_count": view_rows}
@@ -1425,6 +1391,52 @@ def _record_run(
             tags = _version_tags(fingerprints[name], f"{held}@{fingerprints[name]}", {view_key: held})
             _record(context, col_keys[name], key_str, column_md(name, fid), tags, batch)
     _record_batch(context, batch)
+
+
+def _run_inputs(
+    context, info: TableInfo, db, view, result, fragments: list[int], keys: list[str], *,
+    tables: dict[str, TableInfo],
+) -> tuple[dict, Callable[[int, str], tuple[dict, dict, str]]]:
+    """The inputs of a view's run: the whole view's (its source's data version,
+    the source columns it reads, a join view's joined sources), and a function
+    of a partition (its fragment id and key) giving its inputs (data versions,
+    event pointers) and its own data version."""
+    source = db.open_table(info.source_name)
+    source_key = dg.AssetKey([info.source_name])
+    source_version = source.version if info.over_view else source.data_version()
+    view_inputs = {source_key: source_version}
+    view_inputs.update({dg.AssetKey([info.source_name, c]): source.version for c in info.reads})
+    # a join view's joined sources: inputs of every partition (each reads all of them)
+    joined, joined_pointers = _joined_inputs(context, info, tables, db)
+    view_inputs.update(joined)
+    # A view over a base table: each partition's input is its own source
+    # fragment, as observed (the run observes what the instance has not seen:
+    # never observed, a partition would show Unsynced right after this run).
+    read = None if result is None else result.to_version
+    if result is not None and info.kind == "join_aggregate":  # (its own source is the join under it: the first
+        read = view.source_versions.get(info.source_name)      # table's version is the one it recorded)
+    fragment_inputs = (observe_fragments(context, source, fragments, read)
+                       if keys and not info.over_view else {})
+    # A view over a view: each partition's inputs are the upstream view's partition and the upstream
+    # columns it reads, as last materialized (Dagster reports it Unsynced when they change after).
+    upstream_keys = [source_key, *(dg.AssetKey([info.source_name, c]) for c in info.reads)]
+    upstream = _latest_materializations(context.instance, upstream_keys, keys) if keys and info.over_view else {}
+
+    def partition_inputs(fid: int, key_str: str) -> tuple[dict, dict, str]:
+        """A partition's inputs (data versions, event pointers) and its own data
+        version: what it holds, its source fragment's rows as read (over a view:
+        the upstream partitions'), so a run that changes nothing there leaves it."""
+        # (a join view's: its joined sources' versions too, so a change of one is a new data version)
+        also = "".join(f"|{k.to_user_string()}@{v}" for k, v in joined.items())
+        if info.over_view:
+            got = {k: upstream.get((k, key_str), ("none", None)) for k in upstream_keys}
+            inputs = {k: v for k, (v, _) in got.items()}
+            return ({**inputs, **joined}, {**{k: p for k, (_, p) in got.items()}, **joined_pointers},
+                    "|".join(inputs.values()) + also)
+        version, pointer = fragment_inputs.get(fid, ("gone", None))  # a fragment gone meanwhile (retired next)
+        return {**view_inputs, source_key: version}, {source_key: pointer, **joined_pointers}, version + also
+
+    return view_inputs, partition_inputs
 
 
 def _run_metadata(info: TableInfo, view, result, duration: float) -> tuple[dict, dict, str]:

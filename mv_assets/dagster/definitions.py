@@ -165,10 +165,7 @@ def build_definitions(
     declared = load_declared(views, conn) if isinstance(views, str) else views
     unreadable: dict[str, str] = {}
     tables = catalog_tables(conn, declared, unreadable)
-    # options given in code go into the resource; options from the environment
-    # stay there (they may hold credentials the UI would show)
-    options = conn.storage_options if conn.storage_options_given else None
-    resource = resource or MvAssetsResource.from_env(conn.uri, storage_options=options, pyspark=pyspark)
+    resource = resource or _resource(conn, pyspark)
     view_infos = [t for t in tables.values() if t.is_view and t.source in tables]
     roots = sorted({v.root for v in view_infos} | {t.name for t in tables.values() if not t.is_view and t.columns})
     pdefs = {r: dg.DynamicPartitionsDefinition(name=partitions_def_name(r)) for r in roots}
@@ -181,21 +178,8 @@ def build_definitions(
     jobs = {r: lineage_job(tables[r], [v for v in view_infos if v.root == r], view_assets, column_keys[r]) for r in roots}
     check_jobs = [job for job, _ in (full_checks(tables[r], [v for v in view_infos if v.root == r], view_assets,
                                                   lineages[r]) for r in roots) if job is not None]
-    watches = join_watches(view_infos, tables, view_assets, jobs, pdefs)
-    # base tables read only as joined sources of join views: a sensor each, for those views alone
-    joined_only = sorted(t for t in watches if t not in roots and not tables[t].is_view)
-    status = dg.DefaultSensorStatus.RUNNING if sensors_running else dg.DefaultSensorStatus.STOPPED
-    sensors: list[Any]
-    if conditions:
-        sensors = _condition_sensors(tables, [*roots, *joined_only], pdefs, column_keys, view_assets,
-                                     sensor_interval_seconds, status)
-        schedules: list[Any] = []
-    else:
-        sensors = _table_sensors(tables, roots, joined_only, pdefs, view_assets, column_keys, jobs, watches,
-                                 sensor_interval_seconds, status)
-        schedule_status = dg.DefaultScheduleStatus.RUNNING if sensors_running else dg.DefaultScheduleStatus.STOPPED
-        schedules = [view_schedule(v, pdefs.get(v.root), view_assets[v.name], schedule_status, jobs.get(v.root))
-                     for v in view_infos if v.policy.kind == "cron"]
+    sensors, schedules = _launchers(tables, view_infos, roots, pdefs, view_assets, column_keys, jobs,
+                                    conditions=conditions, interval=sensor_interval_seconds, running=sensors_running)
     schedules += _full_check_schedules(check_jobs, full_checks_running)
     return dg.Definitions(
         assets=assets,
@@ -213,6 +197,35 @@ def _check_arguments(automation: str, pyspark: Any, resource: MvAssetsResource |
     if pyspark is not None and resource is not None:
         raise ValueError("build_definitions: give pyspark= to the MvAssetsResource passed as resource= "
                          "(MvAssetsResource(catalog_uri=..., pyspark=...)), or pass no resource")
+
+
+def _resource(conn: Connection, pyspark: Any) -> MvAssetsResource:
+    """The runs' resource for the catalog ``conn``, from the environment.
+    Storage options given in code go into it; options from the environment
+    stay there (they may hold credentials the UI would show)."""
+    options = conn.storage_options if conn.storage_options_given else None
+    return MvAssetsResource.from_env(conn.uri, storage_options=options, pyspark=pyspark)
+
+
+def _launchers(tables: dict[str, TableInfo], view_infos: list[TableInfo], roots: list[str], pdefs: dict,
+               view_assets: dict, column_keys: dict, jobs: dict, *, conditions: bool, interval: int,
+               running: bool) -> tuple[list[Any], list[Any]]:
+    """What launches the refreshes: the sensors of ``automation`` (each
+    lineage's, and each table's read only as a joined source) and, with
+    sensors, the schedule of each cron view; started when ``running``."""
+    watches = join_watches(view_infos, tables, view_assets, jobs, pdefs)
+    # base tables read only as joined sources of join views: a sensor each, for those views alone
+    joined_only = sorted(t for t in watches if t not in roots and not tables[t].is_view)
+    status = dg.DefaultSensorStatus.RUNNING if running else dg.DefaultSensorStatus.STOPPED
+    if conditions:
+        return _condition_sensors(tables, [*roots, *joined_only], pdefs, column_keys, view_assets, interval,
+                                  status), []
+    sensors = _table_sensors(tables, roots, joined_only, pdefs, view_assets, column_keys, jobs, watches, interval,
+                             status)
+    schedule_status = dg.DefaultScheduleStatus.RUNNING if running else dg.DefaultScheduleStatus.STOPPED
+    schedules: list[Any] = [view_schedule(v, pdefs.get(v.root), view_assets[v.name], schedule_status,
+                                          jobs.get(v.root)) for v in view_infos if v.policy.kind == "cron"]
+    return sensors, schedules
 
 
 def _table_sensors(tables: dict[str, TableInfo], roots: list[str], joined_only: list[str], pdefs: dict,

@@ -891,15 +891,6 @@ def _run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
             fragments = [m.to_json() for m in metas]  # plain dicts
         if clock is not None:
             clock.add("write_s", time.perf_counter() - written)
-    stages: dict[str, float] = {}
-    if clock is not None:
-        setup = UDF.setup_seconds_here() - set_up  # made in the task's first UDF call: not the UDF's steady time
-        if "udf_s" in clock.seconds:
-            clock.add("udf_s", -setup)
-        if setup or "udf_s" in clock.seconds:
-            clock.add("setup_s", setup)
-        clock.add("cpu_s", time.process_time() - cpu)
-        stages = dict(clock.seconds)
     result = TaskResult(
         task_id=spec.task_id,
         fragments=fragments,
@@ -910,13 +901,33 @@ def _run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
         worker_pid=os.getpid(),
         errors=errors,
         rows_path=rows_path,
-        stages=stages,
+        stages=_stages(clock, set_up, cpu),
         rows_replaced=int(stats.get("rows_replaced", 0)),
     )
-    quick = spec.checkpoint_seconds is not None and result.seconds < spec.checkpoint_seconds
-    if not quick or ((definition.udf_columns or definition.function) and not spec.only_task):
+    if _worth_a_checkpoint(spec, definition, result):
         _save_checkpoint(spec, result)
-    # else a task that took less than a checkpoint's worth of time, of a view without UDF
-    # columns or chunker, or the only task of its refresh: computing it again after a
-    # crash costs less than the checkpoint's write and removal cost every refresh (~1-2 ms)
     return result
+
+
+def _stages(clock: StageClock | None, set_up: float, cpu: float) -> dict[str, float]:
+    """A task's stage timings (empty unless asked for): the UDFs' set-up made
+    in the task (``UDF.setup_seconds_here()`` was ``set_up`` at its start)
+    moved out of ``udf_s`` into ``setup_s``, and its CPU seconds since ``cpu``."""
+    if clock is None:
+        return {}
+    setup = UDF.setup_seconds_here() - set_up  # made in the task's first UDF call: not the UDF's steady time
+    if "udf_s" in clock.seconds:
+        clock.add("udf_s", -setup)
+    if setup or "udf_s" in clock.seconds:
+        clock.add("setup_s", setup)
+    clock.add("cpu_s", time.process_time() - cpu)
+    return dict(clock.seconds)
+
+
+def _worth_a_checkpoint(spec: TaskSpec, definition: ViewDefinition, result: TaskResult) -> bool:
+    """Whether a finished task saves its checkpoint. Not a task that took less
+    than a checkpoint's worth of time, of a view without UDF columns or
+    chunker, or the only task of its refresh: computing it again after a crash
+    costs less than the checkpoint's write and removal cost every refresh (~1-2 ms)."""
+    quick = spec.checkpoint_seconds is not None and result.seconds < spec.checkpoint_seconds
+    return not quick or bool((definition.udf_columns or definition.function) and not spec.only_task)

@@ -23,13 +23,12 @@ from mv_assets.ops.refresh import (
     _already_current,
     _check_args,
     _check_reads,
-    _columns_replaced,
     _created_reading,
     _nothing_read_changed,
     _open_source,
+    _replacement,
     _scope,
     _source_at,
-    _source_replaced,
     read_history,
 )
 from mv_assets.storage.changes import ForeignWrites, backfill_commits, commits_since, foreign_writes
@@ -82,9 +81,7 @@ def start_plan(
     state = read_refresh_state(view_ds)
     source_id = table_id(src_latest)
     read_fields = read_field_ids(definition, src_latest)
-    replaced = _source_replaced(view, state, source_id) or _columns_replaced(view, state, read_fields)
-    if replaced is not None and mode == "incremental_strict":
-        raise ValueError(f"refresh of {view.name!r} cannot be incremental: {replaced}")
+    replaced = _replacement(view, state, source_id, read_fields, mode)
     foreign = foreign_writes(view_ds, state.view_version)
     src = _source_at(view.name, definition, src_latest, src_version)
     _check_reads(view.name, definition, src, state.read_fields or _created_reading(view_ds))
@@ -117,8 +114,7 @@ def start_plan(
         reason += f" (a {noun} refreshes as a whole: fragments= widened to the whole source)"
     commits = commits_since(src, v0) if how == "incremental" and v0 is not None and v0 <= src.version else None
     if commits is not None and _nothing_read_changed(commits, computed, state):
-        plan = _already_current(view, src.version, view_ds.version, state)
-        plan.source_id, plan.read_fields = source_id, read_fields
-        return plan
+        return _already_current(view, src.version, view_ds.version, state, source_id=source_id,
+                                read_fields=read_fields)
     return PlanStart(definition, src, view_ds, state, source_id, read_fields, foreign, scope, scope_frags, how,
                      reason, commits, computed)

@@ -414,14 +414,10 @@ def plan_refresh(
     source_id = table_id(src_latest)
     if _unmoved(definition, src_latest, view_ds, state, source_id, src_version=src_version, mode=mode,
                 fragments=fragments, recompute=recompute):
-        plan = _already_current(view, src_latest.version, view_ds.version, state)
-        plan.source_id = source_id
-        return plan
+        return _already_current(view, src_latest.version, view_ds.version, state, source_id=source_id)
     read_fields = read_field_ids(definition, src_latest)
-    replaced = _source_replaced(view, state, source_id) or _columns_replaced(view, state, read_fields)
+    replaced = _replacement(view, state, source_id, read_fields, mode)
     if replaced is not None:
-        if mode == "incremental_strict":
-            raise ValueError(f"refresh of {view.name!r} cannot be incremental: {replaced}")
         fragments = recompute = None  # nothing the view holds matches the new table: the whole view is rebuilt
     # rows written into the view by another tool since its last refresh: repaired over the whole view
     foreign = foreign_writes(view_ds, state.view_version)
@@ -441,9 +437,8 @@ def plan_refresh(
                and v0 is not None and v0 <= src.version else None)
     reads = definition.computed_reads(src.schema)
     if commits is not None and _nothing_read_changed(commits, reads, state):
-        plan = _already_current(view, src.version, view_ds.version, state)
-        plan.source_id, plan.read_fields, plan.source_top_fragment = source_id, read_fields, top_fragment(src)
-        return plan
+        return _already_current(view, src.version, view_ds.version, state, source_id=source_id,
+                                read_fields=read_fields, source_top_fragment=top_fragment(src))
     def place(rows_to_compute: int, largest_fragment: int = 0) -> _TaskPlace:
         per_task = max_rows_per_task or fit_to_fragments(
             task_rows(rows_to_compute, state.seconds_per_row, parallelism), largest_fragment
@@ -705,6 +700,16 @@ def _open_source(view: ViewRef) -> lance.LanceDataset:
     return src
 
 
+def _replacement(view: ViewRef, state, source_id: str | None, read_fields: dict[str, int], mode: str) -> str | None:
+    """Why nothing the view holds matches its source any more (a new table
+    under the source's name, or columns it reads replaced), or None; refused
+    (ValueError) when the refresh must be incremental."""
+    replaced = _source_replaced(view, state, source_id) or _columns_replaced(view, state, read_fields)
+    if replaced is not None and mode == "incremental_strict":
+        raise ValueError(f"refresh of {view.name!r} cannot be incremental: {replaced}")
+    return replaced
+
+
 def _source_replaced(view: ViewRef, state, source_id: str | None) -> str | None:
     """Why the source is not the table the view was built from (None: it is,
     or the view never recorded which it was)."""
@@ -725,14 +730,18 @@ def _nothing_read_changed(commits: list, reads: list[str], state) -> bool:
     return not any(commit_matters(txn, reads) for txn in commits)
 
 
-def _already_current(view: ViewRef, src_version: int, view_version: int, state) -> RefreshPlan:
+def _already_current(view: ViewRef, src_version: int, view_version: int, state, *, source_id: str | None = None,
+                     read_fields: dict[str, int] | None = None,
+                     source_top_fragment: int | None = None) -> RefreshPlan:
     """The plan of a view with nothing to change: at most its new source version
-    is recorded (a state-only commit)."""
+    is recorded (a state-only commit), with the source's identity, the field
+    ids it reads and its top fragment when the plan learnt them."""
     return RefreshPlan(
         view=view.name, source=view.definition.source, from_version=state.source_version, to_version=src_version,
         view_version=view_version, full=False, reason="already current", rows_to_insert=0, rows_to_update=0,
         rows_to_delete=0, udf_rows={}, definition_raw=b"", load_number=state.load_number,
         scoped_since_whole=state.scoped_since_whole, seconds_per_row=state.seconds_per_row,
+        source_id=source_id, read_fields=read_fields, source_top_fragment=source_top_fragment,
     )
 
 
