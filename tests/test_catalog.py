@@ -604,3 +604,23 @@ def test_connect_without_creating(tmp_path):
     db = mv.connect(str(tmp_path / "cat"))  # creating stays the default
     db.create_table("t", [{"id": 1}])
     assert mv.connect(str(tmp_path / "cat"), create=False).table_names() == ["t"]
+
+
+def test_the_listing_that_found_the_catalog_serves_its_first_look_only_for_a_moment(tmp_path, monkeypatch):
+    """connect(create=False) lists the root to tell a catalog is there; the
+    connection's first listing of its tables reuses it (the CLI's status
+    listed the root twice) within ROOT_LISTING_REUSE_S, once: later looks,
+    and a first look after that, list the root again."""
+    from mv_assets.api import catalog
+
+    uri = str(tmp_path / "cat")
+    mv.connect(uri).create_table("a", [{"id": 1}])
+    clock = [1000.0]
+    monkeypatch.setattr(catalog.time, "monotonic", lambda: clock[0])
+    soon = mv.connect(uri, create=False)
+    late = mv.connect(uri, create=False)
+    mv.connect(uri).create_table("b", [{"id": 1}])
+    assert soon.table_names() == ["a"]  # the listing connect() took, a moment ago
+    assert soon.table_names() == ["a", "b"]  # once
+    clock[0] += catalog.ROOT_LISTING_REUSE_S
+    assert late.table_names() == ["a", "b"]  # too old: listed again

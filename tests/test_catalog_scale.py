@@ -70,7 +70,8 @@ def test_a_sensor_tick_costs_the_same_whatever_the_catalogs_size(counted):
 
 
 def _fresh_process_requests(proxy, uri: str, options: dict, call: str):
-    """Requests of ``call`` (``status`` or ``defs``) made by a new process (no cache): a counting_proxy.Seen."""
+    """Requests of ``call`` (``status``, ``cli`` for ``mv-assets status`` or ``defs``) made by a new process
+    (no cache): a counting_proxy.Seen."""
     import json
     import os
     import subprocess
@@ -79,6 +80,12 @@ def _fresh_process_requests(proxy, uri: str, options: dict, call: str):
     code = ("import sys, mv_assets as mv\n"
             "if sys.argv[2] == 'defs':\n"
             "    from mv_assets.dagster import build_definitions; build_definitions(sys.argv[1])\n"
+            "elif sys.argv[2] == 'cli':\n"
+            "    from mv_assets.cli import main\n"
+            "    try:\n"
+            "        main(['--db', sys.argv[1], '--runner', 'inline', 'status', '--json'])\n"
+            "    except SystemExit as e:\n"
+            "        assert not e.code, e.code\n"
             "else:\n"
             "    mv.connect(sys.argv[1]).status()\n")
     env = {**os.environ, "MV_ASSETS_STORAGE_OPTIONS": json.dumps(options)}
@@ -119,6 +126,10 @@ def test_the_status_and_the_definitions_load_read_each_dataset_a_few_times(count
     assert sum("?prefix=" in p for _, p in second.requests) == 1 + 2 * n, second.by_path()
     assert _fresh_process_requests(proxy, db.uri, options, "defs").total == 1 + 1 + n * (1 + 2)
     assert _fresh_process_requests(proxy, db.uri, options, "status").total == 1 + 1 + 1 + n * (1 + 2)
+    # the CLI's too: its check that a catalog is there (connect(create=False)) is the status's listing of the
+    # root, not one more (before: 2 + 1 + 1 + n * (1 + 2))
+    cli = _fresh_process_requests(proxy, db.uri, options, "cli")
+    assert cli.total == 1 + 1 + 1 + n * (1 + 2), cli.by_path()
 
 
 def test_the_status_reads_each_views_manifest_once(counted):

@@ -6,6 +6,7 @@ import datetime as dt
 import json
 import os
 import re
+import time
 import typing
 import warnings
 from collections.abc import Callable
@@ -104,6 +105,10 @@ def _storage_options(options: dict | None) -> dict[str, str] | None:
     return {k: str(v).lower() if isinstance(v, bool) else str(v) for k, v in options.items()}
 
 
+# How long the root's listing taken by connect(create=False) serves the catalog's first listing (s)
+ROOT_LISTING_REUSE_S = 2.0
+
+
 class Connection:
     """A catalog of tables and materialized views rooted at ``uri``.
 
@@ -142,8 +147,13 @@ class Connection:
         self.storage_options_given = storage_options is not None  # else from the environment (or none)
         objects.register(uri, self.storage_options)
         self.layout = Layout(uri)
-        if not create and not self.layout.holds_catalog():
-            raise CatalogNotFoundError(f"no catalog at {uri}")
+        # (when, names): the root's listing taken here to tell a catalog is there, reused once (_root_names)
+        self._root_listing: tuple[float, list[str]] | None = None
+        if not create:
+            names = objects.listdir(uri)
+            if not self.layout.holds_catalog(names):
+                raise CatalogNotFoundError(f"no catalog at {uri}")
+            self._root_listing = (time.monotonic(), names)
         self._runner = runner
 
     def __repr__(self) -> str:
@@ -201,8 +211,18 @@ class Connection:
         through Lance's directory namespace (a ``.lance-deregistered`` marker
         beside files it keeps) is listed too; looking for that marker cost a
         listing per dataset, a third of the status's requests."""
-        return sorted(n[: -len(".lance")] for n in objects.listdir(self.uri)
+        return sorted(n[: -len(".lance")] for n in self._root_names()
                       if n.endswith(".lance") and len(n) > len(".lance") and not n.startswith(JOIN_UNDER_PREFIX))
+
+    def _root_names(self) -> list[str]:
+        """The names at the root: one listing, or the one ``connect(create=False)``
+        took to tell a catalog is there, if taken less than
+        ``ROOT_LISTING_REUSE_S`` ago (once: a CLI command's first look at the
+        catalog is that listing, not a second one a moment later)."""
+        taken, self._root_listing = self._root_listing, None
+        if taken is not None and time.monotonic() - taken[0] < ROOT_LISTING_REUSE_S:
+            return taken[1]
+        return objects.listdir(self.uri)
 
     def describe(self, name: str | None = None, *, unreadable: dict[str, str] | None = None
                  ) -> dict[str, TableDescription]:

@@ -51,10 +51,12 @@ class Layout:
     def state(self, *parts: str) -> str:
         return objects.join(self.root, STATE_DIR, *parts)
 
-    def holds_catalog(self) -> bool:
+    def holds_catalog(self, names: list[str] | None = None) -> bool:
         """Whether a catalog is at the root: a Lance dataset (``<name>.lance``)
-        or the engine's state (one listing, also on object stores)."""
-        return any(e.endswith(".lance") or e == STATE_DIR for e in objects.listdir(self.root))
+        or the engine's state. ``names``: the root's listing, when the caller
+        took it; else one listing here (also on object stores)."""
+        listed = objects.listdir(self.root) if names is None else names
+        return any(e.endswith(".lance") or e == STATE_DIR for e in listed)
 
     def summaries(self) -> str:
         """What each dataset is, remembered across processes (storage.summaries)."""
