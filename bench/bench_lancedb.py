@@ -11,7 +11,10 @@ the view was refreshed to.
 
 Steps: first refresh (full), full refresh again (best of --repeat), append 1% then
 refresh, delete 1% then refresh, update 1% (``x = 1 - x``: rows move in and out of
-the filter) then refresh, append 10 rows then refresh, no-change refresh. Every
+the filter) then refresh, compaction then refresh (0.1% appended in 4 small fragments and
+0.1% deleted, both views refreshed untimed, then the source compacted by Lance's
+``compact_files`` on both sides: the timed refresh follows the compaction alone), append
+10 rows then refresh, no-change refresh. Every
 incremental step is repeated (--repeat, at least 5 for the small ones); the best of
 each side and the ratio of their medians are shown. Each side refreshes first every
 other round (the other side's writes may still be settling on disk). The deleted / updated 1% is a contiguous id range and, as a separate step,
@@ -85,6 +88,13 @@ class LanceDBSide:
     def update(self, where: str, values_sql: dict) -> None:
         self.src.update(where=where, values_sql=values_sql)
 
+    def compact(self) -> None:
+        import warnings
+
+        with warnings.catch_warnings():  # (compact_files: deprecated for optimize(), which also prunes and indexes)
+            warnings.simplefilter("ignore")
+            self.src.compact_files()  # Lance's compact_files with its defaults
+
 
 class MvAssetsSide:
     def __init__(self, root: str, data: str | None) -> None:
@@ -121,6 +131,9 @@ class MvAssetsSide:
 
     def update(self, where: str, values_sql: dict) -> None:
         self.src.update(where, values_sql=values_sql)
+
+    def compact(self) -> None:
+        self.src.compact_files()  # Lance's compact_files with its defaults
 
 
 def profile_text(prof) -> str:
@@ -187,6 +200,8 @@ def worker(side: str) -> None:
                 eng.delete(cmd["where"])
             elif op == "update":
                 eng.update(cmd["where"], cmd["values_sql"])
+            elif op == "compact":
+                eng.compact()
             elif op == "quit":
                 reply.write(json.dumps({"ok": True}) + "\n")
                 reply.flush()
@@ -416,7 +431,21 @@ def main() -> int:
             for pattern in patterns:
                 steps.append((f"{op} 1% ({label[pattern]}) then refresh",
                               lambda op=op, pattern=pattern: change_1pct(op, pattern), rep, True))
+        compactions = [0]
+
+        def compaction() -> None:
+            """Small fragments and deletions to compact (0.1% appended in 4 fragments, 0.1% deleted,
+            ``id % 1000 = k``), both views refreshed (not timed), then the source compacted on both
+            sides (Lance's compact_files, its defaults): the timed refresh follows a compaction only."""
+            for _ in range(4):
+                append(max(1, n // 4000))
+            write_both(op="delete", where=f"id % 1000 = {500 + compactions[0]}")
+            compactions[0] += 1
+            refresh_both("compaction then refresh", record=False)
+            write_both(op="compact")
+
         steps += [
+            ("compaction then refresh", compaction, rep, True),
             ("append 10 rows then refresh", lambda: append(10), small_rep, True),
             ("no-change refresh", lambda: None, small_rep, False),
         ]
