@@ -52,6 +52,7 @@ from mv_assets.model.join_view import Join, row_id_column
 from mv_assets.model.names import SOURCE_ROW_ID
 from mv_assets.model.planning import KeyPlan, Membership, isin, values_differ
 from mv_assets.model.planning import column_ids as _ids
+from mv_assets.ops import arrangements
 from mv_assets.ops.refresh import RefreshPlan, _check_args, _place, read_history
 from mv_assets.storage import objects
 from mv_assets.storage.changes import (
@@ -164,18 +165,37 @@ def _matching(ds: lance.LanceDataset, keys: list[str], values: pa.Table, columns
     return rows.take(hit.column("__pos"))
 
 
-def _probe(join: Join, datasets: list[lance.LanceDataset], i: int, rows: pa.Table) -> np.ndarray:
+@dataclass
+class _Reads:
+    """What a plan read to find its rows: each arrangement probed (what was
+    done to have it: kept, caught up, loaded) and the rows of tables scanned."""
+
+    arranged: dict
+    scanned: int = 0
+
+
+def _probe(join: Join, datasets: list[lance.LanceDataset], i: int, rows: pa.Table, reads: _Reads) -> np.ndarray:
     """Ids of the first table's rows that reach, down the chain, the rows of
-    source ``i`` given (with its key columns): those that may match them now."""
+    source ``i`` given (with its key columns): those that may match them now.
+    A one-column integer key of the first table is probed in its arrangement,
+    other keys by a filtered scan (counted in ``reads``)."""
     step = join.step_of(i)
     values = rows.select(list(step.right))
     s = step.left_source
     left_keys = [c for _, c in step.left]
     below = join.step_of(s).right if s != 0 else []
+    if s == 0 and len(left_keys) == 1 and any(is_type(values.schema.field(0).type)
+                                              for is_type in arrangements.ARRANGEABLE):
+        wanted = np.unique(np.asarray(values.column(0).drop_null().to_numpy(), np.int64))
+        ids, reads.arranged[f"{join.names[0]}.{left_keys[0]}"] = arrangements.key_rows(datasets[0], left_keys[0],
+                                                                                        wanted)
+        if ids is not None:
+            return ids
     found = _matching(datasets[s], left_keys, values, list(below))
+    reads.scanned += datasets[s].count_rows()
     if s == 0:
         return _ids(found)
-    return _probe(join, datasets, s, found)
+    return _probe(join, datasets, s, found, reads)
 
 
 def _rows_differ(a: pa.Table, b: pa.Table) -> np.ndarray:
@@ -277,14 +297,24 @@ def _input_changes(join: Join, definition, deltas: dict[int, _Delta]) -> dict[st
     return out
 
 
-def _view_rows(view_ds: lance.LanceDataset, first: np.ndarray, joined: dict[int, np.ndarray]
-               ) -> tuple[pa.Table, int]:
+def _view_rows(view_ds: lance.LanceDataset, first: np.ndarray, joined: dict[int, np.ndarray], sources: int,
+               arranged: dict) -> tuple[pa.Table, int]:
     """The view's rows (first-table id, view row id and address) of every
     first-table row in ``first`` or that came from a row of source ``i`` in
     ``joined[i]``, and then every other view row of the first-table rows
-    found so (a row may have several). Read by streaming the view's key
-    columns (memory: the rows kept), once, or twice when rows were found
-    through a joined table; and the passes made (0: nothing to look for)."""
+    found so (a row may have several). Probed in the view's arrangement (its
+    provenance columns, kept in memory: :mod:`mv_assets.ops.arrangements`;
+    what was done to have it goes in ``arranged["view"]``), else read by
+    streaming the view's key columns (memory: the rows kept), once, or twice
+    when rows were found through a joined table; and the passes made (0:
+    nothing to look for, or probed)."""
+    if not len(first) and not any(len(ids) for ids in joined.values()):
+        return _stream_keys(view_ds, first, {}), 0
+    provenance = [row_id_column(i) for i in range(sources)]
+    held, arranged["view"] = arrangements.view_rows(
+        view_ds, provenance, first, {row_id_column(i): ids for i, ids in joined.items() if len(ids)})
+    if held is not None:
+        return held, 0
     found = _stream_keys(view_ds, first, joined)
     passes = int(bool(len(first) or any(len(ids) for ids in joined.values())))
     more = np.setdiff1d(_ids(found, SOURCE_ROW_ID), first)
@@ -360,12 +390,15 @@ def plan_join_refresh(
     first_gone = deltas[0].gone if 0 in deltas else np.empty(0, np.int64)
     # the delta rule's probes: every joined row written since, by its key now; with old_too, every
     # joined row updated or deleted since, by its key then too (whatever the view holds now)
-    probed = [_probe(join, datasets, i, d.arrived) for i, d in deltas.items() if i and d.arrived.num_rows]
+    reads = _Reads({})
+    probed = [_probe(join, datasets, i, d.arrived, reads) for i, d in deltas.items() if i and d.arrived.num_rows]
     if old_too:
-        probed += [_probe(join, datasets, i, gone) for i, d in deltas.items() if i
+        probed += [_probe(join, datasets, i, gone, reads) for i, d in deltas.items() if i
                    for gone in [d.departed(list(join.step_of(i).right))] if gone.num_rows]
     known = np.unique(np.concatenate([first_gone, *probed]))
-    held, passes = _view_rows(view_ds, known, {i: d.gone for i, d in deltas.items() if i})
+    held, passes = _view_rows(view_ds, known, {i: d.gone for i, d in deltas.items() if i}, len(join.sources),
+                              reads.arranged)
+    details["arrangements"] = reads.arranged
     touched = np.unique(np.concatenate([first_new, known, _ids(held, SOURCE_ROW_ID)]))
     changed = _input_changes(join, definition, deltas) if len(touched) else {}
     reason = ("incremental (" + ", ".join(f"{n} {reflected[n]} -> {v}" for n, v in moved.items()) + ")"
@@ -376,7 +409,8 @@ def plan_join_refresh(
     written_first = deltas[0].arrived if 0 in deltas else None  # (their versions: read with them)
     # (first-table rows deleted since: their view rows go, nothing is computed for them)
     alive = touched[~isin(touched, deltas[0].deleted)] if 0 in deltas else touched
-    details["work"] = _work(join, deltas, probed, passes * view_ds.count_rows(), len(alive), held.num_rows)
+    details["work"] = _work(join, deltas, probed, passes * view_ds.count_rows(), len(alive), held.num_rows,
+                            reads.scanned)
     details["adaptive"] = adaptive = _adaptive(definition, len(alive), datasets[0].count_rows(), mode)
     if adaptive["chosen"] == "full":
         return _full_plan(view, definition, datasets, view_ds, state, adaptive["why"], per_task, checkpoint_size,
@@ -418,14 +452,19 @@ def _adaptive(definition, rows: int, first_rows: int, mode: str) -> dict:
 
 
 def _work(join: Join, deltas: dict[int, "_Delta"], probed: list[np.ndarray], view_keys_read: int,
-          first_rows: int, view_rows_removed: int) -> dict:
+          first_rows: int, view_rows_removed: int, key_rows_scanned: int = 0) -> dict:
     """What the plan read and will rewrite: each source's changed rows, the
-    first-table rows its probes found, the view's key values it read, the
-    first-table rows to compute and the view rows to remove."""
-    return {"changed_rows": {join.names[i]: int(d.inserted.num_rows + d.updated.num_rows + len(d.deleted))
-                             for i, d in deltas.items()},
-            "probe_matches": int(sum(len(p) for p in probed)), "view_key_rows_read": int(view_keys_read),
-            "first_rows_computed": int(first_rows), "view_rows_removed": int(view_rows_removed)}
+    first-table rows its probes found, the view's key values it read (0:
+    probed in its arrangement), the source rows its key probes scanned (0:
+    probed in an arrangement), the first-table rows to compute and the view
+    rows to remove."""
+    out = {"changed_rows": {join.names[i]: int(d.inserted.num_rows + d.updated.num_rows + len(d.deleted))
+                            for i, d in deltas.items()},
+           "probe_matches": int(sum(len(p) for p in probed)), "view_key_rows_read": int(view_keys_read),
+           "first_rows_computed": int(first_rows), "view_rows_removed": int(view_rows_removed)}
+    if key_rows_scanned:
+        out["key_rows_scanned"] = int(key_rows_scanned)
+    return out
 
 
 def _counted(definition, tasks: list[TaskSpec], exact: bool, first_rows: int

@@ -1,0 +1,137 @@
+"""Arrangements (seed 004): the in-memory state a join view's refreshes keep
+between refreshes (mv_assets.model.arrangement, mv_assets.ops.arrangements).
+
+Checked two ways: the structure against a plain dict over random changes,
+and every plan a join view makes with its arrangements against the plan the
+same view makes reading the view and the first table instead (no arrangement
+kept), over random histories that also compact the view, drop and create it
+again, and write its sources with other tools; each refresh against the
+oracle of test_join_views."""
+
+import random
+
+import lance
+import numpy as np
+import pyarrow as pa
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from test_join_views import OPS, apply, chain_view, make_sources, oracle_chain, oracle_star, star_view
+
+import mv_assets as mv
+from mv_assets.model.arrangement import Arrangement
+from mv_assets.ops import arrangements
+
+# -- the structure -------------------------------------------------------------
+
+
+@settings(max_examples=60, deadline=None)
+@given(steps=st.lists(st.tuples(st.sampled_from(["add", "remove", "find"]),
+                                st.lists(st.integers(0, 40), max_size=12)), max_size=25))
+def test_an_arrangement_answers_as_a_dict_of_its_rows_does(steps):
+    rows: dict[int, tuple[int, int | None]] = {i: (i % 7, None if i % 5 == 0 else i % 3) for i in range(30)}
+    ids = np.array(list(rows), np.int64)
+    arr = Arrangement("id", {"id": ids, "a": np.array([rows[i][0] for i in ids]),
+                             "b": np.array([rows[i][1] or 0 for i in ids])},
+                      {"b": np.array([rows[i][1] is not None for i in ids])})
+    next_id = 100
+    for what, values in steps:
+        if what == "add":  # (new rows, and rows written again: removed first, as a change feed says)
+            again = [v for v in values if v in rows]
+            arr.remove(np.array(again, np.int64))
+            new = {**{v: (v % 4, v % 2 or None) for v in again},
+                   **{next_id + k: (v % 7, None if v % 3 == 0 else v % 5) for k, v in enumerate(values)}}
+            next_id += len(values)
+            rows.update(new)
+            keys = np.array(list(new), np.int64)
+            arr.add({"id": keys, "a": np.array([new[i][0] for i in keys], np.int64),
+                     "b": np.array([new[i][1] or 0 for i in keys], np.int64)},
+                    {"b": np.array([new[i][1] is not None for i in keys])})
+        elif what == "remove":
+            arr.remove(np.array(values, np.int64))
+            for v in values:
+                rows.pop(v, None)
+        else:
+            a, b = values[: len(values) // 2], values[len(values) // 2:]
+            got = sorted(arr.rows(arr.find({"a": np.array(a, np.int64), "b": np.array(b, np.int64)}))["id"].tolist())
+            want = sorted(i for i, (x, y) in rows.items() if x in a or (y is not None and y in b))
+            assert got == want
+        assert len(arr) == len(rows)
+
+
+# -- plans with and without arrangements -----------------------------------------
+
+ARRANGEMENT_OPS = [op for op in OPS if op != "refresh"] + ["compact_view", "recreate_view", "refresh", "refresh"]
+
+
+def _plan_facts(view):
+    """What a plan decides: counts, the first-table rows computed again, the view rows removed."""
+    p = view.plan_refresh()
+    held = sorted(p.view_key_addrs[1].tolist()) if p.view_key_addrs is not None else []
+    return (p.full, p.rows_to_insert, p.rows_to_update, p.rows_to_delete, dict(p.udf_rows),
+            sorted(p.keys.delete.tolist()) if p.keys.delete is not None else None, held), p
+
+
+@pytest.mark.parametrize("shape", ["chain", "star"])
+@pytest.mark.parametrize("how", ["inner", "left"])
+@settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(st.tuples(st.sampled_from(ARRANGEMENT_OPS), st.integers(0, 1000)), min_size=2, max_size=10),
+       where=st.sampled_from(["clips", "orphans", "coalesce"]))
+def test_plans_with_arrangements_equal_plans_reading_the_view(tmp_path_factory, how, shape, ops, where):
+    db = mv.connect(str(tmp_path_factory.mktemp("arr")), runner=mv.InlineRunner())
+    rng = random.Random(len(ops))
+    make_sources(db, rng)
+    make, oracle = (chain_view, oracle_chain) if shape == "chain" else (star_view, oracle_star)
+    v = make(db, how, where)
+    db.refresh(v.name)
+    state = {"next": 100}
+    probed = 0
+    for op, k in ops:
+        if op == "compact_view":  # (rows move to new addresses: the view's arrangement is loaded again)
+            lance.dataset(v.uri).optimize.compact_files()
+        elif op == "recreate_view":  # (the same name and path, another table: never the old arrangement)
+            db.drop_table(v.name)
+            v = make(db, how, where)
+            db.refresh(v.name)
+        elif not apply(db, op, k, rng, state):
+            continue
+        with_them, plan = _plan_facts(v)
+        with pytest.MonkeyPatch.context() as mp:
+            mp.setattr(arrangements, "MAX_BYTES", 0)
+            without, _ = _plan_facts(v)
+        assert with_them == without
+        probed += bool(plan.details.get("arrangements"))
+        db.refresh(v.name)
+        assert sorted(v.to_arrow().to_pylist(), key=str) == sorted(
+            oracle(db, v.source_versions, how, where=where), key=str)
+
+
+def test_an_arrangement_is_kept_caught_up_and_loaded_again_when_it_must_be(db):
+    orders = db.create_table("orders", pa.table({"oid": list(range(200)), "cid": [i % 10 for i in range(200)]}))
+    customers = db.create_table("customers", pa.table({"cid": list(range(10)), "name": [str(i) for i in range(10)]}))
+    v = db.create_materialized_view("o", orders.search(None).join(customers, on="cid")
+                                    .select({"oid": "oid", "name": "name"}))
+    v.refresh()
+    customers.update(where="cid = 1", values={"name": "x"})
+    first = v.refresh()
+    assert first.rows_updated == 20
+    customers.update(where="cid = 2", values={"name": "y"})
+    plan = v.plan_refresh()
+    hows = {k: i["how"] for k, i in plan.details["arrangements"].items()}
+    assert hows["view"].startswith("caught up from version") and hows["orders.cid"] == "kept"
+    v.refresh()
+    lance.dataset(v.uri).optimize.compact_files()  # (a Rewrite of the view: addresses move)
+    customers.update(where="cid = 3", values={"name": "z"})
+    plan = v.plan_refresh()
+    assert plan.details["arrangements"]["view"]["how"] == "loaded"
+    orders.add(pa.table({"oid": [500, 501], "cid": [3, 3]}))
+    customers.update(where="cid = 3", values={"name": "w"})
+    plan = v.plan_refresh()
+    assert plan.details["arrangements"]["orders.cid"]["how"].startswith("caught up")
+    assert (plan.rows_to_insert, plan.rows_to_update) == (2, 20)  # (the 2 new orders found by the probe)
+    v.refresh()
+    assert sorted(r["oid"] for r in v.to_arrow().to_pylist() if r["name"] == "w") == [
+        *range(3, 200, 10), 500, 501]
+    assert any(h["uri"] == v.uri for h in arrangements.held())
+    arrangements.forget(v.uri)
+    assert not any(h["uri"] == v.uri for h in arrangements.held())
