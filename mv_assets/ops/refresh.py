@@ -281,13 +281,16 @@ def _scan(
     fragments: list | None = None,
     with_version: bool = True,
     markers: list[str] | None = None,
+    in_order: bool | None = None,
 ) -> pa.Table:
-    """Row ids, addresses (and row versions, and computed markers) of source rows matching a filter."""
+    """Row ids, addresses (and row versions, and computed markers) of source
+    rows matching a filter (``in_order``: in fragment and address order)."""
     columns: dict | list = {ROW_VERSION_ALIAS: "_row_last_updated_at_version"} if with_version else {}
     for m in markers or []:
         columns[source_marker(m)] = f"`{computed_marker(m)}`"
     return src.scanner(
-        columns=columns or [], filter=filter_sql, with_row_id=True, with_row_address=True, fragments=fragments
+        columns=columns or [], filter=filter_sql, with_row_id=True, with_row_address=True, fragments=fragments,
+        scan_in_order=in_order,
     ).to_table()
 
 
@@ -569,9 +572,13 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
         # A rebuild: every passing row computed from whole fragments (as into an empty
         # view: address ranges, not scattered ids), every row the view holds removed.
         # The key plan only counts (nothing is deleted row by row): dense-id bitmaps, no sort.
-        where, tasks, _ = _insert_tasks(place, src, src.get_fragments(), definition.filter)
+        # (the passing rows' ids and addresses in one scan: the tasks' pieces from the addresses, the counts
+        # from the ids; two scans of the source with the filter before, ~15% of a full refresh at 1M)
+        passing = _scan(src, definition.filter, with_version=False, in_order=True)
+        where, tasks, _ = _insert_tasks(place, src, src.get_fragments(), definition.filter,
+                                        addresses=passing.column("_rowaddr").to_numpy())
         held = _ids(vk, SOURCE_ROW_ID)
-        pass_ids = _ids(_scan(src, definition.filter, with_version=False))
+        pass_ids = _ids(passing)
         in_view = isin(pass_ids, held)
         gone = held[~isin(held, pass_ids)]
         keys = KeyPlan(pass_ids[~in_view], pass_ids[in_view], np.unique(gone))
@@ -588,15 +595,18 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
     return where, tasks, keys, n_insert, udf_rows, vk, counted
 
 
-def _insert_tasks(place, src: lance.LanceDataset, fragments: list, filter_sql: str | None, exact: bool = True):
+def _insert_tasks(place, src: lance.LanceDataset, fragments: list, filter_sql: str | None, exact: bool = True,
+                  addresses: np.ndarray | None = None):
     """Tasks computing every row of ``fragments`` passing ``filter_sql``, all
     inserts: planned while streaming the source's addresses, never holding its
     ids; and whether they were planned from metadata (not ``exact``: one
-    fragment that fits one task, its count an upper bound)."""
+    fragment that fits one task, its count an upper bound). ``addresses``:
+    those of the passing rows, already read in order (not scanned again)."""
     sizes = [f.count_rows() for f in fragments]
     where = place(sum(sizes), max(sizes, default=0))  # before the filter: an upper bound
     lazy = not exact and len(fragments) == 1 and fragments[0].metadata.physical_rows <= where.max_rows_per_task
-    return where, where.tasks(_pieces_into_empty_view(src, fragments, filter_sql, where.max_rows_per_task, lazy)), lazy
+    pieces = _pieces_into_empty_view(src, fragments, filter_sql, where.max_rows_per_task, lazy, addresses)
+    return where, where.tasks(pieces), lazy
 
 
 def _appended_since(src: lance.LanceDataset, v0: int | None, commits: list, reads: list[str], state,
@@ -1102,7 +1112,7 @@ def _pack_tasks(
 
 
 def _pieces_into_empty_view(src: lance.LanceDataset, fragments: list, filter_sql: str | None, max_rows: int,
-                            from_metadata: bool = False) -> list[list]:
+                            from_metadata: bool = False, addresses: np.ndarray | None = None) -> list[list]:
     """Pieces covering every row of ``fragments`` passing the view's filter,
     planned while streaming their row addresses in one ordered scan (driver
     memory: one scanner batch, whatever the source's size). Without a filter,
@@ -1112,7 +1122,8 @@ def _pieces_into_empty_view(src: lance.LanceDataset, fragments: list, filter_sql
 
     A piece is an address range of one fragment plus the filter, which the
     task evaluates again at the same pinned version: exact, and small however
-    scattered the passing rows are.
+    scattered the passing rows are. ``addresses``: the passing rows' addresses
+    in scan order, read already (the scan is not made again).
     """
     runs: dict[int, list[tuple[int, int, int]]] = {}  # fragment -> (first address, last address, rows)
     # Every row of a fragment without deletions, no filter: its runs follow from its size
@@ -1126,11 +1137,7 @@ def _pieces_into_empty_view(src: lance.LanceDataset, fragments: list, filter_sql
     first = last = count = 0
     frag_id = -1
     if scanned:
-        scanner = src.scanner(
-            columns=[], filter=filter_sql, with_row_address=True, fragments=scanned, scan_in_order=True
-        )
-        for batch in scanner.to_batches():
-            addrs = batch.column("_rowaddr").to_numpy()
+        for addrs in _scanned_addresses(src, scanned, filter_sql, addresses, every=len(scanned) == len(fragments)):
             i = 0
             while i < len(addrs):
                 fid = int(addrs[i]) >> 32
@@ -1157,6 +1164,24 @@ def _pieces_into_empty_view(src: lance.LanceDataset, fragments: list, filter_sql
             bounds = None if len(frag_runs) == 1 else f"_rowaddr >= {lo} AND _rowaddr <= {hi}"
             pieces.append([fid, and_filters(bounds, filter_sql), n])
     return pieces
+
+
+def _scanned_addresses(src: lance.LanceDataset, fragments: list, filter_sql: str | None,
+                       addresses: np.ndarray | None, every: bool = False) -> Iterator[np.ndarray]:
+    """The addresses of the rows of ``fragments`` passing ``filter_sql``, in
+    order, batch by batch: of ``addresses`` (read already, ``every``: all of
+    them are of ``fragments``) when given, else streamed from a scan."""
+    if addresses is not None:
+        addresses = np.asarray(addresses, dtype=np.uint64)
+        if not every:
+            wanted = np.array(sorted(f.fragment_id for f in fragments), dtype=np.uint64)
+            addresses = addresses[np.isin(addresses >> np.uint64(32), wanted)]
+        yield addresses
+        return
+    scanner = src.scanner(columns=[], filter=filter_sql, with_row_address=True, fragments=fragments,
+                          scan_in_order=True)
+    for batch in scanner.to_batches():
+        yield batch.column("_rowaddr").to_numpy()
 
 
 def _deletions(view_ds: lance.LanceDataset, keys: np.ndarray, addrs: np.ndarray, remove: np.ndarray):
