@@ -394,6 +394,55 @@ def test_a_handles_own_commit_comes_with_its_manifest(tmp_path):
     assert latest.operation.update_mode == "rewrite_rows"  # (as stored, not as given)
 
 
+def test_a_commit_of_any_version_is_remembered_by_its_manifest_and_a_table_made_anew_is_read_anew(
+        tmp_path, monkeypatch):
+    """A local dataset's commits are remembered by their manifest file (name,
+    inode, size, times), whatever version the handle reading them is at: a
+    commit read once, or made by a compaction of the engine's, is not read
+    from Lance again; the same version of a table removed and made again,
+    with properties of the same size, is read from the new table."""
+    import shutil
+
+    from mv_assets.storage import objects
+
+    u = str(tmp_path / "t.lance")
+
+    def make(tag: str) -> None:
+        lance.write_dataset(pa.table({"id": [1, 2]}), u, enable_stable_row_ids=True)
+        ds = lance.dataset(u)
+        lance.LanceDataset.commit(ds, lance.Transaction(read_version=1, operation=LanceOperation.Append(
+            lance.fragment.write_fragments(pa.table({"id": [3]}), ds)), transaction_properties={"who": tag}))
+        lance.write_dataset(pa.table({"id": [4]}), u, mode="append")
+
+    reads: list[int] = []
+    real = lance.LanceDataset.read_transaction
+    monkeypatch.setattr(lance.LanceDataset, "read_transaction",
+                        lambda self, version, *a, **k: (reads.append(version), real(self, version, *a, **k))[1])
+
+    def props(v: int) -> dict:
+        txn = objects.read_transaction(lance.dataset(u), v)  # (a handle at version 3)
+        return dict(txn.transaction_properties or {}) if txn is not None else {}
+
+    make("first")
+    assert props(2) == {"who": "first"} and reads == [2]
+    assert props(2) == {"who": "first"} and reads == [2]  # remembered
+    shutil.rmtree(u)
+    make("other")  # the same versions, properties of the same size
+    assert props(2) == {"who": "other"} and reads == [2, 2]
+
+    db = mv.connect(str(tmp_path / "cat"))
+    t = db.create_table("t", pa.table({"id": list(range(100))}), primary_key="id")
+    for k in range(3):
+        t.add(pa.table({"id": [100 + k]}))
+    before = t.version
+    t.compact_files()
+    made = {v: type(objects.read_transaction(lance.dataset(t.uri), v).operation).__name__
+            for v in range(before + 1, t.version + 1)}
+    assert "Rewrite" in made.values()
+    read_again = {made[v] for v in reads if v in made}
+    assert "Rewrite" not in read_again  # (the compaction's commit, remembered as it was made)
+
+
 def test_the_session_cache_bounds_come_from_the_environment_in_megabytes(monkeypatch):
     from mv_assets.storage import objects
 

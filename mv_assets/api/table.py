@@ -1156,7 +1156,9 @@ class Table(Indexed):
         pass
 
     def _compact(self, **options: Any) -> Any:
-        metrics = self._dataset().optimize.compact_files(**options)
+        ds = self._dataset()
+        metrics = ds.optimize.compact_files(**options)
+        objects.committed_in_place(self.uri, ds)  # (what a refresh over the table reads next: not read again)
         self._catch_up_indexes(consolidate=True)
         return metrics
 

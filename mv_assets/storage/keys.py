@@ -327,8 +327,10 @@ def upkeep(uri: str, ds: lance.LanceDataset | None = None, *, consolidate: bool 
     try:
         if outside_rows > REBUILD_SHARE * total:
             ds.create_scalar_index(column, index_type="BTREE", name=ix.name, replace=True)
+            objects.committed_in_place(uri, ds)
             return ix.name, "rebuilt"
         ds.optimize.optimize_indices(index_names=[ix.name], num_indices_to_merge=merge)
+        objects.committed_in_place(uri, ds)  # (its commit and the handle it moved: a refresh reads them next)
     except Exception as exc:
         why = _lance_error(exc)
         warnings.warn(f"the primary key index {ix.name!r} of {uri} was not brought up to date ({why}); key look-ups "

@@ -39,6 +39,7 @@ __all__ = [
     "commit", "write_fragments", "file_writer", "put_bytes", "get_bytes", "exists", "listdir", "remove",
     "remove_tree", "size", "write_arrow", "read_arrow", "write_text", "read_text", "is_dataset", "rename_tree",
     "copy_tree", "reusing_handles", "read_transaction", "write_record", "read_record", "retire_record",
+    "committed_in_place",
 ]
 
 _OPTIONS: dict[str, dict[str, str]] = {}
@@ -332,19 +333,31 @@ def read_transaction(ds: lance.LanceDataset, version: int) -> "lance.Transaction
 # (dataset, version, commit time in ns) -> that commit's transaction, kept across
 # blocks: what a view's status and its next refresh read first is the commit its
 # last refresh made (~0.17 ms of a ~1 ms no-change refresh), remembered as it is
-# committed (:func:`commit`) or read. A commit never changes, and its time tells a
-# table made anew, or restored from a copy of another history, from the one read
-# before. Only the version a handle is at is keyed (its time is in the manifest
-# already read).
+# committed (:func:`commit`, :func:`committed_in_place`) or read. A commit never
+# changes, and its time tells a table made anew, or restored from a copy of
+# another history, from the one read before. A local dataset's versions are
+# keyed by their manifest file instead (name, inode, size and times: one
+# ``stat``, for any version, not only the one a handle is at): a refresh reads
+# the commits since the version its view reflects, most often made or read by
+# this process already (a compaction's, an index update's).
 _COMMITTED: dict[tuple, Any] = {}
 _COMMITTED_MAX = 1024
 
 
 def _commit_key(ds: lance.LanceDataset) -> tuple | None:
+    """The key of the commit of the version ``ds`` is at."""
     try:
+        if is_local(ds.uri):
+            return _version_key(ds.uri, ds.version)
         return ds.uri, ds.version, ds._ds.current_version()["timestamp"]
     except Exception:  # (a pylance without it: read every time)
         return None
+
+
+def _version_key(uri: str, version: int) -> tuple | None:
+    """The key of the commit of ``version`` of the local dataset at ``uri`` (None: none to stat)."""
+    sig = _manifest_signature(uri, version)
+    return None if sig is None else (uri, version, sig)
 
 
 def _remember(ds: lance.LanceDataset, txn: "lance.Transaction") -> None:
@@ -355,8 +368,27 @@ def _remember(ds: lance.LanceDataset, txn: "lance.Transaction") -> None:
         _COMMITTED[key] = txn
 
 
+def committed_in_place(uri: str, ds: lance.LanceDataset) -> None:
+    """After a Lance call that committed through the handle ``ds`` (moving it
+    to the version it made: a compaction, an index update), its commit is
+    remembered (it came with the manifest the handle holds: no read) and the
+    handle kept as the newest of ``uri``. What reads those commits next, a
+    refresh of a view over the table, reads none of them again."""
+    try:
+        txns = ds.get_transactions(1)
+    except (ValueError, OSError):
+        return
+    if txns and txns[0] is not None:
+        _remember(ds, txns[0])
+    _keep_latest(uri, ds)
+
+
 def _read_committed(ds: lance.LanceDataset, version: int) -> "lance.Transaction | None":
-    key = _commit_key(ds) if ds.version == version else None
+    own = ds.version == version
+    try:
+        key = _commit_key(ds) if own else _version_key(ds.uri, version) if is_local(ds.uri) else None
+    except Exception:
+        key = None
     known = _COMMITTED.get(key) if key is not None else None  # (one lookup: another thread may clear it)
     if known is not None:
         return known
@@ -365,9 +397,11 @@ def _read_committed(ds: lance.LanceDataset, version: int) -> "lance.Transaction 
     # where read_transaction(version) reads the manifest again: one more GET on an
     # object store (a new process's status read each view's manifest twice), ~0.07
     # ms instead of ~0.01 locally. The same transaction: tests/test_lance_contract.py.
-    txn = ds.get_transactions(1)[0] if ds.version == version else ds.read_transaction(version)
+    txn = ds.get_transactions(1)[0] if own else ds.read_transaction(version)
     if key is not None and txn is not None:
-        _remember(ds, txn)
+        if len(_COMMITTED) >= _COMMITTED_MAX:
+            _COMMITTED.clear()
+        _COMMITTED[key] = txn
     return txn
 
 
