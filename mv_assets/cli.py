@@ -287,6 +287,11 @@ def _work_text(details: dict) -> str:
         return ""
     text = (f"\n  read: changed rows {', '.join(f'{k} {v:,}' for k, v in work['changed_rows'].items()) or 'none'}; "
             f"probe matches {work['probe_matches']:,}; view key values {work['view_key_rows_read']:,}")
+    if work.get("key_rows_scanned"):
+        text += f"; key rows scanned {work['key_rows_scanned']:,}"
+    for name, info in (details.get("arrangements") or {}).items():  # (the view's and the first table's key's)
+        size = f" ({info['rows']:,} rows, {info['bytes'] / 2**20:,.1f} MiB, {info['seconds']:.3f} s)" if "rows" in info else ""
+        text += f"\n  arrangement {name}: {info['how']}{size}"
     if adaptive:
         text += (f"\n  recomputes {adaptive['rows']:,} of {adaptive['first_table_rows']:,} first-table rows "
                  f"({adaptive['share']:.1%}; full at {adaptive['threshold']:.0%}): {adaptive['chosen']}")

@@ -309,6 +309,8 @@ def test_at_80_columns_job_ids_are_whole_and_plans_read_as_words(tmp_path):
     r = CliRunner().invoke(main, ["--db", db.uri, "plan", v.name], env={"COLUMNS": "80"}, catch_exceptions=False)
     assert "UDF rows: none (no UDF column), in 1 task" in r.output and "{}" not in r.output
     assert "read: changed rows customers 1; probe matches 10" in r.output
+    # (the first plan in this process that looks rows up loads the arrangements it probes)
+    assert "arrangement view: loaded (50 rows" in r.output and "arrangement orders.cid: loaded (50 rows" in r.output
     assert "recomputes 10 of 50 first-table rows (20.0%; full at 50%): incremental" in r.output
     v.refresh()
     ids = [j.job_id for j in db.list_jobs()]

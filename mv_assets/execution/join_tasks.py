@@ -28,7 +28,7 @@ from mv_assets.execution import blobs, progress
 from mv_assets.model.definition import ColumnSpec, ViewDefinition, computed_marker, sql_literal
 from mv_assets.model.join_view import Join, joined_row_id, pushed_filters, row_id_column, staged_name
 from mv_assets.model.names import JOINED_ROW_ID_PREFIX, SOURCE_ROW_ID, SOURCE_ROW_VERSION
-from mv_assets.model.planning import positions
+from mv_assets.model.planning import distinct, positions
 from mv_assets.storage import objects
 from mv_assets.storage.lance_compat import take_rows
 
@@ -92,7 +92,7 @@ def read_first(ds: lance.LanceDataset, columns: list[str], *, fragments: list[in
     projection = {staged_name(0, c): f"`{c}`" for c in columns}
     projection[SOURCE_ROW_VERSION] = "_row_last_updated_at_version"
     if ids is not None:  # by stable row id (the ids of rows deleted since are skipped)
-        ids = np.unique(np.asarray(ids, np.int64))
+        ids = distinct(np.asarray(ids, np.int64))
         if len(ids):  # (Lance's take by row id cannot read row versions of updated rows: read apart)
             taken = take_rows(ds, pa.array(ids, pa.uint64()), [*columns, "_rowid"])
             table = taken.rename_columns([staged_name(0, c) for c in columns] + ["_rowid"])

@@ -66,7 +66,7 @@ class Arrangement:
     def find(self, wanted: dict[str, np.ndarray]) -> list[np.ndarray]:
         """Per chunk, the slots of the live rows whose value in some column of
         ``wanted`` is one of its values (the union over the columns)."""
-        probes = {name: Membership(np.asarray(values, np.int64)) for name, values in wanted.items() if len(values)}
+        probes = {name: _Probe(np.asarray(values, np.int64)) for name, values in wanted.items() if len(values)}
         out = []
         for chunk, alive in zip(self._chunks, self._alive, strict=True):
             hit = np.zeros(len(alive), dtype=bool)
@@ -88,7 +88,7 @@ class Arrangement:
         """Forget the rows with these ids (those it holds)."""
         if not len(ids):
             return
-        gone = Membership(np.asarray(ids, np.int64))
+        gone = _Probe(np.asarray(ids, np.int64))
         for chunk, alive in zip(self._chunks, self._alive, strict=True):
             alive &= ~gone.mask(chunk[self.id_column])
         dead = sum(len(a) - int(a.sum()) for a in self._alive)
@@ -128,6 +128,44 @@ class Arrangement:
             merged[k] = np.concatenate(parts)
         self._chunks = [merged]
         self._alive = [np.ones(len(merged[self.id_column]), dtype=bool)]
+
+
+# Values a step of a probe: its temporaries stay in cache.
+_BLOCK = 1 << 18
+# A lookup table of one byte a value of the probed values' span, up to this many bytes
+# (else :class:`Membership`'s bitmap or sorted array).
+_TABLE_MAX = 1 << 26
+
+
+class _Probe:
+    """Membership of a column's values in a set of ids: a byte table over the
+    ids' span (one gather a value) when it is small, else :class:`Membership`."""
+
+    def __init__(self, ids: np.ndarray) -> None:
+        self._table: np.ndarray | None = None
+        self._set: Membership | None = None
+        if not len(ids):
+            self._lo, self._span = 0, 0
+            self._table = np.zeros(1, dtype=bool)
+            return
+        lo, hi = int(ids.min()), int(ids.max())
+        if hi - lo + 1 <= _TABLE_MAX:
+            self._lo, self._span = lo, hi - lo + 1
+            self._table = np.zeros(self._span + 1, dtype=bool)  # (the last slot: every value outside the span)
+            self._table[ids - lo] = True
+        else:
+            self._set = Membership(ids)
+
+    def mask(self, values: np.ndarray) -> np.ndarray:
+        if self._set is not None:
+            return self._set.mask(values)
+        assert self._table is not None
+        out = np.empty(len(values), dtype=bool)
+        for start in range(0, len(values), _BLOCK):
+            rel = values[start:start + _BLOCK] - self._lo
+            rel[rel.view(np.uint64) >= np.uint64(self._span)] = self._span  # (below lo wraps to a large value)
+            out[start:start + _BLOCK] = self._table[rel]
+        return out
 
 
 def _valid(name: str) -> str:

@@ -41,7 +41,7 @@ import pyarrow as pa
 
 from mv_assets.model.arrangement import Arrangement
 from mv_assets.model.names import SOURCE_ROW_ID
-from mv_assets.model.planning import column_ids
+from mv_assets.model.planning import column_ids, isin, without
 from mv_assets.storage import objects
 from mv_assets.storage.changes import commits_since, written_fragments
 
@@ -88,12 +88,11 @@ def view_rows(view_ds: lance.LanceDataset, provenance: list[str], first: np.ndar
     is kept (then the caller reads the view); and what was done to have it."""
     def probe(arr: Arrangement) -> pa.Table:
         found = arr.rows(arr.find({provenance[0]: first, **joined}))
-        more = np.setdiff1d(found[provenance[0]], first)
+        more = without(found[provenance[0]], first)
         if len(more):  # (a first-table row reached through a joined row: each of its view rows)
             rest = arr.rows(arr.find({provenance[0]: more}))
-            ids = np.concatenate([found[_ROWID], rest[_ROWID]])
-            _, at = np.unique(ids, return_index=True)
-            found = {k: np.concatenate([found[k], rest[k]])[at] for k in found}
+            again = isin(rest[_ROWID], found[_ROWID])  # (a view row found both ways, once)
+            found = {k: np.concatenate([found[k], rest[k][~again]]) for k in found}
         return pa.table({_ROWID: pa.array(found[_ROWID].view(np.uint64)),
                          SOURCE_ROW_ID: pa.array(found[provenance[0]], pa.int64()),
                          _ROWADDR: pa.array(found[_ROWADDR].view(np.uint64))})

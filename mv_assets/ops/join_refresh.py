@@ -50,7 +50,7 @@ from mv_assets.execution.tasks import TaskSpec
 from mv_assets.model.definition import computed_column_names, short_error
 from mv_assets.model.join_view import Join, row_id_column
 from mv_assets.model.names import SOURCE_ROW_ID
-from mv_assets.model.planning import KeyPlan, Membership, isin, values_differ
+from mv_assets.model.planning import KeyPlan, Membership, distinct, isin, values_differ, without
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.ops import arrangements
 from mv_assets.ops.refresh import RefreshPlan, _check_args, _place, read_history
@@ -186,7 +186,7 @@ def _probe(join: Join, datasets: list[lance.LanceDataset], i: int, rows: pa.Tabl
     below = join.step_of(s).right if s != 0 else []
     if s == 0 and len(left_keys) == 1 and any(is_type(values.schema.field(0).type)
                                               for is_type in arrangements.ARRANGEABLE):
-        wanted = np.unique(np.asarray(values.column(0).drop_null().to_numpy(), np.int64))
+        wanted = distinct(np.asarray(values.column(0).drop_null().to_numpy(), np.int64))
         ids, reads.arranged[f"{join.names[0]}.{left_keys[0]}"] = arrangements.key_rows(datasets[0], left_keys[0],
                                                                                         wanted)
         if ids is not None:
@@ -317,7 +317,7 @@ def _view_rows(view_ds: lance.LanceDataset, first: np.ndarray, joined: dict[int,
         return held, 0
     found = _stream_keys(view_ds, first, joined)
     passes = int(bool(len(first) or any(len(ids) for ids in joined.values())))
-    more = np.setdiff1d(_ids(found, SOURCE_ROW_ID), first)
+    more = without(_ids(found, SOURCE_ROW_ID), first)
     if len(more):  # first-table rows reached through a joined row: each of their view rows
         rest = _stream_keys(view_ds, more, {})
         passes += 1
@@ -395,11 +395,11 @@ def plan_join_refresh(
     if old_too:
         probed += [_probe(join, datasets, i, gone, reads) for i, d in deltas.items() if i
                    for gone in [d.departed(list(join.step_of(i).right))] if gone.num_rows]
-    known = np.unique(np.concatenate([first_gone, *probed]))
+    known = distinct(np.concatenate([first_gone, *probed]))
     held, passes = _view_rows(view_ds, known, {i: d.gone for i, d in deltas.items() if i}, len(join.sources),
                               reads.arranged)
     details["arrangements"] = reads.arranged
-    touched = np.unique(np.concatenate([first_new, known, _ids(held, SOURCE_ROW_ID)]))
+    touched = distinct(np.concatenate([first_new, known, _ids(held, SOURCE_ROW_ID)]))
     changed = _input_changes(join, definition, deltas) if len(touched) else {}
     reason = ("incremental (" + ", ".join(f"{n} {reflected[n]} -> {v}" for n, v in moved.items()) + ")"
               if moved else "incremental (no source moved)")
