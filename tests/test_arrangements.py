@@ -135,3 +135,23 @@ def test_an_arrangement_is_kept_caught_up_and_loaded_again_when_it_must_be(db):
     assert any(h["uri"] == v.uri for h in arrangements.held())
     arrangements.forget(v.uri)
     assert not any(h["uri"] == v.uri for h in arrangements.held())
+
+
+def test_an_arrangement_whose_version_was_cleaned_up_is_loaded_again(db):
+    from datetime import timedelta
+
+    orders = db.create_table("orders", pa.table({"oid": list(range(100)), "cid": [i % 10 for i in range(100)]}))
+    customers = db.create_table("customers", pa.table({"cid": list(range(10)), "name": [str(i) for i in range(10)]}))
+    v = db.create_materialized_view("o", orders.search(None).join(customers, on="cid")
+                                    .select({"oid": "oid", "name": "name"}))
+    v.refresh()
+    customers.update(where="cid = 1", values={"name": "x"})
+    v.refresh()  # (the view's arrangement loaded at the version this refresh planned on)
+    customers.update(where="cid = 2", values={"name": "y"})
+    v.refresh()
+    lance.dataset(v.uri).cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
+    customers.update(where="cid = 3", values={"name": "z"})
+    plan = v.plan_refresh()
+    assert plan.details["arrangements"]["view"]["how"] == "loaded"
+    v.refresh()
+    assert sorted(r["oid"] for r in v.to_arrow().to_pylist() if r["name"] == "z") == list(range(3, 100, 10))

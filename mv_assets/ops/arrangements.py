@@ -74,7 +74,11 @@ _LOCK = threading.Lock()
 
 
 def _commit_id(ds: lance.LanceDataset, version: int) -> str | None:
-    txn = objects.read_transaction(ds, version)
+    """The uuid of the commit of ``version`` (None: unknown, its record cleaned up: loaded again)."""
+    try:
+        txn = objects.read_transaction(ds, version)
+    except Exception:  # (a version cleaned up: Lance's own error, whatever its type)
+        return None
     return getattr(txn, "uuid", None) if txn is not None else None
 
 
@@ -120,11 +124,13 @@ def _probed(ds: lance.LanceDataset, columns: list[str], addresses: bool, probe):
         kept = _KEPT.get(key)
         commit = _commit_id(ds, ds.version)
         how = None
-        if kept is not None and kept.version == ds.version and kept.commit == commit:
+        if kept is not None and commit is not None and kept.version == ds.version and kept.commit == commit:
             how = "kept"
-        elif kept is not None and kept.version > ds.version and _commit_id(ds, kept.version) == kept.commit:
+        elif kept is not None and kept.commit is not None and kept.version > ds.version and \
+                _commit_id(ds, kept.version) == kept.commit:
             return None, {"how": f"not used: it reflects version {kept.version}, the plan reads {ds.version}"}
-        elif kept is not None and kept.version < ds.version and _commit_id(ds, kept.version) == kept.commit:
+        elif kept is not None and kept.commit is not None and kept.version < ds.version and \
+                _commit_id(ds, kept.version) == kept.commit:
             moved = _catch_up(kept.arrangement, ds, kept.version, columns, addresses)
             if moved is not None:
                 how = f"caught up from version {kept.version} ({moved[0]:,} rows in, {moved[1]:,} out)"
