@@ -12,13 +12,27 @@ the UI's buttons drive it. Prints numbers measured in one run, next to the goals
    every asset materialized (goal <= 20 s), and -> the backfill marked done
 5. "Materialize" on a view, every partition picked, "Launch backfill" (what the
    UI sends: a backfill) -> its run created, -> started (goal <= 5 s); and each
-   run's start-up, created -> started (its process up, the definitions loaded)
+   run's start-up, created -> started (its process up, the definitions loaded),
+   by phase from the run's events: created -> enqueued, -> starting (Dagster's
+   run queue, looked at every second), -> the run's process up (a new Python:
+   dagster, its instance and our modules imported: "Started process for run"),
+   -> started (the definitions built, the run planned)
+6. what a run's process spends before its run starts, outside Dagster: a fresh
+   Python importing the demo's definitions.py, by piece (after dagster dev has
+   stopped, on the catalog it left)
+
+The figures depend on the machine: its cores and what else runs on them (a run
+process's start-up is CPU-bound), and on cached bytecode (``dagster dev`` here
+and ``make demo`` cache mv_assets', see mv_assets.dagster.devserver.cache_bytecode).
 
 Usage: python bench/bench_demo_ui.py [--interval 15]
 """
 
 import argparse
+import json
 import os
+import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -65,6 +79,66 @@ def startups(base: str) -> list[float]:
     runs = graphql(base, "{ runsOrError { ... on Runs { results { creationTime startTime } } } }")[
         "runsOrError"]["results"]
     return [float(r["startTime"]) - float(r["creationTime"]) for r in runs if r["startTime"]]
+
+
+# A run's start-up as it happens in Dagster: from its creation, each phase ends at the first event of
+# its kind after the phase before. The "EngineEvent" is "Started process for run": the run's process
+# (a new Python) reports it once dagster is imported and its instance loaded, which imports mv_assets
+# (the demo's dagster.yaml names mv_assets' run coordinator and event-log storage) and so lance; the
+# definitions are built after it (build_definitions), then the run is planned and starts
+PHASES = (("created -> enqueued", "RunEnqueuedEvent"),
+          ("enqueued -> starting (the run queue, looked at every second)", "RunStartingEvent"),
+          ("starting -> its process up (Python, dagster, its instance, imports)", "EngineEvent"),
+          ("process up -> started (the definitions built, the run planned)", "RunStartEvent"))
+
+
+def run_phases(base: str) -> dict[str, list[float]]:
+    """The start-up phases (:data:`PHASES`) of every run so far, in seconds."""
+    runs = graphql(base, "{ runsOrError { ... on Runs { results { creationTime eventConnection(limit: 100) { "
+                         "events { __typename ... on MessageEvent { timestamp } } } } } } }")["runsOrError"]["results"]
+    out: dict[str, list[float]] = {name: [] for name, _ in PHASES}
+    for r in runs:
+        events = [(e["__typename"], float(e["timestamp"]) / 1000.0) for e in r["eventConnection"]["events"]]
+        at: float | None = float(r["creationTime"])
+        for name, then in PHASES:
+            seen = next((t for kind, t in events if kind == then and at is not None and t >= at), None)
+            if at is not None and seen is not None:
+                out[name].append(seen - at)
+            at = seen
+    return out
+
+
+# What a run's process does before its run starts, outside Dagster, by piece
+LOAD = """
+import json, sys, time
+t0 = time.perf_counter()
+import dagster
+t1 = time.perf_counter()
+import lance, pyarrow.dataset
+t2 = time.perf_counter()
+import mv_assets.dagster
+t3 = time.perf_counter()
+import definitions
+t4 = time.perf_counter()
+print("LOAD " + json.dumps({"import dagster": t1 - t0, "import lance (pyarrow, pandas)": t2 - t1,
+                            "import mv_assets.dagster (the rest of ours)": t3 - t2,
+                            "definitions.py: build_definitions": t4 - t3}))
+"""
+
+
+def definitions_load(env: dict[str, str], tries: int = 3) -> dict[str, float]:
+    """A fresh Python loading the demo's definitions.py (what each run's
+    process does before its run starts), by piece and whole (start to exit):
+    the median of ``tries`` (s)."""
+    got: list[dict[str, float]] = []
+    for _ in range(tries):
+        t0 = time.perf_counter()
+        done = subprocess.run([sys.executable, "-c", LOAD], cwd=ROOT, env={**os.environ, **env}, capture_output=True,
+                              text=True, check=True)
+        whole = time.perf_counter() - t0
+        line = next(x for x in done.stdout.splitlines() if x.startswith("LOAD "))
+        got.append({**json.loads(line[len("LOAD "):]), "the process, start to exit": whole})
+    return {k: statistics.median(g[k] for g in got) for k in got[0]}
 
 
 def main() -> int:
@@ -185,9 +259,14 @@ def main() -> int:
             out["   run start-up, created -> started (s, median of all runs)"] = sorted(ups)[len(ups) // 2]
             out["   run start-up, created -> started (s, worst)"] = max(ups)
             out["   runs"] = len(ups)
+            for name, seconds in run_phases(base).items():
+                if seconds:
+                    out[f"   {name} (s, median)"] = statistics.median(seconds)
             out["   failed runs at the end"] = failed_runs(base)
     finally:
         connect_server.stop(state_dir=spark_state)
+    for name, seconds in definitions_load(env).items():
+        out[f"6. {name} (s)" if name.startswith("import dagster") else f"   {name} (s)"] = seconds
     print(f"\nmv_assets demo through the UI path ({os.cpu_count()} cores, sensor interval {args.interval} s)")
     goals = {"1.": "< 120", "   after the sensor tick": "<= 5", "3.": "<= 5", "4.": "<= 20",
              "   -> run started": "<= 5"}

@@ -2,6 +2,7 @@
 (:meth:`Connection.describe`, stored metadata only: no UDF is unpickled and no
 JVM starts) with the lineage and the views declared in code on top."""
 
+import json
 import logging
 from dataclasses import dataclass, field
 from typing import Any
@@ -152,7 +153,8 @@ def _declare(out: dict[str, "TableInfo"], names: dict[str, list[str]], db: Conne
             continue
         else:
             info = out[name]
-            code = {c["name"]: c for c in definition.to_json()["columns"]}
+            # (its JSON as encoded when to_definition() validated it: the UDFs are not pickled again)
+            code = {c["name"]: c for c in json.loads(definition.encode())["columns"]}
             info.columns = [code.get(c["name"], c) if c["kind"] == "udf" else c for c in info.columns]
             info.columns += [code[c] for c in diff.added]
         info.declared, info.declared_definition, info.code_changes = query, definition, diff

@@ -17,7 +17,8 @@ from collections.abc import Iterator
 from mv_assets.dagster.coordinator import quick_runs_yaml
 from mv_assets.dagster.storage import BATCH_SIZE, sqlite_storage_yaml
 
-__all__ = ["DAGSTER_ENV", "QUICK_RUNS_YAML", "SENSOR_THREADS_YAML", "free_port", "dagster_dev", "prepare_home", "port_in_use", "wait_until", "graphql"]
+__all__ = ["DAGSTER_ENV", "QUICK_RUNS_YAML", "SENSOR_THREADS_YAML", "cache_bytecode", "free_port", "dagster_dev",
+           "prepare_home", "port_in_use", "wait_until", "graphql"]
 
 MARKER = "# written by mv_assets: safe to delete, rewritten on the next start\n"
 # Runs start within a second or two of being requested, by a sensor or by the UI
@@ -69,6 +70,26 @@ def prepare_home(dagster_home: str, *, immediate_runs: bool = True) -> str:
         fh.write((QUICK_RUNS_YAML if immediate_runs else MARKER) + SENSOR_THREADS_YAML
                  + sqlite_storage_yaml(dagster_home))
     return path
+
+
+def cache_bytecode(package: str | None = None) -> bool:
+    """Compile mv_assets' modules (or those under the folder ``package``) to
+    bytecode (``__pycache__``) where missing or stale, best effort; True when
+    every module compiled. Each run of
+    ``dagster dev`` is a new process that imports them while it loads the
+    definitions, before the run starts: where the environment forbids Python
+    to write bytecode itself (``PYTHONDONTWRITEBYTECODE=1``, common in
+    container images), every run compiled ~100 modules again, ~0.6-1.1 s of
+    its start-up on 2 cores. Bytecode written here is read whatever that
+    setting says. A package that cannot be written (installed read-only)
+    is left as it is."""
+    import compileall
+
+    package = package or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        return bool(compileall.compile_dir(package, quiet=2))
+    except OSError:
+        return False
 
 
 def wait_until(predicate, timeout: float, what: str, interval: float = 0.5):
@@ -128,6 +149,7 @@ def dagster_dev(
 ) -> Iterator[str]:
     """Start `dagster dev`, wait until it answers, yield its base URL, stop it."""
     prepare_home(dagster_home, immediate_runs=immediate_runs)
+    cache_bytecode()
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     dagster = os.path.join(os.path.dirname(sys.executable), "dagster")
@@ -224,7 +246,8 @@ def _wait_gone(pids: list[int], wait_s: float) -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     """``python -m mv_assets.dagster.devserver prepare HOME PORT``: what ``make demo``
-    runs before ``dagster dev``: HOME's dagster.yaml is ours, PORT is free.
+    runs before ``dagster dev``: HOME's dagster.yaml is ours, PORT is free,
+    mv_assets' bytecode is cached (:func:`cache_bytecode`).
     ``... stop PID_FILE``: what ``make demo-stop`` runs: the demo's ``dagster dev``
     stopped (see :func:`stop`)."""
     args = sys.argv[1:] if argv is None else argv
@@ -244,6 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     if port_in_use(port):
         print(f"mv_assets: port {port} is already in use; pick another: make demo DEMO_PORT=...", file=sys.stderr)
         return 1
+    cache_bytecode()
     return 0
 
 
