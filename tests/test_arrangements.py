@@ -104,6 +104,8 @@ def test_plans_with_arrangements_equal_plans_reading_the_view(tmp_path_factory, 
         db.refresh(v.name)
         assert sorted(v.to_arrow().to_pylist(), key=str) == sorted(
             oracle(db, v.source_versions, how, where=where), key=str)
+        # the checks of the newest refresh (found apart from the plan: scans, no arrangement) agree
+        assert all(c.passed for c in v.check(scope="last_refresh")), v.check(scope="last_refresh")
 
 
 def test_an_arrangement_is_kept_caught_up_and_loaded_again_when_it_must_be(db):

@@ -516,13 +516,20 @@ def test_checks_recompute_the_join_and_catch_a_damaged_view(db):
     assert {c.name: c.passed for c in v.check()} == {
         "no_orphan_rows": True, "matches_source_query": True, "values_match_source": True,
         "udf_values_present": True}
-    assert all("checked in full" in c.description for c in v.check(scope="last_refresh"))
+    # the newest refresh's window: the clips of video 2 (updated), clip 3 (deleted), nothing else read
+    window = {c.name: c for c in v.check(scope="last_refresh")}
+    assert all(c.passed and c.metadata["scope"] == "last_refresh" and "last refresh: the" in c.description
+               for c in window.values())
+    clip_ids = {r["id"] for r in db.open_table("clips").to_arrow().to_pylist()}
+    assert 0 < window["matches_source_query"].metadata["first_rows_checked"] < len(clip_ids)
+    assert window["matches_source_query"].metadata["source_rows_changed"] == {"clips": 1, "videos": 1}
     lance.dataset(v.uri).update({"title": "'wrong'"}, where="cid = 5")  # another tool damages it
     lance.dataset(v.uri).delete("cid = 7")
-    got = {c.name: c for c in v.check()}
-    assert not got["values_match_source"].passed and got["values_match_source"].metadata[
-        "differing_by_column"]["title"] >= 1
-    assert not got["matches_source_query"].passed and got["matches_source_query"].metadata["missing"] >= 1
+    for got in ({c.name: c for c in v.check()}, {c.name: c for c in v.check(scope="last_refresh")}):
+        # (in full, and in the window: another tool's writes after the refresh are in it)
+        assert not got["values_match_source"].passed and got["values_match_source"].metadata[
+            "differing_by_column"]["title"] >= 1
+        assert not got["matches_source_query"].passed and got["matches_source_query"].metadata["missing"] >= 1
 
 
 def test_plan_refresh_is_an_exact_dry_run(db):

@@ -68,7 +68,7 @@ from mv_assets.storage.refs import ViewRef
 from mv_assets.storage.row_ids import require_current_format, require_stable_row_ids
 from mv_assets.storage.state import read_refresh_state
 
-__all__ = ["plan_join_refresh"]
+__all__ = ["plan_join_refresh", "reach"]
 
 # First-table rows per task (a join task holds its rows and their matches in memory).
 ROWS_PER_TASK = 1 << 20
@@ -172,7 +172,7 @@ class _Reads:
     """What a plan read to find its rows: each arrangement probed (what was
     done to have it: kept, caught up, loaded) and the rows of tables scanned."""
 
-    arranged: dict
+    arranged: dict | None  # (None: probe by scans only)
     scanned: int = 0
 
 
@@ -186,8 +186,8 @@ def _probe(join: Join, datasets: list[lance.LanceDataset], i: int, rows: pa.Tabl
     s = step.left_source
     left_keys = [c for _, c in step.left]
     below = join.step_of(s).right if s != 0 else []
-    if s == 0 and len(left_keys) == 1 and any(is_type(values.schema.field(0).type)
-                                              for is_type in arrangements.ARRANGEABLE):
+    if reads.arranged is not None and s == 0 and len(left_keys) == 1 and any(
+            is_type(values.schema.field(0).type) for is_type in arrangements.ARRANGEABLE):
         wanted = distinct(np.asarray(values.column(0).drop_null().to_numpy(), np.int64))
         ids, reads.arranged[f"{join.names[0]}.{left_keys[0]}"] = arrangements.key_rows(datasets[0], left_keys[0],
                                                                                         wanted)
@@ -198,6 +198,13 @@ def _probe(join: Join, datasets: list[lance.LanceDataset], i: int, rows: pa.Tabl
     if s == 0:
         return _ids(found)
     return _probe(join, datasets, s, found, reads)
+
+
+def reach(join: Join, datasets: list[lance.LanceDataset], i: int, rows: pa.Table) -> np.ndarray:
+    """Ids of the first table's rows that the rows of source ``i`` (with its
+    key columns) reach down the chain, found by filtered scans alone (no
+    arrangement: the last-refresh checks find them apart from the plan)."""
+    return _probe(join, datasets, i, rows, _Reads(None))
 
 
 def _rows_differ(a: pa.Table, b: pa.Table) -> np.ndarray:
@@ -392,15 +399,16 @@ def plan_join_refresh(
     first_gone = deltas[0].gone if 0 in deltas else np.empty(0, np.int64)
     # the delta rule's probes: every joined row written since, by its key now; with old_too, every
     # joined row updated or deleted since, by its key then too (whatever the view holds now)
-    reads = _Reads({})
+    arranged: dict = {}  # what each arrangement probed was (kept, caught up, loaded)
+    reads = _Reads(arranged)
     probed = [_probe(join, datasets, i, d.arrived, reads) for i, d in deltas.items() if i and d.arrived.num_rows]
     if old_too:
         probed += [_probe(join, datasets, i, gone, reads) for i, d in deltas.items() if i
                    for gone in [d.departed(list(join.step_of(i).right))] if gone.num_rows]
     known = distinct(np.concatenate([first_gone, *probed]))
     held, passes = _view_rows(view_ds, known, {i: d.gone for i, d in deltas.items() if i}, len(join.sources),
-                              reads.arranged)
-    details["arrangements"] = reads.arranged
+                              arranged)
+    details["arrangements"] = arranged
     touched = distinct(np.concatenate([first_new, known, _ids(held, SOURCE_ROW_ID)]))
     changed = _input_changes(join, definition, deltas) if len(touched) else {}
     reason = ("incremental (" + ", ".join(f"{n} {reflected[n]} -> {v}" for n, v in moved.items()) + ")"
