@@ -316,11 +316,16 @@ def main() -> None:
                                    None, how), append)
 
     def updated(m: int) -> np.ndarray:
-        return np.arange(n_dims, dtype=np.int64)[np.arange(n_dims) % 100 == m]
+        return updated_by(100, m)
+
+    def updated_by(every_n: int, m: int) -> np.ndarray:
+        return np.arange(n_dims, dtype=np.int64)[np.arange(n_dims) % every_n == m]
 
     every = lambda f: pa.array(np.ones(f.num_rows, dtype=bool))  # noqa: E731
     step("1% dims updated, column UDF reads", 0.05, lambda v, how: view_rows_of(db, v, every, updated(3), how),
          lambda: dims.update(where="id % 100 = 3", values_sql={"name": "concat(name, '-u')"}))
+    step("0.1% dims updated, column UDF reads", 0.01, lambda v, how: view_rows_of(db, v, every, updated_by(1000, 13), how),
+         lambda: dims.update(where="id % 1000 = 13", values_sql={"name": "concat(name, '-t')"}))
     step("1% dims updated, column UDF skips", 0.05, lambda v, how: 0,
          lambda: dims.update(where="id % 100 = 4", values_sql={"region": "concat(region, '-u')"}))
     step("1% dims updated, column view skips", 0.01, lambda v, how: 0,

@@ -207,6 +207,28 @@ def reach(join: Join, datasets: list[lance.LanceDataset], i: int, rows: pa.Table
     return _probe(join, datasets, i, rows, _Reads(None))
 
 
+def _found(join: Join, datasets: list[lance.LanceDataset], deltas: dict[int, "_Delta"],
+           view_ds: lance.LanceDataset, old_too: bool, reads: "_Reads"
+           ) -> tuple[list[np.ndarray], pa.Table, int, np.ndarray]:
+    """The delta rule's rows: the first-table rows each joined table's probes
+    reach (every joined row written since, by its key now; with ``old_too``,
+    every joined row updated or deleted since, by its key then too, whatever
+    the view holds now), the view rows of the first-table rows changed or
+    reached and of the joined rows changed (and the passes over the view that
+    took), and every first-table row to compute again."""
+    first_new = _ids(deltas[0].inserted) if 0 in deltas else np.empty(0, np.int64)  # (no view row yet)
+    first_gone = deltas[0].gone if 0 in deltas else np.empty(0, np.int64)
+    probed = [_probe(join, datasets, i, d.arrived, reads) for i, d in deltas.items() if i and d.arrived.num_rows]
+    if old_too:
+        probed += [_probe(join, datasets, i, gone, reads) for i, d in deltas.items() if i
+                   for gone in [d.departed(list(join.step_of(i).right))] if gone.num_rows]
+    known = distinct(np.concatenate([first_gone, *probed]))
+    assert reads.arranged is not None
+    held, passes = _view_rows(view_ds, known, {i: d.gone for i, d in deltas.items() if i}, len(join.sources),
+                              reads.arranged)
+    return probed, held, passes, distinct(np.concatenate([first_new, known, _ids(held, SOURCE_ROW_ID)]))
+
+
 def _rows_differ(a: pa.Table, b: pa.Table) -> np.ndarray:
     """Mask of the rows of two aligned tables (same columns) whose values differ."""
     differ = np.zeros(a.num_rows, dtype=bool)
@@ -395,28 +417,14 @@ def plan_join_refresh(
     deltas = {i: _delta(ds, reflected[name], join.reads(i),
                         old_keys=list(join.step_of(i).right) if i and old_too else None)
               for i, (name, ds) in enumerate(zip(join.sources, datasets, strict=True)) if name in moved}
-    first_new = _ids(deltas[0].inserted) if 0 in deltas else np.empty(0, np.int64)  # (no view row yet)
-    first_gone = deltas[0].gone if 0 in deltas else np.empty(0, np.int64)
-    # the delta rule's probes: every joined row written since, by its key now; with old_too, every
-    # joined row updated or deleted since, by its key then too (whatever the view holds now)
-    arranged: dict = {}  # what each arrangement probed was (kept, caught up, loaded)
-    reads = _Reads(arranged)
-    probed = [_probe(join, datasets, i, d.arrived, reads) for i, d in deltas.items() if i and d.arrived.num_rows]
-    if old_too:
-        probed += [_probe(join, datasets, i, gone, reads) for i, d in deltas.items() if i
-                   for gone in [d.departed(list(join.step_of(i).right))] if gone.num_rows]
-    known = distinct(np.concatenate([first_gone, *probed]))
-    held, passes = _view_rows(view_ds, known, {i: d.gone for i, d in deltas.items() if i}, len(join.sources),
-                              arranged)
-    details["arrangements"] = arranged
-    touched = distinct(np.concatenate([first_new, known, _ids(held, SOURCE_ROW_ID)]))
+    reads = _Reads({})
+    probed, held, passes, touched = _found(join, datasets, deltas, view_ds, old_too, reads)
+    details["arrangements"] = reads.arranged
     changed = _input_changes(join, definition, deltas) if len(touched) else {}
     reason = ("incremental (" + ", ".join(f"{n} {reflected[n]} -> {v}" for n, v in moved.items()) + ")"
               if moved else "incremental (no source moved)")
     where = _place(view, datasets[0], view_ds.version, f"join|{json.dumps(versions, sort_keys=True)}|incremental",
                    per_task, checkpoint_size)
-    held_first = _ids(held, SOURCE_ROW_ID)
-    written_first = deltas[0].arrived if 0 in deltas else None  # (their versions: read with them)
     # (first-table rows deleted since: their view rows go, nothing is computed for them)
     alive = touched[~isin(touched, deltas[0].deleted)] if 0 in deltas else touched
     details["work"] = _work(join, deltas, probed, passes * view_ds.count_rows(), len(alive), held.num_rows,
@@ -429,7 +437,7 @@ def plan_join_refresh(
     at = [d.version for d in datasets]
     tasks = where.checkpointed(
         [_task(where, {"uris": uris, "versions": at, "fragments": group}, rows) for group, rows in appended]
-        + [_task(where, _task_args(uris, datasets, view, view_ds, chunk, changed, held, written_first), len(chunk))
+        + [_task(where, _task_args(uris, datasets, view, view_ds, chunk, changed, held, deltas.get(0)), len(chunk))
            for chunk in (by_id[k:k + per_task] for k in range(0, len(by_id), per_task))])
     details["work"]["first_rows_scanned"] = int(sum(rows for _, rows in appended))
     rows_out, udf_rows, replaced = _counted(definition, tasks, exact, len(alive))
@@ -437,7 +445,7 @@ def plan_join_refresh(
         view=view.name, source=definition.source, from_version=state.source_version, to_version=datasets[0].version,
         view_version=view_ds.version, full=False, reason=reason, rows_to_insert=rows_out - replaced,
         rows_to_update=replaced, rows_to_delete=held.num_rows - replaced, udf_rows=udf_rows, tasks=tasks,
-        keys=KeyPlan(delete=touched), view_key_addrs=(held_first, _ids(held, "_rowaddr")),
+        keys=KeyPlan(delete=touched), view_key_addrs=(_ids(held, SOURCE_ROW_ID), _ids(held, "_rowaddr")),
         checkpoint_dir=where.checkpoint_dir, definition_raw=definition.encode(), load_number=state.load_number,
         scope=None, seconds_per_row=state.seconds_per_row, source_id=ids[join.sources[0]],
         counted_by_tasks=bool(tasks) and not exact, details=details,
@@ -499,10 +507,11 @@ def _counted(definition, tasks: list[TaskSpec], exact: bool, first_rows: int
 
 
 def _task_args(uris: list[str], datasets: list[lance.LanceDataset], view: ViewRef, view_ds: lance.LanceDataset,
-               chunk: np.ndarray, changed: dict, held: pa.Table, written_first: pa.Table | None) -> dict:
+               chunk: np.ndarray, changed: dict, held: pa.Table, first: "_Delta | None") -> dict:
     """An incremental task's arguments: the first-table rows ``chunk`` to
     compute, the view rows of them it may copy UDF values from (``held``: the
     rows the refresh removes), and the versions of those written since."""
+    written_first = first.arrived if first is not None else None  # (their versions: read with them)
     held_first = _ids(held, SOURCE_ROW_ID)
     args = {"uris": uris, "versions": [d.version for d in datasets], "ids": chunk.tolist(), "view_uri": view.uri,
             "reuse": {"view_version": view_ds.version, "changed": changed,
