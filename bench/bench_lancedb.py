@@ -17,7 +17,8 @@ the filter) then refresh, compaction then refresh (0.1% appended in 4 small frag
 10 rows then refresh, no-change refresh. Every
 incremental step is repeated (--repeat, at least 5 for the small ones); the best of
 each side and the ratio of their medians are shown. Each side refreshes first every
-other round (the other side's writes may still be settling on disk). The deleted / updated 1% is a contiguous id range and, as a separate step,
+other round and writes in that order (each side's writes are the newest every other
+round: they may still be settling on disk). The deleted / updated 1% is a contiguous id range and, as a separate step,
 ``id % 100 = k`` (rows in every fragment); ``--pattern`` keeps one of them. Each step
 after the full refreshes starts from a copy of both sides as the first refresh left
 them (a new path per step), so one step's history does not slow the next; within a
@@ -367,8 +368,9 @@ def main() -> int:
 
         def refresh_both(step: str, full: bool = False, profile: bool = False, record: bool = True) -> None:
             expected = None
-            # each side goes first every other round (the other's writes still settling)
-            turn[0] += 1
+            # each side goes first every other timed round (the other's writes still settling); an
+            # untimed refresh (between a step's writes) does not move the turn
+            turn[0] += 1 if record else 0
             both = list(sides.items())
             for k, w in (both if turn[0] % 2 else both[::-1]):
                 out = w.call(op="refresh", full=full, profile=profile and k == "mv_assets")
@@ -389,7 +391,10 @@ def main() -> int:
                     failures.append(f"{step}: {k}")
 
         def write_both(**cmd) -> None:
-            for w in sides.values():
+            # in the order the next refresh goes (the side refreshing first writes first): each side
+            # writes last every other round, its newest write (a compaction's, say) still settling
+            both = list(sides.values())
+            for w in (both if (turn[0] + 1) % 2 else both[::-1]):
                 w.call(**cmd)
 
         refresh_both("first refresh (full)", full=False)
