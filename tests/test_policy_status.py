@@ -575,6 +575,34 @@ def test_a_retired_load_record_is_gone_and_its_file_is_filled_by_the_next_write(
     assert len(set(seen) - {None}) > 10  # the reads did race the writes
 
 
+def test_a_refresh_that_only_records_the_source_version_writes_no_loading_record(tmp_path, monkeypatch):
+    """After a compaction of the source the refresh only records the new
+    source version (one commit, nothing computed): no LOADING record is
+    written for it, a FAILED_LOAD left by an earlier refresh is cleared by its
+    success, and its commit carries the load as every refresh's does."""
+    from mv_assets.storage import objects
+
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    t = db.create_table("raw", [{"id": i, "x": i} for i in range(4)])
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "x": "x"}))
+    v.refresh()
+    for i in range(3):
+        t.add([{"id": 10 + i, "x": 10 + i}])
+    v.refresh()
+    t.compact_files()
+    objects.write_record(db.layout.status_file("v"), '{"load_state": "FAILED_LOAD", "last_error": "earlier"}')
+    assert v.status().load_state == "FAILED_LOAD"
+    writes: list[str] = []
+    real = objects.write_record
+    monkeypatch.setattr(objects, "write_record", lambda uri, text: (writes.append(text), real(uri, text))[1])
+    r = v.refresh()
+    assert (r.rows_inserted, r.rows_updated, r.rows_deleted, r.to_version) == (0, 0, 0, t.version)
+    assert writes == []
+    status = v.status()
+    assert (status.load_state, status.last_error, status.load_number, status.source_version) == (
+        "LOADED", None, 3, t.version)
+
+
 def test_a_load_record_is_created_in_one_write_and_an_empty_one_is_read_again(tmp_path):
     """A refresh creates its LOADING record (the last one was removed when its
     commit landed) with its content in one write, no temporary file renamed;

@@ -1540,17 +1540,22 @@ class MaterializedView(Table):
     def _execute_refresh(self, ref: ViewRef, plan: RefreshPlan, runner: "Runner | None",
                          job_id: str | None) -> RefreshResult:
         """Run ``plan`` (under the view's refresh lock), its status recorded
-        (LOADING, or FAILED_LOAD with the error) unless it commits nothing, and
-        compact the view when refreshes left it fragmented."""
+        (LOADING unless it only records a new source version, FAILED_LOAD with
+        the error) unless it commits nothing, and compact the view when
+        refreshes left it fragmented."""
         if plan.commits_nothing:
             result = execute_refresh(ref, plan, self._runner(runner))
             result.job_id = job_id or ""
             return result
         job_id = job_id or refresh_job_id(plan)
         # LOADING until the commit carrying this load number lands (then LOADED, read from the
-        # commit: the record is removed; a LOADING left by a stop in between reads LOADED too)
+        # commit: the record is removed; a LOADING left by a stop in between reads LOADED too).
+        # Not for a plan that only records the new source version (after a compaction, say): its
+        # one commit is the whole refresh, and a stop before it leaves the view as right as it was
+        # (no failed load to show; the next refresh records it). A FAILED_LOAD is still cleared.
         layout = self.connection.layout
-        record_load_state(layout, self.name, LOADING, load_number=plan.load_number + 1, job_id=job_id)
+        if plan.has_work or plan.full or plan.repaired:
+            record_load_state(layout, self.name, LOADING, load_number=plan.load_number + 1, job_id=job_id)
         try:
             result = execute_refresh(ref, plan, self._runner(runner), job_id)
         except BaseException as exc:
