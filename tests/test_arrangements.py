@@ -186,3 +186,28 @@ def test_appended_fragments_are_scanned_and_mixed_ones_read_by_id(db):
     fresh = db.create_materialized_view("fresh", query)
     fresh.refresh()
     assert sorted(map(str, v.to_arrow().to_pylist())) == sorted(map(str, fresh.to_arrow().to_pylist()))
+
+
+def test_plans_in_threads_share_arrangements_and_agree(db):
+    """Threads planning join views at once (a service refreshing several):
+    each table's arrangement is loaded once and every plan equals the plan
+    made alone."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    orders = db.create_table("orders", pa.table({"oid": list(range(3000)), "cid": [i % 30 for i in range(3000)]}))
+    customers = db.create_table("customers", pa.table({"cid": list(range(30)), "name": [str(i) for i in range(30)]}))
+    views = [db.create_materialized_view(f"o{k}", orders.search(None).join(customers, on="cid", how=how)
+                                         .select({"oid": "oid", "name": "name"}))
+             for k, how in enumerate(["inner", "left", "inner"])]
+    for v in views:
+        v.refresh()
+    customers.update(where="cid % 7 = 1", values={"name": "x"})
+    customers.delete("cid = 9")
+    alone = [_plan_facts(v)[0] for v in views]
+    for v in views:
+        arrangements.forget(v.uri)
+    arrangements.forget(orders.uri)
+    with ThreadPoolExecutor(6) as pool:
+        together = list(pool.map(lambda v: _plan_facts(v)[0], views * 2))
+    assert together == alone * 2
+    assert sum(h["uri"] == orders.uri for h in arrangements.held()) == 1  # (the key arrangement: one, shared)

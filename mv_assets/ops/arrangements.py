@@ -70,7 +70,8 @@ class _Kept:
 
 
 _KEPT: "OrderedDict[tuple[str, str], _Kept]" = OrderedDict()
-_LOCK = threading.Lock()
+_LOCK = threading.Lock()  # (the registry; each arrangement has a lock of its own)
+_LOCKS: dict[tuple[str, str], threading.Lock] = {}
 
 
 def _commit_id(ds: lance.LanceDataset, version: int) -> str | None:
@@ -118,9 +119,11 @@ def _probed(ds: lance.LanceDataset, columns: list[str], addresses: bool, probe):
     the lock (kept, caught up or loaded first), and what was done."""
     start = time.perf_counter()
     key = (ds.uri, ("addr:" if addresses else "") + ",".join(columns))
+    if MAX_BYTES <= 0:
+        return None, {"how": "none kept (MV_ASSETS_ARRANGEMENT_BYTES=0)"}
     with _LOCK:
-        if MAX_BYTES <= 0:
-            return None, {"how": "none kept (MV_ASSETS_ARRANGEMENT_BYTES=0)"}
+        own = _LOCKS.setdefault(key, threading.Lock())
+    with own:  # (one table's arrangement loaded or caught up at a time; other tables' meanwhile)
         kept = _KEPT.get(key)
         commit = _commit_id(ds, ds.version)
         how = None
@@ -137,16 +140,18 @@ def _probed(ds: lance.LanceDataset, columns: list[str], addresses: bool, probe):
         if how is None:
             size = ds.count_rows() * 9 * (len(columns) + 1 + addresses)  # (8 bytes a value, 1 a row alive)
             if size > MAX_BYTES:
-                _KEPT.pop(key, None)
+                with _LOCK:
+                    _KEPT.pop(key, None)
                 return None, {"how": f"not kept: about {size:,} bytes, more than MV_ASSETS_ARRANGEMENT_BYTES "
                                      f"({MAX_BYTES:,})"}
             kept = _Kept(ds.version, commit, _load(ds, columns, addresses), 0.0)
             how = "loaded"
         assert kept is not None
         kept.version, kept.commit, kept.used = ds.version, commit, time.time()
-        _KEPT[key] = kept
-        _KEPT.move_to_end(key)
-        _evict(keep=key)
+        with _LOCK:
+            _KEPT[key] = kept
+            _KEPT.move_to_end(key)
+            _evict(keep=key)
         result = probe(kept.arrangement)
         info = {"how": how, "rows": len(kept.arrangement), "bytes": kept.arrangement.nbytes,
                 "seconds": round(time.perf_counter() - start, 4)}
