@@ -477,6 +477,7 @@ class Connection:
         # its bookkeeping goes too, or a new table of the same name would inherit it
         objects.remove_tree(self._state_dir("checkpoints", name))
         objects.remove(self._state_dir("status", f"{name}.json"))
+        objects.remove(self._state_dir("status", f"{name}.json.spare"))  # (its load record set aside: retire_record)
         drop_errors(self.layout, name)
 
     def views(self) -> list[MaterializedView]:
