@@ -1461,6 +1461,10 @@ def _run_metadata(info: TableInfo, view, result, duration: float) -> tuple[dict,
             f"run_{unit}_updated": result.rows_updated, f"run_{unit}_deleted": result.rows_deleted,
             f"run_{computed_key}": sum(result.rows_by_fragment.values()),
         })
+        details = getattr(result, "details", None) or {}
+        # a join view's refresh: what its plan read, and the arrangements it probed (kept, caught up, loaded)
+        run_md.update({f"run_{k}": dg.MetadataValue.json(details[k]) for k in ("work", "arrangements")
+                       if details.get(k)})
     return base_md, run_md, computed_key
 
 
