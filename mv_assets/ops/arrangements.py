@@ -54,8 +54,10 @@ ARRANGEABLE = (pa.types.is_int8, pa.types.is_int16, pa.types.is_int32, pa.types.
                pa.types.is_uint16, pa.types.is_uint32)
 
 # Commits after which the rows not written since keep their addresses (and ids) ...
+# (BaseOperation: what pylance reports for an operation without a Python class, none of
+# which changes data: a compaction's fragment id reservation, as storage.changes reads it)
 _KEEPS_ADDRESSES = frozenset({"Append", "Delete", "Update", "CreateIndex", "UpdateConfig", "ReserveFragments",
-                              "Project"})
+                              "Project", "BaseOperation"})
 # ... and their stable ids (a compaction moves rows to new addresses, ids kept).
 _KEEPS_IDS = _KEEPS_ADDRESSES | {"Rewrite"}
 _ROWID, _ROWADDR = "_rowid", "_rowaddr"
