@@ -108,11 +108,22 @@ def test_plans_with_arrangements_equal_plans_reading_the_view(tmp_path_factory, 
         assert all(c.passed for c in v.check(scope="last_refresh")), v.check(scope="last_refresh")
 
 
+def _orders_and_customers(db, orders: int, customers: int):
+    """``orders`` orders over ``customers`` customers (order i: customer i % customers)."""
+    return (db.create_table("orders", pa.table({"oid": list(range(orders)),
+                                                "cid": [i % customers for i in range(orders)]})),
+            db.create_table("customers", pa.table({"cid": list(range(customers)),
+                                                   "name": [str(i) for i in range(customers)]})))
+
+
+def _orders_view(db, name: str, orders, customers, how: str = "inner"):
+    return db.create_materialized_view(name, orders.search(None).join(customers, on="cid", how=how)
+                                       .select({"oid": "oid", "name": "name"}))
+
+
 def test_an_arrangement_is_kept_caught_up_and_loaded_again_when_it_must_be(db):
-    orders = db.create_table("orders", pa.table({"oid": list(range(200)), "cid": [i % 10 for i in range(200)]}))
-    customers = db.create_table("customers", pa.table({"cid": list(range(10)), "name": [str(i) for i in range(10)]}))
-    v = db.create_materialized_view("o", orders.search(None).join(customers, on="cid")
-                                    .select({"oid": "oid", "name": "name"}))
+    orders, customers = _orders_and_customers(db, 200, 10)
+    v = _orders_view(db, "o", orders, customers)
     v.refresh()
     customers.update(where="cid = 1", values={"name": "x"})
     first = v.refresh()
@@ -142,10 +153,8 @@ def test_an_arrangement_is_kept_caught_up_and_loaded_again_when_it_must_be(db):
 def test_an_arrangement_whose_version_was_cleaned_up_is_loaded_again(db):
     from datetime import timedelta
 
-    orders = db.create_table("orders", pa.table({"oid": list(range(100)), "cid": [i % 10 for i in range(100)]}))
-    customers = db.create_table("customers", pa.table({"cid": list(range(10)), "name": [str(i) for i in range(10)]}))
-    v = db.create_materialized_view("o", orders.search(None).join(customers, on="cid")
-                                    .select({"oid": "oid", "name": "name"}))
+    orders, customers = _orders_and_customers(db, 100, 10)
+    v = _orders_view(db, "o", orders, customers)
     v.refresh()
     customers.update(where="cid = 1", values={"name": "x"})
     v.refresh()  # (the view's arrangement loaded at the version this refresh planned on)
@@ -167,8 +176,7 @@ def test_appended_fragments_are_scanned_and_mixed_ones_read_by_id(db):
     def tag(name: str, oid: int) -> str:
         return f"{name}:{oid}"
 
-    orders = db.create_table("orders", pa.table({"oid": list(range(100)), "cid": [i % 10 for i in range(100)]}))
-    customers = db.create_table("customers", pa.table({"cid": list(range(10)), "name": [str(i) for i in range(10)]}))
+    orders, customers = _orders_and_customers(db, 100, 10)
     query = orders.search(None).join(customers, on="cid").select({"oid": "oid", "name": "name", "t": tag})
     v = db.create_materialized_view("o", query)
     v.refresh()
@@ -194,11 +202,8 @@ def test_plans_in_threads_share_arrangements_and_agree(db):
     made alone."""
     from concurrent.futures import ThreadPoolExecutor
 
-    orders = db.create_table("orders", pa.table({"oid": list(range(3000)), "cid": [i % 30 for i in range(3000)]}))
-    customers = db.create_table("customers", pa.table({"cid": list(range(30)), "name": [str(i) for i in range(30)]}))
-    views = [db.create_materialized_view(f"o{k}", orders.search(None).join(customers, on="cid", how=how)
-                                         .select({"oid": "oid", "name": "name"}))
-             for k, how in enumerate(["inner", "left", "inner"])]
+    orders, customers = _orders_and_customers(db, 3000, 30)
+    views = [_orders_view(db, f"o{k}", orders, customers, how) for k, how in enumerate(["inner", "left", "inner"])]
     for v in views:
         v.refresh()
     customers.update(where="cid % 7 = 1", values={"name": "x"})

@@ -68,7 +68,6 @@ class _Kept:
     version: int
     commit: str | None  # the uuid of the commit of ``version``: the same table, not one created again
     arrangement: Arrangement
-    used: float
 
 
 _KEPT: "OrderedDict[tuple[str, str], _Kept]" = OrderedDict()
@@ -146,10 +145,10 @@ def _probed(ds: lance.LanceDataset, columns: list[str], addresses: bool, probe):
                     _KEPT.pop(key, None)
                 return None, {"how": f"not kept: about {size:,} bytes, more than MV_ASSETS_ARRANGEMENT_BYTES "
                                      f"({MAX_BYTES:,})"}
-            kept = _Kept(ds.version, commit, _load(ds, columns, addresses), 0.0)
+            kept = _Kept(ds.version, commit, _load(ds, columns, addresses))
             how = "loaded"
         assert kept is not None
-        kept.version, kept.commit, kept.used = ds.version, commit, time.time()
+        kept.version, kept.commit = ds.version, commit
         with _LOCK:
             _KEPT[key] = kept
             _KEPT.move_to_end(key)
