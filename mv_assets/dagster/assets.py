@@ -111,9 +111,11 @@ JOIN_CHECK_DESCRIPTIONS = {
                            "rows at the versions the view reflects.",
     "udf_values_present": CHECK_DESCRIPTIONS["udf_values_present"],
 }
-JOIN_CHECK_SCOPE_NOTE = (  # the engine has no incremental join check: every check of a join view reads it all
-    " A join view's checks read the whole join at the versions the view reflects, with a materialization too "
-    "(the engine checks join views in full only): O(rows of the view and of its sources)."
+JOIN_CHECK_SCOPE_NOTE = (  # what a join view's check reads (ops.checks: _join_last_refresh, _join_checks)
+    " With a materialization it checks the first-table rows the refresh's window touches (the view rows written "
+    "or removed, each source's rows changed in between and the first-table rows their keys reach, found by "
+    "filtered scans); executed on its own (the Checks tab's Execute, the full_checks_<table> schedule) it "
+    "computes the whole join. The result's description says which."
 )
 UDTF_CHECK_DESCRIPTIONS = {
     "no_orphan_rows": (
