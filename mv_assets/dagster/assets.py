@@ -83,7 +83,7 @@ AGG_CHECK_DESCRIPTIONS = {
 CHECK_SCOPE_NOTE = (  # what a view check reads, by how it runs (see docs/dagster.md, "Checks at scale")
     " With a materialization it checks what the refresh changed only (the view rows it wrote or removed, the "
     "source rows changed in between: O(rows changed)); executed on its own (the Checks tab's Execute, the "
-    "full_checks_<table> schedule) it checks every row. The result's description says which."
+    "full_checks_TABLE schedule) it checks every row. The result's description says which."
 )
 COLUMN_CHECK_NAMES = ("values_current", "no_failed_rows")  # a table's computed columns' (ops.checks)
 COLUMN_CHECK_DESCRIPTIONS = {  # warnings: a backfill (materializing the column) mends them
@@ -114,7 +114,7 @@ JOIN_CHECK_DESCRIPTIONS = {
 JOIN_CHECK_SCOPE_NOTE = (  # what a join view's check reads (ops.checks: _join_last_refresh, _join_checks)
     " With a materialization it checks the first-table rows the refresh's window touches (the view rows written "
     "or removed, each source's rows changed in between and the first-table rows their keys reach, found by "
-    "filtered scans); executed on its own (the Checks tab's Execute, the full_checks_<table> schedule) it "
+    "filtered scans); executed on its own (the Checks tab's Execute, the full_checks_TABLE schedule) it "
     "computes the whole join. The result's description says which."
 )
 UDTF_CHECK_DESCRIPTIONS = {
