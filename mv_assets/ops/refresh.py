@@ -452,7 +452,8 @@ def plan_refresh(
     appended = _appended_since(src, v0, commits, reads, state, definition) if commits is not None else None
     moved = written_fragments(src, v0, commits) if commits is not None and appended is None else None
     work = _plan_work(place, src, view_ds, definition, how, v0, scope, scope_frags, recompute, appended, tainted,
-                      moved, exact, scoped=state.scoped_since_whole)
+                      moved, exact, scoped=state.scoped_since_whole,
+                      only_new=appended is not None and _only_new_rows(commits))
     return _refresh_plan(view.name, definition, src, view_ds, state, how, reason, scope, work, source_id=source_id,
                          repaired=foreign is not None, read_fields=read_fields)
 
@@ -520,13 +521,14 @@ def _refresh_plan(view_name: str, definition: ViewDefinition, src: lance.LanceDa
 def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, definition: ViewDefinition,
                how: str, v0: int | None, scope, scope_frags, recompute, appended: list | None,
                tainted: np.ndarray | None = None, moved: list | None = None, exact: bool = True,
-               scoped: bool = False):
+               scoped: bool = False, only_new: bool = False):
     """The tasks of a refresh and its row-level outcome: rows only appended since
     ``v0`` (in the fragments ``appended``) or a first refresh are all inserts
     (the view's keys are not read); otherwise the changes are found against the
     view's keys. ``scoped``: fragment-scoped refreshes since the last whole
     one may have written rows the change feed since ``v0`` names (see
-    :func:`_changed_rows`)."""
+    :func:`_changed_rows`). ``only_new``: ``appended`` holds no row older
+    than ``v0`` (:func:`_only_new_rows`): their rows are not filtered by version."""
     # Computed columns of the source the view reads: their markers are compared too.
     tracked = tracked_source_columns(view_ds.schema)
     # After deletes alone (``moved == []``) no source row is compared with the view's:
@@ -560,7 +562,8 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
     if appended is not None:
         # Rows only appended since v0: they are the inserts, the view's keys are not read.
         where, tasks, counted = _insert_tasks(
-            place, src, appended, and_filters(f"_row_created_at_version > {v0}", definition.filter), exact)
+            place, src, appended, and_filters(None if only_new else f"_row_created_at_version > {v0}",
+                                              definition.filter), exact)
         keys, n_insert, udf_rows = KeyPlan(), int(sum(t.rows for t in tasks)), {}
     elif (how != "incremental" and vk is not None and not isinstance(vk, ViewKeys) and vk.num_rows == 0
           and definition.limit is None and recompute is None):
@@ -623,8 +626,26 @@ def _appended_since(src: lance.LanceDataset, v0: int | None, commits: list, read
     if any(commit_matters(txn, reads) and type(txn.operation).__name__ != "Append" for txn in commits):
         return None
     if _top_fragment_known(state, definition):  # recorded by the last refresh
-        return [f for f in src.get_fragments() if f.fragment_id > state.source_top_fragment]
+        # (by id: no object made for each of the source's fragments, only for the new ones: ~2 us
+        # a fragment, 0.3 ms at 150)
+        return [src.get_fragment(fid) for fid in src.fragment_ids() if fid > state.source_top_fragment]
     return fragments_after(src, v0)
+
+
+# Commits that add no fragment holding rows created before them: an Append's
+# fragments hold its own new rows only; the others add no fragment. (A
+# compaction, Rewrite, moves older rows into new fragments; an Update too.)
+_ONLY_NEW_ROWS_OPERATIONS = frozenset({"Append", "CreateIndex", "UpdateConfig"})
+
+
+def _only_new_rows(commits: list | None) -> bool:
+    """Whether every source commit since the view's version (``commits``) is
+    one of :data:`_ONLY_NEW_ROWS_OPERATIONS`: then the fragments written since
+    hold only rows created since, and their scan needs no
+    ``_row_created_at_version`` filter (~0.2 ms of a 10-row refresh's scan: the
+    row version metadata read and compared)."""
+    return bool(commits) and all(txn is not None and type(txn.operation).__name__ in _ONLY_NEW_ROWS_OPERATIONS
+                                 for txn in commits)
 
 
 def _top_fragment_known(state, definition) -> bool:
