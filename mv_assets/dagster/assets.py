@@ -1222,8 +1222,37 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
     _record_run(
         context, info, db, view, view_key, col_keys, columns, keys if partitioned else [], fragments, whole, result,
         recomputed, duration, tables=tables or {},
+        unchanged=_unchanged_partitions(context, info, view_key, result, keys) if partitioned else {},
     )
     return checks
+
+
+def _unchanged_partitions(context, info: TableInfo, view_key, result, keys: list[str]) -> dict[str, str]:
+    """A join view's partitions whose rows a sensor's run left as they were,
+    with the data version each keeps: a joined table's change reaches the
+    first-table fragments holding rows that match its changed rows
+    (``RefreshResult.first_fragments``: those and the fragments the first
+    table's own changes touched), so only their partitions get a new data
+    version and only they read as changed downstream; every partition the run
+    names is recorded (it reflects the joined tables' new versions, and reads
+    as up to date). Runs launched by hand, full refreshes and other kinds of
+    views: none (every partition gets its data version from its inputs)."""
+    touched = None if result is None else result.first_fragments
+    if (info.kind != "join" or touched is None or not keys
+            or context.run.tags.get(TAG_SCOPE) != "changes"):
+        return {}
+    chosen = {str(f) for f in touched}
+    rest = [k for k in keys if k not in chosen]
+    had = context.instance.event_log_storage.get_latest_tags_by_partition(
+        view_key, DagsterEventType.ASSET_MATERIALIZATION, [DATA_VERSION_TAG], asset_partitions=rest) if rest else {}
+    out = {k: v for k in rest if (v := had.get(k, {}).get(DATA_VERSION_TAG)) is not None}
+    if out:
+        shown = sorted(chosen & set(keys), key=int)
+        context.log.info(
+            f"{info.name}: rows changed in {len(keys) - len(out)} of the run's {len(keys)} partitions "
+            f"({', '.join(shown[:20]) or 'none'}{', ...' if len(shown) > 20 else ''}): the first-table "
+            f"fragments holding rows this refresh changed; the other {len(out)} keep their data version")
+    return out
 
 
 def _compute(context, info: TableInfo, view, view_key, columns: list[str], fragments: list[int], whole: bool):
@@ -1342,7 +1371,7 @@ SCOPE_NOTHING = "nothing to compute: every row is current"
 def _record_run(
     context, info: TableInfo, db, view, view_key, col_keys: dict, columns: list[str], keys: list[str],
     fragments: list[int], whole: bool, result, recomputed: dict, duration: float, *,
-    tables: dict[str, TableInfo],
+    tables: dict[str, TableInfo], unchanged: dict[str, str] | None = None,
 ) -> None:
     """Materialization events of the run: one per asset, or one per partition.
 
@@ -1351,7 +1380,9 @@ def _record_run(
     ``dagster/row_count`` (the asset page's "Row count") is the whole view's;
     ``partition_row_count`` is the partition's. Views refreshed as a whole
     (over views, limited, table-function) record only run totals: their rows
-    are not counted per source fragment."""
+    are not counted per source fragment. ``unchanged``: partitions whose rows
+    the run left as they were, with the data version each keeps
+    (:func:`_unchanged_partitions`)."""
     selected = context.selected_asset_keys
     view_scope = SCOPE_CHANGES if whole else SCOPE_FRAGMENTS
     base_md, run_md, computed_key = _run_metadata(info, view, result, duration)
@@ -1382,8 +1413,11 @@ def _record_run(
     batch: list[dg.AssetMaterialization] = []
     for key_str, fid in zip(keys, fragments, strict=True):
         inputs, pointers, held = partition_inputs(fid, key_str)
+        held = (unchanged or {}).get(key_str, held)
         if view_key in selected:
             part_md = {**view_md, "source_fragment": fid, **index_md}
+            if unchanged:
+                part_md["rows_changed"] = key_str not in unchanged
             if info.scoped:
                 part_md[computed_key] = int(by_fragment.get(fid, 0))
             if fid in per_fragment:

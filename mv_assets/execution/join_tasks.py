@@ -28,7 +28,7 @@ from mv_assets.execution import blobs, progress
 from mv_assets.model.definition import ColumnSpec, ViewDefinition, computed_marker, sql_literal
 from mv_assets.model.join_view import Join, joined_row_id, pushed_filters, row_id_column, staged_name
 from mv_assets.model.names import JOINED_ROW_ID_PREFIX, SOURCE_ROW_ID, SOURCE_ROW_VERSION
-from mv_assets.model.planning import distinct, positions
+from mv_assets.model.planning import distinct, isin, positions
 from mv_assets.storage import objects
 from mv_assets.storage.lance_compat import take_rows
 
@@ -82,19 +82,25 @@ def _versions(ds: lance.LanceDataset, ids: np.ndarray, known: tuple[np.ndarray, 
 
 def read_first(ds: lance.LanceDataset, columns: list[str], *, fragments: list[int] | None = None,
                ids: np.ndarray | None = None, part: list[int] | None = None,
-               known: tuple[np.ndarray, np.ndarray] | None = None, pushed: str | None = None) -> pa.Table:
+               known: tuple[np.ndarray, np.ndarray] | None = None, pushed: str | None = None,
+               addresses: list | None = None) -> pa.Table:
     """The first table's rows (its staged columns, row id and version): of
     these ``fragments``, with these stable row ``ids`` (those still there), or
     the ``part`` [fragment, offset, limit] of one fragment. ``known``: row
     versions by id already known (read by ``ids`` only for the others).
     ``pushed``: the filter's conjuncts on the first table alone, applied by
-    the scan of whole fragments (the rows failing them make no view row)."""
+    the scan of whole fragments (the rows failing them make no view row).
+    ``addresses``: rows read by ``ids`` append their row addresses there (in
+    the table's order; where each row is now: its fragment is its partition)."""
     projection = {staged_name(0, c): f"`{c}`" for c in columns}
     projection[SOURCE_ROW_VERSION] = "_row_last_updated_at_version"
     if ids is not None:  # by stable row id (the ids of rows deleted since are skipped)
         ids = distinct(np.asarray(ids, np.int64))
         if len(ids):  # (Lance's take by row id cannot read row versions of updated rows: read apart)
-            taken = take_rows(ds, pa.array(ids, pa.uint64()), [*columns, "_rowid"])
+            taken = take_rows(ds, pa.array(ids, pa.uint64()), [*columns, "_rowid", "_rowaddr"])
+            if addresses is not None:
+                addresses.append(np.asarray(taken.column("_rowaddr").to_numpy(), np.uint64))
+            taken = taken.drop_columns(["_rowaddr"])
             table = taken.rename_columns([staged_name(0, c) for c in columns] + ["_rowid"])
             table = table.append_column(SOURCE_ROW_VERSION, _versions(ds, _id_array(table, "_rowid"), known))
         else:
@@ -391,10 +397,14 @@ def join_batches(definition: ViewDefinition, schema: pa.Schema, args: dict, udf_
     yield from _batches_over(definition, schema, args, udf_rows, errors, datasets, udf_call, stats)
 
 
-def _staged(definition: ViewDefinition, args: dict, datasets: list[lance.LanceDataset]
-            ) -> tuple[Join, pa.Table, pa.Table, pa.Table | None]:
+def _staged(definition: ViewDefinition, args: dict, datasets: list[lance.LanceDataset],
+            touched: set[int] | None = None) -> tuple[Join, pa.Table, pa.Table, pa.Table | None]:
     """The task's first-table rows, their staged join (filtered, SQL columns
-    evaluated) and the view's rows of them it may reuse UDF values from."""
+    evaluated) and the view's rows of them it may reuse UDF values from.
+    ``touched``: gets the first table's fragments (where they are now) of the
+    rows read by id whose view rows change: those the task writes view rows
+    of, and those whose old view rows go (the fragments of rows scanned whole
+    the plan knows)."""
     join = Join.of(definition)
     old = None
     reuse = args.get("reuse") or {}
@@ -410,10 +420,19 @@ def _staged(definition: ViewDefinition, args: dict, datasets: list[lance.LanceDa
     if old is not None:
         known = [np.concatenate([known[0], _id_array(old, SOURCE_ROW_ID)]),
                  np.concatenate([known[1], _id_array(old, SOURCE_ROW_VERSION)])]
+    addresses: list[np.ndarray] = []
     first = read_first(datasets[0], join.reads(0), fragments=args.get("fragments"),
                        ids=None if args.get("ids") is None else np.asarray(args["ids"], np.int64),
-                       part=args.get("slice"), known=(known[0], known[1]), pushed=pushed_filters(join).get(0))
-    return join, first, evaluated(joined_rows(first, datasets, join), join), old
+                       part=args.get("slice"), known=(known[0], known[1]), pushed=pushed_filters(join).get(0),
+                       addresses=addresses)
+    staged = evaluated(joined_rows(first, datasets, join), join)
+    if touched is not None and addresses:
+        changed = _id_array(staged, SOURCE_ROW_ID)
+        if old is not None:
+            changed = np.concatenate([changed, _id_array(old, SOURCE_ROW_ID)])
+        mine = isin(_id_array(first, SOURCE_ROW_ID), distinct(changed))
+        touched.update(int(f) for f in np.unique(addresses[0][mine] >> np.uint64(32)))
+    return join, first, staged, old
 
 
 def replaced_rows(new: pa.Table, old: pa.Table, sources: int) -> int:
@@ -460,7 +479,10 @@ def planned_calls(definition: ViewDefinition, args: dict) -> tuple[int, dict[str
 def _batches_over(definition: ViewDefinition, schema: pa.Schema, args: dict, udf_rows: dict, errors: list,
                   datasets: list[lance.LanceDataset], udf_call: UdfCall,
                   stats: dict | None = None) -> Iterator[pa.RecordBatch]:
-    join, first, staged, old = _staged(definition, args, datasets)
+    touched: set[int] = set()
+    join, first, staged, old = _staged(definition, args, datasets, touched)
+    if stats is not None and touched:
+        stats["first_fragments"] = sorted(touched)
     if stats is not None and old is not None:
         stats["rows_replaced"] = stats.get("rows_replaced", 0) + replaced_rows(staged, old, len(join.sources))
     done = 0

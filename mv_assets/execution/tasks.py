@@ -131,6 +131,9 @@ class TaskResult:
     # rows written that stand for a view row removed with the same provenance (a join view's row
     # computed again from the same source rows): counted as updates, not an insert and a delete
     rows_replaced: int = 0
+    # a join task reading first-table rows by id: the fragments (where they are now) of those whose
+    # view rows it wrote or removed (its partitions whose rows change: ops.join_refresh)
+    first_fragments: list[int] = field(default_factory=list)
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -850,7 +853,7 @@ def _run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
     udf_rows: dict[str, int] = {c.name: 0 for c in definition.udf_columns}
     errors: list[dict] = []
     resumed: dict[str, int] = {}
-    stats: dict[str, int] = {}
+    stats: dict = {}
     batches = _task_batches(spec, definition, ds, view_schema, udf_rows, errors, resumed, clock, stats)
     fragments: list[dict] = []
     rows_path = None
@@ -903,6 +906,7 @@ def _run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
         rows_path=rows_path,
         stages=_stages(clock, set_up, cpu),
         rows_replaced=int(stats.get("rows_replaced", 0)),
+        first_fragments=list(stats.get("first_fragments", [])),
     )
     if _worth_a_checkpoint(spec, definition, result):
         _save_checkpoint(spec, result)

@@ -59,6 +59,7 @@ from mv_assets.storage.changes import (
     backfill_commits,
     commit_matters,
     commits_since,
+    deletions_grew,
     foreign_writes,
     written_fragments,
 )
@@ -247,6 +248,7 @@ class _Delta:
     before: pa.Table  # ... and at the reflected version (aligned with ``updated``)
     deleted: np.ndarray
     was_deleted: pa.Table | None = None  # the deleted rows' values at the reflected version (read when asked)
+    written_in: tuple[int, ...] = ()  # the fragments holding rows written since (in any column)
 
     @property
     def gone(self) -> np.ndarray:
@@ -273,6 +275,7 @@ def _delta(ds: lance.LanceDataset, reflected: int, reads: list[str], *, old_keys
     written, deleted = _changes(ds, reflected, reads)
     created = np.asarray(written.column(_CREATED).to_numpy(), np.int64)
     written = written.drop_columns([_CREATED])  # (the version stays: rows written since, their versions)
+    where = tuple(int(f) for f in np.unique(np.asarray(written.column("_rowaddr").to_numpy(), np.uint64) >> 32))
     inserted = written.filter(pa.array(created > reflected))
     updated = written.filter(pa.array(created <= reflected))
     was_deleted = None
@@ -281,11 +284,11 @@ def _delta(ds: lance.LanceDataset, reflected: int, reads: list[str], *, old_keys
         was_deleted = take_rows(then, pa.array(deleted, pa.uint64()), old_keys) if len(deleted) else \
             then.scanner(columns=old_keys, limit=0).to_table()
     if not updated.num_rows:
-        return _Delta(inserted, updated, updated.select(reads), deleted, was_deleted)
+        return _Delta(inserted, updated, updated.select(reads), deleted, was_deleted, where)
     # (updated rows existed at the reflected version: read there by stable row id, in the same order)
     before = take_rows(ds.checkout_version(reflected), updated.column("_rowid"), reads)
     differ = pa.array(_rows_differ(before, updated.select(reads)))
-    return _Delta(inserted, updated.filter(differ), before.filter(differ), deleted, was_deleted)
+    return _Delta(inserted, updated.filter(differ), before.filter(differ), deleted, was_deleted, where)
 
 
 _STAGED_SOURCE = re.compile(r"__j(\d+)__")
@@ -440,6 +443,7 @@ def plan_join_refresh(
         + [_task(where, _task_args(uris, datasets, view, view_ds, chunk, changed, held, deltas.get(0)), len(chunk))
            for chunk in (by_id[k:k + per_task] for k in range(0, len(by_id), per_task))])
     details["work"]["first_rows_scanned"] = int(sum(rows for _, rows in appended))
+    details["first_fragments"] = _first_fragments(datasets[0], reflected[join.sources[0]], deltas.get(0))
     rows_out, udf_rows, replaced = _counted(definition, tasks, exact, len(alive))
     return RefreshPlan(
         view=view.name, source=definition.source, from_version=state.source_version, to_version=datasets[0].version,
@@ -450,6 +454,18 @@ def plan_join_refresh(
         scope=None, seconds_per_row=state.seconds_per_row, source_id=ids[join.sources[0]],
         counted_by_tasks=bool(tasks) and not exact, details=details,
     )
+
+
+def _first_fragments(ds: lance.LanceDataset, reflected: int, first: "_Delta | None") -> list[int] | None:
+    """The first table's fragments whose rows changed since the reflected
+    version (written, or losing rows: deleted or moved by an update), the
+    partitions whose view rows the first table's changes touch; the tasks add
+    those of rows reached through joined tables (``TaskResult.first_fragments``).
+    None: not known (that version cleaned up)."""
+    if first is None:
+        return []
+    grew = deletions_grew(ds, reflected)
+    return None if grew is None else sorted(set(first.written_in) | set(grew))
 
 
 # An incremental refresh recomputing at least this share of the first table's

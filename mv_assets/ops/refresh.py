@@ -228,6 +228,9 @@ class RefreshResult:
     indexes: dict = field(default_factory=dict)
     details: dict = field(default_factory=dict)  # the plan's details (RefreshPlan.details)
     job_id: str = ""  # recorded with the commit (db.list_jobs())
+    # a join view's incremental refresh: the first table's fragments (its partitions) holding rows
+    # whose view rows it wrote or removed, or whose rows changed; None: not known (any may have)
+    first_fragments: list[int] | None = None
 
     @property
     def status(self) -> str:
@@ -1398,7 +1401,7 @@ def _nothing_done(view: ViewRef, plan: RefreshPlan, seconds: float) -> RefreshRe
         view=view.name, from_version=plan.from_version, to_version=plan.to_version,
         view_version=plan.view_version, full=False,
         rows_inserted=0, rows_updated=0, rows_deleted=0, udf_rows_computed={}, tasks=0, tasks_resumed=0,
-        seconds=seconds, runner="none", indexes=upkeep,
+        seconds=seconds, runner="none", indexes=upkeep, first_fragments=_first_fragments(plan, []),
     )
 
 
@@ -1540,4 +1543,15 @@ def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner", job_id: 
             **_stage_totals(results),
         },
         indexes=upkeep, job_id=job, details=dict(plan.details),
+        first_fragments=_first_fragments(plan, results),
     )
+
+
+def _first_fragments(plan: RefreshPlan, results: list[TaskResult]) -> list[int] | None:
+    """A join view's incremental refresh: the first table's fragments its
+    changes touched (the plan's) and those of rows its tasks read by id whose
+    view rows changed (RefreshResult.first_fragments)."""
+    planned = plan.details.get("first_fragments")
+    if plan.full or planned is None:
+        return None
+    return sorted({*planned, *(f for r in results for f in r.first_fragments)})

@@ -20,6 +20,7 @@ from mv_assets.storage.lance_compat import take_rows
 __all__ = [
     "FragmentChanges",
     "fragment_changes",
+    "deletions_grew",
     "fragment_data_versions",
     "commit_matters",
     "pending_versions",
@@ -93,6 +94,18 @@ def fragments_after(ds: lance.LanceDataset, version: int) -> list | None:
     top = top_fragment(before)
     # (by id: no object made for each of a table's fragments, thousands of them, only for the new ones)
     return [ds.get_fragment(fid) for fid in ds.fragment_ids() if fid > top]
+
+
+def deletions_grew(ds: lance.LanceDataset, since: int) -> list[int] | None:
+    """The fragments of ``ds`` that were there at version ``since`` and lost
+    rows since (deleted, or moved out by an update: their deletion vector
+    grew), from the two versions' fragment metadata alone; None when that
+    version is gone."""
+    try:
+        then = _deletion_counts(ds.checkout_version(since))
+    except (OSError, ValueError, RuntimeError):
+        return None
+    return sorted(f for f, n in _deletion_counts(ds).items() if f in then and n > then[f])
 
 
 def deleted_since(src: lance.LanceDataset, reflected: int | None) -> np.ndarray | None:
