@@ -53,9 +53,13 @@ def test_an_arrangement_answers_as_a_dict_of_its_rows_does(steps):
                 rows.pop(v, None)
         else:
             a, b = values[: len(values) // 2], values[len(values) // 2:]
-            got = sorted(arr.rows(arr.find({"a": np.array(a, np.int64), "b": np.array(b, np.int64)}))["id"].tolist())
+            found = arr.rows(arr.find({"a": np.array(a, np.int64), "b": np.array(b, np.int64)}))
+            got = sorted(found["id"].tolist())
             want = sorted(i for i, (x, y) in rows.items() if x in a or (y is not None and y in b))
             assert got == want
+            # (each row's values as held; a NULL reads -1)
+            assert all(rows[i] == (x, None if y == -1 else y)
+                       for i, x, y in zip(found["id"].tolist(), found["a"].tolist(), found["b"].tolist(), strict=True))
         assert len(arr) == len(rows)
 
 

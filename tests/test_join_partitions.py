@@ -149,3 +149,43 @@ def test_a_joined_tables_sensor_run_marks_the_partitions_holding_changed_rows(tm
                                                                                                   "c"]
         resolver = get_stale_status_resolver(instance, every)
         assert {p: resolver.get_status(key, p).value for p in after} == {p: "FRESH" for p in after}
+
+
+@mv.udf
+def shout(name: str) -> str:
+    return name.upper()
+
+
+def test_a_task_reads_whole_only_the_view_rows_it_may_copy_udf_values_from(tmp_path):
+    """A customer renamed (a column the UDF reads): none of its orders' view
+    rows can give their value, so the task reads none of them whole, only one
+    row version per order; a tier change (a column the UDF does not read):
+    every value is copied, those rows are read. Values and calls exact."""
+    db = mv.connect(str(tmp_path / "db"))
+    orders = db.create_table("orders", _orders([10, 11, 20, 21, 30], [1, 1, 2, 2, 3]))
+    customers = db.create_table("customers", pa.table({"cid": [1, 2, 3], "name": ["a", "b", "c"],
+                                                       "tier": ["x", "y", "z"]}))
+    view = db.create_materialized_view("loud", orders.search(None).join(customers, on="cid").select(
+        {"oid": "oid", "tier": "customers.tier", "loud": (shout, ["customers.name"])}))
+    view.refresh()
+    lance.dataset(customers.uri).update({"name": "'bee'"}, where="cid = 2")
+    (task,) = view.plan_refresh().tasks
+    reuse = task.kind_args["reuse"]
+    assert reuse["rows"] == [] and len(reuse["version_rows"]) == 2 and len(reuse["provenance"]["__source_row_id"]) == 2
+    result = view.refresh()
+    assert result.udf_rows_computed == {"loud": 2} and result.rows_updated == 2
+    lance.dataset(customers.uri).update({"tier": "'w'"}, where="cid = 1")
+    (task,) = view.plan_refresh().tasks
+    assert len(task.kind_args["reuse"]["rows"]) == 2 and task.kind_args["reuse"]["version_rows"] == []
+    result = view.refresh()
+    assert result.udf_rows_computed == {"loud": 0} and result.rows_updated == 2
+    got = sorted(view.to_arrow().select(["oid", "tier", "loud"]).to_pylist(), key=lambda r: r["oid"])
+    assert got == [{"oid": 10, "tier": "w", "loud": "A"}, {"oid": 11, "tier": "w", "loud": "A"},
+                   {"oid": 20, "tier": "y", "loud": "BEE"}, {"oid": 21, "tier": "y", "loud": "BEE"},
+                   {"oid": 30, "tier": "z", "loud": "C"}]
+    # each view row's source version is its order's, as plain pylance reads it
+    versions = lance.dataset(orders.uri).to_table(columns=["oid", "_row_last_updated_at_version"])
+    want = dict(zip(versions.column("oid").to_pylist(), versions.column("_row_last_updated_at_version").to_pylist(),
+                    strict=True))
+    rows = lance.dataset(view.uri).to_table(columns=["oid", "__source_row_version"]).to_pylist()
+    assert all(r["__source_row_version"] == want[r["oid"]] for r in rows)

@@ -417,9 +417,14 @@ def _staged(definition: ViewDefinition, args: dict, datasets: list[lance.LanceDa
         old = take_rows(view_ds, pa.array(rows, pa.uint64()), keep)
     # the row versions already known: of the rows written since (the plan read them), else the view's
     known = [np.asarray(v, np.int64) for v in args.get("known_versions") or ([], [])]
-    if old is not None:
-        known = [np.concatenate([known[0], _id_array(old, SOURCE_ROW_ID)]),
-                 np.concatenate([known[1], _id_array(old, SOURCE_ROW_VERSION)])]
+    held = [] if old is None else [old.select([SOURCE_ROW_ID, SOURCE_ROW_VERSION])]
+    if reuse.get("version_rows"):  # (first-table rows whose view rows are not read whole: a version each)
+        view_ds = objects.dataset(args["view_uri"], version=reuse["view_version"])
+        held.append(take_rows(view_ds, pa.array(reuse["version_rows"], pa.uint64()),
+                              [SOURCE_ROW_ID, SOURCE_ROW_VERSION]))
+    for part in held:
+        known = [np.concatenate([known[0], _id_array(part, SOURCE_ROW_ID)]),
+                 np.concatenate([known[1], _id_array(part, SOURCE_ROW_VERSION)])]
     addresses: list[np.ndarray] = []
     first = read_first(datasets[0], join.reads(0), fragments=args.get("fragments"),
                        ids=None if args.get("ids") is None else np.asarray(args["ids"], np.int64),
@@ -428,8 +433,9 @@ def _staged(definition: ViewDefinition, args: dict, datasets: list[lance.LanceDa
     staged = evaluated(joined_rows(first, datasets, join), join)
     if touched is not None and addresses:
         changed = _id_array(staged, SOURCE_ROW_ID)
-        if old is not None:
-            changed = np.concatenate([changed, _id_array(old, SOURCE_ROW_ID)])
+        removed = _removed(args, old)
+        if removed is not None:
+            changed = np.concatenate([changed, _id_array(removed, SOURCE_ROW_ID)])
         mine = isin(_id_array(first, SOURCE_ROW_ID), distinct(changed))
         touched.update(int(f) for f in np.unique(addresses[0][mine] >> np.uint64(32)))
     return join, first, staged, old
@@ -473,7 +479,17 @@ def planned_calls(definition: ViewDefinition, args: dict) -> tuple[int, dict[str
                 todo &= ~np.asarray(staged.column(staged_name(*join.refs[ref])).is_null().to_numpy(
                     zero_copy_only=False))
         calls[c.name] = int(todo.sum())
-    return staged.num_rows, calls, (0 if old is None else replaced_rows(staged, old, len(join.sources)))
+    removed = _removed(args, old)
+    return staged.num_rows, calls, (0 if removed is None else replaced_rows(staged, removed, len(join.sources)))
+
+
+def _removed(args: dict, old: pa.Table | None) -> pa.Table | None:
+    """The provenance of the view rows the refresh removes that came from the
+    task's first-table rows: as the plan gave it, else of the view rows read."""
+    given = (args.get("reuse") or {}).get("provenance")
+    if given is None:
+        return old
+    return pa.table({name: pa.array(ids, pa.int64()) for name, ids in given.items()})
 
 
 def _batches_over(definition: ViewDefinition, schema: pa.Schema, args: dict, udf_rows: dict, errors: list,
@@ -483,8 +499,9 @@ def _batches_over(definition: ViewDefinition, schema: pa.Schema, args: dict, udf
     join, first, staged, old = _staged(definition, args, datasets, touched)
     if stats is not None and touched:
         stats["first_fragments"] = sorted(touched)
-    if stats is not None and old is not None:
-        stats["rows_replaced"] = stats.get("rows_replaced", 0) + replaced_rows(staged, old, len(join.sources))
+    removed = _removed(args, old)
+    if stats is not None and removed is not None:
+        stats["rows_replaced"] = stats.get("rows_replaced", 0) + replaced_rows(staged, removed, len(join.sources))
     done = 0
     for start in range(0, staged.num_rows, OUT_BATCH):
         rel = staged.slice(start, OUT_BATCH)

@@ -82,9 +82,18 @@ class Arrangement:
         return out
 
     def rows(self, slots: list[np.ndarray]) -> dict[str, np.ndarray]:
-        """The columns of the rows at ``slots`` (as :meth:`find` returns them)."""
-        return {name: np.concatenate([chunk[name][s] for chunk, s in zip(self._chunks, slots, strict=True)])
-                if slots else np.empty(0, np.int64) for name in self.names}
+        """The columns of the rows at ``slots`` (as :meth:`find` returns them);
+        a NULL reads -1 (no row id is)."""
+        if not slots:
+            return {name: np.empty(0, np.int64) for name in self.names}
+        out = {}
+        for name in self.names:
+            parts = []
+            for chunk, s in zip(self._chunks, slots, strict=True):
+                part, valid = chunk[name][s], chunk.get(_valid(name))
+                parts.append(part if valid is None else np.where(valid[s], part, -1))
+            out[name] = np.concatenate(parts)
+        return out
 
     # -- changing ----------------------------------------------------------------
 

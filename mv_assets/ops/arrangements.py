@@ -40,7 +40,6 @@ import numpy as np
 import pyarrow as pa
 
 from mv_assets.model.arrangement import Arrangement
-from mv_assets.model.names import SOURCE_ROW_ID
 from mv_assets.model.planning import column_ids, isin, without
 from mv_assets.storage import objects
 from mv_assets.storage.changes import commits_since, written_fragments
@@ -86,12 +85,13 @@ def _commit_id(ds: lance.LanceDataset, version: int) -> str | None:
 
 def view_rows(view_ds: lance.LanceDataset, provenance: list[str], first: np.ndarray,
               joined: dict[str, np.ndarray]) -> tuple[pa.Table | None, dict]:
-    """The view's rows (``_rowid``, ``SOURCE_ROW_ID``, ``_rowaddr``) of the
-    first-table rows ``first`` or that came from the source rows
-    ``joined[column]`` (by the view's provenance column), and every other
-    view row of the first-table rows found so; ``provenance``: the view's
-    provenance columns (``SOURCE_ROW_ID`` first). None when no arrangement
-    is kept (then the caller reads the view); and what was done to have it."""
+    """The view's rows (``_rowid``, ``_rowaddr`` and the ``provenance``
+    columns, int64, NULL as -1) of the first-table rows ``first`` or that
+    came from the source rows ``joined[column]`` (by the view's provenance
+    column), and every other view row of the first-table rows found so;
+    ``provenance``: the view's provenance columns (``SOURCE_ROW_ID`` first).
+    None when no arrangement is kept (then the caller reads the view); and
+    what was done to have it."""
     def probe(arr: Arrangement) -> pa.Table:
         found = arr.rows(arr.find({provenance[0]: first, **joined}))
         more = without(found[provenance[0]], first)
@@ -100,8 +100,8 @@ def view_rows(view_ds: lance.LanceDataset, provenance: list[str], first: np.ndar
             again = isin(rest[_ROWID], found[_ROWID])  # (a view row found both ways, once)
             found = {k: np.concatenate([found[k], rest[k][~again]]) for k in found}
         return pa.table({_ROWID: pa.array(found[_ROWID].view(np.uint64)),
-                         SOURCE_ROW_ID: pa.array(found[provenance[0]], pa.int64()),
-                         _ROWADDR: pa.array(found[_ROWADDR].view(np.uint64))})
+                         _ROWADDR: pa.array(found[_ROWADDR].view(np.uint64)),
+                         **{name: pa.array(found[name], pa.int64()) for name in provenance}})
     return _probed(view_ds, provenance, True, probe)
 
 

@@ -49,7 +49,7 @@ from mv_assets.execution.join_tasks import key_filter, match_key, planned_calls
 from mv_assets.execution.tasks import TaskSpec
 from mv_assets.model.definition import computed_column_names, short_error
 from mv_assets.model.join_view import Join, row_id_column
-from mv_assets.model.names import SOURCE_ROW_ID
+from mv_assets.model.names import JOINED_ROW_ID_PREFIX, SOURCE_ROW_ID
 from mv_assets.model.planning import KeyPlan, Membership, distinct, isin, values_differ, without
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.ops import arrangements
@@ -342,41 +342,48 @@ def _view_rows(view_ds: lance.LanceDataset, first: np.ndarray, joined: dict[int,
     streaming the view's key columns (memory: the rows kept), once, or twice
     when rows were found through a joined table; and the passes made (0:
     nothing to look for, or probed)."""
-    if not len(first) and not any(len(ids) for ids in joined.values()):
-        return _stream_keys(view_ds, first, {}), 0
     provenance = [row_id_column(i) for i in range(sources)]
+    if not len(first) and not any(len(ids) for ids in joined.values()):
+        return _stream_keys(view_ds, first, {}, provenance), 0
     held, arranged["view"] = arrangements.view_rows(
         view_ds, provenance, first, {row_id_column(i): ids for i, ids in joined.items() if len(ids)})
     if held is not None:
         return held, 0
-    found = _stream_keys(view_ds, first, joined)
+    found = _stream_keys(view_ds, first, joined, provenance)
     passes = int(bool(len(first) or any(len(ids) for ids in joined.values())))
     more = without(_ids(found, SOURCE_ROW_ID), first)
     if len(more):  # first-table rows reached through a joined row: each of their view rows
-        rest = _stream_keys(view_ds, more, {})
+        rest = _stream_keys(view_ds, more, {}, provenance)
         passes += 1
-        found = pa.concat_tables([found, rest]).group_by(["_rowid"], use_threads=False).aggregate(
-            [(SOURCE_ROW_ID, "min"), ("_rowaddr", "min")]).rename_columns(["_rowid", SOURCE_ROW_ID, "_rowaddr"])
+        found = pa.concat_tables([found, rest])
+        _, once = np.unique(_ids(found, "_rowid"), return_index=True)  # (a view row found both ways, once)
+        found = found.take(pa.array(once))
     return found, passes
 
 
-def _stream_keys(view_ds: lance.LanceDataset, first: np.ndarray, joined: dict[int, np.ndarray]) -> pa.Table:
+def _stream_keys(view_ds: lance.LanceDataset, first: np.ndarray, joined: dict[int, np.ndarray],
+                 provenance: list[str]) -> pa.Table:
+    """The view rows, as :func:`mv_assets.ops.arrangements.view_rows` gives
+    them, read by streaming the view's provenance columns."""
     joined = {i: ids for i, ids in joined.items() if len(ids)}
-    schema = pa.schema([("_rowid", pa.uint64()), (SOURCE_ROW_ID, pa.int64()), ("_rowaddr", pa.uint64())])
+    names = list(provenance)
+    schema = pa.schema([("_rowid", pa.uint64()), ("_rowaddr", pa.uint64()), *((n, pa.int64()) for n in names)])
     if not len(first) and not joined:
         return schema.empty_table()
     wanted = Membership(first) if len(first) else None
     by_source = {i: Membership(ids) for i, ids in joined.items()}
     kept = []
-    for batch in view_ds.to_batches(columns=[SOURCE_ROW_ID, *(row_id_column(i) for i in by_source)],
-                                    with_row_id=True, with_row_address=True, batch_size=1 << 16,
+    for batch in view_ds.to_batches(columns=names, with_row_id=True, with_row_address=True, batch_size=1 << 16,
                                     batch_readahead=2, fragment_readahead=2):
         mask = wanted.mask(_ids(batch, SOURCE_ROW_ID)) if wanted is not None else np.zeros(batch.num_rows, bool)
         for i, m in by_source.items():
             mask |= m.mask(np.asarray(batch.column(row_id_column(i)).fill_null(-1).to_numpy(
                 zero_copy_only=False), np.int64))
         if mask.any():
-            kept.append(batch.filter(pa.array(mask)).select(["_rowid", SOURCE_ROW_ID, "_rowaddr"]).cast(schema))
+            rows = batch.filter(pa.array(mask))
+            kept.append(pa.record_batch([rows.column("_rowid"), rows.column("_rowaddr"),
+                                         *(rows.column(n).cast(pa.int64()).fill_null(-1) for n in names)],
+                                        schema=schema))
     return pa.Table.from_batches(kept, schema=schema) if kept else schema.empty_table()
 
 
@@ -437,11 +444,12 @@ def plan_join_refresh(
         return _full_plan(view, definition, datasets, view_ds, state, adaptive["why"], per_task, checkpoint_size,
                           details, exact)
     appended, by_id = _appended(datasets[0], reflected[join.sources[0]], deltas.get(0), alive, per_task)
+    reusable = _reusable(definition, join, held, changed, deltas)
     at = [d.version for d in datasets]
     tasks = where.checkpointed(
         [_task(where, {"uris": uris, "versions": at, "fragments": group}, rows) for group, rows in appended]
-        + [_task(where, _task_args(uris, datasets, view, view_ds, chunk, changed, held, deltas.get(0)), len(chunk))
-           for chunk in (by_id[k:k + per_task] for k in range(0, len(by_id), per_task))])
+        + [_task(where, _task_args(uris, datasets, view, view_ds, chunk, changed, held, reusable, deltas.get(0)),
+                 len(chunk)) for chunk in (by_id[k:k + per_task] for k in range(0, len(by_id), per_task))])
     details["work"]["first_rows_scanned"] = int(sum(rows for _, rows in appended))
     details["first_fragments"] = _first_fragments(datasets[0], reflected[join.sources[0]], deltas.get(0))
     rows_out, udf_rows, replaced = _counted(definition, tasks, exact, len(alive))
@@ -523,19 +531,52 @@ def _counted(definition, tasks: list[TaskSpec], exact: bool, first_rows: int
 
 
 def _task_args(uris: list[str], datasets: list[lance.LanceDataset], view: ViewRef, view_ds: lance.LanceDataset,
-               chunk: np.ndarray, changed: dict, held: pa.Table, first: "_Delta | None") -> dict:
+               chunk: np.ndarray, changed: dict, held: pa.Table, reusable: np.ndarray, first: "_Delta | None"
+               ) -> dict:
     """An incremental task's arguments: the first-table rows ``chunk`` to
-    compute, the view rows of them it may copy UDF values from (``held``: the
-    rows the refresh removes), and the versions of those written since."""
-    written_first = first.arrived if first is not None else None  # (their versions: read with them)
+    compute; of the view rows the refresh removes (``held``) that came from
+    them, the provenance of each (what a row computed again from the same
+    source rows replaces: an update), the ids of those it may copy UDF values
+    from (``reusable``: read whole) and, for the other first-table rows, one
+    view row each to read their version from (one column, where a first-table
+    row read by id has none: Lance's take cannot read it); and the versions of
+    the rows written since (read with them)."""
     held_first = _ids(held, SOURCE_ROW_ID)
+    mine = isin(held_first, chunk)
+    provenance = [n for n in held.column_names if n.startswith(JOINED_ROW_ID_PREFIX)]
+    written_first = first.arrived if first is not None else None  # (their versions: read with them)
+    written = _ids(written_first)[isin(_ids(written_first), chunk)] if written_first is not None else held_first[:0]
+    # (a first-table row of no reusable view row and not written since: its version from one of its view rows)
+    rest = mine & ~reusable & ~isin(held_first, np.concatenate([written, held_first[mine & reusable]]))
+    _, one = np.unique(held_first[rest], return_index=True)
     args = {"uris": uris, "versions": [d.version for d in datasets], "ids": chunk.tolist(), "view_uri": view.uri,
             "reuse": {"view_version": view_ds.version, "changed": changed,
-                      "rows": _ids(held, "_rowid")[isin(held_first, chunk)].tolist()}}
+                      "rows": _ids(held, "_rowid")[mine & reusable].tolist(),
+                      "version_rows": _ids(held, "_rowid")[rest][one].tolist(),
+                      "provenance": {n: _ids(held, n)[mine].tolist() for n in [SOURCE_ROW_ID, *provenance]}}}
     if written_first is not None and written_first.num_rows:
-        mine = isin(_ids(written_first), chunk)
-        args["known_versions"] = [_ids(written_first)[mine].tolist(), _ids(written_first, _VERSION)[mine].tolist()]
+        new = isin(_ids(written_first), chunk)
+        args["known_versions"] = [_ids(written_first)[new].tolist(), _ids(written_first, _VERSION)[new].tolist()]
     return args
+
+
+def _reusable(definition, join: Join, held: pa.Table, changed: dict, deltas: dict[int, "_Delta"]) -> np.ndarray:
+    """Which of the view rows removed (``held``) a row computed again from the
+    same source rows may copy a UDF value from: for some UDF column, none of
+    the source rows it reads changed in a column it reads (``changed``) or
+    was deleted. The others are computed again whatever the task finds, so no
+    task reads them."""
+    out = np.zeros(held.num_rows, dtype=bool)
+    for c in definition.udf_columns:
+        ok = np.ones(held.num_rows, dtype=bool)
+        for i in join.udf_sources.get(c.name, []):
+            ids = _ids(held, row_id_column(i))
+            gone = [np.asarray(changed.get(c.name, {}).get(str(i), []), np.int64)]
+            if i in deltas:
+                gone.append(np.asarray(deltas[i].deleted, np.int64))
+            ok &= ~isin(ids, distinct(np.concatenate(gone)))
+        out |= ok
+    return out
 
 
 def _appended(ds: lance.LanceDataset, reflected: int, delta: "_Delta | None", alive: np.ndarray,
