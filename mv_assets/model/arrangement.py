@@ -56,12 +56,13 @@ class Arrangement:
         self.names = list(columns)
         self._chunks: list[dict[str, np.ndarray]] = []
         self._alive: list[np.ndarray] = []
+        self._live: list[int] = []  # live rows a chunk (kept: no pass over the alive masks to count)
         self._add(columns, valid)
 
     # -- reading -----------------------------------------------------------------
 
     def __len__(self) -> int:
-        return int(sum(int(a.sum()) for a in self._alive))
+        return int(sum(self._live))
 
     @property
     def nbytes(self) -> int:
@@ -102,10 +103,12 @@ class Arrangement:
         if not len(ids):
             return
         gone = _Probe(np.asarray(ids, np.int64))
-        for chunk, alive in zip(self._chunks, self._alive, strict=True):
-            alive &= ~gone.mask(chunk[self.id_column])
-        dead = sum(len(a) - int(a.sum()) for a in self._alive)
-        if dead >= DEAD_SHARE * sum(len(a) for a in self._alive):
+        for k, (chunk, alive) in enumerate(zip(self._chunks, self._alive, strict=True)):
+            dead = alive & gone.mask(chunk[self.id_column])
+            alive &= ~dead
+            self._live[k] -= int(np.count_nonzero(dead))
+        slots = sum(len(a) for a in self._alive)
+        if slots - sum(self._live) >= DEAD_SHARE * slots:
             self._merge()
 
     def add(self, columns: dict[str, np.ndarray], valid: dict[str, np.ndarray] | None = None) -> None:
@@ -126,6 +129,7 @@ class Arrangement:
         if n or not self._chunks:
             self._chunks.append(chunk)
             self._alive.append(np.ones(n, dtype=bool))
+            self._live.append(n)
 
     def _merge(self) -> None:
         """One chunk of the live rows."""
@@ -141,6 +145,7 @@ class Arrangement:
             merged[k] = np.concatenate(parts)
         self._chunks = [merged]
         self._alive = [np.ones(len(merged[self.id_column]), dtype=bool)]
+        self._live = [len(merged[self.id_column])]
 
 
 # Values a step of a probe: its temporaries stay in cache.
