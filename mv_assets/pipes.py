@@ -67,7 +67,7 @@ from dagster_pipes import (
 )
 
 from mv_assets.api import progress
-from mv_assets.api.catalog import Connection, connect
+from mv_assets.api.catalog import Connection, connect, keep_arrangements_on_disk
 from mv_assets.api.runners import InlineRunner, Runner, SparkRunner
 from mv_assets.api.table import MaterializedView
 from mv_assets.model.errors import CatalogNotFoundError
@@ -168,6 +168,7 @@ def _submitted_master() -> str | None:
 
 def _open(request: PipesRequest) -> tuple[Connection, MaterializedView]:
     """The catalog and the view, or an error naming what is not there (nothing written)."""
+    keep_arrangements_on_disk()  # (a process a refresh: join views' arrangements kept for the next one)
     try:
         db = connect(request.catalog, runner=request.make_runner(), storage_options=request.storage_options,
                      create=False)

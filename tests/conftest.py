@@ -1,10 +1,13 @@
 import os
 import sys
+import tempfile
 
 import pytest
 
 os.environ.setdefault("LANCE_LOG", "error")
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
+# join views' arrangements saved between processes: a directory of this session's, not ~/.cache
+os.environ.setdefault("MV_ASSETS_ARRANGEMENT_DIR", tempfile.mkdtemp(prefix="mv-arrangements-"))
 sys.path.insert(0, os.path.dirname(__file__))
 
 import mv_assets  # noqa: E402

@@ -99,6 +99,8 @@ def test_plans_with_arrangements_equal_plans_reading_the_view(tmp_path_factory, 
             db.refresh(v.name)
         elif not apply(db, op, k, rng, state):
             continue
+        if k % 3 == 0:  # (as a new process does: this one keeps none, the copies on disk are read)
+            arrangements.forget(disk=False)
         with_them, plan = _plan_facts(v)
         with pytest.MonkeyPatch.context() as mp:
             mp.setattr(arrangements, "MAX_BYTES", 0)
@@ -152,6 +154,64 @@ def test_an_arrangement_is_kept_caught_up_and_loaded_again_when_it_must_be(db):
     assert any(h["uri"] == v.uri for h in arrangements.held())
     arrangements.forget(v.uri)
     assert not any(h["uri"] == v.uri for h in arrangements.held())
+
+
+def test_a_process_keeping_none_reads_the_copy_on_disk_and_catches_it_up(db, tmp_path, monkeypatch):
+    """A Dagster run is a process of its own: it reads the arrangements an
+    earlier process saved and catches them up, where it would load them; a
+    copy of a table created again, or of a version cleaned up, is not used."""
+    monkeypatch.setenv("MV_ASSETS_ARRANGEMENT_DIR", str(tmp_path / "arr"))
+    orders, customers = _orders_and_customers(db, 300, 10)
+    v = _orders_view(db, "o", orders, customers)
+    v.refresh()
+    customers.update(where="cid = 1", values={"name": "x"})
+    r = v.refresh()  # (loaded, and saved)
+    assert r.details["arrangements"]["view"]["how"] == "loaded" and "saved_s" in r.details["arrangements"]["view"]
+    assert len(list((tmp_path / "arr").rglob("current.json"))) == 2  # (the view's and the orders key's)
+    customers.update(where="cid = 2", values={"name": "y"})
+    arrangements.forget(disk=False)  # (a new process)
+    plan = v.plan_refresh()
+    hows = {k: i["how"] for k, i in plan.details["arrangements"].items()}
+    assert hows["view"].startswith("read from disk (version ") and "caught up from version" in hows["view"]
+    assert hows["orders.cid"] == f"read from disk (version {orders.version}); kept"
+    arrangements.forget(disk=False)
+    with monkeypatch.context() as mp:
+        mp.setattr(arrangements, "MAX_BYTES", 0)
+        read_whole = _plan_facts(v)[0]
+    assert _plan_facts(v)[0] == read_whole
+    v.refresh()
+    assert sorted(r["oid"] for r in v.to_arrow().to_pylist() if r["name"] == "y") == list(range(2, 300, 10))
+    # the view dropped and created again under the same path: its old copy is not used
+    db.drop_table("o")
+    assert len(list((tmp_path / "arr").rglob("current.json"))) == 1  # (the orders key's stays)
+    v = _orders_view(db, "o", orders, customers)
+    v.refresh()
+    customers.update(where="cid = 3", values={"name": "z"})
+    arrangements.forget(disk=False)
+    assert v.plan_refresh().details["arrangements"]["view"]["how"] == "loaded"
+    v.refresh()
+    assert sorted(r["oid"] for r in v.to_arrow().to_pylist() if r["name"] == "z") == list(range(3, 300, 10))
+
+
+def test_a_copy_on_disk_from_another_table_or_a_damaged_one_is_not_used(db, tmp_path, monkeypatch):
+    monkeypatch.setenv("MV_ASSETS_ARRANGEMENT_DIR", str(tmp_path / "arr"))
+    orders, customers = _orders_and_customers(db, 100, 10)
+    v = _orders_view(db, "o", orders, customers)
+    v.refresh()
+    customers.update(where="cid = 1", values={"name": "x"})
+    v.refresh()
+    for path in (tmp_path / "arr").rglob("*.npy"):
+        path.write_bytes(b"not an array")
+    customers.update(where="cid = 2", values={"name": "y"})
+    arrangements.forget(disk=False)
+    hows = {k: i["how"] for k, i in v.plan_refresh().details["arrangements"].items()}
+    assert hows == {"view": "loaded", "orders.cid": "loaded"}
+    v.refresh()
+    monkeypatch.setenv("MV_ASSETS_ARRANGEMENT_DIR", "")  # (none written or read)
+    arrangements.forget(disk=False)
+    customers.update(where="cid = 3", values={"name": "z"})
+    info = v.plan_refresh().details["arrangements"]["view"]
+    assert info["how"] == "loaded" and "saved_s" not in info
 
 
 def test_an_arrangement_whose_version_was_cleaned_up_is_loaded_again(db):

@@ -86,7 +86,7 @@ def test_a_full_refresh_says_every_fragment(shop):
     assert np.array_equal(sorted(view.to_arrow().column("oid").to_pylist()), [10, 11, 20, 21, 40, 41, 42])
 
 
-def test_a_joined_tables_sensor_run_marks_the_partitions_holding_changed_rows(tmp_path):
+def test_a_joined_tables_sensor_run_marks_the_partitions_holding_changed_rows(tmp_path, monkeypatch):
     """In Dagster: a customer renamed reaches the one orders fragment holding
     its orders; the run records every partition it names (each reflects the
     new customers version: none reads Unsynced), and only that one gets a new
@@ -97,6 +97,8 @@ def test_a_joined_tables_sensor_run_marks_the_partitions_holding_changed_rows(tm
 
     from mv_assets.dagster import MvAssetsResource, build_definitions, partitions_def_name
 
+    monkeypatch.delenv("MV_ASSETS_ARRANGEMENT_DIR", raising=False)  # (where a Dagster run keeps them: its default)
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
     db = mv.connect(str(tmp_path / "db"), runner=mv.InlineRunner())
     orders = db.create_table("orders", _orders([10, 11], [1, 1]))
     orders.add(_orders([20, 21], [2, 2]))
@@ -147,6 +149,9 @@ def test_a_joined_tables_sensor_run_marks_the_partitions_holding_changed_rows(tm
             assert md["rows_changed"].value is (p in touched)
         assert sorted(r["name"] for r in db.open_view("order_names").to_arrow().to_pylist()) == ["B", "B", "a", "a",
                                                                                                   "c"]
+        # the run kept the join's arrangements on disk for the runs after it (a process each)
+        kept = tmp_path / "home" / ".cache" / "mv_assets" / "arrangements"
+        assert len(list(kept.rglob("current.json"))) == 2
         resolver = get_stale_status_resolver(instance, every)
         assert {p: resolver.get_status(key, p).value for p in after} == {p: "FRESH" for p in after}
 

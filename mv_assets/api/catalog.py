@@ -473,6 +473,9 @@ class Connection:
             self._drop_dataset(join_under(name))
 
     def _drop_dataset(self, name: str) -> None:
+        from mv_assets.ops import arrangements
+
+        arrangements.forget(self._table_uri(name))  # (its arrangements, in memory and on disk)
         objects.remove_tree(self._table_uri(name))
         # its bookkeeping goes too, or a new table of the same name would inherit it
         objects.remove_tree(self._state_dir("checkpoints", name))
@@ -1013,6 +1016,19 @@ def _auto_refresh_policy(auto_refresh: Any, policy: RefreshPolicy | None) -> Ref
         raise ValueError(f"auto_refresh={auto_refresh} means refresh_policy {wanted.kind!r}, but refresh_policy "
                          f"{policy.kind!r} was given; pass one of them")
     return wanted
+
+
+
+def keep_arrangements_on_disk(directory: str | None = None) -> str | None:
+    """Keep copies of the arrangements this process's join-view refreshes
+    load (mv_assets.ops.arrangements) on disk under ``directory`` (default
+    ``~/.cache/mv_assets/arrangements``), for processes after it: what a
+    process per refresh wants (a Dagster run, the Pipes process, a cron job).
+    ``MV_ASSETS_ARRANGEMENT_DIR``, when set, wins (empty: none kept). Returns
+    where they are kept."""
+    from mv_assets.ops import arrangements
+
+    return arrangements.keep_on_disk(directory)
 
 
 def connect(

@@ -6,7 +6,7 @@ from typing import Any, Literal, Optional
 import dagster as dg
 from pydantic import Field, PrivateAttr
 
-from mv_assets.api.catalog import Connection, connect
+from mv_assets.api.catalog import Connection, connect, keep_arrangements_on_disk
 from mv_assets.api.runners import InlineRunner, Runner, SparkRunner
 from mv_assets.dagster.spark_session import PySparkResourceRunner, as_pyspark_resource
 
@@ -123,7 +123,10 @@ class MvAssetsResource(dg.ConfigurableResource):
         return self._runner
 
     def connection(self) -> Connection:
-        """The catalog, refreshing with this resource's runner (Spark starts on first use)."""
+        """The catalog, refreshing with this resource's runner (Spark starts on
+        first use). A run is a process of its own: join views' arrangements are
+        kept on disk for the runs after it (``mv_assets.ops.arrangements``)."""
+        keep_arrangements_on_disk()
         return connect(self.catalog_uri, runner=self.get_runner(), storage_options=self.storage_options)
 
     def reader(self) -> Connection:

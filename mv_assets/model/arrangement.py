@@ -96,6 +96,24 @@ class Arrangement:
             out[name] = np.concatenate(parts)
         return out
 
+    # -- saving ------------------------------------------------------------------
+
+    def state(self) -> dict[str, np.ndarray]:
+        """Its live rows as plain arrays (merged into one chunk first): each
+        column, and ``valid:<column>`` for a column holding NULLs; what
+        :meth:`restore` takes."""
+        if len(self._chunks) > 1 or sum(self._live) < sum(len(a) for a in self._alive):
+            self._merge()
+        chunk = self._chunks[0]
+        return {("valid:" + k[1:] if k.startswith("\0") else k): v for k, v in chunk.items()}
+
+    @classmethod
+    def restore(cls, id_column: str, state: dict[str, np.ndarray]) -> "Arrangement":
+        """The arrangement :meth:`state` gave."""
+        columns = {k: v for k, v in state.items() if not k.startswith("valid:")}
+        valid = {k.removeprefix("valid:"): v for k, v in state.items() if k.startswith("valid:")}
+        return cls(id_column, columns, valid)
+
     # -- changing ----------------------------------------------------------------
 
     def remove(self, ids: np.ndarray) -> None:

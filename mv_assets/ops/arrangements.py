@@ -29,7 +29,10 @@ refresh reads the columns as before). What each refresh used is in its plan's
 ``details["arrangements"]``, and :func:`held` lists what the process keeps.
 """
 
+import hashlib
+import json
 import os
+import shutil
 import threading
 import time
 from collections import OrderedDict
@@ -44,7 +47,7 @@ from mv_assets.model.planning import column_ids, isin, without
 from mv_assets.storage import objects
 from mv_assets.storage.changes import commits_since, written_fragments
 
-__all__ = ["MAX_BYTES", "view_rows", "key_rows", "held", "forget", "ARRANGEABLE"]
+__all__ = ["MAX_BYTES", "view_rows", "key_rows", "held", "forget", "keep_on_disk", "ARRANGEABLE"]
 
 MAX_BYTES = int(os.environ.get("MV_ASSETS_ARRANGEMENT_BYTES", str(2 << 30)))
 
@@ -67,6 +70,8 @@ class _Kept:
     version: int
     commit: str | None  # the uuid of the commit of ``version``: the same table, not one created again
     arrangement: Arrangement
+    moved: int = 0  # rows caught up since it was last saved (or loaded)
+    saved: bool = False  # a copy of it (at some version) is on disk
 
 
 _KEPT: "OrderedDict[tuple[str, str], _Kept]" = OrderedDict()
@@ -117,7 +122,7 @@ def key_rows(ds: lance.LanceDataset, column: str, values: np.ndarray) -> tuple[n
 
 def _probed(ds: lance.LanceDataset, columns: list[str], addresses: bool, probe):
     """``probe(arrangement)`` of ``columns`` of ``ds`` at its version, under
-    the lock (kept, caught up or loaded first), and what was done."""
+    the lock (kept, read from disk, caught up or loaded first), and what was done."""
     start = time.perf_counter()
     key = (ds.uri, ("addr:" if addresses else "") + ",".join(columns))
     if MAX_BYTES <= 0:
@@ -127,6 +132,10 @@ def _probed(ds: lance.LanceDataset, columns: list[str], addresses: bool, probe):
     with own:  # (one table's arrangement loaded or caught up at a time; other tables' meanwhile)
         kept = _KEPT.get(key)
         commit = _commit_id(ds, ds.version)
+        read = _read(key, ds) if kept is None else None  # (another process's, or an earlier one's)
+        read_at = read.version if read is not None else None
+        if read is not None:
+            kept = read
         how = None
         if kept is not None and commit is not None and kept.version == ds.version and kept.commit == commit:
             how = "kept"
@@ -138,6 +147,7 @@ def _probed(ds: lance.LanceDataset, columns: list[str], addresses: bool, probe):
             moved = _catch_up(kept.arrangement, ds, kept.version, columns, addresses)
             if moved is not None:
                 how = f"caught up from version {kept.version} ({moved[0]:,} rows in, {moved[1]:,} out)"
+                kept.moved += moved[0] + moved[1]
         if how is None:
             size = ds.count_rows() * 9 * (len(columns) + 1 + addresses)  # (8 bytes a value, 1 a row alive)
             if size > MAX_BYTES:
@@ -149,6 +159,10 @@ def _probed(ds: lance.LanceDataset, columns: list[str], addresses: bool, probe):
             how = "loaded"
         assert kept is not None
         kept.version, kept.commit = ds.version, commit
+        if read_at is not None:
+            how = (f"read from disk (version {read_at}); {how}" if how != "loaded" else
+                   f"loaded (the copy on disk, version {read_at}, could not be caught up)")
+        saved = _save(key, kept) if not kept.saved or kept.moved > RESAVE_SHARE * len(kept.arrangement) else None
         with _LOCK:
             _KEPT[key] = kept
             _KEPT.move_to_end(key)
@@ -156,7 +170,108 @@ def _probed(ds: lance.LanceDataset, columns: list[str], addresses: bool, probe):
         result = probe(kept.arrangement)
         info = {"how": how, "rows": len(kept.arrangement), "bytes": kept.arrangement.nbytes,
                 "seconds": round(time.perf_counter() - start, 4)}
+        if saved is not None:
+            info["saved_s"] = saved
         return result, info
+
+
+# -- kept on disk between processes -------------------------------------------------
+#
+# A Dagster run is a process of its own: without a copy on disk each run's
+# first refresh of a join view would load its arrangements again (one read of
+# those columns: 0.6-1.4 s at 10M rows; a copy mapped and caught up: 0.1-0.2
+# s). Where copies are kept is set by :func:`keep_on_disk` (Dagster runs and
+# the Pipes process do) or ``MV_ASSETS_ARRANGEMENT_DIR`` (empty: none); a
+# process that refreshes again and again (Python, a service) keeps its
+# arrangements in memory and writes none unless told to. A copy is written
+# when an arrangement is loaded, and again once the rows it was caught up by
+# since reach ``RESAVE_SHARE`` of its rows (a copy costs ~0.4-0.7 s a 10M-row
+# arrangement to write; a later process catches up from a recent version,
+# O(changes since)); it is read by a process that keeps none,
+# and used only when the commit of the version it reflects is still the
+# table's (the table not created again, that version not cleaned up). Each
+# copy is a directory of ``.npy`` files (one an array, mapped when read: a
+# probe reads the pages it touches) under a pointer file replaced once the
+# copy is whole: a reader sees a whole copy or none. Local files, a directory
+# per table and columns.
+
+RESAVE_SHARE = 0.1
+_DIR: str | None = None  # (keep_on_disk's)
+
+
+def keep_on_disk(directory: str | None = None) -> str | None:
+    """Keep copies of this process's arrangements on disk, under
+    ``directory`` (default ``~/.cache/mv_assets/arrangements``), for the
+    processes after it; ``MV_ASSETS_ARRANGEMENT_DIR``, when set, wins (empty:
+    none). Returns where they are kept (None: nowhere)."""
+    global _DIR
+    _DIR = directory or os.path.join(os.path.expanduser("~"), ".cache", "mv_assets", "arrangements")
+    return _save_dir()
+
+
+def _save_dir() -> str | None:
+    where = os.environ.get("MV_ASSETS_ARRANGEMENT_DIR")
+    return (where if where is not None else _DIR) or None
+
+
+def _place(key: tuple[str, str]) -> str | None:
+    """The directory of this arrangement's copies (None: none kept on disk)."""
+    where = _save_dir()
+    if where is None:
+        return None
+    table = hashlib.sha256(key[0].encode()).hexdigest()[:24]
+    return os.path.join(where, table, hashlib.sha256(key[1].encode()).hexdigest()[:16])
+
+
+def _read(key: tuple[str, str], ds: lance.LanceDataset) -> "_Kept | None":
+    """The copy on disk of this arrangement, if it is one of this table at a
+    version the plan may catch up from (None: none, or not usable). Its
+    arrays are mapped, not read: the pages a probe touches are read then."""
+    place = _place(key)
+    if place is None:
+        return None
+    try:
+        with open(os.path.join(place, "current.json")) as f:
+            meta = json.load(f)
+        if meta["uri"] != key[0] or meta["columns"] != key[1] or meta["version"] > ds.version:
+            return None
+        arrays = {name: np.load(os.path.join(place, meta["dir"], f"{n}.npy"), mmap_mode="r")
+                  for n, name in enumerate(meta["arrays"])}
+    except (OSError, ValueError, KeyError):  # (none, another release's, damaged, or replaced meanwhile)
+        return None
+    if meta["commit"] is None or _commit_id(ds, meta["version"]) != meta["commit"]:
+        return None  # (the table was created again, or that version is cleaned up)
+    return _Kept(meta["version"], meta["commit"], Arrangement.restore(_ROWID, arrays), saved=True)
+
+
+def _save(key: tuple[str, str], kept: _Kept) -> float | None:
+    """Write ``kept`` to disk: its arrays in a directory of their own, then
+    the pointer to it replaced (a reader finds the whole copy or the one
+    before), then older copies removed. The seconds it took (None: not written)."""
+    place = _place(key)
+    if place is None or kept.commit is None:
+        return None
+    start = time.perf_counter()
+    arrays = kept.arrangement.state()
+    name = f"v{kept.version}-{os.getpid()}-{threading.get_ident()}-{time.monotonic_ns()}"
+    meta = {"uri": key[0], "columns": key[1], "version": kept.version, "commit": kept.commit, "dir": name,
+            "arrays": list(arrays)}
+    pointer = os.path.join(place, "current.json")
+    try:
+        os.makedirs(os.path.join(place, name))
+        for n, values in enumerate(arrays.values()):
+            np.save(os.path.join(place, name, f"{n}.npy"), np.ascontiguousarray(values))
+        with open(f"{pointer}.{name}.tmp", "w") as f:
+            json.dump(meta, f)
+        os.replace(f"{pointer}.{name}.tmp", pointer)
+    except OSError:  # (a full or read-only disk: the arrangement is still kept in memory)
+        shutil.rmtree(os.path.join(place, name), ignore_errors=True)
+        return None
+    for old in os.listdir(place):  # (a process still mapping an old copy keeps its pages: POSIX)
+        if old != name and old.startswith("v"):
+            shutil.rmtree(os.path.join(place, old), ignore_errors=True)
+    kept.saved, kept.moved = True, 0
+    return round(time.perf_counter() - start, 4)
 
 
 def held() -> list[dict]:
@@ -166,11 +281,21 @@ def held() -> list[dict]:
                  "rows": len(k.arrangement), "bytes": k.arrangement.nbytes} for (uri, cols), k in _KEPT.items()]
 
 
-def forget(uri: str | None = None) -> None:
-    """Drop the arrangements of the table at ``uri`` (None: all)."""
+def forget(uri: str | None = None, *, disk: bool = True) -> None:
+    """Drop the arrangements of the table at ``uri`` (None: all) from memory,
+    and with ``disk`` their copies on disk (of ``uri``: every copy of that
+    table; None: those this process keeps)."""
     with _LOCK:
-        for key in [k for k in _KEPT if uri is None or k[0] == uri]:
+        keys = [k for k in _KEPT if uri is None or k[0] == uri]
+        for key in keys:
             del _KEPT[key]
+    if not disk:
+        return
+    paths = {os.path.dirname(p) for k in keys if (p := _place(k)) is not None}
+    if uri is not None and (one := _place((uri, ""))) is not None:
+        paths.add(os.path.dirname(one))
+    for path in paths:
+        shutil.rmtree(path, ignore_errors=True)
 
 
 def _evict(keep: tuple[str, str]) -> None:
