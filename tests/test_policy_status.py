@@ -469,6 +469,41 @@ def test_a_view_whose_dataset_is_damaged_is_listed_and_hides_nothing(db, caplog)
 
 # -- the load state record: rewritten in place, read whole ------------------
 
+def test_a_read_of_a_new_records_start_over_the_old_ones_padding_is_torn(tmp_path):
+    """Seen once in CI (the racing reads below): a longer record written in
+    place over a short one, read after the first page of the write and before
+    the rest, gives the new record's start followed by the old one's padding,
+    with no checksum line at all; it read as a record written whole (one line,
+    no checksum) and was returned torn. Now it is torn, read again, and the
+    whole record is returned; a record written whole still reads as itself."""
+    from mv_assets.storage import objects
+
+    uri = str(tmp_path / "v.json")
+    short, long = '{"n": 1}', '{"n": 225, "pad": "' + "z" * 8325 + '"}'
+    objects.write_record(uri, long)
+    objects.write_record(uri, short)  # (in place: the short record, then spaces to the long one's length)
+    size = os.path.getsize(uri)
+    with open(uri, "r+b") as fh:  # (what the reader saw: the new record's first page over the old padding)
+        fh.write(long.encode()[:4096])
+    torn = open(uri, "rb").read()
+    assert len(torn) == size and b"\n" not in torn
+    assert objects._unsealed(torn)[1] is False
+    assert objects._unsealed(torn.rstrip(b" "))[1] is False  # (a start that is not one JSON text either)
+    assert objects._unsealed(b'{"load_state": "LOADED"}') == (b'{"load_state": "LOADED"}', None)
+    naps: list[float] = []
+
+    def nap(seconds: float) -> None:  # (the writer finishes while the reader waits)
+        naps.append(seconds)
+        objects.write_record(uri, long)
+
+    real_sleep = objects.time.sleep
+    objects.time.sleep = nap
+    try:
+        assert objects.read_record(uri) == long and len(naps) == 1
+    finally:
+        objects.time.sleep = real_sleep
+
+
 def test_load_records_are_rewritten_in_place_and_read_whole(tmp_path):
     """A view's load state record is rewritten in place (no new file renamed
     over it: on ext4 that forces the data out, ~0.2-0.4 ms a refresh) and every

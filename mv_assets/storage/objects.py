@@ -20,6 +20,7 @@ registry to executors with each job (:func:`registered` /
 
 import contextlib
 import contextvars
+import json
 import os
 import posixpath
 import tempfile
@@ -717,17 +718,27 @@ def _sealed(body: bytes) -> bytes:
 
 def _unsealed(data: bytes) -> tuple[bytes, bool | None]:
     """``(body, intact)``: intact None for a record written whole (by
-    :func:`put_bytes`: one line, no checksum); False for a torn one (a read
-    racing a rewrite: its end is not the checksum of its start followed by
-    spaces)."""
+    :func:`put_bytes`: one line of JSON, no checksum, no padding); False for a
+    torn one (a read racing a rewrite: its end is not the checksum of its
+    start followed by spaces; or no checksum line at all, where the new
+    record's start was read over the old one's padding: spaces after it, or
+    not one JSON text)."""
     if b"\n" not in data:
-        return data, None
+        return data, (None if data and not data.endswith(b" ") and _one_json(data) else False)
     raw = data.rstrip(b" ")
     try:
         intact = raw[-10:-9] == b"\n" and raw[-1:] == b"\n" and zlib.crc32(raw[:-10]) == int(raw[-9:-1], 16)
     except ValueError:
         intact = False
     return raw[:-10], intact
+
+
+def _one_json(data: bytes) -> bool:
+    try:
+        json.loads(data)
+    except ValueError:
+        return False
+    return True
 
 
 # A record padded to more than this is written anew (and so shrunk), not in place.
