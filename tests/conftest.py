@@ -1,4 +1,6 @@
+import atexit
 import os
+import shutil
 import sys
 import tempfile
 
@@ -7,7 +9,9 @@ import pytest
 os.environ.setdefault("LANCE_LOG", "error")
 os.environ.setdefault("SPARK_LOCAL_IP", "127.0.0.1")
 # join views' arrangements saved between processes: a directory of this session's, not ~/.cache
-os.environ.setdefault("MV_ASSETS_ARRANGEMENT_DIR", tempfile.mkdtemp(prefix="mv-arrangements-"))
+if "MV_ASSETS_ARRANGEMENT_DIR" not in os.environ:
+    os.environ["MV_ASSETS_ARRANGEMENT_DIR"] = tempfile.mkdtemp(prefix="mv-arrangements-")
+    atexit.register(shutil.rmtree, os.environ["MV_ASSETS_ARRANGEMENT_DIR"], True)  # (removed with the session)
 sys.path.insert(0, os.path.dirname(__file__))
 
 import mv_assets  # noqa: E402
