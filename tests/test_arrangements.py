@@ -127,6 +127,19 @@ def _orders_view(db, name: str, orders, customers, how: str = "inner"):
                                        .select({"oid": "oid", "name": "name"}))
 
 
+def _same_as_loaded(v) -> None:
+    """The view's arrangement this process keeps holds what loading it again reads."""
+    key = next(k for k in arrangements._KEPT if k[0] == v.uri)
+    kept = arrangements._KEPT[key].arrangement.state()
+    ds = lance.dataset(v.uri)
+    assert arrangements._KEPT[key].version == ds.version
+    loaded = arrangements._load(ds, key[1].removeprefix("addr:").split(","), True).state()
+    order, again = np.argsort(kept["_rowid"]), np.argsort(loaded["_rowid"])
+    assert sorted(kept) == sorted(loaded)
+    for name in kept:
+        assert np.array_equal(np.asarray(kept[name])[order], np.asarray(loaded[name])[again]), name
+
+
 def test_an_arrangement_is_kept_caught_up_and_loaded_again_when_it_must_be(db):
     orders, customers = _orders_and_customers(db, 200, 10)
     v = _orders_view(db, "o", orders, customers)
@@ -134,10 +147,17 @@ def test_an_arrangement_is_kept_caught_up_and_loaded_again_when_it_must_be(db):
     customers.update(where="cid = 1", values={"name": "x"})
     first = v.refresh()
     assert first.rows_updated == 20
+    # (the refresh brought the view's arrangement to its own commit: the next plan reads nothing of the view)
+    assert first.details["arrangements"]["view"]["after"] == "followed the commit (20 rows in, 20 out)"
     customers.update(where="cid = 2", values={"name": "y"})
     plan = v.plan_refresh()
     hows = {k: i["how"] for k, i in plan.details["arrangements"].items()}
-    assert hows["view"].startswith("caught up from version") and hows["orders.cid"] == "kept"
+    assert hows["view"] == "kept" and hows["orders.cid"] == "kept"
+    _same_as_loaded(v)
+    lance.dataset(v.uri).create_scalar_index("oid", "BTREE")  # (a commit after the refresh's: caught up from it)
+    plan = v.plan_refresh()
+    assert plan.details["arrangements"]["view"]["how"].startswith("caught up from version")
+    _same_as_loaded(v)
     v.refresh()
     lance.dataset(v.uri).optimize.compact_files()  # (a Rewrite of the view: addresses move)
     customers.update(where="cid = 3", values={"name": "z"})
@@ -223,8 +243,10 @@ def test_an_arrangement_whose_version_was_cleaned_up_is_loaded_again(db):
     customers.update(where="cid = 1", values={"name": "x"})
     v.refresh()  # (the view's arrangement loaded at the version this refresh planned on)
     customers.update(where="cid = 2", values={"name": "y"})
-    v.refresh()
-    lance.dataset(v.uri).cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)
+    v.refresh()  # (the arrangement brought to the refresh's commit ...)
+    orders.add(pa.table({"oid": [100], "cid": [5]}))
+    v.refresh()  # (... which a refresh that probes nothing follows ...)
+    lance.dataset(v.uri).cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)  # (... and is gone)
     customers.update(where="cid = 3", values={"name": "z"})
     plan = v.plan_refresh()
     assert plan.details["arrangements"]["view"]["how"] == "loaded"

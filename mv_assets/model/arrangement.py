@@ -57,6 +57,7 @@ class Arrangement:
         self._chunks: list[dict[str, np.ndarray]] = []
         self._alive: list[np.ndarray] = []
         self._live: list[int] = []  # live rows a chunk (kept: no pass over the alive masks to count)
+        self.generation = 0  # moves when slots move (a merge): slots :meth:`find` gave stay valid until then
         self._add(columns, valid)
 
     # -- reading -----------------------------------------------------------------
@@ -129,6 +130,26 @@ class Arrangement:
         if slots - sum(self._live) >= DEAD_SHARE * slots:
             self._merge()
 
+    def kill(self, slots: list[np.ndarray]) -> int:
+        """Forget the rows at ``slots`` (as :meth:`find` gave them, at this
+        :attr:`generation`): O(slots), no pass over the ids. The rows newly
+        forgotten."""
+        if len(slots) > len(self._chunks):  # (chunks added since keep their slots; a merge moves them)
+            raise ValueError(f"slots of {len(slots)} chunks given to an arrangement of {len(self._chunks)}")
+        gone = 0
+        for k, (alive, s) in enumerate(zip(self._alive, slots, strict=False)):
+            if not len(s):
+                continue
+            s = np.unique(s)
+            dead = int(np.count_nonzero(alive[s]))
+            alive[s] = False
+            self._live[k] -= dead
+            gone += dead
+        slots_total = sum(len(a) for a in self._alive)
+        if slots_total - sum(self._live) >= DEAD_SHARE * slots_total:
+            self._merge()
+        return gone
+
     def add(self, columns: dict[str, np.ndarray], valid: dict[str, np.ndarray] | None = None) -> None:
         """Rows added to the relation (their ids new to it, or removed first)."""
         self._add(columns, valid)
@@ -162,6 +183,7 @@ class Arrangement:
                 parts.append(part[alive])
             merged[k] = np.concatenate(parts)
         self._chunks = [merged]
+        self.generation += 1
         self._alive = [np.ones(len(merged[self.id_column]), dtype=bool)]
         self._live = [len(merged[self.id_column])]
 

@@ -36,7 +36,7 @@ import shutil
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import lance
 import numpy as np
@@ -47,7 +47,7 @@ from mv_assets.model.planning import column_ids, isin, without
 from mv_assets.storage import objects
 from mv_assets.storage.changes import commits_since, written_fragments
 
-__all__ = ["MAX_BYTES", "view_rows", "key_rows", "held", "forget", "keep_on_disk", "ARRANGEABLE"]
+__all__ = ["MAX_BYTES", "Follow", "view_rows", "key_rows", "present", "held", "forget", "keep_on_disk", "ARRANGEABLE"]
 
 MAX_BYTES = int(os.environ.get("MV_ASSETS_ARRANGEMENT_BYTES", str(2 << 30)))
 
@@ -62,7 +62,9 @@ _KEEPS_ADDRESSES = frozenset({"Append", "Delete", "Update", "CreateIndex", "Upda
                               "Project", "BaseOperation"})
 # ... and their stable ids (a compaction moves rows to new addresses, ids kept).
 _KEEPS_IDS = _KEEPS_ADDRESSES | {"Rewrite"}
-_ROWID, _ROWADDR = "_rowid", "_rowaddr"
+_ROWID, _ROWADDR, _CREATED = "_rowid", "_rowaddr", "__created"
+# ... and those that may remove rows (the others' deletion vectors are those before them).
+_REMOVES = frozenset({"Delete", "Update", "BaseOperation"})
 
 
 @dataclass
@@ -89,25 +91,80 @@ def _commit_id(ds: lance.LanceDataset, version: int) -> str | None:
 
 
 def view_rows(view_ds: lance.LanceDataset, provenance: list[str], first: np.ndarray,
-              joined: dict[str, np.ndarray]) -> tuple[pa.Table | None, dict]:
+              joined: dict[str, np.ndarray]) -> "tuple[pa.Table | None, dict, Follow | None]":
     """The view's rows (``_rowid``, ``_rowaddr`` and the ``provenance``
     columns, int64, NULL as -1) of the first-table rows ``first`` or that
     came from the source rows ``joined[column]`` (by the view's provenance
     column), and every other view row of the first-table rows found so;
     ``provenance``: the view's provenance columns (``SOURCE_ROW_ID`` first).
-    None when no arrangement is kept (then the caller reads the view); and
-    what was done to have it."""
+    None when no arrangement is kept (then the caller reads the view); what
+    was done to have it; and what brings it to a commit that removes those
+    rows (:class:`Follow`; None: none kept)."""
+    slots: list[list[np.ndarray]] = []
+
     def probe(arr: Arrangement) -> pa.Table:
-        found = arr.rows(arr.find({provenance[0]: first, **joined}))
+        slots.append(arr.find({provenance[0]: first, **joined}))
+        found = arr.rows(slots[-1])
         more = without(found[provenance[0]], first)
         if len(more):  # (a first-table row reached through a joined row: each of its view rows)
-            rest = arr.rows(arr.find({provenance[0]: more}))
+            slots.append(arr.find({provenance[0]: more}))
+            rest = arr.rows(slots[-1])
             again = isin(rest[_ROWID], found[_ROWID])  # (a view row found both ways, once)
             found = {k: np.concatenate([found[k], rest[k][~again]]) for k in found}
         return pa.table({_ROWID: pa.array(found[_ROWID].view(np.uint64)),
                          _ROWADDR: pa.array(found[_ROWADDR].view(np.uint64)),
                          **{name: pa.array(found[name], pa.int64()) for name in provenance}})
-    return _probed(view_ds, provenance, True, probe)
+    probed: list[Follow] = []
+    held, info = _probed(view_ds, provenance, True, probe, probed)
+    if probed:
+        probed[0].slots = [np.concatenate(per) for per in zip(*slots, strict=True)] if slots else []
+        probed[0].fragments = frozenset(view_ds.fragment_ids())
+    return held, info, (probed[0] if probed else None)
+
+
+@dataclass
+class Follow:
+    """What a refresh that removes the view rows it probed and commits new
+    ones needs to bring the view's arrangement to its commit without reading
+    the view again (:meth:`after`): Materialize's arrangement maintained by
+    the dataflow that writes the collection, where a later refresh would
+    catch up from the change feed (a pass over the ids to remove them, the
+    deletion vectors read)."""
+
+    key: tuple[str, str]
+    kept: _Kept
+    generation: int
+    version: int
+    commit: str | None
+    columns: list[str]
+    slots: list[np.ndarray] = field(default_factory=list)  # per chunk: the slots of the view rows probed
+    fragments: frozenset[int] = frozenset()  # the view's fragments at ``version``
+
+    def after(self, ds: lance.LanceDataset) -> str:
+        """The view committed as ``ds`` (its version the one after ``version``,
+        every row probed removed, new rows in new fragments): the arrangement
+        brought there, if it is still the one probed. What was done."""
+        with _LOCK:
+            own = _LOCKS.setdefault(self.key, threading.Lock())
+        with own:
+            kept, arr = self.kept, self.kept.arrangement
+            if _KEPT.get(self.key) is not kept or arr.generation != self.generation or kept.version != self.version or \
+                    kept.commit != self.commit or ds.version != self.version + 1:
+                return "not followed: the arrangement moved since the plan (caught up at the next refresh)"
+            commits = commits_since(ds, self.version)
+            if not commits or type(commits[0].operation).__name__ not in ("Update", "Append", "Delete"):
+                return "not followed: the commit is not one the refresh makes (caught up at the next refresh)"
+            new = [f for f in ds.fragment_ids() if f not in self.fragments]
+            written = ds.scanner(columns=self.columns, with_row_id=True, with_row_address=True,
+                                 fragments=[ds.get_fragment(f) for f in new]).to_table() if new else None
+            out = arr.kill(self.slots)
+            if written is not None and written.num_rows:
+                values, valid = _columns_of(written, self.columns, True)
+                arr.add(values, valid)
+            rows_in = 0 if written is None else written.num_rows
+            kept.version, kept.commit = ds.version, getattr(commits[0], "uuid", None)
+            kept.moved += rows_in + out
+            return f"followed the commit ({rows_in:,} rows in, {out:,} out)"
 
 
 def key_rows(ds: lance.LanceDataset, column: str, values: np.ndarray) -> tuple[np.ndarray | None, dict]:
@@ -120,9 +177,20 @@ def key_rows(ds: lance.LanceDataset, column: str, values: np.ndarray) -> tuple[n
     return _probed(ds, [column], False, lambda arr: arr.rows(arr.find({column: values}))[_ROWID])
 
 
-def _probed(ds: lance.LanceDataset, columns: list[str], addresses: bool, probe):
+def present(ds: lance.LanceDataset, column: str, values: np.ndarray) -> tuple[np.ndarray | None, dict]:
+    """Which of ``values`` some row of ``ds`` holds in its integer ``column``
+    (distinct; None, with the reason, when its type is not one an arrangement
+    holds or none is kept)."""
+    field = ds.schema.field(column)
+    if not any(is_type(field.type) for is_type in ARRANGEABLE):
+        return None, {"how": f"not arranged: a {field.type} key"}
+    return _probed(ds, [column], False, lambda arr: np.unique(arr.rows(arr.find({column: values}))[column]))
+
+
+def _probed(ds: lance.LanceDataset, columns: list[str], addresses: bool, probe, follow: "list[Follow] | None" = None):
     """``probe(arrangement)`` of ``columns`` of ``ds`` at its version, under
-    the lock (kept, read from disk, caught up or loaded first), and what was done."""
+    the lock (kept, read from disk, caught up or loaded first), and what was
+    done; ``follow``: a :class:`Follow` of the arrangement probed is added to it."""
     start = time.perf_counter()
     key = (ds.uri, ("addr:" if addresses else "") + ",".join(columns))
     if MAX_BYTES <= 0:
@@ -168,6 +236,8 @@ def _probed(ds: lance.LanceDataset, columns: list[str], addresses: bool, probe):
             _KEPT.move_to_end(key)
             _evict(keep=key)
         result = probe(kept.arrangement)
+        if follow is not None:
+            follow.append(Follow(key, kept, kept.arrangement.generation, kept.version, kept.commit, columns))
         info = {"how": how, "rows": len(kept.arrangement), "bytes": kept.arrangement.nbytes,
                 "seconds": round(time.perf_counter() - start, 4)}
         if saved is not None:
@@ -344,11 +414,17 @@ def _catch_up(arr: Arrangement, ds: lance.LanceDataset, since: int, columns: lis
     if moved is not None and not moved:
         written = None
     else:
-        written = ds.scanner(columns=columns, filter=f"_row_last_updated_at_version > {since}", with_row_id=True,
+        written = ds.scanner(columns={**{c: f"`{c}`" for c in columns}, _CREATED: "_row_created_at_version"},
+                             filter=f"_row_last_updated_at_version > {since}", with_row_id=True,
                              with_row_address=addresses, fragments=moved).to_table()
-    deleted = column_ids(ds.delta(begin_version=since, end_version=ds.version).get_deleted_row_ids().read_all())
-    out = np.concatenate([deleted, column_ids(written)]) if written is not None else deleted
-    arr.remove(out)  # (a row written since: its old slot goes, its new one comes)
+    # (only a delete or an update removes rows: the deletion vectors are read only after one)
+    deleted = column_ids(ds.delta(begin_version=since, end_version=ds.version).get_deleted_row_ids().read_all()) \
+        if any(type(t.operation).__name__ in _REMOVES for t in commits) else np.empty(0, np.int64)
+    out = deleted
+    if written is not None and written.num_rows:  # (a row updated since: its old slot goes, its new one comes;
+        created = np.asarray(written.column(_CREATED).to_numpy(), np.int64)  # one created since had none)
+        out = np.concatenate([deleted, column_ids(written)[created <= since]])
+    arr.remove(out)
     if written is not None and written.num_rows:
         values, valid = _columns_of(written, columns, addresses)
         arr.add(values, valid)

@@ -175,6 +175,7 @@ class _Reads:
 
     arranged: dict | None  # (None: probe by scans only)
     scanned: int = 0
+    follow: "arrangements.Follow | None" = None  # (the view's arrangement probed: brought to the commit after it)
 
 
 def _probe(join: Join, datasets: list[lance.LanceDataset], i: int, rows: pa.Table, reads: _Reads) -> np.ndarray:
@@ -226,7 +227,7 @@ def _found(join: Join, datasets: list[lance.LanceDataset], deltas: dict[int, "_D
     known = distinct(np.concatenate([first_gone, *probed]))
     assert reads.arranged is not None
     held, passes = _view_rows(view_ds, known, {i: d.gone for i, d in deltas.items() if i}, len(join.sources),
-                              reads.arranged)
+                              reads)
     return probed, held, passes, distinct(np.concatenate([first_new, known, _ids(held, SOURCE_ROW_ID)]))
 
 
@@ -332,20 +333,22 @@ def _input_changes(join: Join, definition, deltas: dict[int, _Delta]) -> dict[st
 
 
 def _view_rows(view_ds: lance.LanceDataset, first: np.ndarray, joined: dict[int, np.ndarray], sources: int,
-               arranged: dict) -> tuple[pa.Table, int]:
+               reads: _Reads) -> tuple[pa.Table, int]:
     """The view's rows (first-table id, view row id and address) of every
     first-table row in ``first`` or that came from a row of source ``i`` in
     ``joined[i]``, and then every other view row of the first-table rows
     found so (a row may have several). Probed in the view's arrangement (its
     provenance columns, kept in memory: :mod:`mv_assets.ops.arrangements`;
-    what was done to have it goes in ``arranged["view"]``), else read by
+    what was done to have it goes in ``reads.arranged["view"]``, and what
+    brings it to the refresh's commit in ``reads.follow``), else read by
     streaming the view's key columns (memory: the rows kept), once, or twice
     when rows were found through a joined table; and the passes made (0:
     nothing to look for, or probed)."""
     provenance = [row_id_column(i) for i in range(sources)]
     if not len(first) and not any(len(ids) for ids in joined.values()):
         return _stream_keys(view_ds, first, {}, provenance), 0
-    held, arranged["view"] = arrangements.view_rows(
+    assert reads.arranged is not None
+    held, reads.arranged["view"], reads.follow = arrangements.view_rows(
         view_ds, provenance, first, {row_id_column(i): ids for i, ids in joined.items() if len(ids)})
     if held is not None:
         return held, 0
@@ -435,8 +438,11 @@ def plan_join_refresh(
               if moved else "incremental (no source moved)")
     where = _place(view, datasets[0], view_ds.version, f"join|{json.dumps(versions, sort_keys=True)}|incremental",
                    per_task, checkpoint_size)
-    # (first-table rows deleted since: their view rows go, nothing is computed for them)
+    # (first-table rows deleted since: their view rows go, nothing is computed for them; nor for those an
+    # inner join's row deleted left with no match: _unmatched)
     alive = touched[~isin(touched, deltas[0].deleted)] if 0 in deltas else touched
+    unmatched = _unmatched(join, datasets, reflected, deltas, held, reads)
+    alive = alive[~isin(alive, unmatched)]
     details["work"] = _work(join, deltas, probed, passes * view_ds.count_rows(), len(alive), held.num_rows,
                             reads.scanned)
     details["adaptive"] = adaptive = _adaptive(definition, len(alive), datasets[0].count_rows(), mode)
@@ -451,7 +457,8 @@ def plan_join_refresh(
         + [_task(where, _task_args(uris, datasets, view, view_ds, chunk, changed, held, reusable, deltas.get(0)),
                  len(chunk)) for chunk in (by_id[k:k + per_task] for k in range(0, len(by_id), per_task))])
     details["work"]["first_rows_scanned"] = int(sum(rows for _, rows in appended))
-    details["first_fragments"] = _first_fragments(datasets[0], reflected[join.sources[0]], deltas.get(0))
+    details["work"]["first_rows_only_removed"] = len(unmatched)
+    details["first_fragments"] = _first_fragments(datasets[0], reflected[join.sources[0]], deltas.get(0), unmatched)
     rows_out, udf_rows, replaced = _counted(definition, tasks, exact, len(alive))
     return RefreshPlan(
         view=view.name, source=definition.source, from_version=state.source_version, to_version=datasets[0].version,
@@ -461,19 +468,103 @@ def plan_join_refresh(
         checkpoint_dir=where.checkpoint_dir, definition_raw=definition.encode(), load_number=state.load_number,
         scope=None, seconds_per_row=state.seconds_per_row, source_id=ids[join.sources[0]],
         counted_by_tasks=bool(tasks) and not exact, details=details,
+        after_commit=_follow(reads.follow, details),
     )
 
 
-def _first_fragments(ds: lance.LanceDataset, reflected: int, first: "_Delta | None") -> list[int] | None:
+def _follow(follow: "arrangements.Follow | None", details: dict):
+    """What the refresh calls with the view committed: its arrangement
+    brought to the commit (what was done in ``details["arrangements"]["view"]["after"]``)."""
+    if follow is None:
+        return None
+
+    def after(ds: lance.LanceDataset) -> None:
+        try:
+            done = follow.after(ds)
+        except Exception as exc:  # (committed already: the arrangement is dropped, loaded again when needed)
+            arrangements.forget(ds.uri, disk=False)
+            done = f"dropped: {type(exc).__name__}: {exc}"
+        details["arrangements"]["view"]["after"] = done
+    return after
+
+
+def _first_fragments(ds: lance.LanceDataset, reflected: int, first: "_Delta | None",
+                     unmatched: np.ndarray) -> list[int] | None:
     """The first table's fragments whose rows changed since the reflected
-    version (written, or losing rows: deleted or moved by an update), the
-    partitions whose view rows the first table's changes touch; the tasks add
-    those of rows reached through joined tables (``TaskResult.first_fragments``).
-    None: not known (that version cleaned up)."""
+    version (written, or losing rows: deleted or moved by an update), and
+    those of the rows whose view rows only go (``unmatched``: their addresses
+    taken, no data read): the partitions whose view rows the plan touches;
+    the tasks add those of rows reached through joined tables that they read
+    (``TaskResult.first_fragments``). None: not known (that version cleaned up)."""
+    gone = set()
+    if len(unmatched):
+        addresses = take_rows(ds, pa.array(unmatched.view(np.uint64)), ["_rowaddr"]).column("_rowaddr")
+        gone = set((np.unique(np.asarray(addresses.to_numpy(), np.uint64) >> np.uint64(32))).tolist())
     if first is None:
-        return []
+        return sorted(gone)
     grew = deletions_grew(ds, reflected)
-    return None if grew is None else sorted(set(first.written_in) | set(grew))
+    return None if grew is None else sorted(set(first.written_in) | set(grew) | gone)
+
+
+def _unmatched(join: Join, datasets: list[lance.LanceDataset], reflected: dict[str, int],
+               deltas: dict[int, "_Delta"], held: pa.Table, reads: "_Reads") -> np.ndarray:
+    """First-table rows not changed since whose view rows came from a row of
+    an inner-joined table (joined to the first table by one integer column)
+    that was deleted or moved to another key since, when no row of that table
+    holds that key now: they join nothing, so their view rows only go, and no
+    task reads them to compute nothing (a dimension deleted under an inner
+    join). The key's rows now are probed in the joined table's arrangement."""
+    out = []
+    for i, d in deltas.items():
+        step = join.step_of(i) if i else None
+        if step is None or step.how != "inner" or step.left_source != 0 or len(step.right) != 1 or not held.num_rows:
+            continue
+        key = step.right[0]
+        field = datasets[i].schema.field(key)
+        if not any(is_type(field.type) for is_type in arrangements.ARRANGEABLE):
+            continue
+        ids, old = [], []
+        if len(d.deleted):
+            try:  # (the deleted rows' keys then; a row created and deleted since has none: not this way)
+                then = d.was_deleted if d.was_deleted is not None else take_rows(
+                    datasets[i].checkout_version(reflected[join.sources[i]]), pa.array(d.deleted.view(np.uint64)),
+                    [key])
+            except Exception:  # (Lance's own error for a row id it does not hold, whatever its type)
+                continue
+            if then.num_rows != len(d.deleted):
+                continue
+            ids.append(d.deleted)
+            old.append(then.column(key).combine_chunks())
+        if d.updated.num_rows:
+            moved = values_differ(d.before.column(key), d.updated.column(key))
+            ids.append(_ids(d.updated)[moved])
+            old.append(d.before.column(key).combine_chunks().filter(pa.array(moved)))
+        gone_ids = np.concatenate(ids) if ids else np.empty(0, np.int64)
+        if not len(gone_ids):
+            continue
+        keys = pa.chunked_array(old, type=field.type)
+        valid = np.asarray(keys.is_valid().to_numpy(zero_copy_only=False), bool)
+        gone_ids = gone_ids[valid]
+        gone_keys = np.asarray(keys.drop_null().to_numpy(), np.int64)
+        if not len(gone_ids):
+            continue
+        assert reads.arranged is not None
+        present, reads.arranged[f"{join.names[i]}.{key}"] = arrangements.present(datasets[i], key,
+                                                                                 distinct(gone_keys))
+        if present is None:
+            continue
+        dead = ~isin(gone_keys, present)
+        order = np.argsort(gone_ids)
+        gone_ids, dead = gone_ids[order], dead[order]
+        came_from = _ids(held, row_id_column(i))
+        at = np.minimum(np.searchsorted(gone_ids, came_from), len(gone_ids) - 1)
+        out.append(_ids(held, SOURCE_ROW_ID)[(gone_ids[at] == came_from) & dead[at]])
+    if not out:
+        return np.empty(0, np.int64)
+    found = distinct(np.concatenate(out))
+    if 0 in deltas:  # (a first-table row written since may hold another key now: computed)
+        found = found[~isin(found, _ids(deltas[0].arrived))]
+    return found
 
 
 # An incremental refresh recomputing at least this share of the first table's

@@ -20,7 +20,7 @@ import json
 import re
 import socket
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -152,6 +152,8 @@ class RefreshPlan:
     source_top_fragment: int | None = field(default=None, repr=False)
     # what a view kind's planner adds (aggregate views: groups, groups_recomputed, source_rows_read)
     details: dict = field(default_factory=dict)
+    # called with the view as committed, in the process that commits (a join view: its arrangement brought there)
+    after_commit: "Callable[[lance.LanceDataset], None] | None" = field(default=None, repr=False, compare=False)
 
     @property
     def is_noop(self) -> bool:
@@ -1522,6 +1524,8 @@ def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner", job_id: 
         objects.remove_tree(plan.checkpoint_dir)
         # committed: the batch checkpoints are spent (refreshes of a view never overlap)
         objects.remove_tree(objects.join(plan.checkpoint_dir.rsplit("/", 1)[0], "batches"))
+    if plan.after_commit is not None:
+        plan.after_commit(committed)
     done = time.perf_counter()
     upkeep = _index_upkeep(view.uri, rebuild, committed.version)
     indexed = time.perf_counter()
