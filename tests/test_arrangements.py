@@ -26,7 +26,7 @@ from mv_assets.ops import arrangements
 
 
 @settings(max_examples=60, deadline=None)
-@given(steps=st.lists(st.tuples(st.sampled_from(["add", "remove", "find"]),
+@given(steps=st.lists(st.tuples(st.sampled_from(["add", "remove", "find", "kill"]),
                                 st.lists(st.integers(0, 40), max_size=12)), max_size=25))
 def test_an_arrangement_answers_as_a_dict_of_its_rows_does(steps):
     rows: dict[int, tuple[int, int | None]] = {i: (i % 7, None if i % 5 == 0 else i % 3) for i in range(30)}
@@ -51,6 +51,14 @@ def test_an_arrangement_answers_as_a_dict_of_its_rows_does(steps):
             arr.remove(np.array(values, np.int64))
             for v in values:
                 rows.pop(v, None)
+        elif what == "kill":  # (the rows two finds gave, overlapping, forgotten by their slots)
+            a, b = values[: len(values) // 2], values[len(values) // 2:]
+            finds = [arr.find({"a": np.array(a, np.int64)}), arr.find({"a": np.array(a + b, np.int64)})]
+            gone = [i for i, (x, _) in rows.items() if x in a + b]
+            assert arr.kill(finds) == len(gone)
+            for i in gone:
+                del rows[i]
+            assert len(arr) == len(rows)
         else:
             a, b = values[: len(values) // 2], values[len(values) // 2:]
             found = arr.rows(arr.find({"a": np.array(a, np.int64), "b": np.array(b, np.int64)}))

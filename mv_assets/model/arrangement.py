@@ -130,21 +130,21 @@ class Arrangement:
         if slots - sum(self._live) >= DEAD_SHARE * slots:
             self._merge()
 
-    def kill(self, slots: list[np.ndarray]) -> int:
-        """Forget the rows at ``slots`` (as :meth:`find` gave them, at this
-        :attr:`generation`): O(slots), no pass over the ids. The rows newly
-        forgotten."""
-        if len(slots) > len(self._chunks):  # (chunks added since keep their slots; a merge moves them)
-            raise ValueError(f"slots of {len(slots)} chunks given to an arrangement of {len(self._chunks)}")
+    def kill(self, finds: list[list[np.ndarray]]) -> int:
+        """Forget the rows at the slots some :meth:`find` calls gave (at this
+        :attr:`generation`; one of them may find a row another found):
+        O(slots), no pass over the ids. The rows forgotten."""
         gone = 0
-        for k, (alive, s) in enumerate(zip(self._alive, slots, strict=False)):
-            if not len(s):
-                continue
-            s = np.unique(s)
-            dead = int(np.count_nonzero(alive[s]))
-            alive[s] = False
-            self._live[k] -= dead
-            gone += dead
+        for slots in finds:
+            if len(slots) > len(self._chunks):  # (chunks added since keep their slots; a merge moves them)
+                raise ValueError(f"slots of {len(slots)} chunks given to an arrangement of {len(self._chunks)}")
+            for k, (alive, s) in enumerate(zip(self._alive, slots, strict=False)):
+                if not len(s):
+                    continue
+                dead = int(np.count_nonzero(alive[s]))  # (a find's slots are distinct a chunk)
+                alive[s] = False
+                self._live[k] -= dead
+                gone += dead
         slots_total = sum(len(a) for a in self._alive)
         if slots_total - sum(self._live) >= DEAD_SHARE * slots_total:
             self._merge()

@@ -117,7 +117,7 @@ def view_rows(view_ds: lance.LanceDataset, provenance: list[str], first: np.ndar
     probed: list[Follow] = []
     held, info = _probed(view_ds, provenance, True, probe, probed)
     if probed:
-        probed[0].slots = [np.concatenate(per) for per in zip(*slots, strict=True)] if slots else []
+        probed[0].slots = slots
         probed[0].fragments = frozenset(view_ds.fragment_ids())
     return held, info, (probed[0] if probed else None)
 
@@ -137,7 +137,7 @@ class Follow:
     version: int
     commit: str | None
     columns: list[str]
-    slots: list[np.ndarray] = field(default_factory=list)  # per chunk: the slots of the view rows probed
+    slots: list[list[np.ndarray]] = field(default_factory=list)  # per find, per chunk: the slots of the rows probed
     fragments: frozenset[int] = frozenset()  # the view's fragments at ``version``
 
     def after(self, ds: lance.LanceDataset) -> str:
