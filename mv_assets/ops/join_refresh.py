@@ -699,8 +699,34 @@ def _appended(ds: lance.LanceDataset, reflected: int, delta: "_Delta | None", al
     return groups, alive[~isin(alive, _ids(delta.inserted)[scanned])]
 
 
+def _digest(h, value) -> None:
+    """Feed ``value`` (JSON-like: a task's arguments) to the hash ``h``: a
+    list of ints as its int64 bytes (a task's row ids: 100,000 of them
+    through ``json.dumps`` cost ~0.08 s), a dict by sorted key, the rest as JSON."""
+    if isinstance(value, dict):
+        h.update(b"{")
+        for k in sorted(value):
+            h.update(json.dumps(k).encode() + b":")
+            _digest(h, value[k])
+        h.update(b"}")
+    elif isinstance(value, list) and value and type(value[0]) is int and \
+            (ints := np.asarray(value)).dtype == np.int64 and ints.ndim == 1:
+        h.update(b"i%d:" % len(value))
+        h.update(ints.tobytes())
+    elif isinstance(value, list):
+        h.update(b"[")
+        for v in value:
+            _digest(h, v)
+            h.update(b",")
+        h.update(b"]")
+    else:
+        h.update(json.dumps(value).encode())
+
+
 def _task(where, args: dict, rows: int) -> TaskSpec:
-    task_id = hashlib.sha256(f"{where.plan_key}|{json.dumps(args, sort_keys=True)}".encode()).hexdigest()[:16]
+    h = hashlib.sha256(f"{where.plan_key}|".encode())
+    _digest(h, args)
+    task_id = h.hexdigest()[:16]
     return TaskSpec(task_id=task_id, src_uri=where.src_uri, src_version=where.src_version, parts=[],
                     view_uri=where.view_uri, rows=int(rows), checkpoint_dir=where.checkpoint_dir,
                     view_version=where.view_version, partitions=[], kind_args=args)
