@@ -162,7 +162,13 @@ def test_an_arrangement_is_kept_caught_up_and_loaded_again_when_it_must_be(db):
     hows = {k: i["how"] for k, i in plan.details["arrangements"].items()}
     assert hows["view"] == "kept" and hows["orders.cid"] == "kept"
     _same_as_loaded(v)
+    v.refresh()
+    orders.add(pa.table({"oid": [300, 301], "cid": [4, 99]}))  # (a refresh probing nothing: its rows added after)
+    assert v.refresh().details["arrangements"]["view"]["after"] == "followed the commit (1 rows in, 0 out)"
+    assert v.plan_refresh().details["arrangements"] == {}  # (nothing moved: nothing probed)
+    _same_as_loaded(v)
     lance.dataset(v.uri).create_scalar_index("oid", "BTREE")  # (a commit after the refresh's: caught up from it)
+    customers.update(where="cid = 5", values={"name": "q"})
     plan = v.plan_refresh()
     assert plan.details["arrangements"]["view"]["how"].startswith("caught up from version")
     _same_as_loaded(v)
@@ -242,7 +248,7 @@ def test_a_copy_on_disk_from_another_table_or_a_damaged_one_is_not_used(db, tmp_
     assert info["how"] == "loaded" and "saved_s" not in info
 
 
-def test_an_arrangement_whose_version_was_cleaned_up_is_loaded_again(db):
+def test_an_arrangement_whose_version_was_cleaned_up_is_loaded_again(db, monkeypatch):
     from datetime import timedelta
 
     orders, customers = _orders_and_customers(db, 100, 10)
@@ -253,7 +259,9 @@ def test_an_arrangement_whose_version_was_cleaned_up_is_loaded_again(db):
     customers.update(where="cid = 2", values={"name": "y"})
     v.refresh()  # (the arrangement brought to the refresh's commit ...)
     orders.add(pa.table({"oid": [100], "cid": [5]}))
-    v.refresh()  # (... which a refresh that probes nothing follows ...)
+    with monkeypatch.context() as m:  # (... which another process's refresh follows, unseen by this one ...)
+        m.setattr(arrangements.Follow, "after", lambda self, ds: "not followed: another process")
+        v.refresh()
     lance.dataset(v.uri).cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)  # (... and is gone)
     customers.update(where="cid = 3", values={"name": "z"})
     plan = v.plan_refresh()

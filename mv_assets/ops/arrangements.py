@@ -47,7 +47,7 @@ from mv_assets.model.planning import column_ids, isin, without
 from mv_assets.storage import objects
 from mv_assets.storage.changes import commits_since, written_fragments
 
-__all__ = ["MAX_BYTES", "Follow", "view_rows", "key_rows", "present", "held", "forget", "keep_on_disk", "ARRANGEABLE"]
+__all__ = ["MAX_BYTES", "Follow", "follower", "view_rows", "key_rows", "present", "held", "forget", "keep_on_disk", "ARRANGEABLE"]
 
 MAX_BYTES = int(os.environ.get("MV_ASSETS_ARRANGEMENT_BYTES", str(2 << 30)))
 
@@ -122,6 +122,19 @@ def view_rows(view_ds: lance.LanceDataset, provenance: list[str], first: np.ndar
     return held, info, (probed[0] if probed else None)
 
 
+def follower(view_ds: lance.LanceDataset, provenance: list[str]) -> "Follow | None":
+    """A :class:`Follow` of the view's arrangement when this process keeps it
+    at the view's version, for a refresh that removes no view row (its
+    commit's new rows are added after it; None: none kept there)."""
+    key = (view_ds.uri, "addr:" + ",".join(provenance))
+    with _LOCK:
+        kept = _KEPT.get(key)
+    if kept is None or kept.version != view_ds.version or kept.commit != _commit_id(view_ds, view_ds.version):
+        return None
+    return Follow(key, kept, kept.arrangement.generation, kept.version, kept.commit, provenance,
+                  fragments=frozenset(view_ds.fragment_ids()))
+
+
 @dataclass
 class Follow:
     """What a refresh that removes the view rows it probed and commits new
@@ -152,7 +165,7 @@ class Follow:
                     kept.commit != self.commit or ds.version != self.version + 1:
                 return "not followed: the arrangement moved since the plan (caught up at the next refresh)"
             commits = commits_since(ds, self.version)
-            if not commits or type(commits[0].operation).__name__ not in ("Update", "Append", "Delete"):
+            if not commits or type(commits[0].operation).__name__ not in _KEEPS_ADDRESSES:
                 return "not followed: the commit is not one the refresh makes (caught up at the next refresh)"
             new = [f for f in ds.fragment_ids() if f not in self.fragments]
             written = ds.scanner(columns=self.columns, with_row_id=True, with_row_address=True,

@@ -346,6 +346,7 @@ def _view_rows(view_ds: lance.LanceDataset, first: np.ndarray, joined: dict[int,
     nothing to look for, or probed)."""
     provenance = [row_id_column(i) for i in range(sources)]
     if not len(first) and not any(len(ids) for ids in joined.values()):
+        reads.follow = arrangements.follower(view_ds, provenance)  # (the rows the commit adds: added after it)
         return _stream_keys(view_ds, first, {}, provenance), 0
     assert reads.arranged is not None
     held, reads.arranged["view"], reads.follow = arrangements.view_rows(
@@ -484,7 +485,7 @@ def _follow(follow: "arrangements.Follow | None", details: dict):
         except Exception as exc:  # (committed already: the arrangement is dropped, loaded again when needed)
             arrangements.forget(ds.uri, disk=False)
             done = f"dropped: {type(exc).__name__}: {exc}"
-        details["arrangements"]["view"]["after"] = done
+        details["arrangements"].setdefault("view", {"how": "kept"})["after"] = done
     return after
 
 
