@@ -345,3 +345,25 @@ def test_the_first_tables_key_arrangement_follows_a_compaction(db):
     v.refresh()
     want = sorted(r["oid"] for r in orders.to_arrow().to_pylist() if r["cid"] == 2)
     assert sorted(r["oid"] for r in v.to_arrow().to_pylist() if r["name"] == "y") == want and len(want) > 10
+
+
+def test_an_arrangement_that_would_not_match_the_commit_is_dropped(db, monkeypatch):
+    """Following a commit checks the rows it would hold against the view's
+    count (the manifest's): a commit that did other than the plan said drops
+    the arrangement (loaded again when needed), never kept wrong."""
+    orders, customers = _orders_and_customers(db, 100, 10)
+    v = _orders_view(db, "o", orders, customers)
+    v.refresh()
+    customers.update(where="cid = 1", values={"name": "x"})
+    v.refresh()  # (loaded, and followed)
+    customers.update(where="cid = 2", values={"name": "y"})
+    monkeypatch.setattr(Arrangement, "kill", lambda self, finds: 0)  # (as if the removed rows were others)
+    r = v.refresh()
+    assert r.details["arrangements"]["view"]["after"].startswith("dropped: it would hold 110 rows, the view holds 100")
+    assert not any(h["uri"] == v.uri for h in arrangements.held())
+    monkeypatch.undo()
+    customers.update(where="cid = 3", values={"name": "z"})
+    plan = v.plan_refresh()
+    assert plan.details["arrangements"]["view"]["how"].startswith(("loaded", "read from disk"))
+    v.refresh()
+    assert sorted(r["oid"] for r in v.to_arrow().to_pylist() if r["name"] == "z") == list(range(3, 100, 10))

@@ -175,6 +175,11 @@ class Follow:
                 values, valid = _columns_of(written, self.columns, True)
                 arr.add(values, valid)
             rows_in = 0 if written is None else written.num_rows
+            if len(arr) != ds.count_rows():  # (the manifest's counts: a commit that did other than the plan said)
+                with _LOCK:
+                    _KEPT.pop(self.key, None)
+                return (f"dropped: it would hold {len(arr):,} rows, the view holds {ds.count_rows():,} "
+                        "(loaded again when needed)")
             kept.version, kept.commit = ds.version, getattr(commits[0], "uuid", None)
             kept.moved += rows_in + out
             return f"followed the commit ({rows_in:,} rows in, {out:,} out)"
