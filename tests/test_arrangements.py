@@ -367,3 +367,16 @@ def test_an_arrangement_that_would_not_match_the_commit_is_dropped(db, monkeypat
     assert plan.details["arrangements"]["view"]["how"].startswith(("loaded", "read from disk"))
     v.refresh()
     assert sorted(r["oid"] for r in v.to_arrow().to_pylist() if r["name"] == "z") == list(range(3, 100, 10))
+
+
+def test_a_probe_of_millions_of_values_in_parts_on_threads_answers_as_one_pass_does(monkeypatch):
+    from mv_assets.model import arrangement
+
+    rng = np.random.default_rng(7)
+    values = rng.integers(-5, 3_000_000, 3_000_001, dtype=np.int64)  # (an odd length: the parts differ)
+    ids = np.unique(rng.integers(0, 3_000_000, 20_000, dtype=np.int64))
+    monkeypatch.setattr(arrangement, "_CPUS", 3)
+    threaded = arrangement._Probe(ids).mask(values)
+    monkeypatch.setattr(arrangement, "_CPUS", 1)
+    assert np.array_equal(threaded, arrangement._Probe(ids).mask(values))
+    assert np.array_equal(threaded, np.isin(values, ids))
