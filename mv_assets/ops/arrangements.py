@@ -12,10 +12,12 @@ refreshes.
   read its key column whole.
 
 An arrangement is loaded by the first refresh in the process that needs it
-(one read of those columns: what that refresh read anyway), then brought up
-to date at each later refresh from the relation's change feed since the
-version it reflects (the rows written since, the ids deleted since:
-O(changed rows)), and probed in memory (:class:`mv_assets.model.arrangement.Arrangement`).
+(one read of those columns: what that refresh read anyway). The view's is
+then kept at each commit of a refresh in this process by that refresh
+(:class:`Follow`: the rows its probe found marked dead, the rows it wrote
+added); any other change is caught up at the next refresh from the
+relation's change feed since the version it reflects (the rows written
+since, the ids deleted since: O(changed rows)). Either is probed in memory (:class:`mv_assets.model.arrangement.Arrangement`).
 It is loaded again when its relation changed in a way the change feed does not
 describe row by row (overwritten, restored; for the view: compacted, which
 moves row addresses), was dropped and created again (the commit it reflects
