@@ -516,9 +516,9 @@ def _unmatched(join: Join, datasets: list[lance.LanceDataset], reflected: dict[s
     task reads them to compute nothing (a dimension deleted under an inner
     join). The key's rows now are probed in the joined table's arrangement."""
     out = []
-    for i, d in deltas.items():
+    for i, d in deltas.items() if held.num_rows else ():  # (no view row went: none only goes)
         step = join.step_of(i) if i else None
-        if step is None or step.how != "inner" or step.left_source != 0 or len(step.right) != 1 or not held.num_rows:
+        if step is None or step.how != "inner" or step.left_source != 0 or len(step.right) != 1:
             continue
         key = step.right[0]
         field = datasets[i].schema.field(key)
