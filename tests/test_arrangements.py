@@ -380,3 +380,28 @@ def test_a_probe_of_millions_of_values_in_parts_on_threads_answers_as_one_pass_d
     monkeypatch.setattr(arrangement, "_CPUS", 1)
     assert np.array_equal(threaded, arrangement._Probe(ids).mask(values))
     assert np.array_equal(threaded, np.isin(values, ids))
+
+
+@pytest.mark.parametrize("rows_counted", [None, 2])
+def test_an_arrangement_filled_batch_by_batch_equals_one_read_whole(tmp_path, rows_counted):
+    """The arrays filled as a scan yields batches (NULLs first met in a later
+    batch, a narrow integer key, uint64 ids and addresses) equal the columns of
+    one read converted whole; rows beyond the count grow the arrays."""
+    t = pa.table({"k": pa.array([1, 2, None, 4, None, 6, 7], pa.int32()), "j": pa.array(range(7), pa.int64())})
+    lance.write_dataset(t, str(tmp_path / "x.lance"), enable_stable_row_ids=True)
+    ds = lance.dataset(str(tmp_path / "x.lance"))
+    ds.delete("j = 3")
+    ds = lance.dataset(str(tmp_path / "x.lance"))
+    whole = ds.to_table(columns=["k", "j"], with_row_id=True, with_row_address=True)
+    filling = arrangements._Filling(rows_counted or ds.count_rows(), ["k", "j"], True)
+    for batch in ds.to_batches(columns=["k", "j"], with_row_id=True, with_row_address=True, batch_size=2):
+        filling.add(batch)
+    values, valid = filling.done()
+    assert values["_rowid"].tolist() == whole.column("_rowid").to_pylist()
+    assert values["_rowaddr"].tolist() == whole.column("_rowaddr").to_pylist()
+    assert values["k"].tolist() == [0 if v is None else v for v in whole.column("k").to_pylist()]
+    assert valid["k"].tolist() == [v is not None for v in whole.column("k").to_pylist()]
+    assert "j" not in valid and values["j"].tolist() == whole.column("j").to_pylist()
+    loaded = arrangements._load(ds, ["k"], True)
+    assert sorted(loaded.rows(loaded.find({"k": np.array([0, 2, 4, 6])}))["_rowid"].tolist()) == \
+        sorted(i for i, k in zip(whole.column("_rowid").to_pylist(), whole.column("k").to_pylist()) if k in (2, 4, 6))
