@@ -404,4 +404,5 @@ def test_an_arrangement_filled_batch_by_batch_equals_one_read_whole(tmp_path, ro
     assert "j" not in valid and values["j"].tolist() == whole.column("j").to_pylist()
     loaded = arrangements._load(ds, ["k"], True)
     assert sorted(loaded.rows(loaded.find({"k": np.array([0, 2, 4, 6])}))["_rowid"].tolist()) == \
-        sorted(i for i, k in zip(whole.column("_rowid").to_pylist(), whole.column("k").to_pylist()) if k in (2, 4, 6))
+        sorted(i for i, k in zip(whole.column("_rowid").to_pylist(), whole.column("k").to_pylist(), strict=True)
+               if k in (2, 4, 6))

@@ -37,10 +37,11 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
+import pyarrow as pa
 
 from mv_assets.model.planning import Membership
 
-__all__ = ["Arrangement"]
+__all__ = ["Arrangement", "key_codes", "HASHED", "HASH_VERSION"]
 
 # More chunks than this (rows added since the last merge) are merged into one.
 MAX_CHUNKS = 8
@@ -205,6 +206,8 @@ _BLOCK = 1 << 18
 # A lookup table of one byte a value of the probed values' span, up to this many bytes
 # (else :class:`Membership`'s bitmap or sorted array).
 _TABLE_MAX = 1 << 26
+# The low-bits table of ids far apart: 64 slots an id, at most this many bits' worth (16 MiB).
+_FILTER_BITS = 24
 
 
 # A probe of at least twice this many values runs in parts on threads (one a CPU, at most 4):
@@ -224,7 +227,10 @@ def _pool() -> ThreadPoolExecutor:
 
 class _Probe:
     """Membership of a column's values in a set of ids: a byte table over the
-    ids' span (one gather a value) when it is small, else :class:`Membership`."""
+    ids' span (one gather a value) when it is small; else (hashed keys, ids
+    far apart) a byte table over the values' low bits first, which passes
+    every member and about one value in 64 of the others, and
+    :class:`Membership` only for the values it passes."""
 
     def __init__(self, ids: np.ndarray) -> None:
         self._table: np.ndarray | None = None
@@ -241,20 +247,24 @@ class _Probe:
             self._table[ids - lo + 1] = True
         else:
             self._set = Membership(ids)
+            self._low = (1 << min(max(16, (64 * len(ids)).bit_length()), _FILTER_BITS)) - 1
+            self._table = np.zeros(self._low + 1, dtype=bool)
+            self._table[ids & self._low] = True
 
     def mask(self, values: np.ndarray) -> np.ndarray:
-        if self._set is not None:
-            return self._set.mask(values)
         out = np.empty(len(values), dtype=bool)
+        fill = self._mask_into if self._set is None else self._filter_into
         threads = min(_CPUS, len(values) // _PARALLEL_MIN)
         if threads < 2:
-            self._mask_into(values, out)
-            return out
-        step = -(-len(values) // threads)  # (numpy lets go of the GIL: the parts run at once)
-        parts = [_pool().submit(self._mask_into, values[k:k + step], out[k:k + step])
-                 for k in range(0, len(values), step)]
-        for part in parts:
-            part.result()
+            fill(values, out)
+        else:
+            step = -(-len(values) // threads)  # (numpy lets go of the GIL: the parts run at once)
+            parts = [_pool().submit(fill, values[k:k + step], out[k:k + step]) for k in range(0, len(values), step)]
+            for part in parts:
+                part.result()
+        if self._set is not None:  # (those the low bits pass: checked against the ids themselves)
+            passed = np.flatnonzero(out)
+            out[passed] = self._set.mask(values[passed])
         return out
 
     def _mask_into(self, values: np.ndarray, out: np.ndarray) -> None:
@@ -267,6 +277,104 @@ class _Probe:
             np.clip(at, 0, self._span + 1, out=at)  # (one pass each, no temporaries: ~30% faster than a mask)
             np.take(self._table, at, out=out[start:start + _BLOCK])
 
+    def _filter_into(self, values: np.ndarray, out: np.ndarray) -> None:
+        assert self._table is not None
+        rel = np.empty(min(len(values), _BLOCK), np.int64)
+        for start in range(0, len(values), _BLOCK):
+            at = rel[:len(values[start:start + _BLOCK])]
+            np.bitwise_and(values[start:start + _BLOCK], self._low, out=at)
+            np.take(self._table, at, out=out[start:start + _BLOCK])
+
 
 def _valid(name: str) -> str:
     return "\0" + name
+
+
+# -- keys as int64 codes -------------------------------------------------------------
+#
+# An arrangement holds int64 values. An integer key is its own code; a string
+# or binary key is held as a 64-bit hash of its bytes, so text keys (customer
+# codes, UUIDs as text) are probed in memory as integer keys are, where a
+# filtered scan read the first table's key column at each refresh. Two
+# different keys may share a code (about one pair in 2**64 / rows**2): a probe
+# then also finds the rows of the other key, which are computed again and come
+# out the same (found is a superset: nothing is missed, nothing wrong is kept).
+
+# Key types held as a hash of their bytes (equal bytes, equal code; a string and
+# a large string alike).
+HASHED = (pa.types.is_string, pa.types.is_large_string, pa.types.is_binary, pa.types.is_large_binary)
+# The hash's version: part of the name of an arrangement of hashed keys (copies on
+# disk written with another hash are never read).
+HASH_VERSION = 1
+_P = 0x100000001B3  # (FNV's 64-bit prime: odd, so invertible modulo 2**64)
+_P_INV = pow(_P, -1, 1 << 64)
+_ROWS = 2048  # strings a step (their bytes' passes stay in cache)
+_POWERS: list[np.ndarray] = [np.ones(1, np.uint64), np.ones(1, np.uint64)]
+
+
+def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """P**k and P**-k (mod 2**64) for k < n, at least."""
+    if len(_POWERS[0]) < n:
+        m = max(n, 2 * len(_POWERS[0]))
+        with np.errstate(over="ignore"):
+            _POWERS[:] = [np.concatenate([[np.uint64(1)], np.cumprod(np.full(m - 1, p, np.uint64))])
+                          for p in (_P, _P_INV)]
+    return _POWERS[0], _POWERS[1]
+
+
+def _mix(z: np.ndarray) -> np.ndarray:
+    """splitmix64's finalizer: every bit of the code depends on every bit of ``z``."""
+    z ^= z >> np.uint64(30)
+    z *= np.uint64(0xBF58476D1CE4E5B9)
+    z ^= z >> np.uint64(27)
+    z *= np.uint64(0x94D049BB133111EB)
+    z ^= z >> np.uint64(31)
+    return z
+
+
+def _hashed(values: pa.Array) -> np.ndarray:
+    """The codes of a string or binary array: a polynomial hash of each value's
+    bytes (sum of (byte + 1) * P**j, modulo 2**64) mixed with its length. Found
+    for many values at once: a running sum over the bytes of ``_ROWS`` values
+    weighted by powers of P, each value's part of it taken out and brought
+    back to power 0. A NULL's code is its placeholder's (the arrangement keeps
+    validity apart)."""
+    wide = pa.types.is_large_string(values.type) or pa.types.is_large_binary(values.type)
+    out = np.empty(len(values), np.uint64)
+    with np.errstate(over="ignore"):
+        for at in range(0, len(values), _ROWS):
+            part = values.slice(at, _ROWS)
+            buffers = part.buffers()
+            offsets = np.frombuffer(buffers[1], np.int64 if wide else np.int32)[part.offset:part.offset + len(part) + 1]
+            lo, n = int(offsets[0]), int(offsets[-1] - offsets[0])
+            data = np.frombuffer(buffers[2], np.uint8, count=n, offset=lo).astype(np.uint64) if n else \
+                np.empty(0, np.uint64)
+            data += np.uint64(1)
+            power, inverse = _powers(n + 1)
+            np.multiply(data, power[:n], out=data)
+            running = np.empty(n + 1, np.uint64)
+            running[0] = 0
+            np.cumsum(data, out=running[1:])
+            rel = (offsets - lo).astype(np.int64)
+            raw = (running[rel[1:]] - running[rel[:-1]]) * inverse[rel[:-1]]
+            raw ^= np.diff(rel).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+            out[at:at + len(part)] = _mix(raw)
+    return out.view(np.int64)
+
+
+def key_codes(values: "pa.Array | pa.ChunkedArray") -> np.ndarray:
+    """Key values as the int64 codes an arrangement holds: an integer as
+    itself, a string or binary value as a hash of its bytes (:data:`HASHED`).
+    A NULL's code is a placeholder (0 for integers): pass validity apart."""
+    chunks = values.chunks if isinstance(values, pa.ChunkedArray) else [values]
+    out = np.empty(len(values), np.int64)
+    at = 0
+    for chunk in chunks:
+        if any(is_type(chunk.type) for is_type in HASHED):
+            out[at:at + len(chunk)] = _hashed(chunk)
+        else:
+            if chunk.null_count:
+                chunk = chunk.fill_null(0)
+            out[at:at + len(chunk)] = chunk.to_numpy(zero_copy_only=False)  # (uint64 ids: below 2**63, the same value)
+        at += len(chunk)
+    return out

@@ -7,9 +7,11 @@ refreshes.
   joined table's ``__join_row_id_<i>``). A refresh finds the view rows of
   changed source rows by probing it, where it read those columns of the whole
   view each time.
-* **The first table's join key** (an integer column): the first-table rows
-  a joined row's key reaches, probed where a filtered scan of the first table
-  read its key column whole.
+* **The first table's join key** (an integer column; a string or binary one
+  as a 64-bit hash of each value's bytes, :func:`key_codes`): the first-table
+  rows a joined row's key reaches, probed where a filtered scan of the first
+  table read its key column whole (a code shared by two values finds the
+  rows of both: a superset, computed again the same).
 
 An arrangement is loaded by the first refresh in the process that needs it
 (one read of those columns: what that refresh read anyway). The view's is
@@ -44,18 +46,36 @@ import lance
 import numpy as np
 import pyarrow as pa
 
-from mv_assets.model.arrangement import Arrangement
+from mv_assets.model.arrangement import HASH_VERSION, HASHED, Arrangement, key_codes
 from mv_assets.model.planning import column_ids, isin, without
 from mv_assets.storage import objects
 from mv_assets.storage.changes import commits_since, written_fragments
 
-__all__ = ["MAX_BYTES", "Follow", "follower", "view_rows", "key_rows", "present", "held", "forget", "keep_on_disk", "ARRANGEABLE"]
+__all__ = ["MAX_BYTES", "Follow", "follower", "view_rows", "key_rows", "present", "held", "forget", "keep_on_disk",
+           "ARRANGEABLE", "arranged_alike", "key_codes"]
 
 MAX_BYTES = int(os.environ.get("MV_ASSETS_ARRANGEMENT_BYTES", str(2 << 30)))
 
-# Key types an arrangement holds (as int64): others are probed by a filtered scan.
-ARRANGEABLE = (pa.types.is_int8, pa.types.is_int16, pa.types.is_int32, pa.types.is_int64, pa.types.is_uint8,
-               pa.types.is_uint16, pa.types.is_uint32)
+# Key types an arrangement holds: integers as int64, strings and binary values
+# as a 64-bit hash of their bytes (mv_assets.model.arrangement.key_codes); others
+# are probed by a filtered scan.
+_INTEGERS = (pa.types.is_int8, pa.types.is_int16, pa.types.is_int32, pa.types.is_int64, pa.types.is_uint8,
+             pa.types.is_uint16, pa.types.is_uint32)
+ARRANGEABLE = _INTEGERS + HASHED
+_HASH_TAG = f";hash{HASH_VERSION}"  # (in the name of an arrangement of hashed keys)
+
+
+def arranged_alike(a: pa.DataType, b: pa.DataType) -> bool:
+    """Whether keys of types ``a`` and ``b`` have codes that compare as the
+    values do (both integers, or both strings or binary): a probe of one's
+    values in the other's arrangement."""
+    return any(f(a) for f in _INTEGERS) and any(f(b) for f in _INTEGERS) or \
+        any(f(a) for f in HASHED) and any(f(b) for f in HASHED)
+
+
+def _is_hashed(t: pa.DataType) -> bool:
+    return any(f(t) for f in HASHED)
+
 
 # Commits after which the rows not written since keep their addresses (and ids) ...
 # (BaseOperation: what pylance reports for an operation without a Python class, none of
@@ -194,7 +214,8 @@ def key_rows(ds: lance.LanceDataset, column: str, values: np.ndarray) -> tuple[n
     field = ds.schema.field(column)
     if not any(is_type(field.type) for is_type in ARRANGEABLE):
         return None, {"how": f"not arranged: a {field.type} key is probed by a filtered scan"}
-    return _probed(ds, [column], False, lambda arr: arr.rows(arr.find({column: values}))[_ROWID])
+    return _probed(ds, [column], False, lambda arr: arr.rows(arr.find({column: values}))[_ROWID],
+                   hashed=_is_hashed(field.type))
 
 
 def present(ds: lance.LanceDataset, column: str, values: np.ndarray) -> tuple[np.ndarray | None, dict]:
@@ -204,15 +225,19 @@ def present(ds: lance.LanceDataset, column: str, values: np.ndarray) -> tuple[np
     field = ds.schema.field(column)
     if not any(is_type(field.type) for is_type in ARRANGEABLE):
         return None, {"how": f"not arranged: a {field.type} key"}
-    return _probed(ds, [column], False, lambda arr: np.unique(arr.rows(arr.find({column: values}))[column]))
+    return _probed(ds, [column], False, lambda arr: np.unique(arr.rows(arr.find({column: values}))[column]),
+                   hashed=_is_hashed(field.type))
 
 
-def _probed(ds: lance.LanceDataset, columns: list[str], addresses: bool, probe, follow: "list[Follow] | None" = None):
+def _probed(ds: lance.LanceDataset, columns: list[str], addresses: bool, probe, follow: "list[Follow] | None" = None,
+            hashed: bool = False):
     """``probe(arrangement)`` of ``columns`` of ``ds`` at its version, under
     the lock (kept, read from disk, caught up or loaded first), and what was
-    done; ``follow``: a :class:`Follow` of the arrangement probed is added to it."""
+    done; ``follow``: a :class:`Follow` of the arrangement probed is added to
+    it; ``hashed``: a column holds hashed keys (named apart: a copy on disk
+    of another hash is not read)."""
     start = time.perf_counter()
-    key = (ds.uri, ("addr:" if addresses else "") + ",".join(columns))
+    key = (ds.uri, ("addr:" if addresses else "") + ",".join(columns) + (_HASH_TAG if hashed else ""))
     if MAX_BYTES <= 0:
         return None, {"how": "none kept (MV_ASSETS_ARRANGEMENT_BYTES=0)"}
     with _LOCK:
@@ -367,7 +392,8 @@ def _save(key: tuple[str, str], kept: _Kept) -> float | None:
 def held() -> list[dict]:
     """What this process keeps: each arrangement's table, columns, version, rows and bytes."""
     with _LOCK:
-        return [{"uri": uri, "columns": cols.removeprefix("addr:").split(","), "version": k.version,
+        return [{"uri": uri, "columns": cols.removeprefix("addr:").removesuffix(_HASH_TAG).split(","),
+                 "version": k.version,
                  "rows": len(k.arrangement), "bytes": k.arrangement.nbytes} for (uri, cols), k in _KEPT.items()]
 
 
@@ -408,9 +434,9 @@ def _columns_of(batch: pa.Table, columns: list[str], addresses: bool
 class _Filling:
     """The arrays of an arrangement filled batch by batch as a scan yields
     them: each batch's values copied once into int64 arrays made for every
-    row (``ChunkedArray.to_numpy`` of a whole column and an ``astype`` after
-    it cost about as much as Lance's read: 0.56 s against 0.65 s the 9M rows
-    of a view's provenance; the Arrow table is not held meanwhile either)."""
+    row, keys as their codes (:func:`key_codes`): a 9M-row view's provenance
+    loaded in 0.70-0.78 s against 0.81-1.07 s through one Arrow table, each
+    column made NumPy whole and cast after (and that table is not held)."""
 
     def __init__(self, rows: int, columns: list[str], addresses: bool) -> None:
         self.columns = columns
@@ -432,12 +458,7 @@ class _Filling:
                 if name not in self.valid:
                     self.valid[name] = np.ones(len(self.values[_ROWID]), bool)
                 self.valid[name][part] = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), bool)
-                col = col.fill_null(0)
-            chunks = col.chunks if isinstance(col, pa.ChunkedArray) else [col]
-            at = self.at
-            for chunk in chunks:  # (uint64 ids and addresses are below 2**63: the same value as int64)
-                self.values[name][at:at + len(chunk)] = chunk.to_numpy(zero_copy_only=False)
-                at += len(chunk)
+            self.values[name][part] = key_codes(col)  # (ids and addresses: as themselves; a NULL: a placeholder)
         self.at += m
         return self
 

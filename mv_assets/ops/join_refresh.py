@@ -181,16 +181,17 @@ class _Reads:
 def _probe(join: Join, datasets: list[lance.LanceDataset], i: int, rows: pa.Table, reads: _Reads) -> np.ndarray:
     """Ids of the first table's rows that reach, down the chain, the rows of
     source ``i`` given (with its key columns): those that may match them now.
-    A one-column integer key of the first table is probed in its arrangement,
+    A one-column integer, string or binary key of the first table is probed
+    in its arrangement (both sides' keys alike: integers, or text and binary),
     other keys by a filtered scan (counted in ``reads``)."""
     step = join.step_of(i)
     values = rows.select(list(step.right))
     s = step.left_source
     left_keys = [c for _, c in step.left]
     below = join.step_of(s).right if s != 0 else []
-    if reads.arranged is not None and s == 0 and len(left_keys) == 1 and any(
-            is_type(values.schema.field(0).type) for is_type in arrangements.ARRANGEABLE):
-        wanted = distinct(np.asarray(values.column(0).drop_null().to_numpy(), np.int64))
+    if reads.arranged is not None and s == 0 and len(left_keys) == 1 and arrangements.arranged_alike(
+            values.schema.field(0).type, datasets[0].schema.field(left_keys[0]).type):
+        wanted = distinct(arrangements.key_codes(values.column(0).drop_null()))
         ids, reads.arranged[f"{join.names[0]}.{left_keys[0]}"] = arrangements.key_rows(datasets[0], left_keys[0],
                                                                                         wanted)
         if ids is not None:
@@ -510,7 +511,7 @@ def _first_fragments(ds: lance.LanceDataset, reflected: int, first: "_Delta | No
 def _unmatched(join: Join, datasets: list[lance.LanceDataset], reflected: dict[str, int],
                deltas: dict[int, "_Delta"], held: pa.Table, reads: "_Reads") -> np.ndarray:
     """First-table rows not changed since whose view rows came from a row of
-    an inner-joined table (joined to the first table by one integer column)
+    an inner-joined table (joined to the first table by one integer, string or binary column)
     that was deleted or moved to another key since, when no row of that table
     holds that key now: they join nothing, so their view rows only go, and no
     task reads them to compute nothing (a dimension deleted under an inner
@@ -546,7 +547,7 @@ def _unmatched(join: Join, datasets: list[lance.LanceDataset], reflected: dict[s
         keys = pa.chunked_array(old, type=field.type)
         valid = np.asarray(keys.is_valid().to_numpy(zero_copy_only=False), bool)
         gone_ids = gone_ids[valid]
-        gone_keys = np.asarray(keys.drop_null().to_numpy(), np.int64)
+        gone_keys = arrangements.key_codes(keys.drop_null())
         if not len(gone_ids):
             continue
         assert reads.arranged is not None
