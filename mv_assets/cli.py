@@ -247,6 +247,47 @@ def _n(value: Any) -> str:
 
 
 @main.command()
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@click.pass_obj
+@_guard
+def arrangements(obj: _Ctx, as_json: bool) -> None:
+    """What join views' refreshes keep in memory between refreshes (their
+    arrangements): each one's rows and size, the views that share it, what
+    each view's last refresh did to have it (kept, caught up, loaded) and in
+    how long, and its copy on disk for the processes after."""
+    rows = obj.db.arrangements()
+    if as_json:
+        _print_json(rows)
+        return
+    if not rows:
+        click.echo("arrangements: no join views")
+        return
+    table = RichTable(title="arrangements", box=box.SIMPLE_HEAD, pad_edge=False, title_justify="left",
+                      padding=(0, 1), collapse_padding=True, show_edge=False)
+    for name, justify in (("arrangement", "left"), ("rows", "right"), ("memory", "right"), ("views", "left"),
+                          ("last refresh", "left"), ("on disk", "left")):
+        table.add_column(name, justify=justify, overflow="fold")  # type: ignore[arg-type]
+    for r in rows:
+        last = "; ".join(f"{v}: {i.get('how', '?').split(' (')[0]} {i.get('seconds', 0):.3f}s"
+                         for v, i in r["last_refresh"].items())
+        disk = r["on_disk"]
+        table.add_row(r["name"] + (" (hashed)" if r["hashed"] else ""), _n(r["rows"]), _size(r["bytes"]),
+                      ", ".join(r["views"]), last or "-",
+                      "-" if disk is None else f"v{disk['version']}, {_size(disk['bytes'])}")
+    console = Console()
+    console.print(table)
+    console.print("memory: once loaded, in each process that refreshes (about 9 bytes a value)",
+                  style="dim", highlight=False)
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= scale:
+            return f"{n / scale:.1f} {unit}"
+    return f"{n} B"
+
+
+@main.command()
 @click.argument("view")
 @click.option("--src-version", type=int, default=None, help="Source version to plan for (default latest).")
 @click.option("--mode", type=click.Choice(["auto", "full", "incremental_strict"]), default="auto", show_default=True)

@@ -406,3 +406,55 @@ def test_an_arrangement_filled_batch_by_batch_equals_one_read_whole(tmp_path, ro
     assert sorted(loaded.rows(loaded.find({"k": np.array([0, 2, 4, 6])}))["_rowid"].tolist()) == \
         sorted(i for i, k in zip(whole.column("_rowid").to_pylist(), whole.column("k").to_pylist(), strict=True)
                if k in (2, 4, 6))
+
+
+def test_the_arrangements_of_a_catalog_are_listed_with_the_views_sharing_them(tmp_path, monkeypatch):
+    """``db.arrangements()`` and ``mv-assets arrangements`` (seed 004's
+    analyzing arrangements): one entry an arrangement, the first table's key
+    shared by the two views joining it by that column, a text key hashed, an
+    inner join's dimension key (a LEFT join probes none), each view's
+    provenance; rows counted apart with pylance; what this process holds, the
+    copy on disk and what each view's last refresh did."""
+    import json
+
+    from click.testing import CliRunner
+
+    from mv_assets.cli import main
+
+    monkeypatch.setenv("MV_ASSETS_ARRANGEMENT_DIR", str(tmp_path / "copies"))
+    arrangements.forget(disk=False)
+    db = mv.connect(str(tmp_path / "db"), runner=mv.InlineRunner())
+    f = db.create_table("facts", pa.table({"id": list(range(100)), "dim_id": [i % 7 for i in range(100)],
+                                           "code": [f"c{i % 7}" for i in range(100)]}))
+    dims = db.create_table("dims", pa.table({"id": list(range(6)), "code": [f"c{i}" for i in range(6)],
+                                             "name": [f"n{i}" for i in range(6)]}))
+    views = [db.create_materialized_view("v1", f.search(None).join(dims, left_on="dim_id", right_on="id")
+                                         .select({"fid": "facts.id", "name": "name"})),
+             db.create_materialized_view("v2", f.search(None).join(dims, left_on="dim_id", right_on="id", how="left")
+                                         .select({"fid": "facts.id", "name": "name"})),
+             db.create_materialized_view("v3", f.search(None).join(dims, on="code")
+                                         .select({"fid": "facts.id", "name": "name"}))]
+    for v in views:
+        v.refresh()
+    dims.update(where="id = 2", values={"name": "zz"})
+    for v in views:
+        v.refresh()
+    listed = {a["name"]: a for a in db.arrangements()}
+    assert sorted(listed) == ["dims.code", "dims.id", "facts.code", "facts.dim_id", "v1 (provenance)",
+                              "v2 (provenance)", "v3 (provenance)"]
+    key = listed["facts.dim_id"]
+    assert key["views"] == ["v1", "v2"] and key["table"] == "facts" and not key["hashed"]
+    assert key["rows"] == lance.dataset(f.uri).count_rows() == 100 and key["held"]["rows"] == 100
+    assert key["last_refresh"]["v1"]["how"].startswith("loaded") and key["last_refresh"]["v2"]["how"] == "kept"
+    assert key["on_disk"]["bytes"] > 0 and key["on_disk"]["version"] == key["held"]["version"]
+    assert listed["facts.code"]["hashed"] and listed["facts.code"]["views"] == ["v3"]
+    assert listed["dims.id"]["views"] == ["v1"]  # (v2 is a LEFT join: its lost matches are padded, no probe)
+    for v in views:
+        prov = listed[f"{v.name} (provenance)"]
+        assert prov["views"] == [v.name] and prov["rows"] == lance.dataset(v.uri).count_rows()
+        assert prov["held"]["rows"] == prov["rows"] and prov["last_refresh"][v.name]["seconds"] >= 0
+    out = CliRunner().invoke(main, ["--db", db.uri, "arrangements"], env={"COLUMNS": "200"}, catch_exceptions=False)
+    assert out.exit_code == 0 and "facts.dim_id" in out.output and "v1, v2" in out.output
+    assert "facts.code (hashed)" in out.output
+    as_json = CliRunner().invoke(main, ["--db", db.uri, "arrangements", "--json"], catch_exceptions=False)
+    assert sorted(a["name"] for a in json.loads(as_json.output)) == sorted(listed)

@@ -860,6 +860,51 @@ class Connection:
         out += _concurrently(one, views, "catalog-status", self.uri)
         return sorted(out, key=lambda s: s.name)  # (the unreadable ones among the others, by name)
 
+    def arrangements(self) -> list[dict]:
+        """Seed 004's "analyzing arrangements": what the join views' refreshes
+        keep in memory between refreshes (:mod:`mv_assets.ops.arrangements`),
+        one entry an arrangement, shared by every view that probes it (the
+        first table's key, by every view joining it by that column):
+
+        ``name`` (as a plan's ``details["arrangements"]`` names it), ``kind``,
+        ``table`` (None: the view's own), ``columns``, ``views`` (those that
+        probe it), ``rows`` (of its relation now), ``bytes`` (in memory once
+        loaded: ~9 bytes a value), ``hashed`` (a text key held as hashes),
+        ``held`` (this process: version, rows, bytes; None: not held),
+        ``on_disk`` (the copy later processes map: version, bytes, path;
+        None: none) and ``last_refresh`` (per view, what its newest refresh
+        did to have it and the seconds it took: kept, caught up, loaded)."""
+        from mv_assets.model.join_view import JOIN_KIND, Join
+        from mv_assets.ops import arrangements as arr
+        from mv_assets.ops.join_refresh import arrangements_used
+        from mv_assets.storage.state import read_refresh_state
+
+        out: dict[tuple, dict] = {}
+        for view in self.views():
+            if view.definition.kind != JOIN_KIND:
+                continue
+            join = Join.of(view.definition)
+            try:
+                datasets = [objects.dataset(self.table_uri(t)) for t in join.sources]
+                view_ds = view._dataset()
+            except (OSError, ValueError):  # (a source gone: its status says so)
+                continue
+            last = read_refresh_state(view_ds).arrangements or {}
+            for use in arrangements_used(join, view.uri, [d.schema for d in datasets]):
+                uri = view.uri if use["table"] is None else self.table_uri(use["table"])
+                entry = out.get((uri, tuple(use["columns"])))
+                if entry is None:
+                    rows = (view_ds if use["table"] is None else objects.dataset(uri)).count_rows()
+                    entry = out[(uri, tuple(use["columns"]))] = {
+                        "name": use["name"] if use["table"] is not None else f"{view.name} (provenance)",
+                        "kind": use["kind"], "table": use["table"] or view.name, "columns": use["columns"],
+                        "views": [], **arr.described(uri, use["columns"], use["addresses"], rows),
+                        "last_refresh": {}}
+                entry["views"].append(view.name)
+                if use["name"] in last:
+                    entry["last_refresh"][view.name] = last[use["name"]]
+        return sorted(out.values(), key=lambda e: (e["kind"] != "the view's provenance", e["name"]))
+
     def status(self, name: str | None = None) -> pa.Table:
         """The status table: one row per view (or just ``name``), as an Arrow table
         (see :meth:`view_statuses`)."""

@@ -52,7 +52,7 @@ from mv_assets.storage import objects
 from mv_assets.storage.changes import commits_since, written_fragments
 
 __all__ = ["MAX_BYTES", "Follow", "follower", "view_rows", "key_rows", "present", "held", "forget", "keep_on_disk",
-           "ARRANGEABLE", "arranged_alike", "key_codes"]
+           "ARRANGEABLE", "arranged_alike", "key_codes", "described"]
 
 MAX_BYTES = int(os.environ.get("MV_ASSETS_ARRANGEMENT_BYTES", str(2 << 30)))
 
@@ -229,6 +229,44 @@ def present(ds: lance.LanceDataset, column: str, values: np.ndarray) -> tuple[np
                    hashed=_is_hashed(field.type))
 
 
+def _key(uri: str, columns: list[str], addresses: bool, hashed: bool) -> tuple[str, str]:
+    """An arrangement's name: its relation and columns (with row addresses; of hashed keys)."""
+    return uri, ("addr:" if addresses else "") + ",".join(columns) + (_HASH_TAG if hashed else "")
+
+
+def described(uri: str, columns: list[str], addresses: bool, rows: int, directory: str | None = None) -> dict:
+    """What is known of the arrangement of ``columns`` of the relation at
+    ``uri`` holding ``rows`` rows: its size in memory once loaded (an
+    estimate: 8 bytes a value and one a row), whether this process holds it
+    (its version, rows and bytes), and its copy on disk under ``directory``
+    (default: where this process keeps copies, else the default place Dagster
+    runs keep them): version and bytes (None: none)."""
+    hashed = False
+    if not addresses and len(columns) == 1:  # (a key: hashed when it is text or binary)
+        try:
+            hashed = _is_hashed(objects.dataset(uri).schema.field(columns[0]).type)
+        except (KeyError, ValueError, OSError):
+            pass
+    key = _key(uri, columns, addresses, hashed)
+    with _LOCK:
+        kept = _KEPT.get(key)
+        held_now = None if kept is None else {"version": kept.version, "rows": len(kept.arrangement),
+                                              "bytes": kept.arrangement.nbytes}
+    out = {"rows": rows, "bytes": rows * 9 * (len(columns) + 1 + addresses), "hashed": hashed, "held": held_now,
+           "on_disk": None}
+    place = _place(key, directory or _save_dir() or _default_dir())
+    assert place is not None
+    try:
+        with open(os.path.join(place, "current.json")) as f:
+            meta = json.load(f)
+        copy = os.path.join(place, meta["dir"])
+        size = sum(os.path.getsize(os.path.join(copy, n)) for n in os.listdir(copy))
+        out["on_disk"] = {"version": meta["version"], "bytes": size, "path": copy}
+    except (OSError, ValueError, KeyError):
+        pass
+    return out
+
+
 def _probed(ds: lance.LanceDataset, columns: list[str], addresses: bool, probe, follow: "list[Follow] | None" = None,
             hashed: bool = False):
     """``probe(arrangement)`` of ``columns`` of ``ds`` at its version, under
@@ -237,7 +275,7 @@ def _probed(ds: lance.LanceDataset, columns: list[str], addresses: bool, probe, 
     it; ``hashed``: a column holds hashed keys (named apart: a copy on disk
     of another hash is not read)."""
     start = time.perf_counter()
-    key = (ds.uri, ("addr:" if addresses else "") + ",".join(columns) + (_HASH_TAG if hashed else ""))
+    key = _key(ds.uri, columns, addresses, hashed)
     if MAX_BYTES <= 0:
         return None, {"how": "none kept (MV_ASSETS_ARRANGEMENT_BYTES=0)"}
     with _LOCK:
@@ -320,8 +358,12 @@ def keep_on_disk(directory: str | None = None) -> str | None:
     processes after it; ``MV_ASSETS_ARRANGEMENT_DIR``, when set, wins (empty:
     none). Returns where they are kept (None: nowhere)."""
     global _DIR
-    _DIR = directory or os.path.join(os.path.expanduser("~"), ".cache", "mv_assets", "arrangements")
+    _DIR = directory or _default_dir()
     return _save_dir()
+
+
+def _default_dir() -> str:
+    return os.path.join(os.path.expanduser("~"), ".cache", "mv_assets", "arrangements")
 
 
 def _save_dir() -> str | None:
@@ -329,9 +371,10 @@ def _save_dir() -> str | None:
     return (where if where is not None else _DIR) or None
 
 
-def _place(key: tuple[str, str]) -> str | None:
-    """The directory of this arrangement's copies (None: none kept on disk)."""
-    where = _save_dir()
+def _place(key: tuple[str, str], where: str | None = None) -> str | None:
+    """The directory of this arrangement's copies under ``where`` (default:
+    where this process keeps them; None: none kept on disk)."""
+    where = where or _save_dir()
     if where is None:
         return None
     table = hashlib.sha256(key[0].encode()).hexdigest()[:24]

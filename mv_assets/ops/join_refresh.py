@@ -69,7 +69,7 @@ from mv_assets.storage.refs import ViewRef
 from mv_assets.storage.row_ids import require_current_format, require_stable_row_ids
 from mv_assets.storage.state import read_refresh_state
 
-__all__ = ["plan_join_refresh", "reach"]
+__all__ = ["plan_join_refresh", "reach", "arrangements_used"]
 
 # First-table rows per task (a join task holds its rows and their matches in memory).
 ROWS_PER_TASK = 1 << 20
@@ -201,6 +201,33 @@ def _probe(join: Join, datasets: list[lance.LanceDataset], i: int, rows: pa.Tabl
     if s == 0:
         return _ids(found)
     return _probe(join, datasets, s, found, reads)
+
+
+def arrangements_used(join: Join, view_uri: str, schemas: list[pa.Schema]) -> list[dict]:
+    """The arrangements a join view's refreshes probe, as its plans choose
+    them (``schemas``: each source's, in the join's order): the view's
+    provenance (:func:`_view_rows`), the first table's key of each table
+    joined to it by one column of a type arranged alike on both sides
+    (:func:`_probe`), and the key of each table inner-joined to it by one
+    column (:func:`_unmatched`). Each: its name in a plan's
+    ``details["arrangements"]``, what it is, its table and columns."""
+    out = [{"name": "view", "kind": "the view's provenance", "uri": view_uri, "table": None,
+            "columns": [row_id_column(i) for i in range(len(join.sources))], "addresses": True}]
+    for step in join.steps:
+        if step.left_source != 0 or len(step.right) != 1:
+            continue
+        left, right = step.left[0][1], step.right[0]
+        left_type, right_type = schemas[0].field(left).type, schemas[step.index].field(right).type
+        if arrangements.arranged_alike(right_type, left_type):
+            out.append({"name": f"{join.names[0]}.{left}", "kind": "the first table's join key",
+                        "table": join.sources[0], "columns": [left], "addresses": False})
+        if step.how == "inner" and any(is_type(right_type) for is_type in arrangements.ARRANGEABLE):
+            out.append({"name": f"{join.names[step.index]}.{right}", "kind": "an inner-joined table's key",
+                        "table": join.sources[step.index], "columns": [right], "addresses": False})
+    unique: dict[tuple, dict] = {}
+    for use in out:  # (a table joined twice by the same key: one arrangement)
+        unique.setdefault((use["table"], tuple(use["columns"])), use)
+    return list(unique.values())
 
 
 def reach(join: Join, datasets: list[lance.LanceDataset], i: int, rows: pa.Table) -> np.ndarray:

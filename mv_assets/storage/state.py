@@ -52,6 +52,8 @@ class RefreshState:
     # (by name) and each source's identity, as its newest refresh recorded them
     sources: dict[str, int] | None = None
     source_ids: dict[str, str | None] | None = None
+    # a join view's newest refresh: the arrangements its plan probed (name -> what was done, seconds)
+    arrangements: dict[str, dict] | None = None
 
     @property
     def refreshed(self) -> bool:
@@ -98,6 +100,7 @@ def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
                     source_top_fragment=latest.get("source_top_fragment") if whole and latest["view_version"] == v else None,
                     sources=latest.get("sources"),
                     source_ids=latest.get("source_ids"),
+                    arrangements=latest.get("arrangements"),
                 )
         v -= 1
     if latest is None:
