@@ -163,9 +163,10 @@ def shout(name: str) -> str:
 
 def test_a_task_reads_whole_only_the_view_rows_it_may_copy_udf_values_from(tmp_path):
     """A customer renamed (a column the UDF reads): none of its orders' view
-    rows can give their value, so the task reads none of them whole, only one
-    row version per order; a tier change (a column the UDF does not read):
-    every value is copied, those rows are read. Values and calls exact."""
+    rows can give their value, so the task reads none of them (each order's
+    version comes with the plan, from the view's arrangement); a tier change
+    (a column the UDF does not read): every value is copied, those rows are
+    read. Values and calls exact."""
     db = mv.connect(str(tmp_path / "db"))
     orders = db.create_table("orders", _orders([10, 11, 20, 21, 30], [1, 1, 2, 2, 3]))
     customers = db.create_table("customers", pa.table({"cid": [1, 2, 3], "name": ["a", "b", "c"],
@@ -176,12 +177,17 @@ def test_a_task_reads_whole_only_the_view_rows_it_may_copy_udf_values_from(tmp_p
     lance.dataset(customers.uri).update({"name": "'bee'"}, where="cid = 2")
     (task,) = view.plan_refresh().tasks
     reuse = task.kind_args["reuse"]
-    assert reuse["rows"] == [] and len(reuse["version_rows"]) == 2 and len(reuse["provenance"]["__source_row_id"]) == 2
+    assert reuse["rows"] == [] and "version_rows" not in reuse and len(reuse["provenance"]["__source_row_id"]) == 2
+    pylance = lance.dataset(orders.uri).to_table(columns=["oid", "_row_last_updated_at_version"], with_row_id=True)
+    by_id = dict(zip(pylance.column("_rowid").to_pylist(), pylance.column("_row_last_updated_at_version").to_pylist(),
+                     strict=True))
+    ids, versions = task.kind_args["known_versions"]
+    assert sorted(ids) == sorted(reuse["provenance"]["__source_row_id"]) and versions == [by_id[i] for i in ids]
     result = view.refresh()
     assert result.udf_rows_computed == {"loud": 2} and result.rows_updated == 2
     lance.dataset(customers.uri).update({"tier": "'w'"}, where="cid = 1")
     (task,) = view.plan_refresh().tasks
-    assert len(task.kind_args["reuse"]["rows"]) == 2 and task.kind_args["reuse"]["version_rows"] == []
+    assert len(task.kind_args["reuse"]["rows"]) == 2 and "known_versions" not in task.kind_args
     result = view.refresh()
     assert result.udf_rows_computed == {"loud": 0} and result.rows_updated == 2
     got = sorted(view.to_arrow().select(["oid", "tier", "loud"]).to_pylist(), key=lambda r: r["oid"])

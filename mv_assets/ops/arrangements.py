@@ -4,7 +4,8 @@ refreshes.
 
 * **The view's provenance**: each view row's stable row id, address and the
   stable ids of the source rows it came from (``SOURCE_ROW_ID`` and each
-  joined table's ``__join_row_id_<i>``). A refresh finds the view rows of
+  joined table's ``__join_row_id_<i>``), with the first-table row's version
+  (``SOURCE_ROW_VERSION``: what a task computing the row again writes). A refresh finds the view rows of
   changed source rows by probing it, where it read those columns of the whole
   view each time.
 * **The first table's join key** (an integer column; a string or binary one
@@ -25,8 +26,9 @@ describe row by row (overwritten, restored; for the view: compacted, which
 moves row addresses), was dropped and created again (the commit it reflects
 is gone), or when a refresh plans at a version older than the one it reflects.
 
-Memory: about 8 bytes a row a column (the view: 3 columns and one per joined
-table, ~32 bytes a row for a two-table join; a key: 2), at most ``MAX_BYTES``
+Memory: about 8 bytes a row a column (the view: its row id and address, the
+first-table row's id and version and one id per joined table, ~41 bytes a
+row for a two-table join; a key: 2), at most ``MAX_BYTES``
 in all in a process (2 GiB; least recently used dropped first; one larger
 alone is not kept; ``MV_ASSETS_ARRANGEMENT_BYTES``, ``0``: none kept, every
 refresh reads the columns as before). What each refresh used is in its plan's

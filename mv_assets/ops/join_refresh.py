@@ -49,7 +49,7 @@ from mv_assets.execution.join_tasks import key_filter, match_key, planned_calls
 from mv_assets.execution.tasks import TaskSpec
 from mv_assets.model.definition import computed_column_names, short_error
 from mv_assets.model.join_view import Join, row_id_column
-from mv_assets.model.names import JOINED_ROW_ID_PREFIX, SOURCE_ROW_ID
+from mv_assets.model.names import JOINED_ROW_ID_PREFIX, SOURCE_ROW_ID, SOURCE_ROW_VERSION
 from mv_assets.model.planning import KeyPlan, Membership, distinct, isin, values_differ, without
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.ops import arrangements
@@ -212,7 +212,7 @@ def arrangements_used(join: Join, view_uri: str, schemas: list[pa.Schema]) -> li
     column (:func:`_unmatched`). Each: its name in a plan's
     ``details["arrangements"]``, what it is, its table and columns."""
     out = [{"name": "view", "kind": "the view's provenance", "uri": view_uri, "table": None,
-            "columns": [row_id_column(i) for i in range(len(join.sources))], "addresses": True}]
+            "columns": _view_columns(len(join.sources)), "addresses": True}]
     for step in join.steps:
         if step.left_source != 0 or len(step.right) != 1:
             continue
@@ -360,6 +360,13 @@ def _input_changes(join: Join, definition, deltas: dict[int, _Delta]) -> dict[st
     return out
 
 
+def _view_columns(sources: int) -> list[str]:
+    """The view's columns its arrangement holds: each source row's id (the
+    first table's first) and the first-table row's version (what a task
+    computing that row again writes: carried, so no task reads it by id)."""
+    return [*(row_id_column(i) for i in range(sources)), SOURCE_ROW_VERSION]
+
+
 def _view_rows(view_ds: lance.LanceDataset, first: np.ndarray, joined: dict[int, np.ndarray], sources: int,
                reads: _Reads) -> tuple[pa.Table, int]:
     """The view's rows (first-table id, view row id and address) of every
@@ -372,7 +379,7 @@ def _view_rows(view_ds: lance.LanceDataset, first: np.ndarray, joined: dict[int,
     streaming the view's key columns (memory: the rows kept), once, or twice
     when rows were found through a joined table; and the passes made (0:
     nothing to look for, or probed)."""
-    provenance = [row_id_column(i) for i in range(sources)]
+    provenance = _view_columns(sources)
     if not len(first) and not any(len(ids) for ids in joined.values()):
         reads.follow = arrangements.follower(view_ds, provenance)  # (the rows the commit adds: added after it)
         return _stream_keys(view_ds, first, {}, provenance), 0
@@ -657,26 +664,29 @@ def _task_args(uris: list[str], datasets: list[lance.LanceDataset], view: ViewRe
     compute; of the view rows the refresh removes (``held``) that came from
     them, the provenance of each (what a row computed again from the same
     source rows replaces: an update), the ids of those it may copy UDF values
-    from (``reusable``: read whole) and, for the other first-table rows, one
-    view row each to read their version from (one column, where a first-table
-    row read by id has none: Lance's take cannot read it); and the versions of
-    the rows written since (read with them)."""
+    from (``reusable``: read whole); and the versions of the other first-table
+    rows (a row read by id has none: Lance's take cannot read it): of those
+    not written since, their view rows' (the view's arrangement holds it), of
+    those written since, the change feed's."""
     held_first = _ids(held, SOURCE_ROW_ID)
     mine = isin(held_first, chunk)
     provenance = [n for n in held.column_names if n.startswith(JOINED_ROW_ID_PREFIX)]
     written_first = first.arrived if first is not None else None  # (their versions: read with them)
     written = _ids(written_first)[isin(_ids(written_first), chunk)] if written_first is not None else held_first[:0]
-    # (a first-table row of no reusable view row and not written since: its version from one of its view rows)
+    # (a first-table row of no reusable view row and not written since: its version is its view rows')
     rest = mine & ~reusable & ~isin(held_first, np.concatenate([written, held_first[mine & reusable]]))
     _, one = np.unique(held_first[rest], return_index=True)
     args = {"uris": uris, "versions": [d.version for d in datasets], "ids": chunk.tolist(), "view_uri": view.uri,
             "reuse": {"view_version": view_ds.version, "changed": changed,
                       "rows": _ids(held, "_rowid")[mine & reusable].tolist(),
-                      "version_rows": _ids(held, "_rowid")[rest][one].tolist(),
                       "provenance": {n: _ids(held, n)[mine].tolist() for n in [SOURCE_ROW_ID, *provenance]}}}
+    known = [held_first[rest][one], _ids(held, SOURCE_ROW_VERSION)[rest][one]]  # (the view holds it: no read)
     if written_first is not None and written_first.num_rows:
         new = isin(_ids(written_first), chunk)
-        args["known_versions"] = [_ids(written_first)[new].tolist(), _ids(written_first, _VERSION)[new].tolist()]
+        known = [np.concatenate([known[0], _ids(written_first)[new]]),
+                 np.concatenate([known[1], _ids(written_first, _VERSION)[new]])]
+    if len(known[0]):
+        args["known_versions"] = [known[0].tolist(), known[1].tolist()]
     return args
 
 
