@@ -19,6 +19,7 @@ is asserted on time; the exit status is 1 when a view differs from its oracle.
 
 import argparse
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -63,9 +64,18 @@ def main() -> int:
     p.add_argument("--facts", type=int, default=3_000_000)
     p.add_argument("--dims", type=int, default=30_000)
     p.add_argument("--rounds", type=int, default=5, help="changes refreshed (at least 2)")
+    p.add_argument("--keep", action="store_true", help="keep the temp dir (printed)")
     args = p.parse_args()
-    rng = np.random.default_rng(0)
     root = tempfile.mkdtemp(prefix="mvtext-")
+    try:
+        return run(args, root)
+    finally:
+        if not args.keep:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def run(args, root: str) -> int:
+    rng = np.random.default_rng(0)
     db = mv.connect(f"{root}/catalog", runner=mv.InlineRunner())
     t0 = time.perf_counter()
     facts = db.create_table("facts", pa.table({"id": np.arange(args.facts),
