@@ -434,21 +434,27 @@ def test_the_arrangements_of_a_catalog_are_listed_with_the_views_sharing_them(tm
                                          .select({"fid": "facts.id", "name": "name"})),
              db.create_materialized_view("v3", f.search(None).join(dims, on="code")
                                          .select({"fid": "facts.id", "name": "name"}))]
-    for v in views:
+    # a join aggregate: the join kept under it, named by the view users created
+    agg = db.create_materialized_view("v4", f.search(None).join(dims, left_on="dim_id", right_on="id")
+                                      .group_by("dims.name").agg({"n": "count(*)"}))
+    for v in [*views, agg]:
         v.refresh()
     dims.update(where="id = 2", values={"name": "zz"})
-    for v in views:
+    for v in [*views, agg]:
         v.refresh()
     listed = {a["name"]: a for a in db.arrangements()}
     assert sorted(listed) == ["dims.code", "dims.id", "facts.code", "facts.dim_id", "v1 (provenance)",
-                              "v2 (provenance)", "v3 (provenance)"]
+                              "v2 (provenance)", "v3 (provenance)", "v4 (its join's provenance)"]
+    assert listed["v4 (its join's provenance)"]["views"] == ["v4"]
+    assert listed["v4 (its join's provenance)"]["last_refresh"]["v4"]["how"].startswith("loaded")
     key = listed["facts.dim_id"]
-    assert key["views"] == ["v1", "v2"] and key["table"] == "facts" and not key["hashed"]
+    assert key["views"] == ["v1", "v2", "v4"] and key["table"] == "facts" and not key["hashed"]
     assert key["rows"] == lance.dataset(f.uri).count_rows() == 100 and key["held"]["rows"] == 100
-    assert key["last_refresh"]["v1"]["how"].startswith("loaded") and key["last_refresh"]["v2"]["how"] == "kept"
+    assert key["last_refresh"]["v1"]["how"].startswith("loaded") and key["last_refresh"]["v2"]["how"] == "kept" \
+        and key["last_refresh"]["v4"]["how"] == "kept"
     assert key["on_disk"]["bytes"] > 0 and key["on_disk"]["version"] == key["held"]["version"]
     assert listed["facts.code"]["hashed"] and listed["facts.code"]["views"] == ["v3"]
-    assert listed["dims.id"]["views"] == ["v1"]  # (v2 is a LEFT join: its lost matches are padded, no probe)
+    assert listed["dims.id"]["views"] == ["v1", "v4"]  # (v2 is a LEFT join: its lost matches are padded, no probe)
     for v in views:
         prov = listed[f"{v.name} (provenance)"]
         assert prov["views"] == [v.name] and prov["rows"] == lance.dataset(v.uri).count_rows()

@@ -867,22 +867,33 @@ class Connection:
         first table's key, by every view joining it by that column):
 
         ``name`` (as a plan's ``details["arrangements"]`` names it), ``kind``,
-        ``table`` (None: the view's own), ``columns``, ``views`` (those that
-        probe it), ``rows`` (of its relation now), ``bytes`` (in memory once
+        ``table`` (the view's own: the view; a join aggregate's: the join kept
+        under it), ``columns``, ``views`` (those that probe it; a join
+        aggregate for the join under it), ``rows`` (of its relation now), ``bytes`` (in memory once
         loaded: ~9 bytes a value), ``hashed`` (a text key held as hashes),
         ``held`` (this process: version, rows, bytes; None: not held),
         ``on_disk`` (the copy later processes map: version, bytes, path;
         None: none) and ``last_refresh`` (per view, what its newest refresh
         did to have it and the seconds it took: kept, caught up, loaded)."""
+        from mv_assets.model.join_agg_view import JOIN_AGG_KIND
         from mv_assets.model.join_view import JOIN_KIND, Join
         from mv_assets.ops import arrangements as arr
         from mv_assets.ops.join_refresh import arrangements_used
         from mv_assets.storage.state import read_refresh_state
 
         out: dict[tuple, dict] = {}
+        joins: list[tuple[str, MaterializedView]] = []  # (the name users know, the join view refreshed)
         for view in self.views():
-            if view.definition.kind != JOIN_KIND:
-                continue
+            if view.definition.kind == JOIN_KIND:
+                joins.append((view.name, view))
+            elif view.definition.kind == JOIN_AGG_KIND:  # (joins and GROUP BY: the join kept under it)
+                try:
+                    under = self.open_table(join_under(view.name))
+                except TableNotFoundError:  # (never refreshed yet)
+                    continue
+                if isinstance(under, MaterializedView):
+                    joins.append((view.name, under))
+        for name, view in joins:
             join = Join.of(view.definition)
             try:
                 datasets = [objects.dataset(self.table_uri(t)) for t in join.sources]
@@ -895,14 +906,15 @@ class Connection:
                 entry = out.get((uri, tuple(use["columns"])))
                 if entry is None:
                     rows = (view_ds if use["table"] is None else objects.dataset(uri)).count_rows()
+                    own = f"{name} (provenance)" if name == view.name else f"{name} (its join's provenance)"
                     entry = out[(uri, tuple(use["columns"]))] = {
-                        "name": use["name"] if use["table"] is not None else f"{view.name} (provenance)",
+                        "name": use["name"] if use["table"] is not None else own,
                         "kind": use["kind"], "table": use["table"] or view.name, "columns": use["columns"],
                         "views": [], **arr.described(uri, use["columns"], use["addresses"], rows),
                         "last_refresh": {}}
-                entry["views"].append(view.name)
+                entry["views"].append(name)
                 if use["name"] in last:
-                    entry["last_refresh"][view.name] = last[use["name"]]
+                    entry["last_refresh"][name] = last[use["name"]]
         return sorted(out.values(), key=lambda e: (e["kind"] != "the view's provenance", e["name"]))
 
     def status(self, name: str | None = None) -> pa.Table:
