@@ -12,16 +12,13 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pytest
+import test_join_unmatched as unmatched
+from test_join_unmatched import _rows
 
 import mv_assets as mv
 from mv_assets.model import arrangement as model_arrangement
 from mv_assets.model.arrangement import key_codes
 from mv_assets.ops import arrangements
-
-
-@mv.udf
-def shout(name: str) -> str:
-    return name.upper()
 
 
 def _code(i: int) -> str:
@@ -37,22 +34,11 @@ def _sources(db, customers: int = 8, orders: int = 120):
 
 
 def _view(db, how: str):
-    o, c = db.open_table("orders"), db.open_table("customers")
-    v = db.create_materialized_view(f"v_{how}", o.search(None).join(c, on="code", how=how)
-                                    .select({"oid": "oid", "name": "name", "loud": (shout, ["name"])}))
-    v.refresh()
-    return v
+    return unmatched._view(db, how, key="code")
 
 
 def _oracle(db, how: str) -> list[tuple]:
-    orders = lance.dataset(db.open_table("orders").uri).to_table()
-    customers = lance.dataset(db.open_table("customers").uri).to_table()
-    joined = orders.join(customers, keys="code", join_type="inner" if how == "inner" else "left outer")
-    return sorted((r["oid"], r["name"], None if r["name"] is None else r["name"].upper()) for r in joined.to_pylist())
-
-
-def _rows(v) -> list[tuple]:
-    return sorted((r["oid"], r["name"], r["loud"]) for r in v.to_arrow().to_pylist())
+    return unmatched._oracle(db, how, key="code")
 
 
 def _reference(data: bytes) -> int:

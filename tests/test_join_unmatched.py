@@ -30,18 +30,20 @@ def db(tmp_path):
     return db
 
 
-def _view(db, how: str = "inner"):
+def _view(db, how: str = "inner", key: str = "cid"):
+    """orders joined to customers on ``key``: oid, the name, the UDF over it (refreshed once)."""
     o, c = db.open_table("orders"), db.open_table("customers")
-    v = db.create_materialized_view(f"v_{how}", o.search(None).join(c, on="cid", how=how)
+    v = db.create_materialized_view(f"v_{how}", o.search(None).join(c, on=key, how=how)
                                     .select({"oid": "oid", "name": "name", "loud": (shout, ["name"])}))
     v.refresh()
     return v
 
 
-def _oracle(db, how: str) -> list[tuple]:
+def _oracle(db, how: str, key: str = "cid") -> list[tuple]:
+    """The view's rows as plain pyarrow joins the two tables."""
     orders = lance.dataset(db.open_table("orders").uri).to_table()
     customers = lance.dataset(db.open_table("customers").uri).to_table()
-    joined = orders.join(customers, keys="cid", join_type="inner" if how == "inner" else "left outer")
+    joined = orders.join(customers, keys=key, join_type="inner" if how == "inner" else "left outer")
     return sorted((r["oid"], r["name"], None if r["name"] is None else r["name"].upper()) for r in joined.to_pylist())
 
 

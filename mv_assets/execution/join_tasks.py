@@ -422,16 +422,12 @@ def _staged(definition: ViewDefinition, args: dict, datasets: list[lance.LanceDa
                 or n.startswith(JOINED_ROW_ID_PREFIX) or n in {c.name for c in definition.udf_columns}
                 or n in {computed_marker(c.name) for c in definition.udf_columns}]
         old = take_rows(view_ds, pa.array(rows, pa.uint64()), keep)
-    # the row versions already known: of the rows written since (the plan read them), else the view's
+    # the row versions already known: passed by the plan (the change feed's, the view's arrangement's),
+    # and those of the view rows read whole
     known = [np.asarray(v, np.int64) for v in args.get("known_versions") or ([], [])]
-    held = [] if old is None else [old.select([SOURCE_ROW_ID, SOURCE_ROW_VERSION])]
-    if reuse.get("version_rows"):  # (first-table rows whose view rows are not read whole: a version each)
-        view_ds = objects.dataset(args["view_uri"], version=reuse["view_version"])
-        held.append(take_rows(view_ds, pa.array(reuse["version_rows"], pa.uint64()),
-                              [SOURCE_ROW_ID, SOURCE_ROW_VERSION]))
-    for part in held:
-        known = [np.concatenate([known[0], _id_array(part, SOURCE_ROW_ID)]),
-                 np.concatenate([known[1], _id_array(part, SOURCE_ROW_VERSION)])]
+    if old is not None:
+        known = [np.concatenate([known[0], _id_array(old, SOURCE_ROW_ID)]),
+                 np.concatenate([known[1], _id_array(old, SOURCE_ROW_VERSION)])]
     addresses: list[np.ndarray] = []
     first = read_first(datasets[0], join.reads(0), fragments=args.get("fragments"),
                        ids=None if args.get("ids") is None else np.asarray(args["ids"], np.int64),

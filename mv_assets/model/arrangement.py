@@ -309,17 +309,21 @@ HASH_VERSION = 1
 _P = 0x100000001B3  # (FNV's 64-bit prime: odd, so invertible modulo 2**64)
 _P_INV = pow(_P, -1, 1 << 64)
 _ROWS = 2048  # strings a step (their bytes' passes stay in cache)
-_POWERS: list[np.ndarray] = [np.ones(1, np.uint64), np.ones(1, np.uint64)]
+_POWERS: tuple[np.ndarray, np.ndarray] = (np.ones(1, np.uint64), np.ones(1, np.uint64))
 
 
 def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
-    """P**k and P**-k (mod 2**64) for k < n, at least."""
-    if len(_POWERS[0]) < n:
-        m = max(n, 2 * len(_POWERS[0]))
+    """P**k and P**-k (mod 2**64) for k < n, at least (the pair replaced
+    whole when grown: a probe in another thread reads one pair or the other)."""
+    global _POWERS
+    powers = _POWERS
+    if len(powers[0]) < n:
+        m = max(n, 2 * len(powers[0]))
         with np.errstate(over="ignore"):
-            _POWERS[:] = [np.concatenate([[np.uint64(1)], np.cumprod(np.full(m - 1, p, np.uint64))])
-                          for p in (_P, _P_INV)]
-    return _POWERS[0], _POWERS[1]
+            up, down = (np.concatenate([[np.uint64(1)], np.cumprod(np.full(m - 1, p, np.uint64))])
+                        for p in (_P, _P_INV))
+        powers = _POWERS = (up, down)
+    return powers[0], powers[1]
 
 
 def _mix(z: np.ndarray) -> np.ndarray:

@@ -48,7 +48,7 @@ import pyarrow as pa
 from mv_assets.execution.join_tasks import key_filter, match_key, planned_calls
 from mv_assets.execution.tasks import TaskSpec
 from mv_assets.model.definition import computed_column_names, short_error
-from mv_assets.model.join_view import Join, row_id_column
+from mv_assets.model.join_view import Join, JoinStep, row_id_column
 from mv_assets.model.names import JOINED_ROW_ID_PREFIX, SOURCE_ROW_ID, SOURCE_ROW_VERSION
 from mv_assets.model.planning import KeyPlan, Membership, distinct, isin, values_differ, without
 from mv_assets.model.planning import column_ids as _ids
@@ -178,6 +178,20 @@ class _Reads:
     follow: "arrangements.Follow | None" = None  # (the view's arrangement probed: brought to the commit after it)
 
 
+def _first_key_arranged(step: JoinStep, first: pa.Schema, joined: pa.Schema) -> bool:
+    """Whether the first table's key of ``step`` (a table joined to the first
+    by one column) is probed in an arrangement: both sides' keys alike."""
+    return step.left_source == 0 and len(step.left) == 1 and arrangements.arranged_alike(
+        joined.field(step.right[0]).type, first.field(step.left[0][1]).type)
+
+
+def _joined_key_arranged(step: JoinStep, joined: pa.Schema) -> bool:
+    """Whether the key of ``step``'s table (inner-joined to the first table by
+    one column) is probed in an arrangement of its own (:func:`_unmatched`)."""
+    return step.how == "inner" and step.left_source == 0 and len(step.right) == 1 and any(
+        is_type(joined.field(step.right[0]).type) for is_type in arrangements.ARRANGEABLE)
+
+
 def _probe(join: Join, datasets: list[lance.LanceDataset], i: int, rows: pa.Table, reads: _Reads) -> np.ndarray:
     """Ids of the first table's rows that reach, down the chain, the rows of
     source ``i`` given (with its key columns): those that may match them now.
@@ -189,8 +203,7 @@ def _probe(join: Join, datasets: list[lance.LanceDataset], i: int, rows: pa.Tabl
     s = step.left_source
     left_keys = [c for _, c in step.left]
     below = join.step_of(s).right if s != 0 else []
-    if reads.arranged is not None and s == 0 and len(left_keys) == 1 and arrangements.arranged_alike(
-            values.schema.field(0).type, datasets[0].schema.field(left_keys[0]).type):
+    if reads.arranged is not None and _first_key_arranged(step, datasets[0].schema, values.schema):
         wanted = distinct(arrangements.key_codes(values.column(0).drop_null()))
         ids, reads.arranged[f"{join.names[0]}.{left_keys[0]}"] = arrangements.key_rows(datasets[0], left_keys[0],
                                                                                         wanted)
@@ -214,14 +227,12 @@ def arrangements_used(join: Join, view_uri: str, schemas: list[pa.Schema]) -> li
     out = [{"name": "view", "kind": "the view's provenance", "uri": view_uri, "table": None,
             "columns": _view_columns(len(join.sources)), "addresses": True}]
     for step in join.steps:
-        if step.left_source != 0 or len(step.right) != 1:
-            continue
-        left, right = step.left[0][1], step.right[0]
-        left_type, right_type = schemas[0].field(left).type, schemas[step.index].field(right).type
-        if arrangements.arranged_alike(right_type, left_type):
+        if _first_key_arranged(step, schemas[0], schemas[step.index]):
+            left = step.left[0][1]
             out.append({"name": f"{join.names[0]}.{left}", "kind": "the first table's join key",
                         "table": join.sources[0], "columns": [left], "addresses": False})
-        if step.how == "inner" and any(is_type(right_type) for is_type in arrangements.ARRANGEABLE):
+        if _joined_key_arranged(step, schemas[step.index]):
+            right = step.right[0]
             out.append({"name": f"{join.names[step.index]}.{right}", "kind": "an inner-joined table's key",
                         "table": join.sources[step.index], "columns": [right], "addresses": False})
     unique: dict[tuple, dict] = {}
@@ -553,12 +564,10 @@ def _unmatched(join: Join, datasets: list[lance.LanceDataset], reflected: dict[s
     out = []
     for i, d in deltas.items() if held.num_rows else ():  # (no view row went: none only goes)
         step = join.step_of(i) if i else None
-        if step is None or step.how != "inner" or step.left_source != 0 or len(step.right) != 1:
+        if step is None or not _joined_key_arranged(step, datasets[i].schema):
             continue
         key = step.right[0]
         field = datasets[i].schema.field(key)
-        if not any(is_type(field.type) for is_type in arrangements.ARRANGEABLE):
-            continue
         ids, old = [], []
         if len(d.deleted):
             try:  # (the deleted rows' keys then; a row created and deleted since has none: not this way)
