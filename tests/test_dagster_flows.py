@@ -174,7 +174,7 @@ def _assert_quick_runs(home: str) -> None:
 def test_demo_never_reuses_what_it_did_not_create(tmp_path):
     import socket
 
-    from mv_assets.dagster.devserver import QUICK_RUNS_YAML, SENSOR_THREADS_YAML, main, prepare_home
+    from mv_assets.dagster.devserver import QUICK_RUNS_YAML, SENSOR_THREADS_YAML, WARM_RUNS_YAML, main, prepare_home
     from mv_assets.dagster.storage import sqlite_storage_yaml
     from mv_assets.execution import connect_server
 
@@ -188,9 +188,11 @@ def test_demo_never_reuses_what_it_did_not_create(tmp_path):
     ours = tmp_path / "ours"
     prepare_home(str(ours))
     prepare_home(str(ours))  # its own file: rewritten
-    assert (ours / "dagster.yaml").read_text() == QUICK_RUNS_YAML + SENSOR_THREADS_YAML + sqlite_storage_yaml(str(ours))
+    assert (ours / "dagster.yaml").read_text() == (QUICK_RUNS_YAML + WARM_RUNS_YAML + SENSOR_THREADS_YAML
+                                                   + sqlite_storage_yaml(str(ours)))
     with dg.DagsterInstance.from_config(str(ours)) as instance:  # what it says, as Dagster reads it
         assert instance.get_sensor_settings() == {"use_threads": True, "num_workers": 8}
+        assert type(instance.run_launcher).__name__ == "WarmRunLauncher"
         assert type(instance.event_log_storage).__name__ == "BatchingSqliteEventLogStorage"
     _assert_quick_runs(str(ours))
     with socket.socket() as busy:  # a port somebody else listens on

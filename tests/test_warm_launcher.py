@@ -1,0 +1,185 @@
+"""The demo's run launcher (mv_assets.dagster.warm_launcher): each run's
+process forked from a helper that imported dagster, lance and mv_assets once.
+
+A real `dagster dev` on 127.0.0.1 with the demo's dagster.yaml (the run queue,
+so the daemon launches) and a small code location: a run's process is a child
+of the helper, reads the code location's file as it is at launch, fails with
+its own error, is interrupted by "Terminate", and a run after each still
+starts from the same helper; a helper killed is replaced at the next launch.
+"""
+
+import json
+import os
+import signal
+import sys
+import textwrap
+
+import pytest
+import requests
+
+from mv_assets.dagster.devserver import dagster_dev, wait_until
+from mv_assets.dagster.warm_launcher import RUN_PROCESS_TAG, forkable
+
+pytestmark = [pytest.mark.e2e]
+
+CODE = '''
+import json, os, time
+import dagster as dg
+
+VALUE = {value!r}
+
+
+@dg.asset
+def where():
+    """Where this run's process came from, and which VALUE it read."""
+    with open(f"/proc/{{os.getppid()}}/cmdline", "rb") as f:
+        parent = f.read().replace(b"\\0", b" ").decode()
+    with open(os.environ["WARM_TEST_OUT"], "a") as f:
+        f.write(json.dumps({{"pid": os.getpid(), "ppid": os.getppid(), "parent": parent, "value": VALUE,
+                            "lance_loaded": "lance" in __import__("sys").modules}}) + "\\n")
+
+
+@dg.asset
+def slow():
+    time.sleep(300)
+
+
+@dg.asset
+def broken():
+    raise ValueError("broken on purpose")
+
+
+defs = dg.Definitions(assets=[where, slow, broken], jobs=[
+    dg.define_asset_job("where_job", [where]), dg.define_asset_job("slow_job", [slow]),
+    dg.define_asset_job("broken_job", [broken])], executor=dg.in_process_executor)
+'''
+
+
+class GraphQL:
+    def __init__(self, url):
+        self.url = url
+
+    def __call__(self, query, **variables):
+        r = requests.post(self.url, json={"query": query, "variables": variables}, timeout=30)
+        r.raise_for_status()
+        body = r.json()
+        assert "errors" not in body, body
+        return body["data"]
+
+
+def _origin(executable=sys.executable, entry_point=None, container_image=None):
+    from dagster._core.code_pointer import FileCodePointer
+    from dagster._core.origin import JobPythonOrigin, RepositoryPythonOrigin
+
+    repo = RepositoryPythonOrigin(executable_path=executable, code_pointer=FileCodePointer("defs.py", "defs"),
+                                  container_image=container_image, entry_point=entry_point)
+    return JobPythonOrigin("where_job", repo)
+
+
+def test_which_runs_are_forked():
+    assert forkable(_origin()) is None
+    assert forkable(_origin(entry_point=[sys.executable, "-m", "dagster"])) is None
+    assert forkable(_origin(entry_point=["dagster"])) is None
+    assert "another Python" in forkable(_origin(executable="/usr/bin/python3.9"))
+    assert "container image" in forkable(_origin(container_image="img:1"))
+    assert "entry point" in forkable(_origin(entry_point=["my-dagster-wrapper"]))
+    assert "no code origin" in forkable(None)
+
+
+def test_runs_forked_from_the_helper(tmp_path):
+    code = tmp_path / "defs.py"
+    code.write_text(CODE.format(value="A"))
+    workspace = tmp_path / "workspace.yaml"
+    workspace.write_text(textwrap.dedent("""\
+        load_from:
+          - python_file:
+              relative_path: defs.py
+              location_name: warm
+    """))
+    out = tmp_path / "out.jsonl"
+    home = tmp_path / "home"
+    env = {"WARM_TEST_OUT": str(out)}
+    with dagster_dev(str(workspace), str(home), env, str(tmp_path / "dagster_dev.log"), immediate_runs=True) as base:
+        assert "mv_assets.dagster.warm_launcher" in (home / "dagster.yaml").read_text()
+        gql = GraphQL(f"{base}/graphql")
+        repo = wait_until(
+            lambda: (gql("{ repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }")
+                     ["repositoriesOrError"].get("nodes") or [None])[0],
+            60, "the code location",
+        )
+
+        def launch(job):
+            got = gql("""mutation($p: ExecutionParams!) { launchRun(executionParams: $p) { __typename
+                           ... on LaunchRunSuccess { run { runId } } ... on PythonError { message } } }""",
+                      p={"selector": {"repositoryLocationName": repo["location"]["name"],
+                                      "repositoryName": repo["name"], "jobName": job}, "runConfigData": {}})
+            assert got["launchRun"]["__typename"] == "LaunchRunSuccess", got
+            return got["launchRun"]["run"]["runId"]
+
+        def run_of(run_id):
+            return gql("""query($id: ID!) { runOrError(runId: $id) { ... on Run { status tags { key value }
+                            eventConnection { events { __typename ... on MessageEvent { message } } } } } }""",
+                       id=run_id)["runOrError"]
+
+        def finished(run_id, status):
+            def done():
+                run = run_of(run_id)
+                return run if run["status"] in ("SUCCESS", "FAILURE", "CANCELED") else None
+            run = wait_until(done, 180, f"run {run_id}", 0.5)
+            assert run["status"] == status, run
+            return run
+
+        def process(run):
+            (tag,) = [t["value"] for t in run["tags"] if t["key"] == RUN_PROCESS_TAG]
+            return int(tag.split(":")[0])
+
+        # A run: its process is a child of the helper, which had imported lance already.
+        first = finished(launch("where_job"), "SUCCESS")
+        record = json.loads(out.read_text().splitlines()[-1])
+        assert record["pid"] == process(first)
+        assert "mv_assets.dagster.warm_launcher" in record["parent"], record
+        assert record["value"] == "A" and record["lance_loaded"]
+        assert any("forked from the run helper" in (e.get("message") or "")
+                   for e in first["eventConnection"]["events"])
+
+        # The code location's file changed (no reload): the next run reads it as it is now.
+        code.write_text(CODE.format(value="B"))
+        second = finished(launch("where_job"), "SUCCESS")
+        record2 = json.loads(out.read_text().splitlines()[-1])
+        assert record2["value"] == "B" and record2["ppid"] == record["ppid"]  # (the same helper)
+        assert process(second) != process(first)
+
+        # A failing run fails with its own error; the helper serves the next run.
+        failed = finished(launch("broken_job"), "FAILURE")
+        assert any("broken on purpose" in (e.get("message") or "") for e in failed["eventConnection"]["events"]) \
+            or "broken on purpose" in (tmp_path / "dagster_dev.log").read_text()
+
+        # Terminate: the run's process is interrupted and the run ends CANCELED.
+        slow = launch("slow_job")
+        wait_until(lambda: run_of(slow)["status"] == "STARTED", 120, "the slow run to start", 0.5)
+        pid = process(run_of(slow))
+        got = gql("""mutation($id: String!) { terminateRun(runId: $id) { __typename
+                       ... on TerminateRunFailure { message } ... on PythonError { message } } }""", id=slow)
+        assert got["terminateRun"]["__typename"] == "TerminateRunSuccess", got
+        finished(slow, "CANCELED")
+        wait_until(lambda: not os.path.exists(f"/proc/{pid}") or _zombie(pid), 30, "the run's process to end", 0.5)
+
+        third = finished(launch("where_job"), "SUCCESS")
+        assert json.loads(out.read_text().splitlines()[-1])["ppid"] == record["ppid"]
+        assert process(third) not in (process(first), process(second))
+
+        # The helper gone (killed): the next run starts another and runs from it.
+        os.kill(record["ppid"], signal.SIGKILL)
+        fourth = finished(launch("where_job"), "SUCCESS")
+        record4 = json.loads(out.read_text().splitlines()[-1])
+        assert record4["ppid"] != record["ppid"] and "mv_assets.dagster.warm_launcher" in record4["parent"]
+        assert any("the helper started first" in (e.get("message") or "")
+                   for e in fourth["eventConnection"]["events"])
+
+
+def _zombie(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True
