@@ -183,3 +183,27 @@ def _zombie(pid: int) -> bool:
             return f.read().rsplit(")", 1)[1].split()[0] == "Z"
     except OSError:
         return True
+
+
+def test_a_helper_that_cannot_serve_says_why(tmp_path, monkeypatch):
+    """A helper whose imports fail, or that would fork a process already
+    running Lance's runtime, never says ready: the launcher then launches
+    through the code server (launch_run's fallback), with this message."""
+    from mv_assets.dagster.warm_launcher import _Helper
+
+    with pytest.raises(RuntimeError, match="did not start: failed to import: ModuleNotFoundError"):
+        _Helper(("no_such_module_for_the_helper",))
+    (tmp_path / "uses_lance.py").write_text(
+        "import lance, pyarrow as pa\n"
+        f"lance.write_dataset(pa.table({{'a': [1]}}), {str(tmp_path / 't.lance')!r})\n"
+        f"lance.dataset({str(tmp_path / 't.lance')!r}).to_table()\n")
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    with pytest.raises(RuntimeError, match="Lance's runtime started while importing"):
+        _Helper(("uses_lance",))
+    helper = _Helper(("json",))  # (and one that can: forks, reports the child)
+    try:
+        pid, ticks = helper.fork('{"not": "run args"}', str(tmp_path))
+        assert pid > 0 and ticks > 0
+    finally:
+        helper.close()
+    assert not helper.alive()
