@@ -503,7 +503,13 @@ class _Filling:
                 if name not in self.valid:
                     self.valid[name] = np.ones(len(self.values[_ROWID]), bool)
                 self.valid[name][part] = np.asarray(col.is_valid().to_numpy(zero_copy_only=False), bool)
-            self.values[name][part] = key_codes(col)  # (ids and addresses: as themselves; a NULL: a placeholder)
+            if col.null_count or _is_hashed(col.type):
+                self.values[name][part] = key_codes(col)  # (a NULL: a placeholder; text: its code)
+            else:  # ids, addresses, integer keys: copied once, straight from Arrow's buffer
+                at = self.at
+                for chunk in col.chunks if isinstance(col, pa.ChunkedArray) else [col]:
+                    self.values[name][at:at + len(chunk)] = chunk.to_numpy()
+                    at += len(chunk)
         self.at += m
         return self
 
