@@ -207,3 +207,25 @@ def test_a_helper_that_cannot_serve_says_why(tmp_path, monkeypatch):
     finally:
         helper.close()
     assert not helper.alive()
+
+
+def test_a_launcher_whose_helper_cannot_start_stops_trying(monkeypatch):
+    """Each later run would pay the failing imports again: after one failure
+    the launcher goes straight to the code server (launch_run's fallback)."""
+    from mv_assets.dagster import warm_launcher
+
+    made = []
+
+    class Counted(warm_launcher._Helper):
+        def __init__(self, preload):
+            made.append(preload)
+            super().__init__(preload)
+
+    monkeypatch.setattr(warm_launcher, "_Helper", Counted)
+    launcher = warm_launcher.WarmRunLauncher(preload=["no_such_module_for_the_helper", "dagster"])
+    assert launcher._preload == (*warm_launcher.PRELOAD, "no_such_module_for_the_helper")  # (added, not replaced)
+    with pytest.raises(RuntimeError, match="failed to import"):
+        launcher._fork("{}", None)
+    with pytest.raises(RuntimeError, match="not tried again until the daemon restarts"):
+        launcher._fork("{}", None)
+    assert len(made) == 1

@@ -137,21 +137,22 @@ class _Helper:
 
 class WarmRunLauncher(DefaultRunLauncher):
     """Dagster's ``DefaultRunLauncher`` whose runs start from a process that
-    has imported their modules already (see the module); ``preload``: the
-    modules imported, default :data:`PRELOAD`."""
+    has imported their modules already (see the module); ``preload``: modules
+    the helper imports besides :data:`PRELOAD` (a project's heavy ones)."""
 
     def __init__(self, inst_data=None, preload: Sequence[str] | None = None) -> None:
         super().__init__(inst_data=inst_data)
-        self._preload = tuple(preload) if preload else PRELOAD
+        self._preload = (*PRELOAD, *(m for m in preload or () if m not in PRELOAD))
         self._helper: _Helper | None = None
+        self._broken: str | None = None  # (why a helper could not start: not tried again by this process)
         self._lock = threading.Lock()  # (the daemon launches runs on threads)
         atexit.register(self._close)
 
     @classmethod
     def config_type(cls):  # type: ignore[override]
         return {"preload": Field(Array(StringSource), is_required=False,
-                                 description="Modules the helper imports before it forks a run (default: dagster, "
-                                             "pyarrow, pandas, lance and mv_assets).")}
+                                 description="More modules the helper imports before it forks a run (it imports "
+                                             "dagster, pyarrow, pandas, lance and mv_assets in any case).")}
 
     @classmethod
     def from_config_value(cls, inst_data, config_value):  # type: ignore[override]
@@ -188,10 +189,16 @@ class WarmRunLauncher(DefaultRunLauncher):
         """The run's process id and start time, and the helper's import time
         when this call started it."""
         with self._lock:
+            if self._broken is not None:
+                raise RuntimeError(self._broken)
             started = None
             for attempt in (0, 1):  # (a helper that died, or ran Lance, is started again once)
                 if self._helper is None or not self._helper.alive():
-                    self._helper = _Helper(self._preload)
+                    try:
+                        self._helper = _Helper(self._preload)
+                    except (OSError, RuntimeError) as e:  # (its imports fail: every later run would pay them)
+                        self._broken = f"{e}; not tried again until the daemon restarts"
+                        raise RuntimeError(self._broken) from e
                     started = self._helper.seconds
                 try:
                     return (*self._helper.fork(payload, cwd), started)
