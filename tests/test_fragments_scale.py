@@ -235,7 +235,21 @@ def test_a_runs_materializations_are_stored_in_one_batch_per_asset_and_read_back
                     answers[(k.to_user_string(), mat.partition)] = (metadata, tags)
                 assert instance.get_materialized_partitions(k) == {str(p) for p in range(n)}
             materialized = one.count(dg.DagsterEventType.ASSET_MATERIALIZATION)
-            return materialized, batches, statuses, answers
+            # what the run's planned events recorded: each check's planned executions, each asset's last run
+            planned_one = [t for t in one if t in (dg.DagsterEventType.ASSET_MATERIALIZATION_PLANNED,
+                                                   dg.DagsterEventType.ASSET_CHECK_EVALUATION_PLANNED)]
+            (run_id,) = {r.run_id for r in instance.get_runs()}
+            check_keys = sorted(defs.resolve_asset_graph().asset_check_keys, key=str)
+            assert check_keys
+            executions = {}
+            for c in check_keys:
+                history = storage.get_asset_check_execution_history(c, limit=1000)
+                assert history and {h.run_id for h in history} == {run_id}
+                executions[str(c)] = sorted((h.status.value, h.partition or "") for h in history)
+            last_runs = {r.asset_entry.asset_key.to_user_string(): r.asset_entry.last_run_id
+                         for r in instance.get_asset_records(keys)}
+            assert last_runs == {k.to_user_string(): run_id for k in keys}
+            return materialized, batches, statuses, answers, planned_one, executions
 
     plain = run(tmp_path / "plain", batching=False)
     batched = run(tmp_path / "batched", batching=True)
@@ -245,6 +259,10 @@ def test_a_runs_materializations_are_stored_in_one_batch_per_asset_and_read_back
         (n, {dg.DagsterEventType.ASSET_MATERIALIZATION})] * 3, batched[1]  # one batch per asset
     assert plain[2] == batched[2] == {"FRESH"}
     assert len(batched[3]) == 2 * n and batched[3] == plain[3]
+    # The run's planned events (per asset and per check, logged as one batch at its creation): one by one
+    # in Dagster's storage, in one batch here, recording the same check executions.
+    assert plain[4] and batched[4] == [], (plain[4], batched[4])
+    assert batched[5] == plain[5]
     w7 = batched[3][("w", "7")][0]
     assert (w7["source_fragment"], w7["rows_computed"]) == (7, 2)  # each partition its own numbers
 
