@@ -15,9 +15,8 @@ import sys
 import textwrap
 
 import pytest
-import requests
 
-from mv_assets.dagster.devserver import dagster_dev, wait_until
+from mv_assets.dagster.devserver import dagster_dev, graphql, wait_until
 from mv_assets.dagster.warm_launcher import RUN_PROCESS_TAG, forkable
 
 pytestmark = [pytest.mark.e2e]
@@ -55,18 +54,6 @@ defs = dg.Definitions(assets=[where, slow, broken], jobs=[
 '''
 
 
-class GraphQL:
-    def __init__(self, url):
-        self.url = url
-
-    def __call__(self, query, **variables):
-        r = requests.post(self.url, json={"query": query, "variables": variables}, timeout=30)
-        r.raise_for_status()
-        body = r.json()
-        assert "errors" not in body, body
-        return body["data"]
-
-
 def _origin(executable=sys.executable, entry_point=None, container_image=None):
     from dagster._core.code_pointer import FileCodePointer
     from dagster._core.origin import JobPythonOrigin, RepositoryPythonOrigin
@@ -101,7 +88,10 @@ def test_runs_forked_from_the_helper(tmp_path):
     env = {"WARM_TEST_OUT": str(out)}
     with dagster_dev(str(workspace), str(home), env, str(tmp_path / "dagster_dev.log"), immediate_runs=True) as base:
         assert "mv_assets.dagster.warm_launcher" in (home / "dagster.yaml").read_text()
-        gql = GraphQL(f"{base}/graphql")
+
+        def gql(query, **variables):
+            return graphql(base, query, **variables)
+
         repo = wait_until(
             lambda: (gql("{ repositoriesOrError { ... on RepositoryConnection { nodes { name location { name } } } } }")
                      ["repositoriesOrError"].get("nodes") or [None])[0],

@@ -18,8 +18,9 @@ executes the run. Every run is still a process of its own.
 Python's ``multiprocessing`` "forkserver" does the same for the processes of
 one program, and is what Lance asks for ("lance is not fork-safe ... use spawn
 or forkserver"): the helper never uses Lance before it forks (it checks that
-its thread count is what it was after the imports, and is started anew if
-not), so each child starts Lance's runtime itself.
+no Lance thread runs after its imports and that it has no more threads before
+each fork, and is started anew if not), so each child starts Lance's runtime
+itself.
 
 It falls back to ``DefaultRunLauncher`` (the code server) for a run it cannot
 start this way: a code location on another Python (``executable_path``), one
@@ -313,7 +314,6 @@ def _serve(preload: Sequence[str]) -> None:
         os.dup2(int(out), 1)
         os.close(int(out))
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # (Ctrl-C on `dagster dev`: its runs are interrupted, not it)
-    start = time.perf_counter()
     try:
         for name in [*preload, *_instance_modules()]:
             importlib.import_module(name)
@@ -327,7 +327,7 @@ def _serve(preload: Sequence[str]) -> None:
         replies.write("Lance's runtime started while importing: cannot fork from it\n")
         return
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # (children reaped by the kernel)
-    replies.write(f"ready {time.perf_counter() - start:.3f}\n")  # (the imports before _serve not counted)
+    replies.write("ready\n")
     for line in sys.stdin:
         now = _threads()
         if len(now) > threads or _lance_started(now):  # (a thread started since the imports: not forked
