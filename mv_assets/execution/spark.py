@@ -26,6 +26,7 @@ Connect server on one, a job's tasks run under a task ``ResourceProfile``
 mode they are warned about and run as CPU tasks.
 """
 
+import atexit
 import functools
 import inspect
 import json
@@ -770,9 +771,14 @@ def lance_dataframe(spark, uri: str, version: int | None, columns: list[str]):
 
 
 def _zip_folder(folder: str) -> str:
-    """A zip of ``folder`` (a package: its parent goes on the executors' path)."""
+    """A zip of ``folder`` (a package: its parent goes on the executors' path),
+    in a temporary directory removed when this process exits (Spark reads the
+    zip until its session stops; every Dagster run is a process of its own,
+    so a zip left behind would pile up in the temp directory run after run)."""
     folder = os.path.abspath(folder)
-    out = os.path.join(tempfile.mkdtemp(prefix="mv_assets_pyfiles_"), os.path.basename(folder))
+    place = tempfile.mkdtemp(prefix="mv_assets_pyfiles_")
+    atexit.register(shutil.rmtree, place, True)
+    out = os.path.join(place, os.path.basename(folder))
     return shutil.make_archive(out, "zip", os.path.dirname(folder), os.path.basename(folder))
 
 
