@@ -241,3 +241,50 @@ def test_runner_parallelism_without_starting_spark(master, remote, env, expected
     assert runner.parallelism() == expected and not runner.started
     assert mv.InlineRunner().parallelism() == 1
 
+
+
+def _index_in_oracle(values, keys):
+    """Each value's index in ``keys`` by a plain dict (NULL: None), NULL keys matching nothing."""
+    at = {}
+    for i, k in enumerate(keys):
+        if k is not None:
+            at.setdefault(k, i)
+    return [None if v is None else at.get(v) for v in values]
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_join_step_looks_up_integer_keys_as_a_dict_would(seed):
+    """The direct lookup a join task uses for integer keys (a table over the
+    keys' span) finds what a dict finds: NULLs on either side, values outside
+    the span, negative and huge values, unsigned types; keys held twice or
+    spread far are left to the hash join (None)."""
+    import pyarrow as pa
+
+    from mv_assets.execution.join_tasks import _looked_up
+    from mv_assets.model.planning import direct_positions
+
+    rng = np.random.default_rng(seed)
+    n = int(rng.integers(0, 300))
+    lo = int(rng.choice([0, -50, 10**12, -(2**62)]))
+    keys = list(rng.permutation(np.arange(lo, lo + 2 * n + 1))[:n].tolist())
+    if n and seed % 5 == 0:
+        keys[int(rng.integers(0, n))] = None
+    values = [int(x) for x in rng.integers(lo - 10, lo + 2 * n + 10, int(rng.integers(0, 400)))]
+    values += [2**63 - 1, -(2**63)] if seed % 3 == 0 else []
+    if values and seed % 4 == 0:
+        values[0] = None
+    got = _looked_up(pa.chunked_array([pa.array(values, pa.int64())]), pa.array(keys, pa.int64()))
+    assert got is not None and got.to_pylist() == _index_in_oracle(values, keys)
+    # other integer types, as Arrow casts them
+    small = [v for v in values if v is None or 0 <= v < 2**31]
+    ukeys = [k for k in keys if k is None or 0 <= k < 2**31]
+    got = _looked_up(pa.array(small, pa.int32()), pa.array(ukeys, pa.uint64()))
+    assert got is not None and got.to_pylist() == _index_in_oracle(small, ukeys)
+    if n > 1:  # a key held twice: not a dimension, the hash join's
+        dup = [k for k in keys if k is not None]
+        assert len(dup) < 2 or direct_positions(np.array(values[1:3] or [0]), np.array(dup + dup[:1])) is None
+    # spread far: no table of its span
+    assert direct_positions(np.array([1]), np.array([0, 10**9])) is None
+    # a uint64 past int64's range, or a float key: not looked up this way
+    assert _looked_up(pa.array([1], pa.int64()), pa.array([2**64 - 1], pa.uint64())) is None
+    assert _looked_up(pa.array([1.0]), pa.array([1.0])) is None

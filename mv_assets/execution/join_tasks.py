@@ -28,7 +28,7 @@ from mv_assets.execution import blobs, progress
 from mv_assets.model.definition import ColumnSpec, ViewDefinition, computed_marker, sql_literal
 from mv_assets.model.join_view import Join, joined_row_id, pushed_filters, row_id_column, staged_name
 from mv_assets.model.names import JOINED_ROW_ID_PREFIX, SOURCE_ROW_ID, SOURCE_ROW_VERSION
-from mv_assets.model.planning import distinct, isin, positions
+from mv_assets.model.planning import direct_positions, distinct, isin, positions
 from mv_assets.storage import objects
 from mv_assets.storage.lance_compat import take_rows
 
@@ -211,6 +211,43 @@ def match_key(values: "pa.ChunkedArray | pa.Array") -> "pa.ChunkedArray | pa.Arr
     return values
 
 
+def _int64(values: "pa.ChunkedArray | pa.Array") -> "tuple[np.ndarray, np.ndarray | None] | None":
+    """An integer column as int64 values and its validity (None: no NULL), or
+    None when it is not integers or a value does not fit in an int64."""
+    if not pa.types.is_integer(values.type):
+        return None
+    try:
+        as64 = values.cast(pa.int64())  # (a safe cast: a uint64 past int64's range raises)
+    except (pa.ArrowInvalid, OverflowError):
+        return None
+    if isinstance(as64, pa.ChunkedArray):
+        as64 = as64.combine_chunks()
+    if not as64.null_count:
+        return np.asarray(as64.to_numpy()), None
+    return np.asarray(as64.fill_null(0).to_numpy()), np.asarray(as64.is_valid().to_numpy(zero_copy_only=False))
+
+
+def _looked_up(left: "pa.ChunkedArray | pa.Array", right_key: "pa.ChunkedArray | pa.Array") -> pa.Array | None:
+    """For each left value, the position of the right row with that key (NULL:
+    none; NULLs match nothing), when both are integers and the right key's
+    values are distinct and dense enough for a table of their span
+    (:func:`direct_positions`, a gather a value); else None."""
+    r, lv = _int64(right_key), _int64(left)
+    if r is None or lv is None:
+        return None
+    keys, valid = r
+    where = None if valid is None else np.flatnonzero(valid)
+    pos = direct_positions(lv[0], keys if where is None else keys[where])
+    if pos is None:
+        return None
+    if where is not None and len(where):  # (positions among the non-NULL keys -> positions in the table)
+        pos = np.where(pos >= 0, where[np.maximum(pos, 0)], -1)
+    missing = pos < 0
+    if lv[1] is not None:
+        missing |= ~lv[1]
+    return pa.array(pos, mask=missing) if missing.any() else pa.array(pos)
+
+
 def _matches(rel: pa.Table, left: list[str], right: pa.Table, right_keys: list[str], how: str):
     """Which left rows the joined rows come from (None: every row, in order; a
     mask: those rows, in order; else positions) and the right row each takes
@@ -219,6 +256,12 @@ def _matches(rel: pa.Table, left: list[str], right: pa.Table, right_keys: list[s
     order, and only the right side is gathered; otherwise a hash join of the
     keys and row positions."""
     if len(left) == 1:
+        ri = _looked_up(rel.column(left[0]), right.column(right_keys[0]))
+        if ri is not None:
+            if how == "left":
+                return None, ri
+            found = ri.is_valid()
+            return found, ri.filter(found)
         key = match_key(right.column(right_keys[0]))
         non_null = key.drop_null()
         if pc.count_distinct(non_null).as_py() == len(non_null):  # pyright: ignore[reportAttributeAccessIssue]
