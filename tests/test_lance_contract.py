@@ -21,6 +21,7 @@ from lance import LanceOperation
 
 import mv_assets as mv
 from mv_assets.storage.changes import NEUTRAL_OPERATIONS
+from mv_assets.storage.lance_compat import take_rows
 
 ROW = ["_rowid", "_row_created_at_version", "_row_last_updated_at_version"]
 
@@ -174,6 +175,21 @@ def test_a_rewrite_columns_update_with_offsets_moves_exactly_those_rows(uri):
     after = _rows(uri)
     assert after[1] == (1, 1, 3) and after[4] == (4, 2, 3)
     assert {k: v for k, v in after.items() if k not in (1, 4)} == {k: v for k, v in before.items() if k not in (1, 4)}
+
+
+def test_take_by_row_id_returns_rows_in_the_order_asked(uri):
+    """A join task reads old view rows by id and lays the plan's provenance of
+    the same rows beside them: the take must keep the order of the ids asked
+    (across fragments, after a delete and an update moved rows)."""
+    ds = lance.dataset(uri)
+    ds.delete("id = 1")
+    ds = lance.dataset(uri)
+    ds.update({"x": "x + 10"}, where="id = 2")
+    ds = lance.dataset(uri)
+    ids = {r["id"]: r["_rowid"] for r in ds.to_table(columns=["id"], with_row_id=True).to_pylist()}
+    for order in ([5, 0, 3, 2, 4], [2, 5, 4, 3, 0], [4, 4, 0]):
+        got = take_rows(ds, pa.array([ids[i] for i in order], pa.uint64()), ["id", "_rowid"])
+        assert got.column("id").to_pylist() == order
 
 
 def test_stable_row_ids_are_fixed_when_a_dataset_is_created(tmp_path):

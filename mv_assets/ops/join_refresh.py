@@ -688,6 +688,9 @@ def _task_args(uris: list[str], datasets: list[lance.LanceDataset], view: ViewRe
     args = {"uris": uris, "versions": [d.version for d in datasets], "ids": chunk.tolist(), "view_uri": view.uri,
             "reuse": {"view_version": view_ds.version, "changed": changed,
                       "rows": _ids(held, "_rowid")[mine & reusable].tolist(),
+                      # (what the view's arrangement holds of those rows: the task reads only their UDF values)
+                      "held": {n: _ids(held, n)[mine & reusable].tolist()
+                               for n in [SOURCE_ROW_ID, *provenance, SOURCE_ROW_VERSION]},
                       "provenance": {n: _ids(held, n)[mine].tolist() for n in [SOURCE_ROW_ID, *provenance]}}}
     known = [held_first[rest][one], _ids(held, SOURCE_ROW_VERSION)[rest][one]]  # (the view holds it: no read)
     if written_first is not None and written_first.num_rows:
