@@ -176,7 +176,7 @@ def test_an_arrangement_is_kept_caught_up_and_loaded_again_when_it_must_be(db):
     lance.dataset(v.uri).optimize.compact_files()  # (a Rewrite of the view: addresses move)
     customers.update(where="cid = 3", values={"name": "z"})
     plan = v.plan_refresh()
-    assert plan.details["arrangements"]["view"]["how"] == "loaded"
+    assert plan.details["arrangements"]["view"]["how"].split(" (ahead")[0] == "loaded"
     orders.add(pa.table({"oid": [500, 501], "cid": [3, 3]}))
     customers.update(where="cid = 3", values={"name": "w"})
     plan = v.plan_refresh()
@@ -200,7 +200,7 @@ def test_a_process_keeping_none_reads_the_copy_on_disk_and_catches_it_up(db, tmp
     v.refresh()
     customers.update(where="cid = 1", values={"name": "x"})
     r = v.refresh()  # (loaded, and saved)
-    assert r.details["arrangements"]["view"]["how"] == "loaded" and "saved_s" in r.details["arrangements"]["view"]
+    assert r.details["arrangements"]["view"]["how"].split(" (ahead")[0] == "loaded" and "saved_s" in r.details["arrangements"]["view"]
     assert len(list((tmp_path / "arr").rglob("current.json"))) == 2  # (the view's and the orders key's)
     customers.update(where="cid = 2", values={"name": "y"})
     arrangements.forget(disk=False)  # (a new process)
@@ -222,7 +222,7 @@ def test_a_process_keeping_none_reads_the_copy_on_disk_and_catches_it_up(db, tmp
     v.refresh()
     customers.update(where="cid = 3", values={"name": "z"})
     arrangements.forget(disk=False)
-    assert v.plan_refresh().details["arrangements"]["view"]["how"] == "loaded"
+    assert v.plan_refresh().details["arrangements"]["view"]["how"].split(" (ahead")[0] == "loaded"
     v.refresh()
     assert sorted(r["oid"] for r in v.to_arrow().to_pylist() if r["name"] == "z") == list(range(3, 300, 10))
 
@@ -238,14 +238,66 @@ def test_a_copy_on_disk_from_another_table_or_a_damaged_one_is_not_used(db, tmp_
         path.write_bytes(b"not an array")
     customers.update(where="cid = 2", values={"name": "y"})
     arrangements.forget(disk=False)
-    hows = {k: i["how"] for k, i in v.plan_refresh().details["arrangements"].items()}
+    hows = {k: i["how"].split(" (ahead")[0] for k, i in v.plan_refresh().details["arrangements"].items()}
     assert hows == {"view": "loaded", "orders.cid": "loaded"}
     v.refresh()
     monkeypatch.setenv("MV_ASSETS_ARRANGEMENT_DIR", "")  # (none written or read)
     arrangements.forget(disk=False)
     customers.update(where="cid = 3", values={"name": "z"})
     info = v.plan_refresh().details["arrangements"]["view"]
-    assert info["how"] == "loaded" and "saved_s" not in info
+    assert info["how"].split(" (ahead")[0] == "loaded" and "saved_s" not in info
+
+
+def test_the_views_arrangement_loads_while_the_first_tables_key_is_probed(db, monkeypatch):
+    """A joined table's update probes the first table's key, then the view's
+    rows: a process keeping neither loads the view's arrangement in a thread
+    meanwhile, and says so; a load ahead that fails is done by the probe; an
+    append to the first table probes nothing and loads nothing."""
+    import threading
+
+    orders, customers = _orders_and_customers(db, 300, 10)
+    v = _orders_view(db, "o", orders, customers)
+    v.refresh()
+    customers.update(where="cid = 1", values={"name": "x"})
+    v.refresh()
+    arrangements.forget()  # (a new process, no copy on disk)
+    customers.update(where="cid = 2", values={"name": "y"})
+    loads = []
+    real = arrangements._load
+
+    def load(ds, columns, addresses):
+        loads.append((threading.current_thread().name, columns[0]))
+        return real(ds, columns, addresses)
+
+    monkeypatch.setattr(arrangements, "_load", load)
+    plan = v.plan_refresh()
+    hows = {k: i["how"] for k, i in plan.details["arrangements"].items()}
+    assert hows["view"].startswith("loaded (ahead of its probe, in ") and hows["orders.cid"] == "loaded"
+    assert ("mv-assets-arrangement-ahead", "__source_row_id") in loads
+    with_them = _plan_facts(v)[0]
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(arrangements, "MAX_BYTES", 0)
+        assert _plan_facts(v)[0] == with_them
+    v.refresh()
+    assert sorted(r["oid"] for r in v.to_arrow().to_pylist() if r["name"] == "y") == list(range(2, 300, 10))
+
+    def failing(ds, columns, addresses):  # (the load ahead fails: the probe loads it)
+        if threading.current_thread().name == "mv-assets-arrangement-ahead":
+            raise OSError("a read failed")
+        return real(ds, columns, addresses)
+
+    arrangements.forget()
+    monkeypatch.setattr(arrangements, "_load", failing)
+    customers.update(where="cid = 3", values={"name": "z"})
+    assert v.plan_refresh().details["arrangements"]["view"]["how"] == "loaded"
+    v.refresh()
+    assert sorted(r["oid"] for r in v.to_arrow().to_pylist() if r["name"] == "z") == list(range(3, 300, 10))
+
+    arrangements.forget()
+    loads.clear()
+    monkeypatch.setattr(arrangements, "_load", load)
+    orders.add(pa.table({"oid": [300], "cid": [4]}))
+    assert v.refresh().details.get("arrangements", {}) == {} and loads == []
 
 
 def test_an_arrangement_whose_version_was_cleaned_up_is_loaded_again(db, monkeypatch):
@@ -265,7 +317,7 @@ def test_an_arrangement_whose_version_was_cleaned_up_is_loaded_again(db, monkeyp
     lance.dataset(v.uri).cleanup_old_versions(older_than=timedelta(0), delete_unverified=True)  # (... and is gone)
     customers.update(where="cid = 3", values={"name": "z"})
     plan = v.plan_refresh()
-    assert plan.details["arrangements"]["view"]["how"] == "loaded"
+    assert plan.details["arrangements"]["view"]["how"].split(" (ahead")[0] == "loaded"
     v.refresh()
     assert sorted(r["oid"] for r in v.to_arrow().to_pylist() if r["name"] == "z") == list(range(3, 100, 10))
 

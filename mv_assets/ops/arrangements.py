@@ -146,6 +146,38 @@ def view_rows(view_ds: lance.LanceDataset, provenance: list[str], first: np.ndar
     return held, info, (probed[0] if probed else None)
 
 
+# What a load ahead of its probe did (:func:`ahead`), reported by the probe that uses it.
+_AHEAD: dict[tuple[str, str], dict] = {}
+
+
+def ahead(view_ds: lance.LanceDataset, provenance: list[str]) -> "threading.Thread | None":
+    """Have the view's arrangement at the view's version (loaded, read from
+    disk or caught up) in a thread of its own, when this process does not
+    keep it there: a plan that will probe it starts this before it probes the
+    first table's key arrangement, so both load at once (Lance's reads and
+    NumPy's copies let go of the GIL). The probe waits for it on the
+    arrangement's lock and reports what it did; a failed load is done again
+    by the probe. None: nothing to do."""
+    key = _key(view_ds.uri, provenance, True, False)
+    with _LOCK:
+        kept = _KEPT.get(key)
+    if MAX_BYTES <= 0 or (kept is not None and kept.version == view_ds.version):
+        return None
+
+    def run() -> None:
+        try:
+            _, info = _probed(view_ds, provenance, True, lambda arr: None)
+        except Exception:  # (the probe loads it itself, and meets the error there)
+            return
+        if info.get("how") not in (None, "kept"):
+            with _LOCK:
+                _AHEAD[key] = info
+
+    thread = threading.Thread(target=run, name="mv-assets-arrangement-ahead", daemon=True)
+    thread.start()
+    return thread
+
+
 def follower(view_ds: lance.LanceDataset, provenance: list[str]) -> "Follow | None":
     """A :class:`Follow` of the view's arrangement when this process keeps it
     at the view's version, for a refresh that removes no view row (its
@@ -289,9 +321,13 @@ def _probed(ds: lance.LanceDataset, columns: list[str], addresses: bool, probe, 
         read_at = read.version if read is not None else None
         if read is not None:
             kept = read
-        how = None
+        how, early = None, None
         if kept is not None and commit is not None and kept.version == ds.version and kept.commit == commit:
             how = "kept"
+            with _LOCK:
+                early = _AHEAD.pop(key, None)
+            if early is not None:
+                how = f"{early['how']} (ahead of its probe, in {early['seconds']} s)"
         elif kept is not None and kept.commit is not None and kept.version > ds.version and \
                 _commit_id(ds, kept.version) == kept.commit:
             return None, {"how": f"not used: it reflects version {kept.version}, the plan reads {ds.version}"}
@@ -327,6 +363,8 @@ def _probed(ds: lance.LanceDataset, columns: list[str], addresses: bool, probe, 
                 "seconds": round(time.perf_counter() - start, 4)}
         if saved is not None:
             info["saved_s"] = saved
+        elif early is not None and "saved_s" in early:  # (saved by the load ahead)
+            info["saved_s"] = early["saved_s"]
         return result, info
 
 

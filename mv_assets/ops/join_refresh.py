@@ -259,6 +259,10 @@ def _found(join: Join, datasets: list[lance.LanceDataset], deltas: dict[int, "_D
     took), and every first-table row to compute again."""
     first_new = _ids(deltas[0].inserted) if 0 in deltas else np.empty(0, np.int64)  # (no view row yet)
     first_gone = deltas[0].gone if 0 in deltas else np.empty(0, np.int64)
+    if reads.arranged is not None and any(i and len(d.gone) and d.arrived.num_rows for i, d in deltas.items()):
+        # (rows of a joined table updated: the view's arrangement is probed for them after the first
+        # table's key is probed for their keys now; both load at once)
+        arrangements.ahead(view_ds, _view_columns(len(join.sources)))
     probed = [_probe(join, datasets, i, d.arrived, reads) for i, d in deltas.items() if i and d.arrived.num_rows]
     if old_too:
         probed += [_probe(join, datasets, i, gone, reads) for i, d in deltas.items() if i
