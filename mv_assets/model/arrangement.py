@@ -14,7 +14,10 @@ memory, a byte-table lookup a row over the probed ids' span (~5 ns a row,
 loads it (:mod:`mv_assets.ops.arrangements` loads, keeps and brings them up
 to date). The pass is O(rows) in memory; a sorted index would make a probe
 O(probed rows) at a sort of each key column when loaded (~2 s a random
-column at 10M rows): not built.
+column at 10M rows): not built; nor a table from each value of a column of
+distinct values to its slot (no sort, but 0.5 s to build at 10M rows once
+rows have died, against the 0.03 s pass it saves a probe: measured in
+docs/performance.md, seventh session).
 
 Rows are removed by id (their slots marked dead, dropped once a quarter of
 the rows are dead) and added in chunks (merged into one when there are
