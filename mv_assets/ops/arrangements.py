@@ -146,8 +146,9 @@ def view_rows(view_ds: lance.LanceDataset, provenance: list[str], first: np.ndar
     return held, info, (probed[0] if probed else None)
 
 
-# What a load ahead of its probe did (:func:`ahead`), reported by the probe that uses it.
-_AHEAD: dict[tuple[str, str], dict] = {}
+# What a load ahead of its probe did (:func:`ahead`) and at which version, reported by the
+# probe at that version that uses it.
+_AHEAD: dict[tuple[str, str], tuple[int, dict]] = {}
 
 
 def ahead(view_ds: lance.LanceDataset, provenance: list[str]) -> "threading.Thread | None":
@@ -171,7 +172,7 @@ def ahead(view_ds: lance.LanceDataset, provenance: list[str]) -> "threading.Thre
             return
         if info.get("how") not in (None, "kept"):
             with _LOCK:
-                _AHEAD[key] = info
+                _AHEAD[key] = (view_ds.version, info)
 
     thread = threading.Thread(target=run, name="mv-assets-arrangement-ahead", daemon=True)
     thread.start()
@@ -325,7 +326,9 @@ def _probed(ds: lance.LanceDataset, columns: list[str], addresses: bool, probe, 
         if kept is not None and commit is not None and kept.version == ds.version and kept.commit == commit:
             how = "kept"
             with _LOCK:
-                early = _AHEAD.pop(key, None)
+                at, early = _AHEAD.pop(key, (None, None))
+            if at != ds.version:
+                early = None
             if early is not None:
                 how = f"{early['how']} (ahead of its probe, in {early['seconds']} s)"
         elif kept is not None and kept.commit is not None and kept.version > ds.version and \
