@@ -202,8 +202,10 @@ def where_time_goes(wall: float, r) -> str:
         f"recomputed {work['first_rows_computed']:,}")
     arranged = (r.details or {}).get("arrangements") or {}
     if arranged:
-        read += "; arrangements: " + ", ".join(f"{k} {i['how'].split(' (')[0]} {i.get('seconds', 0):.3f} s"
-                                               for k, i in arranged.items())
+        read += "; arrangements: " + ", ".join(
+            f"{k} {i['how'].split(' (')[0]} {i.get('seconds', 0):.3f} s"
+            + (f" (loaded ahead, in a thread: {i['ahead_s']:.3f} s)" if "ahead_s" in i else "")
+            for k, i in arranged.items())
     return (f"plan {max(wall - execute - commit, 0.0):.2f}  execute {execute:.2f}  commit {commit:.2f}  "
             f"(rows +{r.rows_inserted:,} -{r.rows_deleted:,}{read})")
 

@@ -332,7 +332,8 @@ def _work_text(details: dict) -> str:
         text += f"; key rows scanned {work['key_rows_scanned']:,}"
     for name, info in (details.get("arrangements") or {}).items():  # (the view's and the first table's key's)
         size = f" ({info['rows']:,} rows, {info['bytes'] / 2**20:,.1f} MiB, {info['seconds']:.3f} s)" if "rows" in info else ""
-        text += f"\n  arrangement {name}: {info['how']}{size}"
+        early = f", ahead of its probe in {info['ahead_s']:.3f} s" if "ahead_s" in info else ""
+        text += f"\n  arrangement {name}: {info['how']}{size}{early}"
     if adaptive:
         text += (f"\n  recomputes {adaptive['rows']:,} of {adaptive['first_table_rows']:,} first-table rows "
                  f"({adaptive['share']:.1%}; full at {adaptive['threshold']:.0%}): {adaptive['chosen']}")

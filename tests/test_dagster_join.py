@@ -194,7 +194,8 @@ def test_the_joined_tables_sensor_alone_refreshes_the_join_view(tmp_path):
         # what the join's plan read, and the arrangements it probed, on the materialization
         assert mat.metadata["run_work"].value["changed_rows"] == {"videos": 1}
         assert mat.metadata["run_work"].value["view_key_rows_read"] == 0
-        assert mat.metadata["run_arrangements"].value["view"]["how"].startswith(("loaded", "kept", "caught up"))
+        assert mat.metadata["run_arrangements"].value["view"]["how"] in ("loaded", "kept") or \
+            mat.metadata["run_arrangements"].value["view"]["how"].startswith("caught up")
         assert not stale()
         assert not tick("videos").run_requests and not tick("clips").run_requests  # nothing left to do
 

@@ -157,8 +157,9 @@ def ahead(view_ds: lance.LanceDataset, provenance: list[str]) -> "threading.Thre
     keep it there: a plan that will probe it starts this before it probes the
     first table's key arrangement, so both load at once (Lance's reads and
     NumPy's copies let go of the GIL). The probe waits for it on the
-    arrangement's lock and reports what it did; a failed load is done again
-    by the probe. None: nothing to do."""
+    arrangement's lock and reports what it did (its ``how``, and
+    ``ahead_s``: the load's seconds); a failed load is done again by the
+    probe. None: nothing to do."""
     key = _key(view_ds.uri, provenance, True, False)
     with _LOCK:
         kept = _KEPT.get(key)
@@ -329,8 +330,8 @@ def _probed(ds: lance.LanceDataset, columns: list[str], addresses: bool, probe, 
                 at, early = _AHEAD.pop(key, (None, None))
             if at != ds.version:
                 early = None
-            if early is not None:
-                how = f"{early['how']} (ahead of its probe, in {early['seconds']} s)"
+            if early is not None:  # (what was done to have it, as the load ahead did it)
+                how = early["how"]
         elif kept is not None and kept.commit is not None and kept.version > ds.version and \
                 _commit_id(ds, kept.version) == kept.commit:
             return None, {"how": f"not used: it reflects version {kept.version}, the plan reads {ds.version}"}
@@ -364,6 +365,8 @@ def _probed(ds: lance.LanceDataset, columns: list[str], addresses: bool, probe, 
             follow.append(Follow(key, kept, kept.arrangement.generation, kept.version, kept.commit, columns))
         info = {"how": how, "rows": len(kept.arrangement), "bytes": kept.arrangement.nbytes,
                 "seconds": round(time.perf_counter() - start, 4)}
+        if early is not None:  # (done ahead of the probe, in a thread of its own, in these seconds)
+            info["ahead_s"] = early["seconds"]
         if saved is not None:
             info["saved_s"] = saved
         elif early is not None and "saved_s" in early:  # (saved by the load ahead)
