@@ -264,9 +264,14 @@ def test_the_views_arrangement_loads_while_the_first_tables_key_is_probed(db, mo
     customers.update(where="cid = 2", values={"name": "y"})
     loads = []
     real = arrangements._load
+    begun = threading.Event()  # (the load ahead has begun: the key's load waits for it, so the order is fixed)
 
     def load(ds, columns, addresses):
         loads.append((threading.current_thread().name, columns[0]))
+        if threading.current_thread().name == "mv-assets-arrangement-ahead":
+            begun.set()
+        elif columns == ["cid"]:
+            assert begun.wait(60), "the view's arrangement was not loaded ahead"
         return real(ds, columns, addresses)
 
     monkeypatch.setattr(arrangements, "_load", load)

@@ -463,18 +463,12 @@ def _staged(definition: ViewDefinition, args: dict, datasets: list[lance.LanceDa
         view_ds = objects.dataset(args["view_uri"], version=reuse["view_version"])
         values = [n for n in view_ds.schema.names if n in {c.name for c in definition.udf_columns}
                   or n in {computed_marker(c.name) for c in definition.udf_columns}]
-        held = reuse.get("held")
-        if held is not None and len(held.get(SOURCE_ROW_ID, ())) == len(rows):
-            # (their provenance and versions as the plan's arrangement holds them: only the UDF values
-            # are read, in the order asked; a NULL provenance id was held as -1)
-            taken = take_rows(view_ds, pa.array(rows, pa.uint64()), values)
-            ids = {n: np.asarray(v, np.int64) for n, v in held.items()}
-            old = pa.table({**{n: pa.array(v, pa.int64(), mask=v < 0 if n.startswith(JOINED_ROW_ID_PREFIX) else None)
-                               for n, v in ids.items()}, **{n: taken.column(n) for n in values}})
-        else:
-            keep = [n for n in view_ds.schema.names if n in (SOURCE_ROW_ID, SOURCE_ROW_VERSION)
-                    or n.startswith(JOINED_ROW_ID_PREFIX) or n in values]
-            old = take_rows(view_ds, pa.array(rows, pa.uint64()), keep)
+        # (their provenance and versions as the plan's arrangement holds them: only the UDF values
+        # are read, in the order asked; a NULL provenance id was held as -1)
+        taken = take_rows(view_ds, pa.array(rows, pa.uint64()), values)
+        ids = {n: np.asarray(v, np.int64) for n, v in reuse["held"].items()}
+        old = pa.table({**{n: pa.array(v, pa.int64(), mask=v < 0 if n.startswith(JOINED_ROW_ID_PREFIX) else None)
+                           for n, v in ids.items()}, **{n: taken.column(n) for n in values}})
     # the row versions already known: passed by the plan (the change feed's, the view's arrangement's),
     # and those of the view rows read whole
     known = [np.asarray(v, np.int64) for v in args.get("known_versions") or ([], [])]

@@ -151,7 +151,7 @@ def view_rows(view_ds: lance.LanceDataset, provenance: list[str], first: np.ndar
 _AHEAD: dict[tuple[str, str], tuple[int, dict]] = {}
 
 
-def ahead(view_ds: lance.LanceDataset, provenance: list[str]) -> "threading.Thread | None":
+def ahead(view_ds: lance.LanceDataset, provenance: list[str]) -> None:
     """Have the view's arrangement at the view's version (loaded, read from
     disk or caught up) in a thread of its own, when this process does not
     keep it there: a plan that will probe it starts this before it probes the
@@ -159,12 +159,12 @@ def ahead(view_ds: lance.LanceDataset, provenance: list[str]) -> "threading.Thre
     NumPy's copies let go of the GIL). The probe waits for it on the
     arrangement's lock and reports what it did (its ``how``, and
     ``ahead_s``: the load's seconds); a failed load is done again by the
-    probe. None: nothing to do."""
+    probe."""
     key = _key(view_ds.uri, provenance, True, False)
     with _LOCK:
         kept = _KEPT.get(key)
     if MAX_BYTES <= 0 or (kept is not None and kept.version == view_ds.version):
-        return None
+        return
 
     def run() -> None:
         try:
@@ -175,9 +175,7 @@ def ahead(view_ds: lance.LanceDataset, provenance: list[str]) -> "threading.Thre
             with _LOCK:
                 _AHEAD[key] = (view_ds.version, info)
 
-    thread = threading.Thread(target=run, name="mv-assets-arrangement-ahead", daemon=True)
-    thread.start()
-    return thread
+    threading.Thread(target=run, name="mv-assets-arrangement-ahead", daemon=True).start()
 
 
 def follower(view_ds: lance.LanceDataset, provenance: list[str]) -> "Follow | None":
