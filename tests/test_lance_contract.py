@@ -192,6 +192,28 @@ def test_take_by_row_id_returns_rows_in_the_order_asked(uri):
         assert got.column("id").to_pylist() == order
 
 
+def test_a_data_overlay_is_not_readable_once_the_dataset_is_opened_again(tmp_path):
+    """Why a join view's dimension update rewrites its rows (delete and append)
+    instead of writing only the changed cells: Lance's data overlays
+    (``LanceOperation.DataOverlay``: new values for some cells of a fragment,
+    layered over its files on read) would make such an update cost the cells
+    it changes, but a dataset holding one cannot be opened again (reader
+    feature flag 64, "cannot be read by this version of Lance") by this
+    pylance nor by lancedb 0.40. When this fails, Lance reads overlays back:
+    the dimension steps of bench/bench_join.py can use them (issue 47,
+    docs/performance.md, eighth session)."""
+    uri = str(tmp_path / "v.lance")
+    lance.write_dataset(pa.table({"id": [0, 1, 2], "label": ["a", "b", "c"]}), uri, enable_stable_row_ids=True)
+    ds = lance.dataset(uri)
+    written = lance.fragment.write_fragments(pa.table({"label": ["B"]}), ds)
+    overlay = LanceOperation.DataOverlay([LanceOperation.DataOverlayGroup(
+        0, [LanceOperation.DataOverlayFile(written[0].files[0], [1])])])
+    committed = lance.LanceDataset.commit(uri, overlay, read_version=ds.version)
+    assert committed.to_table().column("label").to_pylist() == ["a", "B", "c"]  # (the handle the commit gave)
+    with pytest.raises(Exception, match="cannot be read by this version of Lance"):
+        lance.dataset(uri)
+
+
 def test_stable_row_ids_are_fixed_when_a_dataset_is_created(tmp_path):
     """Why bringing a table in rewrites it (Connection.enable_stable_row_ids):
     an overwrite neither adds stable row ids nor removes them."""
