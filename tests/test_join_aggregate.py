@@ -131,6 +131,62 @@ def test_bad_join_aggregates_write_nothing(shop):
         db.create_table(f"{JOIN_UNDER_PREFIX}x", pa.table({"a": [1]}))
 
 
+def test_a_name_written_qualified_and_unqualified_is_one_column(shop):
+    """``amt`` and ``orders.amt`` read the same column (only orders has it):
+    one column of the join under the view, not a clash."""
+    db, _ = shop
+    o, c = db.open_table("orders"), db.open_table("customers")
+    v = db.create_materialized_view("v", o.search(None).join(c, on="cid").group_by("customers.tier").agg(
+        {"n": "count(orders.amt)", "top": "max(amt)", "low": "min(orders.amt)"}))
+    v.refresh()
+    con = duckdb.connect()
+    for t in (o, c):
+        con.register(t.name, lance.dataset(t.uri).to_table())
+    want = con.sql("SELECT customers.tier AS tier, count(orders.amt) AS n, max(amt) AS top, min(amt) AS low "
+                   "FROM orders JOIN customers USING (cid) GROUP BY customers.tier").to_arrow_table().to_pylist()
+    key = lambda r: (r["tier"] is None, r["tier"] or "")  # noqa: E731
+    assert sorted(v.to_arrow().to_pylist(), key=key) == sorted(want, key=key)
+
+
+def test_a_group_key_that_is_an_expression_is_refused_not_read_as_its_column(shop):
+    """``group_by("oid % 2")`` over a join grouped by ``oid`` (the first name
+    in it) before: refused now, as over one table; selected with a name first,
+    it is grouped by its values."""
+    db, _ = shop
+    o, c = db.open_table("orders"), db.open_table("customers")
+    versions = (o.version, c.version)
+    for key in ("oid % 2", "oid > 1", "upper(customers.tier)"):
+        with pytest.raises(ValueError, match="is not a column name"):
+            db.create_materialized_view("v", o.search(None).join(c, on="cid").group_by(key).agg({"n": "count(*)"}))
+    assert (db.open_table("orders").version, db.open_table("customers").version) == versions
+    v = db.create_materialized_view("v", o.search(None).join(c, on="cid").select({"par": "oid % 2", "amt": "amt"})
+                                    .group_by("par").agg({"n": "count(*)"}))
+    v.refresh()
+    con = duckdb.connect()
+    for t in (o, c):
+        con.register(t.name, lance.dataset(t.uri).to_table())
+    want = con.sql("SELECT oid % 2 AS par, count(*) AS n FROM orders JOIN customers USING (cid) GROUP BY 1"
+                   ).to_arrow_table().to_pylist()
+    assert sorted(v.to_arrow().to_pylist(), key=lambda r: r["par"]) == sorted(want, key=lambda r: r["par"])
+
+
+def test_the_join_under_a_view_cannot_be_dropped_alone(shop):
+    """Dropping the join kept under a join aggregate left the view unable to
+    refresh; it goes with its view only."""
+    db, _ = shop
+    o, c = db.open_table("orders"), db.open_table("customers")
+    v = db.create_materialized_view("by_tier", o.search(None).join(c, on="cid").group_by("tier").agg(
+        {"s": "sum(amt)"}))
+    v.refresh()
+    with pytest.raises(ValueError, match="the join kept under the view 'by_tier'"):
+        db.drop_table(f"{JOIN_UNDER_PREFIX}by_tier")
+    o.add(_orders(random.Random(1), 500, 3))
+    assert not v.refresh().full
+    assert db.status().to_pylist()[0]["load_state"] == "LOADED"
+    db.drop_table("by_tier")
+    assert not [n for n in os.listdir(db.uri) if n.startswith(JOIN_UNDER_PREFIX)]
+
+
 OPS = ["add_orders", "delete_orders", "update_amt", "move_order", "add_customers", "delete_customers",
        "retier", "rename", "pylance_delete_customers", "pylance_update_orders", "compact", "refresh"]
 

@@ -125,6 +125,13 @@ class Query:
         q._join_parts(keys_only=True)  # tables and keys checked now, in the user's words
         return q
 
+    def _join_resolver(self):
+        """What a name of this join query reads (model.join_view.join_resolver)."""
+        from mv_assets.model.join_view import join_resolver
+
+        tables = [self._table, *(t for t, _ in self._joins)]
+        return join_resolver([t.name for t in tables], [t.schema for t in tables], [j for _, j in self._joins])
+
     def _join_parts(self, keys_only: bool = False):
         """The join's spec and output columns (model.join_view.build_join)."""
         from mv_assets.model.join_view import build_join
@@ -157,8 +164,8 @@ class Query:
         from mv_assets.model.join_agg_view import split
 
         if self._joins:  # (over a join, an aggregate may take an expression: a column of the join computes it)
-            split(self._group_by or (), aggregates, self._select) if isinstance(aggregates, dict) else \
-                parse_aggs(aggregates)
+            split(self._group_by or (), aggregates, self._select, self._join_resolver()) \
+                if isinstance(aggregates, dict) else parse_aggs(aggregates)
         else:
             parse_aggs(aggregates)  # refused now, in our words
         return self._copy(_aggs=dict(aggregates))
@@ -266,7 +273,7 @@ class Query:
             raise ValueError("group_by() needs agg({...}): the outputs of each group")
         if self._shuffle or self._limit is not None:
             raise ValueError("group_by() cannot be combined with shuffle() or limit()")
-        parts = join_agg_view.split(self._group_by, self._aggs, self._select)
+        parts = join_agg_view.split(self._group_by, self._aggs, self._select, self._join_resolver())
         inner = self._copy(_group_by=None, _aggs=None, _select=list(parts.select))
         joined = inner.to_definition()
         spec = join_agg_view.spec("join", [t.name for t in [self._table, *self.joined]], parts.keys, parts.aggs)

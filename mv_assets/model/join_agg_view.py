@@ -18,6 +18,7 @@ Pure: names and definitions; no I/O.
 """
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -64,7 +65,8 @@ def _unquote(name: str) -> str:
     return ".".join(p[1:-1] if p.startswith("`") else p for p in re.findall(_IDENT, name))
 
 
-def split(keys: tuple[str, ...], aggs: dict[str, str], select: list[tuple[str, Any]] | None) -> JoinAggregate:
+def split(keys: tuple[str, ...], aggs: dict[str, str], select: list[tuple[str, Any]] | None,
+          resolve: "Callable[[str], Any] | None" = None) -> JoinAggregate:
     """Split a join aggregate's ``group_by`` keys and ``agg`` calls into the
     join's columns and the aggregate over them.
 
@@ -73,27 +75,45 @@ def split(keys: tuple[str, ...], aggs: dict[str, str], select: list[tuple[str, A
     ``customers.name``) as its column's own name (qualified names that would
     clash: ``customers_name``), an expression argument
     (``sum(price * (1 - discount))``) as a SQL column named after the output.
+    A key is a name: group by an expression by selecting it with a name
+    first. ``resolve``: what a name reads (the join's name resolution:
+    ``amt`` and ``orders.amt`` are one column when only orders has it); a
+    name it cannot resolve is left to the join to refuse.
 
     >>> s = split(("c.name",), {"n": "count(*)", "rev": "sum(price * (1 - disc))"}, None)
     >>> s.select, s.keys, s.aggs
     ([('name', 'c.name'), ('rev_arg', 'price * (1 - disc)')], ('name',), {'n': 'count(*)', 'rev': 'sum(rev_arg)'})
+    >>> split(("oid % 2",), {"n": "count(*)"}, None)
+    Traceback (most recent call last):
+    ...
+    ValueError: group_by() over a join: 'oid % 2' is not a column name; select() it with a name first, then group by that name (or make the join view, then an aggregate view over it)
     """
     parse_aggs(_plain_calls(aggs))  # (functions and outputs refused in the aggregate's own words)
+    for k in keys:
+        if not _NAME.match(k.strip()):
+            raise ValueError(f"group_by() over a join: {k!r} is not a column name; select() it with a name first, "
+                             "then group by that name (or make the join view, then an aggregate view over it)")
     if select is not None:
         return JoinAggregate([(n, v) for n, v in select], tuple(keys), dict(aggs))
     out: dict[str, str] = {}  # join column -> what it reads
-    names: dict[str, str] = {}  # a name as written -> its join column
+    names: dict[Any, str] = {}  # what a name reads (resolved, else as written) -> its join column
 
     def column(ref: str) -> str:
-        ref = _unquote(ref)
-        if ref in names:
-            return names[ref]
+        ref = _unquote(ref.strip())
+        read: Any = ref
+        if resolve is not None:
+            try:
+                read = resolve(ref)
+            except ValueError:  # (unknown or ambiguous: the join says so in its own words)
+                pass
+        if read in names:
+            return names[read]
         bare = ref.rsplit(".", 1)[-1]
         name = bare if bare not in out else ref.replace(".", "_")
         if name in out:
             raise ValueError(f"group_by()/agg() over a join: {ref!r} and {out[name]!r} would both be column "
                              f"{name!r}; select() the join's columns first, with names of their own")
-        out[name], names[ref] = ref, name
+        out[name], names[read] = ref, name
         return name
 
     new_keys = tuple(column(k) for k in keys)

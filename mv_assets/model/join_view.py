@@ -352,15 +352,8 @@ def build_join(sources: list[str], schemas: list[pa.Schema], joins: list[dict], 
     the user's terms, on any unknown, ambiguous or mistyped name."""
     from mv_assets.model.udf import UDF
 
-    aliases = [sources[0], *(_alias(j.get("alias"), t) for j, t in zip(joins, sources[1:], strict=True))]
-    if len(set(aliases)) != len(aliases):
-        twice = next(s for s in aliases if aliases.count(s) > 1)
-        raise ValueError(f"{twice!r} is joined twice; give each occurrence of a table its own name: "
-                         f".join({twice}, alias='{twice}2', ...) (a self-join), then qualify its columns "
-                         f"('{twice}2.column')")
-    names = Names(aliases, schemas)
+    aliases, names, steps = _names(sources, schemas, joins)
     keep = tuple(aliases) if aliases != list(sources) else ()
-    steps = [_step(names, k, j) for k, j in enumerate(joins, start=1)]
     if keys_only:  # (join() checks its keys; the outputs once the query is complete)
         return Join(tuple(sources), tuple(steps), aliases=keep), []
     refs: dict[str, tuple[int, str]] = {}
@@ -403,6 +396,26 @@ def build_join(sources: list[str], schemas: list[pa.Schema], joins: list[dict], 
         staged_filter, used = rewrite_sql(where, names.resolve)
         refs.update(used)
     return Join(tuple(sources), tuple(steps), refs, staged_filter, exprs, udf_sources, keep), out
+
+
+def _names(sources: list[str], schemas: list[pa.Schema], joins: list[dict]
+           ) -> tuple[list[str], "Names", list[JoinStep]]:
+    """A join's names of its tables (a self-join's aliases), its name
+    resolution (the ``on=`` right keys hidden) and its steps."""
+    aliases = [sources[0], *(_alias(j.get("alias"), t) for j, t in zip(joins, sources[1:], strict=True))]
+    if len(set(aliases)) != len(aliases):
+        twice = next(s for s in aliases if aliases.count(s) > 1)
+        raise ValueError(f"{twice!r} is joined twice; give each occurrence of a table its own name: "
+                         f".join({twice}, alias='{twice}2', ...) (a self-join), then qualify its columns "
+                         f"('{twice}2.column')")
+    names = Names(aliases, schemas)
+    return aliases, names, [_step(names, k, j) for k, j in enumerate(joins, start=1)]
+
+
+def join_resolver(sources: list[str], schemas: list[pa.Schema], joins: list[dict]):
+    """What a name in a join query reads, as ``(table index, column)``
+    (:meth:`Names.resolve`; ValueError for an unknown or ambiguous name)."""
+    return _names(sources, schemas, joins)[1].resolve
 
 
 def _alias(alias: Any, table: str) -> str:
