@@ -562,3 +562,52 @@ def test_approx_quantiles_stay_within_their_accuracy_through_inserts_and_deletes
         with pytest.raises(ValueError, match=message):
             db.create_materialized_view("bad", t.search(None).group_by("id").agg({"a": call}))
     assert "bad" not in db.table_names()
+
+
+GLOBAL_SQL = """SELECT count(*) AS n, count(x) AS nx, sum(x) AS sx, avg(x) AS ax, min(x) AS lo, max(label) AS hi,
+       count(DISTINCT label) AS nd FROM t WHERE w != 3"""
+
+
+def test_an_aggregate_without_keys_is_one_row_over_no_rows_too(db):
+    """SQL's ``SELECT count(*), sum(x) ... FROM t`` over no rows is one row
+    (count 0, the others NULL), not none: at the first refresh of an empty
+    source, after every row is deleted (incremental and full), and computed
+    now (Query.to_arrow); checked against DuckDB at each step."""
+    import duckdb
+
+    src = db.create_table("t", pa.Table.from_pylist([], schema=SCHEMA))
+    aggs = {"n": "count(*)", "nx": "count(x)", "sx": "sum(x)", "ax": "avg(x)", "lo": "min(x)", "hi": "max(label)",
+            "nd": "count(distinct label)"}
+    query = src.search(None).where("w != 3").group_by().agg(aggs)
+    v = db.create_materialized_view("g", query)
+
+    def want() -> list[dict]:
+        con = duckdb.connect()
+        con.register("t", lance.dataset(src.uri, version=v.source_version).to_table())
+        return con.sql(GLOBAL_SQL).to_arrow_table().to_pylist()
+
+    def got() -> list[dict]:
+        rows = v.to_arrow().select(list(aggs)).to_pylist()
+        for r in rows:
+            r["sx"] = None if r["sx"] is None else round(r["sx"], 9)
+            r["ax"] = None if r["ax"] is None else round(r["ax"], 9)
+        return rows
+
+    def rounded(rows: list[dict]) -> list[dict]:
+        return [{k: round(x, 9) if k in ("sx", "ax") and x is not None else x for k, x in r.items()} for r in rows]
+
+    v.refresh()
+    assert got() == rounded(want()) == [{"n": 0, "nx": 0, "sx": None, "ax": None, "lo": None, "hi": None, "nd": 0}]
+    rng = random.Random(3)
+    src.add(make_rows(rng, 0, 50))
+    assert not v.refresh().full and got() == rounded(want())
+    src.delete("w != 3")  # every row the filter passes: the group's rows reach 0
+    r = v.refresh()
+    assert not r.full and r.rows_deleted == 0 and r.rows_updated == 1
+    assert got() == rounded(want()) and got()[0]["n"] == 0 and got()[0]["sx"] is None
+    assert {c.name: c.passed for c in v.check()} == {"no_orphan_rows": True, "values_match_source": True}
+    assert rounded(query.to_arrow().select(list(aggs)).to_pylist()) == got()
+    v.refresh(mode="full")
+    assert got() == rounded(want())
+    src.add(make_rows(rng, 100, 20))
+    assert not v.refresh().full and got() == rounded(want())

@@ -187,6 +187,34 @@ def test_the_join_under_a_view_cannot_be_dropped_alone(shop):
     assert not [n for n in os.listdir(db.uri) if n.startswith(JOIN_UNDER_PREFIX)]
 
 
+def test_a_join_aggregate_without_keys_is_one_row_when_the_join_is_empty(shop):
+    """``group_by()`` over a join: one row, as SQL's, also once the join holds
+    no row (count 0, sum NULL)."""
+    db, _ = shop
+    o, c = db.open_table("orders"), db.open_table("customers")
+    v = db.create_materialized_view("g", o.search(None).join(c, on="cid").group_by().agg(
+        {"n": "count(*)", "s": "sum(amt)", "top": "max(customers.name)"}))
+    v.refresh()
+    sql = "SELECT count(*) AS n, sum(amt) AS s, max(customers.name) AS top FROM orders JOIN customers USING (cid)"
+
+    def want():
+        con = duckdb.connect()
+        for name, version in _tables(v).items():
+            con.register(name, lance.dataset(db.open_table(name).uri, version=version).to_table())
+        return [{**r, "s": None if r["s"] is None else round(r["s"], 9)} for r in con.sql(sql).to_arrow_table().to_pylist()]
+
+    def got():
+        return [{**r, "s": None if r["s"] is None else round(r["s"], 9)} for r in v.to_arrow().to_pylist()]
+
+    assert got() == want() and got()[0]["n"] > 0
+    c.delete("true")
+    assert not v.refresh().full
+    assert got() == want() == [{"n": 0, "s": None, "top": None}]
+    c.add(_customers(random.Random(2), range(3)))
+    v.refresh()
+    assert got() == want()
+
+
 OPS = ["add_orders", "delete_orders", "update_amt", "move_order", "add_customers", "delete_customers",
        "retier", "rename", "pylance_delete_customers", "pylance_update_orders", "compact", "refresh"]
 

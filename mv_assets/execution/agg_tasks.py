@@ -9,7 +9,9 @@
   added; a min / max absorbs new values and is recomputed from the source only
   for the groups whose current extreme was deleted or updated away (their whole
   state is then recomputed exactly: float sums re-based); a group whose row
-  count reaches 0 goes.
+  count reaches 0 goes, but for the one group of an aggregate without keys:
+  as in SQL (``SELECT count(*), sum(x) FROM t``), it is there over no rows
+  too (count 0, every other aggregate NULL).
 
 Float sums are carried as double-doubles (the sum and a remainder column,
 about 106 bits): each incremental refresh adds the exact sum of its changed
@@ -499,8 +501,14 @@ def _combine(keys: list[str], agg: Aggregate, schema: pa.Schema, old: pa.Table |
     arrays = _state_arrays(keys, key_arr, agg, typ, found, states)
     arrays.update(_output_arrays(agg, typ, n, states))
     table = pa.Table.from_arrays([arrays[f.name] for f in schema], schema=schema)
-    live = rows > 0
+    live = _live(agg, rows)
     return _Combined(table.filter(pa.array(live)), rows, (sums_stale | ext_stale) & live)
+
+
+def _live(agg: Aggregate, rows: np.ndarray) -> np.ndarray:
+    """Which groups of these row counts are in the view: those holding rows;
+    without keys, the one group always (SQL's aggregate over no rows is one row)."""
+    return rows > 0 if agg.keys else np.ones(len(rows), bool)
 
 
 def _combined_sums(found: _Found, agg: Aggregate, typ: dict[str, pa.DataType]
@@ -703,8 +711,8 @@ def groups_from_rows(rows: pa.Table, agg: Aggregate, schema: pa.Schema, exact: b
     """The view rows of every group of ``rows``, sorted by group key
     (``exact``: float sums exact, see :func:`_aggregate`)."""
     grouped = _aggregate(rows, agg, exact=exact)
-    if grouped is None:
-        return schema.empty_table()
+    if grouped is None:  # (no rows: no group, but the one of an aggregate without keys)
+        return _combine([group_key([])], agg, schema, None, None, None).rows if not agg.keys else schema.empty_table()
     keys = _keys_of(grouped, agg)
     order = sorted(range(len(keys)), key=keys.__getitem__)
     return _combine([keys[i] for i in order], agg, schema, None, grouped.take(pa.array(order, pa.int64())), None).rows
@@ -831,7 +839,7 @@ def apply_changes(src: lance.LanceDataset, old: lance.LanceDataset, view_rows: p
             rows = src.to_table(columns=agg.input_columns, filter=_and(_group_predicate(agg, chunk), filter_sql))
             parts.append(groups_from_rows(rows, agg, schema, exact=True))
         new = pa.concat_tables(parts).sort_by(GROUP)
-    live = dict(zip(touched, combined.counts > 0, strict=True))
+    live = dict(zip(touched, _live(agg, combined.counts), strict=True))
     return GroupChanges(
         rows=new,
         inserted=[k for k in touched if k not in held_keys and live[k]],
