@@ -358,6 +358,10 @@ def agg_view_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sc
             raise ValueError(f"aggregate {a.name!r} = {a}: {definition.source!r} has no column {a.column!r}; "
                              f"its columns are {visible}")
         t = src.field(a.column).type
+        if a.fn in ("sum", "avg", "approx_quantile") and pa.types.is_decimal(t):
+            raise ValueError(f"aggregate {a.name!r} = {a}: {a.fn} of a decimal column is not supported (its "
+                             f"running state is integer or float); {a.column!r} is {t}: aggregate a view of it "
+                             f"cast to double or to a scaled integer (count, min and max take decimals)")
         if a.fn in ("sum", "avg", "approx_quantile") and not _numeric(t):
             raise ValueError(f"aggregate {a.name!r} = {a}: {a.fn} needs a numeric column; {a.column!r} is {t}")
         if a.fn in ("min", "max") and not _orderable(t):

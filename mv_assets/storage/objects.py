@@ -690,15 +690,40 @@ def write_arrow(uri: str, table: pa.Table, *, create: bool = False) -> bool:
     return put_bytes(uri, sink.getvalue().to_pybytes(), create=create)
 
 
+# An IPC file holds its buffers at 8 bytes. Lance (arrow-rs) panics on a
+# decimal buffer not at 16 ("Memory pointer from external source ... is not
+# aligned"), and pyarrow's type-specific alignment takes 8 as enough for one:
+# a file holding a decimal anywhere (an aggregate view's max(d) of a decimal,
+# its new rows handed to the task; a UDF's decimal results checkpointed) is
+# read with its buffers copied to 64 bytes where they are not; any other is
+# mapped as it is.
+_ALIGNED = pa.ipc.IpcReadOptions(ensure_alignment=pa.ipc.Alignment.At64Byte)
+
+
+def _holds_wide_values(t: pa.DataType) -> bool:
+    """Whether values of ``t`` (or of a type nested in it) are 16 bytes or more."""
+    if pa.types.is_decimal(t) or pa.types.is_interval(t):
+        return True
+    return any(_holds_wide_values(t.field(i).type) for i in range(t.num_fields))
+
+
+def _read_ipc(source: Any) -> pa.Table:
+    reader = pa.ipc.open_file(source)
+    if any(_holds_wide_values(f.type) for f in reader.schema):
+        reader = pa.ipc.open_file(source, options=_ALIGNED)
+    return reader.read_all()
+
+
 def read_arrow(uri: str) -> pa.Table:
-    """An Arrow IPC file (memory-mapped when local: columns are paged in when used)."""
+    """An Arrow IPC file (memory-mapped when local: columns are paged in when
+    used; a decimal's buffers copied, aligned)."""
     if is_local(uri):
         with pa.memory_map(_local_path(uri)) as source:
-            return pa.ipc.open_file(source).read_all()
+            return _read_ipc(source)
     data = get_bytes(uri)
     if data is None:
         raise FileNotFoundError(uri)
-    return pa.ipc.open_file(pa.py_buffer(data)).read_all()
+    return _read_ipc(pa.py_buffer(data))
 
 
 def write_text(uri: str, text: str, *, create: bool = False, durable: bool = True) -> bool:
