@@ -12,6 +12,7 @@ emptied, and deletes of groups' extremes.
 
 import math
 import random
+from fractions import Fraction
 
 import lance
 import numpy as np
@@ -262,7 +263,7 @@ def test_bad_aggregate_queries_are_refused_before_anything_is_written(db):
         (q.group_by("nope").agg({"n": "count(*)"}), "group_by: 'src' has no column 'nope'"),
         (q.group_by("g").agg({"s": "sum(nope)"}), "'src' has no column 'nope'"),
         (q.group_by("g").agg({"s": "sum(label)"}), "sum needs a numeric column; 'label' is string"),
-        (q.group_by("x").agg({"n": "count(*)"}), "partitions by column 'x' of type double"),
+        (q.group_by("x").agg({"n": "count(*)"}), "group_by key 'x' is double: a group key must hold integers"),
         (q.group_by("g").agg({"g": "count(*)"}), r"outputs \['g'\] have the names of group_by keys"),
         (q.group_by("g"), r"group_by\(\) needs agg"),
         (q.agg({"n": "count(*)"}), r"agg\(\) needs group_by\(\) first"),
@@ -646,3 +647,49 @@ def test_min_and_max_of_a_decimal_column_follow_every_change(db):
         assert {r["k"]: (r["hi"], r["lo"], r["n"]) for r in v.to_arrow().to_pylist()} == want()
     with pytest.raises(ValueError, match="sum of a decimal column is not supported"):
         db.create_materialized_view("s", src.search(None).group_by("k").agg({"s": "sum(d)"}))
+
+
+def test_a_sum_from_a_full_refresh_stays_right_when_its_largest_values_leave(db):
+    """A full refresh summed each group with Arrow: 1e17 + 3 + 4 kept as 1e17,
+    so once 1e17 was deleted the view said 0 where the sum is 7. It keeps each
+    addition's rounding error now (a double-double, as the changes' sums)."""
+    src = db.create_table("t", pa.table({"id": [1, 2, 3, 4, 5, 6], "k": [1, 1, 1, 2, 2, 2],
+                                         "x": [1e17, 3.0, 4.0, 1e300, 4.75, -1e300]}), primary_key="id")
+    v = db.create_materialized_view("s", src.search(None).group_by("k").agg({"s": "sum(x)", "a": "avg(x)"}))
+    assert v.refresh().full
+    src.delete("id = 1 OR id = 6")
+    assert not v.refresh().full
+    got = {r["k"]: (r["s"], r["a"]) for r in v.to_arrow().to_pylist()}
+    assert got[1] == (7.0, 3.5)
+    assert got[2][0] == 1e300 and got[2][1] == 0.5e300
+    src.delete("id = 5")
+    v.refresh()
+    assert {r["k"]: r["s"] for r in v.to_arrow().to_pylist()} == {1: 7.0, 2: 1e300}
+
+
+@settings(max_examples=200, deadline=None, derandomize=True)
+@given(segments=st.lists(st.lists(st.one_of(
+    st.floats(-1e300, 1e300, allow_nan=False, allow_infinity=False),
+    st.sampled_from([1e17, -1e17, 3.0, 0.1, 1e-300, -2.5, 1.7e308])), max_size=40), min_size=1, max_size=12))
+def test_a_groups_sum_of_exact_parts_keeps_its_large_values_apart(segments):
+    """A full refresh's float sums: each value split into parts that add up to
+    it, summed per group in any order (here: backwards, in floats), then
+    added as a double-double (agg_tasks.exact_parts): within rows**2 * 2**-100
+    of the group's magnitude (a float sum: about rows * 2**-53)."""
+    from mv_assets.execution.agg_tasks import _dd_add, exact_parts
+
+    values = np.array([x for seg in segments for x in seg], np.float64)
+    groups = np.repeat(np.arange(len(segments)), [len(seg) for seg in segments])
+    parts = exact_parts(values, groups)
+    assert all((sum(Fraction(float(p[i])) for p in parts) == Fraction(float(values[i]))) for i in range(len(values)))
+    at = 0
+    for seg in segments:
+        bound = Fraction(2) ** -100 * (len(seg) + 2) ** 2 * sum((abs(Fraction(x)) for x in seg), Fraction(0))
+        sums = [float(sum(p[at:at + len(seg)][::-1].tolist())) for p in parts]  # (a float sum, backwards)
+        hi, lo = np.array([sums[0]]), np.zeros(1)
+        for x in sums[1:]:
+            hi, lo = _dd_add(hi, lo, np.array([x]), np.zeros(1))
+        exact = sum((Fraction(x) for x in seg), Fraction(0))
+        if len(parts) > 1 and max((abs(x) for x in seg), default=0) < 1e300:  # (larger: summed as it is)
+            assert abs(Fraction(float(hi[0])) + Fraction(float(lo[0])) - exact) <= bound, (seg, hi, lo)
+        at += len(seg)
