@@ -86,7 +86,7 @@ def test_one_view_one_status_one_name(shop, how):
     first = v.refresh()
     assert first.full
     assert _rows(v.to_arrow()) == _duckdb(db, _tables(v), how)
-    assert [s["name"] for s in db.status().to_pylist()] == ["by_tier"]
+    assert [(s["name"], s["source"]) for s in db.status().to_pylist()] == [("by_tier", "orders")]  # (not the join)
     assert not v.refresh_decision().refresh
     # a change to the joined table alone: the status and the policy see it
     db.open_table("customers").update(where="cid = 2", values={"tier": "platinum"})
@@ -121,6 +121,19 @@ def test_bad_join_aggregates_write_nothing(shop):
          "ambiguous"),
         (lambda: o.search(None).join(c, on="cid").group_by("tier").agg({"n": "median(amt)"}), "unknown function"),
         (lambda: o.search(None).join(c, on="cid").group_by("tier"), "needs agg"),
+        # in the user's words, not the engine's (the join under the view, its columns, a UDTF, DataFusion)
+        (lambda: o.search(None).join(c, on="cid").group_by("amt").agg({"n": "count(*)"}),
+         "group_by key 'amt' is double: a group key must hold integers"),
+        (lambda: o.search(None).join(c, on="cid").group_by("tier").agg({"n": "max(now())"}),
+         r"^view 'bad': the argument of aggregate 'n' \(now\(\)\) calls now\(\)"),
+        (lambda: o.search(None).join(c, on="cid").group_by("tier").agg({"s": "sum(max(amt))"}),
+         r"cannot hold another \(max\(amt\)\)"),
+        (lambda: o.search(None).join(c, on="cid").where("count(*) > 1").group_by("tier").agg({"n": "count(*)"}),
+         r"where\(\) filters rows before they are grouped"),
+        (lambda: o.search(None).where("sum(amt) > 1").group_by("cid").agg({"n": "count(*)"}),
+         r"where\(\) filters rows before they are grouped"),
+        (lambda: o.search(None).join(c, on="cid", alias="orders").group_by("tier").agg({"n": "count(*)"}),
+         r"alias 'orders' \(of 'customers'\) is already the name of the query's first table"),
     ]:
         with pytest.raises(ValueError, match=match):
             db.create_materialized_view("bad", make())

@@ -29,7 +29,7 @@ from mv_assets.model.errors import (
     TableExistsError,
     TableNotFoundError,
 )
-from mv_assets.model.join_agg_view import is_join_under, join_under
+from mv_assets.model.join_agg_view import in_users_words, is_join_under, join_under
 from mv_assets.model.kinds import kind_of
 from mv_assets.model.names import JOIN_UNDER_PREFIX
 from mv_assets.model.ownership import OWNERSHIP_METADATA_KEY, Ownership
@@ -665,7 +665,10 @@ class Connection:
         under = join_under(name)
         if objects.is_dataset(self._table_uri(under)):  # (left by a view of that name dropped outside mv_assets)
             self._drop_dataset(under)
-        self._create_view(under, inner, RefreshPolicy.manual(), True, None)
+        try:
+            self._create_view(under, inner, RefreshPolicy.manual(), True, None)
+        except ValueError as exc:  # (refused before anything is written: said in the user's words)
+            raise ValueError(in_users_words(str(exc), name, list(inner.selected))) from None
         try:
             spec = {**json.loads(outline.function or "{}")}
             spec["sources"] = [under, *spec["sources"][1:]]

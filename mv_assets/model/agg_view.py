@@ -248,6 +248,25 @@ def parse_aggs(aggs: object) -> list[Agg]:
     return out
 
 
+_AGGREGATE_CALL = re.compile(r"\b(count|sum|avg|min|max|approx_quantile)\s*\(", re.I)
+
+
+def refuse_aggregates_in(sql: str | None, what: str) -> None:
+    """Refuse an aggregate call inside row-level SQL (``what``: where it is
+    written), where Lance's engine fails with its own plan error.
+
+    >>> refuse_aggregates_in("sum(max(amt))"[4:-1], "aggregate 's' = sum(max(amt))")
+    Traceback (most recent call last):
+    ...
+    ValueError: aggregate 's' = sum(max(amt)): an aggregate cannot hold another (max(amt)); aggregates take a column or an expression over one row
+    """
+    if sql and _AGGREGATE_CALL.search(sql):
+        raise ValueError(f"{what}: an aggregate cannot hold another ({sql}); aggregates take a column or an "
+                         "expression over one row" if what.startswith("aggregate") else
+                         f"{what} filters rows before they are grouped: it cannot hold an aggregate ({sql}); "
+                         "filter the view's groups when reading it")
+
+
 def group_key(values: list) -> str:
     """The key of a group: the JSON list of its key values (dates as ISO text).
 
@@ -346,7 +365,12 @@ def agg_view_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sc
     for k in agg.keys:
         if k not in src.names:
             raise ValueError(f"group_by: {definition.source!r} has no column {k!r}; its columns are {visible}")
-        check_partition_type("group_by", k, src.field(k).type)
+        try:
+            check_partition_type("group_by", k, src.field(k).type)
+        except ValueError:
+            raise ValueError(f"group_by key {k!r} is {src.field(k).type}: a group key must hold integers, strings, "
+                             "booleans or dates (values compared exactly, which floats are not: -0.0 and 0.0, NaN); "
+                             f"group by it cast, e.g. CAST({k} AS BIGINT) selected in a view") from None
     outputs = {a.name for a in agg.aggs}
     clash = sorted(outputs & set(agg.keys))
     if clash:

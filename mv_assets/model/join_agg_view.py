@@ -24,11 +24,11 @@ from typing import Any
 
 import pyarrow as pa
 
-from mv_assets.model.agg_view import Aggregate, agg_view_schema, parse_aggs
+from mv_assets.model.agg_view import Aggregate, agg_view_schema, parse_aggs, refuse_aggregates_in
 from mv_assets.model.names import JOIN_UNDER_PREFIX
 
 __all__ = ["JOIN_AGG_KIND", "JOIN_UNDER_PREFIX", "join_under", "is_join_under", "JoinAggregate", "split",
-           "spec", "view_schema"]
+           "spec", "view_schema", "in_users_words"]
 
 JOIN_AGG_KIND = "join_aggregate"
 
@@ -132,6 +132,7 @@ def split(keys: tuple[str, ...], aggs: dict[str, str], select: list[tuple[str, A
         if _NAME.match(arg):
             inner = column(arg)
         else:  # an expression: a SQL column of the join computes it
+            refuse_aggregates_in(arg, f"aggregate {name!r} = {call}")
             inner = f"{name}_arg"
             if inner in out:
                 raise ValueError(f"aggregate {name!r}: the join's column {inner!r} is taken; select() the join's "
@@ -139,6 +140,21 @@ def split(keys: tuple[str, ...], aggs: dict[str, str], select: list[tuple[str, A
             out[inner] = arg
         new_aggs[name] = f"{fn}({distinct}{inner}{q})"
     return JoinAggregate(list(out.items()), new_keys, new_aggs)
+
+
+def in_users_words(message: str, name: str, select: list[tuple[str, str]]) -> str:
+    """A refusal of the join kept under join aggregate ``name`` (whose
+    columns are ``select``) in the user's words: the view's name, and an
+    aggregate's argument where the join computes it as a column.
+
+    >>> in_users_words("view '__mvjoin__q': column 'n_arg' calls now()", "q", [("n_arg", "max(now())")])
+    "view 'q': the argument of aggregate 'n' (max(now())) calls now()"
+    """
+    message = message.replace(f"view {join_under(name)!r}", f"view {name!r}")
+    for column, read in select:
+        if column.endswith("_arg"):
+            message = message.replace(f"column {column!r}", f"the argument of aggregate {column[:-4]!r} ({read})")
+    return message
 
 
 def _plain_calls(aggs: dict[str, str]) -> dict[str, str]:

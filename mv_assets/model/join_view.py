@@ -405,6 +405,11 @@ def _names(sources: list[str], schemas: list[pa.Schema], joins: list[dict]
     aliases = [sources[0], *(_alias(j.get("alias"), t) for j, t in zip(joins, sources[1:], strict=True))]
     if len(set(aliases)) != len(aliases):
         twice = next(s for s in aliases if aliases.count(s) > 1)
+        given = [t for j, t in zip(joins, sources[1:], strict=True) if j.get("alias") == twice]
+        if given:  # (an alias the user gave names something else of the query already)
+            other = "the query's first table" if aliases[0] == twice else "another table of the join"
+            raise ValueError(f"alias {twice!r} (of {given[-1]!r}) is already the name of {other}; "
+                             f"give {given[-1]!r} an alias of its own, e.g. alias='{given[-1]}2'")
         raise ValueError(f"{twice!r} is joined twice; give each occurrence of a table its own name: "
                          f".join({twice}, alias='{twice}2', ...) (a self-join), then qualify its columns "
                          f"('{twice}2.column')")

@@ -34,6 +34,7 @@ import pyarrow as pa
 
 from mv_assets.model.definition import VIEW_METADATA_KEY, ViewDefinition, computed_column_names
 from mv_assets.model.join_view import Join
+from mv_assets.model.names import JOIN_UNDER_PREFIX
 from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
 from mv_assets.storage import objects
 from mv_assets.storage.changes import foreign_writes, pending_versions
@@ -297,13 +298,20 @@ def _join_under(view: ViewRef):
     return ViewDefinition.decode(raw)
 
 
+def _shown_source(view: ViewRef) -> str:
+    """The source a view's status names: a join aggregate's first table, not
+    the join the engine keeps under it (never listed)."""
+    sources = getattr(view.definition, "sources", None) or ()
+    return sources[1] if view.source.startswith(JOIN_UNDER_PREFIX) and len(sources) > 1 else view.source
+
+
 def _source_missing(view: ViewRef, ds, state: "RefreshState", record: dict) -> ViewStatus:
     """The record of a view whose source dataset is gone: what the view itself
     holds, nothing measured against the source."""
     updated = state.refreshed_at
     return ViewStatus(
         name=view.name,
-        source=view.source,
+        source=_shown_source(view),
         load_state=SOURCE_MISSING,
         valid=False,
         cardinality=ds.count_rows(),
@@ -386,7 +394,7 @@ def view_status(view: ViewRef, record: dict | None = None, source: "TableSummary
     policy = RefreshPolicy.from_json((ds.schema.metadata or {}).get(POLICY_METADATA_KEY.encode()))
     return ViewStatus(
         name=view.name,
-        source=view.source,
+        source=_shown_source(view),
         load_state=load_state,
         valid=state.source_version is not None and not replaced and foreign is None,
         cardinality=cardinality,
