@@ -288,7 +288,10 @@ class Query:
         datasets = [self._table._dataset(), *(t._dataset() for t, _ in self._joins)]
         with tempfile.TemporaryDirectory(prefix="mv-join-agg-") as scratch:  # (the join's schema, no rows)
             ds = lance.write_dataset(join_view_schema(joined, datasets).empty_table(), scratch)
-            join_agg_view.view_schema(definition, [ds])  # raises ValueError on bad keys / aggregates
+            try:
+                join_agg_view.view_schema(definition, [ds])  # raises ValueError on bad keys / aggregates
+            except ValueError as exc:  # (in the user's names, not the join's columns)
+                raise ValueError(join_agg_view.in_users_words(str(exc), "", parts.select)) from None
         return inner, definition
 
     def _join_definition(self) -> ViewDefinition:

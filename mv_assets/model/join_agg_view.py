@@ -149,11 +149,15 @@ def in_users_words(message: str, name: str, select: list[tuple[str, str]]) -> st
 
     >>> in_users_words("view '__mvjoin__q': column 'n_arg' calls now()", "q", [("n_arg", "max(now())")])
     "view 'q': the argument of aggregate 'n' (max(now())) calls now()"
+    >>> in_users_words("a = avg(c_name): 'c_name' is string", "q", [("name", "o.name"), ("c_name", "c.name")])
+    "a = avg(c.name): 'c.name' is string"
     """
     message = message.replace(f"view {join_under(name)!r}", f"view {name!r}")
     for column, read in select:
         if column.endswith("_arg"):
             message = message.replace(f"column {column!r}", f"the argument of aggregate {column[:-4]!r} ({read})")
+        elif column != read:  # (a name the join renamed: customers.name as customers_name)
+            message = message.replace(f"({column})", f"({read})").replace(repr(column), repr(read))
     return message
 
 
