@@ -665,6 +665,26 @@ def test_a_sum_from_a_full_refresh_stays_right_when_its_largest_values_leave(db)
     src.delete("id = 5")
     v.refresh()
     assert {r["k"]: r["s"] for r in v.to_arrow().to_pylist()} == {1: 7.0, 2: 1e300}
+    # large values that cancel, two of one size, one between: what is left once they go
+    t = db.create_table("u", pa.table({"id": list(range(10)), "k": [1, 1, 1, 1, 2, 2, 2, 2, 3, 3],
+                                       "x": [1e300, -1e300, 3.0, 4.0, 1e300, 1e300, 1.0, 1.0, 1e300, 1e17]}))
+    w = db.create_materialized_view("w", t.search(None).group_by("k").agg({"s": "sum(x)"}))
+    w.refresh()
+    t.delete("x >= 1e300 OR x <= -1e300")
+    w.refresh()
+    assert {r["k"]: r["s"] for r in w.to_arrow().to_pylist()} == {1: 7.0, 2: 2.0, 3: 1e17}
+
+
+def test_a_float_sum_of_infinities_alone_is_infinite(db):
+    """A group whose values are all infinite has no finite value to sum: its
+    sum is the infinity (NaN for both signs), as SQL's."""
+    inf = float("inf")
+    src = db.create_table("t", pa.table({"id": [0, 1, 2, 3, 4, 5], "k": [1, 2, 3, 3, 4, 4],
+                                         "x": [inf, -inf, inf, inf, inf, -inf]}))
+    v = db.create_materialized_view("s", src.search(None).group_by("k").agg({"s": "sum(x)"}))
+    v.refresh()
+    got = {r["k"]: r["s"] for r in v.to_arrow().to_pylist()}
+    assert got[1] == inf and got[2] == -inf and got[3] == inf and math.isnan(got[4])
 
 
 @settings(max_examples=200, deadline=None, derandomize=True)

@@ -132,6 +132,8 @@ def test_bad_join_aggregates_write_nothing(shop):
          r"where\(\) filters rows before they are grouped"),
         (lambda: o.search(None).where("sum(amt) > 1").group_by("cid").agg({"n": "count(*)"}),
          r"where\(\) filters rows before they are grouped"),
+        (lambda: o.search(None).join(c, on="cid").group_by("tier", "customers.tier").agg({"n": "count(*)"}),
+         "group_by\\(\\) names one column twice: 'tier' and 'customers.tier'"),
         (lambda: o.search(None).join(c, on="cid").group_by("tier").agg({"a": "avg(customers.name)"}),
          r"avg\(customers\.name\): avg needs a numeric column; 'customers\.name' is string"),
         (lambda: o.search(None).join(c, on="cid", alias="orders").group_by("tier").agg({"n": "count(*)"}),

@@ -117,6 +117,9 @@ def split(keys: tuple[str, ...], aggs: dict[str, str], select: list[tuple[str, A
         return name
 
     new_keys = tuple(column(k) for k in keys)
+    for at, k in enumerate(new_keys):
+        if k in new_keys[:at]:
+            raise ValueError(f"group_by() names one column twice: {keys[new_keys.index(k)]!r} and {keys[at]!r}")
     new_aggs: dict[str, str] = {}
     for name, call in aggs.items():
         m = _CALL.match(call)
