@@ -465,7 +465,7 @@ class Connection:
             if ignore_missing and name not in self.table_names():
                 return
             self.open_table(name)  # raises: nothing of that name
-        owner = name[len(join_under("")):] if is_join_under(name) else None
+        owner = name.removeprefix(JOIN_UNDER_PREFIX) if is_join_under(name) else None
         if owner and objects.is_dataset(self._table_uri(owner)):
             raise ValueError(f"cannot drop {name!r}: it is the join kept under the view {owner!r} (a join with "
                              f"group_by()), and goes with it: drop {owner!r}")

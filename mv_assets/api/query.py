@@ -270,7 +270,7 @@ class Query:
         import lance
 
         from mv_assets.model import join_agg_view
-        from mv_assets.model.agg_view import refuse_aggregates_in
+        from mv_assets.model.agg_view import refuse_aggregates_in_where
         from mv_assets.model.join_view import join_view_schema
 
         if self._group_by is None:
@@ -279,7 +279,7 @@ class Query:
             raise ValueError("group_by() needs agg({...}): the outputs of each group")
         if self._shuffle or self._limit is not None:
             raise ValueError("group_by() cannot be combined with shuffle() or limit()")
-        refuse_aggregates_in(self._filter, "where()")
+        refuse_aggregates_in_where(self._filter)
         parts = join_agg_view.split(self._group_by, self._aggs, self._select, self._join_resolver())
         inner = self._copy(_group_by=None, _aggs=None, _select=list(parts.select))
         joined = inner.to_definition()
@@ -315,7 +315,7 @@ class Query:
         return definition
 
     def _aggregate_definition(self) -> ViewDefinition:
-        from mv_assets.model.agg_view import Aggregate, agg_view_schema, parse_aggs, refuse_aggregates_in
+        from mv_assets.model.agg_view import Aggregate, agg_view_schema, parse_aggs, refuse_aggregates_in_where
 
         if self._group_by is None:
             raise ValueError("agg() needs group_by() first (group_by() with no columns: one group of every row)")
@@ -328,7 +328,7 @@ class Query:
             raise ValueError("group_by() cannot be combined with shuffle()")
         if self._limit is not None:
             raise ValueError("group_by() cannot be combined with limit()")
-        refuse_aggregates_in(self._filter, "where()")
+        refuse_aggregates_in_where(self._filter)
         spec = Aggregate(self._group_by, tuple(parse_aggs(self._aggs))).to_spec()
         definition = ViewDefinition(source=self._table.name, columns=(), filter=self._filter,
                                     function=json.dumps(spec))

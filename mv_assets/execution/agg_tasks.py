@@ -281,9 +281,9 @@ def exact_parts(x: np.ndarray, groups: np.ndarray) -> list[np.ndarray]:
     ones leave (1e17 + 3 + 4, then 1e17 deleted: 7; 1e300 - 1e300 + 3 + 4,
     both large ones deleted: 7; a float sum keeps 0). ``EXTRACTION_LEVELS``
     levels, fewer once nothing is left; what is left after the last is
-    summed as floats. A group whose
-    magnitudes sum past the largest power of two is summed as it is. ``[x]``
-    when nothing is split. A full refresh sums each part with Arrow.
+    summed as floats. A group whose magnitudes sum past the largest power of
+    two is summed as it is. ``[x]`` when nothing is split. A full refresh sums
+    each part with Arrow.
 
     >>> x = np.array([1e17, 3.0, 4.0, 0.5])
     >>> [p.tolist() for p in exact_parts(x, np.array([0, 0, 0, 1]))]

@@ -75,7 +75,7 @@ from mv_assets.model.definition import (
     short_error,
 )
 from mv_assets.model.names import AGG_PREFIX, SOURCE_ROW_ID, is_reserved_name
-from mv_assets.model.udtf_view import check_partition_type, partition_key
+from mv_assets.model.udtf_view import exact_key_type, partition_key
 
 __all__ = [
     "Agg", "Aggregate", "FUNCTIONS", "GROUP", "ROWS", "agg_view_schema", "check_agg_query", "group_key",
@@ -251,19 +251,20 @@ def parse_aggs(aggs: object) -> list[Agg]:
 _AGGREGATE_CALL = re.compile(r"\b(count|sum|avg|min|max|approx_quantile)\s*\(", re.I)
 
 
-def refuse_aggregates_in(sql: str | None, what: str) -> None:
-    """Refuse an aggregate call inside row-level SQL (``what``: where it is
-    written), where Lance's engine fails with its own plan error.
+def holds_aggregate(sql: str | None) -> bool:
+    """Whether row-level SQL calls an aggregate (Lance's engine fails on it
+    with its own plan error).
 
-    >>> refuse_aggregates_in("sum(max(amt))"[4:-1], "aggregate 's' = sum(max(amt))")
-    Traceback (most recent call last):
-    ...
-    ValueError: aggregate 's' = sum(max(amt)): an aggregate cannot hold another (max(amt)); aggregates take a column or an expression over one row
+    >>> holds_aggregate("max(amt) * 2"), holds_aggregate("amt * 2")
+    (True, False)
     """
-    if sql and _AGGREGATE_CALL.search(sql):
-        raise ValueError(f"{what}: an aggregate cannot hold another ({sql}); aggregates take a column or an "
-                         "expression over one row" if what.startswith("aggregate") else
-                         f"{what} filters rows before they are grouped: it cannot hold an aggregate ({sql}); "
+    return bool(sql) and _AGGREGATE_CALL.search(sql or "") is not None
+
+
+def refuse_aggregates_in_where(sql: str | None) -> None:
+    """Refuse a ``where()`` of an aggregate query that calls an aggregate."""
+    if holds_aggregate(sql):
+        raise ValueError(f"where() filters rows before they are grouped: it cannot hold an aggregate ({sql}); "
                          "filter the view's groups when reading it")
 
 
@@ -365,12 +366,10 @@ def agg_view_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sc
     for k in agg.keys:
         if k not in src.names:
             raise ValueError(f"group_by: {definition.source!r} has no column {k!r}; its columns are {visible}")
-        try:
-            check_partition_type("group_by", k, src.field(k).type)
-        except ValueError:
+        if not exact_key_type(src.field(k).type):
             raise ValueError(f"group_by key {k!r} is {src.field(k).type}: a group key must hold integers, strings, "
                              "booleans or dates (values compared exactly, which floats are not: -0.0 and 0.0, NaN); "
-                             f"group by it cast, e.g. CAST({k} AS BIGINT) selected in a view") from None
+                             f"group by it cast, e.g. CAST({k} AS BIGINT) selected in a view")
     outputs = {a.name for a in agg.aggs}
     clash = sorted(outputs & set(agg.keys))
     if clash:

@@ -24,7 +24,7 @@ from typing import Any
 
 import pyarrow as pa
 
-from mv_assets.model.agg_view import Aggregate, agg_view_schema, parse_aggs, refuse_aggregates_in
+from mv_assets.model.agg_view import Aggregate, agg_view_schema, holds_aggregate, parse_aggs
 from mv_assets.model.names import JOIN_UNDER_PREFIX
 
 __all__ = ["JOIN_AGG_KIND", "JOIN_UNDER_PREFIX", "join_under", "is_join_under", "JoinAggregate", "split",
@@ -135,7 +135,9 @@ def split(keys: tuple[str, ...], aggs: dict[str, str], select: list[tuple[str, A
         if _NAME.match(arg):
             inner = column(arg)
         else:  # an expression: a SQL column of the join computes it
-            refuse_aggregates_in(arg, f"aggregate {name!r} = {call}")
+            if holds_aggregate(arg):
+                raise ValueError(f"aggregate {name!r} = {call}: an aggregate cannot hold another ({arg}); "
+                                 "aggregates take a column or an expression over one row")
             inner = f"{name}_arg"
             if inner in out:
                 raise ValueError(f"aggregate {name!r}: the join's column {inner!r} is taken; select() the join's "

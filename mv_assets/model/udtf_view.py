@@ -50,18 +50,23 @@ from mv_assets.model.definition import (
 from mv_assets.model.names import PARTITION, SOURCE_ROW_ID
 
 __all__ = [
-    "WHOLE_SOURCE", "udtf_view_schema", "check_udtf_query", "bind_udtf", "check_partition_type", "partition_key", "partition_id",
+    "WHOLE_SOURCE", "udtf_view_schema", "check_udtf_query", "bind_udtf", "check_partition_type", "exact_key_type", "partition_key", "partition_id",
     "partition_ids", "partition_predicate", "group_partitions",
 ]
 
 WHOLE_SOURCE = "*"  # the key of the one partition of a UDTF without partition_by (no JSON text reads so)
 
 
+def exact_key_type(dtype: pa.DataType) -> bool:
+    """Whether values of ``dtype`` are compared exactly by SQL and have a SQL
+    literal: not floats (``-0.0 = 0.0``, NaN), lists or structs."""
+    return (pa.types.is_integer(dtype) or pa.types.is_string(dtype) or pa.types.is_large_string(dtype)
+            or pa.types.is_boolean(dtype) or pa.types.is_date(dtype))
+
+
 def check_partition_type(name: str, column: str, dtype: pa.DataType) -> None:
-    """Refuse a partition column whose values SQL does not compare exactly
-    (floats: ``-0.0 = 0.0``, NaN) or that has no SQL literal (lists, structs)."""
-    if (pa.types.is_integer(dtype) or pa.types.is_string(dtype) or pa.types.is_large_string(dtype)
-            or pa.types.is_boolean(dtype) or pa.types.is_date(dtype)):
+    """Refuse a partition column whose type is not :func:`exact_key_type`."""
+    if exact_key_type(dtype):
         return
     raise ValueError(
         f"UDTF {name!r} partitions by column {column!r} of type {dtype}; a partition column must hold integers, "

@@ -33,8 +33,8 @@ import lance
 import pyarrow as pa
 
 from mv_assets.model.definition import VIEW_METADATA_KEY, ViewDefinition, computed_column_names
+from mv_assets.model.join_agg_view import is_join_under
 from mv_assets.model.join_view import Join
-from mv_assets.model.names import JOIN_UNDER_PREFIX
 from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
 from mv_assets.storage import objects
 from mv_assets.storage.changes import foreign_writes, pending_versions
@@ -301,8 +301,8 @@ def _join_under(view: ViewRef):
 def _shown_source(view: ViewRef) -> str:
     """The source a view's status names: a join aggregate's first table, not
     the join the engine keeps under it (never listed)."""
-    sources = getattr(view.definition, "sources", None) or ()
-    return sources[1] if view.source.startswith(JOIN_UNDER_PREFIX) and len(sources) > 1 else view.source
+    sources = view.definition.sources
+    return sources[1] if is_join_under(view.source) and len(sources) > 1 else view.source
 
 
 def _source_missing(view: ViewRef, ds, state: "RefreshState", record: dict) -> ViewStatus:
