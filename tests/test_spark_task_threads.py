@@ -95,6 +95,26 @@ def test_a_failure_on_one_thread_is_raised_as_with_one_thread_and_nothing_is_com
     assert view.count_rows() == 0
 
 
+def test_a_started_session_is_asked_its_parallelism_at_most_every_ten_seconds(spark_runner):
+    """Every refresh asks how many tasks run at once; asking the JVM is a py4j
+    round trip (~1 ms, a tenth of a small refresh), so the answer is held on
+    the SparkContext for ten seconds, then asked again."""
+    import time
+
+    from mv_assets.execution import spark
+
+    sc = spark_runner.session().sparkContext
+    sc.__dict__.pop("_mv_assets_parallelism", None)
+    assert spark_runner.parallelism() == sc.defaultParallelism
+    held_at, n = sc._mv_assets_parallelism
+    assert n == sc.defaultParallelism and time.monotonic() - held_at < spark._PARALLELISM_SECONDS
+    sc._mv_assets_parallelism = (time.monotonic(), n + 5)  # held: not asked again
+    assert spark_runner.parallelism() == n + 5
+    sc._mv_assets_parallelism = (time.monotonic() - spark._PARALLELISM_SECONDS - 1, n + 5)  # too old: asked
+    assert spark_runner.parallelism() == n
+    sc.__dict__.pop("_mv_assets_parallelism", None)
+
+
 @pytest.mark.parametrize("bad", ["0", "-2", "two", "1.5"])
 def test_a_bad_thread_count_is_refused_before_spark_starts(monkeypatch, bad):
     monkeypatch.setenv("MV_ASSETS_SPARK_TASK_THREADS", bad)

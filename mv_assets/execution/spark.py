@@ -369,6 +369,22 @@ def _map_in_arrow(run: Callable) -> Callable:
     return fn
 
 
+_PARALLELISM_SECONDS = 10.0
+
+
+def _default_parallelism(sc: Any) -> int:
+    """``sc.defaultParallelism``, asked of the JVM at most every ten seconds: a
+    py4j round trip costs ~1 ms, as much as a tenth of a small refresh, and the
+    answer changes only as a cluster's executors come and go."""
+    held = getattr(sc, "_mv_assets_parallelism", None)
+    now = time.monotonic()
+    if held is not None and now - held[0] < _PARALLELISM_SECONDS:
+        return held[1]
+    n = max(1, int(sc.defaultParallelism))
+    sc._mv_assets_parallelism = (now, n)
+    return n
+
+
 @dataclass
 class SparkRunner:
     """Runs each task as one Spark partition (an RDD job; ``mapInArrow`` on Spark Connect).
@@ -605,7 +621,7 @@ class SparkRunner:
             return max(1, int(env))
         sc = getattr(self._session, "_sc", None) if self._session is not None and not self.resolved_remote() else None
         if sc is not None and getattr(sc, "_jsc", None) is not None:  # (a session stopped elsewhere: not asked)
-            return max(1, int(sc.defaultParallelism))
+            return _default_parallelism(sc)
         master = self.resolved_master()
         if not self.resolved_remote() and master.startswith("local"):
             inner = master[len("local"):].strip("[]").split(",")[0]

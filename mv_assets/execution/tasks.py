@@ -14,7 +14,7 @@ import json
 import os
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 import lance
 import numpy as np
@@ -53,6 +53,12 @@ __all__ = [
     "TaskSpec", "TaskResult", "run_task", "compute_rows", "and_filters", "PacedRowStore", "checkpointed_udf_columns",
     "input_identity", "paced", "without_inputs",
 ]
+
+
+def _shallow(obj: object) -> dict:
+    """A dataclass's fields as a dict, not copied (``asdict`` deep-copies every
+    nested list and dict: ~0.3 ms a small refresh, for JSON that reads them as they are)."""
+    return {f.name: getattr(obj, f.name) for f in fields(obj)}  # pyright: ignore[reportArgumentType]
 
 
 @dataclass
@@ -105,7 +111,7 @@ class TaskSpec:
         return [int(p[0]) for p in self.parts]
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        return json.dumps(_shallow(self))
 
     @staticmethod
     def from_json(raw: str) -> "TaskSpec":
@@ -136,7 +142,7 @@ class TaskResult:
     first_fragments: list[int] = field(default_factory=list)
 
     def to_json(self) -> str:
-        return json.dumps(asdict(self))
+        return json.dumps(_shallow(self))
 
     @staticmethod
     def from_json(raw: str) -> "TaskResult":
