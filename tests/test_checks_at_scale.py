@@ -228,3 +228,40 @@ def test_the_checks_of_a_refresh_look_at_the_fragments_it_wrote_not_at_every_fra
     vds = lance.dataset(v.uri)
     vds.update({"d": "d + 1"}, where="id = 10000")
     assert not all(o.passed for o in v.check(scope="last_refresh"))
+
+
+def test_a_null_the_udf_returned_is_a_value_a_skipped_failure_is_missing(tmp_path):
+    """``udf_values_present`` took every NULL of a UDF column whose inputs are
+    present for a missing value, also a NULL the UDF returned: a view whose
+    UDF says "no answer" for some rows failed its check after a clean
+    refresh. A row's computed marker tells them apart: a row that failed
+    under ``on_error="skip"`` has none. Over one table and over a join, in
+    full and for the last refresh."""
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    t = db.create_table("t", pa.table({"id": np.arange(8), "x": [1.0, None, 3.0, 40.0, 50.0, 6.0, 7.0, 8.0],
+                                       "cid": [0, 1, 0, 1, 9, 0, 1, 0]}))
+    c = db.create_table("c", pa.table({"cid": [0, 1], "w": [10.0, 20.0]}))
+
+    @mv.udf(on_error="skip")
+    def capped(x: float) -> float:
+        if x == 7.0:
+            raise ValueError("seven")
+        return None if x > 10 else x
+
+    plain = db.create_materialized_view("plain", t.search(None).select({"id": "id", "y": capped}))
+    joined = db.create_materialized_view(
+        "joined", t.search(None).join(c, on="cid", how="left").select({"id": "id", "w": "w", "y": capped}))
+    for v in (plain, joined):
+        v.refresh()
+        assert sorted(v.to_arrow().column("y").to_pylist(), key=str) == sorted(
+            [1.0, None, 3.0, None, None, 6.0, None, 8.0], key=str)  # (7.0 failed: skipped)
+        for scope in ("full", "last_refresh"):
+            by = {o.name: o for o in v.check(scope=scope)}
+            assert by["udf_values_present"].metadata["missing_by_column"] == {"y": 1}, (v.name, scope)
+    t.add(pa.table({"id": [8, 9], "x": [100.0, 2.0], "cid": [1, 0]}))
+    for v in (plain, joined):
+        v.refresh()
+        by = {o.name: o for o in v.check(scope="last_refresh")}
+        assert by["udf_values_present"].passed, (v.name, by["udf_values_present"])
+        by = {o.name: o for o in v.check()}
+        assert by["udf_values_present"].metadata["missing_by_column"] == {"y": 1}, v.name

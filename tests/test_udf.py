@@ -1,5 +1,6 @@
 """The UDF model: forms, type inference, the checked call path, pickling."""
 
+import os
 import subprocess
 import sys
 
@@ -140,6 +141,16 @@ def test_validate_inputs():
     with pytest.raises(ValueError, match="reads column 'x', which the source does not have"):
         plus_one.validate_inputs(pa.schema([("y", pa.int64())]), "out")
     plus_one.validate_inputs(pa.schema([("x", pa.int32())]), "out")
+    plus_one.validate_inputs(pa.schema([("x", pa.dictionary(pa.int8(), pa.int64()))]), "out")  # (its values count)
+
+    @udf
+    def shout(s: str) -> str:
+        return s.upper()
+
+    for t in (pa.dictionary(pa.int32(), pa.string()), pa.string_view(), pa.large_string()):
+        shout.validate_inputs(pa.schema([("s", t)]), "out")
+    with pytest.raises(ValueError, match="expects str"):
+        shout.validate_inputs(pa.schema([("s", pa.dictionary(pa.int32(), pa.int64()))]), "out")
 
 
 def test_fingerprint_tracks_code():
@@ -156,6 +167,46 @@ def test_fingerprint_tracks_code():
 
     assert f.fingerprint != g.fingerprint
     assert udf(f.func, version="v1").fingerprint == udf(f.func, version="v1").fingerprint
+
+
+_INSTANCE_UDFS = """
+import functools
+import pyarrow as pa
+import mv_assets as mv
+
+class Scale:
+    def __init__(self, f):
+        self.f = f
+    def __call__(self, x: float) -> float:
+        return x * self.f
+
+def times(f, x):
+    return x * f
+
+FACTOR = float(__import__("os").environ["FACTOR"])
+scaled = mv.udf(Scale(FACTOR), input_columns=["x"])
+partial = mv.udf(functools.partial(times, FACTOR), data_type=pa.float64(), input_columns=["x"])
+print(scaled.fingerprint, partial.fingerprint, scaled.data_type)
+"""
+
+
+def test_instances_and_partials_have_the_same_fingerprint_in_every_process(tmp_path):
+    """A callable instance or a functools.partial as a UDF was fingerprinted
+    by its repr, which holds its address: a view declared in code saw the
+    column altered at every load and computed every row again. Now: its
+    class's (or function's) code and its values; the return type is read
+    from the instance's ``__call__``."""
+    (tmp_path / "views_mod.py").write_text(_INSTANCE_UDFS)
+
+    def fingerprints(factor: str) -> list[str]:
+        out = subprocess.run([sys.executable, "views_mod.py"], capture_output=True, text=True, cwd=str(tmp_path),
+                             check=True, env={**os.environ, "FACTOR": factor})
+        return out.stdout.split()
+
+    first, again, other = fingerprints("2.0"), fingerprints("2.0"), fingerprints("3.0")
+    assert first == again
+    assert first[2] == "double"  # (from Scale.__call__'s annotation)
+    assert other[0] != first[0] and other[1] != first[1]
 
 
 def test_pickle_by_value_runs_in_a_process_that_cannot_import_this_file(tmp_path):

@@ -7,6 +7,7 @@ row-by-row path patched out of ``apply``) and through the general path
 did before): values, rows computed, error records, failures, calls made and
 retry waits must be equal, and equal to a plain-Python expectation."""
 
+import functools
 from typing import NamedTuple
 
 import numpy as np
@@ -264,16 +265,34 @@ def test_geneva_matchers(monkeypatch, waits):
     assert (failure.row_index, failure.error_type) == (1, "ValueError")
 
 
-def test_a_udf_raising_stop_iteration_is_a_failing_row(monkeypatch):
-    """``map`` ends quietly at a StopIteration the function raises; the fast
-    path notices the missing rows and treats that row as failed."""
+def test_a_udf_raising_stop_iteration_is_a_failing_row_with_its_own_exception(monkeypatch):
+    """``map`` takes a StopIteration the function raises for its end and drops
+    it; the fast path notices the missing rows and calls that row once more for
+    its exception, so its class and message decide what ``on_error`` does, as
+    on the general path (which calls it once)."""
     calls: list = []
-    f = _raising({2: StopIteration()}, calls, on_error="skip")
-    out, n, errors = _both(f, _ints(1, 2, 3), monkeypatch, calls)
-    assert out.to_pylist() == [10, None, 30] and n == 3
-    assert _errors(errors) == [(1, "StopIteration", "", 1)]
-    failure = _failures(_raising({2: StopIteration()}, [], ), _ints(1, 2, 3), monkeypatch)
-    assert (failure.row_index, failure.error_type) == (1, "StopIteration")
+    f = _raising({2: StopIteration("exhausted")}, calls, on_error="skip")
+    fast_errors: list = []
+    fast, n = f.apply(_ints(1, 2, 3), fast_errors)
+    assert calls == [1, 2, 2, 3]  # (row 2 called once more for its exception)
+    calls.clear()
+    general_errors: list = []
+    general, _ = f._apply_scalar(_ints(1, 2, 3), general_errors, fast=False)
+    assert calls == [1, 2, 3]
+    assert fast.to_pylist() == general.to_pylist() == [10, None, 30] and n == 3
+    assert _errors(fast_errors) == _errors(general_errors) == [(1, "StopIteration", "exhausted", 1)]
+
+    class Exhausted(StopIteration):
+        pass
+
+    matched = _raising({2: Exhausted("no more frames")}, [], on_error=[mv.Skip(StopIteration, match="no more")])
+    errors: list = []
+    assert matched.apply(_ints(1, 2, 3), errors)[0].to_pylist() == [10, None, 30]
+    assert _errors(errors) == [(1, "Exhausted", "no more frames", 1)]
+    unmatched = _raising({2: StopIteration("other")}, [], on_error=[mv.Skip(StopIteration, match="no more")])
+    with pytest.raises(mv.UdfError) as failed:
+        unmatched.apply(_ints(1, 2, 3))
+    assert (failed.value.row_index, failed.value.error_type, failed.value.message) == (1, "StopIteration", "other")
 
 
 # -- arguments: NumPy arrays, struct fields, adapters -------------------------
@@ -441,6 +460,101 @@ def test_wrong_results_raise_the_same_error(monkeypatch):
         bad._apply_scalar(_ints(0, 1), [], fast=False)
     assert str(fast.value) == str(general.value)
     assert "returned float, str values; expected double" in str(fast.value)
+
+
+def test_a_float_returned_for_an_integer_is_refused_not_truncated(monkeypatch):
+    """Arrow turns 0.25 into 0 for an integer type without a word; a UDF's
+    values are cast safely (2.0 is 2, 0.25 is refused, as ``Table.add()`` does),
+    also inside lists and structs, from NumPy floats and Arrow scalars."""
+    @mv.udf
+    def quarter(n: int) -> int:
+        return n / 4
+
+    for batch in (_ints(4, 1), _ints(1, None)):
+        with monkeypatch.context() as m:
+            m.setattr(UDF, "_scalar_rowwise", lambda *a, **k: pytest.fail("apply ran the row-by-row path"))
+            with pytest.raises(TypeError, match="expected int64") as fast:
+                quarter.apply(batch)
+        with pytest.raises(TypeError, match="expected int64") as general:
+            quarter._apply_scalar(batch, [], fast=False)
+        assert "truncated" in str(fast.value) and str(fast.value) == str(general.value)
+    out, _, _ = _both(quarter, _ints(4, 8, None), monkeypatch)
+    assert out.to_pylist() == [1, 2, None]  # whole floats are taken
+
+    @mv.udf(data_type=pa.int32())
+    def numpy_half(n: int):
+        return (np.float64(n / 2), pa.scalar(n / 2))[n % 2]
+
+    with pytest.raises(TypeError, match="truncated"):
+        numpy_half.apply(_ints(1))
+    with pytest.raises(TypeError, match="truncated"):
+        numpy_half.apply(_ints(3, 2))
+    assert numpy_half.apply(_ints(2, 4))[0].to_pylist() == [1, 2]
+
+    @mv.udf
+    def halves(n: int) -> list[int]:
+        return [n / 2, n / 3]
+
+    with pytest.raises(TypeError, match="truncated"):
+        halves.apply(_ints(7))
+    assert halves.apply(_ints(6))[0].to_pylist() == [[3, 2]]
+
+    @mv.udf(data_type=pa.struct([("k", pa.int64()), ("s", pa.string())]))
+    def pair(n: int):
+        return {"k": n / 2, "s": str(n)}
+
+    with pytest.raises(TypeError, match="truncated"):
+        pair.apply(_ints(3))
+    assert pair.apply(_ints(2, None))[0].to_pylist() == [{"k": 1, "s": "2"}, None]
+
+
+def test_a_namedtuple_returned_for_one_struct_column_is_taken_by_field_name(monkeypatch):
+    class Name(NamedTuple):
+        last: str
+        first: str
+
+    @mv.udf(data_type=pa.struct([("first", pa.string()), ("last", pa.string())]))
+    def person(n: int):
+        return Name(last=f"Doe{n}", first=f"John{n}")
+
+    out, _, _ = _both(person, _ints(1, None, 2), monkeypatch)
+    assert out.to_pylist() == [{"first": "John1", "last": "Doe1"}, None, {"first": "John2", "last": "Doe2"}]
+
+
+def _apply_to(f, n):
+    return f(n)
+
+
+def test_view_and_run_end_encoded_outputs_with_null_inputs(monkeypatch):
+    """Arrow has no take of string_view, binary_view or run-end encoded arrays:
+    a batch with NULL inputs (its values put back in their rows) worked only
+    without NULLs."""
+    for data_type, value in ((pa.string_view(), lambda n: f"n{n}"), (pa.binary_view(), lambda n: b"b%d" % n),
+                             (pa.run_end_encoded(pa.int32(), pa.string()), lambda n: f"r{n}")):
+        u = mv.udf(functools.partial(_apply_to, value), data_type=data_type, input_columns=["n"], name="u")
+        out, n, _ = _both(u, _ints(1, None, 3), monkeypatch)
+        assert out.to_pylist() == [value(1), None, value(3)] and n == 2
+
+
+def test_nulls_held_in_a_dictionary_s_values_are_skipped(monkeypatch):
+    """A dictionary array's NULLs may be in its values, which its null_count
+    (of the indices) does not count: those rows get NULL without a call too."""
+    calls: list = []
+
+    @mv.udf
+    def upper(s: str) -> str:
+        calls.append(s)
+        return s.upper()
+
+    words = pa.DictionaryArray.from_arrays(pa.array([0, 1, 2, 1], pa.int32()), pa.array(["a", None, "c"]))
+    assert words.null_count == 0  # (the indices have none)
+    out, n, _ = _both(upper, pa.record_batch({"s": words}), monkeypatch, calls)
+    assert out.to_pylist() == ["A", None, "C", None] and n == 2
+    assert calls == ["a", "c"]
+    calls.clear()
+    with_null_index = pa.DictionaryArray.from_arrays(pa.array([0, None, 2], pa.int32()), pa.array(["a", None, "c"]))
+    out, n, _ = _both(upper, pa.record_batch({"s": with_null_index}), monkeypatch, calls)
+    assert out.to_pylist() == ["A", None, "C"] and n == 2
 
 
 # -- chunkers: the gate and the retry policy chosen once per batch ------------

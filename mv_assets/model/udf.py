@@ -335,14 +335,16 @@ def _compatible(annotation: Any, column_type: pa.DataType) -> bool:
     target = python_type_to_arrow(annotation)
     if target is None:
         return True  # unannotated or unknown: nothing to check
+    if pa.types.is_dictionary(column_type):  # (its values are what the parameter gets)
+        column_type = column_type.value_type
     if pa.types.is_floating(target):
         return pa.types.is_floating(column_type) or pa.types.is_integer(column_type)
     if pa.types.is_integer(target):
         return pa.types.is_integer(column_type)
     if pa.types.is_string(target):
-        return pa.types.is_string(column_type) or pa.types.is_large_string(column_type)
+        return pa.types.is_string(column_type) or pa.types.is_large_string(column_type) or pa.types.is_string_view(column_type)
     if pa.types.is_binary(target):
-        return pa.types.is_binary(column_type) or pa.types.is_large_binary(column_type)
+        return pa.types.is_binary(column_type) or pa.types.is_large_binary(column_type) or pa.types.is_binary_view(column_type)
     if pa.types.is_boolean(target):
         return pa.types.is_boolean(column_type)
     if pa.types.is_list(target):
@@ -351,8 +353,18 @@ def _compatible(annotation: Any, column_type: pa.DataType) -> bool:
 
 
 def _call_target(func: Callable) -> Callable:
-    """The function whose signature describes the UDF (``__call__`` for classes)."""
-    return func.__call__ if inspect.isclass(func) else func
+    """The function whose signature describes the UDF (``__call__`` for
+    classes, and for instances of a class with ``__call__``: its bound method,
+    whose annotations give the return type)."""
+    if inspect.isclass(func) or _is_callable_instance(func):
+        return func.__call__
+    return func
+
+
+def _is_callable_instance(func: Any) -> bool:
+    """An object called through its class's ``__call__`` (not a function, method, class or partial)."""
+    return (callable(func) and not inspect.isroutine(func) and not inspect.isclass(func)
+            and not isinstance(func, functools.partial))
 
 
 def _signature(func: Callable) -> inspect.Signature:
@@ -478,12 +490,14 @@ def _as_array(value: Any) -> Any:
     return np.asarray(value)
 
 
-def _plain_value(value: Any, fields: list[str] | None) -> Any:
-    """A scalar UDF's value as Arrow takes it for ``data_type``: a multi-column
-    UDF's (``fields``) NamedTuple as a dict by field name, and a value given as
-    Arrow (Geneva's stateful example returns ``pa.array(...)``) as Python, so
-    that Arrow casts it (float64 values into a float32 list, say)."""
-    if fields is not None and value is not None and hasattr(value, "_asdict"):
+def _plain_value(value: Any, named: bool) -> Any:
+    """A scalar UDF's value as Arrow takes it for ``data_type``: where the
+    type is a struct (``named``: a multi-column UDF's, or one struct column),
+    a NamedTuple as a dict by field name (Arrow would take its values by
+    position), and a value given as Arrow (Geneva's stateful example returns
+    ``pa.array(...)``) as Python, so that Arrow casts it (float64 values into
+    a float32 list, say)."""
+    if named and value is not None and hasattr(value, "_asdict"):
         return value._asdict()
     if isinstance(value, pa.Scalar):
         return value.as_py()  # pyright: ignore[reportOptionalMemberAccess]  (pyarrow's stubs)
@@ -494,15 +508,70 @@ def _plain_value(value: Any, fields: list[str] | None) -> Any:
 
 def _rows_without_nulls(inputs: list) -> Any:
     """A boolean mask of the rows where no input is NULL, or None when no
-    input has a NULL (every row is called)."""
-    if not any(a.null_count for a in inputs):
+    input has a NULL (every row is called). A dictionary's NULLs may sit in
+    its values (and a run-end encoded array's in its runs), which its
+    ``null_count`` does not count: its validity is read value by value."""
+    if not any(a.null_count or _nulls_uncounted(a.type) for a in inputs):
         return None
     import pyarrow.compute as pc
 
     kept = pc.is_valid(inputs[0])  # pyright: ignore[reportAttributeAccessIssue]  (generated at import)
     for a in inputs[1:]:
         kept = pc.and_(kept, pc.is_valid(a))  # pyright: ignore[reportAttributeAccessIssue]
-    return kept
+    return None if pc.all(kept).as_py() else kept  # pyright: ignore[reportAttributeAccessIssue]
+
+
+def _nulls_uncounted(t: pa.DataType) -> bool:
+    return pa.types.is_dictionary(t) or pa.types.is_run_end_encoded(t)
+
+
+def _stop_raised(fn: Callable, args: list) -> Exception:
+    """The StopIteration (or subclass) ``fn(*args)`` raises, called again for it."""
+    try:
+        fn(*args)
+    except Exception as exc:
+        return exc
+    return StopIteration()
+
+
+def _holds_integers(t: pa.DataType) -> bool:
+    """Whether values of type ``t`` hold integers (itself, or its lists' or structs' fields)."""
+    if pa.types.is_integer(t):
+        return True
+    if pa.types.is_list(t) or pa.types.is_large_list(t) or pa.types.is_fixed_size_list(t):
+        return _holds_integers(t.value_type)
+    if pa.types.is_struct(t):
+        return any(_holds_integers(f.type) for f in t)
+    return False
+
+
+def _may_hold_fractions(values: list, t: pa.DataType) -> bool:
+    """Whether a float may sit among ``values`` where ``t`` wants integers: a
+    float (Python's or NumPy's) among them, or, for nested types, any value
+    that is a sequence or mapping (looked at once a batch, not value by value)."""
+    import numpy as np
+
+    kinds = set(map(type, values))
+    if pa.types.is_integer(t):
+        return any(issubclass(k, float | np.floating) for k in kinds)
+    return any(k is not type(None) for k in kinds)
+
+
+def _safely_cast(values: list, t: pa.DataType) -> "pa.Array | None":
+    """``values`` as type ``t`` where it holds integers: Arrow truncates a
+    float into an integer type without a word (0.25 -> 0), so the values as
+    Arrow makes them of themselves, then cast safely (2.0 -> 2 is taken, 0.25
+    refused: ArrowInvalid, as ``Table.add()`` refuses it). None where Arrow
+    cannot make them of themselves or has no such cast (the caller converts
+    them to ``t`` directly, as before)."""
+    try:
+        inferred = pa.array(values)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, OverflowError):
+        return None
+    try:
+        return inferred.cast(t)
+    except (pa.ArrowNotImplementedError, pa.ArrowTypeError):
+        return None
 
 
 def _positions(mask: Any) -> Any:
@@ -518,7 +587,11 @@ def _spread(values: pa.Array, mask: Any) -> pa.Array:
 
     keep = mask.to_numpy(zero_copy_only=False)
     index = np.cumsum(keep) - 1
-    return values.take(pa.array(index, pa.int64(), mask=~keep))
+    try:
+        return values.take(pa.array(index, pa.int64(), mask=~keep))
+    except pa.ArrowNotImplementedError:  # no take of string_view, binary_view, run-end encoded...: made again from Python
+        given = iter(values.to_pylist())
+        return pa.array([next(given) if k else None for k in keep], values.type)
 
 
 # How a column's value becomes a scalar parameter annotated with a class of
@@ -942,7 +1015,7 @@ class UDF:
         cols = adapted([input_values(batch, c).to_pylist() for c in self.input_paths], self.param_names,
                        self.param_annotations)
         arrays = [_wants_ndarray(self.param_annotations.get(p)) for p in self.param_names]
-        policy, fields, ndarrays = self.on_error, self.output_fields, any(arrays)
+        policy, named, ndarrays = self.on_error, pa.types.is_struct(self.data_type), any(arrays)
         values: list[Any] = []
         computed = 0
         with self._gate(fn):  # a batch's rows, one slot
@@ -960,7 +1033,7 @@ class UDF:
                         raise self._failure(i, 1, exc) from exc
                     errors.append(self._row_error(i, exc))
                     value = None
-                values.append(_plain_value(value, fields))
+                values.append(_plain_value(value, named))
         return values, computed
 
     def _scalar_fast(self, fn: Callable, batch: pa.RecordBatch, errors: list[RowError]) -> tuple[pa.Array, int]:
@@ -993,7 +1066,10 @@ class UDF:
                 else:
                     if len(values) == called:
                         break
-                    failed = StopIteration()  # the map ended early: the function raised StopIteration
+                    # the map ended early: the function raised StopIteration, which map takes for
+                    # its end and drops; the row is called once more for it (its message and class
+                    # decide what on_error does), a second call only on such a row
+                    failed = _stop_raised(fn, [c[len(values)] for c in cols])
                 i = len(values)  # the row that raised; its iterators stand at the next one
                 index = i if rows is None else int(rows[i])
                 values.append(self._failed_row(fn, [c[i] for c in cols], failed, index, errors))
@@ -1022,14 +1098,18 @@ class UDF:
         (made Python already), values given as Arrow (Geneva's stateful example
         returns ``pa.array(...)`` for a row) are made Python when Arrow refuses
         them, and a multi-column UDF's NamedTuples are taken by field name."""
-        fields = self.output_fields
-        if not plain and fields is not None and any(hasattr(t, "_asdict") for t in set(map(type, values))):
-            values, plain = [_plain_value(v, fields) for v in values], True
+        named = pa.types.is_struct(self.data_type)
+        if not plain and named and any(hasattr(t, "_asdict") for t in set(map(type, values))):
+            values, plain = [_plain_value(v, named) for v in values], True
         try:
+            if _holds_integers(self.data_type) and _may_hold_fractions(values, self.data_type):
+                exact = _safely_cast(values, self.data_type)
+                if exact is not None:
+                    return exact
             return pa.array(values, type=self.data_type)
-        except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, OverflowError) as exc:
             if not plain:  # Arrow values among them: as Python, so Arrow casts them (float64 into float32, say)
-                return self._scalar_array([_plain_value(v, fields) for v in values], True)
+                return self._scalar_array([_plain_value(v, named) for v in values], True)
             got = sorted({type(v).__name__ for v in values if v is not None})
             raise TypeError(
                 f"UDF {self.name!r} returned {', '.join(got)} values; expected {self.data_type}: {exc}"
@@ -1338,6 +1418,17 @@ def _is_internal(name: str) -> bool:
 
 
 def _code_identity(func: Callable) -> bytes:
+    """What a UDF's fingerprint hashes of its code: the source (else the
+    bytecode); of a ``functools.partial``, its function's and the arguments'
+    values; of an instance of a class with ``__call__``, its class's and the
+    instance's values (never an address: the same UDF loaded by another
+    process has the same identity)."""
+    if isinstance(func, functools.partial):
+        return (b"partial|" + _code_identity(func.func) + b"|"
+                + captured_digest(func.func, (func.args, tuple(sorted(func.keywords.items())))).encode())
+    if _is_callable_instance(func):
+        return (b"instance|" + _code_identity(type(func)) + b"|"
+                + captured_digest(type(func), (tuple(sorted(vars(func).items())) if hasattr(func, "__dict__") else (),)).encode())
     try:
         return textwrap.dedent(inspect.getsource(func)).encode()
     except (OSError, TypeError):

@@ -94,7 +94,9 @@ def _check_all(view: ViewRef) -> list[CheckOutcome]:
     state = read_refresh_state(view.dataset())
     version = state.source_version or view.source_dataset().version
     src = objects.dataset(view.source_uri, version=version)
-    view_tbl = view.dataset().to_table(columns=[SOURCE_ROW_ID] + [c.name for c in definition.udf_columns])
+    view_ds = view.dataset()
+    udfs = [c.name for c in definition.udf_columns]
+    view_tbl = view_ds.to_table(columns=[SOURCE_ROW_ID] + udfs + list(_markers_held(view_ds.schema, udfs)))
     keys = _ids(view_tbl, SOURCE_ROW_ID)
     out: list[CheckOutcome] = []
 
@@ -147,17 +149,36 @@ def _matches_source_query(view: ViewRef, src, state, keys: np.ndarray, version: 
     )
 
 
+def _markers_held(schema: pa.Schema, udfs: list[str]) -> dict[str, str]:
+    """The computed markers of these UDF columns that the view holds, to read with them."""
+    return {m: quote(m) for c in udfs if (m := computed_marker(c)) in schema.names}
+
+
+def _lacking(table: pa.Table, name: str) -> np.ndarray:
+    """Rows of ``table`` without a value of UDF column ``name``: NULL and (where
+    ``table`` holds its computed marker) not computed. A NULL the UDF returned
+    is its value: the row's marker says it was computed; a row that failed
+    under ``on_error="skip"``, or was never computed, has none."""
+    lacking = table.column(name).is_null().to_numpy(zero_copy_only=False)
+    marker = computed_marker(name)
+    if marker in table.column_names:
+        lacking &= table.column(marker).is_null().to_numpy(zero_copy_only=False)
+    return lacking
+
+
 def _udf_values_present(view: ViewRef, src, view_tbl: pa.Table, keys: np.ndarray) -> CheckOutcome:
-    """No UDF value of the view (``view_tbl``: its UDF columns, ``keys`` its
-    source row ids) is missing where the UDF's inputs are present."""
+    """No UDF value of the view (``view_tbl``: its UDF columns and their
+    computed markers, ``keys`` its source row ids) is missing where the UDF's
+    inputs are present. A NULL the UDF returned is a value: its row's marker
+    says it was computed (a row that failed under ``on_error="skip"``, or
+    was never computed, has none)."""
     definition = view.definition
     missing_values: dict[str, int] = {}
     for spec in definition.udf_columns:
-        col = view_tbl.column(spec.name)
-        if col.null_count == 0:
+        if view_tbl.column(spec.name).null_count == 0:
             missing_values[spec.name] = 0
             continue
-        null_keys = keys[col.is_null().to_numpy(zero_copy_only=False)]
+        null_keys = keys[_lacking(view_tbl, spec.name)]
         inputs = spec.udf.input_columns if spec.udf is not None else []
         if not inputs or not spec.the_udf.skip_nulls:
             missing_values[spec.name] = int(len(null_keys))
@@ -716,7 +737,7 @@ def _query_last_refresh(view: ViewRef, w: RefreshWindow) -> list[CheckOutcome]:
     udfs = [c.name for c in definition.udf_columns]
     columns = {SOURCE_ROW_ID: SOURCE_ROW_ID, SOURCE_ROW_VERSION: SOURCE_ROW_VERSION,
                **({CHUNK_INDEX: CHUNK_INDEX} if chunks else {}), **{c: quote(c) for c in projection},
-               **{c: quote(c) for c in udfs}}
+               **{c: quote(c) for c in udfs}, **_markers_held(view.dataset().schema, udfs)}
     ch = _changes(view, w, columns, [SOURCE_ROW_ID])
     covered = ch.covered(w)
     src = objects.dataset(view.source_uri, version=w.source_to)
@@ -811,8 +832,7 @@ def _udfs_in_window(q: _QueryWindow) -> CheckOutcome:
                           c.udf.input_paths if c.udf is not None else [])
                  for c in view.definition.udf_columns}
     for name in (c.name for c in view.definition.udf_columns):
-        col = ch.written.column(name)
-        null_keys = w_keys[col.is_null().to_numpy(zero_copy_only=False)] if col.null_count else w_keys[:0]
+        null_keys = w_keys[_lacking(ch.written, name)]
         inputs, skip_nulls, paths = inputs_by[name]
         if not len(null_keys) or not inputs or not skip_nulls:
             missing_values[name] = int(len(null_keys))
@@ -994,7 +1014,8 @@ def _join_checks(view: ViewRef) -> list[CheckOutcome]:
     join = Join.of(definition)
     state = read_refresh_state(view.dataset())
     versions = state.sources or {}
-    held = view.dataset().to_table(columns=_join_held_columns(definition, join),
+    view_ds = view.dataset()
+    held = view_ds.to_table(columns=_join_held_columns(definition, join, view_ds.schema),
                                    blob_handling=BYTES)  # (a blob column compared by its bytes)
     if not versions:
         never = "not checked: the view was never refreshed"
@@ -1005,11 +1026,13 @@ def _join_checks(view: ViewRef) -> list[CheckOutcome]:
     return _join_compare(definition, join, datasets, held, read_first(datasets[0], join.reads(0)), None)
 
 
-def _join_held_columns(definition, join) -> list[str]:
+def _join_held_columns(definition, join, schema: "pa.Schema | None" = None) -> list[str]:
     from mv_assets.model.join_view import row_id_column
 
+    udfs = [c.name for c in definition.udf_columns]
     return ([row_id_column(i) for i in range(len(join.sources))]
-            + [c.name for c in definition.columns if c.kind != "udf"] + [c.name for c in definition.udf_columns])
+            + [c.name for c in definition.columns if c.kind != "udf"] + udfs
+            + list(_markers_held(schema, udfs) if schema is not None else []))
 
 
 def _join_compare(definition, join, datasets: list, held: pa.Table, first: pa.Table,
@@ -1061,7 +1084,10 @@ def _join_compare(definition, join, datasets: list, held: pa.Table, first: pa.Ta
         for col in inputs:
             present &= ~np.asarray(col.is_null().to_numpy(zero_copy_only=False))
         expect_values = int(present.sum()) if c.the_udf.skip_nulls else rel.num_rows
-        missing_values[c.name] = max(0, expect_values - (held.num_rows - held.column(c.name).null_count))
+        if computed_marker(c.name) in held.column_names:  # rows not computed (failed, skipped) have no marker
+            missing_values[c.name] = int(_lacking(held, c.name).sum())
+        else:
+            missing_values[c.name] = max(0, expect_values - (held.num_rows - held.column(c.name).null_count))
     out.append(CheckOutcome("udf_values_present", not any(missing_values.values()),
                             f"no UDF value is missing where its inputs are present{scope}",
                             {"missing_by_column": missing_values, **meta}))
@@ -1118,9 +1144,10 @@ def _join_last_refresh(view: ViewRef, w: RefreshWindow) -> "list[CheckOutcome] |
             if rows.num_rows:
                 first.append(reach(join, datasets, i, rows))
     ids = np.unique(np.concatenate(first)) if first else np.empty(0, np.int64)
-    held = (view_ds.scanner(columns=_join_held_columns(definition, join), blob_handling=BYTES,
+    held = (view_ds.scanner(columns=_join_held_columns(definition, join, view_ds.schema), blob_handling=BYTES,
                             filter=pc.field(SOURCE_ROW_ID).isin(pa.array(ids, pa.int64()))).to_table()  # pyright: ignore[reportAttributeAccessIssue]
-            if len(ids) else view_ds.scanner(columns=_join_held_columns(definition, join), limit=0).to_table())
+            if len(ids) else view_ds.scanner(columns=_join_held_columns(definition, join, view_ds.schema), limit=0
+                                             ).to_table())
     covered = {"scope": "last_refresh", "window": w.describe(), "first_rows_checked": int(len(ids)),
                "source_rows_changed": changed, "view_rows_checked": held.num_rows}
     what = f"the {len(ids):,} first-table rows its window touches, {held.num_rows:,} view rows"
