@@ -138,6 +138,20 @@ def test_explicit_output_schema_wins_and_casts():
     assert parent.to_pylist() == [0, 1, 1]
 
 
+def test_a_float_yielded_for_an_integer_field_is_refused_not_truncated():
+    """Arrow turns 2.5 into 2 for an integer field without a word; a chunker's
+    values are cast safely (3.0 is 3), as a scalar UDF's are."""
+    @chunker(output_schema=pa.schema([("i", pa.int32()), ("f", pa.float32())]))
+    def halves(k: int):
+        for i in range(k):
+            yield (i * 1.5 if k == 3 else float(i), i * 1.5)
+
+    with pytest.raises(TypeError, match="yielded float values for 'i'; expected int32.*truncated"):
+        halves.apply(pa.record_batch({"k": [3]}))
+    children, _, _ = halves.apply(pa.record_batch({"k": [2]}))
+    assert children.to_pylist() == [{"i": 0, "f": 0.0}, {"i": 1, "f": 1.5}]
+
+
 def test_a_chunker_stays_a_plain_callable():
     assert list(words("a b")) == [Word(0, "a"), Word(1, "b")]
     assert [w.word for w in Letters("hi")] == ["h", "i"]

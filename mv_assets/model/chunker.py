@@ -61,6 +61,7 @@ from mv_assets.model.udf import (
     dumps_by_value,
     python_type_to_arrow,
     resources_spec,
+    typed_array,
     with_init_args,
 )
 
@@ -463,7 +464,7 @@ class Chunker(_TableFunction):
         for k, field in enumerate(self._output_schema):
             values = [r[k] for r in rows]
             try:
-                arrays.append(pa.array(values, type=field.type))
+                arrays.append(typed_array(values, field.type))  # (a float into an integer field refused, not truncated)
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
                 got = sorted({type(v).__name__ for v in values if v is not None})
                 raise TypeError(

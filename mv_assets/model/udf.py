@@ -557,6 +557,17 @@ def _may_hold_fractions(values: list, t: pa.DataType) -> bool:
     return any(k is not type(None) for k in kinds)
 
 
+def typed_array(values: list, t: pa.DataType) -> pa.Array:
+    """Python values returned by user code as an array of type ``t``, none of
+    them changed on the way: a float where ``t`` holds integers is cast safely
+    (:func:`_safely_cast`); Arrow's errors are raised as they come."""
+    if _holds_integers(t) and _may_hold_fractions(values, t):
+        exact = _safely_cast(values, t)
+        if exact is not None:
+            return exact
+    return pa.array(values, type=t)
+
+
 def _safely_cast(values: list, t: pa.DataType) -> "pa.Array | None":
     """``values`` as type ``t`` where it holds integers: Arrow truncates a
     float into an integer type without a word (0.25 -> 0), so the values as
@@ -1102,11 +1113,7 @@ class UDF:
         if not plain and named and any(hasattr(t, "_asdict") for t in set(map(type, values))):
             values, plain = [_plain_value(v, named) for v in values], True
         try:
-            if _holds_integers(self.data_type) and _may_hold_fractions(values, self.data_type):
-                exact = _safely_cast(values, self.data_type)
-                if exact is not None:
-                    return exact
-            return pa.array(values, type=self.data_type)
+            return typed_array(values, self.data_type)
         except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError, TypeError, OverflowError) as exc:
             if not plain:  # Arrow values among them: as Python, so Arrow casts them (float64 into float32, say)
                 return self._scalar_array([_plain_value(v, named) for v in values], True)
