@@ -302,6 +302,19 @@ def test_scalar_results_are_checked_whatever_on_error_says():
     with pytest.raises(TypeError, match="'wrong_type' yielded str values for 'pos'; expected int64"):
         wrong_type.apply(docs("a"))
 
+    @chunker
+    def third_is_short(text: str) -> Iterator[Word]:  # children checked once a batch: still named by parent
+        yield (Word(0, text) if text != "c" else (0,))  # type: ignore[misc]
+        if text == "a":
+            yield {"word": "dict", "pos": 9}  # type: ignore[misc]
+
+    with pytest.raises(TypeError, match=r"'third_is_short' yielded tuple for parent row 2; expected a NamedTuple"):
+        third_is_short.apply(docs("a", "b", "c"))
+    children, parent, _ = third_is_short.apply(docs("a", "", "b"))
+    assert children.to_pylist() == [{"pos": 0, "word": "a"}, {"pos": 9, "word": "dict"},
+                                    {"pos": 0, "word": ""}, {"pos": 0, "word": "b"}]
+    assert parent.to_pylist() == [0, 0, 1, 2]
+
 
 def batched(result):
     @chunker(batch=True, output_schema=pa.schema([("n", pa.int64())]), on_error="skip")

@@ -39,6 +39,7 @@ import typing
 from typing import Any, Callable
 
 import cloudpickle
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -436,8 +437,9 @@ class Chunker(_TableFunction):
         cols = adapted([batch.column(c).to_pylist() for c in self.input_columns], self.param_names,
                        self.param_annotations)  # (a blob's bytes as a file object where a parameter says BlobFile)
         width = len(self._output_schema)
-        rows: list[tuple] = []
-        parent: list[int] = []
+        rows: list = []
+        called: list[int] = []  # the parents called, in order, and how many children each gave
+        sizes: list[int] = []
         call = self._retried_rows if self.on_error.may_retry else self._rows  # (chosen once per batch)
         with self._gate(fn):  # a batch's parents, one slot (as a scalar UDF's rows)
             for i, args in enumerate(zip(*cols, strict=True) if cols else ([()] * n)):
@@ -450,19 +452,15 @@ class Chunker(_TableFunction):
                         raise self._failure(i, 1, exc) from exc
                     errors.append(self._row_error(i, exc))
                     continue
-                for k, child in enumerate(children):
-                    if isinstance(child, dict):  # Geneva's chunkers may yield dicts keyed by the output columns
-                        children[k] = child = self._dict_row(child, i)
-                    if not isinstance(child, tuple) or len(child) != width:
-                        raise TypeError(
-                            f"chunker {self.name!r} yielded {type(child).__name__} for parent row {i}; expected a "
-                            f"NamedTuple of {width} fields {self._output_schema.names} (or a dict of them)"
-                        )
                 rows.extend(children)
-                parent.extend([i] * len(children))
+                called.append(i)
+                sizes.append(len(children))
+        parent = np.repeat(np.asarray(called, np.int64), np.asarray(sizes, np.int64))
+        rows = self._checked_children(rows, parent, width)
+        columns = list(zip(*rows, strict=True)) if rows else [()] * width  # (the children's fields, column by column)
         arrays = []
         for k, field in enumerate(self._output_schema):
-            values = [r[k] for r in rows]
+            values = list(columns[k])
             try:
                 arrays.append(typed_array(values, field.type))  # (a float into an integer field refused, not truncated)
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError, OverflowError) as exc:
@@ -470,7 +468,27 @@ class Chunker(_TableFunction):
                 raise TypeError(
                     f"chunker {self.name!r} yielded {', '.join(got)} values for {field.name!r}; expected {field.type}: {exc}"
                 ) from exc
-        return pa.Table.from_arrays(arrays, schema=self._output_schema), pa.array(parent, pa.int64()), n
+        return pa.Table.from_arrays(arrays, schema=self._output_schema), pa.array(parent), n
+
+    def _checked_children(self, rows: list, parent: np.ndarray, width: int) -> list:
+        """A batch's children as tuples of ``width`` fields, checked once for the
+        batch (their types and lengths); a dict (Geneva's chunkers may yield
+        dicts keyed by the output columns) as its values in the output's order;
+        anything else refused, naming its parent row (``parent``: each child's)."""
+        kinds = set(map(type, rows))
+        if all(issubclass(k, tuple) for k in kinds) and set(map(len, rows)) <= {width}:
+            return rows
+        out = []
+        for child, i in zip(rows, parent.tolist(), strict=True):
+            if isinstance(child, dict):
+                child = self._dict_row(child, i)
+            if not isinstance(child, tuple) or len(child) != width:
+                raise TypeError(
+                    f"chunker {self.name!r} yielded {type(child).__name__} for parent row {i}; expected a "
+                    f"NamedTuple of {width} fields {self._output_schema.names} (or a dict of them)"
+                )
+            out.append(child)
+        return out
 
     def _dict_row(self, child: dict, parent: int) -> tuple:
         """A child given as a dict: its values in the output schema's order
