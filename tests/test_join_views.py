@@ -3,6 +3,7 @@ independently, a nested-loop join in plain Python over each source read with
 pylance at the version the view reflects (``view.source_versions``)."""
 
 import datetime
+import decimal
 import itertools
 import os
 import random
@@ -713,3 +714,25 @@ def test_the_cli_says_which_sources_moved_and_how_the_view_was_refreshed(db):
     out = cli("refresh", "chain_inner")
     assert f"sources channels v{before} -> v{channels.version}: incremental: +" in out
     assert "join view" in cli("tables") and "clips, videos, channels" in cli("tables")
+
+
+@pytest.mark.parametrize("keys", [
+    pa.array([1_600_000_000_000_000_001 + i for i in range(4)], pa.timestamp("ns")),
+    pa.array([datetime.datetime(2020, 1, 1, i, tzinfo=datetime.timezone.utc) for i in range(4)],
+             pa.timestamp("ms", tz="America/New_York")),
+    pa.array([decimal.Decimal(f"{i}.50") for i in range(4)], pa.decimal128(10, 2)),
+], ids=["timestamp_ns", "timestamp_zoned", "decimal"])
+def test_timestamp_and_decimal_keys_match_through_the_key_filter(db, keys):
+    """A refresh reads the joined rows whose keys can match through an IN
+    filter of SQL literals: a nanosecond or zoned timestamp key matched
+    nothing (the view silently lost every joined row), a decimal key made
+    Lance refuse the filter (a float literal)."""
+    dims = db.create_table("dims", pa.table({"k": keys, "label": [f"L{i}" for i in range(4)]}))
+    facts = db.create_table("facts", pa.table({"id": [0, 1], "k": keys.take([0, 1])}))
+    v = db.create_materialized_view("v", facts.search(None).join(dims, on="k").select({"id": "id", "label": "label"}))
+    v.refresh()
+    facts.add(pa.table({"id": [2, 3], "k": keys.take([2, 3])}))
+    v.refresh()
+    got = sorted(v.to_arrow().to_pylist(), key=lambda r: r["id"])
+    assert got == [{"id": i, "label": f"L{i}"} for i in range(4)]
+    assert all(o.passed for o in v.check())

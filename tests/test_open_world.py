@@ -558,3 +558,36 @@ def test_the_newest_handle_kept_across_refreshes_is_served_only_while_it_is_the_
     fragments = objects.write_fragments(pa.table({"id": [103]}), uri)
     objects.commit(uri, lance.LanceOperation.Append(fragments), read_version=ds.version)
     assert ids() == [100, 101, 102, 103]
+
+
+def test_a_gap_in_the_versions_another_tool_left_is_seen(db):
+    """A kept handle was served while the manifest of its next version was
+    missing: a history cleanup that keeps a tagged version (or removes the
+    versions it is given) leaves a gap, and later versions were not seen. A
+    view refreshed to nothing new and said it was current, and add() looked
+    its keys up in an old version (a duplicate key accepted)."""
+    import datetime
+
+    def gap(uri: str, row: int) -> None:  # another tool: tag the latest, append twice, clean the history up
+        ds = lance.dataset(uri)
+        ds.tags.create(f"keep{ds.version}", ds.version)
+        lance.write_dataset(pa.table({"id": [row], "x": [row]}).cast(ds.schema), uri, mode="append")
+        lance.write_dataset(pa.table({"id": [row + 1], "x": [row + 1]}).cast(ds.schema), uri, mode="append")
+        lance.dataset(uri).cleanup_old_versions(older_than=datetime.timedelta(0), error_if_tagged_old_versions=False)
+
+    t = db.create_table("t", pa.table({"id": list(range(10)), "x": list(range(10))}), primary_key="id")
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": "x + 1"}))
+    v.refresh()
+    gap(t.uri, 100)
+    versions = sorted(x["version"] for x in lance.dataset(t.uri).versions())
+    assert versions[-2] + 1 < versions[-1]  # (the gap)
+    r = v.refresh()
+    assert r.rows_inserted == 2 and v.count_rows() == 12
+    s = v.status()
+    assert (s.source_version, s.versions_behind) == (versions[-1], 0)
+    t.add(pa.table({"id": [200], "x": [200]}))
+    gap(t.uri, 300)
+    with pytest.raises(ValueError, match="already exist"):
+        t.add(pa.table({"id": [301], "x": [0]}))
+    ids = lance.dataset(t.uri).to_table(columns=["id"]).column("id").to_pylist()
+    assert len(ids) == len(set(ids)) == 15

@@ -674,3 +674,31 @@ def test_a_load_record_is_created_in_one_write_and_an_empty_one_is_read_again(tm
         objects.time.sleep = real_sleep
     objects.write_record(uri, '{"n": 4}')  # over the empty one: written anew
     assert objects.read_record(uri) == '{"n": 4}'
+
+
+def test_a_failed_load_is_cleared_by_a_refresh_that_finds_nothing_to_do(db, tmp_path):
+    """A refresh with nothing to do returned before the load record was
+    touched: after a failed full refresh (the source unchanged since), the
+    next refresh succeeded and the status still said FAILED_LOAD with the
+    old error."""
+    down = tmp_path / "model_down"
+
+    @mv.udf
+    def model(x: int) -> int:
+        if down.exists():
+            raise RuntimeError("model server down")
+        return x + 1
+
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(5)])
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": model}))
+    v.refresh()
+    down.touch()
+    with pytest.raises(mv.UdfError, match="model server down"):
+        v.refresh(mode="full")
+    assert v.status().load_state == "FAILED_LOAD"
+    down.unlink()
+    r = v.refresh()
+    assert (r.rows_inserted, r.rows_updated, r.rows_deleted) == (0, 0, 0)
+    s = v.status()
+    assert (s.load_state, s.last_error, s.valid) == ("LOADED", None, True)
+    assert db.status().column("load_state").to_pylist() == ["LOADED"]

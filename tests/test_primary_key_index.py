@@ -258,3 +258,59 @@ def test_keys_written_here_are_not_trusted_once_another_writer_changed_their_fra
                         mode="overwrite")
     assert not _refused(t, 202)
     assert _refused(t, 600)
+
+
+def test_keys_kept_for_a_table_dropped_and_made_again_are_not_its_keys(db, small):
+    """The keys this process appended were kept by table path: a table dropped
+    and made again under the same name (through the catalog, or removed and
+    written by another tool) inherited them. A key the new table held was
+    accepted a second time (another writer's fragment got the id of one of the
+    old table's), a key it never held was refused."""
+    import shutil
+
+    t = db.create_table("t", _rows(0, 200), primary_key="id")
+    for k in (1_000_001, 1_000_002, 1_000_003):
+        t.add(_rows(k, k + 1))  # (fragments outside the index, their keys kept)
+    db.drop_table("t")
+    t = db.create_table("t", _rows(0, 200), primary_key="id")
+    t.add(_rows(2_000_001, 2_000_002))
+    lance.write_dataset(_rows(2_000_002, 2_000_003), t.uri, mode="append")  # another writer
+    assert _refused(t, 2_000_002)
+    assert not _refused(t, 1_000_002)
+    ids = lance.dataset(t.uri).to_table(columns=["id"]).column("id").to_numpy()
+    assert len(ids) == len(set(ids.tolist()))
+
+    # the same, the table removed and written again by another tool (no catalog call)
+    for k in (3_000_001, 3_000_002):
+        t.add(_rows(k, k + 1))
+    shutil.rmtree(t.uri)
+    table = _rows(0, 200).replace_schema_metadata({PRIMARY_KEY_METADATA_KEY: "id"})  # (as pylance makes it)
+    lance.write_dataset(table, t.uri)
+    t = db.open_table("t")
+    t.add(_rows(4_000_001, 4_000_002))
+    lance.write_dataset(_rows(4_000_002, 4_000_003).replace_schema_metadata(table.schema.metadata), t.uri, mode="append")
+    assert _refused(t, 4_000_002)
+    assert not _refused(t, 3_000_002)
+
+
+def test_a_key_of_a_timestamp_or_decimal_type_is_found(db):
+    """Keys were written into the look-up as SQL literals: TIMESTAMP '...' is
+    microseconds without a zone to Lance, so a nanosecond or zoned timestamp key
+    matched nothing (add() accepted it again, merge_insert() appended a
+    duplicate), and a decimal key was a float Lance refused to compare."""
+    import datetime as dt
+    import decimal
+
+    cases = {
+        "ns": pa.array([1_600_000_000_000_000_001, 7], pa.timestamp("ns")),
+        "zoned": pa.array([dt.datetime(2020, 1, 1, 12, tzinfo=dt.timezone.utc), dt.datetime(2021, 1, 1)],
+                          pa.timestamp("ms", tz="America/New_York")),
+        "dec": pa.array([decimal.Decimal("1.50"), decimal.Decimal("2.00")], pa.decimal128(10, 2)),
+    }
+    for name, k in cases.items():
+        t = db.create_table(name, pa.table({"k": k, "x": [1, 1]}), primary_key="k")
+        with pytest.raises(ValueError, match="already exist"):
+            t.add(pa.table({"k": k.slice(0, 1), "x": [2]}))
+        t.merge_insert(pa.table({"k": k.slice(1, 1), "x": [3]}))
+        got = lance.dataset(t.uri).to_table().sort_by("x").to_pylist()
+        assert [r["x"] for r in got] == [1, 3] and len(got) == 2, (name, got)

@@ -37,7 +37,7 @@ from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
 from mv_assets.model.volatility import check_deterministic
 from mv_assets.ops.jobs import Job, process_jobs
 from mv_assets.ops.refresh import RefreshResult
-from mv_assets.storage import objects
+from mv_assets.storage import keys, objects
 from mv_assets.storage.error_log import drop_errors, failures_unrecorded
 from mv_assets.storage.identity import ensure_table_id, table_id
 from mv_assets.storage.jobs import JobRecord, job_record, job_records
@@ -480,6 +480,7 @@ class Connection:
         from mv_assets.ops import arrangements
 
         arrangements.forget(self._table_uri(name))  # (its arrangements, in memory and on disk)
+        keys.forget(self._table_uri(name))  # (the keys this process appended to it)
         objects.remove_tree(self._table_uri(name))
         # its bookkeeping goes too, or a new table of the same name would inherit it
         objects.remove_tree(self._state_dir("checkpoints", name))

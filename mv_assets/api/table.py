@@ -1546,6 +1546,9 @@ class MaterializedView(Table):
         if plan.commits_nothing:
             result = execute_refresh(ref, plan, self._runner(runner))
             result.job_id = job_id or ""
+            # nothing to do: the view is current, so a FAILED_LOAD (or a LOADING left by a refresh
+            # killed mid-way) no longer stands; a local record is renamed aside (none: one failed rename)
+            clear_load_state(self.connection.layout, self.name)
             return result
         job_id = job_id or refresh_job_id(plan)
         # LOADING until the commit carrying this load number lands (then LOADED, read from the

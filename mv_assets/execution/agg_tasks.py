@@ -53,7 +53,7 @@ from mv_assets.model.agg_view import (
     sum_col,
     sum_with_specials,
 )
-from mv_assets.model.definition import quote_ident, sql_literal
+from mv_assets.model.definition import quote_ident, sql_literals
 from mv_assets.model.names import LANCE_ROW_COLUMNS, SOURCE_ROW_ID
 from mv_assets.model.sql_names import columns_read
 from mv_assets.model.udtf_view import partition_ids
@@ -898,8 +898,8 @@ def _taken(ds: lance.LanceDataset, ids: np.ndarray, columns: list[str]) -> pa.Ta
 def _group_predicate(agg: Aggregate, rows: pa.Table) -> str:
     """SQL matching the source rows of the groups of ``rows`` (which hold the key columns)."""
     ors = []
-    for values in zip(*[rows.column(k).to_pylist() for k in agg.keys], strict=True) if agg.keys else [()]:
-        ands = [f"{quote_ident(k)} IS NULL" if v is None else f"{quote_ident(k)} = {sql_literal(v)}"
+    for values in zip(*[sql_literals(rows.column(k)) for k in agg.keys], strict=True) if agg.keys else [()]:
+        ands = [f"{quote_ident(k)} IS NULL" if v == "NULL" else f"{quote_ident(k)} = {v}"
                 for k, v in zip(agg.keys, values, strict=True)]
         ors.append("(" + " AND ".join(ands) + ")" if ands else "true")
     return " OR ".join(ors) if ors else "false"

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from mv_assets.execution import blobs, progress
-from mv_assets.model.definition import ColumnSpec, ViewDefinition, computed_marker, sql_literal
+from mv_assets.model.definition import ColumnSpec, ViewDefinition, computed_marker, sql_literals
 from mv_assets.model.join_view import Join, joined_row_id, pushed_filters, row_id_column, staged_name
 from mv_assets.model.names import JOINED_ROW_ID_PREFIX, SOURCE_ROW_ID, SOURCE_ROW_VERSION
 from mv_assets.model.planning import direct_positions, distinct, isin, positions
@@ -143,7 +143,7 @@ def key_filter(keys: list[str], values: "list[pa.ChunkedArray | pa.Array]") -> s
     if len(distinct) == 0:
         return "false"
     try:
-        return f"`{keys[0]}` IN (" + ", ".join(sql_literal(v) for v in distinct.to_pylist()) + ")"
+        return f"`{keys[0]}` IN (" + ", ".join(sql_literals(distinct)) + ")"
     except ValueError:  # a key type without a SQL literal: read whole
         return None
 

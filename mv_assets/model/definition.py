@@ -36,7 +36,7 @@ from mv_assets.model.udf import UDF, field_metadata_of
 
 __all__ = [
     "ColumnSpec", "ViewDefinition", "SOURCE_ROW_ID", "SOURCE_ROW_VERSION", "VIEW_METADATA_KEY",
-    "computed_marker", "source_marker", "is_marker", "is_reserved_name", "output_schema", "check_sql", "short_error",
+    "computed_marker", "source_marker", "sql_literals", "is_marker", "is_reserved_name", "output_schema", "check_sql", "short_error",
     "read_field_ids", "READ_FIELDS_METADATA_KEY",
     "sql_literal", "tracked_source_columns", "computed_column_names", "definition_reads", "shape_fingerprint",
     "udf_column_type", "udf_field", "quote_ident", "COLUMNS_METADATA_KEY", "stored_columns", "encode_columns",
@@ -68,6 +68,34 @@ def sql_literal(value: Any) -> str:
     if isinstance(value, _dt.date):
         return f"DATE '{value.isoformat()}'"
     raise ValueError(f"cannot use {type(value).__name__} value {value!r} as a SQL literal; use values_sql")
+
+
+_TIME_UNITS = {"s": "Second", "ms": "Millisecond", "us": "Microsecond", "ns": "Nanosecond"}
+
+
+def sql_literals(values: "pa.Array | pa.ChunkedArray") -> list[str]:
+    """SQL literals of an Arrow array's values (``NULL`` for a null), typed as
+    the column holding them: a timestamp as its integer cast to its own type
+    (a ``TIMESTAMP '...'`` literal is microseconds without a zone to Lance:
+    nanoseconds and zoned timestamps matched nothing), a decimal cast to its
+    precision and scale (a plain ``1.50`` is a float to Lance, which refuses
+    to compare it); other values as :func:`sql_literal` writes them.
+
+    >>> import decimal
+    >>> print(*sql_literals(pa.array([1, None], pa.timestamp("ns", tz="UTC"))))
+    arrow_cast(1, 'Timestamp(Nanosecond, Some("UTC"))') NULL
+    >>> sql_literals(pa.array([decimal.Decimal("1.50")], pa.decimal128(10, 2)))
+    ["CAST('1.50' AS DECIMAL(10,2))"]
+    """
+    t = values.type
+    if pa.types.is_timestamp(t):
+        zone = "None" if t.tz is None else f'Some("{t.tz}")'  # pyright: ignore[reportAttributeAccessIssue]
+        kind = f"Timestamp({_TIME_UNITS[t.unit]}, {zone})"  # pyright: ignore[reportAttributeAccessIssue]
+        return ["NULL" if v is None else f"arrow_cast({int(v)}, '{kind}')" for v in values.cast(pa.int64()).to_pylist()]
+    if pa.types.is_decimal(t):
+        return ["NULL" if v is None else f"CAST('{v}' AS DECIMAL({t.precision},{t.scale}))"  # pyright: ignore[reportAttributeAccessIssue]
+                for v in values.to_pylist()]
+    return [sql_literal(v) for v in values.to_pylist()]
 
 
 def tracked_source_columns(schema: pa.Schema) -> list[str]:

@@ -35,7 +35,7 @@ import lance
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from mv_assets.model.definition import sql_literal
+from mv_assets.model.definition import sql_literals
 from mv_assets.model.names import PRIMARY_KEY_METADATA_KEY
 from mv_assets.storage import objects
 
@@ -145,13 +145,13 @@ def existing_keys(uri: str, ds: lance.LanceDataset, column: str, keys: pa.Array)
     files), are answered from the keys it wrote instead, and Lance reads the
     index alone (``fast_search``); when any fragment outside the index is
     not one of those, Lance answers for every fragment."""
-    values = keys.to_pylist()
+    literals = sql_literals(keys)
     col = "`" + column.replace("`", "``") + "`"
     ix = _index_of(ds, column)
     written = _written_outside(uri, ds, column, ix) if ix is not None else None
     found: set = set()
-    for lo in range(0, len(values), CHUNK):
-        flt = f"{col} IN ({', '.join(sql_literal(v) for v in values[lo : lo + CHUNK])})"
+    for lo in range(0, len(literals), CHUNK):
+        flt = f"{col} IN ({', '.join(literals[lo : lo + CHUNK])})"
         scan = ds.scanner(columns=[column], filter=flt, fast_search=written is not None)
         if scan.count_rows():  # (no row is read when none is there, the common case)
             found.update(ds.scanner(columns=[column], filter=flt, fast_search=written is not None)
@@ -198,7 +198,9 @@ def remember_written(uri: str, written: lance.LanceDataset, column: str, keys: p
     files = _files(added[0])
     if new is None or _files(new.metadata) != files:
         return
-    known = _WRITTEN.setdefault(uri, _Written(written.version, {}))
+    known = _held_for(uri, written)
+    if known is None or not _files_there(uri, [f[0] for f in known.fragments.values()][-1:]):
+        known = _WRITTEN[uri] = _Written(written.version, {})
     while len(known.fragments) >= _WRITTEN_MAX:
         known.fragments.pop(min(known.fragments))
     known.fragments[new.fragment_id] = (files, column, keys)
@@ -210,7 +212,7 @@ def _written_outside(uri: str, ds: lance.LanceDataset, column: str, ix) -> list[
     """The keys of every fragment of ``ds`` outside the index ``ix``, when
     each is one this process appended and nothing changed it since; else
     None (Lance must scan them). Forgets fragments no longer outside it."""
-    known = _WRITTEN.get(uri)
+    known = _held_for(uri, ds)
     covered = {int(f) for seg in ix.segments for f in seg.fragment_ids}
     outside = [f for f in ds.fragment_ids() if f not in covered]
     if known is None:
@@ -219,9 +221,41 @@ def _written_outside(uri: str, ds: lance.LanceDataset, column: str, ix) -> list[
         del known.fragments[fid]
     if any(known.fragments.get(fid, ("", ""))[1] != column for fid in outside):
         return None
+    if not _files_there(uri, [known.fragments[fid][0] for fid in outside]):
+        forget(uri)  # not the table those keys were written to (dropped and made again): Lance answers
+        return None
     if ds.version != known.checked and not _untouched(ds, known, outside):
         return None
     return [known.fragments[fid][2] for fid in outside]
+
+
+def forget(uri: str) -> None:
+    """Forget the keys this process appended to the table at ``uri`` (dropped)."""
+    _WRITTEN.pop(uri, None)
+
+
+def _held_for(uri: str, ds: lance.LanceDataset) -> "_Written | None":
+    """The keys kept for ``uri`` unless ``ds`` is older than the version they
+    were checked at: not the table they were written to (made again)."""
+    known = _WRITTEN.get(uri)
+    if known is not None and ds.version < known.checked:
+        forget(uri)
+        return None
+    return known
+
+
+def _files_there(uri: str, files: list[tuple[str, ...]]) -> bool:
+    """Whether the data files of these fragments (as this process wrote them)
+    are still in the local table at ``uri``: a table dropped and made again
+    (by any tool) under the same name, up to the same fragment ids, has none
+    of them. Fragment ids are not reused within a table's history (restore,
+    overwrite and compaction give new ones), so a fragment whose files are
+    there is the one written. One ``stat`` a fragment; object stores: not
+    looked at (their tables are forgotten when dropped through a catalog)."""
+    if not objects.is_local(uri):
+        return True
+    data = objects.join(uri, "data")
+    return all(objects.exists(objects.join(data, f)) for paths in files for f in paths[:1])
 
 
 def _rows_of(uri: str, ds: lance.LanceDataset, fragments: list[int]) -> int:

@@ -207,12 +207,52 @@ def _manifest_signature(uri: str, version: int) -> tuple | None:
 def _local_latest(uri: str, version: int) -> tuple | None:
     """For a local dataset whose ``version`` is still its newest, that version's
     manifest signature; else None. Lance numbers versions one after another
-    (each commit writes the manifest of the next, whole, in place of none), so
-    a version whose manifest is there and whose next one's is not is the
-    newest: two or three ``stat`` calls (~5 us) where Lance's ``latest_version``
-    lists the versions (~25 us, ~0.1 ms on a busy machine, growing with them)."""
+    (each commit writes the manifest of the next, whole, in place of none),
+    but a history cleanup that keeps a tagged version (or is given the
+    versions to remove) leaves gaps: the next version's manifest missing says
+    nothing of later ones. The newest is read from a listing of the versions
+    (:func:`_newest_listed`), listed again only once the directory changed."""
     sig = _manifest_signature(uri, version)
-    return sig if sig is not None and _manifest_signature(uri, version + 1) is None else None
+    if sig is None or _manifest_signature(uri, version + 1) is not None:
+        return None
+    return sig if _newest_listed(uri) == version else None
+
+
+# uri -> (inode, mtime of its _versions directory, newest version listed there, when listed):
+# a listing is taken again once the directory changed (a manifest written or removed).
+_LISTED: dict[str, tuple[int, int, int, int]] = {}
+# A listing made this long after the directory's last change is trusted while its mtime is
+# the same: any later change is stamped with a later time. One made sooner is not (a file
+# system's clock may tick coarsely: a change in the same tick would leave the mtime alone).
+_SETTLED_NS = 50_000_000
+_V2_MANIFEST = len("18446744073709551614.manifest")
+
+
+def _newest_listed(uri: str) -> int | None:
+    """The newest version whose manifest the local dataset at ``uri`` holds
+    (either of Lance's naming schemes), None without any."""
+    versions = os.path.join(_local_path(uri), "_versions")
+    try:
+        st = os.stat(versions)
+    except OSError:
+        return None
+    held = _LISTED.get(uri)
+    if held is not None and held[0] == st.st_ino and held[1] == st.st_mtime_ns and held[3] - held[1] > _SETTLED_NS:
+        return held[2]
+    try:
+        names = [n for n in os.listdir(versions) if n.endswith(".manifest")]
+    except OSError:
+        return None
+    # v2 names count down from 2**64 - 1 (the newest sorts first), v1 names are the version
+    v2 = [n for n in names if len(n) == _V2_MANIFEST and n[:20].isdigit()]
+    v1 = [int(n[:-9]) for n in names if len(n) != _V2_MANIFEST and n[:-9].isdigit()]
+    newest = max(([(1 << 64) - 1 - int(min(v2)[:20])] if v2 else []) + v1, default=None)
+    if newest is None:
+        return None
+    if len(_LISTED) >= _KEPT_MAX:
+        _LISTED.clear()
+    _LISTED[uri] = (st.st_ino, st.st_mtime_ns, newest, time.time_ns())
+    return newest
 
 
 def _latest_version(uri: str, handle: lance.LanceDataset) -> int:
