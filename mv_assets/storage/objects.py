@@ -218,26 +218,44 @@ def _local_latest(uri: str, version: int) -> tuple | None:
     return sig if _newest_listed(uri) == version else None
 
 
-# uri -> (inode, mtime of its _versions directory, newest version listed there, when listed):
-# a listing is taken again once the directory changed (a manifest written or removed).
-_LISTED: dict[str, tuple[int, int, int, int]] = {}
-# A listing made this long after the directory's last change is trusted while its mtime is
-# the same: any later change is stamped with a later time. One made sooner is not (a file
-# system's clock may tick coarsely: a change in the same tick would leave the mtime alone).
-_SETTLED_NS = 50_000_000
+# uri -> (inode and mtime of its _versions directory, the newest version there): from a
+# listing, or a version this process committed or opened at the latest; listed again only
+# once the directory changed (a manifest written or removed, by anyone). A change stamped
+# with the mtime held (within one tick of a coarse file system clock, right after it) goes
+# unseen: a gap needs two commits and a cleanup in that tick, and since 6.13 Linux stamps a
+# change made after a stat with a finer time.
+_LISTED: dict[str, tuple[int, int, int]] = {}
 _V2_MANIFEST = len("18446744073709551614.manifest")
+
+
+def _versions_dir(uri: str) -> str:
+    return os.path.join(_local_path(uri), "_versions")
+
+
+def _note_newest(uri: str, version: int) -> None:
+    """Hold ``version`` as the newest of the local dataset at ``uri`` (this
+    process just committed it, or Lance just listed it as the latest) while
+    its versions directory stays as it is now."""
+    try:
+        st = os.stat(_versions_dir(uri))
+    except OSError:
+        return
+    if _manifest_signature(uri, version + 1) is None:  # (looked at after the stat: one written since shows)
+        if len(_LISTED) >= _KEPT_MAX:
+            _LISTED.clear()
+        _LISTED[uri] = (st.st_ino, st.st_mtime_ns, version)
 
 
 def _newest_listed(uri: str) -> int | None:
     """The newest version whose manifest the local dataset at ``uri`` holds
     (either of Lance's naming schemes), None without any."""
-    versions = os.path.join(_local_path(uri), "_versions")
+    versions = _versions_dir(uri)
     try:
         st = os.stat(versions)
     except OSError:
         return None
     held = _LISTED.get(uri)
-    if held is not None and held[0] == st.st_ino and held[1] == st.st_mtime_ns and held[3] - held[1] > _SETTLED_NS:
+    if held is not None and held[0] == st.st_ino and held[1] == st.st_mtime_ns:
         return held[2]
     try:
         names = [n for n in os.listdir(versions) if n.endswith(".manifest")]
@@ -251,7 +269,7 @@ def _newest_listed(uri: str) -> int | None:
         return None
     if len(_LISTED) >= _KEPT_MAX:
         _LISTED.clear()
-    _LISTED[uri] = (st.st_ino, st.st_mtime_ns, newest, time.time_ns())
+    _LISTED[uri] = (st.st_ino, st.st_mtime_ns, newest)
     return newest
 
 
@@ -281,6 +299,7 @@ def _keep_latest(uri: str, ds: lance.LanceDataset) -> None:
     if len(_KEPT) >= _KEPT_MAX:
         _KEPT.clear()
     _KEPT[uri] = (os.getpid(), copy, version, sig)
+    _note_newest(uri, version)
 
 
 def _kept_latest(uri: str) -> lance.LanceDataset | None:
