@@ -702,3 +702,34 @@ def test_a_failed_load_is_cleared_by_a_refresh_that_finds_nothing_to_do(db, tmp_
     s = v.status()
     assert (s.load_state, s.last_error, s.valid) == ("LOADED", None, True)
     assert db.status().column("load_state").to_pylist() == ["LOADED"]
+
+
+def test_the_status_reads_after_the_source_history_was_cleaned_up(db):
+    """The stale count read the source's deletions since the view's version
+    from that version's manifest: once ``optimize(cleanup_older_than=...)``
+    had removed it, the view's status was UNREADABLE with Lance's "manifest
+    was not found" and ``view.status()`` raised. The rows deleted are then
+    those the view holds that the source no longer has (what its next
+    refresh removes), over one table and a join's joined table."""
+    import datetime
+
+    t = db.create_table("raw", [{"id": i, "x": i, "k": i % 3} for i in range(10)], primary_key="id")
+    dims = db.create_table("dims", [{"k": k, "w": k * 10} for k in range(3)], primary_key="k")
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "x": "x"}))
+    j = db.create_materialized_view("j", t.search(None).join(dims, on="k").select({"id": "id", "w": "w"}))
+    v.refresh()
+    j.refresh()
+    t.add([{"id": 100, "x": 100, "k": 0}])
+    t.delete("id IN (1, 2)")
+    dims.delete("k = 2")
+    for table in (t, dims):
+        table.optimize(cleanup_older_than=datetime.timedelta(0))
+    s = v.status()
+    assert (s.load_state, s.valid, s.stale_count, s.last_error) == ("LOADED", True, 3, None)
+    s = j.status()
+    assert s.load_state == "LOADED" and s.stale_count == 3 + 1  # (source rows: dims lost one row)
+    assert {r["name"]: r["load_state"] for r in db.status().to_pylist()} == {"v": "LOADED", "j": "LOADED"}
+    v.refresh()
+    j.refresh()
+    assert (v.status().stale_count, j.status().stale_count) == (0, 0)
+    assert v.count_rows() == 9 and j.count_rows() == 7  # (ids 5 and 8 joined k = 2)

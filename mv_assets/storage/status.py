@@ -32,9 +32,9 @@ from typing import TYPE_CHECKING
 import lance
 import pyarrow as pa
 
-from mv_assets.model.definition import VIEW_METADATA_KEY, ViewDefinition, computed_column_names
+from mv_assets.model.definition import SOURCE_ROW_ID, VIEW_METADATA_KEY, ViewDefinition, computed_column_names
 from mv_assets.model.join_agg_view import is_join_under
-from mv_assets.model.join_view import Join
+from mv_assets.model.join_view import Join, row_id_column
 from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
 from mv_assets.storage import objects
 from mv_assets.storage.changes import foreign_writes, pending_versions
@@ -206,17 +206,42 @@ def _standing(record: dict, state: "RefreshState") -> dict:
     return {}
 
 
-def stale_count(src_uri: str, since: int | None, latest: int, ds: lance.LanceDataset | None = None) -> int:
+def stale_count(src_uri: str, since: int | None, latest: int, ds: lance.LanceDataset | None = None,
+                held: "ViewRef | None" = None, held_ids: str = "") -> int:
     """Source rows inserted, updated or deleted after version ``since`` (``ds``:
-    the source at ``latest``, already open)."""
+    the source at ``latest``, already open). Where the history since ``since``
+    was cleaned up (its deletions cannot be read), the rows deleted are those
+    the view ``held`` holds (its column ``held_ids``: their source row ids)
+    that the source no longer has: the deletions its next refresh applies."""
     ds = ds if ds is not None and ds.version == latest else objects.dataset(src_uri, version=latest)
     if since is None:
         return ds.count_rows()
     if since >= latest:
         return 0
     changed = ds.count_rows(filter=f"_row_last_updated_at_version > {int(since)}")
-    deleted = ds.delta(begin_version=since, end_version=latest).get_deleted_row_ids().read_all().num_rows
+    try:
+        deleted = ds.delta(begin_version=since, end_version=latest).get_deleted_row_ids().read_all().num_rows
+    except (RuntimeError, ValueError, OSError):
+        if held is None or _has_version(ds, since):
+            raise
+        deleted = _held_gone(held, held_ids, ds)
     return changed + deleted
+
+
+def _has_version(ds: lance.LanceDataset, version: int) -> bool:
+    return any(v["version"] == version for v in ds.versions())
+
+
+def _held_gone(view: ViewRef, column: str, src: lance.LanceDataset) -> int:
+    """Rows of ``view`` whose source row (id in ``column``) ``src`` no longer has."""
+    import numpy as np
+
+    held = view.dataset().to_table(columns=[column]).column(column).drop_null()
+    if len(held) == 0:
+        return 0
+    alive = src.to_table(columns=[], with_row_id=True).column("_rowid").cast(pa.int64())
+    present = np.isin(held.to_numpy(), alive.to_numpy())
+    return int(np.unique(held.to_numpy()[~present]).size)
 
 
 def source_replaced(view: ViewRef, state: "RefreshState", src: lance.LanceDataset | None = None) -> bool:
@@ -248,10 +273,10 @@ def pending_source_versions(
 def _joined_stale(view: ViewRef, state: "RefreshState") -> int:
     """A join view's joined tables: their rows changed since the versions it reflects (0: one source)."""
     total = 0
-    for name in view.definition.sources[1:]:
+    for i, name in enumerate(view.definition.sources[1:], start=1):
         uri = view.layout.table_uri(name)
         ds = objects.dataset(uri)
-        total += stale_count(uri, (state.sources or {}).get(name), ds.version, ds)
+        total += stale_count(uri, (state.sources or {}).get(name), ds.version, ds, view, row_id_column(i))
     return total
 
 
@@ -375,7 +400,8 @@ def view_status(view: ViewRef, record: dict | None = None, source: "TableSummary
         replaced = source_replaced(view, state, src)
         # a recreated source: every row of the view and of the new table is stale
         stale = stale_count(view.source_uri, None, latest, src) + cardinality if replaced else (
-            stale_count(view.source_uri, state.source_version, latest, src) + _joined_stale(view, state))
+            stale_count(view.source_uri, state.source_version, latest, src, view, SOURCE_ROW_ID)
+            + _joined_stale(view, state))
         behind = len(pending_source_versions(view, latest, state, src))
     standing = _standing(file, state)  # {}: the commits say it all
     load_state = standing.get("load_state") or (LOADED if state.load_number else NEVER_LOADED)
