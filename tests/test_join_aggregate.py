@@ -380,6 +380,45 @@ def test_a_refresh_stopped_between_its_two_commits_is_finished_by_the_next(shop)
     assert not v.refresh_decision().refresh
 
 
+def test_the_status_says_the_join_phase_and_names_the_first_table_s_versions(shop, monkeypatch):
+    """The join under a join aggregate is refreshed first, as a view of its
+    own: its LOADING and FAILED_LOAD were recorded under its hidden name, so
+    the aggregate's status said LOADED while the join ran and after it
+    failed, with no failed job; and the status named the first table but
+    gave the hidden join's version numbers."""
+    import mv_assets.api.table as table_module
+
+    db, rng = shop
+    v = db.create_materialized_view("by_tier", _query(db, "inner"))
+    v.refresh()
+    orders = db.open_table("orders")
+    reflected = orders.version
+    for k in range(3):
+        orders.add(_orders(rng, 200 + 10 * k, 2))
+    s = v.status()
+    assert (s.source, s.source_version, s.source_latest_version) == ("orders", reflected, reflected + 3)
+    real, seen = table_module.execute_refresh, []
+
+    def failing_join(ref, plan, runner, job_id=None):
+        if ref.name.startswith(JOIN_UNDER_PREFIX):
+            seen.append(mv.connect(db.uri).open_view("by_tier").status().load_state)
+            raise OSError("disk full")
+        return real(ref, plan, runner, job_id)
+
+    monkeypatch.setattr(table_module, "execute_refresh", failing_join)
+    with pytest.raises(OSError, match="disk full"):
+        v.refresh()
+    assert seen == ["LOADING"]
+    s = v.status()
+    assert (s.load_state, s.last_error) == ("FAILED_LOAD", "OSError: disk full")
+    assert [j.status.value for j in db.list_jobs() if j.table_name == "by_tier"][-1] == "FAILED"
+    monkeypatch.setattr(table_module, "execute_refresh", real)
+    v.refresh()
+    s = v.status()
+    assert (s.load_state, s.last_error, s.source_version, s.versions_behind) == ("LOADED", None, orders.version, 0)
+    assert _rows(v.to_arrow()) == _duckdb(db, _tables(v), "inner")
+
+
 @pytest.mark.spark
 def test_a_join_aggregate_refreshed_on_spark(tmp_path, spark_runner):
     db = mv.connect(str(tmp_path / "db"), runner=spark_runner)

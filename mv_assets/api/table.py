@@ -1514,28 +1514,49 @@ class MaterializedView(Table):
             if isinstance(source_task_size, bool) or not isinstance(source_task_size, int) or source_task_size < 1:
                 raise ValueError(f"source_task_size must be an int >= 1 (source rows per task), got {source_task_size!r}")
             max_rows_per_task = max_rows_per_task or source_task_size
-        if self.definition.kind == JOIN_AGG_KIND:  # joins and GROUP BY: the join kept under it first
-            self._refresh_join_under(src_version, mode, runner, checkpoint_size, lock_timeout)
-            src_version = None
-        self.connection._check_source_current(self)
+        joined = self.definition.kind == JOIN_AGG_KIND
+        if not joined:
+            self.connection._check_source_current(self)
         with self.connection._refresh_lock(self.name, lock_timeout):
-            ref = self.ref()
-            plan = plan_view_refresh(
-                ref, src_version, mode=mode, fragments=fragments, recompute=recompute,
-                max_rows_per_task=max_rows_per_task, checkpoint_size=self._refresh_checkpoint_size(checkpoint_size),
-                parallelism=self._refresh_parallelism(runner, concurrency), exact=False,  # the tasks count its inserts
-            )
-            plan = _with_fragment_size(plan, max_rows_per_fragment)
+            try:
+                if joined:  # joins and GROUP BY: the join kept under it first (its lock taken after this one's)
+                    self._refresh_join_under(src_version, mode, runner, checkpoint_size, lock_timeout)
+                    src_version = None
+                    self.connection._check_source_current(self)
+                ref = self.ref()
+                plan = plan_view_refresh(
+                    ref, src_version, mode=mode, fragments=fragments, recompute=recompute,
+                    max_rows_per_task=max_rows_per_task,
+                    checkpoint_size=self._refresh_checkpoint_size(checkpoint_size),
+                    parallelism=self._refresh_parallelism(runner, concurrency), exact=False,  # the tasks count inserts
+                )
+                plan = _with_fragment_size(plan, max_rows_per_fragment)
+            except BaseException as exc:
+                if joined:  # (its status says LOADING since the join began: it says why it stopped)
+                    record_load_state(self.connection.layout, self.name, FAILED_LOAD, f"{type(exc).__name__}: {exc}")
+                raise
             return self._execute_refresh(ref, plan, runner, job_id)
 
     def _refresh_join_under(self, src_version: int | None, mode: str, runner: "Runner | None",
                             checkpoint_size: int | None, lock_timeout: float | None) -> None:
         """A join aggregate's join (model.join_agg_view), brought up to date by
-        the delta rule: a view of its own, refreshed under its own lock."""
+        the delta rule: a view of its own, refreshed under its own lock. The
+        aggregate's own status says it: LOADING while its join is refreshed
+        (a process killed meanwhile reads as failed), FAILED_LOAD with the
+        error when that fails (the join is never listed: its own record is
+        not what anyone reads)."""
         under = self.connection.open_table(self.definition.source)
         assert isinstance(under, MaterializedView)
-        under.refresh(src_version=src_version, mode=mode, runner=runner, checkpoint_size=checkpoint_size,
-                      lock_timeout=lock_timeout)
+        layout = self.connection.layout
+        number = self.refresh_state().load_number + 1
+        job_id = f"refresh-{number}-join"
+        record_load_state(layout, self.name, LOADING, load_number=number, job_id=job_id)
+        try:
+            under.refresh(src_version=src_version, mode=mode, runner=runner, checkpoint_size=checkpoint_size,
+                          lock_timeout=lock_timeout)
+        except BaseException as exc:
+            record_load_state(layout, self.name, FAILED_LOAD, f"{type(exc).__name__}: {exc}", job_id=job_id)
+            raise
 
     def _execute_refresh(self, ref: ViewRef, plan: RefreshPlan, runner: "Runner | None",
                          job_id: str | None) -> RefreshResult:

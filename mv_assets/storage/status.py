@@ -418,6 +418,10 @@ def view_status(view: ViewRef, record: dict | None = None, source: "TableSummary
         last_error = f"the refresh in process {standing['pid']} on {standing['node']} ended without finishing (killed?)"
     updated = state.refreshed_at
     policy = RefreshPolicy.from_json((ds.schema.metadata or {}).get(POLICY_METADATA_KEY.encode()))
+    reflected = state.source_version
+    if is_join_under(view.source):  # a join aggregate: the versions of the table it names, not of the join under it
+        shown = _shown_source(view)
+        reflected, latest = (state.sources or {}).get(shown), objects.dataset(view.layout.table_uri(shown)).version
     return ViewStatus(
         name=view.name,
         source=_shown_source(view),
@@ -427,7 +431,7 @@ def view_status(view: ViewRef, record: dict | None = None, source: "TableSummary
         load_number=state.load_number,
         updated=dt.datetime.fromtimestamp(updated, tz=dt.timezone.utc) if updated else None,
         node=_node(file, state),
-        source_version=state.source_version,
+        source_version=reflected,
         source_latest_version=latest,
         versions_behind=behind,
         stale_count=stale,
