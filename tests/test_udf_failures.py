@@ -183,3 +183,49 @@ def test_spark_connect_refresh_failure_is_our_error_too(tmp_path):
     assert "raise ZeroDivisionError" in got["traceback"]
     assert "grpc" not in got["text"].lower() and "java" not in got["text"].lower()
     assert got["records"] == [got["row_id"]]
+
+
+_SKIPPING_VIEW = """
+import os, sys
+import mv_assets as mv
+import mv_assets.storage.objects as objects
+
+@mv.udf(on_error="skip", version="1")
+def f(x: int) -> int:
+    if x % 10 == 3:
+        raise ValueError(f"bad {x}")
+    return x
+
+db = mv.connect(sys.argv[1], runner=mv.InlineRunner())
+if sys.argv[2] == "create":
+    t = db.create_table("raw", [{"id": i, "x": i} for i in range(30)], primary_key="id")
+    db.create_materialized_view("v", t.search(None).select({"id": "id", "y": f}))
+elif sys.argv[2] == "die_before_commit":
+    objects.commit = lambda *a, **k: os._exit(9)  # the errors recorded, the commit never made
+    db.open_view("v").refresh()
+else:
+    r = db.open_view("v").refresh()
+    print(r.job_id, sorted((e.job_id, e.row_id) for e in db.open_view("v").get_errors()))
+"""
+
+
+def test_errors_of_a_refresh_run_again_after_a_crash_are_recorded_once(tmp_path):
+    """Skipped rows are recorded before the commit; a refresh that died in
+    between was run again under the same job id and recorded them again: 6
+    records of 3 failing rows, and the CLI said 6 still failing."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "views.py"
+    script.write_text(_SKIPPING_VIEW)
+    root = str(tmp_path / "catalog")
+
+    def run(step: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(script), root, step], capture_output=True, text=True, timeout=300)
+
+    assert run("create").returncode == 0
+    assert run("die_before_commit").returncode == 9
+    out = run("again")
+    assert out.returncode == 0, out.stderr
+    job, records = out.stdout.strip().split(" ", 1)
+    assert records == str(sorted([(job, 3), (job, 13), (job, 23)]))

@@ -66,7 +66,11 @@ def errors_uri(layout: Layout) -> str:
 
 
 def append_errors(layout: Layout, table: str, job_id: str, records: list[dict]) -> int:
-    """Append error records (dicts from the executors); returns how many."""
+    """Append error records (dicts from the executors); returns how many.
+    Those the job recorded already are not appended again: a refresh stopped
+    between recording its errors and its commit is run again under the same
+    job id, and its errors were counted twice."""
+    records = _not_recorded(layout, table, job_id, records)
     if not records:
         return 0
     now = pa.scalar(int(time.time() * 1_000_000), pa.timestamp("us", tz="UTC"))
@@ -91,6 +95,21 @@ def append_errors(layout: Layout, table: str, job_id: str, records: list[dict]) 
             raise
         objects.write_dataset(data, uri, schema=ERRORS_SCHEMA, mode="append")  # created concurrently
     return data.num_rows
+
+
+def _not_recorded(layout: Layout, table: str, job_id: str, records: list[dict]) -> list[dict]:
+    """Of ``records``, those the errors table holds no record of for this job
+    (same column, row id and row version)."""
+    uri = errors_uri(layout)
+    if not records or not objects.is_dataset(uri):
+        return records
+    held = objects.dataset(uri).to_table(
+        columns=["column", "row_id", "row_version"],
+        filter=f"`table` = {sql_literal(table)} AND job_id = {sql_literal(job_id)}").to_pylist()
+    if not held:
+        return records
+    seen = {(h["column"], h["row_id"], h["row_version"]) for h in held}
+    return [r for r in records if (r.get("column"), r.get("row_id"), r.get("row_version")) not in seen]
 
 
 _FAILURES_RECORDED = contextvars.ContextVar("mv_assets_failures_recorded", default=True)
