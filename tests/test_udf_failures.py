@@ -229,3 +229,29 @@ def test_errors_of_a_refresh_run_again_after_a_crash_are_recorded_once(tmp_path)
     assert out.returncode == 0, out.stderr
     job, records = out.stdout.strip().split(" ", 1)
     assert records == str(sorted([(job, 3), (job, 13), (job, 23)]))
+
+
+def test_a_row_a_failed_refresh_stopped_on_is_still_failing_until_it_is_gone_or_computed(db):
+    """A refresh that fails on a row (``on_error="fail"``) commits nothing, so
+    the view does not hold that row: get_failed_row_ids (and the CLI's
+    ``errors``) took that for the failure being fixed."""
+    t = db.create_table("raw", [{"id": i, "x": i} for i in range(20)], primary_key="id")
+
+    @mv.udf(version="1")
+    def f(x: int) -> int:
+        if x == 13:
+            raise RuntimeError("bad row 13")
+        return x
+
+    v = db.create_materialized_view("v", t.search(None).where("x < 100").select({"id": "id", "y": f}))
+    with pytest.raises(mv.UdfError):
+        v.refresh()
+    assert v.count_rows() == 0 and v.get_failed_row_ids("y") == [13]
+    t.update(where="id = 13", values={"x": 500})  # no longer passes the filter: nothing left to compute
+    assert v.get_failed_row_ids("y") == []
+    t.update(where="id = 13", values={"x": 13})
+    assert v.get_failed_row_ids("y") == [13]
+    t.delete("id = 13")
+    assert v.get_failed_row_ids("y") == []
+    v.refresh()
+    assert v.count_rows() == 19 and v.get_failed_row_ids("y") == []

@@ -773,7 +773,32 @@ class Table(Indexed):
             filter=f"({id_col} IN ({', '.join(map(str, ids))})) AND {stale_sql(column, spec.fingerprint, versioned=not is_view)}",
             with_row_id=id_col == "_rowid",
         ).to_table()
-        return sorted(int(i) for i in still.column(Alias.KEY if id_col != "_rowid" else "_rowid").to_pylist())
+        failing = {int(i) for i in still.column(Alias.KEY if id_col != "_rowid" else "_rowid").to_pylist()}
+        if is_view:
+            failing |= self._never_computed(ids)
+        return sorted(failing)
+
+    def _never_computed(self, ids: list[int]) -> set[int]:
+        """Of source row ids a view's UDF failed on, those the view does not hold
+        though its source still has them, passing its filter: a refresh that
+        failed on them (``on_error="fail"``) committed nothing, so they are not
+        in the view, which is not their being fixed (a row deleted or no longer
+        passing the filter is). Views of one row per source row of one table."""
+        if not isinstance(self, MaterializedView):
+            return set()
+        definition = self.definition
+        if len(definition.sources) != 1 or not kind_of(definition).row_per_source_row:
+            return set()
+        listed = ", ".join(map(str, ids))
+        held = self._dataset().to_table(columns=[SOURCE_ROW_ID], filter=f"{SOURCE_ROW_ID} IN ({listed})")
+        missing = sorted(set(ids) - {int(i) for i in held.column(SOURCE_ROW_ID).to_pylist()})
+        if not missing:
+            return set()
+        where = f"_rowid IN ({', '.join(map(str, missing))})"
+        src = self.ref().source_dataset()
+        alive = src.to_table(columns=[], with_row_id=True,
+                             filter=f"({where}) AND ({definition.filter})" if definition.filter else where)
+        return {int(i) for i in alive.column("_rowid").to_pylist()}
 
     def get_failed_row_addresses(self, job_id: str | None, column_name: str) -> list[int]:
         """Row addresses (``_rowaddr``) of the rows whose ``column_name`` the
