@@ -368,8 +368,9 @@ def refresh(obj: _Ctx, views: tuple[str, ...], src_version: int | None, mode: st
                 with _follow(bars, f"refreshing {name}", as_json):
                     r = obj.view(name).refresh(src_version=src_version if name in views else None, mode=mode)
             except Exception as exc:
-                if isinstance(exc, (MvAssetsError, ValueError)) and not isinstance(exc, UdfError):
-                    raise
+                if (isinstance(exc, (MvAssetsError, ValueError)) and not isinstance(exc, UdfError)
+                        and not _recorded_failure(obj.view(name), exc)):
+                    raise  # refused or bad input, before the refresh did anything
                 click.echo(f"error: refresh of {name!r} failed: {type(exc).__name__}: {exc}", err=True)
                 if as_json:
                     _print_json([r.summary() for r in results])
@@ -381,6 +382,17 @@ def refresh(obj: _Ctx, views: tuple[str, ...], src_version: int | None, mode: st
         return
     for r in results:
         click.echo(_refreshed(r))
+
+
+def _recorded_failure(view: MaterializedView, exc: Exception) -> bool:
+    """Whether the refresh of ``view`` ran and failed with ``exc`` (its status
+    records it: FAILED_LOAD with that error), as a refresh that fails on its
+    data does (Lance's ValueError of a SQL cast, say): exit 1, not 2."""
+    try:
+        status = view.status()
+    except Exception:  # (the status unreadable: the error as it came)
+        return False
+    return status.load_state == "FAILED_LOAD" and status.last_error == f"{type(exc).__name__}: {exc}"
 
 
 def _moved(details: dict) -> str | None:
@@ -558,6 +570,9 @@ def errors(obj: _Ctx, table: str, column: str | None, job_id: str | None, failin
     whether the row still fails (no value computed since) or was fixed by a
     later backfill or refresh (or is gone)."""
     t = obj.db.open_table(table)
+    if column is not None and column not in t.schema.names:
+        raise click.BadParameter(f"{table!r} has no column {column!r} (its columns: {', '.join(t.schema.names)})",
+                                 param_hint="--column")
     records = t.get_errors(job_id=job_id, column_name=column)
     still = {c: set(t.get_failed_row_ids(c)) for c in sorted({r.column for r in records})}
     rows = [(r, r.row_id in still[r.column]) for r in records]

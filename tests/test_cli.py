@@ -77,11 +77,31 @@ def test_status_json_and_failed_load(catalog):
         (["refresh", "a", "--src-version", "99"], 2, "src_version must be between"),
         (["refresh", "a", "b", "--src-version", "1"], 2, "single view"),
         (["refresh", "a", "--mode", "sometimes"], 2, "Invalid value"),
+        (["errors", "a", "--column", "nosuch"], 2, "'a' has no column 'nosuch'"),
+        (["adopt", "nosuch"], 2, "nosuch"),
     ],
 )
 def test_bad_input_exit_codes(catalog, args, code, message):
+    import os
+
+    locks = os.path.join(catalog.uri, "_mv_assets", "locks")
+    before = sorted(os.listdir(locks)) if os.path.isdir(locks) else []
     r = run(catalog, *args)
     assert r.exit_code == code and message in r.output
+    after = sorted(os.listdir(locks)) if os.path.isdir(locks) else []
+    assert not [n for n in set(after) - set(before) if n.startswith(("nope", "nosuch"))]  # (no lock file of no table)
+
+
+def test_a_refresh_that_fails_on_its_data_exits_1_not_as_bad_input(catalog):
+    """A refresh that ran and failed on its data (Lance's ValueError of a SQL
+    cast) exited 2, the code of bad input, though its status says FAILED_LOAD."""
+    texts = catalog.create_table("texts", [{"id": i, "s": str(i)} for i in range(10)])
+    v = catalog.create_materialized_view("casts", texts.search(None).where("CAST(s AS INT) > 5"))
+    v.refresh()
+    texts.add([{"id": 100, "s": "abc"}])
+    r = run(catalog, "refresh", "casts")
+    assert r.exit_code == 1 and "refresh of 'casts' failed" in r.output
+    assert v.status().load_state == "FAILED_LOAD"
 
 
 def test_backfill_dry_run_errors_and_retry(tmp_path):

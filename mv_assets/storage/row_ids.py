@@ -174,6 +174,8 @@ def finish_interrupted(layout: Layout, name: str, *, lock_timeout: float | None 
     copy was complete, now finished; None when there was none to finish (an
     unfinished copy is removed)."""
     start = time.perf_counter()
+    if not objects.exists(layout.adoption(name)):  # (none under way: no lock taken, no lock file made)
+        return None
     with layout.lock(name, lock_timeout):
         return _adopted(layout, name, start, [], []) if recover(layout, name) else None
 
