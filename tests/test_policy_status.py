@@ -733,3 +733,34 @@ def test_the_status_reads_after_the_source_history_was_cleaned_up(db):
     j.refresh()
     assert (v.status().stale_count, j.status().stale_count) == (0, 0)
     assert v.count_rows() == 9 and j.count_rows() == 7  # (ids 5 and 8 joined k = 2)
+
+
+def test_stale_rows_and_versions_after_fragment_scoped_refreshes_are_those_left(db):
+    """What each Dagster partition run does, a refresh of some source
+    fragments, was not taken into account: the status counted every change
+    since the last whole refresh (17 rows, 2 versions behind) until every
+    fragment had been refreshed. The rows left are what the plan says."""
+    t = db.create_table("raw", [{"id": i, "x": i} for i in range(50)], primary_key="id")
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "x": "x"}))
+    v.refresh()
+    t.add([{"id": 100 + i, "x": i} for i in range(10)])
+    t.add([{"id": 200 + i, "x": i} for i in range(7)])
+
+    def left() -> int:
+        p = v.plan_refresh()
+        return p.rows_to_insert + p.rows_to_update + p.rows_to_delete
+
+    fragments = [f.fragment_id for f in lance.dataset(t.uri).get_fragments()]
+    v.refresh(fragments=fragments[:2])  # (the first two: the table's rows and the 10 added first)
+    s = v.status()
+    assert (s.stale_count, s.versions_behind) == (left(), 1) == (7, 1)
+    t.delete("id = 3")
+    t.update(where="id = 101", values={"x": 99})
+    s = v.status()
+    assert (s.stale_count, s.versions_behind) == (left(), 3) == (9, 3)
+    v.refresh(fragments=[f.fragment_id for f in lance.dataset(t.uri).get_fragments()][-1:])  # (the updated row's)
+    s = v.status()
+    assert (s.stale_count, s.versions_behind) == (left(), 1) == (7, 1)
+    v.refresh()
+    s = v.status()
+    assert (s.stale_count, s.versions_behind) == (0, 0)

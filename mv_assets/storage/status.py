@@ -228,6 +228,38 @@ def stale_count(src_uri: str, since: int | None, latest: int, ds: lance.LanceDat
     return changed + deleted
 
 
+def _scoped_staleness(view_ds: lance.LanceDataset, src: lance.LanceDataset, state: "RefreshState",
+                      pending: list[int]) -> tuple[int, int]:
+    """(stale rows, versions behind) of a view refreshed fragment by fragment
+    since its last whole refresh (what each Dagster partition run does): a row
+    changed since that refresh is current when a scoped refresh covered its
+    fragment at its version or later; deletions are applied in full by every
+    refresh, so only those after the newest scoped one are pending. A version
+    is behind while a row it wrote is not current, or when it came after the
+    newest scoped refresh."""
+    import numpy as np
+
+    from mv_assets.storage.state import scoped_since_whole
+
+    covered = scoped_since_whole(view_ds)
+    v0 = int(state.source_version or 0)
+    newest = max(covered.values(), default=v0)
+    rows = src.to_table(columns={"u": "_row_last_updated_at_version"}, with_row_address=True,
+                        filter=f"_row_last_updated_at_version > {v0}")
+    fragment = np.asarray(rows.column("_rowaddr").to_numpy(), np.uint64) >> np.uint64(32)
+    row_version = np.asarray(rows.column("u").to_numpy(), np.int64)
+    reached = np.array([covered.get(int(f), -1) for f in fragment.tolist()], np.int64)
+    behind_rows = row_version > reached
+    deleted = 0
+    if newest < src.version:
+        try:
+            deleted = src.delta(begin_version=newest, end_version=src.version).get_deleted_row_ids().read_all().num_rows
+        except (RuntimeError, ValueError, OSError):
+            deleted = 0  # (the history since was cleaned up: the rows written are what is known)
+    versions = set(row_version[behind_rows].tolist())
+    return int(behind_rows.sum()) + deleted, len([u for u in pending if u in versions or u > newest])
+
+
 def _has_version(ds: lance.LanceDataset, version: int) -> bool:
     return any(v["version"] == version for v in ds.versions())
 
@@ -402,7 +434,10 @@ def view_status(view: ViewRef, record: dict | None = None, source: "TableSummary
         stale = stale_count(view.source_uri, None, latest, src) + cardinality if replaced else (
             stale_count(view.source_uri, state.source_version, latest, src, view, SOURCE_ROW_ID)
             + _joined_stale(view, state))
-        behind = len(pending_source_versions(view, latest, state, src))
+        pending = pending_source_versions(view, latest, state, src)
+        behind = len(pending)
+        if state.scoped_since_whole and not replaced and len(view.definition.sources) == 1 and pending:
+            stale, behind = _scoped_staleness(ds, src, state, pending)
     standing = _standing(file, state)  # {}: the commits say it all
     load_state = standing.get("load_state") or (LOADED if state.load_number else NEVER_LOADED)
     last_error = standing.get("last_error")
