@@ -400,6 +400,31 @@ def test_udf_rows_resumed_counts_task_and_batch_checkpoints_alike(tmp_path):
     assert r.tasks_resumed == 2
 
 
+def test_rows_resumed_from_checkpoints_leave_out_rows_given_null_without_a_call(tmp_path):
+    """udf_rows_computed counts calls (a row with a NULL input is NULL without
+    one); rows read back from row checkpoints counted those rows too, so
+    computed + resumed came to more rows than the UDF is ever called on."""
+    db = _inline(tmp_path)
+    t = db.create_table("t", pa.table({"id": pa.array(range(200), pa.int64()),
+                                       "x": pa.array([None if i % 5 == 0 else i for i in range(200)], pa.int64())}))
+    flag = str(tmp_path / "fail")
+    open(flag, "w").close()
+
+    @mv.udf
+    def fragile(x: int) -> int:
+        if x == 171 and os.path.exists(flag):
+            raise RuntimeError("worker lost")
+        return x * 2
+
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": fragile}))
+    with pytest.raises(RuntimeError, match="worker lost"):
+        v.refresh(checkpoint_size=20)  # one task: its row batches of 20 checkpointed, then it dies
+    os.remove(flag)
+    r = v.refresh(checkpoint_size=20)
+    assert r.udf_rows_resumed["y"] > 0
+    assert r.udf_rows_computed["y"] + r.udf_rows_resumed["y"] == 160  # (the 40 NULL inputs are not calls)
+
+
 # -- many small fragments ------------------------------------------------------
 
 

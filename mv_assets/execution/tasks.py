@@ -594,8 +594,10 @@ def checkpointed_udf_columns(
         progress.resumed(int(found.sum()))
     for c in specs:
         udf_rows.setdefault(c.name, 0)
-        if resumed is not None:
-            resumed[c.name] = resumed.get(c.name, 0) + int(found.sum())
+        if resumed is not None:  # (rows a NULL input gave NULL without a call are not counted, as when computed)
+            mask = getattr(c.udf, "called_rows", None) if inputs is not None and found.any() else None
+            called = mask(inputs) if mask is not None else None
+            resumed[c.name] = resumed.get(c.name, 0) + int((found if called is None else found & called).sum())
     names = [n for c in specs for n in (c.name, computed_marker(c.name))]
     if found.all():
         if errors is not None:

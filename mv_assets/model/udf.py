@@ -1007,6 +1007,15 @@ class UDF:
             return self._apply_scalar(batch, errors)
         return self._apply_batched(batch, errors)
 
+    def called_rows(self, batch: pa.RecordBatch) -> "Any | None":
+        """A boolean NumPy mask of the rows of ``batch`` (its input columns)
+        ``apply`` calls the function on, None for every row: a scalar UDF
+        under ``skip_nulls`` gives a row with a NULL input NULL without a call."""
+        if self.kind != SCALAR or not self.skip_nulls or not self.param_names:
+            return None
+        kept = _rows_without_nulls([input_values(batch, c) for c in self.input_paths])
+        return None if kept is None else kept.to_numpy(zero_copy_only=False)
+
     # -- scalar UDFs: once per row --------------------------------------
     def _apply_scalar(self, batch: pa.RecordBatch, errors: list[RowError], fast: bool = True) -> tuple[pa.Array, int]:
         """``apply`` of a scalar UDF. What a row needs beyond the call is
