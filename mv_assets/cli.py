@@ -238,7 +238,8 @@ def _print_status(rows: list[dict]) -> None:
     for r in rows:
         if r["last_error"]:
             console.print(f"{r['name']}: last error: {r['last_error']}", highlight=False, soft_wrap=False)
-    console.print("behind: source versions since the view's that change what it reads\nstale: rows to refresh",
+    console.print("behind: source versions since the view's that change what it reads\n"
+                  "stale: source rows written or deleted since (some may not pass the view's filter)",
                   style="dim", highlight=False)
 
 
