@@ -591,3 +591,35 @@ def test_a_gap_in_the_versions_another_tool_left_is_seen(db):
         t.add(pa.table({"id": [301], "x": [0]}))
     ids = lance.dataset(t.uri).to_table(columns=["id"]).column("id").to_pylist()
     assert len(ids) == len(set(ids)) == 15
+
+
+def test_a_source_restored_to_a_version_from_before_its_stamp_is_the_same_table(db):
+    """A table's identity (storage.identity) lives in its Lance config: a
+    restore to a version from before a view stamped it took the stamp away,
+    and the table read as dropped and made again (the status said so, every
+    version behind, and the next refresh rebuilt the view). The version the
+    restore left still carries it: the same table, stamped again with it."""
+    from mv_assets.storage.identity import table_id
+
+    t = db.create_table("raw", [{"id": i, "x": i} for i in range(10)], primary_key="id")
+    t.add([{"id": 10, "x": 10}])
+    before = lance.dataset(t.uri).version  # (no view yet: no stamp)
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "x": "x"}))
+    j = db.create_materialized_view("j", db.open_table("raw").search(None).join(
+        db.create_table("dims", [{"x": i, "w": i * 2} for i in range(11)]), on="x").select({"id": "id", "w": "w"}))
+    v.refresh()
+    j.refresh()
+    stamp = table_id(lance.dataset(t.uri))
+    assert stamp is not None
+    lance.dataset(t.uri, version=before).restore()
+    assert table_id(lance.dataset(t.uri)) is None
+    for view in (v, j):
+        s = view.status()
+        assert (s.valid, s.last_error, s.stale_count) == (True, None, 0), (view.name, s)
+    lance.write_dataset(pa.table({"id": [20], "x": [3]}), t.uri, mode="append")
+    for view in (v, j):
+        assert "dropped" not in view.plan_refresh().reason
+        view.refresh()
+    assert table_id(lance.dataset(t.uri)) == stamp  # (stamped again with the identity it had)
+    assert sorted(v.to_arrow().column("id").to_pylist()) == list(range(11)) + [20]
+    assert v.status().versions_behind == 0 and j.status().versions_behind == 0

@@ -79,7 +79,7 @@ def start_plan(
     src_latest = _open_source(view)
     view_ds = view.dataset()
     state = read_refresh_state(view_ds)
-    source_id = table_id(src_latest)
+    source_id = table_id(src_latest, state.source_id)
     read_fields = read_field_ids(definition, src_latest)
     replaced = _replacement(view, state, source_id, read_fields, mode)
     foreign = foreign_writes(view_ds, state.view_version)

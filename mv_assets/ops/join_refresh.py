@@ -105,7 +105,7 @@ def _full_reason(view: ViewRef, join: Join, datasets: list[lance.LanceDataset], 
         if v is None:
             return f"no version of {name!r} recorded"
         recorded_id = (state.source_ids or {}).get(name)
-        if recorded_id is not None and recorded_id != table_id(ds):
+        if recorded_id is not None and recorded_id != table_id(ds, recorded_id):
             return f"the source {name!r} was dropped and created again (its table identity changed): rebuilt"
         if ds.version < v:
             return f"{name!r} is at version {ds.version}, older than the reflected version {v}"
@@ -461,7 +461,7 @@ def plan_join_refresh(
     view_ds = view.dataset()
     state = read_refresh_state(view_ds)
     versions = {n: ds.version for n, ds in zip(join.sources, datasets, strict=True)}
-    ids = {n: table_id(ds) for n, ds in zip(join.sources, datasets, strict=True)}
+    ids = {n: table_id(ds, (state.source_ids or {}).get(n)) for n, ds in zip(join.sources, datasets, strict=True)}
     why_full = _full_reason(view, join, datasets, view_ds, state, mode)
     if why_full is not None and mode == "incremental_strict" and state.source_version is not None:
         raise ValueError(f"refresh of {view.name!r} cannot be incremental: {why_full}")

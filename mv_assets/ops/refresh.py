@@ -419,7 +419,7 @@ def plan_refresh(
     src_latest = _open_source(view)
     view_ds = view.dataset()
     state = read_refresh_state(view_ds)
-    source_id = table_id(src_latest)
+    source_id = table_id(src_latest, state.source_id)
     if _unmoved(definition, src_latest, view_ds, state, source_id, src_version=src_version, mode=mode,
                 fragments=fragments, recompute=recompute):
         return _already_current(view, src_latest.version, view_ds.version, state, source_id=source_id)
@@ -459,8 +459,11 @@ def plan_refresh(
     work = _plan_work(place, src, view_ds, definition, how, v0, scope, scope_frags, recompute, appended, tainted,
                       moved, exact, scoped=state.scoped_since_whole,
                       only_new=appended is not None and _only_new_rows(commits))
-    return _refresh_plan(view.name, definition, src, view_ds, state, how, reason, scope, work, source_id=source_id,
+    plan = _refresh_plan(view.name, definition, src, view_ds, state, how, reason, scope, work, source_id=source_id,
                          repaired=foreign is not None, read_fields=read_fields)
+    if source_id is not None and table_id(src_latest) is None:  # (restored from before its stamp: stamped again)
+        plan.details["source_unstamped"] = True
+    return plan
 
 
 def _unmoved(definition: ViewDefinition, src: lance.LanceDataset, view_ds: lance.LanceDataset, state: RefreshState,
@@ -1341,7 +1344,8 @@ def _state_record(
         "udf_errors": errors,
         "seconds_per_row": _seconds_per_row(plan, results),
         # which table the source is: stamped now if another tool made it (storage.identity)
-        "source_id": plan.source_id or ensure_table_id(view.source_uri),
+        "source_id": (ensure_table_id(view.source_uri) if plan.source_id is None or plan.details.get("source_unstamped")
+                      else plan.source_id),
         "read_fields": plan.read_fields,
         "source_top_fragment": plan.source_top_fragment,
         # a view of several sources: every source's version and identity (ops.join_refresh)

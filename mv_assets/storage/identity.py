@@ -22,22 +22,52 @@ import lance
 
 from mv_assets.storage import objects
 
-__all__ = ["TABLE_ID_KEY", "table_id", "ensure_table_id"]
+__all__ = ["TABLE_ID_KEY", "table_id", "ensure_table_id", "restored_id"]
 
 TABLE_ID_KEY = "mv_assets.table_id"
 
 
-def table_id(ds: lance.LanceDataset) -> str | None:
-    """The dataset's identity, or None when nobody stamped it yet."""
-    return ds.config().get(TABLE_ID_KEY)
+def table_id(ds: lance.LanceDataset, recorded: str | None = None) -> str | None:
+    """The dataset's identity, or None when nobody stamped it yet.
+
+    ``recorded``: the identity a view recorded of it. A table restored to a
+    version from before it was stamped lost the stamp with the rest of that
+    version's config; it is still the table it was when the version its
+    restore left carries the stamp (looked for only then, the restore among
+    its last :data:`RESTORE_LOOKBACK` commits). Without this a restore read as
+    the table dropped and made again: every view over it was rebuilt."""
+    found = ds.config().get(TABLE_ID_KEY)
+    if found is not None or recorded is None:
+        return found
+    return restored_id(ds)
+
+
+RESTORE_LOOKBACK = 64
+
+
+def restored_id(ds: lance.LanceDataset) -> str | None:
+    """The identity the table carried before its newest restore (a commit
+    among its last :data:`RESTORE_LOOKBACK`), None without one."""
+    for v in range(ds.version, max(1, ds.version - RESTORE_LOOKBACK), -1):
+        try:
+            txn = objects.read_transaction(ds, v)
+        except Exception:  # (history cleaned up: nothing more to read)
+            return None
+        if type(getattr(txn, "operation", None)).__name__ == "Restore":
+            try:
+                return ds.checkout_version(v - 1).config().get(TABLE_ID_KEY)
+            except (ValueError, OSError):
+                return None
+    return None
 
 
 def ensure_table_id(uri: str) -> str:
-    """The identity of the dataset at ``uri``, stamping a new one if it has none."""
+    """The identity of the dataset at ``uri``, stamping one if it has none:
+    the one it carried before a restore that took it away, else a new one."""
     ds = objects.dataset(uri)
     found = table_id(ds)
     if found is not None:
         return found
-    ds.update_config({TABLE_ID_KEY: uuid.uuid4().hex})
+    ds.update_config({TABLE_ID_KEY: restored_id(ds) or uuid.uuid4().hex})
     # two stampers racing: the last commit wins (the loser's view rebuilds once more, never wrongly)
     return str(table_id(objects.dataset(uri)))

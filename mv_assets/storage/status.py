@@ -280,7 +280,8 @@ def source_replaced(view: ViewRef, state: "RefreshState", src: lance.LanceDatase
     """Whether the view's source was dropped and created again since the view
     recorded it (storage.identity): every version of the new table is pending.
     ``src``: the source, already open."""
-    return state.source_id is not None and table_id(src if src is not None else view.source_dataset()) != state.source_id
+    return state.source_id is not None and table_id(src if src is not None else view.source_dataset(),
+                                                    state.source_id) != state.source_id
 
 
 def pending_source_versions(
@@ -339,7 +340,7 @@ def joined_pending(view: ViewRef, state: "RefreshState") -> dict[str, list[int]]
         ds = objects.dataset(uri)
         reflected = (state.sources or {}).get(name)
         recorded_id = (state.source_ids or {}).get(name)
-        if reflected is None or (recorded_id is not None and recorded_id != table_id(ds)):
+        if reflected is None or (recorded_id is not None and recorded_id != table_id(ds, recorded_id)):
             out[name] = list(range(1, ds.version + 1))
             continue
         computed = [c for c in join.reads(i) if c in computed_column_names(ds.schema)]
