@@ -301,8 +301,9 @@ def plan(obj: _Ctx, view: str, src_version: int | None, mode: str, as_json: bool
     p = v.plan_refresh(src_version=src_version, mode=mode)
     s = p.summary()
     request = v.resource_request()
+    refused = v.source_behind()  # (the plan is against its source view as it is; refresh would refuse)
     if as_json:
-        _print_json({**s, "resources": request.hints_dict() if request else None})
+        _print_json({**s, "resources": request.hints_dict() if request else None, "refresh_refused": refused})
         return
     moved = _moved(p.details)
     head = (f"{s['view']}: {moved} ({s['reason']})" if moved is not None else
@@ -314,6 +315,7 @@ def plan(obj: _Ctx, view: str, src_version: int | None, mode: str, as_json: bool
         + _work_text(p.details)
         + (f"\n  each task asks for {request.describe()} (scheduled on a Spark cluster; see docs/deploy.md)"
            if request else "")
+        + (f"\n  refresh would refuse: {refused}" if refused else "")
     )
 
 

@@ -48,6 +48,9 @@ def test_plan_and_refresh_in_lineage_order(catalog):
     assert r.exit_code == 0 and json.loads(r.output)["rows_to_insert"] == 5
     r = run(catalog, "refresh", "b")
     assert r.exit_code == 3 and "refresh 'a' first" in r.output
+    r = run(catalog, "plan", "b")  # (against 'a' as it is, saying what refresh refuses: it said only "current")
+    assert r.exit_code == 0 and "refresh would refuse" in r.output and "refresh 'a' first" in r.output
+    assert "refresh 'a' first" in json.loads(run(catalog, "plan", "b", "--json").output)["refresh_refused"]
     r = run(catalog, "refresh", "b", "--upstream", "--json")
     assert r.exit_code == 0, r.output
     assert [x["view"] for x in json.loads(r.output)] == ["a", "b"]

@@ -39,7 +39,7 @@ from mv_assets.model.definition import (
     sql_literal,
     stored_columns,
 )
-from mv_assets.model.errors import TableNotFoundError
+from mv_assets.model.errors import SourceBehindError, TableNotFoundError
 from mv_assets.model.join_agg_view import JOIN_AGG_KIND
 from mv_assets.model.kinds import kind_of
 from mv_assets.model.markers import current_sql, stale_sql
@@ -1384,6 +1384,16 @@ class MaterializedView(Table):
             parallelism=self._refresh_parallelism(runner, concurrency),
         )
         return _with_fragment_size(plan, max_rows_per_fragment)
+
+    def source_behind(self) -> str | None:
+        """Why :meth:`refresh` would refuse to start now (a view it reads is
+        behind its own source: refresh that first, or ``upstream=True``), or
+        None. :meth:`plan_refresh` plans against the source as it is."""
+        try:
+            self.connection._check_source_current(self)
+        except SourceBehindError as exc:
+            return str(exc)
+        return None
 
     def _refresh_checkpoint_size(self, given: int | None) -> int | None:
         """``given``, else the smallest ``@udf(checkpoint_size=)`` of the view's UDFs (None: sized by time)."""
