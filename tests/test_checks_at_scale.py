@@ -265,3 +265,19 @@ def test_a_null_the_udf_returned_is_a_value_a_skipped_failure_is_missing(tmp_pat
         assert by["udf_values_present"].passed, (v.name, by["udf_values_present"])
         by = {o.name: o for o in v.check()}
         assert by["udf_values_present"].metadata["missing_by_column"] == {"y": 1}, v.name
+
+
+def test_check_of_a_view_whose_only_nulls_the_udf_returned(tmp_path):
+    """Every NULL of the column returned by the UDF (nothing skipped): the rows
+    left to look at were none, and the check built ``_rowid IN ()``."""
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(10)], primary_key="id")
+
+    @mv.udf
+    def half(x: int) -> int:
+        return None if x % 2 else x // 2
+
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": half}))
+    v.refresh()
+    for scope in ("full", "last_refresh"):
+        assert all(o.passed for o in v.check(scope=scope)), scope

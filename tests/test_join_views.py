@@ -721,7 +721,8 @@ def test_the_cli_says_which_sources_moved_and_how_the_view_was_refreshed(db):
     pa.array([datetime.datetime(2020, 1, 1, i, tzinfo=datetime.timezone.utc) for i in range(4)],
              pa.timestamp("ms", tz="America/New_York")),
     pa.array([decimal.Decimal(f"{i}.50") for i in range(4)], pa.decimal128(10, 2)),
-], ids=["timestamp_ns", "timestamp_zoned", "decimal"])
+    pa.array([decimal.Decimal(f"{i}.50") for i in range(4)], pa.decimal256(40, 2)),
+], ids=["timestamp_ns", "timestamp_zoned", "decimal", "decimal256"])
 def test_timestamp_and_decimal_keys_match_through_the_key_filter(db, keys):
     """A refresh reads the joined rows whose keys can match through an IN
     filter of SQL literals: a nanosecond or zoned timestamp key matched

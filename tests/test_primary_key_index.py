@@ -306,6 +306,10 @@ def test_a_key_of_a_timestamp_or_decimal_type_is_found(db):
         "zoned": pa.array([dt.datetime(2020, 1, 1, 12, tzinfo=dt.timezone.utc), dt.datetime(2021, 1, 1)],
                           pa.timestamp("ms", tz="America/New_York")),
         "dec": pa.array([decimal.Decimal("1.50"), decimal.Decimal("2.00")], pa.decimal128(10, 2)),
+        "dec256": pa.array([decimal.Decimal("1.50"), decimal.Decimal("2.00")], pa.decimal256(40, 2)),  # (> 38 digits)
+        "time": pa.array([dt.time(1, 2, 3, 4), dt.time(5)], pa.time64("us")),  # (no SQL literal: every add failed)
+        "time32": pa.array([dt.time(1, 2, 3), dt.time(5)], pa.time32("s")),
+        "duration": pa.array([1500, 7], pa.duration("ms")),
     }
     for name, k in cases.items():
         t = db.create_table(name, pa.table({"k": k, "x": [1, 1]}), primary_key="k")

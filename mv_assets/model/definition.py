@@ -77,25 +77,40 @@ def sql_literals(values: "pa.Array | pa.ChunkedArray") -> list[str]:
     """SQL literals of an Arrow array's values (``NULL`` for a null), typed as
     the column holding them: a timestamp as its integer cast to its own type
     (a ``TIMESTAMP '...'`` literal is microseconds without a zone to Lance:
-    nanoseconds and zoned timestamps matched nothing), a decimal cast to its
-    precision and scale (a plain ``1.50`` is a float to Lance, which refuses
-    to compare it); other values as :func:`sql_literal` writes them.
+    nanoseconds and zoned timestamps matched nothing; times and durations
+    have no literal at all), a decimal cast to its own type (a plain ``1.50``
+    is a float to Lance, which refuses to compare it); other values as
+    :func:`sql_literal` writes them.
 
     >>> import decimal
     >>> print(*sql_literals(pa.array([1, None], pa.timestamp("ns", tz="UTC"))))
     arrow_cast(1, 'Timestamp(Nanosecond, Some("UTC"))') NULL
-    >>> sql_literals(pa.array([decimal.Decimal("1.50")], pa.decimal128(10, 2)))
-    ["CAST('1.50' AS DECIMAL(10,2))"]
+    >>> print(*sql_literals(pa.array([decimal.Decimal("1.50")], pa.decimal256(40, 2))))
+    arrow_cast('1.50', 'Decimal256(40, 2)')
     """
     t = values.type
-    if pa.types.is_timestamp(t):
-        zone = "None" if t.tz is None else f'Some("{t.tz}")'  # pyright: ignore[reportAttributeAccessIssue]
-        kind = f"Timestamp({_TIME_UNITS[t.unit]}, {zone})"  # pyright: ignore[reportAttributeAccessIssue]
-        return ["NULL" if v is None else f"arrow_cast({int(v)}, '{kind}')" for v in values.cast(pa.int64()).to_pylist()]
-    if pa.types.is_decimal(t):
-        return ["NULL" if v is None else f"CAST('{v}' AS DECIMAL({t.precision},{t.scale}))"  # pyright: ignore[reportAttributeAccessIssue]
+    kind = _arrow_cast_type(t)
+    if kind is not None:  # (its integer storage cast to its own type)
+        raw = values.cast(pa.int32() if pa.types.is_time32(t) else pa.int64()).to_pylist()
+        return ["NULL" if v is None else f"arrow_cast({int(v)}, '{kind}')" for v in raw]
+    if pa.types.is_decimal(t):  # (DECIMAL(p, s) is a Decimal128 to Lance: a precision above 38 is refused)
+        width = 256 if pa.types.is_decimal256(t) else 128
+        return ["NULL" if v is None else f"arrow_cast('{v}', 'Decimal{width}({t.precision}, {t.scale})')"  # pyright: ignore[reportAttributeAccessIssue]
                 for v in values.to_pylist()]
     return [sql_literal(v) for v in values.to_pylist()]
+
+
+def _arrow_cast_type(t: pa.DataType) -> str | None:
+    """The type ``arrow_cast`` names for a temporal type stored as an integer
+    (timestamp, time, duration), None for others."""
+    if pa.types.is_timestamp(t):
+        zone = "None" if t.tz is None else f'Some("{t.tz}")'  # pyright: ignore[reportAttributeAccessIssue]
+        return f"Timestamp({_TIME_UNITS[t.unit]}, {zone})"  # pyright: ignore[reportAttributeAccessIssue]
+    if pa.types.is_time32(t) or pa.types.is_time64(t):
+        return f"Time{t.bit_width}({_TIME_UNITS[t.unit]})"  # pyright: ignore[reportAttributeAccessIssue]
+    if pa.types.is_duration(t):
+        return f"Duration({_TIME_UNITS[t.unit]})"  # pyright: ignore[reportAttributeAccessIssue]
+    return None
 
 
 def tracked_source_columns(schema: pa.Schema) -> list[str]:

@@ -180,7 +180,7 @@ def _udf_values_present(view: ViewRef, src, view_tbl: pa.Table, keys: np.ndarray
             continue
         null_keys = keys[_lacking(view_tbl, spec.name)]
         inputs = spec.udf.input_columns if spec.udf is not None else []
-        if not inputs or not spec.the_udf.skip_nulls:
+        if not len(null_keys) or not inputs or not spec.the_udf.skip_nulls:
             missing_values[spec.name] = int(len(null_keys))
             continue
         rows = src.to_table(

@@ -207,11 +207,11 @@ def _standing(record: dict, state: "RefreshState") -> dict:
 
 
 def stale_count(src_uri: str, since: int | None, latest: int, ds: lance.LanceDataset | None = None,
-                held: "ViewRef | None" = None, held_ids: str = "") -> int:
+                held: "lance.LanceDataset | None" = None, held_ids: str = "") -> int:
     """Source rows inserted, updated or deleted after version ``since`` (``ds``:
     the source at ``latest``, already open). Where the history since ``since``
     was cleaned up (its deletions cannot be read), the rows deleted are those
-    the view ``held`` holds (its column ``held_ids``: their source row ids)
+    the view ``held`` (its dataset) holds (its column ``held_ids``: their source row ids)
     that the source no longer has: the deletions its next refresh applies."""
     ds = ds if ds is not None and ds.version == latest else objects.dataset(src_uri, version=latest)
     if since is None:
@@ -264,11 +264,11 @@ def _has_version(ds: lance.LanceDataset, version: int) -> bool:
     return any(v["version"] == version for v in ds.versions())
 
 
-def _held_gone(view: ViewRef, column: str, src: lance.LanceDataset) -> int:
-    """Rows of ``view`` whose source row (id in ``column``) ``src`` no longer has."""
+def _held_gone(view_ds: lance.LanceDataset, column: str, src: lance.LanceDataset) -> int:
+    """Source rows (ids in ``column`` of the view ``view_ds``) ``src`` no longer has."""
     import numpy as np
 
-    held = view.dataset().to_table(columns=[column]).column(column).drop_null()
+    held = view_ds.to_table(columns=[column]).column(column).drop_null()
     if len(held) == 0:
         return 0
     alive = src.to_table(columns=[], with_row_id=True).column("_rowid").cast(pa.int64())
@@ -306,10 +306,13 @@ def pending_source_versions(
 def _joined_stale(view: ViewRef, state: "RefreshState") -> int:
     """A join view's joined tables: their rows changed since the versions it reflects (0: one source)."""
     total = 0
+    under = is_join_under(view.source)  # a join aggregate: its tables' row ids are the join's under it
+    held = view.source_dataset() if under else view.dataset()
     for i, name in enumerate(view.definition.sources[1:], start=1):
         uri = view.layout.table_uri(name)
         ds = objects.dataset(uri)
-        total += stale_count(uri, (state.sources or {}).get(name), ds.version, ds, view, row_id_column(i))
+        total += stale_count(uri, (state.sources or {}).get(name), ds.version, ds, held,
+                             row_id_column(i - 1 if under else i))
     return total
 
 
@@ -433,7 +436,8 @@ def view_status(view: ViewRef, record: dict | None = None, source: "TableSummary
         replaced = source_replaced(view, state, src)
         # a recreated source: every row of the view and of the new table is stale
         stale = stale_count(view.source_uri, None, latest, src) + cardinality if replaced else (
-            stale_count(view.source_uri, state.source_version, latest, src, view, SOURCE_ROW_ID)
+            stale_count(view.source_uri, state.source_version, latest, src,
+                        None if is_join_under(view.source) else ds, SOURCE_ROW_ID)
             + _joined_stale(view, state))
         pending = pending_source_versions(view, latest, state, src)
         behind = len(pending)
