@@ -377,24 +377,30 @@ def test_refreshing_to_a_version_before_a_read_column_existed_says_so(tmp_path):
 # -- resume counts -----------------------------------------------------------
 
 
-def test_udf_rows_resumed_counts_task_and_batch_checkpoints_alike(tmp_path):
-    db = _inline(tmp_path)
-    t = db.create_table("t", [{"id": i, "x": i} for i in range(300)])
+def _refreshed_after_dying_at(tmp_path, db, t, at: int, **refresh_args):
+    """A view ``y = 2 * x`` of ``t`` whose refresh dies on the row ``x == at``
+    (``refresh_args``: its checkpoints and tasks), refreshed again: the result."""
     flag = str(tmp_path / "fail")
     open(flag, "w").close()
 
     @mv.udf
     def fragile(x: int) -> int:
-        if x == 250 and os.path.exists(flag):
+        if x == at and os.path.exists(flag):
             raise RuntimeError("worker lost")
         return x * 2
 
     v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": fragile}))
     with pytest.raises(RuntimeError, match="worker lost"):
-        # tasks of 100 rows: two finish (task checkpoints), the third dies after two batches of 20
-        v.refresh(checkpoint_size=20, max_rows_per_task=100)
+        v.refresh(**refresh_args)
     os.remove(flag)
-    r = v.refresh(checkpoint_size=20, max_rows_per_task=100)
+    return v.refresh(**refresh_args)
+
+
+def test_udf_rows_resumed_counts_task_and_batch_checkpoints_alike(tmp_path):
+    db = _inline(tmp_path)
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(300)])
+    # tasks of 100 rows: two finish (task checkpoints), the third dies after two batches of 20
+    r = _refreshed_after_dying_at(tmp_path, db, t, 250, checkpoint_size=20, max_rows_per_task=100)
     assert r.udf_rows_computed == {"y": 60}  # computed in this call
     assert r.udf_rows_resumed == {"y": 240}  # 200 from finished tasks + 40 from row checkpoints
     assert r.tasks_resumed == 2
@@ -407,20 +413,8 @@ def test_rows_resumed_from_checkpoints_leave_out_rows_given_null_without_a_call(
     db = _inline(tmp_path)
     t = db.create_table("t", pa.table({"id": pa.array(range(200), pa.int64()),
                                        "x": pa.array([None if i % 5 == 0 else i for i in range(200)], pa.int64())}))
-    flag = str(tmp_path / "fail")
-    open(flag, "w").close()
-
-    @mv.udf
-    def fragile(x: int) -> int:
-        if x == 171 and os.path.exists(flag):
-            raise RuntimeError("worker lost")
-        return x * 2
-
-    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": fragile}))
-    with pytest.raises(RuntimeError, match="worker lost"):
-        v.refresh(checkpoint_size=20)  # one task: its row batches of 20 checkpointed, then it dies
-    os.remove(flag)
-    r = v.refresh(checkpoint_size=20)
+    # one task: its row batches of 20 checkpointed, then it dies
+    r = _refreshed_after_dying_at(tmp_path, db, t, 171, checkpoint_size=20)
     assert r.udf_rows_resumed["y"] > 0
     assert r.udf_rows_computed["y"] + r.udf_rows_resumed["y"] == 160  # (the 40 NULL inputs are not calls)
 

@@ -1553,9 +1553,10 @@ class MaterializedView(Table):
         if not joined:
             self.connection._check_source_current(self)
         with self.connection._refresh_lock(self.name, lock_timeout):
+            join_job = f"refresh-{self.refresh_state().load_number + 1}-join" if joined else None
             try:
                 if joined:  # joins and GROUP BY: the join kept under it first (its lock taken after this one's)
-                    self._refresh_join_under(src_version, mode, runner, checkpoint_size, lock_timeout)
+                    self._refresh_join_under(src_version, mode, runner, checkpoint_size, lock_timeout, join_job)
                     src_version = None
                     self.connection._check_source_current(self)
                 ref = self.ref()
@@ -1568,30 +1569,25 @@ class MaterializedView(Table):
                 plan = _with_fragment_size(plan, max_rows_per_fragment)
             except BaseException as exc:
                 if joined:  # (its status says LOADING since the join began: it says why it stopped)
-                    record_load_state(self.connection.layout, self.name, FAILED_LOAD, f"{type(exc).__name__}: {exc}")
+                    record_load_state(self.connection.layout, self.name, FAILED_LOAD, f"{type(exc).__name__}: {exc}",
+                                      job_id=join_job)
                 raise
             return self._execute_refresh(ref, plan, runner, job_id)
 
     def _refresh_join_under(self, src_version: int | None, mode: str, runner: "Runner | None",
-                            checkpoint_size: int | None, lock_timeout: float | None) -> None:
+                            checkpoint_size: int | None, lock_timeout: float | None, job_id: str | None) -> None:
         """A join aggregate's join (model.join_agg_view), brought up to date by
         the delta rule: a view of its own, refreshed under its own lock. The
-        aggregate's own status says it: LOADING while its join is refreshed
-        (a process killed meanwhile reads as failed), FAILED_LOAD with the
-        error when that fails (the join is never listed: its own record is
-        not what anyone reads)."""
+        aggregate's own status says it: LOADING (as job ``job_id``) while its
+        join is refreshed, a process killed meanwhile reading as failed; a
+        failure is recorded by :meth:`refresh` (the join is never listed: its
+        own record is not what anyone reads)."""
         under = self.connection.open_table(self.definition.source)
         assert isinstance(under, MaterializedView)
-        layout = self.connection.layout
-        number = self.refresh_state().load_number + 1
-        job_id = f"refresh-{number}-join"
-        record_load_state(layout, self.name, LOADING, load_number=number, job_id=job_id)
-        try:
-            under.refresh(src_version=src_version, mode=mode, runner=runner, checkpoint_size=checkpoint_size,
-                          lock_timeout=lock_timeout)
-        except BaseException as exc:
-            record_load_state(layout, self.name, FAILED_LOAD, f"{type(exc).__name__}: {exc}", job_id=job_id)
-            raise
+        record_load_state(self.connection.layout, self.name, LOADING, load_number=self.refresh_state().load_number + 1,
+                          job_id=job_id)
+        under.refresh(src_version=src_version, mode=mode, runner=runner, checkpoint_size=checkpoint_size,
+                      lock_timeout=lock_timeout)
 
     def _execute_refresh(self, ref: ViewRef, plan: RefreshPlan, runner: "Runner | None",
                          job_id: str | None) -> RefreshResult:

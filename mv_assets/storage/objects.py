@@ -241,9 +241,13 @@ def _note_newest(uri: str, version: int) -> None:
     except OSError:
         return
     if _manifest_signature(uri, version + 1) is None:  # (looked at after the stat: one written since shows)
-        if len(_LISTED) >= _KEPT_MAX:
-            _LISTED.clear()
-        _LISTED[uri] = (st.st_ino, st.st_mtime_ns, version)
+        _hold_newest(uri, st, version)
+
+
+def _hold_newest(uri: str, st: os.stat_result, version: int) -> None:
+    if len(_LISTED) >= _KEPT_MAX:
+        _LISTED.clear()
+    _LISTED[uri] = (st.st_ino, st.st_mtime_ns, version)
 
 
 def _newest_listed(uri: str) -> int | None:
@@ -265,11 +269,8 @@ def _newest_listed(uri: str) -> int | None:
     v2 = [n for n in names if len(n) == _V2_MANIFEST and n[:20].isdigit()]
     v1 = [int(n[:-9]) for n in names if len(n) != _V2_MANIFEST and n[:-9].isdigit()]
     newest = max(([(1 << 64) - 1 - int(min(v2)[:20])] if v2 else []) + v1, default=None)
-    if newest is None:
-        return None
-    if len(_LISTED) >= _KEPT_MAX:
-        _LISTED.clear()
-    _LISTED[uri] = (st.st_ino, st.st_mtime_ns, newest)
+    if newest is not None:
+        _hold_newest(uri, st, newest)
     return newest
 
 

@@ -220,12 +220,17 @@ def stale_count(src_uri: str, since: int | None, latest: int, ds: lance.LanceDat
         return 0
     changed = ds.count_rows(filter=f"_row_last_updated_at_version > {int(since)}")
     try:
-        deleted = ds.delta(begin_version=since, end_version=latest).get_deleted_row_ids().read_all().num_rows
+        deleted = _deleted_since(ds, since)
     except (RuntimeError, ValueError, OSError):
         if held is None or _has_version(ds, since):
             raise
         deleted = _held_gone(held, held_ids, ds)
     return changed + deleted
+
+
+def _deleted_since(ds: lance.LanceDataset, since: int) -> int:
+    """Rows of ``ds`` deleted after version ``since`` (read from its history: it raises once that was cleaned up)."""
+    return ds.delta(begin_version=since, end_version=ds.version).get_deleted_row_ids().read_all().num_rows
 
 
 def _scoped_staleness(view_ds: lance.LanceDataset, src: lance.LanceDataset, state: "RefreshState",
@@ -253,7 +258,7 @@ def _scoped_staleness(view_ds: lance.LanceDataset, src: lance.LanceDataset, stat
     deleted = 0
     if newest < src.version:
         try:
-            deleted = src.delta(begin_version=newest, end_version=src.version).get_deleted_row_ids().read_all().num_rows
+            deleted = _deleted_since(src, newest)
         except (RuntimeError, ValueError, OSError):
             deleted = 0  # (the history since was cleaned up: the rows written are what is known)
     versions = set(row_version[behind_rows].tolist())
@@ -434,15 +439,16 @@ def view_status(view: ViewRef, record: dict | None = None, source: "TableSummary
         cardinality = ds.count_rows()
         latest = src.version
         replaced = source_replaced(view, state, src)
-        # a recreated source: every row of the view and of the new table is stale
-        stale = stale_count(view.source_uri, None, latest, src) + cardinality if replaced else (
-            stale_count(view.source_uri, state.source_version, latest, src,
-                        None if is_join_under(view.source) else ds, SOURCE_ROW_ID)
-            + _joined_stale(view, state))
         pending = pending_source_versions(view, latest, state, src)
-        behind = len(pending)
         if state.scoped_since_whole and not replaced and len(view.definition.sources) == 1 and pending:
             stale, behind = _scoped_staleness(ds, src, state, pending)
+        else:
+            # a recreated source: every row of the view and of the new table is stale
+            stale = stale_count(view.source_uri, None, latest, src) + cardinality if replaced else (
+                stale_count(view.source_uri, state.source_version, latest, src,
+                            None if is_join_under(view.source) else ds, SOURCE_ROW_ID)
+                + _joined_stale(view, state))
+            behind = len(pending)
     standing = _standing(file, state)  # {}: the commits say it all
     load_state = standing.get("load_state") or (LOADED if state.load_number else NEVER_LOADED)
     last_error = standing.get("last_error")
