@@ -3,6 +3,7 @@ commits a Lance Append (an Update derives version metadata per row in the
 commit), task output is written in large chunks, and a cheap UDF's paced
 checkpoints never build input identities they do not save."""
 
+import json
 import shutil
 
 import lance
@@ -975,3 +976,46 @@ def test_a_refresh_with_nothing_new_reads_no_history(tmp_path, monkeypatch):
     assert "created again" in view.plan_refresh().reason
     assert view.refresh().full
     assert actual_view(view) == expected_view(src.uri, version, lambda row: row["x"] % 3 != 0, _project)
+
+
+def test_a_task_run_in_process_hands_over_its_fragments_and_sends_them_as_json(tmp_path, monkeypatch):
+    """A task run in this process hands its view fragments to the commit as
+    Lance's FragmentMetadata (no JSON made and read back); a result sent from
+    a worker (or read from a task checkpoint) carries them as JSON, and both
+    commit the same rows."""
+    made: list[int] = []
+    real = tasks.TaskResult.fragment_json
+    monkeypatch.setattr(tasks.TaskResult, "fragment_json", lambda self: (made.append(1), real(self))[1])
+    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(30)], primary_key="id")
+    view = db.create_materialized_view("v", src.search(None).where("x % 4 != 0").select({"id": "id", "y": plus}))
+    view.refresh()
+    src.add([{"id": i, "x": i} for i in range(30, 40)])
+    assert view.refresh().rows_inserted == 8 and made == []
+    assert actual_view(view) == expected_view(src.uri, src.version, lambda row: row["x"] % 4 != 0, _project)
+    # over the wire: JSON, read back as the same fragments
+    ds = lance.dataset(view.uri)
+    result = tasks.TaskResult(task_id="t", metas=[f.metadata for f in ds.get_fragments()], rows_written=3)
+    sent = tasks.TaskResult.from_json(result.to_json())
+    assert "metas" not in json.loads(result.to_json()) and sent.metas == []
+    assert sent.fragments == [f.metadata.to_json() for f in ds.get_fragments()]
+    assert sent.fragment_metadata() == result.fragment_metadata()
+
+
+def test_a_table_dropped_or_made_again_is_seen_while_its_newest_version_is_held(tmp_path):
+    """Whether a dataset is there is read from its versions directory (held
+    while the directory is as it was when this process last listed or
+    committed): a dropped table reads as gone, one made again as there."""
+    from mv_assets.storage import objects
+
+    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": 1, "x": 1}], primary_key="id")
+    src.add([{"id": 2, "x": 2}])  # (a commit of this process: its newest version held)
+    assert objects.is_dataset(src.uri)
+    shutil.rmtree(src.uri)
+    assert not objects.is_dataset(src.uri)
+    (tmp_path / "src.lance" / "_versions").mkdir(parents=True)  # an empty versions directory: no dataset
+    assert not objects.is_dataset(src.uri)
+    shutil.rmtree(src.uri)
+    lance.write_dataset(pa.table({"id": [5]}), src.uri)
+    assert objects.is_dataset(src.uri)

@@ -20,6 +20,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
+from lance.fragment import FragmentMetadata
 
 from mv_assets.execution import blobs, progress
 from mv_assets.execution.agg_tasks import agg_batches
@@ -58,7 +59,8 @@ __all__ = [
 def _shallow(obj: object) -> dict:
     """A dataclass's fields as a dict, not copied (``asdict`` deep-copies every
     nested list and dict: ~0.3 ms a small refresh, for JSON that reads them as they are)."""
-    return {f.name: getattr(obj, f.name) for f in fields(obj)}  # pyright: ignore[reportArgumentType]
+    return {f.name: getattr(obj, f.name) for f in fields(obj)  # pyright: ignore[reportArgumentType]
+            if f.metadata.get("wire", True)}
 
 
 @dataclass
@@ -121,7 +123,10 @@ class TaskSpec:
 @dataclass
 class TaskResult:
     task_id: str
-    fragments: list[dict] = field(default_factory=list)  # FragmentMetadata JSON
+    # the view fragments written, as FragmentMetadata JSON: what travels (from a Spark worker, in a
+    # task checkpoint); a task run in this process hands over the FragmentMetadata itself
+    # (``metas``), made JSON only when the result is (:meth:`to_json`; ~0.1 ms a fragment)
+    fragments: list[dict] = field(default_factory=list)
     rows_written: int = 0
     udf_rows: dict[str, int] = field(default_factory=dict)  # rows each UDF computed in this run
     # rows whose results came from checkpoints instead (row checkpoints of an
@@ -140,9 +145,21 @@ class TaskResult:
     # a join task reading first-table rows by id: the fragments (where they are now) of those whose
     # view rows it wrote or removed (its partitions whose rows change: ops.join_refresh)
     first_fragments: list[int] = field(default_factory=list)
+    metas: list = field(default_factory=list, repr=False, compare=False, metadata={"wire": False})
 
     def to_json(self) -> str:
-        return json.dumps(_shallow(self))
+        out = _shallow(self)
+        if self.metas:
+            out["fragments"] = self.fragment_json()
+        return json.dumps(out)
+
+    def fragment_json(self) -> list[dict]:
+        """The view fragments written, as FragmentMetadata JSON."""
+        return [m.to_json() for m in self.metas] if self.metas else self.fragments
+
+    def fragment_metadata(self) -> list:
+        """The view fragments written, as Lance's FragmentMetadata."""
+        return self.metas or [FragmentMetadata.from_json(json.dumps(f)) for f in self.fragments]
 
     @staticmethod
     def from_json(raw: str) -> "TaskResult":
@@ -863,7 +880,7 @@ def _run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
     resumed: dict[str, int] = {}
     stats: dict = {}
     batches = _task_batches(spec, definition, ds, view_schema, udf_rows, errors, resumed, clock, stats)
-    fragments: list[dict] = []
+    metas: list = []
     rows_path = None
     if spec.recompute is None and not definition.shuffle and _overlaps(spec, definition):
         # UDF columns: each batch is written while the next ones are computed (execution.pipeline)
@@ -879,7 +896,6 @@ def _run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
             return metas
 
         metas = write_behind(batches, write)
-        fragments = [m.to_json() for m in metas]
         rows_written = sum(int(f.physical_rows or 0) for f in metas)
     else:
         # Computed first, then written: streaming the batches into Lance's writer was
@@ -899,12 +915,11 @@ def _run_task(spec: TaskSpec, definition_raw: bytes) -> TaskResult:
         elif table.num_rows:
             metas = objects.write_fragments(table, spec.view_uri, schema=view_schema,
                                             max_rows_per_file=spec.max_rows_per_file)
-            fragments = [m.to_json() for m in metas]  # plain dicts
         if clock is not None:
             clock.add("write_s", time.perf_counter() - written)
     result = TaskResult(
         task_id=spec.task_id,
-        fragments=fragments,
+        metas=metas,
         rows_written=rows_written,
         udf_rows=udf_rows,
         udf_rows_resumed=resumed,

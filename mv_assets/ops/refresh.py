@@ -1396,7 +1396,7 @@ def _view_changes(view: ViewRef, plan: RefreshPlan, results: list[TaskResult]):
         removed, updated = [f.fragment_id for f in view_ds.get_fragments()], []
     else:
         removed, updated = _deletions(view_ds, keys, addrs, plan.keys.remove_from_view)
-    return removed, updated, [FragmentMetadata.from_json(json.dumps(f)) for r in results for f in r.fragments]
+    return removed, updated, [m for r in results for m in r.fragment_metadata()]
 
 
 def refresh_job_id(plan: RefreshPlan) -> str:
@@ -1416,9 +1416,10 @@ def _nothing_done(view: ViewRef, plan: RefreshPlan, seconds: float) -> RefreshRe
     )
 
 
-def _index_upkeep(uri: str, rebuild: "list[indexes.IndexSpec] | None" = None, version: int | None = None) -> dict:
-    """Bring the view's indexes up to date after its commit (``version``; storage.indexes.catch_up)."""
-    done = indexes.catch_up(uri, rebuild, version)
+def _index_upkeep(uri: str, rebuild: "list[indexes.IndexSpec] | None" = None,
+                  committed: lance.LanceDataset | None = None) -> dict:
+    """Bring the view's indexes up to date after its commit (``committed``; storage.indexes.catch_up)."""
+    done = indexes.catch_up(uri, rebuild, committed.version if committed is not None else None, ds=committed)
     if not done.did_anything:
         return {}
     return {"updated": done.updated, "rebuilt": done.rebuilt, "failed": done.failed}
@@ -1536,7 +1537,7 @@ def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner", job_id: 
     if plan.after_commit is not None:
         plan.after_commit(committed)
     done = time.perf_counter()
-    upkeep = _index_upkeep(view.uri, rebuild, committed.version)
+    upkeep = _index_upkeep(view.uri, rebuild, committed)
     indexed = time.perf_counter()
     return RefreshResult(
         view=view.name, from_version=plan.from_version, to_version=plan.to_version, view_version=committed.version,

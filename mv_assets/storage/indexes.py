@@ -365,7 +365,7 @@ class CatchUp:
 
 
 def catch_up(uri: str, rebuild: list[IndexSpec] | None = None, version: int | None = None, *,
-             consolidate: bool = False) -> CatchUp:
+             consolidate: bool = False, ds: lance.LanceDataset | None = None) -> CatchUp:
     """Make every index of the dataset at ``uri`` cover every row.
 
     ``rebuild``: declarations of indexes a commit just dropped (see
@@ -374,13 +374,14 @@ def catch_up(uri: str, rebuild: list[IndexSpec] | None = None, version: int | No
     again from its declaration; one covering more is updated in place. A
     failure does not raise (the rows are committed and searches stay right,
     by flat scan): it is warned about and reported. ``version``: the one a
-    commit just made (default: the latest).
+    commit just made (default: the latest); ``ds``: that version, open already.
 
     A table's primary key index is kept by its own, lazier rule
     (:func:`mv_assets.storage.keys.upkeep`; ``consolidate``: ``optimize()``,
     its segments merged into one)."""
     done = CatchUp()
-    ds = objects.dataset(uri, version=version)
+    if ds is None or version is None or ds.version != version:
+        ds = objects.dataset(uri, version=version)
     built = _coverage(ds)
     declared = _declared(ds)
     if keys.primary_key(ds) is not None:

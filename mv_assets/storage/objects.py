@@ -734,6 +734,14 @@ def is_dataset(uri: str) -> bool:
     (the first entry found answers: a table's history can hold thousands)."""
     versions = join(uri, "_versions")
     if is_local(versions):
+        held = _LISTED.get(uri)
+        if held is not None:  # a manifest was there, listed or committed: still, while the directory is as it was
+            try:
+                st = os.stat(_local_path(versions))
+            except OSError:
+                return False
+            if st.st_ino == held[0] and st.st_mtime_ns == held[1]:
+                return True
         try:
             with os.scandir(_local_path(versions)) as it:
                 return any(True for _ in it)
