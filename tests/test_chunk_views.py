@@ -129,6 +129,32 @@ def test_a_parent_without_chunks_is_processed_once_even_when_every_row_is_compar
     assert plan.full and plan.udf_rows == {"split": 11}
 
 
+def test_a_refresh_back_to_a_version_before_a_scoped_refresh_brings_back_the_children_it_removed(db, call_log):
+    """A fragment-scoped refresh applies every deletion (its parents' children
+    go); a refresh to an earlier version, where a deleted parent still is,
+    chunks it again: its children are not taken for a parent chunked into
+    none. The same whether the view had a whole refresh before or not."""
+    for whole_first in (True, False):
+        docs = db.create_table("docs", docs_rows(range(1, 5)), primary_key="id")
+        docs.add(docs_rows([7, 8]))  # a second fragment, left out of the scope
+        view = db.create_udtf_view("chunks", docs.search(None).where("id > 0").select(["id", "title"]),
+                                   make_split(call_log))
+        if whole_first:
+            view.refresh()
+        before = docs.version
+        docs.delete("id = 2")
+        docs.add(docs_rows([2], body=lambda i: "again here"))  # the same key, a new row in a new fragment
+        frags = [f.fragment_id for f in lance.dataset(docs.uri).get_fragments()]
+        view.refresh(fragments=[f for f in frags if f != 1])
+        calls(call_log)
+        view.refresh(src_version=before)
+        assert view.source_version == before
+        assert actual(view) == expected(docs.uri, before)
+        assert all(o.passed for o in view.check())
+        db.drop_table("chunks")
+        db.drop_table("docs")
+
+
 def test_a_chunk_view_refresh_killed_after_some_tasks_resumes_without_chunking_them_again(db, call_log):
     docs = db.create_table("docs", docs_rows(range(1, 5)), primary_key="id")
     for start in (10, 20, 30):

@@ -48,11 +48,15 @@ def sql_literal(value: Any) -> str:
 
     >>> sql_literal("it's"), sql_literal(None), sql_literal(True), sql_literal(2.5)
     ("'it''s'", 'NULL', 'true', '2.5')
+    >>> sql_literal(-2**63)  # (-9223372036854775808 reads as minus a number past int64: a float)
+    '(-9223372036854775807 - 1)'
     """
     if value is None:
         return "NULL"
     if isinstance(value, bool):
         return "true" if value else "false"
+    if isinstance(value, int) and value == -(2**63):
+        return "(-9223372036854775807 - 1)"
     if isinstance(value, (int, decimal.Decimal)):
         return str(value)
     if isinstance(value, float):

@@ -160,8 +160,13 @@ def _changes(view_ds: lance.LanceDataset, src: lance.LanceDataset, definition, h
         has = pos >= 0
         # a parent is current when its children (written together: one version) carry its version
         holds = has & (_ids(vk, SOURCE_ROW_VERSION)[np.where(has, pos, 0)] == vers) if has.any() else has
-        current = holds | processed_without_children(vers, has, v0, _ids(parents, "_rowaddr") >> 32,
-                                                     scoped_since_whole(view_ds))
+        scoped = scoped_since_whole(view_ds)
+        current = holds
+        if not any(s > src.version for s in scoped.values()):
+            # (a refresh to a version before a scoped refresh's: that one removed the children of
+            # parents deleted after it, which this version holds, so a parent without children
+            # may be one of them: every such parent is chunked again)
+            current = holds | processed_without_children(vers, has, v0, _ids(parents, "_rowaddr") >> 32, scoped)
         parents = parents.filter(pa.array(~current))
         if scope_frags is not None:
             # (the view's rows whose parent is gone anywhere: from the change feed, no scan of the source's ids)
