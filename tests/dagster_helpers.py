@@ -94,15 +94,25 @@ def run_requested(defs, instance, result) -> list:
     requests and asset events, then run each requested run in process, in
     the job the sensor launches it in (its table's ``refresh_<table>``). The
     runs' results."""
-    from mv_assets.dagster.definitions import job_name
-    from mv_assets.dagster.sensors import TAG_LINEAGE
-
     apply_partition_requests(instance, result)
+    return execute_runs(defs, instance, result)
+
+
+def execute_runs(defs, instance, result) -> list:
+    """Each run a sensor tick requested, run in process as the daemon runs it
+    (in its table's ``refresh_<table>``, tagged with its run key; a key used
+    before is not run again). The runs' results, each a success."""
+    from mv_assets.dagster.definitions import job_name
+    from mv_assets.dagster.sensors import RUN_KEY_TAG, TAG_LINEAGE
+
     out = []
     for run in getattr(result, "run_requests", None) or []:
+        if run.run_key and instance.get_runs(filters=dg.RunsFilter(tags={RUN_KEY_TAG: run.run_key})):
+            continue
         lineage = run.tags.get(TAG_LINEAGE)
         job = defs.resolve_job_def(job_name(lineage)) if lineage else defs.resolve_implicit_global_asset_job_def()
-        done = job.execute_in_process(instance=instance, asset_selection=run.asset_selection, tags=run.tags)
+        tags = {**run.tags, **({RUN_KEY_TAG: run.run_key} if run.run_key else {})}
+        done = job.execute_in_process(instance=instance, asset_selection=run.asset_selection, tags=tags)
         assert done.success
         out.append(done)
     return out

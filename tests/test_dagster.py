@@ -15,6 +15,7 @@ from dagster_helpers import (
     double,
     evaluate_schedule,
     evaluate_sensor,
+    execute_runs,
     small_catalog,
 )
 from oracle import actual_view, count_calls, expected_view, record_call
@@ -99,10 +100,20 @@ def _runs(result, key):
     return [r for r in result.run_requests if dg.AssetKey(key) in r.asset_selection]
 
 
+def _due(result) -> set[str]:
+    """The views a sensor result's runs refresh because they are due (their run
+    keys name them: ``<table>@<version>:<view>#<load>,...``), not those a run
+    only records (``;recorded:``: refreshed outside the runs that named them)."""
+    if isinstance(result, dg.SkipReason):
+        return set()
+    return {part.split("#")[0] for r in result.run_requests
+            for part in r.run_key.split(":", 1)[1].split(";")[0].split("~")[0].split(",") if "#" in part}
+
+
 def test_sensor_over_append_delete_update_compaction(tmp_path):
     db = _catalog(tmp_path / "cat")
     src = db.open_table("src")
-    defs = build_definitions(db)
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
     sensor = _sensor(defs, "src_changes")
     pname = partitions_def_name("src")
     with dg.instance_for_test() as instance:
@@ -116,8 +127,8 @@ def test_sensor_over_append_delete_update_compaction(tmp_path):
         def frags():
             return sorted(f.fragment_id for f in lance.dataset(src.uri).get_fragments())
 
-        def refresh_all():  # what the requested runs do
-            db.refresh(["v", "w"])
+        def run_all(result):  # the requested runs, as the daemon runs them
+            execute_runs(defs, instance, result)
 
         # first tick: every fragment becomes a partition; one run carries v and the view over it
         r, cursor = tick(None)
@@ -130,7 +141,7 @@ def test_sensor_over_append_delete_update_compaction(tmp_path):
         # the same state again (the run not done yet): an idle tick, nothing read but versions
         again, _ = tick(cursor)
         assert isinstance(again, dg.SkipReason) and "no view below it changed" in again.skip_message
-        refresh_all()
+        run_all(r)
         r, cursor = tick(cursor)  # the views moved: a full look, nothing new, nothing due
         assert not r.run_requests and "no view is due" in r.skip_reason.skip_message
         again, _ = tick(cursor)
@@ -143,33 +154,38 @@ def test_sensor_over_append_delete_update_compaction(tmp_path):
         (run,) = _runs(r, ["v"])
         assert (run.tags["dagster/asset_partition_range_start"], run.tags["dagster/asset_partition_range_end"]) == (new, new)
         assert len(r.run_requests) == 1 and K(["w"]) in run.asset_selection
-        refresh_all()
+        run_all(r)
         # delete in the first fragment: that partition is refreshed
         src.delete("id = 1")
         r, cursor = tick(cursor)
         (run,) = _runs(r, ["v"])
         assert run.tags["dagster/asset_partition_range_start"] == "0"
-        refresh_all()
+        run_all(r)
         # a delete that empties a whole fragment: the partition is retired AND the views refreshed
         src.delete("id = 100")
         r, cursor = tick(cursor)
         assert new not in instance.get_dynamic_partitions(pname)
         assert len(_runs(r, ["v"])) == 1 and len(_runs(r, ["w"])) == 1
-        refresh_all()
+        run_all(r)
         assert 100 not in db.open_table("v").to_arrow().column("id").to_pylist()
         # update: the row moves to a new fragment
         src.update("id = 2", {"x": 20})
         r, cursor = tick(cursor)
         assert str(frags()[-1]) in instance.get_dynamic_partitions(pname)
         assert len(_runs(r, ["v"])) == 1
-        refresh_all()
-        # compaction: old partitions retired, the new fragment added; no view is stale
+        run_all(r)
+        # compaction: old partitions retired, the new fragment added; no view is stale, and the
+        # partitions of the merged fragments are recorded (they hold rows the views have)
         before = set(instance.get_dynamic_partitions(pname))
+        rows = {n: db.open_table(n).to_arrow().sort_by("id") for n in ("v", "w")}
         src.optimize()
         r, cursor = tick(cursor)
         after = set(instance.get_dynamic_partitions(pname))
         assert after == {str(f) for f in frags()} and not (after & before)
-        assert not _runs(r, ["v"]) and not _runs(r, ["w"])
+        (run,) = r.run_requests
+        assert run.run_key.startswith(f"src@{src.version}:;recorded:")  # no view due
+        run_all(r)
+        assert {n: db.open_table(n).to_arrow().sort_by("id") for n in ("v", "w")} == rows
         # a partition key typed in the launch dialog that is no fragment id: retired, the sensor survives
         instance.add_dynamic_partitions(pname, ["not-a-fragment"])
         r, cursor = tick(cursor)
@@ -428,10 +444,12 @@ def test_policies_are_wired_to_sensors_and_schedules(tmp_path):
         got, cursor = requested(instance, cursor)
         assert got == {"eager_v", "stale_v"}
         db.open_table("stale_v").refresh()
-        db.open_table("eager_v").refresh()  # what the requested runs did
+        db.open_table("eager_v").refresh()  # what the requested runs did (outside Dagster: recorded by the next)
         db.open_table("ttl_v").set_refresh_policy(P.ttl(0.001))  # now overdue
+        r = call_sensor(sensor, instance=instance, cursor=cursor, definitions=defs, resources=defs.resources)
+        assert _due(r) == {"ttl_v"}  # no new source version, but the ttl expired
         got, cursor = requested(instance, cursor)
-        assert got == {"ttl_v"}  # no new source version, but the ttl expired
+        assert got == {"ttl_v", "eager_v", "stale_v"}  # (the two refreshed outside the runs: recorded by it)
         schedule = repo.get_schedule_def("cron_v_schedule")
         run = evaluate_schedule(schedule, instance=instance, resources=defs.resources).run_requests
         assert len(run) == 1 and dg.AssetKey(["cron_v"]) in run[0].asset_selection
@@ -464,8 +482,8 @@ def test_table_computed_columns_are_assets_filled_by_backfill(tmp_path):
         (run,) = first.run_requests  # one run: the backfill of y, then the view that reads it
         # (z, a SQL column, is filled already: its partitions, new to the instance, record their input)
         assert set(run.asset_selection) == {ykey, zkey, dg.AssetKey(["v"])}
-        db.open_table("v").refresh()  # the view's run, before the backfill's
-        assert not _runs(tick(first.cursor), ["v"])
+        db.open_table("v").refresh()  # the view's run, before the backfill's (outside Dagster: recorded next)
+        assert not _due(tick(first.cursor))
         job = defs.resolve_implicit_global_asset_job_def()
         run = job.execute_in_process(instance=instance, asset_selection=[ykey], tags=run.tags)  # "Materialize"
         assert run.success
@@ -475,7 +493,7 @@ def test_table_computed_columns_are_assets_filled_by_backfill(tmp_path):
         # the backfill moved no row versions, yet the view reads y: it is refreshed; y itself is not stale
         after = tick(first.cursor)
         assert not _runs(after, ["src", "y"])
-        assert len(_runs(after, ["v"])) == 1
+        assert len(_runs(after, ["v"])) == 1 and _due(after) == {"v"}
         src.add([{"id": 9, "x": 9}])
         later = tick(after.cursor)
         assert ykey in later.run_requests[0].asset_selection

@@ -37,7 +37,8 @@ def test_checks_tab_execute_all_runs_the_checks_on_their_own(tmp_path):
     db = _catalog(tmp_path / "cat")
     db.refresh(["v", "w"])
     defs = _defs(db)
-    checks = [dg.AssetCheckKey(K(["v"]), n) for n in ("matches_source_query", "no_orphan_rows", "udf_values_present")]
+    checks = [dg.AssetCheckKey(K(["v"]), n)
+              for n in ("matches_source_query", "no_orphan_rows", "values_match_source", "udf_values_present")]
     assets = [defs.get_repository_def().assets_defs_by_key[K(["v"])]]
     with dg.instance_for_test() as instance:
         result = dg.materialize(assets, instance=instance, selection=dg.AssetSelection.checks(*checks))
@@ -372,7 +373,8 @@ def test_a_code_change_recompute_records_each_partitions_own_rows_and_reads_righ
         checks = {(tuple(n["assetKey"]["path"]), c["name"]): c for n in nodes
                   for c in n["assetChecksOrError"]["checks"]}
         assert set(checks) == {(("v",), "matches_source_query"), (("v",), "no_orphan_rows"),
-                               (("v",), "udf_values_present"), (("v", "score"), "udf_code_current")}
+                               (("v",), "values_match_source"), (("v",), "udf_values_present"),
+                               (("v", "score"), "udf_code_current")}
         assert all(c["description"] for c in checks.values())  # never "No description provided"
         assert {k: c["executionForLatestMaterialization"]["status"] for k, c in checks.items()} == {
             k: "SUCCEEDED" for k in checks}

@@ -51,7 +51,7 @@ __all__ = [
 RESOURCE_KEY = "mv_assets"
 TAG_SOURCE_VERSION = "mv_assets/source_version"
 TAG_SCOPE = "mv_assets/scope"
-CHECK_NAMES = ("matches_source_query", "no_orphan_rows", "udf_values_present")
+CHECK_NAMES = ("matches_source_query", "no_orphan_rows", "values_match_source", "udf_values_present")
 UDTF_CHECK_NAMES = ("no_orphan_rows",)  # a table-function view's (ops.checks._udtf_checks)
 AGG_CHECK_NAMES = ("no_orphan_rows", "values_match_source")  # an aggregate view's (ops.checks._agg_checks)
 # a join view's (ops.checks._join_checks): the join computed anew from every source, compared row by row
@@ -64,6 +64,11 @@ CHECK_DESCRIPTIONS = {  # what each check of a view verifies (mv_assets.ops.chec
         "each parent's chunks are numbered 0..k-1)."
     ),
     "no_orphan_rows": "Every row of the view still has its source row at the source version the view reflects.",
+    "values_match_source": (
+        "Values, not only keys: no row of the view was written outside a refresh (by another tool), every row "
+        "holds its source row's version, and its copied and SQL columns equal what the view's query gives over "
+        "the source at the version the view reflects (UDF columns are vouched for by their rows' versions)."
+    ),
     "udf_values_present": (
         "No UDF value is missing where the UDF's inputs are present (a row a UDF failed on under "
         'on_error="skip" counts as missing: see `mv-assets errors`).'
@@ -1208,8 +1213,18 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
                 "others). Pick existing partitions."
             )
         )
-    whole = not info.scoped or not keys or context.run.tags.get(TAG_SCOPE) == "changes" or _covers_every_fragment(
-        db.open_table(info.root), fragments)
+    sensor_run = context.run.tags.get(TAG_SCOPE) == "changes"
+    if fragments and not sensor_run:  # (a sensor's run may name retired ones: it refreshes the view whole)
+        gone = sorted(set(fragments) - set(db.open_table(info.root).fragment_ids()))
+        if gone:
+            raise dg.Failure(
+                description=(
+                    f"partitions {[str(f) for f in gone]} of {info.name!r} are fragments {info.root!r} no longer "
+                    "has (compacted or every row deleted: their rows, if any, are in other fragments now); the "
+                    f"{info.root}_changes sensor retires them at its next tick. Pick existing partitions."
+                )
+            )
+    whole = not info.scoped or not keys or sensor_run or _covers_every_fragment(db.open_table(info.root), fragments)
     started = time.perf_counter()
     checks = None
     if pipes is None:

@@ -5,6 +5,7 @@ triggers runs. Loading these definitions reads table metadata only: no UDF
 is unpickled and no JVM starts.
 """
 
+import os
 from typing import Any
 
 import dagster as dg
@@ -25,6 +26,7 @@ from mv_assets.dagster.catalog import TableInfo, catalog_tables
 from mv_assets.dagster.pipes_client import as_pipes_launcher
 from mv_assets.dagster.resource import MvAssetsResource
 from mv_assets.dagster.sensors import JoinWatch, lineage_order, observe_sensor, table_sensor, view_schedule
+from mv_assets.model.errors import CatalogNotFoundError
 
 __all__ = [
     "build_definitions", "TableInfo", "catalog_tables", "TAG_SOURCE_VERSION", "TAG_SCOPE", "RESOURCE_KEY",
@@ -111,6 +113,19 @@ def join_watches(view_infos: list[TableInfo], tables: dict[str, TableInfo], view
     return out
 
 
+def _open_catalog(uri: str) -> Connection:
+    """The catalog at ``uri``, which must exist: loading definitions creates
+    nothing (a mistyped local path gave an empty graph, and a directory of
+    that name). An object-store prefix is opened as it is (it has no
+    directory to be missing)."""
+    if "://" not in str(uri) and not os.path.exists(uri):
+        raise CatalogNotFoundError(
+            f"no mv_assets catalog at {uri}: check the path (create one with mv_assets.connect({str(uri)!r}) "
+            "and add tables to it first)"
+        )
+    return connect(uri)
+
+
 def build_definitions(
     db: Connection | str,
     *,
@@ -161,7 +176,7 @@ def build_definitions(
     _check_arguments(automation, pyspark, resource)
     conditions = automation == "conditions"
     pipes = as_pipes_launcher(pipes_client)  # (refused here, at load, when it is nothing Pipes can launch with)
-    conn = db if isinstance(db, Connection) else connect(db)
+    conn = db if isinstance(db, Connection) else _open_catalog(db)
     declared = load_declared(views, conn) if isinstance(views, str) else views
     unreadable: dict[str, str] = {}
     tables = catalog_tables(conn, declared, unreadable)

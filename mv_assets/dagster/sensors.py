@@ -33,8 +33,10 @@ import dagster as dg
 from dagster._core.definitions.asset_checks.asset_check_evaluation import (  # not exported by dagster
     AssetCheckEvaluationTargetMaterializationData,
 )
+from dagster._core.definitions.data_version import DATA_VERSION_TAG  # not exported by dagster
+from dagster._core.events import DagsterEventType
 
-from mv_assets.api.table import Table
+from mv_assets.api.table import MaterializedView, Table
 from mv_assets.dagster.assets import (
     CODE_CHECK,
     TAG_SCOPE,
@@ -245,6 +247,7 @@ class _Watched:
     columns: list[str]
     joins: list[JoinWatch]
     own_job: str | None  # (a sensor of several jobs names each run's)
+    interval: int = 30  # seconds between ticks (the first retry of a failed run waits that long)
 
 
 def table_sensor(
@@ -268,7 +271,7 @@ def table_sensor(
     selection = [k for v in tree for k in view_assets[v.name]] + list(column_keys)
     jobs = list({j.name: j for j in ([job] if job is not None else []) + [w.job for w in joins]}.values())
     w = _Watched(table, tree, pdef, view_assets, list(column_keys), [c["name"] for c in table.columns], joins,
-                 job.name if joins and job is not None else None)
+                 job.name if joins and job is not None else None, interval)
 
     @dg.sensor(
         name=f"{safe_name(table.name)}_changes",
@@ -306,8 +309,14 @@ def _tick(context: dg.SensorEvaluationContext, mv_assets: MvAssetsResource, w: _
     # (partition keys typed in the launch dialog are no fragment ids: a full look retires them;
     # the instance's list of keys is a database read, not an object-store one)
     typed = pdef is not None and bool(fragment_keys(context.instance.get_dynamic_partitions(pdef.name))[1])
-    if not typed and _idle(seen, since, watched, table.name, code_id):
-        return dg.SkipReason(f"{table.name} is still at version {since} and no view below it changed")
+    last = _last_run(context, seen)
+    if last == "failed" and not seen["run"].get("failed_at"):
+        seen["run"]["failed_at"] = _failed_at(context, seen["run"]["key"])
+    if not typed and last != "failed" and _idle(seen, since, watched, table.name, code_id):
+        why = f"{table.name} is still at version {since} and no view below it changed"
+        if last == "done":  # (its outcome known: later idle ticks look it up no more)
+            return dg.SensorResult(skip_reason=why, cursor=json.dumps({k: v for k, v in seen.items() if k != "run"}))
+        return dg.SkipReason(why)
     handle = db.open_table(table.name)
     ch, part_requests, retire = _partition_changes(context, handle, pdef, since)
     warning = handle.fragments_warning(len(ch.fragments)) if pdef is not None else None
@@ -322,7 +331,7 @@ def _tick(context: dg.SensorEvaluationContext, mv_assets: MvAssetsResource, w: _
             return dg.SkipReason(f"a run of {table.name}'s lineage is in progress")
         return dg.SensorResult(
             dynamic_partitions_requests=part_requests, asset_events=checks,
-            cursor=json.dumps({"version": since, "code": code_state}),
+            cursor=json.dumps({"version": since, "code": code_state, **({"run": seen["run"]} if "run" in seen else {})}),
         )
     moved = since != ch.version
     # Fragments whose rows changed since their last observation (a fragment never
@@ -333,7 +342,14 @@ def _tick(context: dg.SensorEvaluationContext, mv_assets: MvAssetsResource, w: _
                 if pdef is not None and (moved or ch.added) else {})
     stale = _stale_columns(w, handle, moved, bool(observed), pdef is not None and bool(ch.added))
     due, loads, due_at = _due_views(context, db, tree, watched)
-    runs, retire = _lineage_run(w, ch, stale, due, loads, retire)
+    behind = _recorded_behind(context, db, w, handle, ch.fragments, due)
+    runs, retire, kept = _lineage_run(w, ch, stale, due, loads, retire, behind,
+                                      seen.get("run") if last == "failed" else None)
+    if kept is None and last == "pending" and "run" in seen:
+        kept = seen["run"]  # (its outcome is looked up at the next tick)
+    waiting = kept is not None and kept.get("wait_until") is not None  # a failed run's retry, not due yet
+    if waiting and kept is not None:
+        due_at = kept["wait_until"] if due_at is None else min(due_at, kept["wait_until"])
     for watch in w.joins:  # join views of other lineages reading this table (or a view of its lineage)
         request, again = _join_run(context, db, table.name, ch.version, watch)
         if request is not None:
@@ -344,10 +360,14 @@ def _tick(context: dg.SensorEvaluationContext, mv_assets: MvAssetsResource, w: _
         part_requests.append(retire)
     # what this full look saw: until one of it changes, ticks are idle (_idle)
     cursor = json.dumps({"version": ch.version, "code": code_state, "code_id": code_id, "due_at": due_at,
-                         "views": {v.name: watched.get(v.name) for v in tree}})
+                         "views": {v.name: watched.get(v.name) for v in tree},
+                         **({"run": kept} if kept is not None else {})})
     if not runs and not part_requests and not moved and not checks:
-        return dg.SensorResult(skip_reason=f"{table.name} is still at version {ch.version} and no view is due",
-                               cursor=cursor)
+        why = f"{table.name} is still at version {ch.version} and no view is due"
+        if waiting and kept is not None:
+            why = (f"the last run ({kept['key']}) failed: it is requested again (retry {kept['attempt'] + 1}) "
+                   f"from {time.strftime('%H:%M:%S', time.localtime(kept['wait_until']))}")
+        return dg.SensorResult(skip_reason=why, cursor=cursor)
     events = [fragment_observation(handle, f, v) for f, v in observed.items()]
     if moved and pdef is None:
         events = [source_observation(handle, ch.version)]
@@ -357,6 +377,118 @@ def _tick(context: dg.SensorEvaluationContext, mv_assets: MvAssetsResource, w: _
         cursor=cursor,
         asset_events=events + checks,
     )
+
+
+RUN_KEY_TAG = "dagster/run_key"  # (Dagster's tag on a run a sensor requested: its run key)
+_FAILED = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
+RETRY_MAX_WAIT = 3600.0  # seconds: the longest a failed run's retry waits
+
+
+def _last_run(context, seen: dict) -> str | None:
+    """What became of the run the sensor requested last (the cursor's
+    ``run``): None (none requested, or its outcome known), "pending" (not
+    launched yet, or going), "failed" (failed or cancelled: a full look
+    requests it again) or "done"."""
+    req = seen.get("run")
+    if not req:
+        return None
+    records = context.instance.get_run_records(filters=dg.RunsFilter(tags={RUN_KEY_TAG: req["key"]}), limit=1)
+    if not records:
+        return "pending"
+    status = records[0].dagster_run.status
+    if status in _FAILED:
+        return "failed"
+    return "done" if status == dg.DagsterRunStatus.SUCCESS else "pending"
+
+
+def _failed_at(context, key: str) -> float:
+    """When the run of ``key`` ended (now when unknown)."""
+    records = context.instance.get_run_records(filters=dg.RunsFilter(tags={RUN_KEY_TAG: key}), limit=1)
+    ended = records[0].end_time if records else None
+    return float(ended) if ended else _now()
+
+
+def _now() -> float:
+    """The clock a failed run's retry is timed by."""
+    return time.time()
+
+
+def _retry_wait(interval: int, attempt: int) -> float:
+    """Seconds a failed run's ``attempt``-th retry waits after the failure:
+    none for the first (the next tick), then the sensor's interval, doubled
+    at each failure in a row, at most :data:`RETRY_MAX_WAIT` (a UDF that
+    fails on some row is not run again every tick)."""
+    if attempt <= 1:
+        return 0.0
+    return min(float(max(interval, 1)) * 2 ** (attempt - 2), RETRY_MAX_WAIT)
+
+
+def _recorded_behind(context, db, w: _Watched, handle: Table, fragments: list[int], due: dict[str, str]
+                     ) -> dict[str, list[str]]:
+    """Per view of the lineage that is current (nothing to refresh) and not
+    due, the partitions Dagster records behind what the view holds: never
+    materialized, or materialized from inputs older than those the view
+    reflects (its source fragment's data version, its upstream partition's,
+    a joined source's). A refresh made outside a run naming them leaves them
+    so: from Python or the CLI, a run of other partitions or of another
+    lineage that refreshed the view as a whole, a view over a view bringing
+    its upstream along, a failed run's rows refreshed by the next. A run over
+    them records them as they are (its refresh has nothing to do). Views
+    over a view behind are behind in the same partitions. One query per view
+    (and per view it reads), whatever the partition count."""
+    if w.pdef is None or not fragments:
+        return {}
+    keys = [str(f) for f in fragments]
+    storage = context.instance.event_log_storage
+    current = {str(f): v for f, v in handle.fragment_data_versions(fragments).items()}
+    out: dict[str, list[str]] = {}
+    for v in w.tree:
+        if v.name in due or v.name not in db or not w.view_assets.get(v.name):
+            continue
+        view = db.open_view(v.name)
+        if view.pending_source_versions() or view.refresh_state().scoped_since_whole:
+            continue  # behind its source: Dagster showing it so is right (its policy says when it refreshes)
+        view_key = w.view_assets[v.name][0]
+        source_key = dg.AssetKey([v.source_name])
+        joined = {}
+        for name in v.joined:
+            if name in db:
+                other = db.open_table(name)
+                joined[dg.AssetKey([name])] = str(other.version if isinstance(other, MaterializedView)
+                                                  else other.data_version())
+        if v.over_view:  # its partitions read the upstream view's, as last materialized
+            expected = {p: t.get(DATA_VERSION_TAG) for p, t in storage.get_latest_tags_by_partition(
+                source_key, DagsterEventType.ASSET_MATERIALIZATION, [DATA_VERSION_TAG], asset_partitions=keys).items()}
+        else:
+            expected = current
+        tag = {k: f"dagster/input_data_version/{k.to_user_string()}" for k in [source_key, *joined]}
+        recorded = _latest_tags(context.instance, view_key, keys)
+        upstream_behind = set(out.get(v.source_name, []))
+        lagging = [p for p in keys if p in upstream_behind or not recorded.get(p)
+                   or recorded[p].get(tag[source_key]) != expected.get(p)
+                   or any(recorded[p].get(tag[k]) != version for k, version in joined.items())]
+        if lagging:
+            out[v.name] = lagging
+            context.log.info(f"{v.name}: {len(lagging)} partition(s) recorded behind the view's rows "
+                             f"({', '.join(lagging[:10])}{', ...' if len(lagging) > 10 else ''}): recorded again")
+    return out
+
+
+def _latest_tags(instance, key: dg.AssetKey, partitions: list[str]) -> dict[str, dict[str, str]]:
+    """The tags of the latest materialization of each of ``partitions`` of
+    ``key`` (those materialized; Dagster indexes no tag but the data version
+    by partition: the events are read, two queries)."""
+    ids = instance.get_latest_storage_id_by_partition(key, DagsterEventType.ASSET_MATERIALIZATION, set(partitions))
+    if not ids:
+        return {}
+    records = instance.fetch_materializations(
+        dg.AssetRecordsFilter(asset_key=key, storage_ids=list(ids.values())), limit=len(ids)).records
+    out = {}
+    for r in records:
+        m = r.asset_materialization
+        if m is not None and m.partition is not None:
+            out[m.partition] = dict(r.event_log_entry.tags or {})
+    return out
 
 
 def _stale_columns(w: _Watched, handle: Table, moved: bool, observed: bool, new_partitions: bool
@@ -371,30 +503,55 @@ def _stale_columns(w: _Watched, handle: Table, moved: bool, observed: bool, new_
             if observed or new_partitions or handle.plan_backfill(c).rows > 0]
 
 
-def _lineage_run(w: _Watched, ch, stale: list[dg.AssetKey], due: dict[str, str], loads: dict[str, int], retire
-                 ) -> tuple[list[dg.RunRequest], Any]:
+def _lineage_run(w: _Watched, ch, stale: list[dg.AssetKey], due: dict[str, str], loads: dict[str, int], retire,
+                 behind: dict[str, list[str]] | None = None, failed: dict | None = None
+                 ) -> tuple[list[dg.RunRequest], Any, dict | None]:
     """One run for everything due downstream of the table (its partitions
     definition is shared, so the run carries the whole lineage in order), if
-    anything is, and the request retiring gone fragments' partitions still
-    to send. The run key names what it acts on (table version, views' load
-    numbers), so a tick that sees the same state again requests nothing new."""
-    wanted = list(stale) + [k for v in w.tree if v.name in due for k in w.view_assets[v.name]]
+    anything is, the request retiring gone fragments' partitions still to
+    send, and what the cursor keeps of the run requested (None: none). The
+    run key names what it acts on (table version, views' load numbers), so a
+    tick that sees the same state again requests nothing new.
+
+    ``behind``: views' partitions Dagster records behind the views' rows
+    (:func:`_recorded_behind`): named by the run too. ``failed``: the
+    cursor's record of the last run requested, which failed: its partitions
+    are named again, and a run of the same key is retried under a key of its
+    own (``~retry<n>``) once :func:`_retry_wait` has passed since the failure
+    (till then none is requested: the record comes back with ``wait_until``)."""
+    behind = behind or {}
+    wanted = list(stale) + [k for v in w.tree if v.name in due or v.name in behind for k in w.view_assets[v.name]]
     if not wanted:
-        return [], retire
-    key = f"{w.table.name}@{ch.version}:" + ",".join(f"{v.name}#{loads[v.name]}" for v in w.tree if v.name in due)
-    todo = [str(f) for f in (ch.to_refresh or ch.fragments)]
+        return [], retire, None
+    base = f"{w.table.name}@{ch.version}:" + ",".join(f"{v.name}#{loads[v.name]}" for v in w.tree if v.name in due)
+    if behind:  # (the partitions recorded behind: a run that could not record them is not asked again)
+        digest = hashlib.sha256(json.dumps(sorted(behind.items())).encode()).hexdigest()[:8]
+        base += f";recorded:{digest}"
+    existing = {str(f) for f in ch.fragments}
+    named = set(ch.to_refresh) | {p for parts in behind.values() for p in parts}
+    attempt = 0
+    if failed is not None:
+        named |= {p for p in failed.get("parts", []) if p in existing}
+        if failed.get("base") == base:  # the same work again: retried once the wait since the failure is over
+            attempt = int(failed.get("attempt", 0)) + 1
+            ready = float(failed.get("failed_at") or 0) + _retry_wait(w.interval, attempt)
+            if _now() < ready:
+                return [], retire, {**failed, "wait_until": ready}
+    key = base if attempt == 0 else f"{base}~retry{attempt}"
+    todo = sorted({str(f) for f in named}, key=int) or [str(f) for f in ch.fragments]
     if not todo and retire is not None:
         # the table has no fragment left: the run names the partitions of the fragments
         # that are gone (it refreshes the views as a whole); a later tick retires them
         todo, retire = [str(f) for f in ch.retired], None
     tags = {TAG_SOURCE_VERSION: str(ch.version), TAG_SCOPE: "changes", TAG_LINEAGE: w.table.name}
+    request = {"key": key, "base": base, "parts": todo, "attempt": attempt}
     if todo:
         return [dg.RunRequest(run_key=key, asset_selection=wanted, tags={**tags, **_range_tags(todo)},
-                              job_name=w.own_job)], retire
+                              job_name=w.own_job)], retire, request
     # no fragment and no partition either: a run without partitions (Dagster cannot
     # check a partitioned asset in such a run, so it runs no checks)
     return [dg.RunRequest(run_key=key, asset_selection=wanted, tags=tags, asset_check_keys=[],
-                          job_name=w.own_job)], retire
+                          job_name=w.own_job)], retire, request
 
 
 def view_schedule(view: TableInfo, pdef, keys: list[dg.AssetKey], status, job=None):
