@@ -32,7 +32,13 @@ from typing import TYPE_CHECKING
 import lance
 import pyarrow as pa
 
-from mv_assets.model.definition import SOURCE_ROW_ID, VIEW_METADATA_KEY, ViewDefinition, computed_column_names
+from mv_assets.model.definition import (
+    SOURCE_ROW_ID,
+    SOURCE_ROW_VERSION,
+    VIEW_METADATA_KEY,
+    ViewDefinition,
+    computed_column_names,
+)
 from mv_assets.model.join_agg_view import is_join_under
 from mv_assets.model.join_view import Join, row_id_column
 from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
@@ -249,12 +255,21 @@ def _scoped_staleness(view_ds: lance.LanceDataset, src: lance.LanceDataset, stat
     covered = scoped_since_whole(view_ds)
     v0 = int(state.source_version or 0)
     newest = max(covered.values(), default=v0)
-    rows = src.to_table(columns={"u": "_row_last_updated_at_version"}, with_row_address=True,
+    rows = src.to_table(columns={"u": "_row_last_updated_at_version"}, with_row_address=True, with_row_id=True,
                         filter=f"_row_last_updated_at_version > {v0}")
     fragment = np.asarray(rows.column("_rowaddr").to_numpy(), np.uint64) >> np.uint64(32)
     row_version = np.asarray(rows.column("u").to_numpy(), np.int64)
     reached = np.array([covered.get(int(f), -1) for f in fragment.tolist()], np.int64)
     behind_rows = row_version > reached
+    # rows written before the newest scoped refresh yet in a fragment it did not reach: moved
+    # since (a compaction keeps row versions), or never refreshed; those the view holds at
+    # their version are current
+    moved = np.flatnonzero(behind_rows & (row_version <= newest))
+    if len(moved):
+        ids = np.asarray(rows.column("_rowid").to_numpy(), np.int64)[moved]
+        held = _held_at(view_ds, ids)
+        behind_rows[moved[np.array([held.get(int(i)) == int(v) for i, v in zip(ids, row_version[moved], strict=True)],
+                                   dtype=bool)]] = False
     deleted = 0
     if newest < src.version:
         try:
@@ -263,6 +278,16 @@ def _scoped_staleness(view_ds: lance.LanceDataset, src: lance.LanceDataset, stat
             deleted = 0  # (the history since was cleaned up: the rows written are what is known)
     versions = set(row_version[behind_rows].tolist())
     return int(behind_rows.sum()) + deleted, len([u for u in pending if u in versions or u > newest])
+
+
+def _held_at(view_ds: lance.LanceDataset, ids) -> dict[int, int]:
+    """Source row id -> the source row version the view holds it at, for ``ids``."""
+    out: dict[int, int] = {}
+    for start in range(0, len(ids), 50_000):
+        chunk = ", ".join(str(int(i)) for i in ids[start:start + 50_000])
+        t = view_ds.to_table(columns=[SOURCE_ROW_ID, SOURCE_ROW_VERSION], filter=f"{SOURCE_ROW_ID} IN ({chunk})")
+        out.update(zip(t.column(SOURCE_ROW_ID).to_pylist(), t.column(SOURCE_ROW_VERSION).to_pylist(), strict=True))
+    return out
 
 
 def _has_version(ds: lance.LanceDataset, version: int) -> bool:
