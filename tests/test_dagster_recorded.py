@@ -101,6 +101,8 @@ def test_a_failed_sensor_run_is_requested_again_and_a_second_failure_waits(tmp_p
         waiting, runs, cursor = _tick(defs, instance, cursor)
         assert not waiting.run_requests and runs == []
         assert f"the last run ({failed_key}~retry1) failed" in waiting.skip_message
+        still, runs, cursor = _tick(defs, instance, cursor)  # (an idle tick meanwhile: it says the same)
+        assert not still.run_requests and runs == [] and still.skip_message == waiting.skip_message
         assert db.open_view("v").status().load_state == "FAILED_LOAD"
         # the outage is over; once the wait has passed the retry runs and the view is current
         os.remove(tmp_path / "down")

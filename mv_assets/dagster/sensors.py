@@ -117,7 +117,7 @@ def _idle(seen: dict, since: int | None, watched: dict[str, int | None], table: 
     due_at = seen.get("due_at")
     return (since is not None and watched.get(table) == since and seen.get("code_id") == code_id
             and seen.get("views") == {n: v for n, v in watched.items() if n != table}
-            and (due_at is None or time.time() < due_at))
+            and (due_at is None or _now() < due_at))
 
 
 TAG_LINEAGE = "mv_assets/lineage"
@@ -312,8 +312,12 @@ def _tick(context: dg.SensorEvaluationContext, mv_assets: MvAssetsResource, w: _
     last = _last_run(context, seen)
     if last == "failed" and not seen["run"].get("failed_at"):
         seen["run"]["failed_at"] = _failed_at(context, seen["run"]["key"])
-    if not typed and last != "failed" and _idle(seen, since, watched, table.name, code_id):
+    # (a failed run waiting for its retry: idle till then, its due time is the cursor's)
+    waiting = last == "failed" and seen["run"].get("wait_until") is not None
+    if not typed and (last != "failed" or waiting) and _idle(seen, since, watched, table.name, code_id):
         why = f"{table.name} is still at version {since} and no view below it changed"
+        if waiting:
+            why = _waiting_text(seen["run"])
         if last == "done":  # (its outcome known: later idle ticks look it up no more)
             return dg.SensorResult(skip_reason=why, cursor=json.dumps({k: v for k, v in seen.items() if k != "run"}))
         return dg.SkipReason(why)
@@ -365,8 +369,7 @@ def _tick(context: dg.SensorEvaluationContext, mv_assets: MvAssetsResource, w: _
     if not runs and not part_requests and not moved and not checks:
         why = f"{table.name} is still at version {ch.version} and no view is due"
         if waiting and kept is not None:
-            why = (f"the last run ({kept['key']}) failed: it is requested again (retry {kept['attempt'] + 1}) "
-                   f"from {time.strftime('%H:%M:%S', time.localtime(kept['wait_until']))}")
+            why = _waiting_text(kept)
         return dg.SensorResult(skip_reason=why, cursor=cursor)
     events = [fragment_observation(handle, f, v) for f, v in observed.items()]
     if moved and pdef is None:
@@ -406,6 +409,12 @@ def _failed_at(context, key: str) -> float:
     records = context.instance.get_run_records(filters=dg.RunsFilter(tags={RUN_KEY_TAG: key}), limit=1)
     ended = records[0].end_time if records else None
     return float(ended) if ended else _now()
+
+
+def _waiting_text(run: dict) -> str:
+    """What a tick says while a failed run waits for its retry."""
+    return (f"the last run ({run['key']}) failed: it is requested again (retry {int(run.get('attempt', 0)) + 1}) "
+            f"from {time.strftime('%H:%M:%S', time.localtime(run['wait_until']))}")
 
 
 def _now() -> float:
