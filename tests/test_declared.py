@@ -248,6 +248,22 @@ def test_a_declared_view_named_like_a_base_table_is_reported_at_load(catalog, tm
     assert "view 'src' declared in code is not loaded" in (specs[K(["src"])].description or "")
 
 
+def test_a_declared_view_the_stored_one_cannot_follow_is_reported_at_load(catalog, tmp_path, caplog):
+    """A view declared in code with another filter than the stored view's: a
+    warning says so when the definitions load (it said nothing; the first run
+    applying the code failed), and the view's asset description carries it."""
+    db, calls = catalog
+    apply(db, "v", load_declared(_write(tmp_path / "views1.py", calls), db)["v"])
+    module = _write(tmp_path / "views3.py", calls, where="x > 2")
+    with caplog.at_level("WARNING", logger="mv_assets"):
+        defs = _defs(db, module)
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert any("view 'v' declared in code cannot be applied" in m and "differ from the stored view" in m
+               for m in warned), warned
+    specs = {s.key: s for s in defs.resolve_all_asset_specs()}
+    assert "The code cannot be applied" in (specs[K(["v"])].description or "")
+
+
 def test_a_declared_view_over_a_table_without_stable_row_ids_is_reported_at_load(catalog, tmp_path, caplog):
     """A declared view that cannot be built over its source (here a table
     another tool created without stable row ids) does not break the code

@@ -158,6 +158,8 @@ def _declare(out: dict[str, "TableInfo"], names: dict[str, list[str]], db: Conne
             info.columns = [code.get(c["name"], c) if c["kind"] == "udf" else c for c in info.columns]
             info.columns += [code[c] for c in diff.added]
         info.declared, info.declared_definition, info.code_changes = query, definition, diff
+        for problem in diff.problems:  # (said at load too: a run applying the code refuses it)
+            log.warning(f"view {name!r} declared in code cannot be applied: {problem}")
         if ownership is not None:  # the code is the truth for owners and tags too
             info.ownership = ownership
         if policy is not None:  # and for the refresh policy it declares
