@@ -187,6 +187,55 @@ def test_alter_columns_makes_the_column_stale_and_backfill_recomputes(db, call_l
         t.alter_columns({"column": "y", "udf": f})
 
 
+def test_a_column_computed_from_another_is_stale_once_that_one_is_backfilled(db, call_log):
+    """e and f read the computed column d: a backfill of d (new values, row
+    versions kept) makes the rows it wrote stale in e and f, whether they were
+    computed before d had values or from d's old code; their backfills compute
+    exactly those rows from the new values (they read current before, with
+    NULLs or old values, and no backfill computed them)."""
+    t = db.create_table("t", _rows(6))
+
+    @mv.udf
+    def dbl(x: float) -> float:
+        return 2 * x
+
+    @mv.udf(version="2")
+    def triple(x: float) -> float:
+        return 3 * x
+
+    @mv.udf
+    def inc(d: float) -> float:
+        record_call(call_log, "inc", d)
+        return d + 1
+
+    t.add_columns({"d": dbl})
+    t.add_columns({"e": inc, "f": "d * 10"})
+    t.backfill("e")  # d has no value yet: e is NULL (no call), and computed
+    t.backfill("f")
+    assert count_calls(call_log, "inc") == 0
+    t.backfill("d")
+    status = {s["column"]: s["stale"] for s in t.column_status()}
+    assert status == {"d": 0, "e": 6, "f": 6}
+    assert t.plan_backfill("e").rows == 6 and t.plan_backfill("f").rows == 6
+    t.backfill("e")
+    t.backfill("f")
+    assert count_calls(call_log, "inc") == 6
+    assert _values(t, "e") == {i: (2.0 * i + 1,) for i in range(6)}
+    assert _values(t, "f") == {i: (20.0 * i,) for i in range(6)}
+    # d's code changes: after its backfill, e and f follow again; only the rows d wrote
+    t.alter_columns({"path": "d", "udf": triple})
+    assert {s["column"]: s["stale"] for s in t.column_status()} == {"d": 6, "e": 0, "f": 0}
+    t.backfill("d", where="x < 3")
+    assert {s["column"]: s["stale"] for s in t.column_status()} == {"d": 3, "e": 3, "f": 3}
+    t.backfill("d")
+    t.backfill("e")
+    t.backfill("f")
+    assert count_calls(call_log, "inc") == 12  # (6 more)
+    assert _values(t, "e") == {i: (3.0 * i + 1,) for i in range(6)}
+    assert _values(t, "f") == {i: (30.0 * i,) for i in range(6)}
+    assert all(s["stale"] == 0 for s in t.column_status())
+
+
 def test_backfill_with_an_override_udf_and_bad_arguments(db):
     t = db.create_table("t", _rows(6))
     t.add_columns({"y": _plain})
@@ -321,6 +370,64 @@ def test_a_failed_job_resumes_from_its_checkpoints_even_after_compaction(db, tmp
     assert r.batches_resumed == 3 and r.udf_rows_computed == 10
     assert count_calls(call_log, "slow") == first + 10
     assert _values(t, "y") == {i: (i + 0.5,) for i in range(40)}
+
+
+def test_a_table_made_again_under_its_name_keeps_nothing_of_the_old_ones_checkpoints(db, tmp_path, call_log):
+    """A backfill dies after saving checkpoints; the table is replaced
+    (``mode="overwrite"``, or its files removed by another tool and a table
+    created again): the new table's rows have the same row ids and versions,
+    and took the old rows' results as their own (current, wrong values)."""
+    import shutil
+
+    stop = tmp_path / "stop"
+
+    @mv.udf
+    def slow(x: float) -> float:
+        record_call(call_log, "slow", x)
+        if x >= 30 and stop.exists():
+            raise RuntimeError("killed")
+        return x + 0.5
+
+    for replace in ("overwrite", "by hand"):
+        stop.write_text("1")
+        t = db.create_table("t", _rows(40))
+        t.add_columns({"y": slow})
+        with pytest.raises(RuntimeError, match="killed"):
+            t.backfill("y", checkpoint_size=10)
+        stop.unlink()
+        new_rows = [{**r, "x": r["x"] + 1000} for r in _rows(40)]
+        if replace == "overwrite":
+            t = db.create_table("t", new_rows, mode="overwrite")
+        else:
+            shutil.rmtree(t.uri)
+            t = db.create_table("t", new_rows)
+        t.add_columns({"y": slow})
+        assert t.plan_backfill("y", checkpoint_size=10).batches_checkpointed == 0
+        assert t.backfill("y", checkpoint_size=10).udf_rows_computed == 40
+        assert _values(t, "y") == {i: (i + 1000.5,) for i in range(40)}
+        db.drop_table("t")
+
+
+def test_a_sql_column_failing_on_a_written_row_leaves_it_stale_and_the_write_done(db):
+    """A SQL column whose expression fails on a row add() writes (a cast that
+    does not hold): the add was committed, so it is not reported failed (a
+    retry added the row twice, and every later write of the table raised
+    after its commit too); the row stays stale, said in a warning, and the
+    rows written with it and after it are filled."""
+    t = db.create_table("t", [{"id": i, "s": str(i)} for i in range(5)])
+    t.add_columns({"n": "CAST(s AS BIGINT)"})
+    with pytest.warns(UserWarning, match=r"SQL column 'n' of 't' .* fails on 1 row\(s\)"):
+        t.add([{"id": 100, "s": "abc"}, {"id": 101, "s": "101"}])
+    assert t.count_rows() == 7
+    with pytest.warns(UserWarning, match="fails on 1 row"):
+        t.add([{"id": 7, "s": "7"}])
+        t.update("id = 1", values={"s": "11"})
+    values = {r["id"]: r["n"] for r in t.to_arrow().to_pylist()}
+    assert values == {0: 0, 1: 11, 2: 2, 3: 3, 4: 4, 100: None, 101: 101, 7: 7}
+    assert {s["column"]: s["stale"] for s in t.column_status()} == {"n": 1}
+    t.update("id = 100", values={"s": "100"})  # its value fixed: filled
+    assert {s["column"]: s["stale"] for s in t.column_status()} == {"n": 0}
+    assert t.to_arrow().filter(pa.compute.equal(t.to_arrow().column("id"), 100)).column("n").to_pylist() == [100]
 
 
 def test_backfill_async_returns_a_job(db):

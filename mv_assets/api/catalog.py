@@ -434,8 +434,10 @@ class Connection:
             raise ValueError("schema metadata key 'mv_assets.view' is reserved for views")
         check_primary_key(table, primary_key)
         uri = self._table_uri(name)
-        if mode == "overwrite":
-            objects.remove_tree(uri)
+        # the table replaced (or one dropped outside mv_assets: its files removed by hand) leaves nothing
+        # to the new one: the new table's row ids and versions start again, and its columns' checkpoints,
+        # load records and errors would be taken for its own
+        self._drop_dataset(name)
         objects.write_dataset(table, uri, schema=table.schema, mode="create", enable_stable_row_ids=True)
         return Table(self, name)
 

@@ -4,6 +4,7 @@ import inspect
 import json
 import time
 import uuid
+import warnings
 from collections.abc import Collection
 from contextlib import AbstractContextManager
 from dataclasses import dataclass
@@ -1001,13 +1002,56 @@ class Table(Indexed):
                                  int(stats.get("num_deleted_rows", 0)), table.num_rows)
 
     def _fill_sql_columns(self) -> int | None:
-        """Compute SQL computed columns for rows that lack them (after add/update)."""
+        """Compute SQL computed columns for rows that lack them (after add/update,
+        committed already). Rows the expression fails on (a cast that does not
+        hold for their values) are left out, stale, with a warning naming
+        them: the write is not reported failed after its commit (a retry would
+        add the rows twice), and the rows written next are filled still."""
         version = None
         for c in self.computed_columns():
-            if c.kind == "sql":
+            if c.kind != "sql":
+                continue
+            try:
                 result = self.backfill(c.name, runner=InlineRunner())
-                version = result.version or version
+            except (ValueError, OSError, pa.ArrowException) as exc:
+                bad = self._rows_failing(c.name, c.expr or "")
+                if not bad:
+                    raise
+                warnings.warn(
+                    f"SQL column {c.name!r} of {self.name!r} ({c.expr}) fails on {len(bad)} row(s) "
+                    f"(row ids {bad[:10]}{' ...' if len(bad) > 10 else ''}: {short_error(exc)}); they stay "
+                    "stale (table.column_status()) until their values or the expression change. The write "
+                    "itself was committed.", stacklevel=3)
+                stale = lacking_predicate(self.column_ref(), c.name)
+                result = self.backfill(c.name, runner=InlineRunner(),
+                                       where=f"({stale}) AND NOT (_rowid IN ({', '.join(map(str, bad))}))")
+            version = result.version or version
         return version
+
+    def _rows_failing(self, column: str, expr: str) -> list[int]:
+        """Row ids of the rows lacking ``column`` its expression fails on (halves
+        of them evaluated until the failing rows are found)."""
+        ds = self._dataset()
+        ids = ds.to_table(columns=[], with_row_id=True, filter=lacking_predicate(self.column_ref(), column)
+                          ).column("_rowid").to_pylist()
+
+        def fails(part: list[int]) -> bool:
+            try:
+                ds.to_table(columns={"v": expr}, filter=f"_rowid IN ({', '.join(map(str, part))})")
+            except (ValueError, OSError, pa.ArrowException):
+                return True
+            return False
+
+        bad: list[int] = []
+        todo = [ids] if ids and fails(ids) else []
+        while todo:
+            part = todo.pop()
+            if len(part) == 1:
+                bad.append(part[0])
+                continue
+            half = len(part) // 2
+            todo += [p for p in (part[:half], part[half:]) if fails(p)]
+        return sorted(bad)
 
     def _stale_markers(self, updated: set[str]) -> dict[str, str]:
         """Markers to clear when ``updated`` columns change: computed columns reading them."""

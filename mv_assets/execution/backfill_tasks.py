@@ -221,10 +221,19 @@ def column_field_ids(ds: lance.LanceDataset, names: list[str]) -> tuple[list[int
 
 
 def write_fragment_file(
-    ds: lance.LanceDataset, fragment_id: int, names: list[str], offsets: np.ndarray, values: pa.Table
+    ds: lance.LanceDataset, fragment_id: int, names: list[str], offsets: np.ndarray, values: pa.Table,
+    nulls: list[str] | None = None,
 ) -> FragmentMetadata:
     """A new data file with ``names`` for every physical row of the fragment:
-    ``values`` at ``offsets``, current values elsewhere (deleted rows NULL)."""
+    ``values`` at ``offsets``, current values elsewhere (deleted rows NULL).
+    ``nulls``: more columns (markers of columns computed from these), NULL at
+    ``offsets``, as they are elsewhere."""
+    extra = [n for n in nulls or [] if n not in names and n in ds.schema.names]
+    if extra:
+        values = values.select(names)
+        for n in extra:
+            values = values.append_column(ds.schema.field(n), pa.nulls(values.num_rows, ds.schema.field(n).type))
+        names = names + extra
     frag = ds.get_fragment(fragment_id)
     if frag is None:
         raise RuntimeError(f"fragment {fragment_id} of {ds.uri} disappeared while writing a column")
@@ -278,7 +287,8 @@ def run_write_task(payload: str, shared: bytes) -> str:
     base = np.zeros(int(needed.max()) + 1, dtype=np.int64)
     base[needed] = np.concatenate([[0], np.cumsum(sizes)[:-1]])
     values = pa.table(index.values(base[batch] + row, job["names"]))
-    meta = write_fragment_file(ds, task["fragment_id"], job["names"], assign.column("offset").to_numpy(), values)
+    meta = write_fragment_file(ds, task["fragment_id"], job["names"], assign.column("offset").to_numpy(), values,
+                               job.get("nulls"))
     progress.advance(assign.num_rows)
     return json.dumps(meta.to_json())
 
@@ -327,7 +337,7 @@ def run_fused_task(payload: str, shared: bytes) -> str:
                     if writing is not None:
                         fragments.append(writing.result().to_json())
                     writing = writer.submit(write_fragment_file, ds, fid, job["names"], np.concatenate(offsets),
-                                            pa.concat_tables(out))
+                                            pa.concat_tables(out), job.get("nulls"))
                 out, offsets = [], []
                 continue
             if batch.num_rows == 0:

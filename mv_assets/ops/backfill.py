@@ -74,6 +74,7 @@ from mv_assets.model.definition import (
     ColumnSpec,
     check_sql,
     computed_marker,
+    definition_reads,
     short_error,
     udf_column_type,
 )
@@ -551,6 +552,26 @@ def _job_file(ckpt_dir: str, name: str) -> str:
     return objects.join(ckpt_dir, "jobs", name)
 
 
+def dependent_markers(table: Ref, specs: list[ColumnSpec], ds: lance.LanceDataset | None = None) -> list[str]:
+    """The markers of the computed columns of ``table`` that read a column of
+    ``specs`` (and are not among them). A backfill writes new values without
+    moving row versions, so a column computed from the old ones would read as
+    current for good: the backfill sets its marker NULL for the rows it writes
+    (stale: its next backfill computes them from the new values, and does the
+    same for the columns reading it in turn)."""
+    written = sorted({c.name for c in specs})
+    names = (ds or table.dataset()).schema.names
+    out = []
+    for c in table.computed_columns():
+        if c.name in written or computed_marker(c.name) not in names:
+            continue
+        light = {"columns": [{"name": c.name, "kind": c.kind, "expr": c.expr,
+                              "udf": {"input_columns": c.udf.input_columns if c.udf is not None else None}}]}
+        if definition_reads(light, written, [n for n in names if n != c.name]):
+            out.append(computed_marker(c.name))
+    return out
+
+
 def _commit_results(
     table: Ref, plan: BackfillPlan, job_id: str, stats: dict, runner: "Runner"
 ) -> tuple[int | None, int, int]:
@@ -580,7 +601,7 @@ def _commit_results(
             assigns.append(path)
             payloads.append(json.dumps({"fragment_id": int(fid), "assign": path}))
         shared_w = json.dumps({
-            "uri": table.uri, "version": ds.version, "names": names,
+            "uri": table.uri, "version": ds.version, "names": names, "nulls": dependent_markers(table, plan.specs, ds),
             "checkpoint_dir": plan.checkpoint_dir, "keys": plan.batch_keys,
         }).encode()
         try:
@@ -591,9 +612,12 @@ def _commit_results(
                 objects.remove(path)
         return [FragmentMetadata.from_json(o) for o in outs]
 
-    props = {"job_id": job_id, "columns": plan.columns, "fingerprint": plan.fingerprint, **stats}
+    nulls = dependent_markers(table, plan.specs)
+    props = {"job_id": job_id, "columns": plan.columns, "fingerprint": plan.fingerprint, "invalidated": nulls,
+             **stats}
     return commit_column_values(
-        table, names, np.concatenate(ids), np.concatenate(vers), write, is_view=plan.is_view, props=props
+        table, names, np.concatenate(ids), np.concatenate(vers), write, is_view=plan.is_view, props=props,
+        nulls=nulls,
     )
 
 
@@ -617,6 +641,7 @@ def commit_column_values(
     is_view: bool,
     props: dict,
     bump_versions: bool = False,
+    nulls: list[str] | None = None,
 ) -> tuple[int | None, int, int]:
     """Write ``names`` for the rows identified by ``res_ids`` / ``res_vers``
     (stable id and row version of the row the values were computed for) into
@@ -629,7 +654,8 @@ def commit_column_values(
     Computed columns are written without moving row versions (``bump_versions``
     False): views that read them see the change through the markers, views
     that do not read them see no change at all. Loaded data columns move the
-    versions of the rows written, like any update.
+    versions of the rows written, like any update. ``nulls``: marker columns
+    ``write`` sets NULL for the rows it writes (:func:`dependent_markers`).
 
     Returns (new version or None, rows written, rows skipped)."""
 
@@ -662,7 +688,7 @@ def commit_column_values(
         offset_maps = {}
         if bump_versions:  # the rows whose versions move: portable RoaringBitmap bytes
             offset_maps = {fid: roaring_bitmap_bytes(o.tolist()) for fid, o, _ in groups}
-        _, every = column_field_ids(ds, names)
+        _, every = column_field_ids(ds, names + [n for n in nulls or [] if n not in names])
         txn = Transaction(
             read_version=ds.version,
             operation=LanceOperation.Update(
@@ -705,8 +731,9 @@ def stale_fragments(ds: lance.LanceDataset, specs: list[ColumnSpec]) -> list | N
     too). Holds while every later commit either appends or changes nothing
     these columns' markers depend on (compactions, indexes, other columns'
     backfills); anything else (an update, a delete, a schema change, another
-    backfill of these columns, a cleaned-up version, or no such backfill in the
-    last ``STALE_LOOKBACK`` versions) answers None. O(commits)."""
+    backfill of these columns or of a column they read, a cleaned-up version,
+    or no such backfill in the last ``STALE_LOOKBACK`` versions) answers None.
+    O(commits)."""
     names = [c.name for c in specs]
     for v in range(ds.version, max(0, ds.version - STALE_LOOKBACK), -1):  # a read per version
         try:
@@ -718,6 +745,8 @@ def stale_fragments(ds: lance.LanceDataset, specs: list[ColumnSpec]) -> list | N
         props = txn.transaction_properties or {}
         if BACKFILL_KEY in props:
             info = json.loads(props[BACKFILL_KEY])
+            if {computed_marker(n) for n in names} & set(info.get("invalidated") or []):
+                return None  # a backfill of a column these read: it set their markers NULL where it wrote
             if not set(names) & set(info.get("columns") or []):
                 continue  # another column's backfill: these markers untouched
             read = info.get("read_version")
@@ -781,9 +810,10 @@ def _execute_one_pass(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: 
             extra = {"plan_path": _job_file(p.checkpoint_dir, f"one-pass-{job_id}.arrow"), "input_uri": p.input_uri,
                      "input_version": p.input_version}
             objects.write_arrow(extra["plan_path"], p.plan_rows)
+        nulls = dependent_markers(table, specs, table.dataset(p.read_version))
         shared = json.dumps({
             "specs": [c.to_json() for c in specs], "names": names, "uri": table.uri, "version": p.read_version,
-            "predicate": p.predicate, "rows_dir": rows_dir, "checkpoint_seconds": pace, **extra,
+            "predicate": p.predicate, "rows_dir": rows_dir, "checkpoint_seconds": pace, "nulls": nulls, **extra,
         }).encode()
         try:
             outs = [json.loads(o) for o in runner.map(FUSED_TASK, [json.dumps(t) for t in p.one_pass_tasks], shared,
@@ -798,7 +828,7 @@ def _execute_one_pass(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: 
         computed += sum(o["udf_rows"] for o in outs)
         resumed += sum(o["resumed"] for o in outs)
         errors = [e for o in outs for e in o["errors"]]
-        _, every = column_field_ids(table.dataset(p.read_version), names)
+        _, every = column_field_ids(table.dataset(p.read_version), names + nulls)
         txn = Transaction(
             read_version=p.read_version,
             operation=LanceOperation.Update(
@@ -809,6 +839,7 @@ def _execute_one_pass(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: 
                 "job_id": job_id, "columns": plan.columns, "fingerprint": plan.fingerprint,
                 "udf_rows_computed": computed, "errors": len(errors), "rows": p.rows,
                 "read_version": p.read_version, "targeted": p.targeted, "started_at": started_at,
+                "invalidated": nulls,
             })},
         )
         return txn, (p, outs, errors)
