@@ -248,3 +248,52 @@ def test_a_partition_of_a_fragment_gone_is_refused_and_a_mistyped_catalog_create
     with pytest.raises(CatalogNotFoundError, match="no mv_assets catalog at"):
         build_definitions(str(missing))
     assert not missing.exists() and not missing.parent.exists()
+
+
+def test_recording_never_refreshes_a_view_its_policy_leaves_behind(tmp_path):
+    """A manual view over an eager one, refreshed by hand: its partitions are
+    recorded as it holds them; a later append refreshes the eager view, and
+    the sensor's runs leave the manual view as it was (they refreshed it with
+    the recording of its new partition: against its policy)."""
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(4)], primary_key="id")
+    db.create_materialized_view("e", src.search(None).select(["id", "x"]))
+    db.create_materialized_view("wm", db.open_table("e").search(None).select(["id", "x"]),
+                                refresh_policy=mv.RefreshPolicy.manual())
+    defs = _defs(db)
+    with dg.instance_for_test() as instance:
+        _, _, cursor = _tick(defs, instance, None)
+        db.refresh("wm")
+        data, runs, cursor = _tick(defs, instance, cursor)
+        assert [r.run_key.split(":", 1)[1].startswith(";recorded:") for r in data.run_requests] == [True]
+        assert data.run_requests[0].tags["mv_assets/record_only"] == "wm"
+        held = db.open_view("wm").refresh_state().load_number
+        src.add([{"id": 100, "x": 100}])
+        for _ in range(3):
+            data, runs, cursor = _tick(defs, instance, cursor)
+            assert all(r.success for r in runs)
+            assert all(K(["wm"]) not in r.asset_selection for r in data.run_requests)
+        assert db.open_view("wm").refresh_state().load_number == held
+        assert 100 not in db.open_table("wm").to_arrow().column("id").to_pylist()
+        assert 100 in db.open_table("e").to_arrow().column("id").to_pylist()
+
+
+def test_a_join_view_refreshed_twice_outside_dagster_is_recorded_twice(tmp_path):
+    """A joined source changes and the join view is refreshed from Python,
+    twice: each time the next tick records its partitions (the second run
+    had the first one's key, and the daemon never launched it)."""
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    authors = db.create_table("authors", [{"aid": i, "name": f"n{i}"} for i in range(2)], primary_key="aid")
+    docs = db.create_table("docs", [{"id": i, "aid": i % 2} for i in range(4)], primary_key="id")
+    db.create_materialized_view("j", docs.search(None).join(authors, on="aid").select(
+        {"id": "id", "name": "authors.name"}))
+    defs = _defs(db)
+    with dg.instance_for_test() as instance:
+        cursors = {n: _tick(defs, instance, None, n)[2] for n in ("docs_changes", "authors_changes")}
+        for round_ in range(2):
+            authors.update(where="aid = 1", values={"name": f"renamed{round_}"})
+            db.refresh("j")
+            for name in ("docs_changes", "authors_changes"):
+                _, runs, cursors[name] = _tick(defs, instance, cursors[name], name)
+                assert all(r.success for r in runs)
+            assert set(_statuses(defs, instance, K(["j"]), "docs").values()) == {"FRESH"}, round_

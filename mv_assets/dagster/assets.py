@@ -51,6 +51,9 @@ __all__ = [
 RESOURCE_KEY = "mv_assets"
 TAG_SOURCE_VERSION = "mv_assets/source_version"
 TAG_SCOPE = "mv_assets/scope"
+# on a sensor's run: the views it records, not refreshes (comma-separated): refreshed outside the
+# runs that named their partitions, which Dagster records behind (see dagster.sensors._recorded_behind)
+TAG_RECORD_ONLY = "mv_assets/record_only"
 CHECK_NAMES = ("matches_source_query", "no_orphan_rows", "values_match_source", "udf_values_present")
 UDTF_CHECK_NAMES = ("no_orphan_rows",)  # a table-function view's (ops.checks._udtf_checks)
 AGG_CHECK_NAMES = ("no_orphan_rows", "values_match_source")  # an aggregate view's (ops.checks._agg_checks)
@@ -1227,7 +1230,12 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
     whole = not info.scoped or not keys or sensor_run or _covers_every_fragment(db.open_table(info.root), fragments)
     started = time.perf_counter()
     checks = None
-    if pipes is None:
+    if info.name in context.run.tags.get(TAG_RECORD_ONLY, "").split(","):
+        # (what the view holds is recorded; a refresh would go against its policy, or its upstream's)
+        context.log.info(f"{info.name}: recording {len(keys)} partition(s) as the view holds them (refreshed "
+                         "outside the runs that named them); not refreshed")
+        result, recomputed = None, {}
+    elif pipes is None:
         result, recomputed = _compute(context, info, view, view_key, columns, fragments, whole)
     else:
         result, recomputed, checks = _launch(context, pipes, info, view, view_key, columns, fragments, whole, since)
@@ -1463,7 +1471,8 @@ def _run_inputs(
     # A view over a base table: each partition's input is its own source
     # fragment, as observed (the run observes what the instance has not seen:
     # never observed, a partition would show Unsynced right after this run).
-    read = None if result is None else result.to_version
+    # (not refreshed by this run: the fragments as the view read them)
+    read = view.source_version if result is None else result.to_version
     if result is not None and info.kind == "join_aggregate":  # (its own source is the join under it: the first
         read = view.source_versions.get(info.source_name)      # table's version is the one it recorded)
     fragment_inputs = (observe_fragments(context, source, fragments, read)

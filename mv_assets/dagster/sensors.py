@@ -39,6 +39,7 @@ from dagster._core.events import DagsterEventType
 from mv_assets.api.table import MaterializedView, Table
 from mv_assets.dagster.assets import (
     CODE_CHECK,
+    TAG_RECORD_ONLY,
     TAG_SCOPE,
     TAG_SOURCE_VERSION,
     code_check_evaluations,
@@ -348,7 +349,7 @@ def _tick(context: dg.SensorEvaluationContext, mv_assets: MvAssetsResource, w: _
     due, loads, due_at = _due_views(context, db, tree, watched)
     behind = _recorded_behind(context, db, w, handle, ch.fragments, due)
     runs, retire, kept = _lineage_run(w, ch, stale, due, loads, retire, behind,
-                                      seen.get("run") if last == "failed" else None)
+                                      seen.get("run") if last == "failed" else None, watched)
     if kept is None and last == "pending" and "run" in seen:
         kept = seen["run"]  # (its outcome is looked up at the next tick)
     waiting = kept is not None and kept.get("wait_until") is not None  # a failed run's retry, not due yet
@@ -451,11 +452,16 @@ def _recorded_behind(context, db, w: _Watched, handle: Table, fragments: list[in
     storage = context.instance.event_log_storage
     current = {str(f): v for f, v in handle.fragment_data_versions(fragments).items()}
     out: dict[str, list[str]] = {}
+    moving = set(due)  # views this run refreshes, or behind their sources: those over them are left alone
     for v in w.tree:
         if v.name in due or v.name not in db or not w.view_assets.get(v.name):
             continue
+        if v.over_view and v.source_name in moving:  # (its upstream changes in this run, or is behind)
+            moving.add(v.name)
+            continue
         view = db.open_view(v.name)
         if view.pending_source_versions() or view.refresh_state().scoped_since_whole:
+            moving.add(v.name)
             continue  # behind its source: Dagster showing it so is right (its policy says when it refreshes)
         view_key = w.view_assets[v.name][0]
         source_key = dg.AssetKey([v.source_name])
@@ -513,8 +519,8 @@ def _stale_columns(w: _Watched, handle: Table, moved: bool, observed: bool, new_
 
 
 def _lineage_run(w: _Watched, ch, stale: list[dg.AssetKey], due: dict[str, str], loads: dict[str, int], retire,
-                 behind: dict[str, list[str]] | None = None, failed: dict | None = None
-                 ) -> tuple[list[dg.RunRequest], Any, dict | None]:
+                 behind: dict[str, list[str]] | None = None, failed: dict | None = None,
+                 versions: dict[str, int | None] | None = None) -> tuple[list[dg.RunRequest], Any, dict | None]:
     """One run for everything due downstream of the table (its partitions
     definition is shared, so the run carries the whole lineage in order), if
     anything is, the request retiring gone fragments' partitions still to
@@ -523,7 +529,10 @@ def _lineage_run(w: _Watched, ch, stale: list[dg.AssetKey], due: dict[str, str],
     tick that sees the same state again requests nothing new.
 
     ``behind``: views' partitions Dagster records behind the views' rows
-    (:func:`_recorded_behind`): named by the run too. ``failed``: the
+    (:func:`_recorded_behind`): named by the run too, and recorded, not
+    refreshed (``TAG_RECORD_ONLY``); ``versions``: the views' Lance versions
+    (in the run key: the same partitions behind again after another refresh
+    are a new run). ``failed``: the
     cursor's record of the last run requested, which failed: its partitions
     are named again, and a run of the same key is retried under a key of its
     own (``~retry<n>``) once :func:`_retry_wait` has passed since the failure
@@ -533,8 +542,9 @@ def _lineage_run(w: _Watched, ch, stale: list[dg.AssetKey], due: dict[str, str],
     if not wanted:
         return [], retire, None
     base = f"{w.table.name}@{ch.version}:" + ",".join(f"{v.name}#{loads[v.name]}" for v in w.tree if v.name in due)
-    if behind:  # (the partitions recorded behind: a run that could not record them is not asked again)
-        digest = hashlib.sha256(json.dumps(sorted(behind.items())).encode()).hexdigest()[:8]
+    if behind:  # (the partitions recorded behind and the views' versions: the same state is not asked again)
+        state = sorted((name, parts, (versions or {}).get(name)) for name, parts in behind.items())
+        digest = hashlib.sha256(json.dumps(state).encode()).hexdigest()[:8]
         base += f";recorded:{digest}"
     existing = {str(f) for f in ch.fragments}
     named = set(ch.to_refresh) | {p for parts in behind.values() for p in parts}
@@ -553,6 +563,8 @@ def _lineage_run(w: _Watched, ch, stale: list[dg.AssetKey], due: dict[str, str],
         # that are gone (it refreshes the views as a whole); a later tick retires them
         todo, retire = [str(f) for f in ch.retired], None
     tags = {TAG_SOURCE_VERSION: str(ch.version), TAG_SCOPE: "changes", TAG_LINEAGE: w.table.name}
+    if behind:
+        tags[TAG_RECORD_ONLY] = ",".join(sorted(behind))
     request = {"key": key, "base": base, "parts": todo, "attempt": attempt}
     if todo:
         return [dg.RunRequest(run_key=key, asset_selection=wanted, tags={**tags, **_range_tags(todo)},
