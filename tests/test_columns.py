@@ -95,6 +95,7 @@ def _multi(n: int) -> mv.Columns[Dims]:
         ({"y": (_plain, ["x", "n"])}, "has 1 parameters"),
         ({"y": 42}, "expected a SQL expression, a UDF"),
         ({}, "at least one column"),
+        ({"X": "x * 3"}, r"only by case are refused .*'X' \('x' exists\)"),  # (it read itself: all NULL)
         (["y"], "add_columns\\(\\) takes"),
         (mv.UnpackedUDF(_multi, prefix="x"), None),  # 'xheight' is fine: a control case
     ],

@@ -154,6 +154,13 @@ def add_columns(table: Ref, transforms: Any) -> list[str]:
     clash = [c.name for c in specs if c.name in ds.schema.names or computed_marker(c.name) in ds.schema.names]
     if clash:
         raise ValueError(f"columns {clash} already exist in {table.name!r}")
+    # Lance's SQL reads unquoted names whatever their case: an expression naming the existing
+    # column would read the new one (itself, empty), and every later reader could not tell them apart
+    folded = {n.lower(): n for n in ds.schema.names}
+    cased = [(c.name, folded[c.name.lower()]) for c in specs if c.name.lower() in folded]
+    if cased:
+        raise ValueError("column names differing from existing ones only by case are refused (Lance's SQL reads "
+                         "unquoted names case-insensitively): " + ", ".join(f"{n!r} ({o!r} exists)" for n, o in cased))
     if is_view and any(c.kind == "udf" and c.udf is not None and c.udf.kind == "batch" for c in specs):
         raise ValueError("a RecordBatch UDF cannot be added to a view; name its input columns")
     if is_view:
