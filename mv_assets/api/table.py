@@ -1042,6 +1042,10 @@ class Table(Indexed):
                 return True
             return False
 
+        try:  # an expression that fails on no row at all (a column it reads is gone): not the rows' fault
+            ds.to_table(columns={"v": expr}, filter="false")
+        except (ValueError, OSError, pa.ArrowException):
+            return []
         bad: list[int] = []
         todo = [ids] if ids and fails(ids) else []
         while todo:
