@@ -373,6 +373,71 @@ def test_a_failed_job_resumes_from_its_checkpoints_even_after_compaction(db, tmp
     assert _values(t, "y") == {i: (i + 0.5,) for i in range(40)}
 
 
+def test_a_view_selecting_a_column_computed_from_another_follows_both_backfills(db):
+    """A view selects e, computed from d: d's backfill makes e stale, and e's
+    backfill writes its new values with the same markers as before (row
+    versions kept): the view's refreshes took neither for a change and kept
+    e's old values, current to its status."""
+    t = db.create_table("t", _rows(5))
+
+    @mv.udf
+    def dbl(x: float) -> float:
+        return 2 * x
+
+    @mv.udf
+    def inc(d: float) -> float:
+        return d + 1
+
+    t.add_columns({"d": dbl})
+    t.add_columns({"e": inc, "f": "d * 10"})
+    t.backfill("e")  # (from d's NULLs: NULL, and computed)
+    v = db.create_materialized_view("v", t.search(None).select(["id", "e", "f"]))
+    v.refresh()
+    t.backfill("d")
+    t.backfill("e")
+    t.backfill("f")
+    assert v.refresh().rows_updated == 5
+    got = {r["id"]: (r["e"], r["f"]) for r in v.to_arrow().to_pylist()}
+    assert got == {i: (2.0 * i + 1, 20.0 * i) for i in range(5)}
+    assert v.status().versions_behind == 0 and all(o.passed for o in v.check())
+
+
+def test_a_checkpointed_backfill_never_writes_values_computed_from_inputs_changed_meanwhile(db):
+    """e (computed from d) is backfilled in checkpointed batches; while it
+    computes, d's code changes and d is backfilled: e's commit wrote its
+    values, computed from the old d, as current (its commit checks row
+    versions, which backfills keep). They stay stale instead."""
+    t = db.create_table("t", _rows(40))
+
+    @mv.udf
+    def dbl(x: float) -> float:
+        return 2 * x
+
+    @mv.udf(version="2")
+    def triple(x: float) -> float:
+        return 3 * x
+
+    calls = {"n": 0}
+
+    @mv.udf
+    def inc(d: float) -> float:
+        calls["n"] += 1
+        if calls["n"] == 1:  # meanwhile, another writer changes d
+            other = db.open_table("t")
+            other.alter_columns({"path": "d", "udf": triple})
+            other.backfill("d")
+        return d + 1
+
+    t.add_columns({"d": dbl})
+    t.backfill("d")
+    t.add_columns({"e": inc})
+    r = t.backfill("e", checkpoint_size=10)
+    assert r.rows_written == 0
+    assert {s["column"]: s["stale"] for s in t.column_status()} == {"d": 0, "e": 40}
+    t.backfill("e", checkpoint_size=10)
+    assert _values(t, "e") == {i: (3.0 * i + 1,) for i in range(40)}
+
+
 def test_a_table_made_again_under_its_name_keeps_nothing_of_the_old_ones_checkpoints(db, tmp_path, call_log):
     """A backfill dies after saving checkpoints; the table is replaced
     (``mode="overwrite"``, or its files removed by another tool and a table
@@ -418,13 +483,14 @@ def test_a_sql_column_failing_on_a_written_row_leaves_it_stale_and_the_write_don
     t = db.create_table("t", [{"id": i, "s": str(i)} for i in range(5)])
     t.add_columns({"n": "CAST(s AS BIGINT)"})
     with pytest.warns(UserWarning, match=r"SQL column 'n' of 't' .* fails on 1 row\(s\)"):
-        t.add([{"id": 100, "s": "abc"}, {"id": 101, "s": "101"}])
-    assert t.count_rows() == 7
+        # (amid rows of its write: a backfill reads ranges of rows, and evaluated it there too)
+        t.add([{"id": 101, "s": "101"}, {"id": 100, "s": "abc"}, {"id": 102, "s": "102"}])
+    assert t.count_rows() == 8
     with pytest.warns(UserWarning, match="fails on 1 row"):
         t.add([{"id": 7, "s": "7"}])
         t.update("id = 1", values={"s": "11"})
     values = {r["id"]: r["n"] for r in t.to_arrow().to_pylist()}
-    assert values == {0: 0, 1: 11, 2: 2, 3: 3, 4: 4, 100: None, 101: 101, 7: 7}
+    assert values == {0: 0, 1: 11, 2: 2, 3: 3, 4: 4, 100: None, 101: 101, 102: 102, 7: 7}
     assert {s["column"]: s["stale"] for s in t.column_status()} == {"n": 1}
     t.update("id = 100", values={"s": "100"})  # its value fixed: filled
     assert {s["column"]: s["stale"] for s in t.column_status()} == {"n": 0}

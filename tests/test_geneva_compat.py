@@ -625,6 +625,8 @@ def test_drop_and_alter_columns_of_a_table(db):
         t.drop_columns(["__computed__y"])
     with pytest.raises(ValueError, match="cannot rename 's' of 't': computed column 'ys' read"):
         t.alter_columns({"path": "s", "rename": "s2"})
+    with pytest.raises(ValueError, match="'X' differs from the column 'x' of 't' only by case"):
+        t.alter_columns({"path": "id", "rename": "X"})  # (readers of x would read it: Lance's SQL folds case)
     t.drop_columns(["ys"])
     assert "ys" not in t.schema.names and "__computed__ys" not in t.stored_schema.names
     assert [c.name for c in t.computed_columns()] == ["y"]

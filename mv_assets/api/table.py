@@ -48,7 +48,7 @@ from mv_assets.model.names import PRIMARY_KEY_METADATA_KEY, Alias, is_internal_c
 from mv_assets.model.ownership import OWNERSHIP_METADATA_KEY, Ownership
 from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy
 from mv_assets.model.udf import checkpoint_size_of
-from mv_assets.ops.backfill import _group_specs, backfill_column, lacking_predicate, plan_backfill
+from mv_assets.ops.backfill import _group_specs, backfill_column, fill_sql_rows, lacking_predicate, plan_backfill
 from mv_assets.ops.checks import CheckOutcome, check_computed_columns, check_view
 from mv_assets.ops.columns import add_columns, alter_columns, load_columns, update_rows
 from mv_assets.ops.jobs import Job
@@ -1022,9 +1022,9 @@ class Table(Indexed):
                     f"(row ids {bad[:10]}{' ...' if len(bad) > 10 else ''}: {short_error(exc)}); they stay "
                     "stale (table.column_status()) until their values or the expression change. The write "
                     "itself was committed.", stacklevel=3)
-                stale = lacking_predicate(self.column_ref(), c.name)
-                result = self.backfill(c.name, runner=InlineRunner(),
-                                       where=f"({stale}) AND NOT (_rowid IN ({', '.join(map(str, bad))}))")
+                with self.column_ref().lock():
+                    version = fill_sql_rows(self.column_ref(), c, bad) or version
+                continue
             version = result.version or version
         return version
 

@@ -79,7 +79,7 @@ from mv_assets.model.definition import (
     udf_column_type,
 )
 from mv_assets.model.errors import UdfError
-from mv_assets.model.markers import stale_sql
+from mv_assets.model.markers import marker_value, stale_sql
 from mv_assets.model.names import Alias, nth_marker_alias
 from mv_assets.model.pacing import default_target_seconds
 from mv_assets.model.planning import column_ids as _ids
@@ -582,11 +582,12 @@ def _commit_results(
     the checkpoint batches it needs."""
     names = [n for c in plan.specs for n in (c.name, computed_marker(c.name))]
     store = CheckpointStore(plan.checkpoint_dir)
-    ids, vers, sizes = [], [], []
+    ids, vers, sizes, ins = [], [], [], []
     for key in plan.batch_keys:
         data, _ = store.read(key)
         ids.append(_ids(data, ckpt.ID))
         vers.append(_ids(data, ckpt.VERSION))
+        ins.append(np.asarray(data.column(ckpt.INPUTS).to_pylist(), dtype=object))
         sizes.append(data.num_rows)
     if not sizes or sum(sizes) == 0:
         return None, 0, 0
@@ -615,20 +616,54 @@ def _commit_results(
     nulls = dependent_markers(table, plan.specs)
     props = {"job_id": job_id, "columns": plan.columns, "fingerprint": plan.fingerprint, "invalidated": nulls,
              **stats}
+    # (a table's rows are written only where the computed columns they were read from are as they were)
+    schema = table.dataset().schema
+    read = ([] if plan.is_view else
+            [computed_marker(c) for c in input_columns(plan.specs, schema) if computed_marker(c) in schema.names])
     return commit_column_values(
         table, names, np.concatenate(ids), np.concatenate(vers), write, is_view=plan.is_view, props=props,
-        nulls=nulls,
+        nulls=nulls, inputs=(read, np.concatenate(ins)) if read else None,
     )
 
 
-def _driver_writer(res: pa.Table, names: list[str]):
-    """Write fragment files in this process from in-memory values (load_columns)."""
+def _driver_writer(res: pa.Table, names: list[str], nulls: list[str] | None = None):
+    """Write fragment files in this process from in-memory values (load_columns);
+    ``nulls``: marker columns set NULL for the rows written."""
 
     def write(ds: lance.LanceDataset, groups: list) -> list[FragmentMetadata]:
-        return [write_fragment_file(ds, int(fid), names, offsets, res.take(pa.array(pos)))
+        return [write_fragment_file(ds, int(fid), names, offsets, res.take(pa.array(pos)), nulls)
                 for fid, offsets, pos in groups]
 
     return write
+
+
+def fill_sql_rows(table: Ref, spec: ColumnSpec, exclude: list[int]) -> int | None:
+    """Compute the SQL column ``spec`` of a table for its rows lacking it but
+    those of ``exclude`` (row ids: rows its expression fails on), in this
+    process, and write them in one commit (:func:`commit_column_values`). The
+    expression is evaluated on the selected rows only (a backfill reads
+    ranges of rows: a failing row amid them failed it). Returns the new
+    version (None: nothing written)."""
+    assert spec.kind == "sql" and spec.expr is not None and not isinstance(table, ViewRef)
+    ds = table.dataset()
+    keep = lacking_predicate(table, spec.name)
+    if exclude:
+        keep = f"({keep}) AND NOT (_rowid IN ({', '.join(str(int(i)) for i in exclude)}))"
+    rows = ds.to_table(columns={"__v": spec.expr, "__ver": "_row_last_updated_at_version"}, filter=keep,
+                       with_row_id=True)
+    if rows.num_rows == 0:
+        return None
+    ids, vers = _ids(rows), _ids(rows, "__ver")
+    marker = computed_marker(spec.name)
+    res = pa.table({spec.name: rows.column("__v").cast(ds.schema.field(spec.name).type),
+                    marker: pa.array([marker_value(spec.fingerprint, int(v)) for v in vers], pa.string())})
+    names = [spec.name, marker]
+    nulls = dependent_markers(table, [spec], ds)
+    props = {"job_id": f"fill-{uuid.uuid4().hex[:8]}", "columns": [spec.name], "fingerprint": spec.fingerprint,
+             "invalidated": nulls, "targeted": True, "errors": 0}
+    version, _, _ = commit_column_values(table, names, ids, vers, _driver_writer(res, names, nulls), is_view=False,
+                                         props=props, nulls=nulls)
+    return version
 
 
 def commit_column_values(
@@ -642,6 +677,7 @@ def commit_column_values(
     props: dict,
     bump_versions: bool = False,
     nulls: list[str] | None = None,
+    inputs: "tuple[list[str], np.ndarray] | None" = None,
 ) -> tuple[int | None, int, int]:
     """Write ``names`` for the rows identified by ``res_ids`` / ``res_vers``
     (stable id and row version of the row the values were computed for) into
@@ -656,6 +692,10 @@ def commit_column_values(
     that do not read them see no change at all. Loaded data columns move the
     versions of the rows written, like any update. ``nulls``: marker columns
     ``write`` sets NULL for the rows it writes (:func:`dependent_markers`).
+    ``inputs``: the markers of the computed columns the values were computed
+    from, and their values then per row ('|'-joined): rows where they moved
+    since (a backfill of an input committed meanwhile: it set these columns'
+    markers NULL) are skipped, stale, as rows whose versions moved are.
 
     Returns (new version or None, rows written, rows skipped)."""
 
@@ -664,6 +704,8 @@ def commit_column_values(
         cols: dict[str, str] = {Alias.ROW_VERSION: SOURCE_ROW_VERSION if is_view else "_row_last_updated_at_version"}
         if is_view:
             cols[Alias.KEY] = SOURCE_ROW_ID
+        if inputs is not None:
+            cols.update({nth_marker_alias(i): f"`{m}`" for i, m in enumerate(inputs[0])})
         cur = ds.scanner(columns=cols, with_row_id=True, with_row_address=True).to_table()
         cur_keys = _ids(cur, Alias.KEY) if is_view else _ids(cur)
         cur_vers = _ids(cur, Alias.ROW_VERSION)
@@ -671,6 +713,8 @@ def commit_column_values(
         pos = positions(res_ids, cur_keys)
         ok = pos >= 0
         ok[ok] = cur_vers[pos[ok]] == res_vers[ok]
+        if inputs is not None and ok.any():
+            ok[ok] = _joined_markers(cur, len(inputs[0]))[pos[ok]] == inputs[1][ok]
         skipped = int(len(res_ids) - ok.sum())
         if not ok.any():
             return None, (0, skipped)

@@ -20,7 +20,7 @@ import json
 import re
 import socket
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -65,6 +65,7 @@ from mv_assets.model.planning import (
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.storage import indexes, objects
 from mv_assets.storage.changes import (
+    BACKFILL_KEY,
     STATE_KEY,
     ForeignWrites,
     backfill_commits,
@@ -306,8 +307,11 @@ def _no_rows(markers: list[str]) -> pa.Table:
     return pa.schema(fields).empty_table()
 
 
-def _marker_changes(src_uri: str, v0: int, v1: int, markers: list[str]) -> np.ndarray:
-    """Ids of rows whose computed markers differ between source versions v0 and v1."""
+def _marker_changes(src_uri: str, v0: int, v1: int, markers: list[str], between: Sequence[int] = ()) -> np.ndarray:
+    """Ids of rows whose computed markers differ between source versions v0 and
+    v1, or between v1 and one of ``between``: versions a backfill of a column
+    these are computed from set their markers NULL at (the backfill computing
+    them again after writes the same marker as before, with new values)."""
     def read(v: int) -> tuple[np.ndarray, list[np.ndarray]]:
         t = objects.dataset(src_uri, version=v).scanner(
             columns={f"m{i}": f"`{computed_marker(m)}`" for i, m in enumerate(markers)}, with_row_id=True
@@ -319,12 +323,13 @@ def _marker_changes(src_uri: str, v0: int, v1: int, markers: list[str]) -> np.nd
         return _ids(t), cols
 
     ids1, m1 = read(v1)
-    ids0, m0 = read(v0)
-    pos = positions(ids1, ids0)
-    found = pos >= 0
     changed = np.zeros(len(ids1), dtype=bool)
-    for a, b in zip(m1, m0, strict=True):
-        changed[found] |= a[found] != b[pos[found]]
+    for v in [v0, *between]:
+        ids0, m0 = read(v)
+        pos = positions(ids1, ids0)
+        found = pos >= 0
+        for a, b in zip(m1, m0, strict=True):
+            changed[found] |= a[found] != b[pos[found]]
     return ids1[changed]
 
 
@@ -944,9 +949,11 @@ def _changed_rows(
         view_keys, view_vers = _key_versions(vk)
     base_filter = definition.filter
     candidates = None
+    forced = np.empty(0, np.int64)  # (incremental: rows computed again after their inputs' backfill)
     if how == "incremental":
         assert v0 is not None  # an incremental refresh starts from a reflected version
-        passing, within, fail, deleted = _changes_since(src, src_uri, base_filter, v0, src_version, tracked, moved)
+        passing, within, fail, deleted, forced = _changes_since(src, src_uri, base_filter, v0, src_version, tracked,
+                                                                moved)
         if scoped_view is not None:
             deleted = np.union1d(deleted, _gone_since(scoped_view, src, v0, deleted))
         if definition.limit is None:
@@ -970,6 +977,8 @@ def _changed_rows(
         current = _current(passing, view_keys, view_vers, vk, tracked)
         if tainted is not None and len(tainted):  # rows another tool wrote into the view: computed again
             current &= ~isin(_ids(passing), tainted)
+        if len(forced):  # rows whose tracked columns were computed again since (same markers, new values)
+            current &= ~isin(_ids(passing), forced)
         if recompute is not None:
             current_rows = passing.filter(pa.array(current))
         passing = passing.filter(pa.array(~current))
@@ -1025,11 +1034,13 @@ def _keys_touching(vk: "pa.Table | ViewKeys", view_keys: np.ndarray, view_vers: 
 
 def _changes_since(src: lance.LanceDataset, src_uri: str, base_filter: str | None, v0: int, src_version: int,
                    tracked: list[str], moved: list | None
-                   ) -> "tuple[pa.Table, tuple[np.ndarray, str | None] | None, np.ndarray, np.ndarray]":
+                   ) -> "tuple[pa.Table, tuple[np.ndarray, str | None] | None, np.ndarray, np.ndarray, np.ndarray]":
     """An incremental refresh's source changes since ``v0``: the rows written
     since that pass the filter, the candidates they were chosen from (see
-    ``pieces_from_rows``), the ids of changed rows that fail it, and of the
-    rows deleted."""
+    ``pieces_from_rows``), the ids of changed rows that fail it, of the rows
+    deleted, and of the rows whose tracked computed columns were computed
+    again after a backfill of their inputs set them stale (their markers as
+    they were: the view may hold them so, with the old values)."""
     version_filter = f"_row_last_updated_at_version > {v0}"
     # rows written since v0 (``moved``: only in these fragments; [] none at all: deletes only)
     if moved is not None and not moved:
@@ -1042,10 +1053,16 @@ def _changes_since(src: lance.LanceDataset, src_uri: str, base_filter: str | Non
         fail = changed_all[~isin(changed_all, _ids(passing))]
     else:
         fail = np.empty(0, np.int64)
-    if tracked and src_version > v0 and backfill_commits(src, v0, src_version, tracked):
+    forced = np.empty(0, np.int64)
+    backfills = backfill_commits(src, v0, src_version, tracked) if tracked and src_version > v0 else []
+    if backfills:
         # A backfill of a column the view reads rewrote values without moving
         # row versions: rows whose markers changed are changed rows too.
-        remarked = _marker_changes(src_uri, v0, src_version, tracked)
+        invalidating = [v for v, txn in backfills if v < src_version and {computed_marker(c) for c in tracked}
+                        & set(json.loads(txn.transaction_properties[BACKFILL_KEY]).get("invalidated") or [])]
+        remarked = _marker_changes(src_uri, v0, src_version, tracked, invalidating)
+        if invalidating:
+            forced = remarked
         remarked = remarked[~isin(remarked, _ids(passing))]
         if len(remarked):
             every = _scan(src, base_filter, markers=tracked)
@@ -1059,7 +1076,7 @@ def _changes_since(src: lance.LanceDataset, src_uri: str, base_filter: str | Non
         if src_version > v0
         else np.empty(0, np.int64)
     )
-    return passing, within, fail, deleted
+    return passing, within, fail, deleted, forced
 
 
 def _whole_changes(src: lance.LanceDataset, base_filter: str | None, scope: list[int] | None,

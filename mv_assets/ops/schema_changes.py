@@ -171,6 +171,10 @@ def rename_or_relax_columns(table: Ref, alterations: list[dict], views: dict[str
                                  "(names starting with '__' are reserved)")
             if new in names or new in renamed.values():
                 raise ValueError(f"alter_columns: {table.name!r} already has a column {new!r}")
+            cased = [n for n in names if n.lower() == new.lower() and n != path]
+            if cased:  # (Lance's SQL reads unquoted names whatever their case: readers of one would read the other)
+                raise ValueError(f"alter_columns: {new!r} differs from the column {cased[0]!r} of {table.name!r} "
+                                 "only by case, which Lance's SQL does not tell apart; pick another name")
             readers = column_readers(table, [path], views, skip={path})
             if readers:
                 raise ValueError(f"cannot rename {path!r} of {table.name!r}: {', '.join(readers)} read(s) it; "

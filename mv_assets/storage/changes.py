@@ -13,6 +13,7 @@ import lance
 import numpy as np
 import pyarrow as pa
 
+from mv_assets.model.names import COMPUTED_PREFIX
 from mv_assets.model.planning import column_ids, isin
 from mv_assets.storage import objects
 from mv_assets.storage.lance_compat import take_rows
@@ -63,8 +64,11 @@ def commit_matters(txn, reads: Collection[str] | None = None) -> bool:
     if BACKFILL_KEY in props:
         if reads is None:
             return True
-        columns = json.loads(props[BACKFILL_KEY]).get("columns") or []
-        return bool(set(columns) & set(reads))
+        info = json.loads(props[BACKFILL_KEY])
+        # (and the columns computed from them, whose markers it set NULL where it wrote: ops.backfill)
+        columns = set(info.get("columns") or []) | {m.removeprefix(COMPUTED_PREFIX)
+                                                     for m in info.get("invalidated") or []}
+        return bool(columns & set(reads))
     if STATE_KEY in props and kind == "Update":
         return bool(op.removed_fragment_ids or op.updated_fragments or op.new_fragments)
     return True
