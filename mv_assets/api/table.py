@@ -48,7 +48,15 @@ from mv_assets.model.names import PRIMARY_KEY_METADATA_KEY, Alias, is_internal_c
 from mv_assets.model.ownership import OWNERSHIP_METADATA_KEY, Ownership
 from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy
 from mv_assets.model.udf import checkpoint_size_of
-from mv_assets.ops.backfill import _group_specs, backfill_column, fill_sql_rows, lacking_predicate, plan_backfill
+from mv_assets.ops.backfill import (
+    _group_specs,
+    backfill_column,
+    fill_sql_rows,
+    lacking_predicate,
+    plan_backfill,
+    sql_failure_text,
+    sql_rows_failing,
+)
 from mv_assets.ops.checks import CheckOutcome, check_computed_columns, check_view
 from mv_assets.ops.columns import add_columns, alter_columns, load_columns, update_rows
 from mv_assets.ops.jobs import Job
@@ -1014,48 +1022,15 @@ class Table(Indexed):
             try:
                 result = self.backfill(c.name, runner=InlineRunner())
             except (ValueError, OSError, pa.ArrowException) as exc:
-                bad = self._rows_failing(c.name, c.expr or "")
+                bad = sql_rows_failing(self.column_ref(), c.name, c.expr or "")
                 if not bad:
                     raise
-                warnings.warn(
-                    f"SQL column {c.name!r} of {self.name!r} ({c.expr}) fails on {len(bad)} row(s) "
-                    f"(row ids {bad[:10]}{' ...' if len(bad) > 10 else ''}: {short_error(exc)}); they stay "
-                    "stale (table.column_status()) until their values or the expression change. The write "
-                    "itself was committed.", stacklevel=3)
+                warnings.warn(sql_failure_text(self.name, c, bad, exc) + " The write itself was committed.", stacklevel=3)
                 with self.column_ref().lock():
                     version = fill_sql_rows(self.column_ref(), c, bad) or version
                 continue
             version = result.version or version
         return version
-
-    def _rows_failing(self, column: str, expr: str) -> list[int]:
-        """Row ids of the rows lacking ``column`` its expression fails on (halves
-        of them evaluated until the failing rows are found)."""
-        ds = self._dataset()
-        ids = ds.to_table(columns=[], with_row_id=True, filter=lacking_predicate(self.column_ref(), column)
-                          ).column("_rowid").to_pylist()
-
-        def fails(part: list[int]) -> bool:
-            try:
-                ds.to_table(columns={"v": expr}, filter=f"_rowid IN ({', '.join(map(str, part))})")
-            except (ValueError, OSError, pa.ArrowException):
-                return True
-            return False
-
-        try:  # an expression that fails on no row at all (a column it reads is gone): not the rows' fault
-            ds.to_table(columns={"v": expr}, filter="false")
-        except (ValueError, OSError, pa.ArrowException):
-            return []
-        bad: list[int] = []
-        todo = [ids] if ids and fails(ids) else []
-        while todo:
-            part = todo.pop()
-            if len(part) == 1:
-                bad.append(part[0])
-                continue
-            half = len(part) // 2
-            todo += [p for p in (part[:half], part[half:]) if fails(p)]
-        return sorted(bad)
 
     def _stale_markers(self, updated: set[str]) -> dict[str, str]:
         """Markers to clear when ``updated`` columns change: computed columns reading them."""

@@ -637,6 +637,44 @@ def _driver_writer(res: pa.Table, names: list[str], nulls: list[str] | None = No
     return write
 
 
+def sql_rows_failing(table: Ref, column: str, expr: str) -> list[int]:
+    """Row ids of the rows of ``table`` lacking the SQL column ``column`` its
+    expression fails on (a cast that does not hold for their values), found
+    by evaluating halves of them; none when it fails on no row at all (a
+    column it reads is gone: not the rows' fault)."""
+    ds = table.dataset()
+    try:
+        ds.to_table(columns={"v": expr}, filter="false")
+    except (ValueError, OSError, pa.ArrowException):
+        return []
+    ids = ds.to_table(columns=[], with_row_id=True, filter=lacking_predicate(table, column)).column("_rowid").to_pylist()
+
+    def fails(part: list[int]) -> bool:
+        try:
+            ds.to_table(columns={"v": expr}, filter=f"_rowid IN ({', '.join(map(str, part))})")
+        except (ValueError, OSError, pa.ArrowException):
+            return True
+        return False
+
+    bad: list[int] = []
+    todo = [ids] if ids and fails(ids) else []
+    while todo:
+        part = todo.pop()
+        if len(part) == 1:
+            bad.append(part[0])
+            continue
+        half = len(part) // 2
+        todo += [p for p in (part[:half], part[half:]) if fails(p)]
+    return sorted(bad)
+
+
+def sql_failure_text(table: str, spec: ColumnSpec, bad: list[int], exc: Exception) -> str:
+    """What a warning says of the rows a SQL column's expression fails on."""
+    return (f"SQL column {spec.name!r} of {table!r} ({spec.expr}) fails on {len(bad)} row(s) "
+            f"(row ids {bad[:10]}{' ...' if len(bad) > 10 else ''}: {short_error(exc)}); they stay stale "
+            "(table.column_status()) until their values or the expression change.")
+
+
 def fill_sql_rows(table: Ref, spec: ColumnSpec, exclude: list[int]) -> int | None:
     """Compute the SQL column ``spec`` of a table for its rows lacking it but
     those of ``exclude`` (row ids: rows its expression fails on), in this

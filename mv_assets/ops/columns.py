@@ -13,6 +13,7 @@ import dataclasses
 import os
 import time
 import uuid
+import warnings
 from typing import Any
 
 import lance
@@ -46,7 +47,14 @@ from mv_assets.model.names import LANCE_ROW_COLUMNS
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.model.planning import positions
 from mv_assets.model.udf import UDF, UnpackedUDF, nested_type
-from mv_assets.ops.backfill import _driver_writer, backfill_column, commit_column_values
+from mv_assets.ops.backfill import (
+    _driver_writer,
+    backfill_column,
+    commit_column_values,
+    fill_sql_rows,
+    sql_failure_text,
+    sql_rows_failing,
+)
 from mv_assets.storage import objects
 from mv_assets.storage.refs import Ref, TableRef, ViewRef
 
@@ -194,8 +202,17 @@ def add_columns(table: Ref, transforms: Any) -> list[str]:
             ds.update_schema_metadata({COLUMNS_METADATA_KEY: encode_columns(existing + specs)})
     filled = _reopened(table)
     for c in specs:
-        if c.kind == "sql":
+        if c.kind != "sql":
+            continue
+        try:
             backfill_column(filled, c.name, runner=_inline())
+        except (ValueError, OSError, pa.ArrowException) as exc:
+            # the column is added (committed): rows its expression fails on stay stale, the others are filled
+            bad = [] if is_view else sql_rows_failing(filled, c.name, c.expr or "")
+            if not bad:
+                raise
+            warnings.warn(sql_failure_text(table.name, c, bad, exc) + " The column was added.", stacklevel=3)
+            fill_sql_rows(filled, c, bad)
     return [c.name for c in specs]
 
 

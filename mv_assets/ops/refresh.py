@@ -39,9 +39,11 @@ from mv_assets.model.definition import (
     ViewDefinition,
     check_sql,
     computed_marker,
+    definition_reads,
     read_field_ids,
     short_error,
     source_marker,
+    stored_columns,
     tracked_source_columns,
 )
 from mv_assets.model.errors import ConcurrentRefreshError, UdfError
@@ -307,6 +309,45 @@ def _no_rows(markers: list[str]) -> pa.Table:
     return pa.schema(fields).empty_table()
 
 
+def _recomputed_since(src: lance.LanceDataset, src_uri: str, v0: int, v1: int, tracked: list[str]) -> np.ndarray:
+    """Ids of rows whose ``tracked`` computed columns a backfill of their
+    inputs set stale in (v0, v1) and that hold markers again at v1 (computed
+    again: the same marker text, new values); none where the history cannot
+    be read (the refresh is then full when such columns are read:
+    :func:`_chained_reads`)."""
+    try:
+        backfills = backfill_commits(src, v0, v1, tracked)
+    except (RuntimeError, ValueError, OSError):
+        return np.empty(0, np.int64)
+    markers = {computed_marker(c) for c in tracked}
+    between = [v for v, txn in backfills if v < v1 and markers & set(
+        json.loads(txn.transaction_properties[BACKFILL_KEY]).get("invalidated") or [])]
+    if not between:
+        return np.empty(0, np.int64)
+    return _marker_changes(src_uri, v1, v1, tracked, between)
+
+
+def _chained_reads(definition: ViewDefinition, src: lance.LanceDataset) -> list[str]:
+    """Computed columns of the source the view reads that are computed from
+    other computed columns: a backfill of their input sets them stale, and
+    their own backfill then writes new values with the markers they had (only
+    the source's history shows it)."""
+    reads = set(definition.computed_reads(src.schema))
+    if not reads:
+        return []
+    specs = stored_columns(src.schema)
+    computed = sorted(c.name for c in specs)
+    out = []
+    for c in specs:
+        if c.name not in reads:
+            continue
+        light = {"columns": [{"name": c.name, "kind": c.kind, "expr": c.expr,
+                              "udf": {"input_columns": c.udf.input_columns if c.udf is not None else None}}]}
+        if definition_reads(light, [n for n in computed if n != c.name], src.schema.names):
+            out.append(c.name)
+    return out
+
+
 def _marker_changes(src_uri: str, v0: int, v1: int, markers: list[str], between: Sequence[int] = ()) -> np.ndarray:
     """Ids of rows whose computed markers differ between source versions v0 and
     v1, or between v1 and one of ``between``: versions a backfill of a column
@@ -503,6 +544,12 @@ def _how(view_name: str, definition: ViewDefinition, src: lance.LanceDataset, st
         source_replaced=replaced, view_written=(foreign.replaced, foreign.describe()) if foreign else None,
         scoped_versions=state.scoped_versions,  # (_plan_work takes the rows they wrote into account)
     )
+    if how == "sync" and history.cleaned_up_at is not None and v0 is not None:
+        chained = _chained_reads(definition, src)
+        if chained:  # (their recomputed values carry the markers they had: only the history showed them)
+            how, reason = "full", (f"the source's history up to version {history.cleaned_up_at} was cleaned up and "
+                                   f"the view reads {', '.join(map(repr, chained))}, computed from computed columns: "
+                                   "rebuilt")
     if how == "full" and mode == "incremental_strict" and v0 is not None:
         raise ValueError(f"refresh of {view_name!r} cannot be incremental: {reason}")
     return how, reason
@@ -971,6 +1018,8 @@ def _changed_rows(
                                                   np.concatenate([_ids(passing), fail, deleted]))
     else:
         passing, within, fail, deleted = _whole_changes(src, base_filter, scope, scope_frags, tracked, view_keys)
+        if how == "sync" and v0 is not None and tracked and src_version > v0:
+            forced = _recomputed_since(src, src_uri, v0, src_version, tracked)
     assert not isinstance(vk, ViewKeys)  # (streamed keys were read above: an incremental refresh without a limit)
     current_rows = passing.slice(0, 0)
     if how != "full":
