@@ -22,6 +22,7 @@ from oracle import count_calls
 
 import mv_assets as mv
 from mv_assets.api.declare import apply, load_declared
+from mv_assets.dagster.assets import CHECK_NAMES
 from mv_assets.dagster.devserver import dagster_dev, graphql, wait_until
 from mv_assets.demo import _documents, checksum
 
@@ -294,7 +295,7 @@ def test_ui_flows_in_chromium(tmp_path, artifacts):
                 )["assetNodes"][0]["assetChecksOrError"]["checks"]
                 statuses = [(c["executionForLatestMaterialization"] or {}).get("status") for c in data]
                 assert "FAILED" not in statuses and "EXECUTION_FAILED" not in statuses, data
-                return len(data) == 3 and all(s == "SUCCEEDED" for s in statuses)
+                return len(data) == len(CHECK_NAMES) and all(s == "SUCCEEDED" for s in statuses)
 
             wait_until(checks_passed, 120, "the checks")
             ui.goto("/assets/doc_features?view=checks")
