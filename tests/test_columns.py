@@ -23,6 +23,21 @@ class Dims(NamedTuple):
     width: int
 
 
+@mv.udf
+def dbl(x: float) -> float:
+    return 2 * x
+
+
+@mv.udf(version="2")
+def triple(x: float) -> float:
+    return 3 * x
+
+
+@mv.udf
+def inc(d: float) -> float:  # (reads the computed column d)
+    return d + 1
+
+
 def _values(table, *cols):
     t = table.to_arrow()
     return {r["id"]: tuple(r[c] for c in cols) for r in t.select(["id", *cols]).to_pylist()}
@@ -195,14 +210,6 @@ def test_a_column_computed_from_another_is_stale_once_that_one_is_backfilled(db,
     exactly those rows from the new values (they read current before, with
     NULLs or old values, and no backfill computed them)."""
     t = db.create_table("t", _rows(6))
-
-    @mv.udf
-    def dbl(x: float) -> float:
-        return 2 * x
-
-    @mv.udf(version="2")
-    def triple(x: float) -> float:
-        return 3 * x
 
     @mv.udf
     def inc(d: float) -> float:
@@ -380,14 +387,6 @@ def test_a_view_selecting_a_column_computed_from_another_follows_both_backfills(
     e's old values, current to its status."""
     t = db.create_table("t", _rows(5))
 
-    @mv.udf
-    def dbl(x: float) -> float:
-        return 2 * x
-
-    @mv.udf
-    def inc(d: float) -> float:
-        return d + 1
-
     t.add_columns({"d": dbl})
     t.add_columns({"e": inc, "f": "d * 10"})
     t.backfill("e")  # (from d's NULLs: NULL, and computed)
@@ -413,18 +412,6 @@ def test_a_view_over_a_column_computed_from_another_follows_it_without_the_chang
 
     t = db.create_table("t", _rows(4))
     t.add(_rows(4, start=4))
-
-    @mv.udf
-    def dbl(x: float) -> float:
-        return 2 * x
-
-    @mv.udf(version="2")
-    def triple(x: float) -> float:
-        return 3 * x
-
-    @mv.udf
-    def inc(d: float) -> float:
-        return d + 1
 
     t.add_columns({"d": dbl})
     t.backfill("d")
@@ -454,14 +441,6 @@ def test_a_checkpointed_backfill_never_writes_values_computed_from_inputs_change
     values, computed from the old d, as current (its commit checks row
     versions, which backfills keep). They stay stale instead."""
     t = db.create_table("t", _rows(40))
-
-    @mv.udf
-    def dbl(x: float) -> float:
-        return 2 * x
-
-    @mv.udf(version="2")
-    def triple(x: float) -> float:
-        return 3 * x
 
     calls = {"n": 0}
 

@@ -171,16 +171,22 @@ def test_a_view_over_a_view_run_records_the_upstream_partitions_it_brought_along
     assert actual_view(db.open_view("v")) == expect
 
 
-@pytest.mark.parametrize("first", ["docs_changes", "authors_changes"])
-def test_a_join_view_refreshed_by_one_sources_sensor_is_recorded_whole(tmp_path, first):
-    """Both sources of a join view move before the next ticks; whichever
-    sensor ticks first refreshes the view whole: the partitions the other
-    change reached are recorded too (none stays STALE or MISSING)."""
+def _join_catalog(tmp_path):
+    """docs (4 rows) joined with authors (2) on aid: the view j (id, authors.name)."""
     db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
     authors = db.create_table("authors", [{"aid": i, "name": f"n{i}"} for i in range(2)], primary_key="aid")
     docs = db.create_table("docs", [{"id": i, "aid": i % 2} for i in range(4)], primary_key="id")
     db.create_materialized_view("j", docs.search(None).join(authors, on="aid").select(
         {"id": "id", "name": "authors.name"}))
+    return db, docs, authors
+
+
+@pytest.mark.parametrize("first", ["docs_changes", "authors_changes"])
+def test_a_join_view_refreshed_by_one_sources_sensor_is_recorded_whole(tmp_path, first):
+    """Both sources of a join view move before the next ticks; whichever
+    sensor ticks first refreshes the view whole: the partitions the other
+    change reached are recorded too (none stays STALE or MISSING)."""
+    db, docs, authors = _join_catalog(tmp_path)
     defs = _defs(db)
     sensors = ["docs_changes", "authors_changes"]
     with dg.instance_for_test() as instance:
@@ -282,11 +288,7 @@ def test_a_join_view_refreshed_twice_outside_dagster_is_recorded_twice(tmp_path)
     """A joined source changes and the join view is refreshed from Python,
     twice: each time the next tick records its partitions (the second run
     had the first one's key, and the daemon never launched it)."""
-    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
-    authors = db.create_table("authors", [{"aid": i, "name": f"n{i}"} for i in range(2)], primary_key="aid")
-    docs = db.create_table("docs", [{"id": i, "aid": i % 2} for i in range(4)], primary_key="id")
-    db.create_materialized_view("j", docs.search(None).join(authors, on="aid").select(
-        {"id": "id", "name": "authors.name"}))
+    db, docs, authors = _join_catalog(tmp_path)
     defs = _defs(db)
     with dg.instance_for_test() as instance:
         cursors = {n: _tick(defs, instance, None, n)[2] for n in ("docs_changes", "authors_changes")}

@@ -743,6 +743,12 @@ def test_the_status_reads_after_the_source_history_was_cleaned_up(db):
     assert {r["name"]: r["load_state"] for r in db.status().to_pylist()}["q"] == "LOADED"
 
 
+def _left(v) -> int:
+    """The rows the view's next refresh inserts, updates and deletes (its plan)."""
+    p = v.plan_refresh()
+    return p.rows_to_insert + p.rows_to_update + p.rows_to_delete
+
+
 def test_stale_rows_and_versions_after_fragment_scoped_refreshes_are_those_left(db):
     """What each Dagster partition run does, a refresh of some source
     fragments, was not taken into account: the status counted every change
@@ -754,21 +760,17 @@ def test_stale_rows_and_versions_after_fragment_scoped_refreshes_are_those_left(
     t.add([{"id": 100 + i, "x": i} for i in range(10)])
     t.add([{"id": 200 + i, "x": i} for i in range(7)])
 
-    def left() -> int:
-        p = v.plan_refresh()
-        return p.rows_to_insert + p.rows_to_update + p.rows_to_delete
-
     fragments = [f.fragment_id for f in lance.dataset(t.uri).get_fragments()]
     v.refresh(fragments=fragments[:2])  # (the first two: the table's rows and the 10 added first)
     s = v.status()
-    assert (s.stale_count, s.versions_behind) == (left(), 1) == (7, 1)
+    assert (s.stale_count, s.versions_behind) == (_left(v), 1) == (7, 1)
     t.delete("id = 3")
     t.update(where="id = 101", values={"x": 99})
     s = v.status()
-    assert (s.stale_count, s.versions_behind) == (left(), 3) == (9, 3)
+    assert (s.stale_count, s.versions_behind) == (_left(v), 3) == (9, 3)
     v.refresh(fragments=[f.fragment_id for f in lance.dataset(t.uri).get_fragments()][-1:])  # (the updated row's)
     s = v.status()
-    assert (s.stale_count, s.versions_behind) == (left(), 1) == (7, 1)
+    assert (s.stale_count, s.versions_behind) == (_left(v), 1) == (7, 1)
     v.refresh()
     s = v.status()
     assert (s.stale_count, s.versions_behind) == (0, 0)
@@ -785,14 +787,10 @@ def test_stale_rows_after_fragment_scoped_refreshes_and_a_compaction_are_those_l
     t.add([{"id": 100 + i, "x": i} for i in range(10)])
     t.add([{"id": 200 + i, "x": i} for i in range(10)])
 
-    def left() -> int:
-        p = v.plan_refresh()
-        return p.rows_to_insert + p.rows_to_update + p.rows_to_delete
-
     fragments = [f.fragment_id for f in lance.dataset(t.uri).get_fragments()]
     v.refresh(fragments=fragments[1:2])  # (the 10 rows added first)
-    assert v.status().stale_count == left() == 10
+    assert v.status().stale_count == _left(v) == 10
     t.optimize()  # every fragment merged into one none of the refreshes named
-    assert v.status().stale_count == left() == 10
+    assert v.status().stale_count == _left(v) == 10
     v.refresh()
     assert (v.status().stale_count, v.status().versions_behind) == (0, 0)

@@ -1217,8 +1217,9 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
             )
         )
     sensor_run = context.run.tags.get(TAG_SCOPE) == "changes"
-    if fragments and not sensor_run:  # (a sensor's run may name retired ones: it refreshes the view whole)
-        gone = sorted(set(fragments) - set(db.open_table(info.root).fragment_ids()))
+    root = db.open_table(info.root) if fragments else None  # (keys given: their fragments)
+    if root is not None and not sensor_run:  # (a sensor's run may name retired ones: it refreshes the view whole)
+        gone = sorted(set(fragments) - set(root.fragment_ids()))
         if gone:
             raise dg.Failure(
                 description=(
@@ -1227,7 +1228,7 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
                     f"{info.root}_changes sensor retires them at its next tick. Pick existing partitions."
                 )
             )
-    whole = not info.scoped or not keys or sensor_run or _covers_every_fragment(db.open_table(info.root), fragments)
+    whole = not info.scoped or root is None or sensor_run or _covers_every_fragment(root, fragments)
     started = time.perf_counter()
     checks = None
     if info.name in context.run.tags.get(TAG_RECORD_ONLY, "").split(","):

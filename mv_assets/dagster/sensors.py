@@ -248,7 +248,7 @@ class _Watched:
     columns: list[str]
     joins: list[JoinWatch]
     own_job: str | None  # (a sensor of several jobs names each run's)
-    interval: int = 30  # seconds between ticks (the first retry of a failed run waits that long)
+    interval: int = 30  # seconds between ticks (a failed run's second retry waits that long, see _retry_wait)
 
 
 def table_sensor(
@@ -310,9 +310,9 @@ def _tick(context: dg.SensorEvaluationContext, mv_assets: MvAssetsResource, w: _
     # (partition keys typed in the launch dialog are no fragment ids: a full look retires them;
     # the instance's list of keys is a database read, not an object-store one)
     typed = pdef is not None and bool(fragment_keys(context.instance.get_dynamic_partitions(pdef.name))[1])
-    last = _last_run(context, seen)
+    last, ended = _last_run(context, seen)
     if last == "failed" and not seen["run"].get("failed_at"):
-        seen["run"]["failed_at"] = _failed_at(context, seen["run"]["key"])
+        seen["run"]["failed_at"] = ended or _now()
     # (a failed run waiting for its retry: idle till then, its due time is the cursor's)
     waiting = last == "failed" and seen["run"].get("wait_until") is not None
     if not typed and (last != "failed" or waiting) and _idle(seen, since, watched, table.name, code_id):
@@ -352,9 +352,9 @@ def _tick(context: dg.SensorEvaluationContext, mv_assets: MvAssetsResource, w: _
                                       seen.get("run") if last == "failed" else None, watched)
     if kept is None and last == "pending" and "run" in seen:
         kept = seen["run"]  # (its outcome is looked up at the next tick)
-    waiting = kept is not None and kept.get("wait_until") is not None  # a failed run's retry, not due yet
-    if waiting and kept is not None:
-        due_at = kept["wait_until"] if due_at is None else min(due_at, kept["wait_until"])
+    retry_at = kept.get("wait_until") if kept is not None else None  # a failed run's retry, not due yet
+    if retry_at is not None:
+        due_at = retry_at if due_at is None else min(due_at, retry_at)
     for watch in w.joins:  # join views of other lineages reading this table (or a view of its lineage)
         request, again = _join_run(context, db, table.name, ch.version, watch)
         if request is not None:
@@ -369,7 +369,7 @@ def _tick(context: dg.SensorEvaluationContext, mv_assets: MvAssetsResource, w: _
                          **({"run": kept} if kept is not None else {})})
     if not runs and not part_requests and not moved and not checks:
         why = f"{table.name} is still at version {ch.version} and no view is due"
-        if waiting and kept is not None:
+        if retry_at is not None and kept is not None:
             why = _waiting_text(kept)
         return dg.SensorResult(skip_reason=why, cursor=cursor)
     events = [fragment_observation(handle, f, v) for f, v in observed.items()]
@@ -388,28 +388,21 @@ _FAILED = (dg.DagsterRunStatus.FAILURE, dg.DagsterRunStatus.CANCELED)
 RETRY_MAX_WAIT = 3600.0  # seconds: the longest a failed run's retry waits
 
 
-def _last_run(context, seen: dict) -> str | None:
+def _last_run(context, seen: dict) -> tuple[str | None, float | None]:
     """What became of the run the sensor requested last (the cursor's
     ``run``): None (none requested, or its outcome known), "pending" (not
     launched yet, or going), "failed" (failed or cancelled: a full look
-    requests it again) or "done"."""
+    requests it again) or "done"; and when it ended (None: not, or unknown)."""
     req = seen.get("run")
     if not req:
-        return None
+        return None, None
     records = context.instance.get_run_records(filters=dg.RunsFilter(tags={RUN_KEY_TAG: req["key"]}), limit=1)
     if not records:
-        return "pending"
-    status = records[0].dagster_run.status
+        return "pending", None
+    status, ended = records[0].dagster_run.status, records[0].end_time
     if status in _FAILED:
-        return "failed"
-    return "done" if status == dg.DagsterRunStatus.SUCCESS else "pending"
-
-
-def _failed_at(context, key: str) -> float:
-    """When the run of ``key`` ended (now when unknown)."""
-    records = context.instance.get_run_records(filters=dg.RunsFilter(tags={RUN_KEY_TAG: key}), limit=1)
-    ended = records[0].end_time if records else None
-    return float(ended) if ended else _now()
+        return "failed", float(ended) if ended else None
+    return ("done" if status == dg.DagsterRunStatus.SUCCESS else "pending"), None
 
 
 def _waiting_text(run: dict) -> str:

@@ -38,7 +38,7 @@ __all__ = [
     "ColumnSpec", "ViewDefinition", "SOURCE_ROW_ID", "SOURCE_ROW_VERSION", "VIEW_METADATA_KEY",
     "computed_marker", "source_marker", "sql_literals", "is_marker", "is_reserved_name", "output_schema", "check_sql", "short_error",
     "read_field_ids", "READ_FIELDS_METADATA_KEY",
-    "sql_literal", "tracked_source_columns", "computed_column_names", "definition_reads", "shape_fingerprint",
+    "sql_literal", "tracked_source_columns", "computed_column_names", "definition_reads", "column_reads", "shape_fingerprint",
     "udf_column_type", "udf_field", "quote_ident", "COLUMNS_METADATA_KEY", "stored_columns", "encode_columns",
 ]
 
@@ -390,6 +390,15 @@ def definition_reads(definition: dict, columns: list[str], source_names: list[st
         direct.update(definition["function"].get("input_columns") or [])
     named = {n for t in texts for n in columns_read(t, columns)}  # (sqlglot: model.sql_names)
     return [name for name in columns if name in direct or name in named]
+
+
+def column_reads(spec: "ColumnSpec", columns: list[str], source_names: list[str]) -> list[str]:
+    """Which of ``columns`` the computed column ``spec`` reads (its UDF's
+    inputs, every column for a UDF taking the whole row, the names its SQL
+    uses), as :func:`definition_reads` answers for a view of that one column."""
+    light = {"columns": [{"name": spec.name, "kind": spec.kind, "expr": spec.expr,
+                          "udf": {"input_columns": spec.udf.input_columns if spec.udf is not None else None}}]}
+    return definition_reads(light, columns, source_names)
 
 
 def join_reads(spec: dict, i: int) -> list[str]:

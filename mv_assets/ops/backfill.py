@@ -73,8 +73,8 @@ from mv_assets.model.definition import (
     SOURCE_ROW_VERSION,
     ColumnSpec,
     check_sql,
+    column_reads,
     computed_marker,
-    definition_reads,
     short_error,
     udf_column_type,
 )
@@ -565,9 +565,7 @@ def dependent_markers(table: Ref, specs: list[ColumnSpec], ds: lance.LanceDatase
     for c in table.computed_columns():
         if c.name in written or computed_marker(c.name) not in names:
             continue
-        light = {"columns": [{"name": c.name, "kind": c.kind, "expr": c.expr,
-                              "udf": {"input_columns": c.udf.input_columns if c.udf is not None else None}}]}
-        if definition_reads(light, written, [n for n in names if n != c.name]):
+        if column_reads(c, written, [n for n in names if n != c.name]):
             out.append(computed_marker(c.name))
     return out
 
@@ -592,6 +590,7 @@ def _commit_results(
     if not sizes or sum(sizes) == 0:
         return None, 0, 0
     starts = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
+    nulls = dependent_markers(table, plan.specs)
 
     def write(ds: lance.LanceDataset, groups: list) -> list[FragmentMetadata]:
         payloads, assigns = [], []
@@ -602,7 +601,7 @@ def _commit_results(
             assigns.append(path)
             payloads.append(json.dumps({"fragment_id": int(fid), "assign": path}))
         shared_w = json.dumps({
-            "uri": table.uri, "version": ds.version, "names": names, "nulls": dependent_markers(table, plan.specs, ds),
+            "uri": table.uri, "version": ds.version, "names": names, "nulls": nulls,
             "checkpoint_dir": plan.checkpoint_dir, "keys": plan.batch_keys,
         }).encode()
         try:
@@ -613,7 +612,6 @@ def _commit_results(
                 objects.remove(path)
         return [FragmentMetadata.from_json(o) for o in outs]
 
-    nulls = dependent_markers(table, plan.specs)
     props = {"job_id": job_id, "columns": plan.columns, "fingerprint": plan.fingerprint, "invalidated": nulls,
              **stats}
     # (a table's rows are written only where the computed columns they were read from are as they were)

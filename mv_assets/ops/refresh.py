@@ -38,8 +38,8 @@ from mv_assets.model.definition import (
     SOURCE_ROW_VERSION,
     ViewDefinition,
     check_sql,
+    column_reads,
     computed_marker,
-    definition_reads,
     read_field_ids,
     short_error,
     source_marker,
@@ -316,15 +316,21 @@ def _recomputed_since(src: lance.LanceDataset, src_uri: str, v0: int, v1: int, t
     be read (the refresh is then full when such columns are read:
     :func:`_chained_reads`)."""
     try:
-        backfills = backfill_commits(src, v0, v1, tracked)
+        between = _invalidating(backfill_commits(src, v0, v1, tracked), tracked, v1)
     except (RuntimeError, ValueError, OSError):
         return np.empty(0, np.int64)
-    markers = {computed_marker(c) for c in tracked}
-    between = [v for v, txn in backfills if v < v1 and markers & set(
-        json.loads(txn.transaction_properties[BACKFILL_KEY]).get("invalidated") or [])]
     if not between:
         return np.empty(0, np.int64)
     return _marker_changes(src_uri, v1, v1, tracked, between)
+
+
+def _invalidating(backfills: list, tracked: list[str], before: int) -> list[int]:
+    """The versions among ``backfills`` (``(version, transaction)``) before
+    ``before`` whose backfill set the markers of a ``tracked`` column NULL
+    (a column computed from the one it wrote: ops.backfill.dependent_markers)."""
+    markers = {computed_marker(c) for c in tracked}
+    return [v for v, txn in backfills if v < before and markers & set(
+        json.loads(txn.transaction_properties[BACKFILL_KEY]).get("invalidated") or [])]
 
 
 def _chained_reads(definition: ViewDefinition, src: lance.LanceDataset) -> list[str]:
@@ -333,19 +339,10 @@ def _chained_reads(definition: ViewDefinition, src: lance.LanceDataset) -> list[
     their own backfill then writes new values with the markers they had (only
     the source's history shows it)."""
     reads = set(definition.computed_reads(src.schema))
-    if not reads:
-        return []
-    specs = stored_columns(src.schema)
+    specs = stored_columns(src.schema) if reads else []
     computed = sorted(c.name for c in specs)
-    out = []
-    for c in specs:
-        if c.name not in reads:
-            continue
-        light = {"columns": [{"name": c.name, "kind": c.kind, "expr": c.expr,
-                              "udf": {"input_columns": c.udf.input_columns if c.udf is not None else None}}]}
-        if definition_reads(light, [n for n in computed if n != c.name], src.schema.names):
-            out.append(c.name)
-    return out
+    return [c.name for c in specs
+            if c.name in reads and column_reads(c, [n for n in computed if n != c.name], src.schema.names)]
 
 
 def _marker_changes(src_uri: str, v0: int, v1: int, markers: list[str], between: Sequence[int] = ()) -> np.ndarray:
@@ -1107,8 +1104,7 @@ def _changes_since(src: lance.LanceDataset, src_uri: str, base_filter: str | Non
     if backfills:
         # A backfill of a column the view reads rewrote values without moving
         # row versions: rows whose markers changed are changed rows too.
-        invalidating = [v for v, txn in backfills if v < src_version and {computed_marker(c) for c in tracked}
-                        & set(json.loads(txn.transaction_properties[BACKFILL_KEY]).get("invalidated") or [])]
+        invalidating = _invalidating(backfills, tracked, src_version)
         remarked = _marker_changes(src_uri, v0, src_version, tracked, invalidating)
         if invalidating:
             forced = remarked
