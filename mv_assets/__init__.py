@@ -45,6 +45,7 @@ if TYPE_CHECKING:
     from mv_assets.model.errors import JobNotFoundError as JobNotFoundError
     from mv_assets.model.errors import MvAssetsError as MvAssetsError
     from mv_assets.model.errors import SourceBehindError as SourceBehindError
+    from mv_assets.model.errors import SqlRowsError as SqlRowsError
     from mv_assets.model.errors import TableExistsError as TableExistsError
     from mv_assets.model.errors import TableNotFoundError as TableNotFoundError
     from mv_assets.model.errors import UdfError as UdfError
@@ -100,6 +101,7 @@ _EXPORTS: dict[str, tuple[str, str | None]] = {
     "JobNotFoundError": ("mv_assets.model.errors", 'JobNotFoundError'),
     "MvAssetsError": ("mv_assets.model.errors", 'MvAssetsError'),
     "SourceBehindError": ("mv_assets.model.errors", 'SourceBehindError'),
+    "SqlRowsError": ("mv_assets.model.errors", 'SqlRowsError'),
     "TableExistsError": ("mv_assets.model.errors", 'TableExistsError'),
     "TableNotFoundError": ("mv_assets.model.errors", 'TableNotFoundError'),
     "UdfError": ("mv_assets.model.errors", 'UdfError'),
@@ -155,6 +157,7 @@ __all__ = [
     "JobNotFoundError",
     "MvAssetsError",
     "SourceBehindError",
+    "SqlRowsError",
     "TableExistsError",
     "TableNotFoundError",
     "UdfError",

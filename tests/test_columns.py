@@ -526,6 +526,32 @@ def test_a_sql_column_failing_on_a_written_row_leaves_it_stale_and_the_write_don
     assert t.to_arrow().filter(pa.compute.equal(t.to_arrow().column("id"), 100)).column("n").to_pylist() == [100]
 
 
+def test_an_explicit_backfill_of_a_sql_column_failing_on_rows_names_them(db):
+    """An explicit backfill() of a SQL column whose expression fails on some
+    rows raises a ValueError naming them and saying what was committed (it
+    raised Lance's cast error, naming no row); the others are backfilled once
+    those rows are left out."""
+    t = db.create_table("t", [{"id": i, "s": str(i)} for i in range(4)])
+    t.add_columns({"n": "CAST(s AS BIGINT)"})
+    t.add([{"id": 10, "s": "10"}, {"id": 11, "s": "11"}])
+    # another tool: a row appended (stale, computable), then row 11 made one the cast fails on (the last fragment)
+    lance.write_dataset(pa.table({"id": [20], "s": ["20"]}), t.uri, mode="append")
+    lance.dataset(t.uri).update({"s": "'eleven'"}, where="id = 11")
+    before = t.version
+    with pytest.raises(ValueError, match=r"SQL column 'n' of 't' .* fails on 1 row\(s\) \(row ids \[5\].*"
+                                         r"nothing was written"):
+        t.backfill("n")
+    assert t.version == before
+    with pytest.raises(ValueError, match=r"fails on 1 row.*the groups committed before it stand"):
+        t.backfill("n", commit_granularity=1)  # (the first fragment's group committed)
+    assert {r["id"]: r["n"] for r in t.to_arrow().to_pylist()} == {0: 0, 1: 1, 2: 2, 3: 3, 10: 10, 11: 11, 20: 20}
+    assert {s["column"]: s["stale"] for s in t.column_status()} == {"n": 1}  # (row 11: its old value, stale)
+    t.update("id = 11", values={"s": "11"})  # (fills it too)
+    t.backfill("n", where="id = 11")
+    assert {s["column"]: s["stale"] for s in t.column_status()} == {"n": 0}
+    assert t.to_arrow().filter(pa.compute.equal(t.to_arrow().column("id"), 11)).column("n").to_pylist() == [11]
+
+
 def test_backfill_async_returns_a_job(db):
     t = db.create_table("t", _rows(10))
     t.add_columns({"y": _plain})

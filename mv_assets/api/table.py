@@ -40,7 +40,7 @@ from mv_assets.model.definition import (
     sql_literal,
     stored_columns,
 )
-from mv_assets.model.errors import SourceBehindError, TableNotFoundError
+from mv_assets.model.errors import SourceBehindError, SqlRowsError, TableNotFoundError
 from mv_assets.model.join_agg_view import JOIN_AGG_KIND
 from mv_assets.model.kinds import kind_of
 from mv_assets.model.markers import current_sql, stale_sql
@@ -55,7 +55,6 @@ from mv_assets.ops.backfill import (
     lacking_predicate,
     plan_backfill,
     sql_failure_text,
-    sql_rows_failing,
 )
 from mv_assets.ops.checks import CheckOutcome, check_computed_columns, check_view
 from mv_assets.ops.columns import add_columns, alter_columns, load_columns, update_rows
@@ -1021,13 +1020,10 @@ class Table(Indexed):
                 continue
             try:
                 result = self.backfill(c.name, runner=InlineRunner())
-            except (ValueError, OSError, pa.ArrowException) as exc:
-                bad = sql_rows_failing(self.column_ref(), c.name, c.expr or "")
-                if not bad:
-                    raise
-                warnings.warn(sql_failure_text(self.name, c, bad, exc) + " The write itself was committed.", stacklevel=3)
+            except SqlRowsError as exc:
+                warnings.warn(sql_failure_text(self.name, c, exc) + " The write itself was committed.", stacklevel=3)
                 with self.column_ref().lock():
-                    version = fill_sql_rows(self.column_ref(), c, bad) or version
+                    version = fill_sql_rows(self.column_ref(), c, exc.rows) or version
                 continue
             version = result.version or version
         return version

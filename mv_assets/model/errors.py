@@ -10,6 +10,7 @@ __all__ = [
     "ConcurrentRefreshError",
     "ConcurrentWriteError",
     "UdfError",
+    "SqlRowsError",
 ]
 
 
@@ -35,6 +36,19 @@ class TableExistsError(ValueError, MvAssetsError):
 
 class SourceBehindError(MvAssetsError):
     """A view's source is itself a view that has not caught up with its own source."""
+
+
+class SqlRowsError(ValueError, MvAssetsError):
+    """A SQL computed column's expression fails on some rows' values (a cast
+    that does not hold for them): ``rows`` names them (stable row ids), and
+    the message says what was committed. Raised by an explicit backfill; a
+    write (``add``, ``update``, ``add_columns``) leaves those rows stale with
+    a warning instead (its own commit stands)."""
+
+    def __init__(self, message: str, rows: list[int], error: str) -> None:
+        super().__init__(message)
+        self.rows = rows
+        self.error = error  # what the expression's evaluation said (Lance's error, short)
 
 
 class ConcurrentRefreshError(MvAssetsError):

@@ -78,7 +78,7 @@ from mv_assets.model.definition import (
     short_error,
     udf_column_type,
 )
-from mv_assets.model.errors import UdfError
+from mv_assets.model.errors import SqlRowsError, UdfError
 from mv_assets.model.markers import marker_value, stale_sql
 from mv_assets.model.names import Alias, nth_marker_alias
 from mv_assets.model.pacing import default_target_seconds
@@ -666,10 +666,11 @@ def sql_rows_failing(table: Ref, column: str, expr: str) -> list[int]:
     return sorted(bad)
 
 
-def sql_failure_text(table: str, spec: ColumnSpec, bad: list[int], exc: Exception) -> str:
+def sql_failure_text(table: str, spec: ColumnSpec, failed: SqlRowsError) -> str:
     """What a warning says of the rows a SQL column's expression fails on."""
+    bad = failed.rows
     return (f"SQL column {spec.name!r} of {table!r} ({spec.expr}) fails on {len(bad)} row(s) "
-            f"(row ids {bad[:10]}{' ...' if len(bad) > 10 else ''}: {short_error(exc)}); they stay stale "
+            f"(row ids {bad[:10]}{' ...' if len(bad) > 10 else ''}: {failed.error}); they stay stale "
             "(table.column_status()) until their values or the expression change.")
 
 
@@ -996,6 +997,42 @@ def backfill_column(
     args = {"udf": udf, "where": where, "row_ids": row_ids, "checkpoint_size": checkpoint_size,
             "max_rows_per_task": max_rows_per_task, "parallelism": parallelism or runner.parallelism(),
             "task_size": task_size}
+    sql = None if udf is not None else next((s for s in _group_specs(table, column) if s.kind == "sql"), None)
+    before = table.dataset().version if sql is not None else None
+    try:
+        return _backfill_locked(table, column, key, args, runner, job_id, fragments, commit_granularity,
+                                checkpoint_seconds)
+    except Exception as exc:  # (as Lance raised it, or wrapped by a Spark task)
+        if sql is None or before is None or isinstance(exc, SqlRowsError):
+            raise
+        named = _sql_rows_error(table, sql, exc, before)
+        if named is None:
+            raise
+        raise named from exc
+
+
+def _sql_rows_error(table: Ref, spec: ColumnSpec, exc: Exception, before: int) -> SqlRowsError | None:
+    """The error of a SQL column's backfill its expression failed on some rows
+    (a cast that does not hold for their values): those rows named, and what
+    was committed (None: it failed on no row of its own, say a column it reads
+    is gone, and Lance's error stands)."""
+    bad = sql_rows_failing(table, spec.name, str(spec.expr))
+    if not bad:
+        return None
+    now = table.dataset().version
+    written = ("nothing was written" if now == before
+               else f"the groups committed before it stand (version {before} -> {now})")
+    return SqlRowsError(
+        f"SQL column {spec.name!r} of {table.name!r} ({spec.expr}) fails on {len(bad)} row(s) "
+        f"(row ids {bad[:10]}{' ...' if len(bad) > 10 else ''}: {short_error(exc)}); {written}. "
+        "Change their values or the expression, or leave them out (row_ids= or where=).",
+        bad, short_error(exc))
+
+
+def _backfill_locked(table: Ref, column: str, key: str, args: dict, runner: "Runner", job_id: str,
+                     fragments: list[int] | None, commit_granularity: int | None,
+                     checkpoint_seconds: float | None) -> BackfillResult:
+    """:func:`backfill_column`'s plan and run, under the column's backfill lock."""
     with table.layout.lock(f"{table.name}.backfill.{key}", None):
         plan = plan_backfill(table, column, fragments=fragments, **args)
         groups = plan_fragments(plan) if commit_granularity is not None else []

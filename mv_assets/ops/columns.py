@@ -41,6 +41,7 @@ from mv_assets.model.definition import (
     udf_column_type,
     udf_field,
 )
+from mv_assets.model.errors import SqlRowsError
 from mv_assets.model.kinds import kind_of
 from mv_assets.model.markers import marker_value
 from mv_assets.model.names import LANCE_ROW_COLUMNS
@@ -53,7 +54,6 @@ from mv_assets.ops.backfill import (
     commit_column_values,
     fill_sql_rows,
     sql_failure_text,
-    sql_rows_failing,
 )
 from mv_assets.storage import objects
 from mv_assets.storage.refs import Ref, TableRef, ViewRef
@@ -206,13 +206,12 @@ def add_columns(table: Ref, transforms: Any) -> list[str]:
             continue
         try:
             backfill_column(filled, c.name, runner=_inline())
-        except (ValueError, OSError, pa.ArrowException) as exc:
-            # the column is added (committed): rows its expression fails on stay stale, the others are filled
-            bad = [] if is_view else sql_rows_failing(filled, c.name, c.expr or "")
-            if not bad:
+        except SqlRowsError as exc:
+            if is_view:
                 raise
-            warnings.warn(sql_failure_text(table.name, c, bad, exc) + " The column was added.", stacklevel=3)
-            fill_sql_rows(filled, c, bad)
+            # the column is added (committed): rows its expression fails on stay stale, the others are filled
+            warnings.warn(sql_failure_text(table.name, c, exc) + " The column was added.", stacklevel=3)
+            fill_sql_rows(filled, c, exc.rows)
     return [c.name for c in specs]
 
 
