@@ -550,6 +550,35 @@ def test_an_explicit_backfill_of_a_sql_column_failing_on_rows_names_them(db):
     t.backfill("n", where="id = 11")
     assert {s["column"]: s["stale"] for s in t.column_status()} == {"n": 0}
     assert t.to_arrow().filter(pa.compute.equal(t.to_arrow().column("id"), 11)).column("n").to_pylist() == [11]
+    # the failing row amid the rows to compute (one fragment), left out with where=: the others are computed
+    # (the backfill's range scan evaluated the expression on it too, and failed)
+    lance.dataset(t.uri).merge_insert("id").when_matched_update_all().execute(
+        pa.table({"id": [1, 2, 3], "s": ["21", "twenty-two", "23"]}))
+    with pytest.raises(mv.SqlRowsError, match=r"fails on 1 row"):
+        t.backfill("n")
+    t.backfill("n", where="id <> 2")
+    assert {r["id"]: r["n"] for r in t.to_arrow().to_pylist() if r["id"] < 4} == {0: 0, 1: 21, 2: 2, 3: 23}
+    assert {s["column"]: s["stale"] for s in t.column_status()} == {"n": 1}
+
+
+def test_a_sql_column_a_view_cannot_compute_for_some_rows_is_refused_before_it_is_added(db):
+    """add_columns() of a SQL column to a view whose expression fails on some
+    of the rows it selects (its refreshes evaluate it on them: a full one
+    would fail) is refused naming the source rows, and nothing is added (the
+    column was added, then Lance's cast error raised)."""
+    t = db.create_table("t", [{"id": 1, "s": "1"}, {"id": 2, "s": "abc"}, {"id": 3, "s": "3"}])
+    v = db.create_materialized_view("v", t.search(None).where("id > 0").select({"id": "id", "s": "s"}))
+    v.refresh()
+    version = v.version
+    with pytest.raises(mv.SqlRowsError, match=r"SQL column 'n' of view 'v' .* fails on 1 row\(s\) of 't' "
+                                              r"\(row ids \[1\].*nothing was added") as raised:
+        v.add_columns({"n": "CAST(s AS BIGINT)"})
+    assert raised.value.rows == [1]
+    assert v.version == version and "n" not in v.to_arrow().column_names
+    w = db.create_materialized_view("w", t.search(None).where("id <> 2").select({"id": "id", "s": "s"}))
+    w.refresh()
+    w.add_columns({"n": "CAST(s AS BIGINT)"})  # (the row it fails on is not the view's)
+    assert sorted(w.to_arrow().column("n").to_pylist()) == [1, 3]
 
 
 def test_backfill_async_returns_a_job(db):

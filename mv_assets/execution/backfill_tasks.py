@@ -144,7 +144,10 @@ def read_rows(ds: lance.LanceDataset, columns: list[str] | dict, batch_rows: pa.
 
     Dense runs of addresses within a fragment are read with a range scan of
     that fragment (several times faster than a take); scattered rows by
-    stable row id."""
+    stable row id. A SQL column's expression (``columns`` a dict) failing in
+    a range scan is evaluated again on the batch's own rows only (taken by
+    id): the range held rows it fails on that are not the backfill's (rows
+    outside a view, rows ``where=`` left out)."""
     addrs = _ids(batch_rows, _IN_ADDR)
     frags = addrs >> 32
     parts, scattered = [], []
@@ -154,12 +157,17 @@ def read_rows(ds: lance.LanceDataset, columns: list[str] | dict, batch_rows: pa.
         lo, hi = int(a.min()), int(a.max())
         if hi - lo + 1 <= 2 * len(a):
             fragment = ds.get_fragment(int(fid))
-            parts.append(ds.scanner(
-                columns=columns if isinstance(columns, dict) else list(columns), with_row_id=True,
-                filter=f"_rowaddr >= {lo} AND _rowaddr <= {hi}", fragments=[fragment], blob_handling=blobs.BYTES,
-            ).to_table())
-        else:
-            scattered.append(batch_rows.column(_IN_ID).filter(pa.array(sel)))
+            try:
+                parts.append(ds.scanner(
+                    columns=columns if isinstance(columns, dict) else list(columns), with_row_id=True,
+                    filter=f"_rowaddr >= {lo} AND _rowaddr <= {hi}", fragments=[fragment],
+                    blob_handling=blobs.BYTES,
+                ).to_table())
+                continue
+            except (ValueError, OSError, pa.ArrowException):
+                if not isinstance(columns, dict) or hi - lo + 1 == len(a):  # (every row of the range is the batch's)
+                    raise
+        scattered.append(batch_rows.column(_IN_ID).filter(pa.array(sel)))
     if scattered:
         ids = pa.concat_arrays([c.combine_chunks() if isinstance(c, pa.ChunkedArray) else c for c in scattered])
         cols = {**columns, "_rowid": "_rowid"} if isinstance(columns, dict) else list(columns) + ["_rowid"]

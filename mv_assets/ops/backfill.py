@@ -640,12 +640,18 @@ def sql_rows_failing(table: Ref, column: str, expr: str) -> list[int]:
     expression fails on (a cast that does not hold for their values), found
     by evaluating halves of them; none when it fails on no row at all (a
     column it reads is gone: not the rows' fault)."""
-    ds = table.dataset()
+    return rows_failing(table.dataset(), expr, lacking_predicate(table, column))
+
+
+def rows_failing(ds: lance.LanceDataset, expr: str, where: str | None) -> list[int]:
+    """Row ids of the rows of ``ds`` matching ``where`` that the SQL ``expr``
+    fails on, found by evaluating halves of them (none when it fails on no
+    row at all: a column it reads is gone, say)."""
     try:
         ds.to_table(columns={"v": expr}, filter="false")
     except (ValueError, OSError, pa.ArrowException):
         return []
-    ids = ds.to_table(columns=[], with_row_id=True, filter=lacking_predicate(table, column)).column("_rowid").to_pylist()
+    ids = ds.to_table(columns=[], with_row_id=True, filter=where).column("_rowid").to_pylist()
 
     def fails(part: list[int]) -> bool:
         try:

@@ -53,6 +53,7 @@ from mv_assets.ops.backfill import (
     backfill_column,
     commit_column_values,
     fill_sql_rows,
+    rows_failing,
     sql_failure_text,
 )
 from mv_assets.storage import objects
@@ -184,6 +185,7 @@ def add_columns(table: Ref, transforms: Any) -> list[str]:
                 f"{table.name!r} does not select; recreate the view with them selected so that their backfills "
                 "reach it"
             )
+        _check_view_sql(table, specs, input_ds)
     fields = []
     for c in specs:
         fields.append(udf_field(c) if c.kind == "udf" else pa.field(c.name, _column_type(c, input_ds), nullable=True))
@@ -207,12 +209,35 @@ def add_columns(table: Ref, transforms: Any) -> list[str]:
         try:
             backfill_column(filled, c.name, runner=_inline())
         except SqlRowsError as exc:
-            if is_view:
+            if is_view:  # (its source changed since the check above)
                 raise
             # the column is added (committed): rows its expression fails on stay stale, the others are filled
             warnings.warn(sql_failure_text(table.name, c, exc) + " The column was added.", stacklevel=3)
             fill_sql_rows(filled, c, exc.rows)
     return [c.name for c in specs]
+
+
+def _check_view_sql(view: ViewRef, specs: list[ColumnSpec], input_ds: lance.LanceDataset) -> None:
+    """Refuse, before anything is written, SQL columns added to a view whose
+    expression fails on some of its source rows (a cast that does not hold
+    for their values): the view's refreshes evaluate it on them (a full one
+    would fail), where a table leaves such rows stale. One streamed pass over
+    the rows the view selects."""
+    for c in specs:
+        if c.kind != "sql" or c.expr is None:
+            continue
+        try:
+            for _ in input_ds.scanner(columns={"__v": c.expr}, filter=view.definition.filter).to_batches():
+                pass
+        except (ValueError, OSError, pa.ArrowException) as exc:
+            bad = rows_failing(input_ds, c.expr, view.definition.filter)
+            if not bad:
+                raise
+            raise SqlRowsError(
+                f"SQL column {c.name!r} of view {view.name!r} ({c.expr}) fails on {len(bad)} row(s) of "
+                f"{view.definition.source!r} (row ids {bad[:10]}{' ...' if len(bad) > 10 else ''}: "
+                f"{short_error(exc)}); nothing was added. Change their values or the expression.",
+                bad, short_error(exc)) from exc
 
 
 def _reopened(table: Ref) -> Ref:
