@@ -7,6 +7,7 @@ Python callables over Arrow tables.
 
 import math
 import os
+from fractions import Fraction
 from typing import Callable
 
 import lance
@@ -85,7 +86,13 @@ def sql_sum(values: list):
         return float("nan")
     if float("inf") in floats or float("-inf") in floats:
         return float("inf") if float("inf") in floats else float("-inf")
-    return math.fsum(values) if floats else sum(values)
+    if not floats:
+        return sum(values)
+    exact = sum(Fraction(v) for v in values)  # (math.fsum raises where partial sums overflow)
+    try:
+        return float(exact)
+    except OverflowError:  # finite values whose sum is beyond the float range
+        return float("inf") if exact > 0 else float("-inf")
 
 
 def sql_max(values: list):

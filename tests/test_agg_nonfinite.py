@@ -51,6 +51,8 @@ def check_view(view, uri: str) -> None:
     assert set(got) == set(want)
     for g, w in want.items():
         for name, a in w.items():
+            if name not in got[g]:  # (a view of some of the aggregates)
+                continue
             b = got[g][name]
             if isinstance(a, tuple):  # approx_quantile: within its 1% relative accuracy
                 assert b is not None and abs(b - a[1]) <= 0.01 * abs(a[1]) + 1e-12, (g, name, a[1], b)
@@ -215,4 +217,25 @@ def test_finite_values_whose_sum_overflows(db):
     src.delete("id = 2")
     v.refresh()
     assert v.to_arrow().to_pylist()[0]["sx"] == 1e308
+    assert checks(v) == {"no_orphan_rows": True, "values_match_source": True}
+
+
+def test_changed_rows_whose_sum_overflows_even_halved(db):
+    """Three rows of 1.7e308 added to a group at once: their partial sums
+    overflow math.fsum even halved (the incremental refresh raised
+    OverflowError, and every one after it too); the sum is inf, as a full
+    refresh says, and finite again once two of them go."""
+    src = db.create_table("src", table([(0, 0, 1.0)]), primary_key="id")
+    aggs = {k: a for k, a in AGGS.items() if k != "q"}  # (approx_quantile near the float limit: not here)
+    v = db.create_materialized_view("agg", src.search(None).group_by("g").agg(aggs))
+    v.refresh()
+    src.add(table([(i, 0, 1.7e308) for i in (1, 2, 3)]))
+    v.refresh()
+    assert [(r["sx"], r["n"]) for r in v.to_arrow().to_pylist()] == [(INF, 4)]
+    check_view(v, src.uri)
+    src.add(table([(4, 0, 2.0)]))
+    src.delete("id = 1 OR id = 2")
+    v.refresh()
+    assert [(r["sx"], r["n"]) for r in v.to_arrow().to_pylist()] == [(1.7e308, 3)]
+    check_view(v, src.uri)
     assert checks(v) == {"no_orphan_rows": True, "values_match_source": True}

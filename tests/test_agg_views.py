@@ -170,6 +170,23 @@ def test_min_max_survive_deleted_extremes_and_recompute_only_when_a_groups_buffe
     assert {c.name: c.passed for c in v.check()} == {"no_orphan_rows": True, "values_match_source": True}
 
 
+@pytest.mark.parametrize("key", ["null", "true", "select"])
+def test_a_group_keyed_by_a_column_named_like_a_sql_keyword_is_recomputed_right(db, key):
+    """A group whose min buffer runs out is recomputed from the source by its
+    key: a key column named ``null`` read bare was the literal (the group was
+    lost), ``true`` or ``select`` failed every refresh from then on."""
+    t = db.create_table("src", schema=pa.schema([pa.field("id", pa.int64(), nullable=False),
+                                                 pa.field(key, pa.string()), pa.field("x", pa.float64())]),
+                        primary_key="id")
+    t.add([{"id": i, key: "v", "x": float(i)} for i in range(40)])
+    v = db.create_materialized_view("agg", t.search(None).group_by(key).agg({"mx": "max(x)", "n": "count(*)"}))
+    db.refresh("agg")
+    t.delete("id >= 20")  # the 20 largest values: more than the buffer holds
+    r = db.refresh("agg")
+    assert r.details["groups_recomputed"] == 1
+    assert v.to_arrow().to_pylist() == [{key: "v", "mx": 19.0, "n": 20}]
+
+
 @settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(st.tuples(st.sampled_from(
     ["add", "delete", "update_x", "move", "leave", "pylance_update", "pylance_delete", "pylance_merge", "compact",

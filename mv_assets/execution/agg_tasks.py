@@ -209,8 +209,15 @@ def _exact(values: list[float]) -> tuple[float, float]:
     rounded sum, lo the rounded remainder."""
     try:
         hi = math.fsum(values)
-    except OverflowError:  # finite values whose sum overflows on the way (halving is exact but for subnormals)
-        return 2 * math.fsum([v / 2 for v in values]), 0.0  # (inf where the sum itself overflows)
+    except OverflowError:  # finite values whose partial sums overflow: scaled by a power of two below the
+        # count's (exact but for subnormals), summed, scaled back (inf where the sum itself overflows)
+        k = len(values).bit_length() + 1
+        scaled = [math.ldexp(v, -k) for v in values]
+        part = math.fsum(scaled)
+        hi = part * 2.0 ** k
+        if not math.isfinite(hi):
+            return hi, 0.0
+        return hi, math.fsum([*scaled, -math.ldexp(hi, -k)]) * 2.0 ** k
     if not math.isfinite(hi):
         return hi, 0.0
     return hi, math.fsum([*values, -hi])

@@ -6,6 +6,7 @@ schema: the model layer. The query builder that produces it lives in
 
 import datetime as _dt
 import decimal
+import functools
 import hashlib
 import json
 import re
@@ -191,6 +192,12 @@ class ViewDefinition:
     # UDTF (model.chunker); ``columns`` are then the parent columns each child
     # inherits (a chunker), none (a UDTF: the view holds its output only).
     function: str | None = None
+
+    def __post_init__(self) -> None:
+        # A filter ending in a line comment (``x > 5 -- big only``) ends in a new line: the
+        # refreshes paste it into ``(...) AND (...)``, where the comment swallowed the ``)``.
+        if self.filter is not None and "--" in self.filter and not self.filter.endswith("\n"):
+            object.__setattr__(self, "filter", self.filter + "\n")
 
     @property
     def kind(self) -> str:
@@ -419,9 +426,24 @@ def join_reads(spec: dict, i: int) -> list[str]:
 
 
 def quote_ident(name: str) -> str:
-    if name.isidentifier() and name.lower() == name:
+    """``name`` as a SQL identifier: bare when it is a plain lowercase name
+    that is no SQL keyword, else quoted (a column named ``null``, ``true`` or
+    ``select`` read bare is a literal, or SQL that does not parse).
+
+    >>> quote_ident("x"), quote_ident("null"), quote_ident("Order"), quote_ident("a`b")
+    ('x', '`null`', '`Order`', '`a``b`')
+    """
+    if name.isidentifier() and name.lower() == name and name.upper() not in _sql_keywords():
         return name
     return "`" + name.replace("`", "``") + "`"
+
+
+@functools.cache
+def _sql_keywords() -> frozenset[str]:
+    """sqlglot's SQL keywords, each word of those of several (quoting one more name is harmless)."""
+    from sqlglot.tokens import Tokenizer
+
+    return frozenset(w for k in Tokenizer.KEYWORDS for w in k.split())
 
 
 READ_FIELDS_METADATA_KEY = "mv_assets.read_fields"  # the source columns a view read when created, by field id
