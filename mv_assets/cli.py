@@ -23,7 +23,8 @@ from mv_assets.api import progress
 from mv_assets.api.catalog import Connection, connect
 from mv_assets.api.runners import InlineRunner, SparkRunner
 from mv_assets.api.table import MaterializedView
-from mv_assets.model.errors import MvAssetsError, UdfError
+from mv_assets.model.definition import short_error
+from mv_assets.model.errors import MvAssetsError, TableNotFoundError, UdfError
 from mv_assets.model.join_agg_view import is_join_under
 from mv_assets.model.kinds import kind_of
 
@@ -167,7 +168,12 @@ def tables(obj: _Ctx, as_json: bool) -> None:
     """List tables and views."""
     rows = []
     for name in obj.db.table_names():
-        t = obj.db.open_table(name)
+        try:
+            t = obj.db.open_table(name)
+        except Exception as exc:  # a dataset that does not open (damaged files): listed, not hiding the others
+            rows.append({"name": name, "kind": "unreadable", "source": f"{type(exc).__name__}: {short_error(exc)}",
+                         "version": None, "rows": None})
+            continue
         is_view = isinstance(t, MaterializedView)
         rows.append(
             {
@@ -191,7 +197,12 @@ def tables(obj: _Ctx, as_json: bool) -> None:
 def status(obj: _Ctx, view: str | None, as_json: bool) -> None:
     """The status table: load state, staleness, load number per view."""
     if view:
-        obj.view(view)
+        try:
+            obj.view(view)
+        except (click.ClickException, TableNotFoundError):
+            raise
+        except Exception:  # a dataset that does not open (damaged files): its row says UNREADABLE, and why
+            pass
     # a view whose source is gone shows as SOURCE_MISSING with the reason, the others as usual
     rows = [s.to_dict() for s in obj.db.view_statuses(view)]
     if as_json:

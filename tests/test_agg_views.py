@@ -170,6 +170,39 @@ def test_min_max_survive_deleted_extremes_and_recompute_only_when_a_groups_buffe
     assert {c.name: c.passed for c in v.check()} == {"no_orphan_rows": True, "values_match_source": True}
 
 
+def test_integer_sums_near_and_beyond_int64_are_exact_or_refused(db):
+    """int64 arithmetic wrapped a group's sum round past 2**63 without a word
+    (epoch nanoseconds: avg came out negative). Sums whose running totals
+    pass the limit but end within it are exact, full and incremental; one
+    beyond it fails the refresh, recorded as such (FAILED_LOAD, a failed
+    job), until rows bring it back in range."""
+    big = 1_700_000_000_000_000_000
+    t = db.create_table("events", schema=pa.schema([pa.field("id", pa.int64(), nullable=False),
+                                                    pa.field("k", pa.string()), pa.field("ts", pa.int64())]),
+                        primary_key="id")
+    t.add([{"id": i, "k": "u", "ts": big} for i in range(5)] + [{"id": 5, "k": "u", "ts": -big}])
+    v = db.create_materialized_view("agg", t.search(None).group_by("k").agg(
+        {"n": "count(*)", "s": "sum(ts)", "a": "avg(ts)"}))
+    db.refresh("agg")  # (Arrow's running sum passed 2**63 on the way)
+    assert v.to_arrow().to_pylist() == [{"k": "u", "n": 6, "s": 4 * big, "a": 4 * big / 6}]
+    t.add([{"id": 6, "k": "u", "ts": big}, {"id": 7, "k": "u", "ts": -big}])
+    db.refresh("agg")
+    assert v.to_arrow().to_pylist() == [{"k": "u", "n": 8, "s": 4 * big, "a": 4 * big / 8}]
+    t.delete("id = 5 OR id = 7")  # 6 * big: beyond int64
+    with pytest.raises(ValueError, match=r"sum of integer column 'ts' in 1 group\(s\) is beyond int64"):
+        db.refresh("agg")
+    status = v.status()
+    assert status.load_state == "FAILED_LOAD" and "beyond int64" in status.last_error
+    assert db.list_jobs()[-1].status.value == "FAILED"
+    with pytest.raises(ValueError, match="beyond int64"):
+        db.refresh("agg", mode="full")
+    t.add([{"id": 8, "k": "u", "ts": -3 * big}])
+    db.refresh("agg")
+    assert v.to_arrow().to_pylist() == [{"k": "u", "n": 7, "s": 3 * big, "a": 3 * big / 7}]
+    assert v.status().load_state == "LOADED"
+    assert {c.name: c.passed for c in v.check()} == {"no_orphan_rows": True, "values_match_source": True}
+
+
 @pytest.mark.parametrize("key", ["null", "true", "select"])
 def test_a_group_keyed_by_a_column_named_like_a_sql_keyword_is_recomputed_right(db, key):
     """A group whose min buffer runs out is recomputed from the source by its

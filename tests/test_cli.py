@@ -43,6 +43,28 @@ def test_tables(catalog):
     assert "tables in" in run(catalog, "tables").output
 
 
+def test_a_damaged_view_is_listed_unreadable_without_hiding_the_others(catalog):
+    """One view's newest manifest damaged: `tables` lists it as unreadable
+    beside the others (it failed outright, exit 2, listing nothing), and
+    `status VIEW` gives its UNREADABLE row (it exited 2 with Lance's error);
+    db.view_statuses(name) too."""
+    catalog.refresh("a")
+    versions = os.path.join(catalog.open_table("a").uri, "_versions")
+    newest = sorted(f for f in os.listdir(versions) if f.endswith(".manifest"))[0]  # (names count down)
+    with open(os.path.join(versions, newest), "w") as f:
+        f.write("garbage\n")
+    r = run(catalog, "tables", "--json")
+    assert r.exit_code == 0, r.output
+    rows = {t["name"]: t for t in json.loads(r.output)}
+    assert rows["a"]["kind"] == "unreadable" and rows["a"]["rows"] is None
+    assert rows["src"]["rows"] == 5 and rows["b"]["kind"] == "view"
+    r = run(catalog, "status", "a", "--json")
+    assert r.exit_code == 0, r.output
+    assert (json.loads(r.output)["name"], json.loads(r.output)["load_state"]) == ("a", "UNREADABLE")
+    assert [s.load_state for s in catalog.view_statuses("a")] == ["UNREADABLE"]
+    assert run(catalog, "status", "nope").exit_code == 2 and run(catalog, "status", "src").exit_code == 2
+
+
 def test_plan_and_refresh_in_lineage_order(catalog):
     r = run(catalog, "plan", "a", "--json")
     assert r.exit_code == 0 and json.loads(r.output)["rows_to_insert"] == 5

@@ -847,7 +847,7 @@ class Connection:
         UNREADABLE, each with the reason in ``last_error``: one broken view
         never hides the others."""
         out = []
-        views, broken, tables = ([self.open_view(name)], {}, {}) if name else self._open_views()
+        views, broken, tables = self._one_view(name) if name else self._open_views()
         # a dataset that cannot be opened (damaged files) is listed, not hiding the others
         out += [unreadable_status(n, None, why) for n, why in broken.items()]
         # the load state records, listed once: only views loading or failed have one (the others' is in their commits)
@@ -869,6 +869,19 @@ class Connection:
         # the views' reads are independent: concurrently (what an object store waits on)
         out += _concurrently(one, views, "catalog-status", self.uri)
         return sorted(out, key=lambda s: s.name)  # (the unreadable ones among the others, by name)
+
+    def _one_view(self, name: str) -> tuple[list["MaterializedView"], dict[str, str], dict]:
+        """:meth:`_open_views` of one view: ``name`` opened, or why its dataset
+        cannot be (an unknown name, or a table, raises as :meth:`open_view` does)."""
+        try:
+            self.open_table(name)
+        except TableNotFoundError:
+            raise
+        except Exception as exc:  # a dataset there that does not open (damaged files)
+            if name not in self._listed():
+                raise
+            return [], {name: f"{type(exc).__name__}: {short_error(exc)}"}, {}
+        return [self.open_view(name)], {}, {}
 
     def arrangements(self) -> list[dict]:
         """Seed 004's "analyzing arrangements": what the join views' refreshes
@@ -950,7 +963,8 @@ class Connection:
                 raise SourceBehindError(
                     f"view {view.name!r} reads view {src.name!r}, which is {behind} version(s) behind its "
                     f"source {src.definition.source!r}; refresh {src.name!r} first, or call "
-                    f"db.refresh({view.name!r}, upstream=True) to refresh the chain in lineage order"
+                    f"db.refresh({view.name!r}, upstream=True) (`mv-assets refresh --upstream`) to refresh the chain in "
+                    "lineage order"
                 )
 
     def _versions_behind(self, view: MaterializedView) -> int:

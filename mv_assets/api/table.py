@@ -65,6 +65,7 @@ from mv_assets.ops.refresh import (
     RefreshResult,
     compact_if_fragmented,
     execute_refresh,
+    is_failed_on_data,
     refresh_job_id,
     view_rows_by_fragment,
 )
@@ -1587,9 +1588,10 @@ class MaterializedView(Table):
                 )
                 plan = _with_fragment_size(plan, max_rows_per_fragment)
             except BaseException as exc:
-                if joined:  # (its status says LOADING since the join began: it says why it stopped)
+                if joined or is_failed_on_data(exc):  # (a join's status says LOADING since the join began;
+                    # an aggregate fails on its data while planning): it says why the refresh stopped
                     record_load_state(self.connection.layout, self.name, FAILED_LOAD, f"{type(exc).__name__}: {exc}",
-                                      job_id=join_job)
+                                      job_id=join_job or f"refresh-{self.refresh_state().load_number + 1}-plan")
                 raise
             return self._execute_refresh(ref, plan, runner, job_id)
 

@@ -104,8 +104,12 @@ def _aggregate(rows: pa.Table, agg: Aggregate, exact: bool = False) -> pa.Table 
             if len(split) > 1:
                 rows = rows.set_column(rows.schema.get_field_index(f"__mv_fin_{j}"), f"__mv_fin_{j}",
                                        pa.array(split[0]))
+    exact_ints = [c for c in agg.summed if c not in counted]
+    for c in exact_ints:  # integers summed as decimals: exact (int64 arithmetic wraps past 2**63)
+        rows = rows.append_column(f"__mv_dec_{cols.index(c)}", pc.cast(rows.column(c), WIDE))
     for c in agg.summed:
-        summed = f"__mv_fin_{cols.index(c)}" if c in counted and c not in floats else c
+        summed = (f"__mv_fin_{cols.index(c)}" if c in counted and c not in floats
+                  else f"__mv_dec_{cols.index(c)}" if c in exact_ints else c)
         specs.append((c, "list") if c in floats else (summed, "sum"))
         specs += [(f"__mv_part{k}_{cols.index(c)}", "sum") for k in range(parts.get(c, 0))]
     for c in counted:
@@ -125,7 +129,8 @@ def _aggregate(rows: pa.Table, agg: Aggregate, exact: bool = False) -> pa.Table 
             ["__one"], use_threads=False).aggregate(specs)
     # pyarrow names an output "<column>_<function>" ("count_all"); where it puts the keys varies by version
     produced = ["count_all"] + [f"{c}_count" for c in cols] + [
-        f"{c}_list" if c in floats else f"__mv_fin_{cols.index(c)}_sum" if c in counted else f"{c}_sum"
+        f"{c}_list" if c in floats else f"__mv_fin_{cols.index(c)}_sum" if c in counted
+        else f"__mv_dec_{cols.index(c)}_sum" if c in exact_ints else f"{c}_sum"
         for c in agg.summed] + [f"__mv_{kind}_{cols.index(c)}_sum" for c in counted for kind in SPECIALS] + [
         f"{c}_{fn}" for fn, c in agg.extremes] + [f"{c}_list" for c in listed] + [
         f"__mv_part{k}_{cols.index(c)}_sum" for c, m in parts.items() for k in range(m)]
@@ -651,8 +656,52 @@ def _combined_sums(found: _Found, agg: Aggregate, typ: dict[str, pa.DataType]
             stale |= (found.pm >= 0) & ~(np.isfinite(stored) & np.isfinite(hi))
             sums[c] = (hi, lo)
         else:
-            sums[c] = (found.added(sum_col(c), f"__s_{j}"), np.zeros(n))
+            sums[c] = (_int_sums(found, c, j), np.zeros(n))
     return sums, specials, stale
+
+
+def _approx(table: pa.Table | None, name: str, at: np.ndarray) -> np.ndarray:
+    """``table[name]`` at positions ``at`` (-1 or no table: 0) as the nearest floats."""
+    if table is None:
+        return np.zeros(len(at))
+    values = table.column(name).take(pa.array(at, mask=at < 0)).combine_chunks()
+    return _num(pc.cast(values, pa.float64(), safe=False), np.float64)
+
+
+WIDE = pa.decimal128(38, 0)  # an integer column's sums while aggregated: exact
+_NEAR = 2.0 ** 62  # sums this large are added as Python integers
+
+
+def _int_sums(found: _Found, c: str, j: int) -> np.ndarray:
+    """An integer column's new sum per group: the stored sum plus the added
+    rows' minus the removed rows' (exact decimals), in int64 arithmetic where
+    every term is far from its limits, else as Python integers; a sum beyond
+    int64 raises a ValueError saying so (int64 arithmetic wrapped it round)."""
+    terms = [(found.old, sum_col(c), found.po, 1), (found.plus, f"__s_{j}", found.pp, 1),
+             (found.minus, f"__s_{j}", found.pm, -1)]
+    approx = [_approx(t, name, at) for t, name, at, _ in terms]
+    near = (np.abs(approx[0]) >= _NEAR) | (np.abs(approx[1]) >= _NEAR) | (np.abs(approx[2]) >= _NEAR) | (
+        np.abs(approx[0] + approx[1] - approx[2]) >= _NEAR)
+    out = np.zeros(found.n, np.int64)
+    safe = ~near
+    if safe.any():
+        for t, name, at, sign in terms:
+            out[safe] += sign * _num(_take(t, name, np.where(safe, at, -1), pa.int64()))[safe]
+    if near.any():
+        where = np.flatnonzero(near)
+        exact = [0] * len(where)
+        for t, name, at, sign in terms:
+            values = _take(t, name, np.where(near, at, -1), WIDE).to_pylist()
+            for k, i in enumerate(where):
+                exact[k] += sign * int(values[i] or 0)
+        beyond = [v for v in exact if not -2**63 <= v < 2**63]
+        if beyond:
+            raise ValueError(
+                f"the sum of integer column {c!r} in {len(beyond)} group(s) is beyond int64 (e.g. {beyond[0]}): "
+                f"sum({c}) and avg({c}) cannot hold it; aggregate a double of it instead (a view with "
+                f"CAST({c} AS DOUBLE))")
+        out[where] = exact
+    return out
 
 
 def _combined_extremes(found: _Found, agg: Aggregate, typ: dict[str, pa.DataType], cnt: dict[str, np.ndarray]

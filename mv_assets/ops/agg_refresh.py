@@ -42,7 +42,7 @@ from mv_assets.model.planning import KeyPlan, isin
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.model.udtf_view import partition_ids
 from mv_assets.ops.function_plan import start_plan
-from mv_assets.ops.refresh import RefreshPlan, _place
+from mv_assets.ops.refresh import RefreshPlan, _place, failed_on_data
 from mv_assets.storage import objects
 from mv_assets.storage.changes import commit_matters, written_fragments
 
@@ -72,6 +72,15 @@ def plan_agg_refresh(
                        noun="aggregate view", scoped=False, sync_ok=False)
     if isinstance(start, RefreshPlan):
         return start
+    try:  # (the groups are computed while planning: a failure here is the refresh's, on its data)
+        return _agg_plan(view, start, max_rows_per_task, checkpoint_size, exact)
+    except Exception as exc:
+        failed_on_data(exc)
+        raise
+
+
+def _agg_plan(view, start, max_rows_per_task: int | None, checkpoint_size: int | None, exact: bool) -> RefreshPlan:
+    """:func:`plan_agg_refresh` once its arguments and the view's state are read (``start``)."""
     definition, src, view_ds, state, how, v0 = start.definition, start.src, start.view_ds, start.state, start.how, start.v0
     agg = Aggregate.from_definition(definition)
     details: dict = {}

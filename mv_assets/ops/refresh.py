@@ -1461,6 +1461,21 @@ def _view_changes(view: ViewRef, plan: RefreshPlan, results: list[TaskResult]):
     return removed, updated, [m for r in results for m in r.fragment_metadata()]
 
 
+_ON_DATA = "_mv_assets_failed_on_data"
+
+
+def failed_on_data(exc: BaseException) -> None:
+    """Mark ``exc`` as a refresh's failure on its data met while planning (a
+    view kind that computes its changes then: an aggregate's groups), not bad
+    input: the view's status records it (FAILED_LOAD) as a task's."""
+    setattr(exc, _ON_DATA, True)
+
+
+def is_failed_on_data(exc: BaseException) -> bool:
+    """Whether :func:`failed_on_data` marked ``exc``."""
+    return bool(getattr(exc, _ON_DATA, False))
+
+
 def refresh_job_id(plan: RefreshPlan) -> str:
     """The job id a refresh of ``plan`` is recorded under when it was given none."""
     return f"refresh-{plan.load_number + 1}-{plan.checkpoint_dir[-8:] if plan.checkpoint_dir else ''}"
