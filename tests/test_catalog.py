@@ -587,6 +587,21 @@ def test_integers_beyond_64_bits_are_a_valueerror_and_nothing_is_written(db):
     assert "t2" not in db
 
 
+def test_rows_given_as_dicts_fill_an_unsigned_column_above_2_63(db):
+    """A uint64 column's value above 2**63 - 1 given in a list of dicts: Arrow
+    infers int64 for Python integers and overflowed (the rows were refused as
+    holding "a value too large for its column"); they are written. A value
+    below 0 there is still refused, and nothing is written."""
+    schema = pa.schema([pa.field("id", pa.int64(), nullable=False), pa.field("u", pa.uint64())])
+    t = db.create_table("t", schema=schema, primary_key="id")
+    t.add([{"id": 1, "u": 2**63 + 5}, {"id": 2, "u": 2**64 - 1}, {"id": 3}])
+    assert t.to_arrow().sort_by("id").column("u").to_pylist() == [2**63 + 5, 2**64 - 1, None]
+    before = t.version
+    with pytest.raises(ValueError):
+        t.add([{"id": 4, "u": 2**63 + 5}, {"id": 5, "u": -1}])
+    assert t.version == before
+
+
 def test_connect_without_creating(tmp_path):
     missing = tmp_path / "no" / "catalog"
     with pytest.raises(mv.CatalogNotFoundError, match=f"no catalog at {missing}"):

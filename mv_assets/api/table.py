@@ -147,6 +147,20 @@ def _too_wide(items: Any, exc: OverflowError) -> ValueError:
     return ValueError(f"the rows hold a value too large for its column: {exc}; nothing was written")
 
 
+def _unsigned_columns(rows: list[dict], schema: pa.Schema | None) -> pa.Table | None:
+    """``rows`` column by column, each inferred but the unsigned columns of
+    ``schema``, built as such: Arrow infers int64 for every Python integer
+    and overflows on a uint64 value above 2**63 - 1 (None: that was not it)."""
+    if schema is None:
+        return None
+    names = list(dict.fromkeys(k for r in rows for k in r))
+    unsigned = {f.name: f.type for f in schema if pa.types.is_unsigned_integer(f.type)}
+    try:
+        return pa.table({n: pa.array([r.get(n) for r in rows], type=unsigned.get(n)) for n in names})
+    except (OverflowError, pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
+        return None
+
+
 def to_arrow_table(data: Any, schema: pa.Schema | None = None) -> pa.Table:
     """Accept a pyarrow Table / RecordBatch / reader or a list of dicts (a
     blob column's values are its bytes: Lance's writer stores them as blobs)."""
@@ -174,7 +188,9 @@ def to_arrow_table(data: Any, schema: pa.Schema | None = None) -> pa.Table:
             # truncate silently (1.5 into an int column becomes 1)
             table = pa.Table.from_struct_array(pa.array(data)) if data else pa.Table.from_pylist(data, schema=schema)
         except OverflowError as exc:
-            raise _too_wide(((k, v) for r in data for k, v in r.items()), exc) from exc
+            table = _unsigned_columns(data, schema)  # (an unsigned column's values above 2**63 - 1)
+            if table is None:
+                raise _too_wide(((k, v) for r in data for k, v in r.items()), exc) from exc
         except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError):
             try:
                 table = pa.Table.from_pylist(data, schema=schema)
