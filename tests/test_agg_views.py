@@ -303,7 +303,7 @@ def test_bad_aggregate_queries_are_refused_before_anything_is_written(db):
     with pytest.raises(ValueError, match=r"sum\(distinct ...\) is not supported; of the distinct aggregates only "
                                          r"count\(distinct column\) is"):
         q.group_by("g").agg({"d": "sum(distinct x)"})
-    with pytest.raises(ValueError, match=r"only count takes \*; count\(distinct \*\) needs a column"):
+    with pytest.raises(ValueError, match=r"only count takes \* \(or 1\); count\(distinct \*\) needs a column"):
         q.group_by("g").agg({"d": "count(distinct *)"})
     with pytest.raises(ValueError, match=r"only count takes \*"):
         q.group_by("g").agg({"s": "sum(*)"})
@@ -763,3 +763,18 @@ def test_a_groups_sum_of_exact_parts_keeps_its_large_values_apart(segments):
         if len(parts) > 1 and max((abs(x) for x in seg), default=0) < 1e300:  # (larger: summed as it is)
             assert abs(Fraction(float(hi[0])) + Fraction(float(lo[0])) - exact) <= bound, (seg, hi, lo)
         at += len(seg)
+
+
+def test_count_of_1_is_count_of_every_row(db):
+    """SQL's ``count(1)`` (it was refused: "cannot read"); ``sum(1)`` and
+    ``count(distinct 1)`` are refused, naming what they need."""
+    from mv_assets.model.agg_view import parse_aggs
+
+    assert [(a.fn, a.column) for a in parse_aggs({"n": "count(1)", "m": "count( * )"})] == [("count", None)] * 2
+    for bad in ("sum(1)", "count(distinct 1)"):
+        with pytest.raises(ValueError, match=r"only count takes \* \(or 1\)"):
+            parse_aggs({"x": bad})
+    t = db.create_table("t", [{"k": i % 2, "x": i} for i in range(5)])
+    v = db.create_materialized_view("agg", t.search(None).group_by("k").agg({"n": "count(1)"}))
+    v.refresh()
+    assert sorted((r["k"], r["n"]) for r in v.to_arrow().to_pylist()) == [(0, 3), (1, 2)]

@@ -362,3 +362,14 @@ def test_at_80_columns_job_ids_are_whole_and_plans_read_as_words(tmp_path):
     r = CliRunner().invoke(main, ["--db", db.uri, "jobs"], env={"COLUMNS": "80"}, catch_exceptions=False)
     assert r.exit_code == 0 and all(i in r.output for i in ids) and "…" not in r.output.split("target")[0]
     assert max(len(line) for line in r.output.splitlines()) <= 80
+
+
+def test_python_dash_m_runs_the_command_line(catalog):
+    """``python -m mv_assets`` is the ``mv-assets`` command (it said the package cannot be executed)."""
+    import subprocess
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "mv_assets", "--db", catalog.uri, "--runner", "inline", "tables",
+                        "--json"], capture_output=True, text=True, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert {t["name"] for t in json.loads(r.stdout)} == {"src", "a", "b", "bad"}

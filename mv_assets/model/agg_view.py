@@ -92,7 +92,7 @@ _QUANTILE = re.compile(r"^\s*approx_quantile\s*\(\s*(`[^`]+`|[A-Za-z_][A-Za-z0-9
                        re.I)
 GROUP = AGG_PREFIX + "group"
 ROWS = AGG_PREFIX + "rows"
-_CALL = re.compile(r"^\s*([A-Za-z_]+)\s*\(\s*(distinct\s+)?(\*|`[^`]+`|[A-Za-z_][A-Za-z0-9_.]*)\s*\)\s*$", re.I)
+_CALL = re.compile(r"^\s*([A-Za-z_]+)\s*\(\s*(distinct\s+)?(\*|1|`[^`]+`|[A-Za-z_][A-Za-z0-9_.]*)\s*\)\s*$", re.I)
 
 
 def cnt_col(column: str) -> str:
@@ -241,8 +241,10 @@ def parse_aggs(aggs: object) -> list[Agg]:
         if distinct and fn != "count":
             raise ValueError(f"aggregate {name!r}: {fn}(distinct ...) is not supported; of the distinct "
                              "aggregates only count(distinct column) is")
-        if arg == "*" and (fn != "count" or distinct):
-            raise ValueError(f"aggregate {name!r}: only count takes *; {m.group(0).strip()} needs a column")
+        if arg == "1" and fn == "count" and not distinct:  # (SQL's count(1): every row, as count(*))
+            arg = "*"
+        if arg in ("*", "1") and (fn != "count" or distinct):
+            raise ValueError(f"aggregate {name!r}: only count takes * (or 1); {m.group(0).strip()} needs a column")
         column = None if arg == "*" else arg.strip("`")
         out.append(Agg(name, "count_distinct" if distinct else fn, column))
     return out
