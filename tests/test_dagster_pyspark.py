@@ -197,6 +197,22 @@ def test_only_a_dagster_pyspark_resource_is_taken(tmp_path):
     assert flat_spark_config({"a": {"b": True, "c": 2}}) == {"a.b": "true", "a.c": "2"}
 
 
+def test_a_session_the_projects_own_asset_starts_first_runs_this_interpreter(tmp_path, monkeypatch):
+    """Definitions with pyspark= set PYSPARK_PYTHON to this interpreter (unless
+    set): a session the project's own asset starts through the resource before
+    any refresh (or an eager PySparkResource at the run's start) ran the first
+    python3 on the PATH in its workers, without mv_assets (ModuleNotFoundError
+    in the refresh's tasks). A value the user set stays."""
+    db = _catalog(tmp_path / "cat")
+    for var in ("PYSPARK_PYTHON", "PYSPARK_DRIVER_PYTHON"):
+        monkeypatch.delenv(var, raising=False)
+    build_definitions(db, pyspark=PySparkResource(spark_config={"spark.master": "local[1]"}))
+    assert os.environ["PYSPARK_PYTHON"] == os.environ["PYSPARK_DRIVER_PYTHON"] == sys.executable
+    monkeypatch.setenv("PYSPARK_PYTHON", "/opt/py/bin/python")
+    MvAssetsResource(catalog_uri=db.uri, pyspark=LazyPySparkResource(spark_config={}))
+    assert os.environ["PYSPARK_PYTHON"] == "/opt/py/bin/python"
+
+
 def test_definitions_with_a_pyspark_resource_load_without_a_jvm(tmp_path):
     """Loading definitions given a LazyPySparkResource starts no JVM (pyspark is
     imported: dagster-pyspark imports it; no SparkContext, no gateway)."""

@@ -29,6 +29,7 @@ given: loading definitions without one imports neither.
 
 import logging
 import os
+import sys
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,8 +46,15 @@ def as_pyspark_resource(value: Any) -> Any:
     ``PySparkResource`` as a ``LazyPySparkResource`` of the same ``spark_config``
     (Dagster would build a PySparkResource's session when the run's resources
     start: a run with nothing to refresh would start a JVM). Anything else is
-    refused with a TypeError saying what to pass."""
+    refused with a TypeError saying what to pass. Sets ``PYSPARK_PYTHON`` (and
+    the driver's) to this interpreter unless set: Spark's workers run it
+    whoever starts the session."""
     what = _describe(value)
+    # The Python workers of a session the project's own assets start with this resource (before any
+    # refresh does, or an eager PySparkResource at the run's start) run this interpreter too: the
+    # first python3 on the PATH may lack mv_assets (dagster dev started as .venv/bin/dagster).
+    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+    os.environ.setdefault("PYSPARK_DRIVER_PYTHON", sys.executable)
     try:
         from dagster_pyspark import LazyPySparkResource, PySparkResource
     except ImportError as exc:  # a declared dependency; a broken environment says so
