@@ -174,6 +174,26 @@ def test_pipes_clients_that_need_their_own_arguments_are_given_as_a_function():
     assert isinstance(launcher, PipesLauncher) and launcher.extras == {}
 
 
+def test_a_pyspark_resources_spark_config_reaches_the_pipes_process(tmp_path):
+    """build_definitions(pyspark=, pipes_client=): the Pipes process builds its
+    Spark from the resource's spark_config (where it runs, and the rest as
+    spark_conf); it was dropped, and the process ran local[*] without the
+    user's settings (their executorEnv never reached the UDFs)."""
+    from dagster_pyspark import LazyPySparkResource
+
+    from mv_assets.dagster.pipes_client import resource_extras
+
+    config = {"spark.master": "local[1]", "spark": {"executorEnv": {"MV_MARK": "x"}}, "spark.app.name": "mine"}
+    extras = resource_extras(MvAssetsResource(catalog_uri=str(tmp_path), runner="spark",
+                                              pyspark=LazyPySparkResource(spark_config=config)))
+    assert extras["spark_master"] == "local[1]" and "spark_remote" not in extras
+    assert extras["spark_conf"] == {"spark.executorEnv.MV_MARK": "x", "spark.app.name": "mine"}
+    remote = resource_extras(MvAssetsResource(catalog_uri=str(tmp_path), runner="spark", pyspark=LazyPySparkResource(
+        spark_config={"spark.remote": "sc://127.0.0.1:15002"})))
+    assert remote["spark_remote"] == "sc://127.0.0.1:15002" and "spark_master" not in remote
+    assert "spark_conf" not in resource_extras(MvAssetsResource(catalog_uri=str(tmp_path), runner="inline"))
+
+
 def _records(instance, keys, partitions) -> dict:
     """Each asset's and partition's latest materialization: its metadata (the
     duration left out) and its version tags (event pointers left out: storage

@@ -39,6 +39,7 @@ from dagster._core.events import DagsterEventType  # not exported by dagster
 
 from mv_assets.api.table import RefreshResult
 from mv_assets.dagster.resource import MvAssetsResource
+from mv_assets.dagster.spark_session import PySparkResourceRunner
 from mv_assets.pipes import DESCRIPTION_KEY, RECOMPUTED_KEY, REFRESH_KEY
 
 __all__ = ["PIPES_MODULE", "PipesLauncher", "as_pipes_launcher", "pipes_command", "launch_view", "view_pipes_extras"]
@@ -100,12 +101,19 @@ def as_pipes_launcher(client: Any) -> PipesLauncher | None:
 
 def resource_extras(resource: MvAssetsResource) -> dict[str, Any]:
     """What the Pipes process needs of the definitions' resource: the catalog
-    and the runner. Storage options only where given in code (options from
-    the environment may hold credentials: the cluster has its own)."""
+    and the runner (with a dagster-pyspark resource, ``pyspark=``: where its
+    ``spark_config`` says Spark runs, and the rest of it as ``spark_conf``).
+    Storage options only where given in code (options from the environment
+    may hold credentials: the cluster has its own)."""
     extras: dict[str, Any] = {"catalog": resource.catalog_uri, "runner": resource.runner}
     for name in ("spark_master", "spark_remote", "local_below_rows"):
         if getattr(resource, name) is not None:
             extras[name] = getattr(resource, name)
+    if resource.pyspark is not None:  # (the user's Spark settings: the Pipes process builds its session of them)
+        spark = PySparkResourceRunner(pyspark=resource.pyspark)
+        remote = spark.resolved_remote()
+        extras["spark_remote" if remote else "spark_master"] = remote or spark.resolved_master()
+        extras["spark_conf"] = {k: v for k, v in spark.conf.items() if k not in ("spark.master", "spark.remote")}
     if resource.inline_threads != 1:
         extras["inline_threads"] = resource.inline_threads
     if resource.storage_options:
