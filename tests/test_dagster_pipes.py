@@ -254,6 +254,31 @@ def test_the_catalog_assets_through_pipes_record_what_in_process_runs_record(tmp
     assert tags["dagster/data_version"].startswith("v")
 
 
+def test_a_pipes_launch_that_reports_no_refresh_fails_the_step(tmp_path):
+    """A launch that exits 0 without running mv_assets.pipes (a cluster job
+    with another entry point): the step fails saying nothing reported a
+    refresh, and no materialization is recorded (the run succeeded and
+    recorded v materialized, with no source version, the view never refreshed)."""
+    import sys
+
+    db = small_catalog(tmp_path / "cat")
+    client = dg.PipesSubprocessClient()
+    noop = "from dagster_pipes import open_dagster_pipes\nwith open_dagster_pipes() as p: p.log.info('not mv_assets')"
+    launcher = PipesLauncher(lambda context, extras: client.run(
+        context=context, command=[sys.executable, "-c", noop], extras=extras))
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"), pipes_client=launcher)
+    v_asset = defs.get_repository_def().assets_defs_by_key[K(["v"])]
+    frags = [str(f) for f in db.open_table("src").fragment_ids()]
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(partitions_def_name("src"), frags)
+        result = dg.materialize([v_asset], instance=instance, partition_key=frags[0], selection=[K(["v"])],
+                                raise_on_error=False)
+        assert not result.success
+        assert "ended without reporting a refresh" in _step_failure(result)
+        assert instance.get_latest_materialization_event(K(["v"])) is None
+    assert not db.open_view("v").refresh_state().refreshed
+
+
 @pytest.mark.spark
 def test_the_catalog_assets_through_pipes_on_a_standalone_spark_cluster(tmp_path):
     """The run process starts no Spark: the Pipes process refreshes on a

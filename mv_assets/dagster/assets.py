@@ -1322,6 +1322,11 @@ def _launch(context, pipes: PipesLauncher, info: TableInfo, view, view_key, colu
     }
     resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
     done = launch_view(context, pipes, resource, info.name, view_key, request)
+    if refresh and done.result is None:  # (a launch that ran something else, and exited 0)
+        raise dg.Failure(
+            description=f"{info.name}: the Pipes launch ended without reporting a refresh: nothing says the view was "
+                        f"refreshed (does the launched process run `python -m mv_assets.pipes`, with the extras "
+                        f"the client passes?)", metadata={"view": info.name})
     return done.result, done.recomputed, done.checks
 
 
