@@ -642,3 +642,20 @@ def test_the_listing_that_found_the_catalog_serves_its_first_look_only_for_a_mom
     assert soon.table_names() == ["a", "b"]  # once
     clock[0] += catalog.ROOT_LISTING_REUSE_S
     assert late.table_names() == ["a", "b"]  # too old: listed again
+
+
+def test_a_second_connection_with_other_storage_options_says_every_connection_now_uses_them(tmp_path):
+    """The storage options are the process's per catalog URI: a second
+    connect() with others replaced the first connection's without a word
+    (its writes went to the second endpoint); it warns now. The same
+    options again, or none, say nothing."""
+    import warnings
+
+    uri = str(tmp_path / "cat")
+    mv.connect(uri, storage_options={"region": "a"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mv.connect(uri, storage_options={"region": "a"})
+        mv.connect(uri)
+    with pytest.warns(UserWarning, match="storage options other than an earlier connection's"):
+        mv.connect(uri, storage_options={"region": "b"})

@@ -5,6 +5,7 @@ task and commit code is the one Spark runs.
 """
 
 import os
+import time
 from datetime import timedelta
 
 import lance
@@ -620,3 +621,62 @@ def test_a_filter_ending_in_a_line_comment_keeps_incremental_refreshes_working(t
         assert sorted(v.to_arrow().to_pylist(), key=lambda r: r["k"]) == [{"k": "a", "n": 7}, {"k": "b", "n": 5}]
     else:
         assert sorted(v.to_arrow().column("id").to_pylist()) == [i for i in range(6, 19) if i != 7]
+
+
+@mv.udf
+def _slow_copy(x: int) -> int:
+    import time as _time
+
+    _time.sleep(0.02)
+    return x
+
+
+def test_a_refresh_never_commits_into_a_view_made_again_under_its_name(tmp_path):
+    """A view dropped and created again (another definition, up to the same
+    Lance version) while a refresh of the old one computes: that refresh's
+    commit is refused (it landed in the new view, which then held the old
+    view's rows and columns, read as LOADED and valid)."""
+    db = mv.connect(str(tmp_path / "db"), runner=mv.InlineRunner())
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(60)])
+    old = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": _slow_copy}), with_no_data=True)
+    job = old.refresh_async()
+    time.sleep(0.6)  # (computing: 60 rows x 20 ms)
+    db.drop_table("v")
+    db.create_materialized_view("v", t.search(None).where("x < 5").select({"id": "id", "x": "x"}), with_no_data=True)
+    with pytest.raises(mv.ConcurrentRefreshError, match="dropped and made again"):
+        job.result(timeout=120)
+    new = db.open_table("v")
+    assert new.to_arrow().column_names == ["id", "x"] and new.count_rows() == 0
+    assert new.status().load_state == "NEVER_LOADED"  # (not the dead refresh's FAILED_LOAD)
+    new.refresh()
+    assert sorted(r["id"] for r in new.to_arrow().to_pylist()) == list(range(5))
+
+
+@mv.udf
+def _slow_five(x: int) -> int:
+    import time as _time
+
+    _time.sleep(0.02)
+    return x * 5
+
+
+def test_a_backfill_never_commits_into_a_table_made_again_under_its_name(tmp_path):
+    """A table dropped and created again (other rows, the same computed
+    column: up to the same Lance version) while a backfill of the old one
+    computes: that backfill commits nothing (its commit landed on the new
+    table, pointing at the old table's removed files: the new table could no
+    longer be read, by mv_assets or by plain pylance)."""
+    db = mv.connect(str(tmp_path / "db"), runner=mv.InlineRunner())
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(60)], primary_key="id")
+    t.add_columns({"z": _slow_five})
+    job = t.backfill_async("z")
+    time.sleep(0.6)  # (computing: 60 rows x 20 ms)
+    db.drop_table("t")
+    t = db.create_table("t", [{"id": i, "x": 1000 + i} for i in range(60)], primary_key="id")
+    t.add_columns({"z": _slow_five})
+    with pytest.raises(mv.ConcurrentWriteError, match="dropped and made again"):
+        job.result(timeout=120)
+    rows = lance.dataset(t.uri).to_table().to_pylist()
+    assert len(rows) == 60 and all(r["z"] is None for r in rows)
+    t.backfill("z")
+    assert sorted(r["z"] for r in t.to_arrow().to_pylist()) == [5 * (1000 + i) for i in range(60)]

@@ -196,6 +196,24 @@ def test_bad_object_store_uris_and_options_are_refused(monkeypatch):
         mv.connect("s3://b/c")
 
 
+@pytest.mark.parametrize("extra", [
+    {"client_max_retries": "2", "client_retry_timeout": "10"}, {"download_retry_count": "2"},
+    {"request_timeout": "30s"}, {"user_agent": "mv-test"}, {"proxy_excludes": "127.0.0.1"}],
+    ids=["retries", "download_retries", "request_timeout", "user_agent", "proxy_excludes"])
+def test_lances_storage_options_are_taken(s3_server, s3_catalog, extra):
+    """Options Lance documents (and pylance takes) for a catalog on S3: the
+    engine's own state files took them to obstore as they were, which refused
+    the retry and timeout ones (UnknownConfigurationKeyError) and panicked on
+    user_agent and proxy_excludes (a PanicException no except Exception catches)."""
+    uri, _ = s3_catalog
+    db = mv.connect(uri, storage_options={**s3_server.options, **extra}, runner=mv.InlineRunner())
+    t = db.create_table("t", [{"id": 1, "x": 1}])
+    t.add([{"id": 2, "x": 2}])
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id"}))
+    v.refresh()
+    assert v.count_rows() == 2 and db.table_names() == ["t", "v"]
+
+
 @pytest.mark.spark
 def test_spark_refresh_of_a_catalog_on_s3(s3_server, s3_catalog, spark_runner):
     """Executors get the storage options with the job: their environment knows nothing of the bucket."""

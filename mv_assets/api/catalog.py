@@ -145,7 +145,11 @@ class Connection:
         self.uri = uri
         self.storage_options = _storage_options(storage_options)
         self.storage_options_given = storage_options is not None  # else from the environment (or none)
-        objects.register(uri, self.storage_options)
+        if objects.register(uri, self.storage_options) is not None:
+            # (one set of options per catalog URI in a process: the connections made before use these too)
+            warnings.warn(f"connect({uri!r}) with storage options other than an earlier connection's: every "
+                          "connection to it in this process now uses these (endpoint and credentials included)",
+                          stacklevel=3)
         self.layout = Layout(uri)
         # (when, names): the root's listing taken here to tell a catalog is there, reused once (_root_names)
         self._root_listing: tuple[float, list[str]] | None = None

@@ -66,6 +66,7 @@ from mv_assets.ops.refresh import (
     compact_if_fragmented,
     execute_refresh,
     is_failed_on_data,
+    is_view_replaced,
     refresh_job_id,
     view_rows_by_fragment,
 )
@@ -82,6 +83,7 @@ from mv_assets.storage.status import (
     LOADING,
     ViewStatus,
     clear_load_state,
+    load_record,
     pending_source_versions,
     record_load_state,
     refresh_decision,
@@ -1651,7 +1653,11 @@ class MaterializedView(Table):
         try:
             result = execute_refresh(ref, plan, self._runner(runner), job_id)
         except BaseException as exc:
-            record_load_state(layout, self.name, FAILED_LOAD, f"{type(exc).__name__}: {exc}", job_id=job_id)
+            if is_view_replaced(exc):  # (a view made again under the name: its status is its own)
+                if load_record(layout, self.name).get("job_id") == job_id:  # (this refresh's LOADING, if any)
+                    clear_load_state(layout, self.name)
+            else:
+                record_load_state(layout, self.name, FAILED_LOAD, f"{type(exc).__name__}: {exc}", job_id=job_id)
             raise
         clear_load_state(layout, self.name)
         start = time.perf_counter()

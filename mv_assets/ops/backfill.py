@@ -78,7 +78,7 @@ from mv_assets.model.definition import (
     short_error,
     udf_column_type,
 )
-from mv_assets.model.errors import SqlRowsError, UdfError
+from mv_assets.model.errors import ConcurrentWriteError, SqlRowsError, UdfError
 from mv_assets.model.markers import marker_value, stale_sql
 from mv_assets.model.names import Alias, nth_marker_alias
 from mv_assets.model.pacing import default_target_seconds
@@ -132,6 +132,9 @@ class BackfillPlan:
     rows_by_fragment: dict[int, int] = field(default_factory=dict)
     # internals
     specs: list[ColumnSpec] = field(default_factory=list, repr=False)
+    # the manifest of read_version as stored when planned (objects.version_signature): a table
+    # dropped and made again up to that version has another, and the backfill commits nothing
+    read_stamp: tuple | None = field(default=None, repr=False)
     plan_rows: pa.Table | None = field(default=None, repr=False)
     batch_keys: list[str] = field(default_factory=list, repr=False)
     task_ranges: list[tuple[int, int]] = field(default_factory=list, repr=False)
@@ -407,6 +410,7 @@ def plan_backfill(
         rows_checkpointed=0, tasks=0, checkpoint_size=None, one_pass=one_pass, specs=specs,
         checkpoint_dir=table.layout.column_checkpoints(table.name, fingerprint), input_uri=table.uri,
         input_version=ds.version, is_view=is_view, targeted=targeted, predicate=predicate, request=request,
+        read_stamp=objects.version_signature(table.uri, ds.version),
     )
     if one_pass and not is_view:  # the tasks scan their fragments: only addresses here
         return _one_pass_table_plan(plan, table, ds, specs, predicate, candidates, parallelism, task_size)
@@ -621,6 +625,7 @@ def _commit_results(
     return commit_column_values(
         table, names, np.concatenate(ids), np.concatenate(vers), write, is_view=plan.is_view, props=props,
         nulls=nulls, inputs=(read, np.concatenate(ins)) if read else None,
+        planned_on=(plan.read_version, plan.read_stamp) if plan.read_stamp is not None else None,
     )
 
 
@@ -709,6 +714,20 @@ def fill_sql_rows(table: Ref, spec: ColumnSpec, exclude: list[int]) -> int | Non
     return version
 
 
+def _same_table(table: Ref, ds: lance.LanceDataset, version: int, stamp: tuple | None) -> None:
+    """Raise ConcurrentWriteError when ``table`` (``ds``: its latest) is no
+    longer the dataset whose ``version`` was ``stamp`` as stored (dropped and
+    made again: its rows' ids and versions start again, its files are other
+    files); a version removed since by a cleanup is not that."""
+    if stamp is None:
+        return
+    now = objects.version_signature(table.uri, version)
+    if (now is not None and now != stamp) or (now is None and ds.latest_version < version):
+        raise ConcurrentWriteError(
+            f"{table.name!r} was dropped and made again while values were computed for it (its version {version} "
+            "is another commit, or not there yet); nothing was committed")
+
+
 def commit_column_values(
     table: Ref,
     names: list[str],
@@ -721,6 +740,7 @@ def commit_column_values(
     bump_versions: bool = False,
     nulls: list[str] | None = None,
     inputs: "tuple[list[str], np.ndarray] | None" = None,
+    planned_on: "tuple[int, tuple] | None" = None,
 ) -> tuple[int | None, int, int]:
     """Write ``names`` for the rows identified by ``res_ids`` / ``res_vers``
     (stable id and row version of the row the values were computed for) into
@@ -739,11 +759,16 @@ def commit_column_values(
     from, and their values then per row ('|'-joined): rows where they moved
     since (a backfill of an input committed meanwhile: it set these columns'
     markers NULL) are skipped, stale, as rows whose versions moved are.
+    ``planned_on``: the version the values were planned on and its manifest
+    as stored then (:func:`objects.version_signature`): a table dropped and
+    made again since (its rows' ids and versions start again) gets nothing.
 
     Returns (new version or None, rows written, rows skipped)."""
 
     def build() -> tuple[Transaction | None, tuple[int, int]]:
         ds = table.dataset()
+        if planned_on is not None:
+            _same_table(table, ds, *planned_on)
         cols: dict[str, str] = {Alias.ROW_VERSION: SOURCE_ROW_VERSION if is_view else "_row_last_updated_at_version"}
         if is_view:
             cols[Alias.KEY] = SOURCE_ROW_ID
@@ -911,6 +936,7 @@ def _execute_one_pass(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: 
         finally:
             if extra:
                 objects.remove(extra["plan_path"])
+        _same_table(table, table.dataset(), p.read_version, p.read_stamp)
         computed_at = time.perf_counter()
         computed += sum(o["udf_rows"] for o in outs)
         resumed += sum(o["resumed"] for o in outs)

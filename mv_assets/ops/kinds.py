@@ -17,6 +17,7 @@ from mv_assets.ops.join_agg_refresh import plan_join_agg_refresh
 from mv_assets.ops.join_refresh import plan_join_refresh
 from mv_assets.ops.refresh import RefreshPlan, plan_refresh
 from mv_assets.ops.udtf_refresh import plan_udtf_refresh
+from mv_assets.storage import objects
 from mv_assets.storage.refs import ViewRef
 
 __all__ = ["PLANNERS", "plan_view_refresh"]
@@ -33,4 +34,7 @@ def plan_view_refresh(view: ViewRef, *args, **kwargs) -> RefreshPlan:
     planner = PLANNERS.get(kind)
     if planner is None:
         raise ValueError(f"view {view.name!r} is a {kind!r} view, which this version of mv_assets cannot refresh")
-    return planner(view, *args, **kwargs)
+    plan = planner(view, *args, **kwargs)
+    if plan.view_stamp is None:  # (the manifest of the version the plan read, as stored: checked at the commit)
+        plan.view_stamp = objects.version_signature(view.uri, plan.view_version)
+    return plan

@@ -157,6 +157,9 @@ class RefreshPlan:
     details: dict = field(default_factory=dict)
     # called with the view as committed, in the process that commits (a join view: its arrangement brought there)
     after_commit: "Callable[[lance.LanceDataset], None] | None" = field(default=None, repr=False, compare=False)
+    # the manifest of the view's version view_version as stored when planned: a view dropped and
+    # made again up to the same version has another (its commit is refused: objects.version_signature)
+    view_stamp: tuple | None = field(default=None, repr=False, compare=False)
 
     @property
     def is_noop(self) -> bool:
@@ -1450,6 +1453,12 @@ def _view_changes(view: ViewRef, plan: RefreshPlan, results: list[TaskResult]):
             f"view {view.name!r} moved from version {plan.view_version} to {view_ds.version} during the "
             "refresh; nothing was committed. Refresh again."
         )
+    if plan.view_stamp is not None and objects.version_signature(view.uri, plan.view_version) != plan.view_stamp:
+        replaced = ConcurrentRefreshError(
+            f"view {view.name!r} was dropped and made again during the refresh (its version {plan.view_version} is "
+            "another commit); nothing was committed")
+        setattr(replaced, _REPLACED, True)  # (the view it failed for is gone: the new one's status is not its)
+        raise replaced
     keys, addrs = plan.view_key_addrs or (np.empty(0, np.int64), np.empty(0, np.int64))
     if view.definition.shuffle and any(r.rows_path for r in results):
         removed = [f.fragment_id for f in view_ds.get_fragments()]
@@ -1462,6 +1471,13 @@ def _view_changes(view: ViewRef, plan: RefreshPlan, results: list[TaskResult]):
 
 
 _ON_DATA = "_mv_assets_failed_on_data"
+_REPLACED = "_mv_assets_view_replaced"
+
+
+def is_view_replaced(exc: BaseException) -> bool:
+    """Whether ``exc`` stopped a refresh whose view was dropped and made again
+    meanwhile (its status is the new view's: the failure is not recorded there)."""
+    return bool(getattr(exc, _REPLACED, False))
 
 
 def failed_on_data(exc: BaseException) -> None:

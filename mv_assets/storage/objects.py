@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 import zlib
+from datetime import timedelta
 from typing import Any
 from urllib.parse import urlparse
 
@@ -64,11 +65,16 @@ def join(root: str, *parts: str) -> str:
 # -- storage options --------------------------------------------------------
 
 
-def register(root: str, options: dict[str, str] | None) -> None:
-    """Use ``options`` for every URI under ``root`` (a catalog) in this process."""
-    if options:
-        with _LOCK:
-            _OPTIONS[root.rstrip("/")] = {str(k): str(v) for k, v in options.items()}
+def register(root: str, options: dict[str, str] | None) -> dict[str, str] | None:
+    """Use ``options`` for every URI under ``root`` (a catalog) in this
+    process; returns the options they replace (None: none, or the same)."""
+    if not options:
+        return None
+    given = {str(k): str(v) for k, v in options.items()}
+    with _LOCK:
+        before = _OPTIONS.get(root.rstrip("/"))
+        _OPTIONS[root.rstrip("/")] = given
+    return before if before is not None and before != given else None
 
 
 def registered() -> dict[str, dict[str, str]]:
@@ -405,6 +411,28 @@ _COMMITTED: dict[tuple, Any] = {}
 _COMMITTED_MAX = 1024
 
 
+def version_signature(uri: str, version: int) -> tuple | None:
+    """What the manifest of ``version`` of the dataset at ``uri`` is on
+    storage now (a local file's inode, size and times; an object's e-tag,
+    size and time), read past every handle and cache; None when there is
+    none. A dataset dropped and made again up to the same version number has
+    another: a writer that planned on the old one compares it before its
+    commit (a commit's read version is only a number)."""
+    if is_local(uri):
+        return _manifest_signature(uri, version)
+    import obstore
+    from obstore.exceptions import NotFoundError
+
+    for name in (f"{(1 << 64) - 1 - version:020d}.manifest", f"{version}.manifest"):
+        store, key = _store(join(uri, "_versions", name))
+        try:
+            meta = obstore.head(store, key)
+        except (NotFoundError, FileNotFoundError):
+            continue
+        return name, meta.get("e_tag"), meta.get("size"), str(meta.get("last_modified"))
+    return None
+
+
 def _commit_key(ds: lance.LanceDataset) -> tuple | None:
     """The key of the commit of the version ``ds`` is at."""
     try:
@@ -509,7 +537,14 @@ def file_writer(uri: str, schema: pa.Schema, **kwargs: Any) -> LanceFileWriter:
 
 # -- object stores ----------------------------------------------------------
 
-_CLIENT_KEYS = {"allow_http", "allow_invalid_certificates", "timeout", "connect_timeout", "proxy_url"}
+_CLIENT_KEYS = {"allow_http", "allow_invalid_certificates", "timeout", "connect_timeout", "proxy_url", "user_agent",
+                "proxy_excludes", "proxy_ca_certificate", "pool_idle_timeout", "pool_max_idle_per_host",
+                "http1_only", "http2_only"}
+# Lance's names of client options (obstore's as values), and of its retries (obstore's retry_config)
+_LANCE_CLIENT = {"request_timeout": "timeout", "aws_allow_http": "allow_http", "azure_allow_http": "allow_http",
+                 "google_allow_http": "allow_http"}
+_LANCE_RETRY = {"client_max_retries": "max_retries", "client_retry_timeout": "retry_timeout"}
+_LANCE_ONLY = {"download_retry_count"}  # (Lance's reads only: the engine's own files have obstore's retries)
 _S3_SHORT = {"access_key_id", "secret_access_key", "session_token", "region", "endpoint", "endpoint_url",
              "virtual_hosted_style_request", "skip_signature"}
 
@@ -525,11 +560,16 @@ def _store(uri: str):
     with _LOCK:
         store = _STORES.get(key)
     if store is None:
-        config, client = {}, {}
+        config, client, retry = {}, {}, {}
         for k, v in opts.items():
             k = k.lower()
+            k = _LANCE_CLIENT.get(k, k)
             if k in _CLIENT_KEYS:
                 client[k] = v.lower() == "true" if v.lower() in ("true", "false") else v
+            elif k in _LANCE_RETRY:
+                retry[_LANCE_RETRY[k]] = int(v) if k == "client_max_retries" else timedelta(seconds=float(v))
+            elif k in _LANCE_ONLY:
+                continue
             elif parsed.scheme == "s3" and k in _S3_SHORT:
                 config["aws_endpoint" if k == "endpoint_url" else f"aws_{k}"] = v
             elif parsed.scheme in ("memory",):
@@ -541,6 +581,8 @@ def _store(uri: str):
             kwargs["config"] = config
         if client:
             kwargs["client_options"] = client
+        if retry:
+            kwargs["retry_config"] = retry
         store = from_url(base, **kwargs)
         with _LOCK:
             _STORES[key] = store
