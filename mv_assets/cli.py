@@ -141,6 +141,15 @@ def _guard(fn):
         except MvAssetsError as exc:  # refused: another refresh, stale upstream view
             click.echo(f"error: {exc}", err=True)
             sys.exit(EXIT_REFUSED)
+        except Exception as exc:
+            if not (isinstance(exc, OSError) or type(exc).__module__.split(".")[0] == "obstore"):
+                raise
+            # the store (a bucket missing, an endpoint down, credentials refused): what it said, in one line
+            ctx = click.get_current_context().find_object(_Ctx)
+            where = f" at {ctx.db_uri}" if ctx is not None else ""
+            click.echo(f"error: the catalog{where} cannot be read: {type(exc).__name__}: "
+                       f"{' '.join(short_error(exc).split())[:400]}", err=True)
+            sys.exit(EXIT_BAD_INPUT)
 
     wrapper.__name__ = fn.__name__
     wrapper.__doc__ = fn.__doc__

@@ -214,6 +214,24 @@ def test_lances_storage_options_are_taken(s3_server, s3_catalog, extra):
     assert v.count_rows() == 2 and db.table_names() == ["t", "v"]
 
 
+def test_the_cli_says_in_one_line_that_a_store_cannot_be_read(s3_server, monkeypatch):
+    """`mv-assets --db s3://... status` with the bucket missing: one line
+    naming the catalog and what the store said, exit 2 (a 70-line traceback
+    and exit 1, which says a refresh failed)."""
+    import json
+
+    from click.testing import CliRunner
+
+    from mv_assets.cli import main
+
+    monkeypatch.setenv("MV_ASSETS_STORAGE_OPTIONS", json.dumps(s3_server.options))
+    r = CliRunner().invoke(main, ["--db", "s3://nosuchbucket-mv/cat", "status"])
+    assert r.exit_code == 2, r.output
+    lines = r.output.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: the catalog at s3://nosuchbucket-mv/cat cannot be read: ")
+    assert "NoSuchBucket" in lines[0]
+
+
 @pytest.mark.spark
 def test_spark_refresh_of_a_catalog_on_s3(s3_server, s3_catalog, spark_runner):
     """Executors get the storage options with the job: their environment knows nothing of the bucket."""
