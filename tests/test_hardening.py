@@ -680,3 +680,18 @@ def test_a_backfill_never_commits_into_a_table_made_again_under_its_name(tmp_pat
     assert len(rows) == 60 and all(r["z"] is None for r in rows)
     t.backfill("z")
     assert sorted(r["z"] for r in t.to_arrow().to_pylist()) == [5 * (1000 + i) for i in range(60)]
+
+
+def test_a_view_made_under_a_dropped_views_name_starts_never_loaded(tmp_path):
+    """A refresh of a view dropped meanwhile fails after the drop removed its
+    status record, and records FAILED_LOAD under the name: a view created
+    there later started FAILED_LOAD with the dead refresh's error."""
+    from mv_assets.storage.status import FAILED_LOAD, record_load_state
+
+    db = mv.connect(str(tmp_path / "db"), runner=mv.InlineRunner())
+    t = db.create_table("t", [{"id": 1, "x": 1}])
+    db.create_materialized_view("v", t.search(None).select({"id": "id"}), with_no_data=True)
+    db.drop_table("v")
+    record_load_state(db.layout, "v", FAILED_LOAD, "ConcurrentRefreshError: view 'v' moved")  # (the dead refresh's)
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "x": "x"}), with_no_data=True)
+    assert v.status().load_state == "NEVER_LOADED" and v.status().last_error is None

@@ -52,6 +52,7 @@ from mv_assets.storage.row_ids import (
 )
 from mv_assets.storage.status import (
     ViewStatus,
+    clear_load_state,
     load_record,
     pending_source_versions,
     recorded_views,
@@ -723,6 +724,9 @@ class Connection:
         for t in [query.table, *query.joined]:  # the view records which tables it reads (storage.identity)
             ensure_table_id(t.uri)
         empty = pa.Table.from_batches([], schema=schema)
+        # a new view starts NEVER_LOADED: a record a refresh of a view dropped under this name wrote after
+        # the drop (it failed: its view was gone) is not this one's
+        clear_load_state(self.layout, name)
         objects.write_dataset(empty, self._table_uri(name), schema=schema, mode="create", enable_stable_row_ids=True)
         view = MaterializedView(self, name, definition)
         if not with_no_data:
