@@ -214,6 +214,32 @@ def test_lances_storage_options_are_taken(s3_server, s3_catalog, extra):
     assert v.count_rows() == 2 and db.table_names() == ["t", "v"]
 
 
+def test_load_columns_reads_sources_on_the_catalogs_store(s3_server, s3_catalog):
+    """load_columns from Parquet files (a file, a folder) and a Lance dataset
+    on the catalog's store, outside its root: read with the catalog's options
+    (pyarrow's own S3 client knew none of them and went to AWS)."""
+    import io
+
+    import lance
+    import pyarrow.parquet as pq
+
+    uri, bucket = s3_catalog
+    db = mv.connect(uri, storage_options=s3_server.options, runner=mv.InlineRunner())
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(4)], primary_key="id")
+    for name, ids in (("one.parquet", [0, 1]), ("two.parquet", [2, 3])):
+        buf = io.BytesIO()
+        pq.write_table(pa.table({"id": ids, "e": [float(i) * 10 for i in ids]}), buf)
+        s3_server.client().put_object(Bucket=bucket, Key=f"incoming/emb/{name}", Body=buf.getvalue())
+    t.load_columns(f"s3://{bucket}/incoming/emb/one.parquet", "id", ["e"])
+    assert {r["id"]: r["e"] for r in t.to_arrow().to_pylist()} == {0: 0.0, 1: 10.0, 2: None, 3: None}
+    t.load_columns(f"s3://{bucket}/incoming/emb/", "id", ["e"])
+    assert {r["id"]: r["e"] for r in t.to_arrow().to_pylist()} == {0: 0.0, 1: 10.0, 2: 20.0, 3: 30.0}
+    lance.write_dataset(pa.table({"id": [1, 3], "w": ["b", "d"]}), f"s3://{bucket}/other/w.lance",
+                        storage_options=s3_server.options)
+    t.load_columns(f"s3://{bucket}/other/w.lance", "id", ["w"])
+    assert {r["id"]: r["w"] for r in t.to_arrow().to_pylist()} == {0: None, 1: "b", 2: None, 3: "d"}
+
+
 def test_the_cli_says_in_one_line_that_a_store_cannot_be_read(s3_server, monkeypatch):
     """`mv-assets --db s3://... status` with the bucket missing: one line
     naming the catalog and what the store said, exit 2 (a 70-line traceback

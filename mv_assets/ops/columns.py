@@ -320,9 +320,15 @@ def _detect_format(source: str | list[str], source_format: str | None) -> str:
     raise ValueError(f"cannot tell the format of {first!r}; pass source_format='parquet' | 'lance' | 'ipc'")
 
 
-def _read_source(source: str | list[str], fmt: str, columns: list[str]) -> pa.Table:
+def _read_source(source: str | list[str], fmt: str, columns: list[str], catalog: str | None = None) -> pa.Table:
     if isinstance(source, list) and not source:
         raise ValueError("load_columns: empty list of source files")
+    remote = [u for u in (source if isinstance(source, list) else [source]) if not objects.is_local(u)]
+    for u in remote:  # (a source outside the catalog's root, on its store: the catalog's options, credentials too)
+        if objects.options_for(u) is None and catalog is not None and objects.options_for(catalog):
+            objects.register(u.rstrip("/"), objects.options_for(catalog))
+    if fmt != "lance" and remote:
+        return _read_remote_files(source if isinstance(source, list) else [source], fmt, columns)
     if fmt == "lance":
         if isinstance(source, list):
             raise ValueError("a Lance source is a single dataset URI, not a list")
@@ -336,6 +342,38 @@ def _read_source(source: str | list[str], fmt: str, columns: list[str]) -> pa.Ta
     if missing:
         raise ValueError(f"load_columns: columns {missing} are not in the source (columns: {dataset.schema.names})")
     return dataset.to_table(columns=columns)
+
+
+def _read_remote_files(sources: list[str], fmt: str, columns: list[str]) -> pa.Table:
+    """Parquet or Arrow IPC files on an object store (a folder: the files
+    under it), read through the engine's own store client with the catalog's
+    options (pyarrow's S3 client knows none of them: it went to AWS)."""
+    import io
+
+    import pyarrow.ipc as ipc
+    import pyarrow.parquet as pq
+
+    files: list[str] = []
+    for uri in sources:
+        if uri.endswith("/") or "." not in uri.rstrip("/").rsplit("/", 1)[-1]:
+            files += [objects.join(uri.rstrip("/"), n) for n in objects.listdir(uri) if "." in n]
+        else:
+            files.append(uri)
+    if not files:
+        raise ValueError(f"load_columns: no files under {sources!r}")
+    parts = []
+    for f in files:
+        data = objects.get_bytes(f)
+        if data is None:
+            raise ValueError(f"load_columns: {f!r} does not exist")
+        table = (pq.read_table(io.BytesIO(data)) if fmt == "parquet"
+                 else ipc.open_file(io.BytesIO(data)).read_all() if not f.endswith(".arrows")
+                 else ipc.open_stream(io.BytesIO(data)).read_all())
+        missing = [c for c in columns if c not in table.schema.names]
+        if missing:
+            raise ValueError(f"load_columns: columns {missing} are not in {f!r} (columns: {table.schema.names})")
+        parts.append(table.select(columns))
+    return pa.concat_tables(parts, promote_options="permissive")
 
 
 def load_columns(
@@ -369,7 +407,7 @@ def load_columns(
     if bad:
         raise ValueError(f"columns {bad} are computed or reserved; they cannot be loaded")
     fmt = _detect_format(source, source_format)
-    src = _read_source(source, fmt, [pk, *columns])
+    src = _read_source(source, fmt, [pk, *columns], table.layout.root)
     if src.column(pk).null_count:
         raise ValueError(f"the source has NULL primary keys in {pk!r}")
     if len(pc.unique(src.column(pk))) != src.num_rows:  # pyright: ignore[reportAttributeAccessIssue]  (generated at import)
