@@ -376,3 +376,26 @@ def test_recompute_a_column_next_to_list_columns(db):
     assert r.udf_rows_computed.get("y") == 4 and not r.udf_rows_computed.get("e")
     rows = sorted(v.to_arrow().to_pylist(), key=lambda r: r["id"])
     assert [(r["id"], r["e"], r["y"]) for r in rows] == [(i, [float(i), 1.0], i * 10 + 1) for i in range(4)]
+
+
+@mv.udf
+def _plus_one(x: int) -> int:
+    return x + 1
+
+
+def test_a_view_only_fragment_scoped_refreshes_loaded_is_as_stale_as_its_rows_left(tmp_path):
+    """A view never refreshed whole, loaded by fragment-scoped refreshes (each
+    Dagster partition run): stale_pct follows the rows left (it said 100 %
+    beside stale_count 0 once every fragment was covered)."""
+    db = mv.connect(str(tmp_path / "db"), runner=mv.InlineRunner())
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(20)])
+    t.add([{"id": i, "x": i} for i in range(20, 30)])
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": _plus_one}), with_no_data=True)
+    assert v.status().stale_pct == 100.0  # (never loaded)
+    f0, f1 = t.fragment_ids()
+    v.refresh(fragments=[f0])
+    s = v.status()
+    assert (s.stale_count, s.stale_pct, s.versions_behind) == (10, 50.0, 1)
+    v.refresh(fragments=[f1])
+    s = v.status()
+    assert (s.stale_count, s.stale_pct, s.versions_behind) == (0, 0.0, 0)

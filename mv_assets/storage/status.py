@@ -506,8 +506,10 @@ def view_status(view: ViewRef, record: dict | None = None, source: "TableSummary
         source_latest_version=latest,
         versions_behind=behind,
         stale_count=stale,
-        # a view never loaded is entirely stale: 100 %, not rows / 1
-        stale_pct=100.0 if state.source_version is None or replaced else round(100.0 * stale / max(cardinality, 1), 3),
+        # a view never loaded is entirely stale: 100 %, not rows / 1 (one that fragment-scoped refreshes
+        # loaded, never whole: the rows left, as stale_count says)
+        stale_pct=(100.0 if (state.source_version is None and not state.scoped_since_whole) or replaced
+                   else round(100.0 * stale / max(cardinality, 1), 3)),
         policy=policy.kind,
         last_error=last_error,
     )
