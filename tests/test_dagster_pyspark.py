@@ -213,6 +213,27 @@ def test_a_session_the_projects_own_asset_starts_first_runs_this_interpreter(tmp
     assert os.environ["PYSPARK_PYTHON"] == "/opt/py/bin/python"
 
 
+@pytest.mark.spark
+def test_a_setting_spark_refuses_stops_the_session_the_refresh_started():
+    """spark.sql.shuffle.partitions=abc: Spark refuses it only when the
+    resource's getOrCreate applies it to the session the refresh just started
+    (the run fails, saying so); that session is stopped, not left running in
+    the process with nothing keeping it (a notebook or test process held a
+    SparkContext after the failed run). In a process of its own (no session
+    of another test there)."""
+    code = (
+        "from dagster_pyspark import LazyPySparkResource\n"
+        "from pyspark import SparkContext\n"
+        "from mv_assets.dagster.spark_session import PySparkResourceRunner\n"
+        "r = PySparkResourceRunner(pyspark=LazyPySparkResource(spark_config={'spark.master': 'local[1]', "
+        "'spark.ui.enabled': 'false', 'spark.sql.shuffle.partitions': 'abc'}))\n"
+        "try:\n    r.session()\n    print('built')\nexcept Exception:\n    print('refused')\n"
+        "print('active', SparkContext._active_spark_context is not None)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.split() == ["refused", "active", "False"], out.stdout + out.stderr[-2000:]
+
+
 def test_definitions_with_a_pyspark_resource_load_without_a_jvm(tmp_path):
     """Loading definitions given a LazyPySparkResource starts no JVM (pyspark is
     imported: dagster-pyspark imports it; no SparkContext, no gateway)."""

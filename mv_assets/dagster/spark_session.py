@@ -147,7 +147,14 @@ class PySparkResourceRunner(SparkRunner):
 
     def _build(self):
         built = super()._build()
-        session = self.pyspark.spark_session  # getOrCreate with the same spark_config: the session just built
+        try:
+            session = self.pyspark.spark_session  # getOrCreate with the same spark_config: the session just built
+        except BaseException:
+            # (a setting Spark refuses only now, spark.sql.shuffle.partitions=abc say: the session this runner
+            # started is stopped, not left running in the process with nothing keeping it)
+            if self._owns_session:
+                built.stop()
+            raise
         self._connect = _is_connect(session)
         if session is not built:  # a resource that builds its session otherwise: its own, as it is
             log.info("the pyspark resource's session is not the one built from its spark_config: using its own")
