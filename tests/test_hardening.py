@@ -623,26 +623,52 @@ def test_a_filter_ending_in_a_line_comment_keeps_incremental_refreshes_working(t
         assert sorted(v.to_arrow().column("id").to_pylist()) == [i for i in range(6, 19) if i != 7]
 
 
-@mv.udf
-def _slow_copy(x: int) -> int:
+def _gated() -> None:
+    """In a UDF: once, say it started (``started`` in ``$MV_TEST_GATE``), then
+    wait for the test's ``go`` (no gate set: nothing): the test acts while the
+    job is surely computing, whatever the machine's load."""
+    import os as _os
     import time as _time
 
-    _time.sleep(0.02)
+    gate = _os.environ.get("MV_TEST_GATE")
+    if not gate:
+        return
+    open(_os.path.join(gate, "started"), "a").close()
+    deadline = _time.monotonic() + 120
+    while not _os.path.exists(_os.path.join(gate, "go")) and _time.monotonic() < deadline:
+        _time.sleep(0.01)
+
+
+def _hold(gate) -> None:
+    """Wait until a gated UDF started (the job is computing)."""
+    deadline = time.monotonic() + 120
+    while not (gate / "started").exists():
+        assert time.monotonic() < deadline, "the job never started computing"
+        time.sleep(0.01)
+
+
+@mv.udf
+def _gated_copy(x: int) -> int:
+    _gated()
     return x
 
 
-def test_a_refresh_never_commits_into_a_view_made_again_under_its_name(tmp_path):
+def test_a_refresh_never_commits_into_a_view_made_again_under_its_name(tmp_path, monkeypatch):
     """A view dropped and created again (another definition, up to the same
     Lance version) while a refresh of the old one computes: that refresh's
     commit is refused (it landed in the new view, which then held the old
     view's rows and columns, read as LOADED and valid)."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    monkeypatch.setenv("MV_TEST_GATE", str(gate))
     db = mv.connect(str(tmp_path / "db"), runner=mv.InlineRunner())
     t = db.create_table("t", [{"id": i, "x": i} for i in range(60)])
-    old = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": _slow_copy}), with_no_data=True)
+    old = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": _gated_copy}), with_no_data=True)
     job = old.refresh_async()
-    time.sleep(0.6)  # (computing: 60 rows x 20 ms)
+    _hold(gate)  # (computing, held until go)
     db.drop_table("v")
     db.create_materialized_view("v", t.search(None).where("x < 5").select({"id": "id", "x": "x"}), with_no_data=True)
+    (gate / "go").touch()
     with pytest.raises(mv.ConcurrentRefreshError, match="dropped and made again"):
         job.result(timeout=120)
     new = db.open_table("v")
@@ -653,27 +679,29 @@ def test_a_refresh_never_commits_into_a_view_made_again_under_its_name(tmp_path)
 
 
 @mv.udf
-def _slow_five(x: int) -> int:
-    import time as _time
-
-    _time.sleep(0.02)
+def _gated_five(x: int) -> int:
+    _gated()
     return x * 5
 
 
-def test_a_backfill_never_commits_into_a_table_made_again_under_its_name(tmp_path):
+def test_a_backfill_never_commits_into_a_table_made_again_under_its_name(tmp_path, monkeypatch):
     """A table dropped and created again (other rows, the same computed
     column: up to the same Lance version) while a backfill of the old one
     computes: that backfill commits nothing (its commit landed on the new
     table, pointing at the old table's removed files: the new table could no
     longer be read, by mv_assets or by plain pylance)."""
+    gate = tmp_path / "gate"
+    gate.mkdir()
+    monkeypatch.setenv("MV_TEST_GATE", str(gate))
     db = mv.connect(str(tmp_path / "db"), runner=mv.InlineRunner())
     t = db.create_table("t", [{"id": i, "x": i} for i in range(60)], primary_key="id")
-    t.add_columns({"z": _slow_five})
+    t.add_columns({"z": _gated_five})
     job = t.backfill_async("z")
-    time.sleep(0.6)  # (computing: 60 rows x 20 ms)
+    _hold(gate)  # (computing, held until go)
     db.drop_table("t")
     t = db.create_table("t", [{"id": i, "x": 1000 + i} for i in range(60)], primary_key="id")
-    t.add_columns({"z": _slow_five})
+    t.add_columns({"z": _gated_five})
+    (gate / "go").touch()
     with pytest.raises(mv.ConcurrentWriteError, match="dropped and made again"):
         job.result(timeout=120)
     rows = lance.dataset(t.uri).to_table().to_pylist()

@@ -1024,12 +1024,13 @@ def backfill_column(
         isinstance(checkpoint_seconds, bool) or not isinstance(checkpoint_seconds, (int, float)) or checkpoint_seconds < 0
     ):
         raise ValueError(f"checkpoint seconds must be a number >= 0, got {checkpoint_seconds!r}")
-    key = udf.fingerprint if isinstance(udf, UDF) else _group_specs(table, column)[0].fingerprint
+    group = [] if isinstance(udf, UDF) else _group_specs(table, column)
+    key = udf.fingerprint if isinstance(udf, UDF) else group[0].fingerprint
     job_id = job_id or uuid.uuid4().hex[:12]
     args = {"udf": udf, "where": where, "row_ids": row_ids, "checkpoint_size": checkpoint_size,
             "max_rows_per_task": max_rows_per_task, "parallelism": parallelism or runner.parallelism(),
             "task_size": task_size}
-    sql = None if udf is not None else next((s for s in _group_specs(table, column) if s.kind == "sql"), None)
+    sql = None if udf is not None else next((s for s in group if s.kind == "sql"), None)
     before = table.dataset().version if sql is not None else None
     try:
         return _backfill_locked(table, column, key, args, runner, job_id, fragments, commit_granularity,

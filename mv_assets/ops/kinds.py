@@ -35,6 +35,8 @@ def plan_view_refresh(view: ViewRef, *args, **kwargs) -> RefreshPlan:
     if planner is None:
         raise ValueError(f"view {view.name!r} is a {kind!r} view, which this version of mv_assets cannot refresh")
     plan = planner(view, *args, **kwargs)
-    if plan.view_stamp is None:  # (the manifest of the version the plan read, as stored: checked at the commit)
+    if kwargs.get("exact", True) is False and plan.view_stamp is None:
+        # a refresh's plan: the manifest of the version it read, as stored, is checked at its commit
+        # (a dry run commits nothing: no stat, no HEAD on an object store)
         plan.view_stamp = objects.version_signature(view.uri, plan.view_version)
     return plan
