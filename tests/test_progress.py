@@ -12,6 +12,7 @@ import pytest
 
 import mv_assets as mv
 from mv_assets import progress
+from mv_assets.execution import progress as stages
 
 
 @mv.udf
@@ -161,3 +162,43 @@ def test_a_spark_jobs_progress_follows_its_finished_tasks(tmp_path, spark_runner
     running = [p.rows_done for p in reports if not p.done]
     assert running == sorted(running) and any(0 < n < 350 for n in running)  # tasks finished one by one
     assert reports[-1].done and reports[-1].rows_done == reports[-1].rows_planned == 350
+
+
+def test_the_last_report_is_the_done_one_even_when_the_clock_reported_as_the_stage_ended():
+    """The clock takes a stage that is due and reports it outside its lock: a
+    stage ending meanwhile said "done" first and the clock's report came
+    after it (seen on Spark under load: the last report was 350 of 350, not
+    done). The done report now waits for the clock's and is the last."""
+    reports: list[progress.Progress] = []
+    in_clock, done_said = threading.Event(), threading.Event()
+
+    def listener(p: progress.Progress) -> None:
+        if p.done:
+            reports.append(p)
+            done_said.set()
+            return
+        in_clock.set()
+        done_said.wait(timeout=1)  # before the mend the done report came meanwhile
+        reports.append(p)
+
+    with progress.listen(listener, every=0.01):
+        with stages.stage(10) as st:
+            assert st is not None
+            stages.advance(10)
+            assert in_clock.wait(timeout=30)  # the clock is reporting it now
+    time.sleep(0.05)  # the clock would have reported again by now had it kept the stage
+    assert [p.done for p in reports] == [False, True]
+    assert reports[-1].rows_done == reports[-1].rows_planned == 10
+
+
+def test_a_stage_that_failed_says_nothing_more():
+    reports: list[progress.Progress] = []
+    with progress.listen(reports.append, every=0.01):
+        with pytest.raises(RuntimeError):
+            with stages.stage(10):
+                stages.advance(3)
+                time.sleep(0.05)
+                raise RuntimeError("the work failed")
+    seen = len(reports)
+    time.sleep(0.05)
+    assert seen >= 1 and len(reports) == seen and not any(p.done for p in reports)

@@ -141,6 +141,8 @@ class _Stage:
         self.started = time.monotonic()
         self.next_at = self.started + listener.every
         self.reported = False
+        self.closed = False  # its last report made: the clock, still holding it, reports no more
+        self._report_lock = threading.Lock()  # reports in order: none after the last
         self.poll: Callable[[], int | None] | None = None  # rows done elsewhere (a Spark job's finished tasks)
 
     def add(self, rows: int = 0, resumed: int = 0) -> None:
@@ -161,7 +163,21 @@ class _Stage:
             rows = max(rows, self.planned)
         return Progress(self.name, rows, self.planned, self.resumed, time.monotonic() - self.started, done)
 
-    def report(self, done: bool = False) -> None:
+    def report(self) -> None:
+        """A report while it runs (from the clock)."""
+        with self._report_lock:  # the clock may have taken the stage just before it ended
+            if not self.closed:
+                self._call(done=False)
+
+    def finish(self, report: bool = True) -> None:
+        """It ended: say so if it reported while it ran (and ``report``);
+        after this, the clock reports nothing."""
+        with self._report_lock:
+            self.closed = True
+            if report and self.reported:
+                self._call(done=True)
+
+    def _call(self, done: bool) -> None:
         self.reported = True
         try:
             self.listener.callback(self.snapshot(done))
@@ -231,13 +247,14 @@ def stage(planned: int, name: str = "computing") -> Iterator["_Stage | None"]:
     st = _Stage(name, planned, listener)
     token = _STAGE.set(st)
     _CLOCK.add(st)
+    ended = False
     try:
         yield st
+        ended = True
     finally:
         _CLOCK.remove(st)
         _STAGE.reset(token)
-    if st.reported:  # reported while it ran: say it ended too
-        st.report(done=True)
+        st.finish(report=ended)  # reported while it ran: say it ended too (not when it failed)
 
 
 def advance(rows: int) -> None:
