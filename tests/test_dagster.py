@@ -801,3 +801,40 @@ def test_the_assets_say_where_their_refreshes_compute(tmp_path, runner, kind, wo
     assert kind in set(column.kinds)
     assert f"refreshed incrementally {words}." in (view.description or "")
     assert ("Spark" in (view.description or "")) == (runner == "spark")
+
+
+def test_an_asset_of_ones_own_downstream_of_a_view_runs_in_the_same_run(tmp_path):
+    """A user's asset over a view (and over one of its UDF columns), in one run
+    with the view: it ran after the refresh and saw it (it was skipped: the
+    view's materializations were events, not outputs), and each partition of
+    the view is recorded once, with its own numbers."""
+    db = _catalog(tmp_path / "cat")
+    src = db.open_table("src")
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    lineage = defs.get_repository_def().assets_defs_by_key[K(["v"])]
+    pdef = lineage.partitions_def
+    seen: dict[str, list] = {}
+
+    @dg.asset(deps=[K(["v"])])
+    def export(context) -> None:  # unpartitioned: reads the whole view
+        seen["export"] = sorted(mv.connect(db.uri).open_table("v").to_arrow().column("id").to_pylist())
+
+    @dg.asset(deps=[K(["v", "y"])], partitions_def=pdef)
+    def per_fragment(context) -> None:
+        seen.setdefault("per_fragment", []).append(context.partition_key)
+
+    frags = [str(f.fragment_id) for f in lance.dataset(src.uri).get_fragments()]
+    whole = {"dagster/asset_partition_range_start": frags[0], "dagster/asset_partition_range_end": frags[-1]}
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(partitions_def_name("src"), frags)
+        out = dg.materialize([lineage, per_fragment], instance=instance, partition_key=frags[1],
+                             selection=[K(["v"]), K(["v", "y"]), K(["per_fragment"])])
+        assert out.success and seen == {"per_fragment": [frags[1]]}
+        assert [e.event_type_value for e in out.events_for_node("per_fragment") if e.is_step_skipped] == []
+        out = dg.materialize([lineage, export], instance=instance, tags=whole,
+                             selection=[K(["v"]), K(["v", "y"]), K(["export"])])
+        assert out.success and seen["export"] == [0, 1, 2, 4, 5, 6, 7, 8, 9]
+        view_mats = [m for m in out.get_asset_materialization_events() if m.asset_key == K(["v"])]
+        assert sorted(m.partition for m in view_mats) == sorted(frags)  # one each, not two
+        assert all("rows_computed" in m.materialization.metadata for m in view_mats)
+        assert [m.asset_key for m in out.get_asset_materialization_events()].count(K(["export"])) == 1

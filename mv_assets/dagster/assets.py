@@ -27,6 +27,9 @@ from typing import Any
 
 import dagster as dg
 from dagster._core.definitions.data_version import DATA_VERSION_TAG  # not exported by dagster
+from dagster._core.definitions.source_asset import (  # not exported by dagster
+    SYSTEM_METADATA_KEY_SOURCE_ASSET_OBSERVATION as _NO_ASSET_EVENTS,
+)
 from dagster._core.events import DagsterEventType  # not exported by dagster
 
 from mv_assets.api import progress
@@ -994,9 +997,29 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
                             asset_key=key, check_name=CODE_CHECK, passed=passed, description=text, metadata=md
                         )
             yield from _run_column_checks(context, info, row_keys[info.name], wanted)
+        yield from _outputs(context, order)
 
+    order = [*column_keys.values()]  # lineage order: Dagster wants outputs upstream first
+    for info in tree:
+        view_key, col_keys = views[info.name]
+        order += [view_key, *col_keys.values(), *row_keys[info.name].values()]
     keys = {name: [vk, *cols.values(), *row_keys[name].values()] for name, (vk, cols) in views.items()}
     return _refresh, keys, list(column_keys.values())
+
+
+def _outputs(context, order: list):
+    """The step's outputs, one per selected asset, once its work is done: an
+    asset of the user's downstream of a view (or of a column) in the same run
+    runs after it (Dagster skips a step whose upstream output was not
+    yielded). Their materializations are the events :func:`_record` logged,
+    one per partition with its own numbers and data version: the outputs
+    carry the metadata key with which Dagster makes no asset event of an
+    output (its own, for the observations of source assets), or each
+    partition would show twice. ``order``: the lineage's assets, upstream first."""
+    selected = context.selected_asset_keys
+    for key in (k for k in order if k in selected):
+        yield dg.Output(None, output_name=context.assets_def.get_output_name_for_asset_key(key),
+                        metadata={_NO_ASSET_EVENTS: True})
 
 
 def _compact_if_due(context, table: TableInfo) -> None:
