@@ -14,8 +14,7 @@ import math
 import lance
 import pyarrow as pa
 import pytest
-
-from tests.oracle import same_number, sql_count_distinct, sql_max, sql_min, sql_sum
+from oracle import same_number, sql_count_distinct, sql_max, sql_min, sql_sum
 
 NAN, INF = float("nan"), float("inf")
 SCHEMA = pa.schema([("id", pa.int64()), ("g", pa.int64()), ("x", pa.float64()), ("i", pa.int64())])

@@ -20,9 +20,9 @@ import pyarrow as pa
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from oracle import same_number, sql_count_distinct, sql_max, sql_min, sql_sum
 
 import mv_assets as mv
-from tests.oracle import same_number, sql_count_distinct, sql_max, sql_min, sql_sum
 
 AGGS = {"n": "count(*)", "nx": "count(x)", "sx": "sum(x)", "ax": "avg(x)", "lo": "min(x)", "hi": "max(x)",
         "si": "sum(i)", "ai": "avg(i)", "hs": "max(label)", "dl": "count(distinct label)", "di": "count(distinct i)",

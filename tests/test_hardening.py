@@ -582,16 +582,16 @@ def test_a_released_lease_is_not_written_back_by_a_renewal_in_flight(tmp_path, m
     from mv_assets.storage.layout import Lease
 
     uri = str(tmp_path / "x.lease")
-    real = objects.write_text
+    real = objects.put_tagged
     renewing = threading.Event()
 
-    def slow_renewal(path, text, **kw):
+    def slow_renewal(path, data, **kw):
         if threading.current_thread().name.startswith("lease-"):
             renewing.set()
             time.sleep(0.3)  # the renewal is in flight when the holder releases
-        return real(path, text, **kw)
+        return real(path, data, **kw)
 
-    monkeypatch.setattr(objects, "write_text", slow_renewal)
+    monkeypatch.setattr(objects, "put_tagged", slow_renewal)
     lease = Lease(uri, "x", timeout=1, ttl=0.15)
     with lease.held():
         assert renewing.wait(2)

@@ -184,6 +184,53 @@ def test_leases_exclude_each_other_and_expire(s3_server, s3_catalog):
     assert objects.read_text(lease_uri) is None
 
 
+@pytest.mark.parametrize("where", ["s3", "local"])
+def test_two_refreshes_taking_over_one_stale_lease_do_not_both_hold_it(where, tmp_path, monkeypatch, request):
+    """Both read the stale record before either acts: the takeover was a
+    delete and a create, so the second deleted the first's new record and
+    both held the lease. Now a takeover is a PUT conditional on the e-tag
+    read: one wins, the other waits (and times out)."""
+    import threading
+
+    if where == "s3":
+        s3_server, (uri, _) = request.getfixturevalue("s3_server"), request.getfixturevalue("s3_catalog")
+        mv.connect(uri, storage_options=s3_server.options)
+        lease_uri = objects.join(uri, "_mv_assets", "locks", "x.lease")
+    else:
+        lease_uri = str(tmp_path / "locks" / "x.lease")
+    objects.write_text(lease_uri, '{"owner": "gone", "host": "elsewhere", "pid": 1, "expires": 0}', create=True)
+    both_read = threading.Barrier(2, timeout=10)
+    real = Lease._stale
+
+    def stale_seen_by_both(self, raw):
+        found = real(self, raw)
+        if found and "gone" in (raw or ""):
+            try:
+                both_read.wait()  # each has read the stale record before either takes it over
+            except threading.BrokenBarrierError:
+                pass
+            if threading.current_thread().name == "second":
+                time.sleep(0.5)  # acting on what it read after the first took the lease over
+        return found
+
+    monkeypatch.setattr(Lease, "_stale", stale_seen_by_both)
+    outcomes: dict[int, str] = {}
+
+    def contend(i: int) -> None:
+        try:
+            Lease(lease_uri, "x", timeout=1, ttl=30).acquire()
+            outcomes[i] = "held"
+        except ConcurrentRefreshError:
+            outcomes[i] = "refused"
+
+    threads = [threading.Thread(target=contend, args=(i,), name=name) for i, name in enumerate(["first", "second"])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert sorted(outcomes.values()) == ["held", "refused"]
+
+
 def test_bad_object_store_uris_and_options_are_refused(monkeypatch):
     with pytest.raises(ValueError, match="unsupported catalog URI 'ftp://x/y'"):
         mv.connect("ftp://x/y")

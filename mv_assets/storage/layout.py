@@ -170,7 +170,12 @@ class Lease:
     """A lock in an object store: an object created with a conditional PUT
     (fails if it exists), renewed by a heartbeat, removed on release. A lease
     whose holder stopped renewing (``$MV_ASSETS_LEASE_SECONDS``, default 60)
-    or whose process is gone (same host) is taken over.
+    or whose process is gone (same host) is taken over. Takeovers and
+    renewals are PUTs conditional on the e-tag of the record read (or last
+    written): of two refreshes taking over the same stale lease one wins, and
+    a renewal never overwrites a lease taken over. (Removal on release is a
+    read then a delete: it could remove a record written in between, which
+    needs the holder to have missed renewals for a whole ttl.)
 
     Every commit names the version it read and Lance refuses one that
     conflicts with a commit made meanwhile; but two commits that only add
@@ -184,6 +189,7 @@ class Lease:
         self.owner = uuid.uuid4().hex
         self._stop = threading.Event()
         self._beat: threading.Thread | None = None  # the renewing thread while held
+        self._tag: str | None = None  # the tag of the record it wrote last (its e-tag)
 
     def _record(self) -> str:
         return json.dumps({"owner": self.owner, "host": socket.gethostname(), "pid": os.getpid(),
@@ -203,11 +209,16 @@ class Lease:
     def acquire(self) -> None:
         start = time.monotonic()
         while True:
-            if objects.write_text(self.uri, self._record(), create=True):
+            tag = objects.put_tagged(self.uri, self._record().encode())
+            if tag is None:  # held: taken over only if its holder is gone, and only as it was read
+                got = objects.get_tagged(self.uri)
+                if got is not None and self._stale(got[0].decode(errors="replace")):
+                    tag = objects.put_tagged(self.uri, self._record().encode(), tag=got[1])
+                elif got is None:
+                    continue  # released meanwhile
+            if tag is not None:
+                self._tag = tag
                 return
-            if self._stale(objects.read_text(self.uri)):
-                objects.remove(self.uri)
-                continue
             if self.timeout is not None and time.monotonic() - start >= self.timeout:
                 raise ConcurrentRefreshError(
                     f"another refresh of {self.name!r} is running (waited {self.timeout}s for {self.uri}); "
@@ -217,17 +228,17 @@ class Lease:
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.ttl / 3):
-            raw = objects.read_text(self.uri)
-            if raw is None or json.loads(raw).get("owner") != self.owner:
-                return  # taken over: nothing to renew
-            objects.write_text(self.uri, self._record())
+            tag = objects.put_tagged(self.uri, self._record().encode(), tag=self._tag)
+            if tag is None:
+                return  # taken over (or removed): nothing to renew
+            self._tag = tag
 
     def release(self) -> None:
         self._stop.set()
         if self._beat is not None:  # a renewal in flight would write the record back after the removal
             self._beat.join()
-        raw = objects.read_text(self.uri)
-        if raw is not None and json.loads(raw).get("owner") == self.owner:
+        got = objects.get_tagged(self.uri)
+        if got is not None and got[1] == self._tag:  # still the record this holder wrote last
             objects.remove(self.uri)
 
     @contextlib.contextmanager

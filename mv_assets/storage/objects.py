@@ -41,7 +41,7 @@ __all__ = [
     "commit", "write_fragments", "file_writer", "put_bytes", "get_bytes", "exists", "listdir", "remove",
     "remove_tree", "size", "write_arrow", "read_arrow", "write_text", "read_text", "is_dataset", "rename_tree",
     "copy_tree", "reusing_handles", "read_transaction", "write_record", "read_record", "retire_record",
-    "committed_in_place",
+    "committed_in_place", "get_tagged", "put_tagged",
 ]
 
 _OPTIONS: dict[str, dict[str, str]] = {}
@@ -641,6 +641,83 @@ def get_bytes(uri: str) -> bytes | None:
         return bytes(obstore.get(store, key).bytes())
     except (NotFoundError, FileNotFoundError):
         return None
+
+
+def _local_tag(path: str) -> str | None:
+    try:
+        st = os.stat(path)
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+    return f"{st.st_size}:{st.st_ino}:{st.st_mtime_ns}"
+
+
+@contextlib.contextmanager
+def _local_guard(path: str):
+    """Writers of one local file, one at a time (a lock on a file beside it):
+    what the object store's conditional requests give."""
+    import filelock
+
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with filelock.FileLock(path + ".guard"):
+        yield
+
+
+def get_tagged(uri: str) -> tuple[bytes, str] | None:
+    """The object's bytes and a tag that changes with every write of it (its
+    e-tag; a local file's size, inode and modification time), or None when
+    there is none: what :func:`put_tagged` and :func:`remove_tagged` are
+    conditional on."""
+    if is_local(uri):
+        path = _local_path(uri)
+        with _local_guard(path):
+            tag = _local_tag(path)
+            try:
+                with open(path, "rb") as fh:
+                    return (fh.read(), tag) if tag is not None else None
+            except (FileNotFoundError, IsADirectoryError, NotADirectoryError):
+                return None
+    import obstore
+    from obstore.exceptions import NotFoundError
+
+    store, key = _store(uri)
+    try:
+        got = obstore.get(store, key)
+    except (NotFoundError, FileNotFoundError):
+        return None
+    return bytes(got.bytes()), _tag_of(got.meta)
+
+
+def put_tagged(uri: str, data: bytes, *, tag: str | None = None) -> str | None:
+    """Write ``data`` whole if nothing is there (``tag`` None) or if the
+    object is still the one ``tag`` names (a conditional PUT, ``If-Match``
+    on its e-tag): its new tag, None when the condition failed (someone
+    wrote or removed it since). What leases are taken over and renewed with:
+    of two writers that read the same object, one wins."""
+    if is_local(uri):
+        path = _local_path(uri)
+        with _local_guard(path):
+            if _local_tag(path) != tag:
+                return None
+            put_bytes(uri, data)
+            return _local_tag(path)
+    import obstore
+    from obstore.exceptions import AlreadyExistsError, NotFoundError, PreconditionError
+
+    store, key = _store(uri)
+    mode: Any = "create"
+    if tag is not None:
+        e_tag, _, version = tag.partition("\n")
+        mode = {k: v for k, v in (("e_tag", e_tag), ("version", version)) if v}
+    try:
+        done = obstore.put(store, key, data, mode=mode)
+    except (AlreadyExistsError, PreconditionError, NotFoundError, FileNotFoundError):
+        return None
+    return _tag_of(done)
+
+
+def _tag_of(meta) -> str:
+    """An object's e-tag and version (a GCS generation; None elsewhere) as one tag."""
+    return f"{meta.get('e_tag') or ''}\n{meta.get('version') or ''}"
 
 
 def exists(uri: str) -> bool:
