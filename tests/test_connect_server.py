@@ -64,3 +64,36 @@ def test_a_pyspark_without_the_connect_server_scripts_starts_and_stops_the_serve
     while connect_server.is_listening(port) or connect_server._owned_pid(state) is not None:
         assert time.monotonic() < deadline, "the server is still running after stop"
         time.sleep(0.5)
+
+
+def test_a_spark_connect_url_nobody_answers_fails_in_seconds_in_words(tmp_path):
+    """A refresh on Spark Connect at a URL where no server runs (a typo, a
+    server not started): pyspark retried its first call for about ten
+    minutes, saying nothing. Now: a clear error at once, the lock released,
+    the failure in the view's status, nothing committed; a second refresh
+    says the same."""
+    port = free_port()  # nothing listens there
+    code = f"""
+import sys, mv_assets as mv
+db = mv.connect(sys.argv[1], runner=mv.SparkRunner(remote="sc://127.0.0.1:{port}", local_below_rows=0))
+t = db.create_table("t", [{{"id": i, "x": i}} for i in range(10)])
+v = db.create_materialized_view("v", t.search(None).select({{"id": "id", "y": "x * 2"}}))
+for _ in range(2):
+    try:
+        v.refresh(lock_timeout=5)
+    except ConnectionError as exc:
+        print("refused:", exc)
+st = v.status()
+print("error:", st.last_error)
+print("status:", st.load_state, v.count_rows())
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "cat")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    refused = [line for line in lines if line.startswith("refused:")]
+    assert len(refused) == 2
+    assert f"no Spark Connect server answers at sc://127.0.0.1:{port}" in refused[0]
+    assert "spark_remote / MV_ASSETS_SPARK_REMOTE" in refused[0]
+    assert lines[-1] == "status: FAILED_LOAD 0"
+    assert "no Spark Connect server answers" in lines[-2]

@@ -133,6 +133,37 @@ def _function_takes(func: Callable, keyword: str) -> bool:
                or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
 
 
+CONNECT_PORT = 15002  # Spark Connect's default
+
+
+def check_reachable(remote: str, timeout: float | None = None) -> None:
+    """Fail in seconds, in words, when nothing answers at the Spark Connect
+    URL ``remote`` (``sc://host:port/;...``): pyspark retries its first call
+    for about ten minutes before it says anything. One TCP connection, closed
+    at once (``$MV_ASSETS_SPARK_CONNECT_TIMEOUT`` seconds, default 10). Other
+    URLs (``local``) are left to pyspark."""
+    from urllib.parse import urlparse
+
+    if not remote.startswith("sc://"):
+        return
+    url = urlparse(remote)
+    host = url.hostname or "localhost"
+    try:
+        port = url.port or CONNECT_PORT
+    except ValueError as exc:
+        raise ValueError(f"bad Spark Connect URL {remote!r}: {exc}") from None
+    if timeout is None:
+        timeout = float(os.environ.get("MV_ASSETS_SPARK_CONNECT_TIMEOUT") or 10)
+    import socket
+
+    try:
+        socket.create_connection((host, port), timeout=timeout).close()
+    except OSError as exc:
+        raise ConnectionError(
+            f"no Spark Connect server answers at {remote} ({host}:{port}: {exc.strerror or exc}): start it, or "
+            f"fix the URL (spark_remote / MV_ASSETS_SPARK_REMOTE / spark.remote)") from None
+
+
 @dataclass(frozen=True)
 class _OlderRunner:
     """A runner written for the older protocol, as a :class:`Runner` (see :func:`as_runner`)."""
@@ -484,6 +515,7 @@ class SparkRunner:
         builder = SparkSession.builder.appName(self.app_name)
         remote = self.resolved_remote()
         if remote:
+            check_reachable(remote)
             builder = builder.remote(remote)
         else:
             builder = (
