@@ -723,3 +723,34 @@ def test_a_view_made_under_a_dropped_views_name_starts_never_loaded(tmp_path):
     record_load_state(db.layout, "v", FAILED_LOAD, "ConcurrentRefreshError: view 'v' moved")  # (the dead refresh's)
     v = db.create_materialized_view("v", t.search(None).select({"id": "id", "x": "x"}), with_no_data=True)
     assert v.status().load_state == "NEVER_LOADED" and v.status().last_error is None
+
+
+def test_a_lease_renewal_that_fails_once_is_tried_again(tmp_path, monkeypatch):
+    """The store unreachable at one renewal: the heartbeat thread died of the
+    error and the lease expired under its holder (another refresh could take
+    it over while this one still ran)."""
+    import json
+    import threading
+
+    from mv_assets.storage import objects
+    from mv_assets.storage.layout import Lease
+
+    uri = str(tmp_path / "x.lease")
+    real = objects.put_tagged
+    failed = threading.Event()
+
+    def flaky(path, data, **kw):
+        if threading.current_thread().name.startswith("lease-") and not failed.is_set():
+            failed.set()
+            raise OSError("connection reset by peer")
+        return real(path, data, **kw)
+
+    monkeypatch.setattr(objects, "put_tagged", flaky)
+    lease = Lease(uri, "x", timeout=1, ttl=0.3)
+    with lease.held():
+        assert failed.wait(5)
+        first = json.loads(objects.read_text(uri))["expires"]
+        deadline = time.monotonic() + 5
+        while json.loads(objects.read_text(uri))["expires"] == first and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert json.loads(objects.read_text(uri))["expires"] > first  # renewed after the failure

@@ -16,6 +16,7 @@ as a small frozen value (no handle to call back into).
 
 import contextlib
 import json
+import logging
 import os
 import socket
 import threading
@@ -166,6 +167,9 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+_log = logging.getLogger(__name__)
+
+
 class Lease:
     """A lock in an object store: an object created with a conditional PUT
     (fails if it exists), renewed by a heartbeat, removed on release. A lease
@@ -228,7 +232,11 @@ class Lease:
 
     def _heartbeat(self) -> None:
         while not self._stop.wait(self.ttl / 3):
-            tag = objects.put_tagged(self.uri, self._record().encode(), tag=self._tag)
+            try:
+                tag = objects.put_tagged(self.uri, self._record().encode(), tag=self._tag)
+            except Exception as exc:  # the store unreachable for a moment: the next beat tries again
+                _log.warning("could not renew the lease %s (%s); trying again in %.0f s", self.uri, exc, self.ttl / 3)
+                continue
             if tag is None:
                 return  # taken over (or removed): nothing to renew
             self._tag = tag
