@@ -317,6 +317,56 @@ def test_merge_insert_builder_as_lancedb_and_geneva_write_it(tmp_path):
         [{"k": 1, "s": "b"}, {"k": 2, "s": "c"}])
     assert sorted((r["k"], r["s"]) for r in free.to_arrow().to_pylist()) == [(1, "b"), (2, "c")]
 
+
+@pytest.mark.parametrize("how", ["builder", "upsert"])
+def test_a_merge_of_rows_leaving_columns_out_keeps_their_values(tmp_path, how):
+    """lancedb's partial update: columns the new rows leave out keep their
+    values in matched rows (they were set NULL: data lost without a word);
+    inserted rows get NULL there. A computed column of matched rows reads
+    stale, as after any update; a view over the table follows, equal to the
+    source at its version."""
+    db = _inline(tmp_path)
+    t = db.create_table("t", [{"id": i, "v": i, "s": f"keep{i}"} for i in range(4)], primary_key="id")
+    t.add_columns({"w": "v * 10"})
+    view = db.create_materialized_view("mv", t.search(None).select({"id": "id", "s": "s", "v": "v"}))
+    view.refresh()
+    rows = [{"id": 1, "v": 11}, {"id": 9, "v": 99}]
+    if how == "builder":
+        r = t.merge_insert("id").when_matched_update_all().when_not_matched_insert_all().execute(rows)
+        assert (r.num_updated_rows, r.num_inserted_rows) == (1, 1)
+    else:
+        t.merge_insert(rows)
+    got = {r["id"]: (r["v"], r["s"], r["w"]) for r in t.to_arrow().to_pylist()}
+    assert got == {0: (0, "keep0", 0), 1: (11, "keep1", 110), 2: (2, "keep2", 20), 3: (3, "keep3", 30),
+                   9: (99, None, 990)}
+    view.refresh()
+    at = lance.dataset(t.uri, version=view.status().source_version).to_table(columns=["id", "s", "v"])
+    assert sorted(view.to_arrow().to_pylist(), key=lambda r: r["id"]) == sorted(at.to_pylist(), key=lambda r: r["id"])
+    # update only: a column that cannot be NULL may be left out; inserting needs it
+    strict = db.create_table("strict", pa.table({"id": [1, 2], "s": ["a", "b"], "v": [1, 2]},
+                                                schema=pa.schema([pa.field("id", pa.int64()),
+                                                                  pa.field("s", pa.string(), nullable=False),
+                                                                  pa.field("v", pa.int64())])))
+    strict.merge_insert("id").when_matched_update_all().execute([{"id": 2, "v": 20}])
+    assert sorted((r["id"], r["s"], r["v"]) for r in strict.to_arrow().to_pylist()) == [(1, "a", 1), (2, "b", 20)]
+    before = strict.version
+    with pytest.raises(ValueError, match=r"leave out \['s'\], which cannot be NULL"):
+        strict.merge_insert("id").when_not_matched_insert_all().execute([{"id": 3, "v": 3}])
+    assert strict.version == before
+
+
+def test_a_merge_refuses_new_rows_sharing_a_key_and_a_bad_where_in_words(tmp_path):
+    db = _inline(tmp_path)
+    t = db.create_table("t", [{"id": 1, "v": 1}, {"id": 2, "v": 2}])  # no primary key
+    before = t.version
+    with pytest.raises(ValueError, match=r"1 keys are held by more than one new row \(e.g. \[\{'id': 1\}\]\)"):
+        t.merge_insert("id").when_matched_update_all().execute([{"id": 1, "v": 5}, {"id": 1, "v": 6}])
+    with pytest.raises(ValueError, match="merge_insert into 't' failed: .*No field named source.nope") as exc:
+        t.merge_insert("id").when_matched_update_all(where="source.nope > 1").execute([{"id": 1, "v": 5}])
+    assert ".rs:" not in str(exc.value)
+    assert t.version == before and sorted(r["v"] for r in t.to_arrow().to_pylist()) == [1, 2]
+
+
 # -- our words, not Lance's ---------------------------------------------------
 
 
@@ -754,3 +804,63 @@ def test_a_lease_renewal_that_fails_once_is_tried_again(tmp_path, monkeypatch):
         while json.loads(objects.read_text(uri))["expires"] == first and time.monotonic() < deadline:
             time.sleep(0.05)
         assert json.loads(objects.read_text(uri))["expires"] > first  # renewed after the failure
+
+
+def test_update_takes_the_values_lancedb_takes(tmp_path):
+    """NumPy scalars and arrays, lists (a vector), structs: update(values=)
+    refused them ('cannot use list value ... as a SQL literal'), and a NumPy
+    float became the SQL text np.float64(2.5). NULL into a column that cannot
+    hold it is refused in words before anything is written."""
+    import numpy as np
+
+    db = _inline(tmp_path)
+    schema = pa.schema([pa.field("id", pa.int64()), pa.field("vector", pa.list_(pa.float32(), 2)),
+                        pa.field("tags", pa.list_(pa.string())), pa.field("f", pa.float64()),
+                        pa.field("st", pa.struct([("a", pa.int64()), ("b", pa.string())])),
+                        pa.field("n", pa.int32()), pa.field("req", pa.string(), nullable=False)])
+    t = db.create_table("t", pa.table({"id": [1, 2], "vector": [[1.0, 2.0], [0.0, 0.0]], "tags": [["x"], []],
+                                       "f": [1.0, 0.0], "st": [{"a": 1, "b": "p"}, None], "n": [1, 0],
+                                       "req": ["r", "s"]}, schema=schema))
+    t.update(where="id = 1", values={"vector": np.array([3.0, 4.0], np.float32), "tags": ["a", "it's"],
+                                     "f": np.float64(2.5), "st": {"a": 5, "b": "q"}, "n": np.int32(7)})
+    t.update(where="id = 2", values={"vector": [5.0, 6.0]})
+    got = {r["id"]: r for r in t.to_arrow().to_pylist()}
+    assert got[1] == {"id": 1, "vector": [3.0, 4.0], "tags": ["a", "it's"], "f": 2.5, "st": {"a": 5, "b": "q"},
+                      "n": 7, "req": "r"}
+    assert got[2]["vector"] == [5.0, 6.0] and got[2]["f"] == 0.0
+    before = t.version
+    with pytest.raises(ValueError, match="column 'req' is not nullable: it cannot be set to NULL"):
+        t.update(where="id = 1", values={"req": None})
+    with pytest.raises(ValueError, match="does not fit column 'vector'"):
+        t.update(where="id = 1", values={"vector": [1.0, 2.0, 3.0]})
+    assert t.version == before
+
+
+def test_table_api_inputs_as_lancedb_takes_them(tmp_path):
+    """create_table([]) made a table with no columns that no row fits (lancedb
+    refuses it); a LanceModel as the schema failed ('ModelMetaclass' object is
+    not iterable); add() of one dict failed with 'int' object is not
+    iterable; search().offset() did not exist and limit(None) was refused."""
+    from lancedb.pydantic import LanceModel
+
+    class Item(LanceModel):
+        id: int
+        name: str
+
+    db = _inline(tmp_path)
+    with pytest.raises(ValueError, match="create_table\\(\\) of an empty list needs a schema"):
+        db.create_table("empty", [])
+    assert "empty" not in db.table_names()
+    t = db.create_table("items", schema=Item)
+    assert t.schema.names == ["id", "name"]
+    t.add([{"id": i, "name": f"n{i}"} for i in range(10)])
+    with pytest.raises(ValueError, match="a single row .* pass a list of dicts"):
+        t.add({"id": 99, "name": "x"})
+    assert t.count_rows() == 10
+    q = t.search().select(["id"])
+    assert [r["id"] for r in q.offset(7).to_list()] == [7, 8, 9]
+    assert [r["id"] for r in q.offset(2).limit(3).to_list()] == [2, 3, 4]
+    assert len(q.limit(3).limit(None).to_list()) == 10
+    with pytest.raises(ValueError, match=r"offset\(2\) applies to reads"):
+        db.create_materialized_view("v", q.offset(2))
+    assert "v" not in db.table_names()

@@ -412,8 +412,12 @@ class Connection:
         _check_table_storage_options(storage_options, self.storage_options)
         if mode not in ("create", "overwrite"):
             raise ValueError(f"mode must be 'create' or 'overwrite', got {mode!r}")
+        if schema is not None and not isinstance(schema, pa.Schema) and hasattr(schema, "to_arrow_schema"):
+            schema = schema.to_arrow_schema()  # a lancedb LanceModel (pydantic), as lancedb takes it
         if data is None and schema is None:
             raise ValueError("create_table() needs data or a schema")
+        if schema is None and isinstance(data, list | tuple) and not data:
+            raise ValueError("create_table() of an empty list needs a schema: the rows give none")
         if exist_ok and mode == "create" and name in self:
             return self._existing(name, schema)
         if read_view_definition(self.layout, name) is not None:

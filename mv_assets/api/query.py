@@ -57,6 +57,7 @@ class Query:
         self._shuffle = False
         self._seed: int | None = None
         self._limit: int | None = None
+        self._offset = 0  # rows a read skips (reads only: a view has none)
         self._group_by: tuple[str, ...] | None = None
         self._aggs: dict[str, str] | None = None
         self._joins: tuple[tuple[QuerySource, dict], ...] = ()
@@ -176,13 +177,23 @@ class Query:
             raise ValueError("shuffle seed must be an int")
         return self._copy(_shuffle=True, _seed=0 if seed is None else seed)
 
-    def limit(self, n: int) -> "Query":
-        """Keep at most ``n`` rows: the first ``n`` by (shuffled) order."""
+    def limit(self, n: int | None) -> "Query":
+        """Keep at most ``n`` rows: the first ``n`` by (shuffled) order (None: every row)."""
+        if n is None:
+            return self._copy(_limit=None)
         if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-            raise ValueError("limit must be a non-negative int")
+            raise ValueError("limit must be a non-negative int (or None: every row)")
         if n > _MAX_LIMIT:  # a Lance scan takes it as an i64: refused here, not at the refresh that cannot run it
             raise ValueError(f"limit {n} exceeds the maximum, {_MAX_LIMIT} (2**63 - 1)")
         return self._copy(_limit=n)
+
+    def offset(self, n: int) -> "Query":
+        """Skip the first ``n`` rows of what a read returns (lancedb's
+        ``offset``; with :meth:`limit`, rows ``n`` to ``n + limit``). Reads
+        only: a materialized view keeps every row its query gives."""
+        if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+            raise ValueError("offset must be a non-negative int")
+        return self._copy(_offset=n)
 
     @property
     def table(self) -> QuerySource:
@@ -200,6 +211,9 @@ class Query:
 
     def to_definition(self) -> ViewDefinition:
         """Validate against the source schema and return the view definition."""
+        if self._offset:
+            raise ValueError(f"offset({self._offset}) applies to reads (to_arrow(), to_list()...): a materialized "
+                             "view keeps every row its query gives (use limit(), or a filter)")
         if self._joins:
             return self._join_definition()
         if self._group_by is not None or self._aggs is not None:
@@ -338,6 +352,10 @@ class Query:
     def to_arrow(self) -> pa.Table:
         """Evaluate the query in this process (no Spark) and return the rows
         (the user's columns: no row keys or markers, as a view's reader sees)."""
+        if self._offset:  # the first offset + limit rows, less the first offset
+            skip = self._offset
+            limit = None if self._limit is None else min(self._limit + skip, _MAX_LIMIT)
+            return self._copy(_offset=0, _limit=limit).to_arrow().slice(skip)
         if self.is_join_aggregate:
             return self._join_aggregate_rows()
         return rows_in_process(self.to_definition(), [self._table._dataset(), *(t._dataset() for t, _ in self._joins)])
@@ -369,7 +387,8 @@ class Query:
         return (
             f"Query(table={self._table.name!r}, where={self._filter!r}, "
             f"select={[n for n, _ in self._select] if self._select else '*'}, "
-            f"shuffle={self._seed if self._shuffle else None}, limit={self._limit})"
+            f"shuffle={self._seed if self._shuffle else None}, limit={self._limit}"
+            + (f", offset={self._offset})" if self._offset else ")")
         )
 
 

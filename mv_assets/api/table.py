@@ -163,9 +163,12 @@ def _unsigned_columns(rows: list[dict], schema: pa.Schema | None) -> pa.Table | 
         return None
 
 
-def to_arrow_table(data: Any, schema: pa.Schema | None = None) -> pa.Table:
+def to_arrow_table(data: Any, schema: pa.Schema | None = None, *, keep: Collection[str] | None = None) -> pa.Table:
     """Accept a pyarrow Table / RecordBatch / reader or a list of dicts (a
-    blob column's values are its bytes: Lance's writer stores them as blobs)."""
+    blob column's values are its bytes: Lance's writer stores them as blobs).
+    With ``schema``, columns missing from the data are NULL; with ``keep``
+    too, only those of its names are added (the others are left out: a
+    merge's partial update keeps the rows' values there)."""
     schema = logical_schema(schema) if schema is not None else None
     if isinstance(data, pa.Table):
         table = data
@@ -201,6 +204,9 @@ def to_arrow_table(data: Any, schema: pa.Schema | None = None) -> pa.Table:
             except (pa.ArrowInvalid, pa.ArrowTypeError, TypeError) as exc:
                 raise ValueError(f"rows do not match the table schema: {exc}") from exc
     elif isinstance(data, dict):
+        if data and not any(isinstance(v, list | tuple | pa.Array | pa.ChunkedArray) or hasattr(v, "__array__")
+                            for v in data.values()):
+            raise ValueError("a single row (a dict of values) is not rows: pass a list of dicts, [row]")
         try:
             table = pa.table(data)
         except OverflowError as exc:
@@ -209,6 +215,9 @@ def to_arrow_table(data: Any, schema: pa.Schema | None = None) -> pa.Table:
         raise ValueError(
             f"unsupported data of type {type(data).__name__}; pass a pyarrow Table, a pandas DataFrame or a list of dicts"
         )
+    if schema is not None and keep is not None:
+        schema = pa.schema([f for f in schema if f.name in table.column_names or f.name in keep],
+                           metadata=schema.metadata)
     if schema is not None:
         missing = [f.name for f in schema if f.name not in table.column_names and not f.nullable]
         extra = [n for n in table.column_names if n not in schema.names]
@@ -230,6 +239,17 @@ def to_arrow_table(data: Any, schema: pa.Schema | None = None) -> pa.Table:
                 arrays.append(pa.nulls(table.num_rows, f.type))
         table = pa.Table.from_arrays(arrays, schema=schema)
     return table
+
+
+def _check_distinct_keys(table: pa.Table, on: list[str]) -> None:
+    """A merge matches each new row on ``on``: two new rows with one key would
+    both match the same row (Lance refuses an ambiguous merge)."""
+    counts = table.group_by(on).aggregate([([], "count_all")])
+    twice = counts.filter(pc.greater(counts.column("count_all"), 1))  # pyright: ignore[reportAttributeAccessIssue]
+    if twice.num_rows:
+        shown = twice.drop_columns(["count_all"]).slice(0, 5).to_pylist()
+        raise ValueError(f"merge_insert on {on}: {twice.num_rows} keys are held by more than one new row "
+                         f"(e.g. {shown}); each key may appear once")
 
 
 def check_primary_key(table: pa.Table, pk: str | None) -> None:
@@ -888,11 +908,12 @@ class Table(Indexed):
     def _check_writable(self) -> None:
         pass
 
-    def _new_rows(self, data: Any) -> tuple[lance.LanceDataset, pa.Table]:
+    def _new_rows(self, data: Any, keep: Collection[str] | None = None) -> tuple[lance.LanceDataset, pa.Table]:
         """The dataset and ``data`` as rows of it, checked: no values for markers,
-        primary key present and distinct among the new rows."""
+        primary key present and distinct among the new rows. ``keep``: see
+        :func:`to_arrow_table` (columns the data leaves out are left out but these)."""
         ds = self._dataset()
-        table = to_arrow_table(data, ds.schema)
+        table = to_arrow_table(data, ds.schema, keep=keep)
         given = [n for n in table.column_names if is_marker(n) and table.column(n).null_count < table.num_rows]
         if given:
             raise ValueError(f"columns {given} are maintained by mv_assets; leave them out")
@@ -998,7 +1019,11 @@ class Table(Indexed):
         self._check_writable()
         if not (update or insert or delete):
             raise ValueError("merge_insert: no when_... clause was given, so there is nothing to do")
-        ds, table = self._new_rows(data)
+        # columns the new rows leave out keep their values in matched rows (lancedb's partial
+        # update): only computed columns and their markers are set NULL there (stale, as updated)
+        computed = {c.name for c in self.computed_columns()}
+        ds, table = self._new_rows(data, keep={n for n in self._dataset().schema.names
+                                               if is_marker(n) or n in computed})
         unknown = [c for c in on if c not in ds.schema.names or c not in table.column_names]
         if unknown:
             raise ValueError(f"merge_insert on {unknown}: not columns of both {self.name!r} and the new rows")
@@ -1008,11 +1033,18 @@ class Table(Indexed):
                              "by it (a match on other columns could give two rows one key)")
         if table.num_rows == 0 and not delete:
             return MergeInsertResult(ds.version, 0, 0, 0, 0)
+        absent = [f.name for f in ds.schema if f.name not in table.column_names and not f.nullable]
+        if insert and absent:
+            raise ValueError(f"merge_insert: the new rows leave out {absent}, which cannot be NULL: rows inserted "
+                             "need them (give them, or update only: when_matched_update_all() alone)")
+        if pk is None and table.num_rows > 1:
+            _check_distinct_keys(table, on)
         if pk is not None and not delete:
             ds = keys.ready(self.uri, ds, pk)  # (Lance's merge_insert reads the key index too)
             if insert and not self._existing_keys(ds, pk, table):
                 # no key matches a row: every row is inserted, an append (O(rows), where Lance's
                 # merge_insert of a table with deletions costs O(table): docs/performance.md)
+                table = to_arrow_table(table, ds.schema)  # (the columns left out: NULL)
                 version = self._after_write(objects.write_dataset(table, self.uri, mode="append"), table)
                 return MergeInsertResult(version, 0, table.num_rows, 0, table.num_rows)
         builder = ds.merge_insert(on[0] if len(on) == 1 else on)
@@ -1022,7 +1054,10 @@ class Table(Indexed):
             builder = builder.when_not_matched_insert_all()
         if delete:
             builder = builder.when_not_matched_by_source_delete(delete_where)
-        stats = builder.execute(table)
+        try:
+            stats = builder.execute(table)
+        except OSError as exc:  # (Lance's words for a where naming no column, say)
+            raise ValueError(f"merge_insert into {self.name!r} failed: {short_error(exc)}") from exc
         version = self._after_write(self._dataset())
         return MergeInsertResult(version, int(stats.get("num_updated_rows", 0)), int(stats.get("num_inserted_rows", 0)),
                                  int(stats.get("num_deleted_rows", 0)), table.num_rows)
@@ -1100,6 +1135,8 @@ class Table(Indexed):
             raise ValueError(f"unknown columns {unknown}; table columns are {ds.schema.names}")
         for name, value in (values or {}).items():  # a lossy conversion is refused, not stored
             if value is None:
+                if not ds.schema.field(name).nullable:
+                    raise ValueError(f"column {name!r} is not nullable: it cannot be set to NULL")
                 continue
             try:
                 pa.array([value]).cast(ds.schema.field(name).type)

@@ -51,9 +51,22 @@ def sql_literal(value: Any) -> str:
     ("'it''s'", 'NULL', 'true', '2.5')
     >>> sql_literal(-2**63)  # (-9223372036854775808 reads as minus a number past int64: a float)
     '(-9223372036854775807 - 1)'
+    >>> import numpy as np
+    >>> sql_literal(np.float64(2.5)), sql_literal(np.int64(7)), sql_literal(np.array([1.0, 2.0], np.float32))
+    ('2.5', '7', '[1.0, 2.0]')
+    >>> sql_literal({"a": 5, "it's": [True]})  # a struct, as lancedb writes it
+    "named_struct('a', 5, 'it''s', [true])"
     """
     if value is None:
         return "NULL"
+    if type(value).__module__ == "numpy" and hasattr(value, "tolist"):  # a NumPy scalar or array: as Python's
+        return sql_literal(value.tolist())
+    if isinstance(value, pa.Scalar):
+        return sql_literal(value.as_py())
+    if isinstance(value, list | tuple):  # a list (a vector): DataFusion's array literal, cast to the column's type
+        return "[" + ", ".join(sql_literal(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "named_struct(" + ", ".join(f"{sql_literal(str(k))}, {sql_literal(v)}" for k, v in value.items()) + ")"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int) and value == -(2**63):
