@@ -864,3 +864,9 @@ def test_table_api_inputs_as_lancedb_takes_them(tmp_path):
     with pytest.raises(ValueError, match=r"offset\(2\) applies to reads"):
         db.create_materialized_view("v", q.offset(2))
     assert "v" not in db.table_names()
+    # a vector column given as lists of floats is a vector column, as lancedb makes it: searchable
+    vec = db.create_table("vec", [{"id": i, "vector": [float(i), 0.0], "ragged_embedding": [1.0] * (i + 1)}
+                                  for i in range(5)])
+    assert vec.schema.field("vector").type == pa.list_(pa.float32(), 2)
+    assert vec.schema.field("ragged_embedding").type == pa.list_(pa.float64())  # lengths differ: a list
+    assert [r["id"] for r in vec.search([0.0, 0.0]).limit(2).to_list()] == [0, 1]

@@ -17,7 +17,14 @@ import pyarrow as pa
 from mv_assets.api import geneva
 from mv_assets.api.describe import TableDescription, describe_dataset, describe_definition
 from mv_assets.api.query import Query, function_view_definition
-from mv_assets.api.table import PRIMARY_KEY_METADATA_KEY, MaterializedView, Table, check_primary_key, to_arrow_table
+from mv_assets.api.table import (
+    PRIMARY_KEY_METADATA_KEY,
+    MaterializedView,
+    Table,
+    check_primary_key,
+    to_arrow_table,
+    vectors_as_lancedb_makes_them,
+)
 from mv_assets.api.views import View, read_view_definition, remove_view, view_names, write_view_definition
 from mv_assets.execution.spark import Runner, default_runner
 from mv_assets.model.chunker import UDTF, Chunker
@@ -429,6 +436,8 @@ class Connection:
             if deps:
                 raise ValueError(f"cannot overwrite {name!r}: views {deps} are defined over it; drop them first")
         table = to_arrow_table(data if data is not None else [], schema)
+        if schema is None:
+            table = vectors_as_lancedb_makes_them(table)
         names = table.schema.names
         reserved = [n for n in names if is_reserved_name(n)]
         if reserved:

@@ -241,6 +241,30 @@ def to_arrow_table(data: Any, schema: pa.Schema | None = None, *, keep: Collecti
     return table
 
 
+def vectors_as_lancedb_makes_them(table: pa.Table) -> pa.Table:
+    """Rows given without a schema: a column whose name says vector or
+    embedding, lists of floats all of one length, becomes a vector column
+    (``fixed_size_list<float32>[dim]``), as lancedb's ``create_table`` makes
+    it, so it can be indexed and searched. Lists of several lengths stay lists.
+
+    >>> vectors_as_lancedb_makes_them(pa.table({"vector": [[1.0, 2.0], None]})).schema.field("vector").type
+    FixedSizeListType(fixed_size_list<item: float>[2])
+    >>> vectors_as_lancedb_makes_them(pa.table({"vector": [[1.0], [1.0, 2.0]]})).schema.field("vector").type
+    ListType(list<item: double>)
+    """
+    for i, f in enumerate(table.schema):
+        name = f.name.lower()
+        if not (("vector" in name or "embedding" in name) and (pa.types.is_list(f.type) or pa.types.is_large_list(f.type))
+                and pa.types.is_floating(f.type.value_type)):  # pyright: ignore[reportAttributeAccessIssue]
+            continue
+        lengths = pc.unique(pc.drop_null(pc.list_value_length(table.column(i))))  # pyright: ignore[reportAttributeAccessIssue]
+        if len(lengths) != 1 or lengths[0].as_py() == 0:
+            continue
+        to = pa.list_(pa.float32(), lengths[0].as_py())
+        table = table.set_column(i, pa.field(f.name, to, f.nullable, f.metadata), table.column(i).cast(to))
+    return table
+
+
 def _check_distinct_keys(table: pa.Table, on: list[str]) -> None:
     """A merge matches each new row on ``on``: two new rows with one key would
     both match the same row (Lance refuses an ambiguous merge)."""
