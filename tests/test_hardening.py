@@ -11,7 +11,7 @@ from datetime import timedelta
 import lance
 import pyarrow as pa
 import pytest
-from oracle import actual_view, expected_view, shuffle_key
+from oracle import actual_view, changed_rows, count_calls, expected_view, record_call, shuffle_key
 
 import mv_assets as mv
 
@@ -870,3 +870,61 @@ def test_table_api_inputs_as_lancedb_takes_them(tmp_path):
     assert vec.schema.field("vector").type == pa.list_(pa.float32(), 2)
     assert vec.schema.field("ragged_embedding").type == pa.list_(pa.float64())  # lengths differ: a list
     assert [r["id"] for r in vec.search([0.0, 0.0]).limit(2).to_list()] == [0, 1]
+
+
+@mv.udf
+def _restored_calls(x: int) -> int:
+    record_call(os.environ["MV_TEST_CALLS"], "restored", x)
+    return 3 * x
+
+
+@pytest.mark.parametrize("seed", [1, 2, 3])
+def test_a_refresh_after_a_restore_computes_only_what_differs(tmp_path, monkeypatch, seed):
+    """A restore brings back rows with the ids and row versions they had: the
+    refresh after it compared them with the view and computed only rows the
+    view did not hold at their version (it rebuilt the view, every UDF row
+    again: a restore undoing a bad append recomputed the whole table). Random
+    histories of appends, updates, deletes, compactions and restores (ours and
+    plain pylance's), the view equal to pyarrow over the source at its version
+    after every refresh, UDF calls those of the rows whose values differ."""
+    import random
+
+    calls = tmp_path / "calls"
+    calls.mkdir()
+    monkeypatch.setenv("MV_TEST_CALLS", str(calls))
+    rng = random.Random(seed)
+    db = _inline(tmp_path)
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(40)], primary_key="id")
+    view = db.create_materialized_view("v", t.search(None).where("x % 5 != 1").select({"id": "id", "y": _restored_calls}))
+
+    def keep(r):
+        return r["x"] % 5 != 1
+
+    view.refresh()
+    next_id, restores = 40, 0
+    for _ in range(14):
+        step = rng.choice(["add", "update", "delete", "compact", "restore", "restore", "lance_restore", "refresh"])
+        if step == "add":
+            t.add([{"id": next_id + i, "x": rng.randrange(100)} for i in range(rng.randrange(1, 6))])
+            next_id += 6
+        elif step == "update":
+            t.update(where=f"id % 7 = {rng.randrange(7)}", values_sql={"x": "x + 1"})
+        elif step == "delete":
+            t.delete(f"id % 9 = {rng.randrange(9)}")
+        elif step == "compact":
+            t.compact_files()
+        elif step in ("restore", "lance_restore") and t.version > 2:
+            back = rng.randrange(1, t.version)
+            if step == "restore":
+                t.restore(back)
+            else:
+                lance.dataset(t.uri, version=back).restore()
+            restores += 1
+        v0 = view.status().source_version
+        before = count_calls(str(calls), "restored")
+        view.refresh()
+        v1 = view.status().source_version
+        want = expected_view(t.uri, v1, keep, lambda r: {"id": r["id"], "y": 3 * r["x"]})
+        assert actual_view(view) == want, (seed, step)
+        assert count_calls(str(calls), "restored") - before == len(changed_rows(t.uri, v0, v1, keep)), (seed, step)
+    assert restores

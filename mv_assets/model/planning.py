@@ -485,6 +485,9 @@ class History:
 
     breaks_row_ids: str | None = None  # why row ids no longer mean the same rows (an Overwrite...)
     cleaned_up_at: int | None = None  # the newest version whose commit a history cleanup removed
+    # every such commit is a Restore: the rows it brings back carry the ids and row versions
+    # they had (a 1:1 view compares them, as when refreshed back to an older version)
+    restores_only: bool = False
 
 
 def choose_how(

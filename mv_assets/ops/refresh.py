@@ -265,7 +265,7 @@ def read_history(src: lance.LanceDataset, v0: int, v1: int, appends_need_no_base
     ``appends_need_no_base``: when every commit after ``v0`` is an Append, the
     refresh reads nothing of version ``v0`` (the view recorded the source's
     largest fragment id then), so whether ``v0`` was cleaned up is not read."""
-    breaks, cleaned, appends = None, None, v1 > v0
+    breaks, cleaned, appends, restores_only = None, None, v1 > v0, True
     lo, hi = min(v0, v1), max(v0, v1)
     for v in range(hi, lo, -1):  # newest first: the newest removed commit is found first
         try:
@@ -278,12 +278,13 @@ def read_history(src: lance.LanceDataset, v0: int, v1: int, appends_need_no_base
         appends = appends and op == "Append"
         if op in _FULL_OPS:
             breaks = f"source version {v} is an {op}"  # (the last assigned is the first commit)
+            restores_only = restores_only and op == "Restore"
     if cleaned is None and lo >= 1 and not (appends and appends_need_no_base):
         try:
             objects.read_transaction(src, lo)
         except Exception:
             cleaned = lo
-    return History(breaks_row_ids=breaks, cleaned_up_at=cleaned)
+    return History(breaks_row_ids=breaks, cleaned_up_at=cleaned, restores_only=breaks is not None and restores_only)
 
 
 def _scan(
@@ -544,6 +545,12 @@ def _how(view_name: str, definition: ViewDefinition, src: lance.LanceDataset, st
         source_replaced=replaced, view_written=(foreign.replaced, foreign.describe()) if foreign else None,
         scoped_versions=state.scoped_versions,  # (_plan_work takes the rows they wrote into account)
     )
+    if (how == "full" and history.restores_only and reason == history.breaks_row_ids and scope is None
+            and recompute is None):
+        # the restored rows carry the ids and row versions they had: every row is compared and only
+        # those the view does not hold at their version are computed (as after a refresh back to an
+        # older version), not every row again
+        how, reason = "sync", f"{reason}: comparing row versions"
     if how == "sync" and history.cleaned_up_at is not None and v0 is not None:
         chained = _chained_reads(definition, src)
         if chained:  # (their recomputed values carry the markers they had: only the history showed them)
