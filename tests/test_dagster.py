@@ -838,3 +838,53 @@ def test_an_asset_of_ones_own_downstream_of_a_view_runs_in_the_same_run(tmp_path
         assert sorted(m.partition for m in view_mats) == sorted(frags)  # one each, not two
         assert all("rows_computed" in m.materialization.metadata for m in view_mats)
         assert [m.asset_key for m in out.get_asset_materialization_events()].count(K(["export"])) == 1
+
+
+def test_a_cron_views_schedule_before_any_partition_exists_runs_over_the_sources_fragments(tmp_path):
+    """The schedule of a cron view, before the source's sensor added any
+    partition (stopped, or not ticked yet): its run named no partition,
+    refreshed and committed the view, then failed recording it (Dagster:
+    'Cannot access partition_key for a non-partitioned run'), at every tick.
+    It now adds the fragments' partitions and runs over them."""
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(6)], primary_key="id")
+    src.add([{"id": i, "x": i} for i in range(6, 9)])
+    db.create_materialized_view("v", src.search(None).select({"id": "id", "y": double}),
+                                refresh_policy=mv.RefreshPolicy.cron_schedule("*/5 * * * *"))
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    sched = defs.get_repository_def().get_schedule_def("v_schedule")
+    with dg.instance_for_test() as instance:
+        tick = evaluate_schedule(sched, instance=instance, resources=defs.resources)
+        (req,) = tick.run_requests
+        frags = [str(f) for f in src.fragment_ids()]
+        assert instance.get_dynamic_partitions(partitions_def_name("src")) == frags
+        assert (req.tags["dagster/asset_partition_range_start"], req.tags["dagster/asset_partition_range_end"]) == (
+            frags[0], frags[-1])
+        run = defs.resolve_job_def("refresh_src").execute_in_process(
+            instance=instance, asset_selection=req.asset_selection, tags=req.tags, raise_on_error=False)
+        assert run.success
+        mats = instance.fetch_materializations(K(["v"]), limit=10).records
+        assert sorted(r.partition_key for r in mats) == sorted(frags)
+        assert db.open_view("v").status().load_state == "LOADED"
+
+
+def test_a_udf_column_alone_of_a_view_never_refreshed_fails_in_words(tmp_path):
+    """Selecting only a view's UDF column before the view was ever refreshed
+    'succeeded': every row current, recorded for every partition, over an
+    empty view (and an asset downstream ran over nothing)."""
+    db = _catalog(tmp_path / "cat")
+    src = db.open_table("src")
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    lineage = defs.get_repository_def().assets_defs_by_key[K(["v"])]
+    frags = [str(f.fragment_id) for f in lance.dataset(src.uri).get_fragments()]
+    whole = {"dagster/asset_partition_range_start": frags[0], "dagster/asset_partition_range_end": frags[-1]}
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(partitions_def_name("src"), frags)
+        out = dg.materialize([lineage], instance=instance, tags=whole, selection=[K(["v", "y"])], raise_on_error=False)
+        assert not out.success
+        (failure,) = [e for e in out.all_events if e.is_step_failure]
+        assert "'v' was never refreshed: its UDF columns (y) are computed with its rows" in str(
+            failure.step_failure_data.user_failure_data.description)
+        assert instance.fetch_materializations(K(["v", "y"]), limit=10).records == []
+        assert dg.materialize([lineage], instance=instance, tags=whole, selection=[K(["v"]), K(["v", "y"])]).success
+        assert dg.materialize([lineage], instance=instance, tags=whole, selection=[K(["v", "y"])]).success

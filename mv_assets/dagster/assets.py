@@ -1307,6 +1307,8 @@ def _compute(context, info: TableInfo, view, view_key, columns: list[str], fragm
     code changed. The refresh's result (None: none) and the recomputes by column."""
     result = None
     recomputed: dict[str, Any] = {}  # column -> the backfill that recomputed its stale rows
+    if view_key not in context.selected_asset_keys and view.source_version is None:
+        _never_refreshed(info, columns)
     if view_key in context.selected_asset_keys:
         result = _refresh_view(context, info, view, None if whole else fragments, None)
     elif not whole:  # only UDF columns of some partitions: recompute them there
@@ -1327,12 +1329,24 @@ def _compute(context, info: TableInfo, view, view_key, columns: list[str], fragm
     return result, recomputed
 
 
+def _never_refreshed(info: TableInfo, columns: list[str]):
+    """UDF columns materialized alone of a view never refreshed: their rows
+    come with the view's refresh; nothing to record (it said every row was
+    current, over an empty view, and ran the assets downstream over nothing)."""
+    raise dg.Failure(
+        description=f"{info.name!r} was never refreshed: its UDF columns ({', '.join(columns)}) are computed with its "
+                    f"rows. Materialize {info.name!r} itself (the view's asset) first, or with them.",
+        metadata={"view": info.name})
+
+
 def _launch(context, pipes: PipesLauncher, info: TableInfo, view, view_key, columns: list[str],
             fragments: list[int], whole: bool, since: int | None):
     """Through Dagster Pipes: what :func:`_compute` does, in ``python -m
     mv_assets.pipes`` where the client launches it, with the view's selected
     checks. Nothing to do (UDF columns alone, every row current): no launch."""
     refresh = view_key in context.selected_asset_keys or not whole
+    if view_key not in context.selected_asset_keys and view.source_version is None:
+        _never_refreshed(info, columns)
     stale = [n for n in columns if view.plan_backfill(n).rows] if whole else []
     if not refresh and not stale:
         return None, {}, None

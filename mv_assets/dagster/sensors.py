@@ -588,9 +588,15 @@ def view_schedule(view: TableInfo, pdef, keys: list[dg.AssetKey], status, job=No
             return dg.SkipReason(decision.reason)
         tags = {TAG_SCOPE: "changes", "mv_assets/policy": "cron"}
         if pdef is not None:
-            parts = context.instance.get_dynamic_partitions(pdef.name)
-            if parts:
-                tags.update(_range_tags(list(parts)))
+            parts = list(context.instance.get_dynamic_partitions(pdef.name))
+            if not parts:
+                # (the source's sensor adds its fragments as partitions: stopped, or not ticked yet, it has not:
+                # a run naming none would refresh the view and fail recording it)
+                parts = [str(f) for f in db.open_table(view.root).fragment_ids()]
+                if not parts:
+                    return dg.SkipReason(f"{view.root!r} has no fragments (no rows): nothing to refresh")
+                context.instance.add_dynamic_partitions(pdef.name, parts)
+            tags.update(_range_tags(parts))
         return dg.RunRequest(asset_selection=keys, tags=tags)
 
     return _schedule
