@@ -1011,9 +1011,12 @@ class Table(Indexed):
         self, data: "str | list[str] | tuple[str, ...]") -> "MergeInsertBuilder": ...
 
     @overload
+    def merge_insert(self, *, on: "str | list[str] | tuple[str, ...]") -> "MergeInsertBuilder": ...
+
+    @overload
     def merge_insert(self, data: Any) -> int: ...
 
-    def merge_insert(self, data: Any) -> "int | MergeInsertBuilder":
+    def merge_insert(self, data: Any = None, *, on: Any = None) -> "int | MergeInsertBuilder":
         """Upsert by primary key: rows whose key exists replace that row's
         values (the row keeps its stable row id, so views see an update),
         the others are added. Computed columns of replaced rows become stale
@@ -1022,8 +1025,16 @@ class Table(Indexed):
         ``merge_insert("id")`` (a column name, or a list of them) is lancedb's
         (and so Geneva's) builder instead: ``.when_matched_update_all(where=)``,
         ``.when_not_matched_insert_all()``, ``.when_not_matched_by_source_delete()``,
-        then ``.execute(new_data)`` (see :class:`MergeInsertBuilder`).
+        then ``.execute(new_data)`` (see :class:`MergeInsertBuilder`); ``on=`` names them as lancedb's keyword.
         """
+        if on is not None:
+            if data is not None:
+                raise ValueError("merge_insert: give the rows, or on= (the columns to match, for the builder), not both")
+            if not (isinstance(on, str) or (isinstance(on, list | tuple) and on and all(isinstance(c, str) for c in on))):
+                raise ValueError(f"merge_insert(on=...) takes a column name or a list of them, got {on!r}")
+            data = on
+        if data is None:
+            raise ValueError("merge_insert needs rows (an upsert by primary key) or the columns to match on (the builder)")
         if isinstance(data, str) or (isinstance(data, list | tuple) and data
                                      and all(isinstance(c, str) for c in data)):
             return MergeInsertBuilder(self, [data] if isinstance(data, str) else list(data))
