@@ -870,6 +870,9 @@ def test_table_api_inputs_as_lancedb_takes_them(tmp_path):
     assert vec.schema.field("vector").type == pa.list_(pa.float32(), 2)
     assert vec.schema.field("ragged_embedding").type == pa.list_(pa.float64())  # lengths differ: a list
     assert [r["id"] for r in vec.search([0.0, 0.0]).limit(2).to_list()] == [0, 1]
+    with pytest.raises(ValueError, match=r"No field named nope.*\('items' has the columns id, name\)"):
+        t.search().select(["id", "nope"]).to_list()
+    assert t.search().select({"n": "NAME", "t": "true"}).limit(1).to_list() == [{"n": "n0", "t": True}]
     # lancedb's keyword for the builder's columns
     vec.merge_insert(on="id").when_matched_update_all().execute([{"id": 1, "vector": [9.0, 9.0]}])
     assert [r["vector"] for r in vec.search().where("id = 1").to_list()] == [[9.0, 9.0]]

@@ -266,7 +266,14 @@ class Query:
             seed=self._seed,
             limit=self._limit,
         )
-        output_schema(definition, ds)  # raises ValueError on bad SQL / columns
+        try:
+            output_schema(definition, ds)  # raises ValueError on bad SQL / columns
+        except ValueError as exc:
+            if "No field named" not in str(exc):
+                raise
+            # (DataFusion lists the fields of the projection it planned: the table's own, said in full)
+            shown = [n for n in source_schema.names if not is_marker(n) and not is_reserved_name(n)]
+            raise ValueError(f"{exc} ({self._table.name!r} has the columns {', '.join(shown)})") from None
         return definition
 
     @property
