@@ -1307,7 +1307,7 @@ def _compute(context, info: TableInfo, view, view_key, columns: list[str], fragm
     code changed. The refresh's result (None: none) and the recomputes by column."""
     result = None
     recomputed: dict[str, Any] = {}  # column -> the backfill that recomputed its stale rows
-    if view_key not in context.selected_asset_keys and view.source_version is None:
+    if view_key not in context.selected_asset_keys and view.refresh_state().load_number == 0:
         _never_refreshed(info, columns)
     if view_key in context.selected_asset_keys:
         result = _refresh_view(context, info, view, None if whole else fragments, None)
@@ -1345,7 +1345,7 @@ def _launch(context, pipes: PipesLauncher, info: TableInfo, view, view_key, colu
     mv_assets.pipes`` where the client launches it, with the view's selected
     checks. Nothing to do (UDF columns alone, every row current): no launch."""
     refresh = view_key in context.selected_asset_keys or not whole
-    if view_key not in context.selected_asset_keys and view.source_version is None:
+    if view_key not in context.selected_asset_keys and view.refresh_state().load_number == 0:
         _never_refreshed(info, columns)
     stale = [n for n in columns if view.plan_backfill(n).rows] if whole else []
     if not refresh and not stale:
