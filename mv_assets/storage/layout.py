@@ -246,8 +246,14 @@ class Lease:
         if self._beat is not None:  # a renewal in flight would write the record back after the removal
             self._beat.join()
         got = objects.get_tagged(self.uri)
-        if got is not None and got[1] == self._tag:  # still the record this holder wrote last
+        if got is not None and (got[1] == self._tag or self._owns(got[0])):  # still this holder's record
             objects.remove(self.uri)
+
+    def _owns(self, raw: bytes) -> bool:
+        try:
+            return json.loads(raw).get("owner") == self.owner
+        except ValueError:
+            return False
 
     @contextlib.contextmanager
     def held(self):
