@@ -370,3 +370,26 @@ def test_plan_of_a_view_column_after_a_failed_one_pass_backfill_counts_its_check
     assert count_calls(call_log, "square") == before + plan.rows_to_compute
     assert sorted((r["id"], r["q"]) for r in view.to_arrow().to_pylist()) == [(i, i * i) for i in range(N)]
     assert view.plan_backfill("q").rows == 0
+
+
+@pytest.mark.parametrize("rerun", ["t.backfill('y')", "t.backfill('y', checkpoint_size=40)"])
+def test_a_killed_staged_backfill_run_again_with_other_arguments_resumes(tmp_path, call_log, rerun):
+    """A backfill killed with checkpoint_size=25, run again with the defaults
+    (one pass) or another checkpoint_size: its results are kept by batches of
+    25 rows, which only a rerun of that size finds, so every row was computed
+    again (the README's 'kill it, run it again: nothing lost'). The rerun now
+    takes the interrupted run's batch size (with a warning when another one
+    was asked), and the plan counts its rows."""
+    db, t = _catalog(tmp_path / "cat", call_log)
+    before = _killed_after_300_calls(db, f"db.open_table('t').backfill('y', checkpoint_size={BATCH})", call_log)
+    plan = t.plan_backfill("y")
+    assert plan.rows == N and before - BATCH <= plan.rows_checkpointed <= before
+    if "40" in rerun:
+        with pytest.warns(UserWarning, match="resuming them with checkpoint_size=25, not 40"):
+            result = t.backfill("y", checkpoint_size=40)
+    else:
+        result = t.backfill("y")
+    _check_complete(t)
+    assert count_calls(call_log, "triple") - N <= BATCH  # the batch in flight, at most
+    assert result.rows_resumed >= before - BATCH
+    assert t.plan_backfill("y").rows == 0 and t.backfill("y").udf_rows_computed == 0

@@ -49,6 +49,7 @@ import hashlib
 import json
 import time
 import uuid
+import warnings
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -394,6 +395,13 @@ def plan_backfill(
     specs = _backfill_specs(table, column, udf)
     if checkpoint_size is None and specs[0].udf is not None:  # @udf(checkpoint_size=): the column's default
         checkpoint_size = checkpoint_size_of(specs[0].udf)
+    left = _interrupted_batch_size(table, specs)
+    if left is not None and left != checkpoint_size:
+        # an interrupted staged run's results are kept by batches of its size: resumed only in those
+        if checkpoint_size is not None:
+            warnings.warn(f"backfill of {column!r}: an interrupted backfill left results in batches of {left} rows; "
+                          f"resuming them with checkpoint_size={left}, not {checkpoint_size}", stacklevel=3)
+        checkpoint_size = left
     if task_size is None and specs[0].udf is not None:  # @udf(task_size=): the column's default
         task_size = task_size_of(specs[0].udf)
     one_pass = checkpoint_size is None and _fused(table, specs)
@@ -421,6 +429,20 @@ def plan_backfill(
     if one_pass:  # a view's: its rows sorted by view address, a task per group of view fragments
         return _one_pass_view_plan(plan, table, specs, plan_rows, parallelism, task_size)
     return _staged_plan(plan, table, specs, plan_rows, markers, checkpoint_size, max_rows_per_task, task_size)
+
+
+_STAGED = "staged.json"  # beside a staged run's batch checkpoints: their batch size
+
+
+def _interrupted_batch_size(table: Ref, specs: list) -> int | None:
+    """The batch size of an interrupted staged backfill of these columns (its
+    results are kept by batches of that size), None without one."""
+    raw = objects.read_text(objects.join(table.layout.column_checkpoints(table.name, specs[0].fingerprint), _STAGED))
+    try:
+        size = json.loads(raw)["checkpoint_size"] if raw else None
+    except (ValueError, KeyError, TypeError):
+        return None
+    return size if isinstance(size, int) and not isinstance(size, bool) and size > 0 else None
 
 
 def _check_backfill_args(checkpoint_size: int | None, max_rows_per_task: int, task_size: int | None,
@@ -1132,6 +1154,9 @@ def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: s
     assert plan.plan_rows is not None  # a plan with rows has its row table
     assert plan.checkpoint_size is not None  # a staged plan has its batch size
     objects.write_arrow(plan_path, plan.plan_rows)
+    staged = objects.join(plan.checkpoint_dir, _STAGED)  # a rerun with other arguments resumes these batches
+    if not plan.targeted:
+        objects.write_text(staged, json.dumps({"checkpoint_size": plan.checkpoint_size}))
     shared = json.dumps({
         "specs": [c.to_json() for c in plan.specs],
         "checkpoint_dir": plan.checkpoint_dir,
@@ -1166,6 +1191,8 @@ def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: s
     finally:
         objects.remove(plan_path)
     CheckpointStore(plan.checkpoint_dir).remove(plan.batch_keys)  # committed: the checkpoints are spent
+    if not plan.targeted:
+        objects.remove(staged)
     done = time.perf_counter()
     failed_ids = {e["row_id"] for e in errors}
     return BackfillResult(
