@@ -23,7 +23,7 @@ import warnings
 from collections.abc import Callable, Collection
 from contextlib import contextmanager
 from datetime import timedelta
-from typing import Any
+from typing import Any, NoReturn
 
 import dagster as dg
 from dagster._core.definitions.data_version import DATA_VERSION_TAG  # not exported by dagster
@@ -999,11 +999,9 @@ def lineage_asset(table: TableInfo, tree: list[TableInfo], tables: dict[str, Tab
             yield from _run_column_checks(context, info, row_keys[info.name], wanted)
         yield from _outputs(context, order)
 
-    order = [*column_keys.values()]  # lineage order: Dagster wants outputs upstream first
-    for info in tree:
-        view_key, col_keys = views[info.name]
-        order += [view_key, *col_keys.values(), *row_keys[info.name].values()]
     keys = {name: [vk, *cols.values(), *row_keys[name].values()] for name, (vk, cols) in views.items()}
+    # lineage order (Dagster wants outputs upstream first): the table's columns, then each view's assets
+    order = [*column_keys.values(), *(k for info in tree for k in keys[info.name])]
     return _refresh, keys, list(column_keys.values())
 
 
@@ -1259,6 +1257,8 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
         context.log.info(f"{info.name}: recording {len(keys)} partition(s) as the view holds them (refreshed "
                          "outside the runs that named them); not refreshed")
         result, recomputed = None, {}
+    elif view_key not in context.selected_asset_keys and view.refresh_state().load_number == 0:
+        _never_refreshed(info, columns)
     elif pipes is None:
         result, recomputed = _compute(context, info, view, view_key, columns, fragments, whole)
     else:
@@ -1307,8 +1307,6 @@ def _compute(context, info: TableInfo, view, view_key, columns: list[str], fragm
     code changed. The refresh's result (None: none) and the recomputes by column."""
     result = None
     recomputed: dict[str, Any] = {}  # column -> the backfill that recomputed its stale rows
-    if view_key not in context.selected_asset_keys and view.refresh_state().load_number == 0:
-        _never_refreshed(info, columns)
     if view_key in context.selected_asset_keys:
         result = _refresh_view(context, info, view, None if whole else fragments, None)
     elif not whole:  # only UDF columns of some partitions: recompute them there
@@ -1329,7 +1327,7 @@ def _compute(context, info: TableInfo, view, view_key, columns: list[str], fragm
     return result, recomputed
 
 
-def _never_refreshed(info: TableInfo, columns: list[str]):
+def _never_refreshed(info: TableInfo, columns: list[str]) -> NoReturn:
     """UDF columns materialized alone of a view never refreshed: their rows
     come with the view's refresh; nothing to record (it said every row was
     current, over an empty view, and ran the assets downstream over nothing)."""
@@ -1345,8 +1343,6 @@ def _launch(context, pipes: PipesLauncher, info: TableInfo, view, view_key, colu
     mv_assets.pipes`` where the client launches it, with the view's selected
     checks. Nothing to do (UDF columns alone, every row current): no launch."""
     refresh = view_key in context.selected_asset_keys or not whole
-    if view_key not in context.selected_asset_keys and view.refresh_state().load_number == 0:
-        _never_refreshed(info, columns)
     stale = [n for n in columns if view.plan_backfill(n).rows] if whole else []
     if not refresh and not stale:
         return None, {}, None

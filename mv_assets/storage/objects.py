@@ -665,8 +665,7 @@ def _local_guard(path: str):
 def get_tagged(uri: str) -> tuple[bytes, str] | None:
     """The object's bytes and a tag that changes with every write of it (its
     e-tag; a local file's size, inode and modification time), or None when
-    there is none: what :func:`put_tagged` and :func:`remove_tagged` are
-    conditional on."""
+    there is none: what :func:`put_tagged` is conditional on."""
     if is_local(uri):
         path = _local_path(uri)
         with _local_guard(path):
