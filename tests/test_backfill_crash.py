@@ -393,3 +393,23 @@ def test_a_killed_staged_backfill_run_again_with_other_arguments_resumes(tmp_pat
     assert count_calls(call_log, "triple") - N <= BATCH  # the batch in flight, at most
     assert result.rows_resumed >= before - BATCH
     assert t.plan_backfill("y").rows == 0 and t.backfill("y").udf_rows_computed == 0
+
+
+def test_a_killed_one_pass_backfill_run_again_with_a_checkpoint_size_resumes(tmp_path, call_log):
+    """The reverse: a one-pass backfill (checkpoints by row, sized by time)
+    killed part way, run again with checkpoint_size=40: the staged rerun
+    looked its batches up by key, found none, and computed every row again.
+    It now resumes in one pass (with a warning), as the plan counts."""
+    db, t = _catalog(tmp_path / "cat", call_log)
+    before = _killed_after_300_calls(db, "db.open_table('t').backfill('y')", call_log)
+    with pytest.warns(UserWarning, match="resuming them in one pass, not in batches of checkpoint_size=40"):
+        plan = t.plan_backfill("y", checkpoint_size=40)
+    assert plan.one_pass and 0 < plan.rows_checkpointed <= before
+    with pytest.warns(UserWarning, match="checkpointed by row"):
+        result = t.backfill("y", checkpoint_size=40)
+    _check_complete(t)
+    assert result.rows_resumed == plan.rows_checkpointed
+    assert count_calls(call_log, "triple") == before + N - plan.rows_checkpointed
+    assert t.plan_backfill("y").rows == 0
+    t.add([{"id": N + i, "x": N + i} for i in range(3)])  # (spent: later backfills with a size are staged again)
+    assert not t.plan_backfill("y", checkpoint_size=40).one_pass

@@ -402,6 +402,11 @@ def plan_backfill(
             warnings.warn(f"backfill of {column!r}: an interrupted backfill left results in batches of {left} rows; "
                           f"resuming them with checkpoint_size={left}, not {checkpoint_size}", stacklevel=3)
         checkpoint_size = left
+    elif left is None and checkpoint_size is not None and _fused(table, specs) and _row_checkpoints_left(table, specs):
+        # an interrupted one-pass run's results are kept by row identity: its tasks find them, batches do not
+        warnings.warn(f"backfill of {column!r}: an interrupted backfill left results checkpointed by row; resuming "
+                      f"them in one pass, not in batches of checkpoint_size={checkpoint_size}", stacklevel=3)
+        checkpoint_size = None
     if task_size is None and specs[0].udf is not None:  # @udf(task_size=): the column's default
         task_size = task_size_of(specs[0].udf)
     one_pass = checkpoint_size is None and _fused(table, specs)
@@ -540,6 +545,11 @@ def _row_checkpoints(table: Ref, specs: list[ColumnSpec]) -> list:
         except FileNotFoundError:
             continue
     return files
+
+
+def _row_checkpoints_left(table: Ref, specs: list[ColumnSpec]) -> bool:
+    """Whether an interrupted one-pass backfill of these columns left row checkpoints (one listing)."""
+    return bool(RowStore(_one_pass_rows_dir(table, specs), specs).store.keys())
 
 
 def _rows_checkpointed_by_identity(files: list, plan_rows: pa.Table) -> int:
