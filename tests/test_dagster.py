@@ -3,6 +3,7 @@
 import os
 import subprocess
 import sys
+from typing import Any
 
 import dagster as dg
 import lance
@@ -838,6 +839,95 @@ def test_an_asset_of_ones_own_downstream_of_a_view_runs_in_the_same_run(tmp_path
         assert sorted(m.partition for m in view_mats) == sorted(frags)  # one each, not two
         assert all("rows_computed" in m.materialization.metadata for m in view_mats)
         assert [m.asset_key for m in out.get_asset_materialization_events()].count(K(["export"])) == 1
+
+
+def test_an_asset_of_ones_own_loads_a_view_a_column_or_a_table_by_parameter(tmp_path):
+    """``def export(v)`` (or ``AssetIn`` of a UDF column's key, or of the source
+    table): the parameter is the view's (the table's) handle. It failed: the
+    catalog's assets were Nothing-typed outputs, which Dagster cannot load
+    ("dagster_type Nothing"), so only ``deps=`` worked. Loaded in the view's
+    run and in a run of its own; nothing is stored through the IO manager and
+    the view is still recorded once per partition."""
+    db = _catalog(tmp_path / "cat")
+    src = db.open_table("src")
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    repo = defs.get_repository_def()
+    lineage = repo.assets_defs_by_key[K(["v"])]
+    source = repo.source_assets_by_key[K(["src"])]
+    seen: dict[str, Any] = {}
+
+    @dg.asset
+    def export(v: mv.MaterializedView, w) -> None:
+        seen["export"] = (type(v).__name__, sorted(v.to_arrow().column("id").to_pylist()), w.name)
+
+    @dg.asset(ins={"column": dg.AssetIn(key=K(["v", "y"])), "table": dg.AssetIn(key=K(["src"]))})
+    def by_column(column, table) -> None:
+        seen["by_column"] = (column.name, sorted(column.to_arrow().column("y").to_pylist()), type(table).__name__,
+                             table.count_rows())
+
+    frags = [str(f.fragment_id) for f in lance.dataset(src.uri).get_fragments()]
+    whole = {"dagster/asset_partition_range_start": frags[0], "dagster/asset_partition_range_end": frags[-1]}
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(partitions_def_name("src"), frags)
+        out = dg.materialize([lineage, source, export, by_column], instance=instance, tags=whole,
+                             selection=[K(["v"]), K(["v", "y"]), K(["w"]), K(["export"]), K(["by_column"])])
+        assert out.success
+        assert seen["export"] == ("MaterializedView", [0, 1, 2, 4, 5, 6, 7, 8, 9], "w")
+        assert seen["by_column"] == ("v", [0, 2, 4, 8, 10, 12, 14, 16, 18], "Table", 10)
+        view_mats = [m for m in out.get_asset_materialization_events() if m.asset_key == K(["v"])]
+        assert sorted(m.partition for m in view_mats) == sorted(frags)  # one each, not two
+        src.add([{"id": 10, "x": 10}])
+        db.open_view("v").refresh()
+        seen.clear()
+        out = dg.materialize([lineage, source, export], instance=instance, selection=[K(["export"])])
+        assert out.success and seen["export"][1] == [0, 1, 2, 4, 5, 6, 7, 8, 9, 10]  # (its latest version)
+
+    @dg.asset(io_manager_key="mv_assets_io_manager")
+    def mine() -> int:
+        return 3
+
+    with dg.instance_for_test() as instance:
+        out = dg.materialize([mine], instance=instance, resources=defs.resources, raise_on_error=False)
+        assert not out.success
+        (failure,) = [e for e in out.all_events if e.is_step_failure]
+        assert "mv_assets_io_manager stores nothing" in str(failure.step_failure_data.error)
+
+
+def test_a_udf_column_alone_after_a_source_change_records_the_views_partition_it_refreshed(tmp_path):
+    """The UDF column of one partition materialized alone after the source
+    changed: its refresh brings the view's rows in that partition to the new
+    source version too. The column recorded the view's new data version as its
+    input, and the view's partition kept its old record (a data version the
+    view never recorded). The view's partition is now recorded as well; a
+    recompute over an unchanged source records the column alone."""
+    from dagster._core.definitions.data_version import DATA_VERSION_TAG
+
+    db = _catalog(tmp_path / "cat")
+    src = db.open_table("src")
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    lineage = defs.get_repository_def().assets_defs_by_key[K(["v"])]
+    frags = [str(f.fragment_id) for f in lance.dataset(src.uri).get_fragments()]
+    whole = {"dagster/asset_partition_range_start": frags[0], "dagster/asset_partition_range_end": frags[-1]}
+
+    def latest(key, partition):  # (records come newest first)
+        rec = next(r for r in instance.fetch_materializations(key, limit=100).records if r.partition_key == partition)
+        return rec.asset_materialization, rec.run_id
+
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(partitions_def_name("src"), frags)
+        assert dg.materialize([lineage], instance=instance, tags=whole, selection=[K(["v"]), K(["v", "y"])]).success
+        src.update(where="id = 0", values={"x": 100})
+        out = dg.materialize([lineage], instance=instance, partition_key=frags[0], selection=[K(["v", "y"])])
+        assert out.success
+        column, run = latest(K(["v", "y"]), frags[0])
+        view, view_run = latest(K(["v"]), frags[0])
+        assert view_run == run == out.run_id  # (it was the first run's)
+        assert column.tags["dagster/input_data_version/v"] == view.tags[DATA_VERSION_TAG]
+        assert view.metadata["source_version"].value == src.version
+        assert latest(K(["v"]), frags[1])[1] != out.run_id  # (the other partition: not refreshed)
+        out = dg.materialize([lineage], instance=instance, partition_key=frags[0], selection=[K(["v", "y"])])
+        assert out.success and latest(K(["v", "y"]), frags[0])[1] == out.run_id
+        assert latest(K(["v"]), frags[0])[1] == view_run  # (nothing changed under it: the column alone)
 
 
 def test_a_cron_views_schedule_before_any_partition_exists_runs_over_the_sources_fragments(tmp_path):

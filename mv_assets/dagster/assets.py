@@ -37,6 +37,7 @@ from mv_assets.api.declare import apply as apply_declared
 from mv_assets.api.declare import reconcile
 from mv_assets.api.table import MaterializedView, Table
 from mv_assets.dagster.catalog import TableInfo
+from mv_assets.dagster.io_manager import IO_MANAGER_KEY
 from mv_assets.dagster.pipes_client import PipesLauncher, launch_view
 from mv_assets.dagster.resource import MvAssetsResource
 from mv_assets.model.agg_view import agg_text
@@ -288,6 +289,7 @@ def source_asset(info: TableInfo, pdef=None):
         metadata=_table_metadata(info),
         tags={"dagster/kind/lance": ""},
         partitions_def=pdef,
+        io_manager_key=IO_MANAGER_KEY,  # (a parameter named after it gets the Table)
     )
     def _observe(context, mv_assets: MvAssetsResource):
         table = mv_assets.reader().open_table(info.name)
@@ -724,7 +726,7 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo], conditions: bool 
             automation_condition=condition,
             group_name=group,
             skippable=True,
-        )
+        ).with_io_manager_key(IO_MANAGER_KEY)  # (a parameter named after it gets the view)
     ]
     col_keys = {}
     for col in info.udf_columns:
@@ -750,7 +752,7 @@ def _view_specs(info: TableInfo, tables: dict[str, TableInfo], conditions: bool 
                 automation_condition=condition,
                 group_name=group,
                 skippable=True,
-            )
+            ).with_io_manager_key(IO_MANAGER_KEY)
         )
     return specs, _view_check_specs(info, view_key, col_keys), view_key, col_keys
 
@@ -899,7 +901,7 @@ def _column_specs(info: TableInfo, condition: dg.AutomationCondition | None = No
                 group_name=safe_name(info.name) if info.is_view else "sources",
                 automation_condition=condition,
                 skippable=True,
-            )
+            ).with_io_manager_key(IO_MANAGER_KEY)
         )
         checks += [dg.AssetCheckSpec(n, asset=key, description=COLUMN_CHECK_DESCRIPTIONS[n])
                    for n in COLUMN_CHECK_NAMES if udf or n == "values_current"]
@@ -1445,7 +1447,13 @@ def _record_run(
     are not counted per source fragment. ``unchanged``: partitions whose rows
     the run left as they were, with the data version each keeps
     (:func:`_unchanged_partitions`)."""
-    selected = context.selected_asset_keys
+    selected = set(context.selected_asset_keys)
+    # UDF columns of some partitions selected alone: their refresh brought the view's rows there to the
+    # source's version; the view's partitions whose data version that moved are recorded too (below)
+    along = _view_recorded(context, view_key, keys) if (
+        view_key not in selected and not whole and result is not None and keys) else None
+    if along is not None:
+        selected.add(view_key)
     view_scope = SCOPE_CHANGES if whole else SCOPE_FRAGMENTS
     base_md, run_md, computed_key = _run_metadata(info, view, result, duration)
     # rows by source fragment: a partition's own only for views refreshed per fragment
@@ -1476,7 +1484,10 @@ def _record_run(
     for key_str, fid in zip(keys, fragments, strict=True):
         inputs, pointers, held = partition_inputs(fid, key_str)
         held = (unchanged or {}).get(key_str, held)
-        if view_key in selected:
+        if view_key in selected and (along is None or along.get(key_str) != held):
+            if along is not None:
+                context.log.info(f"{info.name}: partition {key_str} refreshed with {', '.join(columns)} (its source "
+                                 f"fragment's data version {held}): recorded for the view too")
             part_md = {**view_md, "source_fragment": fid, **index_md}
             if unchanged:
                 part_md["rows_changed"] = key_str not in unchanged
@@ -1489,6 +1500,13 @@ def _record_run(
             tags = _version_tags(fingerprints[name], f"{held}@{fingerprints[name]}", {view_key: held})
             _record(context, col_keys[name], key_str, column_md(name, fid), tags, batch)
     _record_batch(context, batch)
+
+
+def _view_recorded(context, view_key, keys: list[str]) -> dict[str, str | None]:
+    """The data version last recorded for each of the view's partitions ``keys``."""
+    had = context.instance.event_log_storage.get_latest_tags_by_partition(
+        view_key, DagsterEventType.ASSET_MATERIALIZATION, [DATA_VERSION_TAG], asset_partitions=keys)
+    return {k: had.get(k, {}).get(DATA_VERSION_TAG) for k in keys}
 
 
 def _run_inputs(

@@ -23,6 +23,7 @@ from mv_assets.dagster.assets import (
     unreadable_asset,
 )
 from mv_assets.dagster.catalog import TableInfo, catalog_tables
+from mv_assets.dagster.io_manager import IO_MANAGER_KEY, MvAssetsIOManager
 from mv_assets.dagster.pipes_client import as_pipes_launcher
 from mv_assets.dagster.resource import MvAssetsResource
 from mv_assets.dagster.sensors import JoinWatch, lineage_order, observe_sensor, table_sensor, view_schedule
@@ -201,7 +202,7 @@ def build_definitions(
         jobs=list(jobs.values()) + check_jobs,
         sensors=sensors,
         schedules=schedules,
-        resources={RESOURCE_KEY: resource},
+        resources={RESOURCE_KEY: resource, IO_MANAGER_KEY: MvAssetsIOManager(mv_assets=resource)},
         executor=dg.in_process_executor,
     )
 
