@@ -1451,7 +1451,7 @@ def _record_run(
     # UDF columns of some partitions selected alone: their refresh brought the view's rows there to the
     # source's version; the view's partitions whose data version that moved are recorded too (below)
     along = _view_recorded(context, view_key, keys) if (
-        view_key not in selected and not whole and result is not None and keys) else None
+        view_key not in selected and not whole and keys and _moved(result)) else None
     if along is not None:
         selected.add(view_key)
     view_scope = SCOPE_CHANGES if whole else SCOPE_FRAGMENTS
@@ -1500,6 +1500,12 @@ def _record_run(
             tags = _version_tags(fingerprints[name], f"{held}@{fingerprints[name]}", {view_key: held})
             _record(context, col_keys[name], key_str, column_md(name, fid), tags, batch)
     _record_batch(context, batch)
+
+
+def _moved(result) -> bool:
+    """Whether a refresh went to another source version than the view's (its
+    rows updated count the UDF values recomputed: not a sign)."""
+    return result is not None and result.from_version != result.to_version
 
 
 def _view_recorded(context, view_key, keys: list[str]) -> dict[str, str | None]:
