@@ -561,6 +561,47 @@ def test_an_explicit_backfill_of_a_sql_column_failing_on_rows_names_them(db):
     assert {s["column"]: s["stale"] for s in t.column_status()} == {"n": 1}
 
 
+def test_a_udf_backfill_failing_after_some_groups_committed_says_so_and_its_job_failed(db):
+    """backfill(commit_granularity=1) whose UDF fails (on_error="fail") in the
+    last of four fragments: three groups committed. Its error said "Nothing
+    was committed", and its job read DONE with no error (its commits made it
+    a job that completed; the row that stopped it was taken for a skipped
+    one). The error now says what stands, and the job is FAILED after its
+    commits. A backfill skipping rows (on_error="skip") stays DONE."""
+    t = db.create_table("t", [{"id": i} for i in range(10)], primary_key="id")
+    for k in range(1, 4):
+        lance.write_dataset(pa.table({"id": pa.array(range(10 * k, 10 * k + 10), pa.int64())}), t.uri, mode="append")
+
+    @mv.udf
+    def c(id: int) -> int:
+        if id == 35:
+            raise ValueError("boom at 35")
+        return id
+
+    t.add_columns({"c": c})
+    before = t.version
+    with pytest.raises(mv.UdfError, match=r"The 3 commit\(s\) of this backfill before it stand .*30 rows of 3 of "
+                                          r"its 4 fragments\); the rest was not committed"):
+        t.backfill("c", commit_granularity=1)
+    assert t.version == before + 3
+    (job,) = db.list_jobs()
+    assert (str(job.status), job.error, job.metric("rows")) == ("FAILED", "ValueError: boom at 35", 30)
+    assert job.events[-1].endswith("Job failed after 3 commit(s) (they stand): ValueError: boom at 35")
+    with pytest.raises(mv.UdfError, match="Nothing was committed"):  # (its first group fails: nothing stands)
+        t.backfill("c", commit_granularity=1)
+
+    @mv.udf(on_error="skip")
+    def d(id: int) -> int:
+        if id % 10 == 5:
+            raise ValueError("skipped")
+        return id
+
+    t.add_columns({"d": d})
+    done = t.backfill("d", commit_granularity=1)
+    job = next(j for j in db.list_jobs() if j.job_id == done.job_id)
+    assert (str(job.status), job.metric("errors"), job.error) == ("DONE", 4, None)
+
+
 def test_a_sql_column_a_view_cannot_compute_for_some_rows_is_refused_before_it_is_added(db):
     """add_columns() of a SQL column to a view whose expression fails on some
     of the rows it selects (its refreshes evaluate it on them: a full one

@@ -1109,7 +1109,17 @@ def _backfill_locked(table: Ref, column: str, key: str, args: dict, runner: "Run
             group = [f for f in groups[lo:lo + commit_granularity] if f in present]  # rows wait for the next one)
             if group:
                 part = plan_backfill(table, column, fragments=group, **args)
-                results.append(_by_fragment(execute_backfill(table, part, runner, job_id, checkpoint_seconds), part))
+                try:
+                    done = execute_backfill(table, part, runner, job_id, checkpoint_seconds)
+                except UdfError as exc:
+                    versions = [r.version for r in results if r.version is not None]
+                    if versions:  # (the groups before it stand: say so, not "nothing was committed")
+                        exc.committed = (f"The {len(versions)} commit(s) of this backfill before it stand (version "
+                                         f"{versions[-1]}: {sum(r.rows_written for r in results):,} rows of "
+                                         f"{len(groups[:lo])} of its {len(groups)} fragments); the rest was not "
+                                         "committed")
+                    raise
+                results.append(_by_fragment(done, part))
         if plan.one_pass and not plan.targeted:
             objects.remove_tree(_one_pass_rows_dir(table, plan.specs))  # committed: the checkpointed results are spent
         return _combined(results, plan)

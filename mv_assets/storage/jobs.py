@@ -24,7 +24,7 @@ import datetime as dt
 import enum
 import json
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from mv_assets.storage import objects
@@ -260,6 +260,24 @@ def _refresh_state(layout: Layout, view: str) -> JobRecord | None:
                       error=None if running else (record.get("last_error") or "the refreshing process is gone"))
 
 
+def _failed_after_commits(job: JobRecord, errors: list) -> JobRecord:
+    """A committed job with error records: rows it skipped (its commits count
+    them), or, for a backfill committing group by group (``commit_granularity``),
+    also the row that stopped it after some groups committed (one more than
+    its commits count): then it failed. (A refresh run again after a failure
+    keeps its job id, and its commit counts only its own skipped rows: not
+    told apart here.)"""
+    if job.job_type != "backfill" or job.status != DONE or len(errors) <= (job.metric("errors", 0) or 0):
+        return job
+    last = errors[-1]
+    at = last.created_at if isinstance(last.created_at, dt.datetime) else job.completed_at
+    error = f"{last.error_type}: {last.message}"
+    commits = sum(1 for e in job.events if "committed version" in e)
+    events = [*job.events[:-1], f"{_stamp(at)}Job failed after {commits} commit(s) (they stand): {error}"]
+    return replace(job, status=FAILED, completed_at=at, error=error, events=events,
+                   updated_at=max((t for t in (job.updated_at, at) if t is not None), default=None))
+
+
 def job_records(layout: Layout, tables: list[str], views: list[str]) -> list[JobRecord]:
     """Every job the catalog has a record of for ``tables`` (and ``views``,
     a subset of them: their refreshes), oldest first."""
@@ -279,7 +297,8 @@ def job_records(layout: Layout, tables: list[str], views: list[str]) -> list[Job
             failed.setdefault((e.table, e.job_id), []).append(e)
     for key, errors in failed.items():
         if key in jobs:
-            continue  # rows skipped by a job that committed (counted in its metrics)
+            jobs[key] = _failed_after_commits(jobs[key], errors)
+            continue
         first = errors[0]
         at = first.created_at if isinstance(first.created_at, dt.datetime) else None
         refresh = first.job_id.startswith("refresh-")
