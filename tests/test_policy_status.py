@@ -794,3 +794,39 @@ def test_stale_rows_after_fragment_scoped_refreshes_and_a_compaction_are_those_l
     assert v.status().stale_count == _left(v) == 10
     v.refresh()
     assert (v.status().stale_count, v.status().versions_behind) == (0, 0)
+
+
+def test_stale_rows_count_a_restore_and_a_backfill_of_a_column_the_view_reads(db):
+    """Rows changed with no row version moving: a restore of the source
+    (pylance's, bringing back 40 deleted rows) and a backfill of a computed
+    column the view reads (its filter). The status said 0 stale rows, so a
+    staleness view never refreshed, while its refresh inserts them. Stale rows
+    are counted now, and the policy refreshes; views equal the oracle."""
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(100)], primary_key="id")
+    v = db.create_materialized_view("v", src.search(None).select({"id": "id", "x": "x"}),
+                                    refresh_policy=RefreshPolicy.staleness(5))
+    before = src.version
+    lance.dataset(src.uri).delete("id < 40")
+    db.refresh("v")
+    lance.dataset(src.uri, version=before).restore()  # the 40 rows are back, with their old versions
+    st = v.status()
+    assert (st.stale_count, st.stale_pct) == (40, 66.667)
+    assert v.refresh_decision().refresh
+    assert db.refresh("v").rows_inserted == 40 and v.status().stale_count == 0
+    assert actual_view(v) == expected_view(src.uri, src.version, lambda r: True, lambda r: {"id": r["id"], "x": r["x"]})
+
+    @mv.udf
+    def c(x: int) -> int:
+        return x * 10
+
+    src.add_columns({"c": c})  # NULL until backfilled
+    w = db.create_materialized_view("w", src.search(None).where("c >= 500").select({"id": "id", "c": "c"}),
+                                    refresh_policy=RefreshPolicy.staleness(5))
+    db.refresh("w")
+    assert w.count_rows() == 0
+    src.backfill("c")
+    assert w.status().stale_count == 100 and w.refresh_decision().refresh  # (the rows it wrote: an upper bound)
+    assert v.status().stale_count == 0  # (v reads no computed column)
+    assert db.refresh("w").rows_inserted == 50 and w.status().stale_count == 0
+    assert actual_view(w) == expected_view(src.uri, src.version, lambda r: r["c"] is not None and r["c"] >= 500,
+                                           lambda r: {"id": r["id"], "c": r["c"]})

@@ -43,7 +43,7 @@ from mv_assets.model.join_agg_view import is_join_under
 from mv_assets.model.join_view import Join, row_id_column
 from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
 from mv_assets.storage import objects
-from mv_assets.storage.changes import foreign_writes, pending_versions
+from mv_assets.storage.changes import BACKFILL_KEY, commit_matters, commits_since, foreign_writes, pending_versions
 from mv_assets.storage.identity import table_id
 from mv_assets.storage.layout import Layout
 from mv_assets.storage.refs import ViewRef
@@ -213,17 +213,26 @@ def _standing(record: dict, state: "RefreshState") -> dict:
 
 
 def stale_count(src_uri: str, since: int | None, latest: int, ds: lance.LanceDataset | None = None,
-                held: "lance.LanceDataset | None" = None, held_ids: str = "") -> int:
+                held: "lance.LanceDataset | None" = None, held_ids: str = "",
+                reads: "list[str] | None" = None) -> int:
     """Source rows inserted, updated or deleted after version ``since`` (``ds``:
     the source at ``latest``, already open). Where the history since ``since``
     was cleaned up (its deletions cannot be read), the rows deleted are those
     the view ``held`` (its dataset) holds (its column ``held_ids``: their source row ids)
-    that the source no longer has: the deletions its next refresh applies."""
+    that the source no longer has: the deletions its next refresh applies.
+
+    Rows changed with no row version moving count too: after a restore, the
+    rows whose (id, version) the two versions do not share; the rows written
+    by backfills of the computed columns ``reads`` (a view's reads; None:
+    none counted)."""
     ds = ds if ds is not None and ds.version == latest else objects.dataset(src_uri, version=latest)
     if since is None:
         return ds.count_rows()
     if since >= latest:
         return 0
+    commits = commits_since(ds, since)
+    if commits is not None and any(type(t.operation).__name__ == "Restore" for t in commits):
+        return _restored_difference(ds, since)
     changed = ds.count_rows(filter=f"_row_last_updated_at_version > {int(since)}")
     try:
         deleted = _deleted_since(ds, since)
@@ -231,7 +240,26 @@ def stale_count(src_uri: str, since: int | None, latest: int, ds: lance.LanceDat
         if held is None or _has_version(ds, since):
             raise
         deleted = _held_gone(held, held_ids, ds)
+    if reads and commits:  # (values a backfill wrote: each commit says how many rows)
+        backfilled = sum(int(json.loads(t.transaction_properties[BACKFILL_KEY]).get("rows") or 0) for t in commits
+                         if BACKFILL_KEY in (t.transaction_properties or {}) and commit_matters(t, reads))
+        changed = min(changed + backfilled, ds.count_rows())
     return changed + deleted
+
+
+def _restored_difference(ds: lance.LanceDataset, since: int) -> int:
+    """Rows of ``ds`` (at its version) and of version ``since`` whose (row id,
+    row version) the other lacks: the rows a refresh after a restore inserts,
+    updates or deletes (one read of two columns of each version)."""
+    import numpy as np
+
+    def pairs(d: lance.LanceDataset) -> set:
+        t = d.to_table(columns={"v": "_row_last_updated_at_version"}, with_row_id=True)
+        return set(zip(np.asarray(t.column("_rowid").to_numpy()).tolist(), np.asarray(t.column("v").to_numpy()).tolist(),
+                       strict=True))
+
+    now, then = pairs(ds), pairs(objects.dataset(ds.uri, version=since))
+    return len(now - then) + len({i for i, _ in then} - {i for i, _ in now})
 
 
 def _deleted_since(ds: lance.LanceDataset, since: int) -> int:
@@ -471,7 +499,7 @@ def view_status(view: ViewRef, record: dict | None = None, source: "TableSummary
             # a recreated source: every row of the view and of the new table is stale
             stale = stale_count(view.source_uri, None, latest, src) + cardinality if replaced else (
                 stale_count(view.source_uri, state.source_version, latest, src,
-                            None if is_join_under(view.source) else ds, SOURCE_ROW_ID)
+                            None if is_join_under(view.source) else ds, SOURCE_ROW_ID, _computed_reads(view, src))
                 + _joined_stale(view, state))
             behind = len(pending)
     standing = _standing(file, state)  # {}: the commits say it all
@@ -515,6 +543,11 @@ def view_status(view: ViewRef, record: dict | None = None, source: "TableSummary
     )
 
 
+def _computed_reads(view: ViewRef, src: lance.LanceDataset) -> list[str]:
+    """The source's computed columns the view reads (their backfills change its rows)."""
+    return view.definition.computed_reads(src.schema)
+
+
 def refresh_decision(view: ViewRef, now: float | None = None, scheduled: bool = False) -> Decision:
     """What the view's refresh policy says right now (reads the status, then decides)."""
     ds = view.dataset()
@@ -539,7 +572,8 @@ def refresh_decision(view: ViewRef, now: float | None = None, scheduled: bool = 
         reflected_version=state.source_version,
         last_refreshed_at=state.refreshed_at,
         now=time.time() if now is None else now,
-        rows_changed=stale_count(view.source_uri, state.source_version, latest, src) if needs_rows else 0,
+        rows_changed=stale_count(view.source_uri, state.source_version, latest, src,
+                                 reads=_computed_reads(view, src)) if needs_rows else 0,
         cardinality=ds.count_rows() if needs_rows else 0,
         scheduled=scheduled,
         moved=moved,
