@@ -593,7 +593,8 @@ def errors(obj: _Ctx, table: str, column: str | None, job_id: str | None, failin
     whether the row still fails (no value computed since) or was fixed by a
     later backfill or refresh (or is gone)."""
     t = obj.db.open_table(table)
-    if column is not None and column not in t.schema.names:
+    if column is not None and column not in t.schema.names and not t.get_errors(column_name=column):
+        # (a chunk or table-function view's errors are recorded under its function's name)
         raise click.BadParameter(f"{table!r} has no column {column!r} (its columns: {', '.join(t.schema.names)})",
                                  param_hint="--column")
     records = t.get_errors(job_id=job_id, column_name=column)

@@ -373,3 +373,37 @@ def test_python_dash_m_runs_the_command_line(catalog):
                         "--json"], capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stderr
     assert {t["name"] for t in json.loads(r.stdout)} == {"src", "a", "b", "bad"}
+
+
+def test_errors_of_a_chunk_views_chunker(tmp_path):
+    """A chunker skipping a parent (on_error="skip"): `mv-assets errors ch`
+    (what its error message says to run) exited 2 with "'words' is not a
+    computed column of 'ch'". It lists the record, still failing until the
+    parent is fixed."""
+    from collections.abc import Iterator
+    from typing import NamedTuple
+
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    src = db.create_table("docs", [{"id": i, "body": f"a b {i}"} for i in range(10)], primary_key="id")
+
+    class Piece(NamedTuple):
+        text: str
+
+    @mv.chunker(on_error="skip")
+    def words(body: str) -> Iterator[Piece]:
+        if body == "a b 7":
+            raise ValueError("bad parent 7")
+        for w in body.split():
+            yield Piece(w)
+
+    ch = db.create_udtf_view("ch", src.search(None).select(["id"]), words)
+    ch.refresh()
+    r = run(db, "errors", "ch", "--json")
+    assert r.exit_code == 0, r.output
+    (rec,) = json.loads(r.output)
+    assert (rec["column"], rec["row_id"], rec["message"], rec["still_failing"]) == ("words", 7, "bad parent 7", True)
+    assert run(db, "errors", "ch", "--column", "words").exit_code == 0
+    src.update("id = 7", values={"body": "a b seven"})
+    ch.refresh()
+    (rec,) = json.loads(run(db, "errors", "ch", "--json").output)
+    assert rec["still_failing"] is False

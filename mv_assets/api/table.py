@@ -832,6 +832,9 @@ class Table(Indexed):
 
         Ids stay valid across compaction (for a view: its source row ids).
         """
+        if self._function_name() == column:  # a chunk or table-function view's function
+            return self._function_failing(sorted({e.row_id for e in self.get_errors(job_id=job_id,
+                                                                                    column_name=column)}))
         spec = _group_specs(self.column_ref(), column)[0]
         ids = sorted({e.row_id for e in self.get_errors(job_id=job_id, column_name=column)})
         if not ids:
@@ -848,6 +851,31 @@ class Table(Indexed):
         if is_view:
             failing |= self._never_computed(ids)
         return sorted(failing)
+
+    def _function_name(self) -> str | None:
+        """The name of a chunk or table-function view's function (its errors are recorded under it)."""
+        if not isinstance(self, MaterializedView) or not self.definition.function:
+            return None
+        return self.definition._function_spec.get("name")
+
+    def _function_failing(self, ids: list[int]) -> list[int]:
+        """Of source row ids the view's function failed on, those still failing.
+        A chunk view's parent: its source row still there (passing the filter)
+        and no chunk of it held. A table-function view's (no row of its own per
+        source row): all of them while its last refresh failed."""
+        if not ids or not isinstance(self, MaterializedView):
+            return []
+        if not kind_of(self.definition).children:
+            return ids if self.status().load_state == "FAILED_LOAD" else []
+        listed = ", ".join(map(str, ids))
+        held = self._dataset().to_table(columns=[SOURCE_ROW_ID], filter=f"{SOURCE_ROW_ID} IN ({listed})")
+        missing = sorted(set(ids) - {int(i) for i in held.column(SOURCE_ROW_ID).to_pylist()})
+        if not missing:
+            return []
+        where, flt = f"_rowid IN ({', '.join(map(str, missing))})", self.definition.filter
+        alive = self.ref().source_dataset().to_table(columns=[], with_row_id=True,
+                                                      filter=f"({where}) AND ({flt})" if flt else where)
+        return sorted(int(i) for i in alive.column("_rowid").to_pylist())
 
     def _never_computed(self, ids: list[int]) -> set[int]:
         """Of source row ids a view's UDF failed on, those the view does not hold
