@@ -340,8 +340,8 @@ def plan(obj: _Ctx, view: str, src_version: int | None, mode: str, as_json: bool
 
 
 def _udf_rows_text(udf_rows: dict) -> str:
-    """``caption 120, badge 0`` (``none``: a view without UDF columns)."""
-    return ", ".join(f"{name} {n:,}" for name, n in udf_rows.items()) or "none (no UDF column)"
+    """``caption 120, badge 0`` (``none``: nothing for a UDF to compute, or no UDF column)."""
+    return ", ".join(f"{name} {n:,}" for name, n in udf_rows.items()) or "none"
 
 
 def _work_text(details: dict) -> str:

@@ -413,3 +413,40 @@ def test_a_killed_one_pass_backfill_run_again_with_a_checkpoint_size_resumes(tmp
     assert t.plan_backfill("y").rows == 0
     t.add([{"id": N + i, "x": N + i} for i in range(3)])  # (spent: later backfills with a size are staged again)
     assert not t.plan_backfill("y", checkpoint_size=40).one_pass
+
+
+def test_a_backfill_reads_running_while_it_runs_and_failed_once_killed_after_its_commits(tmp_path, call_log):
+    """`list_jobs()` while a backfill (commit_granularity=1: a commit per
+    fragment) runs in another process, and after it was killed once its first
+    fragment committed: it was missing while running, and DONE after the kill
+    (its commits made a job that completed), with 200 of 600 rows computed.
+    It reads RUNNING, then FAILED after its commit, from its launch time;
+    the rerun completes the column and reads DONE."""
+    db, t = _catalog(tmp_path / "cat", call_log)
+    code = (f"import mv_assets as mv; db = mv.connect({db.uri!r}, runner=mv.InlineRunner()); "
+            "db.open_table('t').backfill('y', commit_granularity=1)")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([os.path.dirname(__file__), os.environ.get("PYTHONPATH", "")])}
+    v0 = t.version
+    started = time.time()
+    proc = subprocess.Popen([sys.executable, "-c", code], env=env)
+    try:
+        while lance.dataset(t.uri).version < v0 + 1 and proc.poll() is None:
+            time.sleep(0.005)
+        assert proc.poll() is None, "the backfill ended before it could be looked at"
+        (job,) = db.list_jobs()
+        assert (str(job.status), job.metric("rows")) == ("RUNNING", 200)
+        assert job.launched_at is not None and abs(job.launched_at.timestamp() - started) < 5
+    finally:
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+    (job,) = db.list_jobs()
+    assert lance.dataset(t.uri).version - v0 in (1, 2)  # (the second fragment's commit may have landed)
+    assert str(job.status) == "FAILED" and "its process ended before it finished" in job.error
+    assert job.events[-1].endswith("(they stand): its process ended before it finished (killed?)")
+    assert job.metric("rows") == sum(s["current"] for s in t.column_status())
+    done = t.backfill("y")
+    _check_complete(t)
+    assert str(next(j for j in db.list_jobs() if j.job_id == done.job_id).status) == "DONE"
+    db.drop_table("t")  # (its records go with it: a table made again under the name starts clean)
+    db.create_table("t", [{"id": 0}])
+    assert db.list_jobs() == []

@@ -352,7 +352,7 @@ def test_at_80_columns_job_ids_are_whole_and_plans_read_as_words(tmp_path):
     v.refresh()
     c.update(where="cid = 1", values={"name": "z"})
     r = CliRunner().invoke(main, ["--db", db.uri, "plan", v.name], env={"COLUMNS": "80"}, catch_exceptions=False)
-    assert "UDF rows: none (no UDF column), in 1 task" in r.output and "{}" not in r.output
+    assert "UDF rows: none, in 1 task" in r.output and "{}" not in r.output
     assert "read: changed rows customers 1; probe matches 10" in r.output
     # (the first plan in this process that looks rows up loads the arrangements it probes)
     assert "arrangement view: loaded (50 rows" in r.output and "arrangement orders.cid: loaded (50 rows" in r.output

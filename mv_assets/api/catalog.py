@@ -47,7 +47,7 @@ from mv_assets.ops.refresh import RefreshResult
 from mv_assets.storage import keys, objects
 from mv_assets.storage.error_log import drop_errors, failures_unrecorded
 from mv_assets.storage.identity import ensure_table_id, table_id
-from mv_assets.storage.jobs import JobRecord, job_record, job_records
+from mv_assets.storage.jobs import JobRecord, drop_job_records, job_record, job_records
 from mv_assets.storage.layout import Layout
 from mv_assets.storage.row_ids import (
     AdoptResult,
@@ -507,6 +507,7 @@ class Connection:
         objects.remove(self._state_dir("status", f"{name}.json"))
         objects.remove(self._state_dir("status", f"{name}.json.spare"))  # (its load record set aside: retire_record)
         drop_errors(self.layout, name)
+        drop_job_records(self.layout, name)
 
     def views(self) -> list[MaterializedView]:
         """The materialized views. A dataset that cannot be opened (damaged

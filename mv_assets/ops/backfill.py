@@ -93,6 +93,7 @@ from mv_assets.storage.changes import BACKFILL_KEY, NEUTRAL_OPERATIONS, fragment
 from mv_assets.storage.checkpoints import CheckpointIndex, CheckpointStore
 from mv_assets.storage.commits import commit_latest
 from mv_assets.storage.error_log import append_errors, record_failure
+from mv_assets.storage.jobs import backfill_under_way
 from mv_assets.storage.lance_compat import roaring_bitmap_bytes
 from mv_assets.storage.refs import Ref, ViewRef
 
@@ -1065,8 +1066,9 @@ def backfill_column(
     sql = None if udf is not None else next((s for s in group if s.kind == "sql"), None)
     before = table.dataset().version if sql is not None else None
     try:
-        return _backfill_locked(table, column, key, args, runner, job_id, fragments, commit_granularity,
-                                checkpoint_seconds)
+        with backfill_under_way(table.layout, job_id, table.name, column, _lock_name(table, key)):
+            return _backfill_locked(table, column, key, args, runner, job_id, fragments, commit_granularity,
+                                    checkpoint_seconds)
     except Exception as exc:  # (as Lance raised it, or wrapped by a Spark task)
         if sql is None or before is None or isinstance(exc, SqlRowsError):
             raise
@@ -1094,11 +1096,16 @@ def _sql_rows_error(table: Ref, spec: ColumnSpec, exc: Exception, before: int) -
         bad, short_error(exc))
 
 
+def _lock_name(table: Ref, key: str) -> str:
+    """The lock of the backfills of one group of columns (``key``: their UDF's fingerprint)."""
+    return f"{table.name}.backfill.{key}"
+
+
 def _backfill_locked(table: Ref, column: str, key: str, args: dict, runner: "Runner", job_id: str,
                      fragments: list[int] | None, commit_granularity: int | None,
                      checkpoint_seconds: float | None) -> BackfillResult:
     """:func:`backfill_column`'s plan and run, under the column's backfill lock."""
-    with table.layout.lock(f"{table.name}.backfill.{key}", None):
+    with table.layout.lock(_lock_name(table, key), None):
         plan = plan_backfill(table, column, fragments=fragments, **args)
         groups = plan_fragments(plan) if commit_granularity is not None else []
         if len(groups) <= (commit_granularity or 0) or commit_granularity is None:

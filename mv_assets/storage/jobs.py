@@ -20,9 +20,11 @@ with ``.value``, ``metrics`` a list of ``name``/``n``/``total``/``done``/``desc`
 cluster (``cluster_name``, ``object_ref``, the manifest) are None here.
 """
 
+import contextlib
 import datetime as dt
 import enum
 import json
+import time
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
@@ -30,7 +32,7 @@ from typing import Any
 from mv_assets.storage import objects
 from mv_assets.storage.changes import BACKFILL_KEY, STATE_KEY
 from mv_assets.storage.error_log import read_errors
-from mv_assets.storage.layout import Layout
+from mv_assets.storage.layout import Layout, lock_held
 from mv_assets.storage.status import FAILED_LOAD, LOADING, load_record, recorded_views
 
 __all__ = ["JobMetric", "JobRecord", "JobStatus", "job_record", "job_records", "LOAD_COLUMNS_KEY", "RUNNING",
@@ -278,6 +280,73 @@ def _failed_after_commits(job: JobRecord, errors: list) -> JobRecord:
                    updated_at=max((t for t in (job.updated_at, at) if t is not None), default=None))
 
 
+# A backfill's record while it runs (and after it failed): state/jobs/<job_id>.json
+def _job_file(layout: Layout, job_id: str) -> str:
+    return layout.state("jobs", f"{job_id}.json")
+
+
+@contextlib.contextmanager
+def backfill_under_way(layout: Layout, job_id: str, table: str, column: str, lock: str):
+    """What says a backfill is running while it does (the lock ``lock`` it
+    takes tells it from one whose process is gone) and why it failed after
+    (an exception ending it is recorded); removed once it ends well."""
+    path = _job_file(layout, job_id)
+    record = {"job_id": job_id, "job_type": "backfill", "table": table, "column": column, "lock": lock,
+              "launched_at": time.time()}
+    objects.write_text(path, json.dumps(record), durable=False)
+    try:
+        yield
+    except BaseException as exc:
+        kind, text = getattr(exc, "error_type", None), getattr(exc, "message", None)
+        error = f"{kind}: {text}" if isinstance(kind, str) and isinstance(text, str) else f"{type(exc).__name__}: {exc}"
+        record.update(failed_at=time.time(), error=error)  # (a UDF's error as its error record says it)
+        objects.write_text(path, json.dumps(record), durable=False)
+        raise
+    objects.remove(path)
+
+
+def drop_job_records(layout: Layout, table: str) -> None:
+    """Forget the backfill records of a dropped table (a new one of the same name starts clean)."""
+    for record in _under_way(layout, {table}):
+        objects.remove(_job_file(layout, record["job_id"]))
+
+
+def _under_way(layout: Layout, wanted: set[str]) -> list[dict]:
+    """The records of backfills running, or ended without finishing (one listing)."""
+    out = []
+    for name in objects.listdir(layout.state("jobs")):
+        raw = objects.read_text(layout.state("jobs", name)) if name.endswith(".json") else None
+        try:
+            record = json.loads(raw) if raw else None
+        except ValueError:
+            continue
+        if isinstance(record, dict) and record.get("table") in wanted and record.get("job_id"):
+            out.append(record)
+    return out
+
+
+def _with_run_record(job: JobRecord | None, record: dict, layout: Layout) -> JobRecord:
+    """A backfill's job as its record says: RUNNING while its lock is held,
+    else FAILED (the error that ended it, or its process gone), after the
+    commits it made if any."""
+    launched = _when(record.get("launched_at"))
+    if record.get("error") is None and lock_held(layout, record.get("lock") or ""):
+        if job is None:
+            return job_record(record["job_id"], "backfill", record["table"], record.get("column"), RUNNING, launched,
+                              None)
+        events = job.events[:-1] if job.status != RUNNING else job.events
+        return replace(job, status=RUNNING, completed_at=None, events=events, launched_at=launched or job.launched_at)
+    ended = _when(record.get("failed_at"))
+    error = record.get("error") or "its process ended before it finished (killed?)"
+    if job is None:
+        return job_record(record["job_id"], "backfill", record["table"], record.get("column"), FAILED, launched,
+                          ended or launched, error=error)
+    commits = sum(1 for e in job.events if "committed version" in e)
+    events = [*job.events[:-1], f"{_stamp(ended)}Job failed after {commits} commit(s) (they stand): {error}"]
+    return replace(job, status=FAILED, completed_at=ended or job.completed_at, error=error, events=events,
+                   launched_at=launched or job.launched_at)
+
+
 def job_records(layout: Layout, tables: list[str], views: list[str]) -> list[JobRecord]:
     """Every job the catalog has a record of for ``tables`` (and ``views``,
     a subset of them: their refreshes), oldest first."""
@@ -291,13 +360,17 @@ def job_records(layout: Layout, tables: list[str], views: list[str]) -> list[Job
         if job is not None and (name, job.job_id) not in jobs:
             jobs[(name, job.job_id)] = job
     wanted = set(tables)
+    for record in _under_way(layout, wanted):
+        key = (record["table"], record["job_id"])
+        jobs[key] = _with_run_record(jobs.get(key), record, layout)
     failed: dict[tuple[str, str], list] = {}
     for e in read_errors(layout):
         if e.table in wanted:
             failed.setdefault((e.table, e.job_id), []).append(e)
     for key, errors in failed.items():
         if key in jobs:
-            jobs[key] = _failed_after_commits(jobs[key], errors)
+            if jobs[key].status == DONE:
+                jobs[key] = _failed_after_commits(jobs[key], errors)
             continue
         first = errors[0]
         at = first.created_at if isinstance(first.created_at, dt.datetime) else None

@@ -123,6 +123,29 @@ class Layout:
         return held()
 
 
+def lock_held(layout: "Layout", name: str) -> bool:
+    """Whether :meth:`Layout.lock` ``name`` is held now, by any process (a
+    probe: a local lock is tried without waiting and let go at once; a lease
+    is held while its record is there and not stale)."""
+    if not objects.is_local(layout.root):
+        lease = Lease(layout.state("locks", f"{name}.lease"), name, 0)
+        got = objects.get_tagged(lease.uri)
+        return got is not None and not lease._stale(got[0].decode(errors="replace"))
+    path = layout.state("locks", f"{name}.lock")
+    if not os.path.exists(path):
+        return False
+    if fcntl is None:
+        return filelock.FileLock(path).is_locked
+    fd = os.open(path, os.O_RDWR)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # (releases the probe's lock, if it took it)
+    return False
+
+
 def _busy(name: str, timeout: float | None, path: str) -> ConcurrentRefreshError:
     return ConcurrentRefreshError(
         f"another refresh of {name!r} is running (waited {timeout}s for {path}); try again later"
