@@ -600,6 +600,7 @@ def test_a_udf_backfill_failing_after_some_groups_committed_says_so_and_its_job_
     done = t.backfill("d", commit_granularity=1)
     job = next(j for j in db.list_jobs() if j.job_id == done.job_id)
     assert (str(job.status), job.metric("errors"), job.error) == ("DONE", 4, None)
+    assert job.metric("rows") == done.rows_written == 36  # (the 4 skipped rows are written NULL: not counted)
 
 
 def test_a_sql_column_a_view_cannot_compute_for_some_rows_is_refused_before_it_is_added(db):

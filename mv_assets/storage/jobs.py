@@ -205,8 +205,11 @@ def _from_commit(table: str, version: int, at: dt.datetime | None, props: dict) 
             return None
         columns = d.get("columns") or []
         return _Committed(d["job_id"], "backfill", table, ",".join(columns) or None, _when(d.get("started_at")) or at,
-                          {"rows": d.get("rows", 0), "udf_rows_computed": d.get("udf_rows_computed", 0),
-                           "errors": d.get("errors", 0)}, {"columns": columns}, [(version, at)])
+                          # (a row a UDF failed on is written NULL: counted in errors, not in rows, as
+                          # BackfillResult.rows_written counts it)
+                          {"rows": max(0, int(d.get("rows") or 0) - int(d.get("errors") or 0)),
+                           "udf_rows_computed": d.get("udf_rows_computed", 0), "errors": d.get("errors", 0)},
+                          {"columns": columns}, [(version, at)])
     if LOAD_COLUMNS_KEY in props:
         d = json.loads(props[LOAD_COLUMNS_KEY])
         load = d.get("load_columns") or {}
