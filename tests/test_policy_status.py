@@ -830,3 +830,26 @@ def test_stale_rows_count_a_restore_and_a_backfill_of_a_column_the_view_reads(db
     assert db.refresh("w").rows_inserted == 50 and w.status().stale_count == 0
     assert actual_view(w) == expected_view(src.uri, src.version, lambda r: r["c"] is not None and r["c"] >= 500,
                                            lambda r: {"id": r["id"], "c": r["c"]})
+
+
+def test_a_failed_refresh_and_a_failed_backfill_are_launched_when_they_began(db):
+    """Jobs that failed on a UDF error were listed as launched at their
+    failure ("took 0.0 s"), sorted after jobs launched later."""
+    src = db.create_table("src", [{"id": i} for i in range(40)], primary_key="id")
+
+    @mv.udf
+    def slow(id: int) -> int:
+        time.sleep(0.01)
+        if id == 30:
+            raise ValueError("boom")
+        return id
+
+    db.create_materialized_view("v", src.search(None).select({"id": "id", "s": slow}))
+    src.add_columns({"s": slow})
+    for kind, action in (("refresh", lambda: db.refresh("v")), ("backfill", lambda: src.backfill("s"))):
+        started = time.time()
+        with pytest.raises(mv.UdfError):
+            action()
+        (job,) = [j for j in db.list_jobs() if j.job_type == kind]
+        assert str(job.status) == "FAILED"
+        assert job.launched_at.timestamp() - started < 0.2 and (job.completed_at - job.launched_at).total_seconds() >= 0.25

@@ -260,8 +260,8 @@ def _refresh_state(layout: Layout, view: str) -> JobRecord | None:
     running = state == LOADING and not record.get("process_gone")
     job_id = record.get("job_id") or f"refresh-{record.get('load_number') or '?'}"
     since = _when(record.get("state_since"))
-    return job_record(job_id, "refresh", view, None, RUNNING if running else FAILED, since,
-                      None if running else since,
+    return job_record(job_id, "refresh", view, None, RUNNING if running else FAILED,
+                      _when(record.get("launched_at")) or since, None if running else since,
                       error=None if running else (record.get("last_error") or "the refreshing process is gone"))
 
 

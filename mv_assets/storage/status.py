@@ -181,8 +181,11 @@ def record_load_state(
         clear_load_state(layout, view)
         return
     current = _read_file(layout, view)
-    current.update(load_state=state, state_since=time.time(), node=socket.gethostname(), pid=os.getpid(),
-                   load_number=load_number, job_id=job_id)
+    now = time.time()
+    # (when the job began: its LOADING record's time, kept by its FAILED_LOAD)
+    launched = current.get("launched_at") if state == FAILED_LOAD and current.get("job_id") == job_id else None
+    current.update(load_state=state, state_since=now, node=socket.gethostname(), pid=os.getpid(),
+                   load_number=load_number, job_id=job_id, launched_at=launched or now)
     if state == FAILED_LOAD:
         current["last_error"] = error
     # not fsynced: a load state describes a process (a LOADING one whose process is gone reads as failed)
