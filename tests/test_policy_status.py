@@ -853,3 +853,28 @@ def test_a_failed_refresh_and_a_failed_backfill_are_launched_when_they_began(db)
         (job,) = [j for j in db.list_jobs() if j.job_type == kind]
         assert str(job.status) == "FAILED"
         assert job.launched_at.timestamp() - started < 0.2 and (job.completed_at - job.launched_at).total_seconds() >= 0.25
+
+
+def test_a_refresh_run_again_after_it_failed_is_another_job(db, tmp_path):
+    """A refresh that failed on a UDF error and its retry (UDF fixed) had one
+    job id: the failed job was gone from list_jobs, and its error record
+    named a job that read DONE. The retry is a job of its own."""
+    flag = tmp_path / "broken"
+    flag.write_text("1")
+    src = db.create_table("src", [{"id": i} for i in range(20)], primary_key="id")
+
+    @mv.udf
+    def f(id: int) -> int:
+        if id == 7 and flag.exists():
+            raise ValueError("boom")
+        return id
+
+    db.create_materialized_view("v", src.search(None).select({"id": "id", "f": f}))
+    with pytest.raises(mv.UdfError):
+        db.refresh("v")
+    (failed,) = db.list_jobs()
+    flag.unlink()
+    done = db.refresh("v")
+    jobs = {j.job_id: str(j.status) for j in db.list_jobs()}
+    assert done.job_id != failed.job_id and jobs == {failed.job_id: "FAILED", done.job_id: "DONE"}
+    assert [e.job_id for e in db.open_table("v").get_errors()] == [failed.job_id]

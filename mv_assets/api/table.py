@@ -1741,7 +1741,7 @@ class MaterializedView(Table):
             # killed mid-way) no longer stands; a local record is renamed aside (none: one failed rename)
             clear_load_state(self.connection.layout, self.name)
             return result
-        job_id = job_id or refresh_job_id(plan)
+        job_id = job_id or self._new_job_id(plan)
         # LOADING until the commit carrying this load number lands (then LOADED, read from the
         # commit: the record is removed; a LOADING left by a stop in between reads LOADED too).
         # Not for a plan that only records the new source version (after a compaction, say): its
@@ -1765,6 +1765,16 @@ class MaterializedView(Table):
         if compact_if_fragmented(objects.dataset(self.uri, version=None if result.indexes else result.view_version)):
             result.timings["compact_s"] = time.perf_counter() - start
         return result
+
+    def _new_job_id(self, plan: RefreshPlan) -> str:
+        """The refresh's job id: its plan's (a refresh killed and run again is the
+        same job, its skipped rows recorded once), unless a refresh of that id
+        failed (FAILED_LOAD: its record stays that job's, and this run is another)."""
+        job_id = refresh_job_id(plan)
+        failed = load_record(self.connection.layout, self.name)
+        if failed.get("load_state") == FAILED_LOAD and str(failed.get("job_id") or "").startswith(job_id):
+            job_id = f"{job_id}-{uuid.uuid4().hex[:6]}"
+        return job_id
 
     def refresh_async(self, **kwargs: Any) -> Job:
         """:meth:`refresh` (same parameters, Geneva's included) in a background
