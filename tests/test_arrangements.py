@@ -441,6 +441,33 @@ def test_a_probe_of_millions_of_values_in_parts_on_threads_answers_as_one_pass_d
     assert np.array_equal(threaded, np.isin(values, ids))
 
 
+@pytest.mark.parametrize("ids", [[-2**63], [-2**63, -2**63 + 5], [2**63 - 1], [-3, 0, 4]])
+def test_a_probe_at_the_ends_of_int64_answers_as_isin(ids):
+    """Ids at the smallest int64: the probe's offset (the smallest id minus
+    one) did not fit an int64, and an incremental join refresh probing a
+    changed key -2**63 raised OverflowError. Values at both ends and between."""
+    from mv_assets.model import arrangement
+
+    ids = np.array(ids, dtype=np.int64)
+    ends = [-2**63, -2**63 + 1, -2**63 + 5, -2**63 + 6, -4, -3, 0, 4, 5, 2**62, 2**63 - 2, 2**63 - 1]
+    values = np.array(ends, dtype=np.int64)
+    assert np.array_equal(arrangement._Probe(ids).mask(values), np.isin(values, ids))
+
+
+def test_an_incremental_join_refresh_over_the_whole_int64_range_of_keys(db):
+    """The join view of the adversarial pass: first-table keys -2**63, 2**63-1
+    and 0, a dimension row of key -2**63 added: its refresh raised."""
+    f = db.create_table("f", pa.table({"id": pa.array([0, 1, 2], pa.int64()),
+                                       "key": pa.array([-2**63, 2**63 - 1, 0], pa.int64())}))
+    d = db.create_table("d", pa.table({"key": pa.array([0], pa.int64()), "dv": pa.array([10], pa.int64())}))
+    v = db.create_materialized_view("v", f.search(None).join(d, on="key", how="left").select(
+        {"id": "f.id", "dv": "d.dv"}))
+    v.refresh()
+    d.add(pa.table({"key": pa.array([-2**63], pa.int64()), "dv": pa.array([20], pa.int64())}))
+    assert not v.refresh().full
+    assert sorted((r["id"], r["dv"]) for r in v.to_arrow().to_pylist()) == [(0, 20), (1, None), (2, 10)]
+
+
 @pytest.mark.parametrize("rows_counted", [None, 2])
 def test_an_arrangement_filled_batch_by_batch_equals_one_read_whole(tmp_path, rows_counted):
     """The arrays filled as a scan yields batches (NULLs first met in a later
