@@ -7,6 +7,7 @@ naming its partition."""
 
 import json
 import os
+import pickle
 
 import lance
 import pyarrow as pa
@@ -371,8 +372,12 @@ def test_a_failing_udtf_commits_nothing_and_names_the_partition(db, call_log):
     with pytest.raises(mv.UdfError, match="no b today") as err:
         view.refresh()
     assert any('partition "b"' in n for n in getattr(err.value, "__notes__", []))
+    # (its remedy is not on_error="skip", which a UDTF refuses: it said so)
+    assert 'on_error="skip"' not in str(err.value) and "cannot be skipped" in str(err.value)
     assert lance.dataset(view.uri).count_rows() == 0 and view.source_version is None
     assert view.status().load_state == "FAILED_LOAD"
+    with pytest.raises(mv.UdfError, match="cannot be skipped"):  # (the same through a pickle: a Spark task's)
+        raise pickle.loads(pickle.dumps(err.value))
 
 
 def test_views_over_a_udtf_view_status_and_the_cli(db, call_log):

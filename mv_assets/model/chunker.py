@@ -718,7 +718,9 @@ class UDTF(_TableFunction):
         except Exception as exc:
             if _is_output_error(exc):
                 raise
-            raise self._failure(0, table.num_rows, exc) from exc
+            failure = self._failure(0, table.num_rows, exc)
+            failure.skippable = False  # (a partition cannot be skipped: its remedy is a fix, or retries)
+            raise failure from exc
         return self._check_table(out)
 
     def _run(self, fn: Callable, table: pa.Table) -> list:

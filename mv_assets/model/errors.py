@@ -80,7 +80,7 @@ class UdfError(MvAssetsError, RuntimeError):
 
     _FIELDS = (
         "udf", "error_type", "message", "traceback", "attempts", "row_index", "rows", "column", "fingerprint",
-        "row_id", "last_row_id", "row_version", "table", "rows_of", "key", "committed",
+        "row_id", "last_row_id", "row_version", "table", "rows_of", "key", "committed", "skippable",
     )
 
     def __init__(
@@ -100,6 +100,7 @@ class UdfError(MvAssetsError, RuntimeError):
         self.rows_of: str | None = None  # the table the row ids belong to (a view's source)
         self.key: tuple[str, object] | None = None  # (primary key column, value)
         self.committed: str | None = None  # what the job committed before it failed (None: nothing)
+        self.skippable = True  # whether on_error="skip" is a remedy (a UDTF's partition: not)
 
     def locate(self, *, column: str, fingerprint: str, row_id: int, last_row_id: int, row_version: int) -> None:
         """The task: which column and rows of its batch."""
@@ -159,8 +160,11 @@ class UdfError(MvAssetsError, RuntimeError):
         return (
             f"UDF {self.udf!r} raised {self.error_type}: {message}"
             + (f" ({', '.join(where)})" if where else "")
-            + f". {self.committed or 'Nothing was committed'}. Fix the UDF and run again, or declare it with on_error=\"skip\" "
-            f"(failing rows get NULL and are recorded); {errors} (Table.get_errors) lists the failed rows."
+            + f". {self.committed or 'Nothing was committed'}. Fix the UDF and run again, or "
+            + ("declare it with on_error=\"skip\" (failing rows get NULL and are recorded)" if self.skippable else
+               "declare it with on_error=OnError(...) retrying the exceptions that may pass (a partition of a "
+               "table function cannot be skipped)")
+            + f"; {errors} (Table.get_errors) lists the failed rows."
         )
 
 
