@@ -804,14 +804,23 @@ def test_the_assets_say_where_their_refreshes_compute(tmp_path, runner, kind, wo
     assert ("Spark" in (view.description or "")) == (runner == "spark")
 
 
+def _small_lineage(tmp_path):
+    """The small catalog, its definitions (inline runner), the source's
+    fragments (the partition keys) and the tags of a run over all of them."""
+    db = _catalog(tmp_path / "cat")
+    src = db.open_table("src")
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    frags = [str(f.fragment_id) for f in lance.dataset(src.uri).get_fragments()]
+    whole = {"dagster/asset_partition_range_start": frags[0], "dagster/asset_partition_range_end": frags[-1]}
+    return db, src, defs, frags, whole
+
+
 def test_an_asset_of_ones_own_downstream_of_a_view_runs_in_the_same_run(tmp_path):
     """A user's asset over a view (and over one of its UDF columns), in one run
     with the view: it ran after the refresh and saw it (it was skipped: the
     view's materializations were events, not outputs), and each partition of
     the view is recorded once, with its own numbers."""
-    db = _catalog(tmp_path / "cat")
-    src = db.open_table("src")
-    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    db, src, defs, frags, whole = _small_lineage(tmp_path)
     lineage = defs.get_repository_def().assets_defs_by_key[K(["v"])]
     pdef = lineage.partitions_def
     seen: dict[str, list] = {}
@@ -824,8 +833,6 @@ def test_an_asset_of_ones_own_downstream_of_a_view_runs_in_the_same_run(tmp_path
     def per_fragment(context) -> None:
         seen.setdefault("per_fragment", []).append(context.partition_key)
 
-    frags = [str(f.fragment_id) for f in lance.dataset(src.uri).get_fragments()]
-    whole = {"dagster/asset_partition_range_start": frags[0], "dagster/asset_partition_range_end": frags[-1]}
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(partitions_def_name("src"), frags)
         out = dg.materialize([lineage, per_fragment], instance=instance, partition_key=frags[1],
@@ -848,9 +855,7 @@ def test_an_asset_of_ones_own_loads_a_view_a_column_or_a_table_by_parameter(tmp_
     ("dagster_type Nothing"), so only ``deps=`` worked. Loaded in the view's
     run and in a run of its own; nothing is stored through the IO manager and
     the view is still recorded once per partition."""
-    db = _catalog(tmp_path / "cat")
-    src = db.open_table("src")
-    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    db, src, defs, frags, whole = _small_lineage(tmp_path)
     repo = defs.get_repository_def()
     lineage = repo.assets_defs_by_key[K(["v"])]
     source = repo.source_assets_by_key[K(["src"])]
@@ -865,8 +870,6 @@ def test_an_asset_of_ones_own_loads_a_view_a_column_or_a_table_by_parameter(tmp_
         seen["by_column"] = (column.name, sorted(column.to_arrow().column("y").to_pylist()), type(table).__name__,
                              table.count_rows())
 
-    frags = [str(f.fragment_id) for f in lance.dataset(src.uri).get_fragments()]
-    whole = {"dagster/asset_partition_range_start": frags[0], "dagster/asset_partition_range_end": frags[-1]}
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(partitions_def_name("src"), frags)
         out = dg.materialize([lineage, source, export, by_column], instance=instance, tags=whole,
@@ -902,12 +905,8 @@ def test_a_udf_column_alone_after_a_source_change_records_the_views_partition_it
     recompute over an unchanged source records the column alone."""
     from dagster._core.definitions.data_version import DATA_VERSION_TAG
 
-    db = _catalog(tmp_path / "cat")
-    src = db.open_table("src")
-    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    db, src, defs, frags, whole = _small_lineage(tmp_path)
     lineage = defs.get_repository_def().assets_defs_by_key[K(["v"])]
-    frags = [str(f.fragment_id) for f in lance.dataset(src.uri).get_fragments()]
-    whole = {"dagster/asset_partition_range_start": frags[0], "dagster/asset_partition_range_end": frags[-1]}
 
     def latest(key, partition):  # (records come newest first)
         rec = next(r for r in instance.fetch_materializations(key, limit=100).records if r.partition_key == partition)
@@ -962,12 +961,8 @@ def test_a_udf_column_alone_of_a_view_never_refreshed_fails_in_words(tmp_path):
     """Selecting only a view's UDF column before the view was ever refreshed
     'succeeded': every row current, recorded for every partition, over an
     empty view (and an asset downstream ran over nothing)."""
-    db = _catalog(tmp_path / "cat")
-    src = db.open_table("src")
-    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"))
+    db, src, defs, frags, whole = _small_lineage(tmp_path)
     lineage = defs.get_repository_def().assets_defs_by_key[K(["v"])]
-    frags = [str(f.fragment_id) for f in lance.dataset(src.uri).get_fragments()]
-    whole = {"dagster/asset_partition_range_start": frags[0], "dagster/asset_partition_range_end": frags[-1]}
     with dg.instance_for_test() as instance:
         instance.add_dynamic_partitions(partitions_def_name("src"), frags)
         out = dg.materialize([lineage], instance=instance, tags=whole, selection=[K(["v", "y"])], raise_on_error=False)

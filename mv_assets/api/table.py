@@ -867,15 +867,7 @@ class Table(Indexed):
             return []
         if not kind_of(self.definition).children:
             return ids if self.status().load_state == "FAILED_LOAD" else []
-        listed = ", ".join(map(str, ids))
-        held = self._dataset().to_table(columns=[SOURCE_ROW_ID], filter=f"{SOURCE_ROW_ID} IN ({listed})")
-        missing = sorted(set(ids) - {int(i) for i in held.column(SOURCE_ROW_ID).to_pylist()})
-        if not missing:
-            return []
-        where, flt = f"_rowid IN ({', '.join(map(str, missing))})", self.definition.filter
-        alive = self.ref().source_dataset().to_table(columns=[], with_row_id=True,
-                                                      filter=f"({where}) AND ({flt})" if flt else where)
-        return sorted(int(i) for i in alive.column("_rowid").to_pylist())
+        return sorted(self._unheld_but_passing(ids))
 
     def _never_computed(self, ids: list[int]) -> set[int]:
         """Of source row ids a view's UDF failed on, those the view does not hold
@@ -888,15 +880,20 @@ class Table(Indexed):
         definition = self.definition
         if len(definition.sources) != 1 or not kind_of(definition).row_per_source_row:
             return set()
+        return self._unheld_but_passing(ids)
+
+    def _unheld_but_passing(self, ids: list[int]) -> set[int]:
+        """Of source row ids, those the view holds no row of while its source
+        still has them, passing its filter."""
+        assert isinstance(self, MaterializedView)
         listed = ", ".join(map(str, ids))
         held = self._dataset().to_table(columns=[SOURCE_ROW_ID], filter=f"{SOURCE_ROW_ID} IN ({listed})")
         missing = sorted(set(ids) - {int(i) for i in held.column(SOURCE_ROW_ID).to_pylist()})
         if not missing:
             return set()
-        where = f"_rowid IN ({', '.join(map(str, missing))})"
-        src = self.ref().source_dataset()
-        alive = src.to_table(columns=[], with_row_id=True,
-                             filter=f"({where}) AND ({definition.filter})" if definition.filter else where)
+        where, flt = f"_rowid IN ({', '.join(map(str, missing))})", self.definition.filter
+        alive = self.ref().source_dataset().to_table(columns=[], with_row_id=True,
+                                                      filter=f"({where}) AND ({flt})" if flt else where)
         return {int(i) for i in alive.column("_rowid").to_pylist()}
 
     def get_failed_row_addresses(self, job_id: str | None, column_name: str) -> list[int]:

@@ -266,21 +266,24 @@ def _refresh_state(layout: Layout, view: str) -> JobRecord | None:
 
 
 def _failed_after_commits(job: JobRecord, errors: list) -> JobRecord:
-    """A committed job with error records: rows it skipped (its commits count
-    them), or, for a backfill committing group by group (``commit_granularity``),
-    also the row that stopped it after some groups committed (one more than
-    its commits count): then it failed. (A refresh run again after a failure
-    keeps its job id, and its commit counts only its own skipped rows: not
-    told apart here.)"""
+    """A committed backfill with error records: rows it skipped (its commits
+    count them), or also the row that stopped it after some groups committed
+    (``commit_granularity``: one more than its commits count), then it failed.
+    What tells it without the backfill's own record (:func:`backfill_under_way`:
+    one written before that record existed, or whose record could not be written)."""
     if job.job_type != "backfill" or job.status != DONE or len(errors) <= (job.metric("errors", 0) or 0):
         return job
     last = errors[-1]
     at = last.created_at if isinstance(last.created_at, dt.datetime) else job.completed_at
-    error = f"{last.error_type}: {last.message}"
+    return _failed(job, f"{last.error_type}: {last.message}", at)
+
+
+def _failed(job: JobRecord, error: str, at: dt.datetime | None, **changes: Any) -> JobRecord:
+    """``job`` (DONE from its commits) as FAILED at ``at`` with ``error``, after the commits it made."""
     commits = sum(1 for e in job.events if "committed version" in e)
     events = [*job.events[:-1], f"{_stamp(at)}Job failed after {commits} commit(s) (they stand): {error}"]
-    return replace(job, status=FAILED, completed_at=at, error=error, events=events,
-                   updated_at=max((t for t in (job.updated_at, at) if t is not None), default=None))
+    return replace(job, status=FAILED, completed_at=at or job.completed_at, error=error, events=events,
+                   updated_at=max((t for t in (job.updated_at, at) if t is not None), default=None), **changes)
 
 
 # A backfill's record while it runs (and after it failed): state/jobs/<job_id>.json
@@ -344,10 +347,7 @@ def _with_run_record(job: JobRecord | None, record: dict, layout: Layout) -> Job
     if job is None:
         return job_record(record["job_id"], "backfill", record["table"], record.get("column"), FAILED, launched,
                           ended or launched, error=error)
-    commits = sum(1 for e in job.events if "committed version" in e)
-    events = [*job.events[:-1], f"{_stamp(ended)}Job failed after {commits} commit(s) (they stand): {error}"]
-    return replace(job, status=FAILED, completed_at=ended or job.completed_at, error=error, events=events,
-                   launched_at=launched or job.launched_at)
+    return _failed(job, error, ended, launched_at=launched or job.launched_at)
 
 
 def job_records(layout: Layout, tables: list[str], views: list[str]) -> list[JobRecord]:
