@@ -134,8 +134,14 @@ def lock_held(layout: "Layout", name: str) -> bool:
     path = layout.state("locks", f"{name}.lock")
     if not os.path.exists(path):
         return False
-    if fcntl is None:
-        return filelock.FileLock(path).is_locked
+    if fcntl is None:  # (filelock's is_locked says whether this instance holds it: tried instead)
+        probe = filelock.FileLock(path)
+        try:
+            probe.acquire(timeout=0)
+        except filelock.Timeout:
+            return True
+        probe.release()
+        return False
     fd = os.open(path, os.O_RDWR)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
