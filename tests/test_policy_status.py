@@ -852,7 +852,9 @@ def test_a_failed_refresh_and_a_failed_backfill_are_launched_when_they_began(db)
             action()
         (job,) = [j for j in db.list_jobs() if j.job_type == kind]
         assert str(job.status) == "FAILED"
-        assert job.launched_at.timestamp() - started < 0.2 and (job.completed_at - job.launched_at).total_seconds() >= 0.25
+        # (launched before the 0.3 s of UDF calls it failed after, not at its failure; bounds loose for busy machines)
+        assert -1 < job.launched_at.timestamp() - started < 5
+        assert (job.completed_at - job.launched_at).total_seconds() >= 0.25
 
 
 def test_a_refresh_run_again_after_it_failed_is_another_job(db, tmp_path):
