@@ -44,7 +44,7 @@ from mv_assets.model.errors import UdfError
 from mv_assets.model.kinds import kind_of
 from mv_assets.model.names import Alias, input_alias, input_marker_alias
 from mv_assets.model.pacing import CheckpointPacer
-from mv_assets.model.planning import column_ids, positions, shuffle_keys
+from mv_assets.model.planning import column_ids, isin, positions, shuffle_keys
 from mv_assets.model.udf import UDF, RowError
 from mv_assets.storage import objects
 from mv_assets.storage.checkpoints import CheckpointIndex, CheckpointStore
@@ -705,25 +705,31 @@ def _merge_with_view(spec: TaskSpec, view_schema: pa.Schema, batches: list[pa.Re
     view = objects.dataset(spec.view_uri, version=spec.view_version)
     rewritten = {*(spec.recompute or []), *(computed_marker(c) for c in spec.recompute or [])}
     keep = [n for n in view_schema.names if n not in rewritten]
-    parts = []
-    ids = keys.to_pylist()
-    for start in range(0, len(ids), 50_000):
-        chunk = ", ".join(str(i) for i in ids[start : start + 50_000])
-        parts.append(view.to_table(columns=keep, filter=f"{SOURCE_ROW_ID} IN ({chunk})", blob_handling=blobs.BYTES))
-    old = pa.concat_tables(parts)
+    wanted = column_ids(fresh, SOURCE_ROW_ID)
+    if len(wanted) <= _BY_ID_MAX:
+        chunk = ", ".join(str(i) for i in keys.to_pylist())
+        old = view.to_table(columns=keep, filter=f"{SOURCE_ROW_ID} IN ({chunk})", blob_handling=blobs.BYTES)
+    else:  # many rows (a column-adding Merge moved them all): one pass over the view, its rows of ``wanted`` kept
+        parts = []
+        for batch in view.to_batches(columns=keep, blob_handling=blobs.BYTES):
+            hit = isin(column_ids(batch, SOURCE_ROW_ID), wanted)  # pyright: ignore[reportArgumentType]  (a batch reads as a table here)
+            if hit.any():
+                parts.append(batch.filter(pa.array(hit)))
+        old = pa.Table.from_batches(parts) if parts else view.schema.empty_table().select(keep)
     # Match by key with a positional take, not an Arrow join: joins cannot carry
     # list, struct or other nested non-key columns (embeddings).
     pos = positions(column_ids(fresh, SOURCE_ROW_ID), column_ids(old, SOURCE_ROW_ID))
     if (pos < 0).any():
         raise RuntimeError(f"{int((pos < 0).sum())} rows to recompute are missing from the view")
     old = old.take(pa.array(pos))
-    fresh = fresh.drop_columns([SOURCE_ROW_ID, SOURCE_ROW_VERSION])
+    fresh = fresh.drop_columns([SOURCE_ROW_ID])  # (the row's version: the source's now, moved or not)
     columns = {n: old.column(n) for n in keep}
     columns.update({n: fresh.column(n) for n in fresh.column_names})
     return pa.table({n: columns[n] for n in view_schema.names}).cast(view_schema)
 
 
 WRITE_CHUNK_ROWS = 65_536
+_BY_ID_MAX = 50_000  # rows of the view a task copies found by id (one filtered scan); more: one pass over the view
 
 
 def _coalesced(batches, rows: int = WRITE_CHUNK_ROWS, max_bytes: int | None = None):

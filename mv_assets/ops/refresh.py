@@ -71,6 +71,7 @@ from mv_assets.storage.changes import (
     STATE_KEY,
     ForeignWrites,
     backfill_commits,
+    column_adding_merges,
     commit_matters,
     commits_since,
     deleted_since,
@@ -78,6 +79,7 @@ from mv_assets.storage.changes import (
     fragments_after,
     gone_rows,
     top_fragment,
+    versions_before_merges,
     written_fragments,
 )
 from mv_assets.storage.identity import ensure_table_id, table_id
@@ -185,7 +187,7 @@ class RefreshPlan:
     def total_rows_pending(self) -> int:
         """Rows the refresh would insert, update or delete in the view, and
         rows it would recompute (``recompute=``)."""
-        recomputed = sum(t.rows for t in self.tasks if t.recompute is not None)
+        recomputed = sum(t.rows for t in self.tasks if t.recompute)  # (copied rows: counted as updates)
         return self.rows_to_insert + self.rows_to_update + self.rows_to_delete + recomputed
 
     @property
@@ -503,9 +505,13 @@ def plan_refresh(
 
     appended = _appended_since(src, v0, commits, reads, state, definition) if commits is not None else None
     moved = written_fragments(src, v0, commits) if commits is not None and appended is None else None
+    # Merges that only added columns (another tool's add_columns): the rows they moved are copied, not computed
+    merges = (column_adding_merges(src, v0, commits if commits is not None else commits_since(src, v0) or [])
+              if how in ("incremental", "sync") and appended is None and recompute is None and v0 is not None
+              and v0 < src.version else [])
     work = _plan_work(place, src, view_ds, definition, how, v0, scope, scope_frags, recompute, appended, tainted,
                       moved, exact, scoped=state.scoped_since_whole,
-                      only_new=appended is not None and _only_new_rows(commits))
+                      only_new=appended is not None and _only_new_rows(commits), merges=merges)
     plan = _refresh_plan(view.name, definition, src, view_ds, state, how, reason, scope, work, source_id=source_id,
                          repaired=foreign is not None, read_fields=read_fields)
     if source_id is not None and table_id(src_latest) is None:  # (restored from before its stamp: stamped again)
@@ -588,7 +594,7 @@ def _refresh_plan(view_name: str, definition: ViewDefinition, src: lance.LanceDa
 def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, definition: ViewDefinition,
                how: str, v0: int | None, scope, scope_frags, recompute, appended: list | None,
                tainted: np.ndarray | None = None, moved: list | None = None, exact: bool = True,
-               scoped: bool = False, only_new: bool = False):
+               scoped: bool = False, only_new: bool = False, merges: list[int] | None = None):
     """The tasks of a refresh and its row-level outcome: rows only appended since
     ``v0`` (in the fragments ``appended``) or a first refresh are all inserts
     (the view's keys are not read); otherwise the changes are found against the
@@ -657,7 +663,7 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
         assert vk is not None
         keys, rows, current_rows, vk, within = _changed_rows(
             src, src.uri, definition, how, v0, src.version, scope, scope_frags, vk, tracked, recompute, tainted, moved,
-            view_ds if scoped else None, feed,
+            view_ds if scoped else None, feed, merges,
         )
         where = place(rows.num_rows + current_rows.num_rows)
         tasks, udf_rows = _tasks_for(where, rows, current_rows, recompute, within)
@@ -984,6 +990,7 @@ def _changed_rows(
     moved: list | None = None,
     scoped_view: lance.LanceDataset | None = None,
     feed: np.ndarray | None = None,
+    merges: list[int] | None = None,
 ) -> "tuple[KeyPlan, pa.Table, pa.Table, pa.Table, tuple[np.ndarray, str | None] | None]":
     """The key plan, the source rows to compute, (``recompute``) the rows the
     view holds current whose UDF columns are computed again, the view's keys
@@ -996,7 +1003,12 @@ def _changed_rows(
     rows they brought in whose source row is gone: the change feed since
     ``v0`` does not name rows created after it). ``feed``: a
     fragment-scoped refresh's source rows deleted since ``v0`` (its view keys
-    are then a :class:`ViewKeys`, read once the rows in scope are known)."""
+    are then a :class:`ViewKeys`, read once the rows in scope are known).
+    ``merges``: versions of Merge commits since ``v0`` that only added columns
+    (:func:`column_adding_merges`): the view's rows whose source rows only
+    they moved are copied (``current_rows``, with no column to compute again:
+    their values are the view's, their row versions new), in an incremental
+    refresh and a fragment-scoped one (a Dagster partition's) alike."""
     if isinstance(vk, ViewKeys):  # read below, once the changed ids are known
         view_keys, view_vers = np.empty(0, np.int64), np.empty(0, np.int64)
     else:
@@ -1037,6 +1049,13 @@ def _changed_rows(
             current &= ~isin(_ids(passing), forced)
         if recompute is not None:
             current_rows = passing.filter(pa.array(current))
+        elif merges and v0 is not None and not tracked and definition.limit is None:
+            copied = _moved_by_merges_only(src, passing, view_keys, view_vers if how == "sync" else None, v0,
+                                           merges) & ~current
+            if tainted is not None and len(tainted):
+                copied &= ~isin(_ids(passing), tainted)
+            current_rows = passing.filter(pa.array(copied))
+            current |= copied
         passing = passing.filter(pa.array(~current))
     if definition.limit is not None:
         candidates = _ids(src.to_table(columns=[], filter=base_filter, with_row_id=True))
@@ -1054,6 +1073,24 @@ def _changed_rows(
         rows = passing
 
     return keys, rows, current_rows, vk, within
+
+
+def _moved_by_merges_only(src: lance.LanceDataset, rows: pa.Table, view_keys: np.ndarray,
+                          view_vers: np.ndarray | None, v0: int, merges: list[int]) -> np.ndarray:
+    """Mask of ``rows`` the view holds whose version only column-adding Merges
+    moved since the view computed them: before those Merges the row was at the
+    version the view holds (``view_vers``; None: an incremental refresh, whose
+    view reflects ``v0``: at ``v0`` or older), so every value the view read
+    from it is as it was."""
+    if rows.num_rows == 0 or len(view_keys) == 0:
+        return np.zeros(rows.num_rows, dtype=bool)
+    ids = _ids(rows)
+    pos = positions(ids, view_keys)
+    held = pos >= 0
+    before = versions_before_merges(src, ids, _ids(rows, ROW_VERSION_ALIAS), merges)
+    if view_vers is None:
+        return held & (before <= v0)
+    return held & (before == view_vers[np.where(held, pos, 0)])
 
 
 def _gone_since(view_ds: lance.LanceDataset, src: lance.LanceDataset, v0: int, feed: np.ndarray) -> np.ndarray:

@@ -15,6 +15,7 @@ import pyarrow as pa
 
 from mv_assets.model.names import COMPUTED_PREFIX
 from mv_assets.model.planning import column_ids, isin
+from mv_assets.model.planning import positions as positions_of
 from mv_assets.storage import objects
 from mv_assets.storage.lance_compat import take_rows
 
@@ -30,6 +31,8 @@ __all__ = [
     "commits_since",
     "fragments_after",
     "written_fragments",
+    "column_adding_merges",
+    "versions_before_merges",
     "foreign_writes",
     "ForeignWrites",
     "gone_rows",
@@ -412,3 +415,72 @@ def written_fragments(src: lance.LanceDataset, v0: int | None, commits: list) ->
         return written
     new = {f.fragment_id for f in written}
     return written + [f for i in sorted(in_place - new) if (f := src.get_fragment(i)) is not None]
+
+
+def column_adding_merges(ds: lance.LanceDataset, since: int, commits: list) -> list[int]:
+    """The versions in ``(since, ds.version]`` whose commit (``commits``, oldest
+    first) is a Merge that only added columns: pylance's and lancedb's
+    ``add_columns`` and ``merge`` on a table with stable row ids move the
+    version of every row of the fragments they write to, though no value a
+    row held changed. Such a Merge keeps every fragment, its rows, its
+    deletions and its data files as they were, and only adds files of field
+    ids the table did not have; a Merge doing anything else (or whose
+    versions cannot be read) is not listed. Cost: two manifests per Merge."""
+    out = []
+    for version, txn in zip(range(since + 1, since + 1 + len(commits)), commits, strict=True):
+        if txn is None or type(txn.operation).__name__ != "Merge":
+            continue
+        try:
+            before, after = ds.checkout_version(version - 1), ds.checkout_version(version)
+        except (ValueError, OSError):
+            continue
+        if _only_adds_columns(before, after):
+            out.append(version)
+    return out
+
+
+def _only_adds_columns(before: lance.LanceDataset, after: lance.LanceDataset) -> bool:
+    old = {f.fragment_id: f.metadata for f in before.get_fragments()}
+    new = {f.fragment_id: f.metadata for f in after.get_fragments()}
+    if old.keys() != new.keys():
+        return False
+    old_ids = {int(f.id()) for f in before.lance_schema.fields()}
+    for m in old.values():
+        for df in m.files:
+            old_ids.update(int(i) for i in df.fields)
+    top = max(old_ids, default=-1)
+    for fid, m in old.items():
+        n = new[fid]
+        if n.physical_rows != m.physical_rows or _deletion(n) != _deletion(m):
+            return False
+        was = {(df.path, tuple(df.fields)) for df in m.files}
+        now = {(df.path, tuple(df.fields)) for df in n.files}
+        if not was <= now or any(i <= top for _, fields in now - was for i in fields if i >= 0):
+            return False
+    return True
+
+
+def _deletion(meta) -> tuple | None:
+    d = meta.deletion_file
+    return None if d is None else (getattr(d, "id", None), getattr(d, "read_version", None),
+                                   getattr(d, "num_deleted_rows", None))
+
+
+def versions_before_merges(ds: lance.LanceDataset, ids: np.ndarray, versions: np.ndarray,
+                           merges: Collection[int]) -> np.ndarray:
+    """The row versions ``versions`` of rows ``ids`` with the moves of the
+    column-adding ``merges`` (:func:`column_adding_merges`) undone: a row at
+    a Merge's version gets the version it had just before it (newest Merge
+    first, so a row moved by two gets the one before both). A row not found
+    before a Merge keeps the Merge's version (counted as changed)."""
+    out = np.asarray(versions, dtype=np.int64).copy()
+    for m in sorted(merges, reverse=True):
+        hit = np.flatnonzero(out == m)
+        if not len(hit):
+            continue
+        before = ds.checkout_version(m - 1).to_table(columns={"v": "_row_last_updated_at_version"}, with_row_id=True)
+        pos = positions_of(np.asarray(ids, dtype=np.int64)[hit], column_ids(before, "_rowid"))
+        found = pos >= 0
+        was = column_ids(before, "v")
+        out[hit[found]] = was[pos[found]]
+    return out
