@@ -475,3 +475,27 @@ def test_a_join_view_on_s3(s3_server, s3_catalog):
     check(db, view, "left", s3_server.options)
     assert view.status().versions_behind == 0
     assert all(c.passed for c in view.check())
+
+
+def test_the_status_of_many_views_over_one_source_on_s3_reads_each_truly(s3_server, s3_catalog):
+    """The views' statuses are read on threads (an object store): each thread
+    reads with handles of its own. They shared the source's pylance handle,
+    whose transaction reads take Rust's exclusive borrow: views read
+    UNREADABLE ("Already borrowed") or, the Restore's commit unread, 0 stale."""
+    uri, _ = s3_catalog
+    opts = s3_server.options
+    db = mv.connect(uri, storage_options=opts, runner=mv.InlineRunner())
+    t = db.create_table("src", [{"id": i, "val": i} for i in range(20)], primary_key="id")
+    views = [db.create_materialized_view(f"v{k}", t.search(None).where(f"val > {k}").select(["id", "val"]))
+             for k in range(6)]
+    for v in views:
+        v.refresh()
+    lance.dataset(t.uri, storage_options=opts).delete("id = 3")
+    lance.write_dataset(pa.table({"id": [100, 101], "val": [5, 6]}), t.uri, mode="append", storage_options=opts)
+    lance.dataset(t.uri, storage_options=opts).update({"val": "val + 1"}, where="id < 5")
+    alone = {v.name: (v.status().versions_behind, v.status().stale_count) for v in views}
+    for _ in range(5):
+        records = mv.connect(uri, storage_options=opts).status().to_pylist()  # (a new catalog: nothing cached)
+        assert [(r["name"], r["load_state"], r["last_error"]) for r in records] == [
+            (f"v{k}", "LOADED", None) for k in range(6)]
+        assert {r["name"]: (r["versions_behind"], r["stale_count"]) for r in records} == alone

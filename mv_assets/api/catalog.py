@@ -1194,12 +1194,13 @@ def _concurrently(fn: Callable[[Any], Any], items: list, pool_name: str, uri: st
     threads) when the catalog at ``uri`` is on an object store: independent
     small reads of many datasets, which it answers in parallel (on a local
     disk each read is a few microseconds: threads would cost more). Each call
-    runs in a copy of the caller's context (the handles and versions a
-    ``reusing_handles`` block pinned are shared). A pool's tasks never wait on
-    the same pool."""
+    runs in a copy of the caller's context (the versions a ``reusing_handles``
+    block pinned are shared) with handles of its own
+    (:func:`objects.with_own_handles`). A pool's tasks never wait on the same pool."""
     if len(items) < 2 or objects.is_local(uri):
         return [fn(x) for x in items]
-    futures = [pool(pool_name, 8).submit(contextvars.copy_context().run, fn, x) for x in items]
+    futures = [pool(pool_name, 8).submit(contextvars.copy_context().run, objects.with_own_handles, fn, x)
+               for x in items]
     return [f.result() for f in futures]
 
 

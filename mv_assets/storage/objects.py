@@ -27,6 +27,7 @@ import tempfile
 import threading
 import time
 import zlib
+from collections.abc import Callable
 from datetime import timedelta
 from typing import Any
 from urllib.parse import urlparse
@@ -137,6 +138,22 @@ def reusing_handles(snapshot: bool = False):
         _TXNS.reset(txn_token)
         if latest_token is not None:
             _LATEST.reset(latest_token)
+
+
+def with_own_handles(fn: Callable[..., Any], *args: Any) -> Any:
+    """``fn(*args)`` opening handles of its own, for a thread working beside
+    others in one :func:`reusing_handles` block (whose pinned versions and
+    commits read it still shares). A pylance handle is not for threads at
+    once: its version checkouts, listings and transaction reads take Rust's
+    exclusive borrow, and a call on another thread meanwhile raises "Already
+    borrowed" (or "Already mutably borrowed")."""
+    if _HANDLES.get() is None:
+        return fn(*args)
+    token = _HANDLES.set({})
+    try:
+        return fn(*args)
+    finally:
+        _HANDLES.reset(token)
 
 
 def _known(uri: str, ds: lance.LanceDataset) -> lance.LanceDataset:
