@@ -37,9 +37,10 @@ What it reads from the Pipes context's extras (docs/deploy.md, "Dagster Pipes"):
     reported with ``report_asset_check``: what the refresh changed (from
     ``since_version``, default the view's version before it), or every row
     when nothing was refreshed.
-``asset_key``
+``asset_key``, ``checks_asset_key``
     The asset the materialization is reported for (default: the launching
-    asset's one key).
+    asset's one key; a UDF column's when only columns of the view are
+    materialized), and the asset the checks are (default: ``asset_key``).
 
 A failing refresh fails the Pipes session with its error (and exit status 1);
 bad extras fail it before anything is written.
@@ -82,7 +83,7 @@ RECOMPUTED_KEY = "mv_assets/recomputed"  # the recomputes' results (JSON list)
 DESCRIPTION_KEY = "description"  # a check's description: Pipes carries check metadata only
 _KNOWN = {"catalog", "view", "runner", "spark_master", "spark_remote", "spark_conf", "local_below_rows",
           "inline_threads", "storage_options", "fragments", "src_version", "recompute", "backfill", "upstream",
-          "refresh", "checks", "since_version", "asset_key"}
+          "refresh", "checks", "since_version", "asset_key", "checks_asset_key"}
 
 
 class PipesExtrasError(ValueError):
@@ -111,6 +112,7 @@ class PipesRequest:
     checks: list[str] = field(default_factory=list)
     since_version: int | None = None
     asset_key: str | None = None
+    checks_asset_key: str | None = None
 
     @classmethod
     def from_extras(cls, extras: dict, partition_key: str | None = None) -> "PipesRequest":
@@ -286,7 +288,8 @@ def _report_checks(pipes: PipesContext, request: PipesRequest, view: Materialize
         md: dict[str, Any] = {DESCRIPTION_KEY: {"raw_value": outcome.description, "type": "text"}}
         for key, value in _json(outcome.metadata).items():
             md[key] = {"raw_value": value, "type": "json"} if isinstance(value, (dict, list)) else value
-        pipes.report_asset_check(outcome.name, outcome.passed, "ERROR", md, asset_key=request.asset_key)
+        pipes.report_asset_check(outcome.name, outcome.passed, "ERROR", md,
+                                 asset_key=request.checks_asset_key or request.asset_key)
 
 
 def run(pipes: PipesContext) -> None:

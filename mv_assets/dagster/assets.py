@@ -1264,7 +1264,9 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
     elif pipes is None:
         result, recomputed = _compute(context, info, view, view_key, columns, fragments, whole)
     else:
-        result, recomputed, checks = _launch(context, pipes, info, view, view_key, columns, fragments, whole, since)
+        report = view_key if view_key in selected else col_keys[columns[0]]  # (a key the step selected)
+        result, recomputed, checks = _launch(context, pipes, info, view, view_key, columns, fragments, whole, since,
+                                             report)
         view = db.open_view(info.name)  # as the Pipes process left it
     duration = time.perf_counter() - started
     _log_outcome(context, info, result, recomputed, columns, duration)
@@ -1340,7 +1342,7 @@ def _never_refreshed(info: TableInfo, columns: list[str]) -> NoReturn:
 
 
 def _launch(context, pipes: PipesLauncher, info: TableInfo, view, view_key, columns: list[str],
-            fragments: list[int], whole: bool, since: int | None):
+            fragments: list[int], whole: bool, since: int | None, report_key: dg.AssetKey | None = None):
     """Through Dagster Pipes: what :func:`_compute` does, in ``python -m
     mv_assets.pipes`` where the client launches it, with the view's selected
     checks. Nothing to do (UDF columns alone, every row current): no launch."""
@@ -1356,7 +1358,7 @@ def _launch(context, pipes: PipesLauncher, info: TableInfo, view, view_key, colu
         "checks": sorted(k.name for k in context.selected_asset_check_keys if k.asset_key == view_key),
     }
     resource: MvAssetsResource = getattr(context.resources, RESOURCE_KEY)
-    done = launch_view(context, pipes, resource, info.name, view_key, request)
+    done = launch_view(context, pipes, resource, info.name, view_key, request, report_key)
     if refresh and done.result is None:  # (a launch that ran something else, and exited 0)
         raise dg.Failure(
             description=f"{info.name}: the Pipes launch ended without reporting a refresh: nothing says the view was "

@@ -160,11 +160,17 @@ class PipesOutcome:
 
 
 def launch_view(context, launcher: PipesLauncher, resource: MvAssetsResource, view: str, view_key: dg.AssetKey,
-                request: dict[str, Any]) -> PipesOutcome:
+                request: dict[str, Any], report_key: dg.AssetKey | None = None) -> PipesOutcome:
     """Launch ``python -m mv_assets.pipes`` for ``view`` and read back what it
-    reported; its failure fails the step with the Pipes process's error."""
+    reported; its failure fails the step with the Pipes process's error.
+    ``report_key``: the selected asset its materialization is reported for
+    (default the view's; a UDF column's when the run materializes only
+    columns of the view: Pipes takes reports of the step's selected assets
+    only); the view's checks are reported for the view."""
+    report_key = report_key or view_key
     extras = {**resource_extras(resource), **launcher.extras, "view": view,
-              "asset_key": view_key.to_escaped_user_string(), **request}
+              "asset_key": report_key.to_escaped_user_string(),
+              "checks_asset_key": view_key.to_escaped_user_string(), **request}
     step = context.get_step_execution_context()
     typed = step.requires_typed_event_stream
     mark = _last_engine_event(context)
@@ -180,7 +186,7 @@ def launch_view(context, launcher: PipesLauncher, resource: MvAssetsResource, vi
             # data versions of their own), as in-process runs do: the requirement is lifted.
             step._requires_typed_event_stream = False
             step._typed_event_stream_error_message = None
-    return _outcome(results, view_key)
+    return _outcome(results, report_key)
 
 
 def _outcome(results, view_key: dg.AssetKey) -> PipesOutcome:
