@@ -228,13 +228,14 @@ def _recompute(pipes: PipesContext, view: MaterializedView, columns: list[str]) 
     for name in columns:
         if any(name in d.columns for d in done):
             continue  # a multi-column UDF filled it with a sibling
-        plan = view.plan_backfill(name)
+        where = view.recompute_where(name)  # (not the rows failing under the current code: retry_errors's)
+        plan = view.plan_backfill(name, where=where)
         if not plan.rows:
             continue
         pipes.log.info(f"{view.name}: recomputing {name} (UDF code changed): {plan.rows:,} rows computed by "
                        "other code")
         with progress.listen(lambda p, n=name: pipes.log.info(f"{view.name}: recomputing {n}: {p}")):
-            done.append(view.backfill(name))
+            done.append(view.backfill(name, where=where))
     return done
 
 

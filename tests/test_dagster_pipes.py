@@ -344,3 +344,41 @@ def test_a_udf_column_materialized_alone_through_pipes_is_recorded_as_in_process
             assert ("v/y", frags[1]) in mats  # (and v's partition: its rows moved to the new source version)
             seen[how] = (mats, sorted(map(str, db.open_table("v").to_arrow().to_pylist())))
     assert seen["pipes"] == seen["in_process"]
+
+
+@pytest.mark.parametrize("how", ["in_process", "pipes"])
+def test_rows_a_skipping_udf_failed_on_are_not_computed_again_by_every_run(tmp_path, call_log, how):
+    """A UDF with on_error="skip" failing on one row: the first run computes
+    each row once; later runs (nothing changed) call nothing, commit nothing
+    and say so. Every run called the UDF on the failed row again, committed a
+    view version, added an error record and labelled the column's
+    materialization "the UDF code changed" (the failed row counted as a row
+    computed by other code)."""
+    from oracle import record_call
+
+    @mv.udf(on_error="skip")
+    def inverse(x: int) -> float:
+        record_call(call_log, "inverse", x)
+        return 1.0 / (x - 3)
+
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(10)], primary_key="id")
+    db.create_materialized_view("v", src.search(None).select({"id": "id", "y": inverse}))
+    client = dg.PipesSubprocessClient() if how == "pipes" else None
+    defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"), pipes_client=client,
+                             sensors_running=False)
+    frag = str(src.fragment_ids()[0])
+    seen = []
+    with dg.instance_for_test() as instance:
+        instance.add_dynamic_partitions(partitions_def_name("src"), [frag])
+        job = defs.resolve_job_def("refresh_src")
+        for _ in range(3):
+            assert job.execute_in_process(instance=instance, partition_key=frag).success
+            scope = _metadata(instance, K(["v", "y"]), frag)["scope"]
+            calls = sorted(int(v) for f in os.listdir(call_log) for v in open(os.path.join(call_log, f)).read().split())
+            for f in os.listdir(call_log):
+                os.remove(os.path.join(call_log, f))
+            seen.append((calls, db.open_table("v").version, len(db.open_table("v").get_errors()), scope))
+    first = seen[0]
+    assert first[0] == list(range(10)) and first[2] == 1
+    assert seen[1:] == [([], first[1], 1, "nothing to compute: every row is current")] * 2

@@ -36,6 +36,7 @@ from mv_assets.model.definition import (
     check_sql,
     computed_marker,
     is_marker,
+    quote_ident,
     short_error,
     sql_literal,
     stored_columns,
@@ -851,6 +852,29 @@ class Table(Indexed):
         if is_view:
             failing |= self._never_computed(ids)
         return sorted(failing)
+
+    def recompute_where(self, column: str) -> str | None:
+        """The rows a recompute of ``column`` after its code changed takes
+        (what Dagster runs of its asset compute), as a ``where`` for
+        :meth:`plan_backfill` / :meth:`backfill`: every row not computed by
+        its current code, but those whose last attempt under that code failed
+        (``on_error="skip"``: they are retried by :meth:`retry_errors`, not by
+        every run); None when there are none (the default rows). A row whose
+        value another code computed keeps it through a failure (a job the
+        failure stopped): it is taken."""
+        spec = _group_specs(self.column_ref(), column)[0]
+        policy = getattr(spec.udf, "on_error", None)
+        if policy is None or not policy.may_skip:
+            return None
+        failed_now = {e.row_id for e in self.get_errors(column_name=column) if e.udf_fingerprint == spec.fingerprint}
+        ids = sorted(failed_now.intersection(self.get_failed_row_ids(column))) if failed_now else []
+        if not ids:
+            return None
+        is_view = isinstance(self.column_ref(), ViewRef)
+        id_col = SOURCE_ROW_ID if is_view else "_rowid"
+        marker = quote_ident(computed_marker(column))
+        return (f"{stale_sql(column, spec.fingerprint, versioned=not is_view)} "
+                f"AND NOT ({marker} IS NULL AND {id_col} IN ({', '.join(map(str, ids))}))")
 
     def _function_name(self) -> str | None:
         """The name of a chunk or table-function view's function (its errors are recorded under it)."""

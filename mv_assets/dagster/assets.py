@@ -1318,14 +1318,15 @@ def _compute(context, info: TableInfo, view, view_key, columns: list[str], fragm
     if whole:
         # UDF columns whose code changed have stale rows: recompute exactly those
         for name in columns:
-            plan = view.plan_backfill(name) if name not in recomputed else None
+            where = view.recompute_where(name) if name not in recomputed else None
+            plan = view.plan_backfill(name, where=where) if name not in recomputed else None
             if plan is not None and plan.rows:
                 resuming = (f"; {plan.rows_checkpointed:,} of them have results checkpointed by an interrupted run"
                             if plan.rows_checkpointed else "")
                 context.log.info(f"{info.name}: recomputing {name} (UDF code changed): {plan.rows:,} rows computed "
                                  f"by other code{resuming}")
                 with _progress(context, f"{info.name}: recomputing {name}"):
-                    done = view.backfill(name)
+                    done = view.backfill(name, where=where)
                 for sibling in done.columns:  # a multi-column UDF fills its siblings too
                     recomputed[sibling] = done
     return result, recomputed
@@ -1347,7 +1348,7 @@ def _launch(context, pipes: PipesLauncher, info: TableInfo, view, view_key, colu
     mv_assets.pipes`` where the client launches it, with the view's selected
     checks. Nothing to do (UDF columns alone, every row current): no launch."""
     refresh = view_key in context.selected_asset_keys or not whole
-    stale = [n for n in columns if view.plan_backfill(n).rows] if whole else []
+    stale = [n for n in columns if view.plan_backfill(n, where=view.recompute_where(n)).rows] if whole else []
     if not refresh and not stale:
         return None, {}, None
     request = {

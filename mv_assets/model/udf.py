@@ -235,6 +235,11 @@ class OnError:
             return backoff_seconds(m.backoff if isinstance(m, Retry) else "exponential", attempt)
         return self.backoff_s * self.backoff_factor ** (attempt - 1)
 
+    @property
+    def may_skip(self) -> bool:
+        """Whether a row may ever be skipped (left NULL, the job going on)."""
+        return self.then == "skip" or any(isinstance(m, Skip) for m in self.matchers)
+
     def skips(self, exc: BaseException) -> bool:
         """Whether a row whose (last) call raised ``exc`` is skipped (NULL and
         an error record) rather than failing the job."""
