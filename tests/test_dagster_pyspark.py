@@ -234,6 +234,28 @@ def test_a_setting_spark_refuses_stops_the_session_the_refresh_started():
     assert out.stdout.split() == ["refused", "active", "False"], out.stdout + out.stderr[-2000:]
 
 
+@pytest.mark.spark
+def test_a_leftover_mv_assets_spark_master_does_not_apply_to_the_resources_session():
+    """With pyspark=, $MV_ASSETS_SPARK_MASTER does not apply (docs/dagster.md):
+    a session the resource started (no spark.master: local[*]) is the
+    refresh's, whatever the variable says. It was read: "this process already
+    runs a SparkSession on 'local[*]' ... master 'local[1]' cannot be used".
+    In a process of its own (no session of another test there)."""
+    code = (
+        "import os\n"
+        "os.environ['MV_ASSETS_SPARK_MASTER'] = 'local[1]'\n"
+        "from dagster_pyspark import LazyPySparkResource\n"
+        "from mv_assets.dagster.spark_session import PySparkResourceRunner\n"
+        "res = LazyPySparkResource(spark_config={'spark.ui.enabled': 'false', 'spark.driver.host': '127.0.0.1'})\n"
+        "started = res.spark_session\n"  # (the project's own asset, first)
+        "r = PySparkResourceRunner(pyspark=res)\n"
+        "print(r.session().sparkContext.master, r.session() is started)\n"
+        "started.stop()\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert out.stdout.split()[-2:] == ["local[*]", "True"], out.stdout + out.stderr[-2000:]
+
+
 def test_definitions_with_a_pyspark_resource_load_without_a_jvm(tmp_path):
     """Loading definitions given a LazyPySparkResource starts no JVM (pyspark is
     imported: dagster-pyspark imports it; no SparkContext, no gateway)."""

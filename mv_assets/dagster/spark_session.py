@@ -145,6 +145,9 @@ class PySparkResourceRunner(SparkRunner):
     def resolved_master(self) -> str:
         return self.master or self.spark_config().get("spark.master") or "local[*]"
 
+    def _asked_master(self) -> str | None:
+        return self.master or self.spark_config().get("spark.master")  # ($MV_ASSETS_SPARK_MASTER does not apply)
+
     def _build(self):
         built = super()._build()
         try:

@@ -466,6 +466,10 @@ class SparkRunner:
     def resolved_master(self) -> str:
         return self.master or os.environ.get("MV_ASSETS_SPARK_MASTER") or "local[*]"
 
+    def _asked_master(self) -> str | None:
+        """The master asked for, if any (None: a session already running will do)."""
+        return self.master or os.environ.get("MV_ASSETS_SPARK_MASTER")
+
     def _is_local_master(self) -> bool:
         return not self.resolved_remote() and self.resolved_master().startswith("local")
 
@@ -544,7 +548,7 @@ class SparkRunner:
         session = builder.getOrCreate()
         # getOrCreate hands back a session another runner started: never stop that one.
         self._owns_session = existing is None or existing is not session
-        wanted = self.master or os.environ.get("MV_ASSETS_SPARK_MASTER")
+        wanted = self._asked_master()
         if not remote and not self._owns_session and wanted and session.sparkContext.master != wanted:
             raise RuntimeError(
                 f"this process already runs a SparkSession on {session.sparkContext.master!r}; Spark allows one "
