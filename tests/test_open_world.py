@@ -745,3 +745,20 @@ def test_partitions_refreshed_after_another_tool_adds_a_column_compute_nothing(d
     assert _calls(call_log) == []
     _merge_view_oracle(t, view)
     assert all(c.passed for c in view.check())
+
+
+def test_a_delete_or_update_that_matches_no_row_leaves_the_view_current(db):
+    """pylance's delete and update whose predicate matches nothing still
+    commit a version (no fragment touched): the view is not behind, nothing
+    is pending (a staleness policy or the sensor would refresh for nothing);
+    it read 2 versions behind that "change what it reads"."""
+    t = db.create_table("src", pa.table({"id": list(range(10)), "x": list(range(10))}), primary_key="id")
+    view = db.create_materialized_view("v", t.search(None).select({"id": "id", "x": "x"}))
+    view.refresh()
+    lance.dataset(t.uri).delete("x > 1000")
+    lance.dataset(t.uri).update({"x": "x + 1"}, where="x > 1000")
+    status = view.status()
+    assert (status.versions_behind, status.stale_count, view.pending_source_versions()) == (0, 0, [])
+    assert not view.plan_refresh().has_work
+    lance.dataset(t.uri).delete("x = 3")  # one that matches
+    assert view.status().versions_behind == 1 and view.pending_source_versions() == [lance.dataset(t.uri).version]

@@ -74,6 +74,9 @@ def commit_matters(txn, reads: Collection[str] | None = None) -> bool:
         return bool(columns & set(reads))
     if STATE_KEY in props and kind == "Update":
         return bool(op.removed_fragment_ids or op.updated_fragments or op.new_fragments)
+    if kind in ("Delete", "Update") and not any(getattr(op, name, None) for name in (
+            "updated_fragments", "deleted_fragment_ids", "removed_fragment_ids", "new_fragments")):
+        return False  # (a delete or update whose predicate matched no row: a version, nothing changed)
     return True
 
 
