@@ -5,6 +5,7 @@ import os
 
 import numpy as np
 import pyarrow as pa
+import pytest
 
 import mv_assets as mv
 from mv_assets.execution.backfill_tasks import run_compute_task
@@ -188,3 +189,27 @@ def test_a_refresh_holding_little_equals_the_oracle(tmp_path, monkeypatch):
     want = np.repeat(np.arange(n, dtype=np.float32)[:, None], dim, axis=1) + np.arange(dim, dtype=np.float32)
     assert got.column("id").to_pylist() == list(range(n))
     assert np.array_equal(got.column("e").combine_chunks().flatten().to_numpy().reshape(n, dim), want)
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "abc", "nan"])
+def test_a_bad_checkpoint_seconds_is_refused_naming_the_variable_before_anything_is_written(tmp_path, monkeypatch,
+                                                                                         value):
+    """$MV_ASSETS_CHECKPOINT_SECONDS of 0 (or not a number of seconds) failed
+    every refresh with "checkpoint pacing needs target_seconds > 0 and ..."
+    (no word of the variable) and recorded the view FAILED_LOAD: it is now
+    refused at the plan, saying which variable and what it takes."""
+    db = mv.connect(str(tmp_path), runner=mv.InlineRunner())
+    src = db.create_table("src", [{"id": i, "x": i} for i in range(5)], primary_key="id")
+
+    @mv.udf
+    def plus(x: int) -> int:
+        return x + 1
+
+    view = db.create_materialized_view("v", src.search(None).select({"id": "id", "y": plus}))
+    monkeypatch.setenv("MV_ASSETS_CHECKPOINT_SECONDS", value)
+    with pytest.raises(ValueError, match=r"\$MV_ASSETS_CHECKPOINT_SECONDS must be a number of seconds above 0"):
+        view.refresh()
+    assert view.count_rows() == 0 and view.status().load_state != "FAILED_LOAD"
+    monkeypatch.delenv("MV_ASSETS_CHECKPOINT_SECONDS")
+    view.refresh()
+    assert view.count_rows() == 5

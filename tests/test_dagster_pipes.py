@@ -126,7 +126,8 @@ def test_a_udf_error_fails_the_pipes_session_with_its_message_and_writes_nothing
                                      raise_on_error=False)
         assert not run.success
         failure = _step_failure(run)
-        assert "fragile cannot take 4" in failure and not failure.startswith("UdfError")
+        # (the engine's sentence, as in process: no class name, bare or with its module's, before it)
+        assert "fragile cannot take 4" in failure and failure.startswith("UDF 'fragile'"), failure
         assert db.open_view("v").version == before
 
 

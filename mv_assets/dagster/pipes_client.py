@@ -29,6 +29,7 @@ the run asks (``view``, ``fragments``, ``src_version``, ``checks``...): see
 """
 
 import dataclasses
+import re
 import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -247,8 +248,8 @@ def _pipes_failure(context, view: str, mark: int | None, exc: Exception) -> dg.F
         error = event.engine_event_data.error if event is not None and event.engine_event_data else None
         if error is not None and event is not None and event.message == _CLOSED_WITH_EXCEPTION:
             message = error.message.strip()
-            if message.startswith(f"{error.cls_name}: "):
-                message = message[len(error.cls_name) + 2:]
+            # (the class's name, bare or with its module's: "mv_assets.model.errors.UdfError: UDF 'f' raised ...")
+            message = re.sub(rf"^(?:\w+\.)*{re.escape(error.cls_name or '')}: ", "", message) if error.cls_name else message
             return dg.Failure(description=message, metadata={
                 "view": view, "error_type": error.cls_name or "", "launched": f"python -m {PIPES_MODULE}",
                 "traceback": dg.MetadataValue.text("".join(error.stack)),

@@ -21,6 +21,7 @@ True
 (False, 8192)
 """
 
+import math
 import os
 from dataclasses import dataclass, field
 
@@ -30,8 +31,19 @@ DEFAULT_CHECKPOINT_SECONDS = 10.0
 
 
 def default_target_seconds() -> float:
-    """``$MV_ASSETS_CHECKPOINT_SECONDS`` or 10 s (Geneva's adaptive sizer aims there too)."""
-    return float(os.environ.get("MV_ASSETS_CHECKPOINT_SECONDS") or DEFAULT_CHECKPOINT_SECONDS)
+    """``$MV_ASSETS_CHECKPOINT_SECONDS`` or 10 s (Geneva's adaptive sizer aims there too);
+    a value that is not a number of seconds above 0 is an error naming the variable."""
+    raw = os.environ.get("MV_ASSETS_CHECKPOINT_SECONDS")
+    if not raw:
+        return DEFAULT_CHECKPOINT_SECONDS
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not math.isfinite(seconds) or seconds <= 0:
+        raise ValueError(f"$MV_ASSETS_CHECKPOINT_SECONDS must be a number of seconds above 0 (UDF work between "
+                         f"checkpoints), got {raw!r}")
+    return seconds
 
 
 @dataclass
