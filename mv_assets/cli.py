@@ -436,12 +436,10 @@ def _refreshed(r) -> str:
         computed = ", ".join(f"{c} {n:,}" for c, n in r.udf_rows_computed.items()) or "none"
         return (f"{r.view}: {moved}: {how}: +{r.rows_inserted:,} -{r.rows_deleted:,}, UDF rows computed: {computed}"
                 f"; {r.seconds:.2f}s")
-    if r.tasks == 0 and not (r.rows_inserted or r.rows_updated or r.rows_deleted):
-        if r.from_version == r.to_version:
-            return f"{r.view}: nothing to refresh: it reflects source v{r.to_version} already"
-        return f"{r.view}: source v{r.from_version} -> v{r.to_version} changed nothing it reads: nothing computed"
-    since = f"first refresh, at source v{r.to_version}" if r.from_version is None else (
-        f"source v{r.from_version} -> v{r.to_version}")
+    nothing = r.nothing_done()
+    if nothing is not None:
+        return nothing
+    since = r.since()
     computed = ", ".join(f"{c} {n:,}" for c, n in r.udf_rows_computed.items()) or "none"
     resumed = sum((r.udf_rows_resumed or {}).values())
     return (f"{r.view}: {since}: +{r.rows_inserted:,} ~{r.rows_updated:,} -{r.rows_deleted:,}, UDF rows computed: "

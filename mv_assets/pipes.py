@@ -214,11 +214,16 @@ def _refresh(pipes: PipesContext, request: PipesRequest, db: Connection, view: M
     with progress.listen(lambda p: say(f"{view.name}: refresh: {p}")):
         result = view.refresh(src_version=pinned, fragments=fragments, recompute=request.recompute)
     counts = ", ".join(f"{k} {n:,}" for k, n in result.udf_rows_computed.items()) or "none"
-    since = (f"first refresh, at source v{result.to_version}" if result.from_version is None
-             else f"source v{result.from_version} -> v{result.to_version}")
-    say(f"{view.name}: {since}: rows +{result.rows_inserted:,} ~{result.rows_updated:,} "
-        f"-{result.rows_deleted:,}, UDF rows computed: {counts}; {result.tasks} task(s) on {result.runner} "
-        f"in {result.seconds:.2f}s")
+    resumed = sum((result.udf_rows_resumed or {}).values())
+    tasks = f"{result.tasks} task{'s' if result.tasks != 1 else ''}"
+    if result.tasks_resumed:
+        tasks += f" ({result.tasks_resumed} resumed from checkpoints)"
+    # (the run's one line of the outcome: the launching asset logs none of its own)
+    say(result.nothing_done() or (
+        f"{view.name}: {result.since()}: rows +{result.rows_inserted:,} ~{result.rows_updated:,} "
+        f"-{result.rows_deleted:,}, UDF rows computed: {counts}"
+        + (f", {resumed:,} UDF rows from checkpoints" if resumed else "")
+        + f"; {tasks} on {result.runner} in {result.seconds:.2f}s"))
     return result
 
 

@@ -407,3 +407,24 @@ def test_errors_of_a_chunk_views_chunker(tmp_path):
     ch.refresh()
     (rec,) = json.loads(run(db, "errors", "ch", "--json").output)
     assert rec["still_failing"] is False
+
+
+def test_a_refresh_is_told_without_vnone_and_first_only_when_it_was():
+    """A view refreshed only fragment by fragment reflects no whole source
+    version: its refresh's line said "source vNone -> v4" (and "first
+    refresh" for any of them)."""
+    from mv_assets.ops.refresh import RefreshResult
+
+    def result(**kw):
+        base = dict(view="v", from_version=None, to_version=4, view_version=7, full=False, rows_inserted=0,
+                    rows_updated=0, rows_deleted=0, udf_rows_computed={}, tasks=0, tasks_resumed=0, seconds=0.1,
+                    runner="none")
+        return RefreshResult(**{**base, **kw})
+
+    assert result().nothing_done() == "v: nothing to compute at source v4"
+    assert result(from_version=4).nothing_done() == "v: nothing to refresh: it reflects source v4 already"
+    assert result(from_version=2).nothing_done() == "v: source v2 -> v4 changed nothing it reads: nothing computed"
+    assert result(tasks=1, rows_inserted=3).nothing_done() is None
+    assert result(tasks=1).since() == "at source v4"
+    assert result(tasks=1, first=True).since() == "first refresh, at source v4"
+    assert result(tasks=1, from_version=2).since() == "source v2 -> v4"

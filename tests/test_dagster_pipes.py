@@ -383,3 +383,34 @@ def test_rows_a_skipping_udf_failed_on_are_not_computed_again_by_every_run(tmp_p
     first = seen[0]
     assert first[0] == list(range(10)) and first[2] == 1
     assert seen[1:] == [([], first[1], 1, "nothing to compute: every row is current")] * 2
+
+
+def test_a_partitions_refresh_is_told_once_and_in_the_same_words_through_pipes(tmp_path):
+    """Through Pipes and in process, the run's log says what a partition's
+    refresh did in one line, the same words (the time aside); a run again
+    with nothing to do says so. Through Pipes the line came twice (the
+    process's and the step's, differing), and the re-run's read "first
+    refresh ... +0" and "source vNone -> v4 changed nothing it reads"."""
+    import re
+
+    seen = {}
+    for how in ("pipes", "in_process"):
+        db = small_catalog(tmp_path / how)
+        client = dg.PipesSubprocessClient() if how == "pipes" else None
+        defs = build_definitions(db, resource=MvAssetsResource(catalog_uri=db.uri, runner="inline"),
+                                 pipes_client=client, sensors_running=False)
+        frag = str(db.open_table("src").fragment_ids()[1])
+        lines = []
+        with dg.instance_for_test() as instance:
+            instance.add_dynamic_partitions(partitions_def_name("src"), [str(f) for f in db.open_table("src").fragment_ids()])
+            job = defs.resolve_job_def("refresh_src")
+            for _ in range(2):
+                run = job.execute_in_process(instance=instance, partition_key=frag)
+                told = [re.sub(r" in \d+\.\d+s$", "", m) for m in run_log(instance, run)
+                        if m.startswith("v: ") and not m.startswith("v: refresh")]
+                lines.append(told)
+        seen[how] = lines
+    assert seen["pipes"] == seen["in_process"]
+    first, again = seen["pipes"]
+    assert len(first) == 1 and first[0].startswith("v: first refresh, at source v") and "rows +4 " in first[0]
+    assert len(again) == 1 and again[0].startswith("v: nothing to ") and "None" not in again[0]

@@ -1269,7 +1269,7 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
                                              report)
         view = db.open_view(info.name)  # as the Pipes process left it
     duration = time.perf_counter() - started
-    _log_outcome(context, info, result, recomputed, columns, duration)
+    _log_outcome(context, info, result, recomputed, columns, duration, launched=pipes is not None)
     _record_run(
         context, info, db, view, view_key, col_keys, columns, keys if partitioned else [], fragments, whole, result,
         recomputed, duration, tables=tables or {},
@@ -1385,22 +1385,19 @@ def _counts(counts: dict) -> str:
     return ", ".join(f"{name} {n:,}" for name, n in counts.items()) or "none"
 
 
-def _log_outcome(context, info: TableInfo, result, recomputed: dict, columns: list[str], duration: float) -> None:
-    if result is not None:
+def _log_outcome(context, info: TableInfo, result, recomputed: dict, columns: list[str], duration: float,
+                 launched: bool = False) -> None:
+    """The run's lines of what it did (``launched``: through Pipes, whose
+    process logged the refresh's line already)."""
+    if result is not None and not launched:
         counted = {"chunker": "parents", "udtf": "partitions", "aggregate": "groups",
                    "join_aggregate": "groups"}.get(info.kind, "rows")
         calls = {"chunker": "chunker calls", "udtf": "UDTF calls"}.get(info.kind, "UDF rows computed")
-        if result.tasks == 0 and not (result.rows_inserted or result.rows_updated or result.rows_deleted):
-            if result.from_version == result.to_version:
-                context.log.info(f"{info.name}: nothing to refresh: it reflects source v{result.to_version} already")
-            else:
-                context.log.info(
-                    f"{info.name}: source v{result.from_version} -> v{result.to_version} changed nothing it reads: "
-                    "nothing computed"
-                )
+        nothing = result.nothing_done()
+        if nothing is not None:
+            context.log.info(nothing)
         else:
-            since = (f"first refresh, at source v{result.to_version}" if result.from_version is None
-                     else f"source v{result.from_version} -> v{result.to_version}")
+            since = result.since()
             resumed = sum(result.udf_rows_resumed.values()) if result.udf_rows_resumed else 0
             from_checkpoints = f", {resumed:,} UDF rows from checkpoints" if resumed else ""
             tasks = f"{result.tasks} task{'s' if result.tasks != 1 else ''}"

@@ -241,6 +241,7 @@ class RefreshResult:
     # a join view's incremental refresh: the first table's fragments (its partitions) holding rows
     # whose view rows it wrote or removed, or whose rows changed; None: not known (any may have)
     first_fragments: list[int] | None = None
+    first: bool = False  # the view's first refresh (it had never been refreshed, in whole or in part)
 
     @property
     def status(self) -> str:
@@ -250,6 +251,23 @@ class RefreshResult:
 
     def summary(self) -> dict:
         return dict(self.__dict__)
+
+    def since(self) -> str:
+        """Which source versions the refresh went between, in words (never "vNone")."""
+        if self.from_version is not None:
+            return f"source v{self.from_version} -> v{self.to_version}"
+        # (a view refreshed only by fragments so far reflects no whole version yet)
+        return f"first refresh, at source v{self.to_version}" if self.first else f"at source v{self.to_version}"
+
+    def nothing_done(self) -> str | None:
+        """The line saying the refresh changed nothing, or None when it did something."""
+        if self.tasks or self.rows_inserted or self.rows_updated or self.rows_deleted:
+            return None
+        if self.from_version == self.to_version:
+            return f"{self.view}: nothing to refresh: it reflects source v{self.to_version} already"
+        if self.from_version is None:
+            return f"{self.view}: nothing to compute at source v{self.to_version}"
+        return f"{self.view}: source v{self.from_version} -> v{self.to_version} changed nothing it reads: nothing computed"
 
 
 def _in_list(ids: np.ndarray) -> str:
@@ -1694,7 +1712,7 @@ def execute_refresh(view: ViewRef, plan: RefreshPlan, runner: "Runner", job_id: 
             **_stage_totals(results),
         },
         indexes=upkeep, job_id=job, details=dict(plan.details),
-        first_fragments=_first_fragments(plan, results),
+        first_fragments=_first_fragments(plan, results), first=plan.load_number == 0,
     )
 
 
