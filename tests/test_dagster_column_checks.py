@@ -246,3 +246,25 @@ def test_rows_computed_by_older_code_are_counted_as_such(tmp_path):
     assert {k: current.metadata[k] for k in ("rows_stale", "rows_older_code", "rows_never_computed")} == {
         "rows_stale": 10, "rows_older_code": 10, "rows_never_computed": 0}
     assert current.metadata["code_fingerprint"] == src.computed_columns()[0].fingerprint
+
+
+def test_rows_the_udf_skipped_are_not_computed_again_by_every_run(tmp_path):
+    """A column whose UDF (on_error="skip") failed on a row: materializing it
+    again computes nothing, commits nothing and records no new error (each
+    run called the UDF on the row again, committed a version and added an
+    error record); the no_failed_rows check still warns, and retry_errors
+    still retries the row."""
+    db = _table(tmp_path, inverse)
+    defs = _defs(db)
+    src = db.open_table("src")
+    with dg.instance_for_test() as instance:
+        _materialize(defs, instance, db, [Y])
+        after_first = (src.version, len(src.get_errors(column_name="y")))
+        for _ in range(2):
+            result = _materialize(defs, instance, db, [Y])
+            assert (src.version, len(src.get_errors(column_name="y"))) == after_first
+            got = {e.check_name: e for e in result.get_asset_check_evaluations()}
+            assert not got["no_failed_rows"].passed and _md(got["no_failed_rows"])["rows_failed"] == 1
+    assert after_first[1] == 1
+    retried = src.retry_errors("y")
+    assert retried.rows_failed == 1 and len(src.get_errors(column_name="y")) == 2  # (it was called again)

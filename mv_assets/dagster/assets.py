@@ -1696,7 +1696,8 @@ def _backfill_columns(context, info: TableInfo, keys: dict[str, dg.AssetKey]):
                 lacking = (view, view.source_version, fids, view.rows_by_fragment(
                     view.source_version or 0, fids, lacking=name) if view.source_version is not None else {})
             with _progress(context, f"{info.name}.{name}: backfill"):
-                result = table.backfill(name)
+                # (not the rows its UDF skipped under its current code: retry_errors retries them)
+                result = table.backfill(name, where=table.recompute_where(name))
             if lacking is not None:
                 view, at, fids, before = lacking
                 after = view.rows_by_fragment(at, fids, lacking=name) if at is not None else {}

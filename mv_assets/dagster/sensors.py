@@ -508,7 +508,7 @@ def _stale_columns(w: _Watched, handle: Table, moved: bool, observed: bool, new_
     if not w.column_keys or not (moved or observed or new_partitions):
         return []
     return [k for k, c in zip(w.column_keys, w.columns, strict=True)
-            if observed or new_partitions or handle.plan_backfill(c).rows > 0]
+            if observed or new_partitions or handle.plan_backfill(c, where=handle.recompute_where(c)).rows > 0]
 
 
 def _lineage_run(w: _Watched, ch, stale: list[dg.AssetKey], due: dict[str, str], loads: dict[str, int], retire,
