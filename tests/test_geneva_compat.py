@@ -311,6 +311,12 @@ def test_read_version_timeout_and_the_parameters_that_do_not_apply(db, tmp_path)
             time.sleep(0.01)
         return x
 
+    @mv.udf
+    def slow_too(x: int) -> int:  # (other code: every row to compute again)
+        while os.path.exists(slow_flag):
+            time.sleep(0.01)
+        return x + 1
+
     t.add_columns({"slow": slow})
     try:
         with pytest.raises(TimeoutError, match="still running after 0.2s"):
@@ -323,6 +329,21 @@ def test_read_version_timeout_and_the_parameters_that_do_not_apply(db, tmp_path)
         time.sleep(0.05)
     job = db.get_job("slowjob")
     assert job.status == "DONE" and job.metric("rows") == 30
+    # no job id given: the one the error names is the backfill's, and the only one (a second,
+    # empty job was recorded under the id the error named, the backfill under another)
+    t.alter_columns({"path": "slow", "udf": slow_too})
+    slow_flag.write_text("x")
+    try:
+        with pytest.raises(TimeoutError, match="still running after 0.2s") as raised:
+            t.backfill("slow", timeout=0.2)
+    finally:
+        slow_flag.unlink()
+    named = str(raised.value).split("backfill job ")[1].split(" ")[0]
+    deadline = time.time() + 60
+    while db.get_job(named).status == "RUNNING" and time.time() < deadline:
+        time.sleep(0.05)
+    assert db.get_job(named).status == "DONE" and db.get_job(named).metric("rows") == 30
+    assert [j.job_id for j in db.list_jobs("t") if j.job_id != "slowjob" and j.column_name == "slow"] == [named]
 
 
 def test_async_jobs_refresh_column_and_plans(db):

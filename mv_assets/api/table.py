@@ -685,6 +685,8 @@ class Table(Indexed):
         ``read_version``, ``min_`` / ``max_checkpoint_size`` and the others are
         explained in docs/geneva.md (those that do not apply warn).
         """
+        if timeout is not None:  # (a job of its own, waited for: the backfill records itself under its id)
+            job_id = job_id or uuid.uuid4().hex[:12]
         run, wait = self._prepare_backfill("backfill", geneva.BACKFILL_IGNORED, columns, geneva_only, dict(
             udf=udf, where=where, concurrency=concurrency, timeout=timeout, min_checkpoint_size=min_checkpoint_size,
             max_checkpoint_size=max_checkpoint_size, job_id=job_id, commit_granularity=commit_granularity,
