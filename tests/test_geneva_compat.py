@@ -589,6 +589,28 @@ def test_checkout_restore_and_open_table_at_a_version(db):
         t.restore()
 
 
+def test_the_column_status_of_a_checked_out_version_is_that_versions(db):
+    """A column added after the version checked out: column_status() of that
+    version lists the columns it had (it crashed on an internal filter:
+    "No field named __computed__z"), and computed_columns() too."""
+    t = _table(db, n=10)
+
+    @mv.udf
+    def y(x: int) -> int:
+        return x * 2
+
+    t.add_columns({"y": y})
+    t.backfill("y")
+    old = t.version
+    t.add_columns({"z": "x + 1"})
+    t.checkout(old)
+    assert [c.name for c in t.computed_columns()] == ["y"]
+    (status,) = t.column_status()
+    assert (status["column"], status["rows"], status["current"]) == ("y", 10, 10)
+    t.checkout_latest()
+    assert [c["column"] for c in t.column_status()] == ["y", "z"]
+
+
 def test_views_refuse_writes_that_would_break_them(db):
     t = _table(db, n=10)
 

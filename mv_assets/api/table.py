@@ -504,8 +504,12 @@ class Table(Indexed):
         return self._input_dataset().schema
 
     def computed_columns(self) -> list[ColumnSpec]:
-        """Columns computed by a UDF or SQL expression (see :meth:`add_columns`)."""
-        return self.column_ref().computed_columns()
+        """Columns computed by a UDF or SQL expression (see :meth:`add_columns`);
+        on a handle checked out at a version, those of that version."""
+        ref = self.column_ref()
+        if self._checked_out is not None and isinstance(ref, TableRef):
+            return stored_columns(self._dataset().schema)  # (its schema's metadata at that version)
+        return ref.computed_columns()
 
     def ref(self) -> "Ref":
         """The frozen reference the work code is given (see mv_assets.refs)."""
