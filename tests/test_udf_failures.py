@@ -255,3 +255,36 @@ def test_a_row_a_failed_refresh_stopped_on_is_still_failing_until_it_is_gone_or_
     assert v.get_failed_row_ids("y") == []
     v.refresh()
     assert v.count_rows() == 19 and v.get_failed_row_ids("y") == []
+
+
+def test_a_dropped_columns_errors_go_with_it(db):
+    """A computed column whose UDF skipped a row, dropped, then a column of
+    the same name added with other code: the new column has no failures (the
+    old records were read as its own: failed 1, retry_errors computed the
+    row); the table's other columns keep theirs."""
+    t = db.create_table("t", pa.table({"id": list(range(10)), "a": list(range(10))}))
+
+    @mv.udf(on_error="skip")
+    def c(a: int) -> int:
+        if a == 3:
+            raise ValueError("bad 3")
+        return a
+
+    @mv.udf(on_error="skip")
+    def d(a: int) -> int:
+        if a == 4:
+            raise ValueError("bad 4")
+        return a
+
+    @mv.udf
+    def c_new(a: int) -> int:
+        return a * 100
+
+    t.add_columns({"c": c, "d": d})
+    t.backfill("c")
+    t.backfill("d")
+    t.drop_columns(["c"])
+    t.add_columns({"c": c_new})
+    assert t.get_failed_row_ids("c") == [] and t.get_errors(column_name="c") == []
+    assert {s["column"]: s["failed"] for s in t.column_status()} == {"d": 1, "c": 0}
+    assert t.retry_errors("c").rows_written == 0 and len(t.get_errors(column_name="d")) == 1

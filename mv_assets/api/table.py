@@ -602,11 +602,18 @@ class Table(Indexed):
         columns, and on a view any column but those added with
         :meth:`add_columns`."""
         self._require_latest("drop_columns()")
+        computed = {c.name for c in self.computed_columns()}
         try:
-            return drop_columns(self.column_ref(), columns, self.connection._readers_of(self.name),
-                                computed_only=self._holds_a_query())
+            version = drop_columns(self.column_ref(), columns, self.connection._readers_of(self.name),
+                                   computed_only=self._holds_a_query())
         finally:
             self._changed()
+        # their error records go with them: a column added again under the name starts clean
+        from mv_assets.storage.error_log import drop_errors
+
+        dropped = [columns] if isinstance(columns, str) else list(columns)
+        drop_errors(self.connection.layout, self.name, [c for c in dropped if c in computed])
+        return version
 
     def _backfill_options(self, api: str, checkpoint_size: Any, stacklevel: int, **geneva_args: Any
                           ) -> geneva.BackfillOptions:

@@ -147,12 +147,16 @@ def record_failure(
         append_errors(layout, table, job_id, [error.record()])
 
 
-def drop_errors(layout: Layout, table: str) -> None:
-    """Forget the error records of a dropped table or view (a new one of the
-    same name starts clean)."""
+def drop_errors(layout: Layout, table: str, columns: list[str] | None = None) -> None:
+    """Forget the error records of a dropped table or view, or (``columns``)
+    of its dropped columns (a new one of the same name starts clean)."""
     uri = errors_uri(layout)
     if objects.is_dataset(uri):
         ds, where = objects.dataset(uri), f"`table` = {sql_literal(table)}"
+        if columns is not None:
+            if not columns:
+                return
+            where += f" AND `column` IN ({', '.join(sql_literal(c) for c in columns)})"
         if ds.count_rows(where):  # (a delete that matches nothing still commits a version)
             ds.delete(where)
 
