@@ -73,6 +73,23 @@ def test_missing_output_type_is_an_error():
             return x
 
 
+def test_a_return_annotation_without_an_arrow_type_is_named_as_such():
+    """It said "add a return annotation" of a UDF that had one."""
+    import datetime
+
+    with pytest.raises(ValueError, match=r"return annotation 'datetime' has no Arrow type here.*data_type="):
+
+        @udf
+        def ts(x: int) -> datetime.datetime:
+            return datetime.datetime(2020, 1, 1)
+
+    @udf(data_type=pa.timestamp("us"))
+    def ts2(x: int) -> datetime.datetime:
+        return datetime.datetime(2020, 1, 1)
+
+    assert ts2.data_type == pa.timestamp("us")
+
+
 def test_batched_udf_needs_data_type():
     with pytest.raises(ValueError, match="cannot infer"):
 

@@ -439,6 +439,12 @@ def _output_type(name: str, data_type: Any, hints: dict[str, Any]) -> pa.DataTyp
     if data_type is None:
         ret = hints.get("return")
         data_type = python_type_to_arrow(ret) if ret is not None else None
+        if data_type is None and ret is not None:
+            raise ValueError(
+                f"UDF {name!r}: its return annotation {getattr(ret, '__name__', ret)!r} has no Arrow type here "
+                "(int, float, str, bytes, bool, lists, NamedTuples...): pass @udf(data_type=...), e.g. "
+                "data_type=pa.timestamp('us')"
+            )
         if data_type is None:
             raise ValueError(
                 f"UDF {name!r}: cannot infer the output type; add a return "
