@@ -439,7 +439,8 @@ def _output_type(name: str, data_type: Any, hints: dict[str, Any]) -> pa.DataTyp
     if data_type is None:
         ret = hints.get("return")
         data_type = python_type_to_arrow(ret) if ret is not None else None
-        if data_type is None and ret is not None:
+        arrow = isinstance(ret, type) and issubclass(ret, pa.Array | pa.ChunkedArray | pa.RecordBatch | pa.Table)
+        if data_type is None and ret is not None and not arrow:  # (Arrow's types say no value type)
             raise ValueError(
                 f"UDF {name!r}: its return annotation {getattr(ret, '__name__', ret)!r} has no Arrow type here "
                 "(int, float, str, bytes, bool, lists, NamedTuples...): pass @udf(data_type=...), e.g. "
