@@ -151,8 +151,8 @@ class PlainLoop:
         from lance import LanceOperation, Transaction  # noqa: F401  (checked here: the loop uses them)
 
         self.session = lance.Session()
-        self.src = os.path.join(root, "plain_src.lance")
-        self.view = os.path.join(root, "plain_view.lance")
+        self.src = os.path.join(root, f"plain_src_{base.num_rows}.lance")
+        self.view = os.path.join(root, f"plain_view_{base.num_rows}.lance")
         lance.write_dataset(base, self.src)
         x = base.column("x")
         view = pa.table({"__source_row_id": pa.array(np.arange(base.num_rows), pa.int64()),
@@ -284,7 +284,8 @@ def run_floors(args: argparse.Namespace) -> int:
                 print(p.line(_size(n)))
             for note in notes:
                 print(f"    {note}")
-            shutil.rmtree(os.path.join(root, f"catalog_{n}"), ignore_errors=True)
+            for done in (f"catalog_{n}", f"bare_{n}.lance", f"plain_src_{n}.lance", f"plain_view_{n}.lance"):
+                shutil.rmtree(os.path.join(root, done), ignore_errors=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
     smallest = min(results)
