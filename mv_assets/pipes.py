@@ -213,17 +213,7 @@ def _refresh(pipes: PipesContext, request: PipesRequest, db: Connection, view: M
         pinned = current  # another run got further already: never go back
     with progress.listen(lambda p: say(f"{view.name}: refresh: {p}")):
         result = view.refresh(src_version=pinned, fragments=fragments, recompute=request.recompute)
-    counts = ", ".join(f"{k} {n:,}" for k, n in result.udf_rows_computed.items()) or "none"
-    resumed = sum((result.udf_rows_resumed or {}).values())
-    tasks = f"{result.tasks} task{'s' if result.tasks != 1 else ''}"
-    if result.tasks_resumed:
-        tasks += f" ({result.tasks_resumed} resumed from checkpoints)"
-    # (the run's one line of the outcome: the launching asset logs none of its own)
-    say(result.nothing_done() or (
-        f"{view.name}: {result.since()}: rows +{result.rows_inserted:,} ~{result.rows_updated:,} "
-        f"-{result.rows_deleted:,}, UDF rows computed: {counts}"
-        + (f", {resumed:,} UDF rows from checkpoints" if resumed else "")
-        + f"; {tasks} on {result.runner} in {result.seconds:.2f}s"))
+    say(result.told(kind_of(view.definition).name, result.seconds))  # (the launching asset logs none of its own)
     return result
 
 

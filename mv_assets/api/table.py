@@ -849,10 +849,14 @@ class Table(Indexed):
         if self._function_name() == column:  # a chunk or table-function view's function
             return self._function_failing(sorted({e.row_id for e in self.get_errors(job_id=job_id,
                                                                                     column_name=column)}))
-        spec = _group_specs(self.column_ref(), column)[0]
-        ids = sorted({e.row_id for e in self.get_errors(job_id=job_id, column_name=column)})
+        return self._still_failing(column, sorted({e.row_id for e in self.get_errors(job_id=job_id,
+                                                                                    column_name=column)}))
+
+    def _still_failing(self, column: str, ids: list[int]) -> list[int]:
+        """Of the stable row ids ``column`` failed on, those still not computed."""
         if not ids:
             return []
+        spec = _group_specs(self.column_ref(), column)[0]
         is_view = isinstance(self.column_ref(), ViewRef)  # a view's values follow its source rows
         id_col = SOURCE_ROW_ID if is_view else "_rowid"
         still = self._dataset().scanner(
@@ -879,8 +883,8 @@ class Table(Indexed):
         policy = getattr(spec.udf, "on_error", None)
         if policy is None or not policy.may_skip:
             return None
-        failed_now = {e.row_id for e in self.get_errors(column_name=column) if e.udf_fingerprint == spec.fingerprint}
-        ids = sorted(failed_now.intersection(self.get_failed_row_ids(column))) if failed_now else []
+        ids = self._still_failing(column, sorted({e.row_id for e in self.get_errors(column_name=column)
+                                                  if e.udf_fingerprint == spec.fingerprint}))
         if not ids:
             return None
         is_view = isinstance(self.column_ref(), ViewRef)

@@ -1318,9 +1318,11 @@ def _compute(context, info: TableInfo, view, view_key, columns: list[str], fragm
     if whole:
         # UDF columns whose code changed have stale rows: recompute exactly those
         for name in columns:
-            where = view.recompute_where(name) if name not in recomputed else None
-            plan = view.plan_backfill(name, where=where) if name not in recomputed else None
-            if plan is not None and plan.rows:
+            if name in recomputed:  # (filled with a sibling of its multi-column UDF)
+                continue
+            where = view.recompute_where(name)
+            plan = view.plan_backfill(name, where=where)
+            if plan.rows:
                 resuming = (f"; {plan.rows_checkpointed:,} of them have results checkpointed by an interrupted run"
                             if plan.rows_checkpointed else "")
                 context.log.info(f"{info.name}: recomputing {name} (UDF code changed): {plan.rows:,} rows computed "
@@ -1380,34 +1382,12 @@ def _pipes_checks(context, pipes: PipesLauncher, info: TableInfo, view_key, name
     yield from (r for r in reported if r.check_name in names)
 
 
-def _counts(counts: dict) -> str:
-    """``{"words": 50, "embedding": 50}`` as ``words 50, embedding 50``."""
-    return ", ".join(f"{name} {n:,}" for name, n in counts.items()) or "none"
-
-
 def _log_outcome(context, info: TableInfo, result, recomputed: dict, columns: list[str], duration: float,
                  launched: bool = False) -> None:
     """The run's lines of what it did (``launched``: through Pipes, whose
     process logged the refresh's line already)."""
     if result is not None and not launched:
-        counted = {"chunker": "parents", "udtf": "partitions", "aggregate": "groups",
-                   "join_aggregate": "groups"}.get(info.kind, "rows")
-        calls = {"chunker": "chunker calls", "udtf": "UDTF calls"}.get(info.kind, "UDF rows computed")
-        nothing = result.nothing_done()
-        if nothing is not None:
-            context.log.info(nothing)
-        else:
-            since = result.since()
-            resumed = sum(result.udf_rows_resumed.values()) if result.udf_rows_resumed else 0
-            from_checkpoints = f", {resumed:,} UDF rows from checkpoints" if resumed else ""
-            tasks = f"{result.tasks} task{'s' if result.tasks != 1 else ''}"
-            if result.tasks_resumed:
-                tasks += f" ({result.tasks_resumed} resumed from checkpoints)"
-            context.log.info(
-                f"{info.name}: {since}: {counted} +{result.rows_inserted:,} ~{result.rows_updated:,} "
-                f"-{result.rows_deleted:,}, {calls}: {_counts(result.udf_rows_computed)}{from_checkpoints}; "
-                f"{tasks} on {result.runner} in {duration:.2f}s"
-            )
+        context.log.info(result.told(info.kind, duration))
     if result is not None and result.indexes:
         up = result.indexes
         context.log.info(

@@ -293,7 +293,7 @@ def concurrently(fn: Callable[[Any], Any], items: list, threads: int) -> list:
 
     pool = concurrent.futures.ThreadPoolExecutor(min(threads, len(items)), thread_name_prefix="mv_assets-task")
     try:
-        # (pylance handles are not for threads at once: each thread opens its own)
+        # (pylance handles are not for threads at once: each thread works on copies of its own)
         futures = [pool.submit(contextvars.copy_context().run, objects.with_own_handles, fn, item) for item in items]
         concurrent.futures.wait(futures, return_when=concurrent.futures.FIRST_EXCEPTION)
         if any(f.done() and f.exception() is not None for f in futures):

@@ -701,13 +701,12 @@ def _merge_with_view(spec: TaskSpec, view_schema: pa.Schema, batches: list[pa.Re
     fresh = pa.Table.from_batches(batches) if batches else None
     if fresh is None or fresh.num_rows == 0:
         return view_schema.empty_table()
-    keys = fresh.column(SOURCE_ROW_ID)
     view = objects.dataset(spec.view_uri, version=spec.view_version)
     rewritten = {*(spec.recompute or []), *(computed_marker(c) for c in spec.recompute or [])}
     keep = [n for n in view_schema.names if n not in rewritten]
     wanted = column_ids(fresh, SOURCE_ROW_ID)
     if len(wanted) <= _BY_ID_MAX:
-        chunk = ", ".join(str(i) for i in keys.to_pylist())
+        chunk = ", ".join(map(str, wanted.tolist()))
         old = view.to_table(columns=keep, filter=f"{SOURCE_ROW_ID} IN ({chunk})", blob_handling=blobs.BYTES)
     else:  # many rows (a column-adding Merge moved them all): one pass over the view, its rows of ``wanted`` kept
         parts = []
@@ -718,7 +717,7 @@ def _merge_with_view(spec: TaskSpec, view_schema: pa.Schema, batches: list[pa.Re
         old = pa.Table.from_batches(parts) if parts else view.schema.empty_table().select(keep)
     # Match by key with a positional take, not an Arrow join: joins cannot carry
     # list, struct or other nested non-key columns (embeddings).
-    pos = positions(column_ids(fresh, SOURCE_ROW_ID), column_ids(old, SOURCE_ROW_ID))
+    pos = positions(wanted, column_ids(old, SOURCE_ROW_ID))
     if (pos < 0).any():
         raise RuntimeError(f"{int((pos < 0).sum())} rows to recompute are missing from the view")
     old = old.take(pa.array(pos))

@@ -269,6 +269,26 @@ class RefreshResult:
             return f"{self.view}: nothing to compute at source v{self.to_version}"
         return f"{self.view}: source v{self.from_version} -> v{self.to_version} changed nothing it reads: nothing computed"
 
+    def told(self, kind: str, seconds: float) -> str:
+        """The run log's line of the refresh of a view of ``kind`` (its rows
+        counted as parents, partitions or groups where they are), that took
+        ``seconds``: in process and through Pipes alike."""
+        nothing = self.nothing_done()
+        if nothing is not None:
+            return nothing
+        counted = {"chunker": "parents", "udtf": "partitions", "aggregate": "groups",
+                   "join_aggregate": "groups"}.get(kind, "rows")
+        calls = {"chunker": "chunker calls", "udtf": "UDTF calls"}.get(kind, "UDF rows computed")
+        computed = ", ".join(f"{name} {n:,}" for name, n in self.udf_rows_computed.items()) or "none"
+        resumed = sum((self.udf_rows_resumed or {}).values())
+        tasks = f"{self.tasks} task{'s' if self.tasks != 1 else ''}"
+        if self.tasks_resumed:
+            tasks += f" ({self.tasks_resumed} resumed from checkpoints)"
+        return (f"{self.view}: {self.since()}: {counted} +{self.rows_inserted:,} ~{self.rows_updated:,} "
+                f"-{self.rows_deleted:,}, {calls}: {computed}"
+                + (f", {resumed:,} UDF rows from checkpoints" if resumed else "")
+                + f"; {tasks} on {self.runner} in {seconds:.2f}s")
+
 
 def _in_list(ids: np.ndarray) -> str:
     return ", ".join(str(int(i)) for i in ids)

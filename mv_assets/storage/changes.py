@@ -14,8 +14,7 @@ import numpy as np
 import pyarrow as pa
 
 from mv_assets.model.names import COMPUTED_PREFIX
-from mv_assets.model.planning import column_ids, isin
-from mv_assets.model.planning import positions as positions_of
+from mv_assets.model.planning import column_ids, isin, positions
 from mv_assets.storage import objects
 from mv_assets.storage.lance_compat import take_rows
 
@@ -482,7 +481,7 @@ def versions_before_merges(ds: lance.LanceDataset, ids: np.ndarray, versions: np
         if not len(hit):
             continue
         before = ds.checkout_version(m - 1).to_table(columns={"v": "_row_last_updated_at_version"}, with_row_id=True)
-        pos = positions_of(np.asarray(ids, dtype=np.int64)[hit], column_ids(before, "_rowid"))
+        pos = positions(np.asarray(ids, dtype=np.int64)[hit], column_ids(before, "_rowid"))
         found = pos >= 0
         was = column_ids(before, "v")
         out[hit[found]] = was[pos[found]]
