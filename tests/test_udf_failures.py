@@ -288,3 +288,31 @@ def test_a_dropped_columns_errors_go_with_it(db):
     assert t.get_failed_row_ids("c") == [] and t.get_errors(column_name="c") == []
     assert {s["column"]: s["failed"] for s in t.column_status()} == {"d": 1, "c": 0}
     assert t.retry_errors("c").rows_written == 0 and len(t.get_errors(column_name="d")) == 1
+
+
+def test_a_renamed_columns_errors_follow_it(db):
+    """A computed column whose UDF skipped a row, renamed: its failures are
+    the new name's (they stayed under the old name: the renamed column read
+    0 failed, ``retry_errors`` of it computed nothing, and a column added
+    later under the old name inherited them)."""
+    t = db.create_table("t", pa.table({"id": list(range(10)), "a": list(range(10))}))
+
+    @mv.udf(on_error="skip")
+    def c(a: int) -> int:
+        if a == 3:
+            raise ValueError("bad 3")
+        return a
+
+    @mv.udf
+    def fresh(a: int) -> int:
+        return a * 100
+
+    t.add_columns({"c": c})
+    t.backfill("c")
+    assert t.get_failed_row_ids("c") == [3]
+    t.alter_columns({"path": "c", "rename": "c2"})
+    assert t.get_failed_row_ids("c2") == [3] and [e.column for e in t.get_errors(column_name="c2")] == ["c2"]
+    assert {s["column"]: s["failed"] for s in t.column_status()} == {"c2": 1}
+    t.add_columns({"c": fresh})  # a new column under the old name starts clean
+    assert t.get_failed_row_ids("c") == [] and t.get_errors(column_name="c") == []
+    assert t.retry_errors("c").rows_written == 0

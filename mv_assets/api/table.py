@@ -583,8 +583,14 @@ class Table(Indexed):
             raise ValueError("alter_columns(): swap UDFs and rename or relax columns in two calls (nothing was changed)")
         try:
             if schema:
+                computed = {c.name for c in self.computed_columns()}
                 rename_or_relax_columns(self.column_ref(), schema, self.connection._readers_of(self.name),
                                         computed_only=self._holds_a_query())
+                # their error records follow them (a column added again under the old name starts clean)
+                from mv_assets.storage.error_log import rename_errors
+
+                rename_errors(self.connection.layout, self.name,
+                              {a["path"]: a["rename"] for a in schema if "rename" in a and a["path"] in computed})
             else:
                 alter_columns(self.column_ref(), tuple(udfs))  # (none: its error says what an alteration is)
         finally:

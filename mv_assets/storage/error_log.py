@@ -23,7 +23,7 @@ from mv_assets.storage import objects
 from mv_assets.storage.lance_compat import take_rows
 from mv_assets.storage.layout import Layout
 
-__all__ = ["ErrorRecord", "ERRORS_SCHEMA", "append_errors", "read_errors", "record_failure", "failures_unrecorded"]
+__all__ = ["ErrorRecord", "ERRORS_SCHEMA", "append_errors", "read_errors", "rename_errors", "record_failure", "failures_unrecorded"]
 
 ERRORS_SCHEMA = pa.schema(
     [
@@ -159,6 +159,20 @@ def drop_errors(layout: Layout, table: str, columns: list[str] | None = None) ->
             where += f" AND `column` IN ({', '.join(sql_literal(c) for c in columns)})"
         if ds.count_rows(where):  # (a delete that matches nothing still commits a version)
             ds.delete(where)
+
+
+def rename_errors(layout: Layout, table: str, renamed: dict[str, str]) -> None:
+    """The error records of a table's renamed columns (``{old: new}``), under
+    their new names: a column's failures follow it, and one added later
+    under the old name starts clean."""
+    uri = errors_uri(layout)
+    if not renamed or not objects.is_dataset(uri):
+        return
+    ds = objects.dataset(uri)
+    for old, new in renamed.items():
+        where = f"`table` = {sql_literal(table)} AND `column` = {sql_literal(old)}"
+        if ds.count_rows(where):  # (an update that matches nothing still commits a version)
+            ds.update({"column": sql_literal(new)}, where=where)
 
 
 def read_errors(
