@@ -82,6 +82,25 @@ def test_policy_round_trip_and_change(db):
         db.create_materialized_view("w", t.search(None), refresh_policy="eager")
 
 
+def test_each_policy_is_built_by_its_name(db):
+    """The docs name the policies eager, ttl, cron, staleness and manual:
+    ``RefreshPolicy.cron("0 6 * * *")`` failed with "'NoneType' object is
+    not callable" (the constructor was cron_schedule only), and a policy given
+    as its name was refused in words that did not say how to build one."""
+    assert RefreshPolicy.cron("0 6 * * *") == RefreshPolicy.cron_schedule("0 6 * * *")
+    policy = RefreshPolicy.cron("0 6 * * *")
+    assert policy.kind == "cron" and policy.cron == "0 6 * * *" and RefreshPolicy().cron is None
+    assert RefreshPolicy.from_json(policy.to_json()) == policy
+    with pytest.raises(ValueError, match="5-field cron"):
+        RefreshPolicy.cron("daily")
+    t = db.create_table("raw", [{"id": i} for i in range(3)])
+    v = db.create_materialized_view("v", t.search(None), refresh_policy=RefreshPolicy.cron("*/5 * * * *"))
+    assert db.open_table("v").refresh_policy.cron == "*/5 * * * *"
+    for bad in ("manual", {"kind": "ttl", "ttl_seconds": 60}):
+        with pytest.raises(ValueError, match=r"RefreshPolicy\.manual\(\)"):
+            v.set_refresh_policy(bad)
+
+
 def test_status_transitions_including_a_failed_load(db):
     t = db.create_table("raw", [{"id": i, "x": i} for i in range(10)])
 
@@ -880,3 +899,37 @@ def test_a_refresh_run_again_after_it_failed_is_another_job(db, tmp_path):
     jobs = {j.job_id: str(j.status) for j in db.list_jobs()}
     assert done.job_id != failed.job_id and jobs == {failed.job_id: "FAILED", done.job_id: "DONE"}
     assert [e.job_id for e in db.open_table("v").get_errors()] == [failed.job_id]
+    # the failed job reads as it did before the retry (it read its error record's short message,
+    # launched and completed when the record was written)
+    assert db.get_job(failed.job_id) == failed and failed.error.startswith("UdfError: UDF 'f' raised ValueError: boom")
+
+
+def test_a_failed_refresh_stays_as_it_failed_after_the_view_is_current_again(db, tmp_path):
+    """A failed refresh followed by a refresh with nothing to compute (the
+    failing rows gone: it records the source version; or one to the version
+    the view holds: it commits nothing) keeps its record too."""
+    flag = tmp_path / "broken"
+    flag.write_text("1")
+    src = db.create_table("src", [{"id": i} for i in range(20)], primary_key="id")
+
+    @mv.udf
+    def f(id: int) -> int:
+        if id >= 100 and flag.exists():
+            raise ValueError("boom")
+        return id
+
+    v = db.create_materialized_view("v", src.search(None).select({"id": "id", "f": f}))
+    v.refresh()
+    src.add([{"id": 107}])
+    with pytest.raises(mv.UdfError):
+        v.refresh()
+    (failed,) = [j for j in db.list_jobs() if str(j.status) == "FAILED"]
+    src.restore(src.version - 1)  # the source as the view holds it
+    assert v.refresh().rows_inserted == 0 and str(v.status().load_state) != "FAILED_LOAD"
+    assert db.get_job(failed.job_id) == failed
+    src.add([{"id": 108}])  # failing again, then a refresh to the version the view holds: it commits nothing
+    with pytest.raises(mv.UdfError):
+        v.refresh()
+    (_, again) = [j for j in db.list_jobs() if str(j.status) == "FAILED"]
+    assert v.refresh(src_version=v.source_version).nothing_done() and str(v.status().load_state) != "FAILED_LOAD"
+    assert [j for j in db.list_jobs() if str(j.status) == "FAILED"] == [failed, again]

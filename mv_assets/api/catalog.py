@@ -40,7 +40,7 @@ from mv_assets.model.join_agg_view import in_users_words, is_join_under, join_un
 from mv_assets.model.kinds import kind_of
 from mv_assets.model.names import JOIN_UNDER_PREFIX
 from mv_assets.model.ownership import OWNERSHIP_METADATA_KEY, Ownership
-from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
+from mv_assets.model.policy import BUILD_HINT, POLICY_METADATA_KEY, RefreshPolicy
 from mv_assets.model.volatility import check_deterministic
 from mv_assets.ops.jobs import Job, process_jobs
 from mv_assets.ops.refresh import RefreshResult
@@ -706,7 +706,7 @@ class Connection:
         """What every new view needs: a policy, a query over a table of this
         catalog, a name that is free and not its source's."""
         if refresh_policy is not None and not isinstance(refresh_policy, RefreshPolicy):
-            raise ValueError("refresh_policy must be a RefreshPolicy, e.g. RefreshPolicy.ttl(3600)")
+            raise ValueError(f"refresh_policy must be a RefreshPolicy, got {refresh_policy!r}: {BUILD_HINT}")
         if not isinstance(query, Query):
             raise ValueError(f"{api}() needs a query: table.search(None)...")
         if not isinstance(query.table, Table) or query.table.connection.layout != self.layout:

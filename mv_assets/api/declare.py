@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 from mv_assets.api.query import Query, function_view_definition
 from mv_assets.model.definition import VIEW_METADATA_KEY, ViewDefinition, shape_fingerprint
 from mv_assets.model.ownership import OWNERSHIP_METADATA_KEY, Ownership
-from mv_assets.model.policy import POLICY_METADATA_KEY, RefreshPolicy
+from mv_assets.model.policy import BUILD_HINT, POLICY_METADATA_KEY, RefreshPolicy
 
 if TYPE_CHECKING:
     from mv_assets.api.catalog import Connection
@@ -65,7 +65,7 @@ class DeclaredView:
         if not isinstance(query, Query):
             raise ValueError(f"DeclaredView() needs a query (table.search(None)...), got {type(query).__name__}")
         if refresh_policy is not None and not isinstance(refresh_policy, RefreshPolicy):
-            raise ValueError(f"DeclaredView(refresh_policy=) takes a RefreshPolicy, got {type(refresh_policy).__name__}")
+            raise ValueError(f"DeclaredView(refresh_policy=) takes a RefreshPolicy, got {refresh_policy!r}: {BUILD_HINT}")
         from mv_assets.model.chunker import UDTF, Chunker
 
         if function is not None and not isinstance(function, Chunker | UDTF):

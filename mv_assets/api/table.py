@@ -47,7 +47,7 @@ from mv_assets.model.kinds import kind_of
 from mv_assets.model.markers import current_sql, stale_sql
 from mv_assets.model.names import PRIMARY_KEY_METADATA_KEY, Alias, is_internal_column
 from mv_assets.model.ownership import OWNERSHIP_METADATA_KEY, Ownership
-from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy
+from mv_assets.model.policy import BUILD_HINT, POLICY_METADATA_KEY, Decision, RefreshPolicy
 from mv_assets.model.udf import checkpoint_size_of
 from mv_assets.ops.backfill import (
     _group_specs,
@@ -75,6 +75,7 @@ from mv_assets.ops.schema_changes import SCHEMA_KEYS, drop_columns, rename_or_re
 from mv_assets.storage import keys, objects
 from mv_assets.storage.changes import FragmentChanges, data_version, fragment_changes, fragment_data_versions
 from mv_assets.storage.error_log import read_errors
+from mv_assets.storage.jobs import keep_failed_refresh
 from mv_assets.storage.layout import Layout
 from mv_assets.storage.refs import Ref, TableRef, ViewRef
 from mv_assets.storage.row_ids import require_stable_row_ids
@@ -1606,7 +1607,7 @@ class MaterializedView(Table):
         """Change how the view is kept fresh (shown and acted on by Dagster)."""
         self._require_latest("set_refresh_policy()")
         if not isinstance(policy, RefreshPolicy):
-            raise ValueError("set_refresh_policy() takes a RefreshPolicy")
+            raise ValueError(f"set_refresh_policy() takes a RefreshPolicy, got {policy!r}: {BUILD_HINT}")
         self._dataset().update_schema_metadata({POLICY_METADATA_KEY: policy.to_json()})
 
     @property
@@ -1783,6 +1784,7 @@ class MaterializedView(Table):
             result.job_id = job_id or ""
             # nothing to do: the view is current, so a FAILED_LOAD (or a LOADING left by a refresh
             # killed mid-way) no longer stands; a local record is renamed aside (none: one failed rename)
+            self._keep_failed_refresh()
             clear_load_state(self.connection.layout, self.name)
             return result
         job_id = job_id or self._new_job_id(plan)
@@ -1793,7 +1795,10 @@ class MaterializedView(Table):
         # (no failed load to show; the next refresh records it). A FAILED_LOAD is still cleared.
         layout = self.connection.layout
         if plan.has_work or plan.full or plan.repaired:
+            # (a failed refresh's record it replaces is kept as that job's: storage.jobs.keep_failed_refresh)
             record_load_state(layout, self.name, LOADING, load_number=plan.load_number + 1, job_id=job_id)
+        else:
+            self._keep_failed_refresh()
         try:
             result = execute_refresh(ref, plan, self._runner(runner), job_id)
         except BaseException as exc:
@@ -1809,6 +1814,11 @@ class MaterializedView(Table):
         if compact_if_fragmented(objects.dataset(self.uri, version=None if result.indexes else result.view_version)):
             result.timings["compact_s"] = time.perf_counter() - start
         return result
+
+    def _keep_failed_refresh(self) -> None:
+        """A failed refresh's job stays as it failed once a refresh that
+        records no LOADING (it has nothing to compute) clears its record."""
+        keep_failed_refresh(self.connection.layout, self.name, load_record(self.connection.layout, self.name))
 
     def _new_job_id(self, plan: RefreshPlan) -> str:
         """The refresh's job id: its plan's (a refresh killed and run again is the

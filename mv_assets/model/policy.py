@@ -18,15 +18,36 @@ import json
 from dataclasses import asdict, dataclass, field
 from datetime import timedelta
 
-__all__ = ["RefreshPolicy", "Decision", "decide", "POLICY_METADATA_KEY"]
+__all__ = ["RefreshPolicy", "Decision", "decide", "POLICY_METADATA_KEY", "BUILD_HINT"]
 
 POLICY_METADATA_KEY = "mv_assets.policy"
 KINDS = ("eager", "ttl", "cron", "staleness", "manual")
 
 
+BUILD_HINT = ("build one with RefreshPolicy.eager(), RefreshPolicy.ttl(3600), RefreshPolicy.cron(\"0 6 * * *\"), "
+              "RefreshPolicy.staleness(5) or RefreshPolicy.manual()")
+
+
+class _FieldAndConstructor:
+    """A field of the policy that is also, on the class, the constructor of
+    its kind: ``RefreshPolicy.cron("0 6 * * *")`` builds a cron policy, and
+    ``policy.cron`` is its expression (an instance holds its fields: this
+    non-data descriptor is read only on the class)."""
+
+    def __init__(self, make: str) -> None:
+        self.make = make
+
+    def __get__(self, obj: object, owner: type | None = None):
+        if obj is None:
+            return getattr(owner, self.make)
+        return None  # (not reached: the instance's own value comes first)
+
+
 @dataclass(frozen=True)
 class RefreshPolicy:
-    """How a view is kept fresh. Build with the class methods."""
+    """How a view is kept fresh. Build with the class methods, one per kind:
+    ``eager()``, ``ttl(seconds)``, ``cron("0 6 * * *")`` (also
+    ``cron_schedule``), ``staleness(pct)``, ``manual()``."""
 
     kind: str = "eager"
     ttl_seconds: float | None = None
@@ -85,6 +106,9 @@ class RefreshPolicy:
         if self.kind == "manual":
             return "manual: refresh only on request"
         return "eager: refresh on every new source version"
+
+
+RefreshPolicy.cron = _FieldAndConstructor("cron_schedule")  # type: ignore[assignment]  (RefreshPolicy.cron(expr))
 
 
 @dataclass(frozen=True)

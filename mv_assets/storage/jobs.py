@@ -311,14 +311,30 @@ def backfill_under_way(layout: Layout, job_id: str, table: str, column: str, loc
     objects.remove(path)
 
 
+def keep_failed_refresh(layout: Layout, view: str, record: dict) -> None:
+    """A failed refresh's job as the view's FAILED_LOAD ``record`` says it
+    (launched when it began, failed when it stopped, the error it stopped on),
+    kept before another refresh's record replaces that one or the view is
+    current again: it read from its error records after (launched at their
+    writing, their short message), or, without any, not at all."""
+    job_id = record.get("job_id")
+    if record.get("load_state") != FAILED_LOAD or not isinstance(job_id, str) or not job_id:
+        return
+    kept = {"job_id": job_id, "job_type": "refresh", "table": view, "launched_at": record.get("launched_at"),
+            "failed_at": record.get("state_since"), "error": record.get("last_error") or "the refresh failed"}
+    objects.write_text(_job_file(layout, job_id), json.dumps(kept), durable=False)
+
+
 def drop_job_records(layout: Layout, table: str) -> None:
-    """Forget the backfill records of a dropped table (a new one of the same name starts clean)."""
+    """Forget the backfill records, and failed refreshes' kept records, of a
+    dropped table (a new one of the same name starts clean)."""
     for record in _under_way(layout, {table}):
         objects.remove(_job_file(layout, record["job_id"]))
 
 
 def _under_way(layout: Layout, wanted: set[str]) -> list[dict]:
-    """The records of backfills running, or ended without finishing (one listing)."""
+    """The records of backfills running, or ended without finishing, and of
+    failed refreshes kept (one listing)."""
     out = []
     for name in objects.listdir(layout.state("jobs")):
         raw = objects.read_text(layout.state("jobs", name)) if name.endswith(".json") else None
@@ -365,7 +381,12 @@ def job_records(layout: Layout, tables: list[str], views: list[str]) -> list[Job
     wanted = set(tables)
     for record in _under_way(layout, wanted):
         key = (record["table"], record["job_id"])
-        jobs[key] = _with_run_record(jobs.get(key), record, layout)
+        if record.get("job_type") == "refresh":  # a failed refresh's, kept (keep_failed_refresh)
+            at = _when(record.get("failed_at"))
+            jobs.setdefault(key, job_record(record["job_id"], "refresh", record["table"], None, FAILED,
+                                            _when(record.get("launched_at")) or at, at, error=str(record["error"])))
+        else:
+            jobs[key] = _with_run_record(jobs.get(key), record, layout)
     failed: dict[tuple[str, str], list] = {}
     for e in read_errors(layout):
         if e.table in wanted:

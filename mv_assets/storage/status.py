@@ -181,6 +181,10 @@ def record_load_state(
         clear_load_state(layout, view)
         return
     current = _read_file(layout, view)
+    if current.get("load_state") == FAILED_LOAD and current.get("job_id") != job_id:
+        from mv_assets.storage.jobs import keep_failed_refresh  # (jobs reads this module)
+
+        keep_failed_refresh(layout, view, current)  # another job's record replaces it: its job stays as it failed
     now = time.time()
     # (when the job began: its LOADING record's time, kept by its FAILED_LOAD)
     launched = current.get("launched_at") if state == FAILED_LOAD and current.get("job_id") == job_id else None
