@@ -478,9 +478,12 @@ def test_with_no_data_false_that_fails_leaves_no_view_behind(db):
     def boom(x: float) -> float:
         raise RuntimeError("model exploded")
 
-    with pytest.raises(Exception, match="model exploded"):
+    with pytest.raises(mv.UdfError, match="model exploded") as failed:
         db.create_materialized_view("v", t.search(None).select({"id": "id", "y": boom}), with_no_data=False)
     assert "v" not in db
+    # its remedy: not `mv-assets errors v` (no such view, and nothing recorded)
+    assert "mv-assets errors" not in str(failed.value) and "get_errors" not in str(failed.value)
+    assert "The view 'v' was not created" in str(failed.value) and "with_no_data=True" in str(failed.value)
     v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": sq}), with_no_data=False)
     assert v.count_rows() == 3 and v.status().last_error is None
 

@@ -35,6 +35,7 @@ from mv_assets.model.errors import (
     SourceBehindError,
     TableExistsError,
     TableNotFoundError,
+    UdfError,
 )
 from mv_assets.model.join_agg_view import in_users_words, is_join_under, join_under
 from mv_assets.model.kinds import kind_of
@@ -747,8 +748,10 @@ class Connection:
             try:
                 with failures_unrecorded():  # a failure drops the view: nothing of it is recorded
                     view.refresh()
-            except BaseException:
+            except BaseException as exc:
                 self.drop_table(name)
+                if isinstance(exc, UdfError):
+                    exc.not_created = True  # (its remedy is not the errors of a view that is gone)
                 raise
         return view
 

@@ -80,7 +80,7 @@ class UdfError(MvAssetsError, RuntimeError):
 
     _FIELDS = (
         "udf", "error_type", "message", "traceback", "attempts", "row_index", "rows", "column", "fingerprint",
-        "row_id", "last_row_id", "row_version", "table", "rows_of", "key", "committed", "skippable",
+        "row_id", "last_row_id", "row_version", "table", "rows_of", "key", "committed", "skippable", "not_created",
     )
 
     def __init__(
@@ -101,6 +101,8 @@ class UdfError(MvAssetsError, RuntimeError):
         self.key: tuple[str, object] | None = None  # (primary key column, value)
         self.committed: str | None = None  # what the job committed before it failed (None: nothing)
         self.skippable = True  # whether on_error="skip" is a remedy (a UDTF's partition: not)
+        # the first refresh of a view created with data failed: the view was dropped, nothing recorded
+        self.not_created = False
 
     def locate(self, *, column: str, fingerprint: str, row_id: int, last_row_id: int, row_version: int) -> None:
         """The task: which column and rows of its batch."""
@@ -157,6 +159,15 @@ class UdfError(MvAssetsError, RuntimeError):
         if row is not None:
             where.append(f"on {row}")
         errors = f"`mv-assets errors {self.table}`" if self.table else "`mv-assets errors <table>`"
+        if self.not_created:
+            return (
+                f"UDF {self.udf!r} raised {self.error_type}: {message}"
+                + (f" ({', '.join(where)})" if where else "")
+                + f". The view {self.table!r} was not created (nothing was written or recorded). Fix the UDF and "
+                "create it again, or declare it with on_error=\"skip\" (failing rows get NULL and are recorded), "
+                "or create it with with_no_data=True and refresh it: a refresh that fails leaves the view and its "
+                "error records."
+            )
         return (
             f"UDF {self.udf!r} raised {self.error_type}: {message}"
             + (f" ({', '.join(where)})" if where else "")
