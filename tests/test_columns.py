@@ -674,6 +674,28 @@ def test_load_columns_from_parquet_lance_and_ipc(db, tmp_path):
     assert t.version == before + 1
 
 
+def test_load_columns_from_data_in_memory(db):
+    """Columns loaded from an Arrow table, a record batch or a pandas frame
+    (it failed with "'pyarrow.lib.Table' object has no attribute 'endswith'");
+    anything else is refused in words, nothing written."""
+    t = db.create_table("t", _rows(6), primary_key="id")
+    ext = pa.table({"id": [1, 2], "q": [10, 20]})
+    t.load_columns(ext, "id", ["q"])
+    assert _values(t, "q") == {i: ({1: 10, 2: 20}.get(i),) for i in range(6)}
+    t.load_columns(pa.record_batch({"id": [3], "q": [30]}), "id", ["q"])
+    t.load_columns(pa.table({"id": [4], "q": [40]}).to_pandas(), "id", ["q"])
+    assert t.load_columns_async(pa.table({"id": [5], "q": [50]}), "id", ["q"]).result(timeout=60) == t.version
+    assert _values(t, "q") == {i: ({1: 10, 2: 20, 3: 30, 4: 40, 5: 50}.get(i),) for i in range(6)}
+    before = t.version
+    with pytest.raises(ValueError, match="not in the source"):
+        t.load_columns(ext, "id", ["nope"])
+    with pytest.raises(ValueError, match="source_format"):
+        t.load_columns(ext, "id", ["q"], source_format="parquet")
+    with pytest.raises(ValueError, match="a path or URI"):
+        t.load_columns(42, "id", ["q"])
+    assert t.version == before
+
+
 def test_udf_columns_on_a_view_follow_refreshes(db, call_log):
     t = db.create_table("t", _rows(20))
     v = db.create_materialized_view("v", t.search(None).where("n < 5").select(["id", "x"]), with_no_data=False)

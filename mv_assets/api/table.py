@@ -804,7 +804,7 @@ class Table(Indexed):
 
     def load_columns(
         self,
-        source: str | list[str],
+        source: "str | list[str] | pa.Table | pa.RecordBatch | Any",
         pk: str,
         columns: list[str],
         *,
@@ -813,7 +813,9 @@ class Table(Indexed):
         job_id: str | None = None,
         **geneva_only: Any,
     ) -> int | None:
-        """Load columns from Parquet, Lance or Arrow IPC joined by primary key.
+        """Load columns from Parquet, Lance or Arrow IPC (a path or URI, or a
+        list of them), or from data in memory (a pyarrow Table or RecordBatch,
+        a pandas DataFrame), joined by primary key.
 
         ``on_missing``: ``"carry"`` keeps the value of rows with no match
         (NULL for a new column), ``"null"`` sets it NULL, ``"error"`` raises
@@ -828,7 +830,7 @@ class Table(Indexed):
                             job_id=job_id)
 
     def load_columns_async(
-        self, source: str | list[str], pk: str, columns: list[str], *, source_format: str | None = None,
+        self, source: "str | list[str] | pa.Table | pa.RecordBatch | Any", pk: str, columns: list[str], *, source_format: str | None = None,
         on_missing: str = "carry", job_id: str | None = None, **geneva_only: Any,
     ) -> Job:
         """:meth:`load_columns` in a background thread; returns a job whose

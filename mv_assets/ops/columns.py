@@ -320,6 +320,29 @@ def _detect_format(source: str | list[str], source_format: str | None) -> str:
     raise ValueError(f"cannot tell the format of {first!r}; pass source_format='parquet' | 'lance' | 'ipc'")
 
 
+def _source_table(source: Any, source_format: str | None, columns: list[str], catalog: str) -> pa.Table:
+    """``columns`` of what load_columns was given: files (a path or URI, or a
+    list of them) or data in memory (a pyarrow Table or RecordBatch, a pandas
+    DataFrame)."""
+    data = source
+    if isinstance(data, pa.RecordBatch):
+        data = pa.Table.from_batches([data])
+    elif type(data).__name__ == "DataFrame" and type(data).__module__.startswith("pandas"):
+        data = pa.Table.from_pandas(data, preserve_index=False)
+    if isinstance(data, pa.Table):
+        if source_format is not None:
+            raise ValueError(f"load_columns: source_format={source_format!r} is for files; data in memory has none")
+        missing = [c for c in columns if c not in data.schema.names]
+        if missing:
+            raise ValueError(f"load_columns: columns {missing} are not in the source (columns: {data.schema.names})")
+        return data.select(columns)
+    if not (isinstance(source, str) or (isinstance(source, list) and all(isinstance(u, str) for u in source))):
+        raise ValueError("load_columns: the source is a path or URI (Parquet, Lance or Arrow IPC), a list of them, "
+                         f"or data in memory (a pyarrow Table or RecordBatch, a pandas DataFrame), got "
+                         f"{type(source).__name__}")
+    return _read_source(source, _detect_format(source, source_format), columns, catalog)
+
+
 def _read_source(source: str | list[str], fmt: str, columns: list[str], catalog: str | None = None) -> pa.Table:
     if isinstance(source, list) and not source:
         raise ValueError("load_columns: empty list of source files")
@@ -378,7 +401,7 @@ def _read_remote_files(sources: list[str], fmt: str, columns: list[str]) -> pa.T
 
 def load_columns(
     table: Ref,
-    source: str | list[str],
+    source: Any,
     pk: str,
     columns: list[str],
     *,
@@ -387,7 +410,7 @@ def load_columns(
     job_id: str | None = None,
 ) -> int | None:
     """Join ``columns`` from an external Parquet / Lance / Arrow IPC dataset
-    into ``table`` by primary key ``pk``; one commit (recorded as job
+    (or data in memory: :func:`_source_table`) into ``table`` by primary key ``pk``; one commit (recorded as job
     ``job_id``). Returns the new version (None when nothing changed). All
     checks run before anything is written."""
     started_at = time.time()
@@ -406,8 +429,7 @@ def load_columns(
     bad = [c for c in columns if c in computed or is_marker(c) or c in LANCE_ROW_COLUMNS]
     if bad:
         raise ValueError(f"columns {bad} are computed or reserved; they cannot be loaded")
-    fmt = _detect_format(source, source_format)
-    src = _read_source(source, fmt, [pk, *columns], table.layout.root)
+    src = _source_table(source, source_format, [pk, *columns], table.layout.root)
     if src.column(pk).null_count:
         raise ValueError(f"the source has NULL primary keys in {pk!r}")
     if len(pc.unique(src.column(pk))) != src.num_rows:  # pyright: ignore[reportAttributeAccessIssue]  (generated at import)
