@@ -249,7 +249,7 @@ def test_random_histories_match_oracle(ops, spark_runner, tmp_path_factory):
     [
         (None, None, 100, 0.002, True),      # auto: small estimated work stays on the driver
         (None, None, 10**6, 20.0, False),    # auto: large work goes to Spark
-        (None, None, 5, None, False),        # no estimate (a backfill's map): Spark
+        (None, None, 5, None, False),        # no estimate (a runner caller without one): Spark
         (None, 0.0, 100, 0.002, False),      # local_below_seconds=0: never on the driver
         (None, 30.0, 10**6, 20.0, True),     # a higher bound keeps more on the driver
         (0, None, 100, 0.002, False),        # local_below_rows=0: always a Spark job
@@ -283,3 +283,22 @@ def test_small_refreshes_never_pay_a_spark_job_and_the_cost_is_measured(tmp_path
     r = view.refresh()
     assert r.runner == "spark-driver-local" and r.udf_rows_computed == {"y": 1} and not runner.started
     assert view.refresh_state().seconds_per_row == measured  # too few rows to measure: carried
+
+
+def test_small_backfills_never_pay_a_spark_job(tmp_path):
+    """A backfill of a few rows ran as a Spark job with the default runner
+    (a JVM started: ~10 s for 3 rows), where a refresh of as many runs on the
+    driver: a backfill's work is estimated as a refresh's first one is."""
+    runner = mv.SparkRunner(master="local[1]")
+    db = mv.connect(str(tmp_path / "cat"), runner=runner)
+    t = db.create_table("t", pa.table({"id": list(range(50)), "x": list(range(50))}))
+
+    @mv.udf
+    def inc(x: int) -> int:
+        return x + 1
+
+    t.add_columns({"y": inc})
+    assert t.backfill("y").rows_written == 50 and not runner.started
+    assert t.backfill_async("y", where="x < 5").result(timeout=120) is not None and not runner.started
+    assert sorted(t.to_arrow().select(["x", "y"]).to_pylist(), key=lambda r: r["x"]) == [
+        {"x": i, "y": i + 1} for i in range(50)]

@@ -77,11 +77,11 @@ class Runner(Protocol):
 
     def map(
         self, func_ref: str, payloads: list[str], shared: bytes, rows: int = 0, *,
-        resources: ResourceRequest | None = None,
+        resources: ResourceRequest | None = None, estimated_seconds: float | None = None,
     ) -> list[str]:
         """``func_ref(payload, shared)`` (``"module:function"``, resolved where it
         runs) for each payload: one result per payload; ``rows``: the work's size;
-        ``resources`` as for :meth:`run`."""
+        ``resources`` and ``estimated_seconds`` as for :meth:`run`."""
         ...
 
     def parallelism(self) -> int:
@@ -186,13 +186,16 @@ class _OlderRunner:
 
     def map(
         self, func_ref: str, payloads: list[str], shared: bytes, rows: int = 0, *,
-        resources: ResourceRequest | None = None,
+        resources: ResourceRequest | None = None, estimated_seconds: float | None = None,
     ) -> list[str]:
+        kwargs: dict[str, Any] = {}
+        if estimated_seconds is not None and _takes(self.inner.map, "estimated_seconds"):
+            kwargs["estimated_seconds"] = estimated_seconds
         if resources is not None:
             if _takes(self.inner.map, "resources"):
-                return self.inner.map(func_ref, payloads, shared, rows, resources=resources)
+                return self.inner.map(func_ref, payloads, shared, rows, resources=resources, **kwargs)
             self._unscheduled(resources)
-        return self.inner.map(func_ref, payloads, shared, rows)
+        return self.inner.map(func_ref, payloads, shared, rows, **kwargs)
 
     def _unscheduled(self, resources: ResourceRequest) -> None:
         resource_requests.unscheduled(
@@ -264,7 +267,7 @@ class InlineRunner:
 
     def map(
         self, func_ref: str, payloads: list[str], shared: bytes, rows: int = 0, *,
-        resources: ResourceRequest | None = None,
+        resources: ResourceRequest | None = None, estimated_seconds: float | None = None,
     ) -> list[str]:
         resource_requests.unscheduled(resources, self._where())
         fn = resolve(func_ref)

@@ -29,6 +29,11 @@ __all__ = ["CheckpointPacer", "DEFAULT_CHECKPOINT_SECONDS"]
 
 DEFAULT_CHECKPOINT_SECONDS = 10.0
 
+# Until a job's cost per row is measured (a view's refresh measures its own):
+# a model-like UDF, ~20 us a row. Work estimated below a runner's bound runs on
+# the driver (SparkRunner.local_below_seconds).
+DEFAULT_SECONDS_PER_ROW = 20e-6
+
 
 def default_target_seconds() -> float:
     """``$MV_ASSETS_CHECKPOINT_SECONDS`` or 10 s (Geneva's adaptive sizer aims there too);

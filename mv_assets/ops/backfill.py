@@ -82,7 +82,7 @@ from mv_assets.model.definition import (
 from mv_assets.model.errors import ConcurrentWriteError, SqlRowsError, UdfError
 from mv_assets.model.markers import marker_value, stale_sql
 from mv_assets.model.names import Alias, nth_marker_alias
-from mv_assets.model.pacing import default_target_seconds
+from mv_assets.model.pacing import DEFAULT_SECONDS_PER_ROW, default_target_seconds
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.model.planning import fragment_tasks, positions, split_ranges
 from mv_assets.model.udf import UDF, checkpoint_size_of, resource_hints, task_size_of
@@ -642,8 +642,8 @@ def _commit_results(
             "checkpoint_dir": plan.checkpoint_dir, "keys": plan.batch_keys,
         }).encode()
         try:
-            outs = runner.map(WRITE_TASK, payloads, shared_w,
-                              sum(len(g[1]) for g in groups))
+            rows = sum(len(g[1]) for g in groups)
+            outs = runner.map(WRITE_TASK, payloads, shared_w, rows, estimated_seconds=_estimate(rows))
         finally:
             for path in assigns:
                 objects.remove(path)
@@ -962,7 +962,8 @@ def _execute_one_pass(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: 
         }).encode()
         try:
             outs = [json.loads(o) for o in runner.map(FUSED_TASK, [json.dumps(t) for t in p.one_pass_tasks], shared,
-                                                      p.rows, resources=_request(table, specs))]
+                                                      p.rows, resources=_request(table, specs),
+                                                      estimated_seconds=_estimate(p.rows))]
         except UdfError as exc:  # on_error="fail": the failed row is named and recorded, nothing is committed
             _record_failure(table, job_id, exc, p.input_uri, p.input_version)
             raise
@@ -1165,6 +1166,13 @@ def _request(table: Ref, specs: list) -> ResourceRequest | None:
                       {c.name: resource_hints(c.udf) for c in specs if c.udf is not None})
 
 
+def _estimate(rows: int) -> float:
+    """A backfill's work, as a refresh's before its cost is measured: a runner
+    running small work on the driver (SparkRunner.local_below_seconds) starts
+    no Spark job for a few rows."""
+    return rows * DEFAULT_SECONDS_PER_ROW
+
+
 def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: str,
                      checkpoint_seconds: float | None = None) -> BackfillResult:
     """Run the plan: in one pass, or staged (the compute tasks, then errors
@@ -1203,7 +1211,8 @@ def execute_backfill(table: Ref, plan: BackfillPlan, runner: "Runner", job_id: s
     try:
         try:
             outs = [json.loads(o) for o in runner.map(COMPUTE_TASK, payloads, shared,
-                                                      plan.rows_to_compute, resources=_request(table, plan.specs))]
+                                                      plan.rows_to_compute, resources=_request(table, plan.specs),
+                                                      estimated_seconds=_estimate(plan.rows_to_compute))]
         except UdfError as exc:  # on_error="fail": the failed row is named and recorded, nothing is committed
             _record_failure(table, job_id, exc, plan.input_uri, plan.input_version)
             raise

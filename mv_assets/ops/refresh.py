@@ -48,7 +48,7 @@ from mv_assets.model.definition import (
 )
 from mv_assets.model.errors import ConcurrentRefreshError, UdfError
 from mv_assets.model.names import Alias
-from mv_assets.model.pacing import default_target_seconds
+from mv_assets.model.pacing import DEFAULT_SECONDS_PER_ROW, default_target_seconds
 from mv_assets.model.planning import (
     ChangeSet,
     History,
@@ -1598,10 +1598,6 @@ def _index_upkeep(uri: str, rebuild: "list[indexes.IndexSpec] | None" = None,
     if not done.did_anything:
         return {}
     return {"updated": done.updated, "rebuilt": done.rebuilt, "failed": done.failed}
-
-
-# Until a view's refresh has measured its cost: a model-like UDF (~20 us/row).
-DEFAULT_SECONDS_PER_ROW = 20e-6
 
 
 def estimated_seconds(plan: RefreshPlan) -> float:
