@@ -6,6 +6,7 @@ them in. And writers that give rewritten rows new stable row ids (a Spark
 
 import os
 import shutil
+import warnings
 
 import lance
 import pyarrow as pa
@@ -108,7 +109,10 @@ def test_enable_stable_row_ids_keeps_rows_schema_config_and_scalar_indexes(db):
     md = {b"mv_assets.primary_key": b"id", b"owner.note": b"kept"}
     before = _values(uri)
 
-    result = db.enable_stable_row_ids("t")
+    with warnings.catch_warnings(record=True) as caught:  # (pylance's deprecation of list_indices was shown)
+        warnings.simplefilter("always")
+        result = db.enable_stable_row_ids("t")
+    assert [str(w.message) for w in caught if "list_indices" in str(w.message)] == []
 
     ds = lance.dataset(uri)
     assert ds.has_stable_row_ids

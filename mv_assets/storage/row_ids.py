@@ -43,6 +43,7 @@ it before rebuilds at its next refresh.
 
 import time
 import uuid
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -116,7 +117,11 @@ def require_current_format(ds: lance.LanceDataset, name: str, doing: str) -> Non
 
 
 def _user_indexes(ds: lance.LanceDataset) -> list[dict]:
-    return [dict(i) for i in ds.list_indices() if not str(i["name"]).startswith("__")]
+    with warnings.catch_warnings():  # (list_indices names each index's type, as REBUILT_INDEXES does; pylance
+        warnings.simplefilter("ignore", DeprecationWarning)  # warns that it is deprecated: not the user's doing)
+        warnings.simplefilter("ignore", UserWarning)
+        listed = ds.list_indices()
+    return [dict(i) for i in listed if not str(i["name"]).startswith("__")]
 
 
 def _without_markers(reader: pa.RecordBatchReader) -> pa.RecordBatchReader:
