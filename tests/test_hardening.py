@@ -872,6 +872,9 @@ def test_table_api_inputs_as_lancedb_takes_them(tmp_path):
     assert [r["id"] for r in vec.search([0.0, 0.0]).limit(2).to_list()] == [0, 1]
     with pytest.raises(ValueError, match=r"No field named nope.*\('items' has the columns id, name\)"):
         t.search().select(["id", "nope"]).to_list()
+    # a view's query too, without DataFusion's list of the fields it planned ("Valid fields are id." of two)
+    with pytest.raises(ValueError, match=r"No field named nope\. \('items' has the columns id, name\)$"):
+        db.create_materialized_view("bad", t.search(None).select(["nope"]))
     assert t.search().select({"n": "NAME", "t": "true"}).limit(1).to_list() == [{"n": "n0", "t": True}]
     # lancedb's keyword for the builder's columns
     vec.merge_insert(on="id").when_matched_update_all().execute([{"id": 1, "vector": [9.0, 9.0]}])

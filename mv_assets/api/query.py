@@ -8,6 +8,7 @@ lives in :mod:`mv_assets.definition` (re-exported here).
 
 import dataclasses
 import json
+import re
 from typing import Any, Protocol
 
 import lance
@@ -272,8 +273,10 @@ class Query:
             if "No field named" not in str(exc):
                 raise
             # (DataFusion lists the fields of the projection it planned: the table's own, said in full)
+            # (and its list dropped: "Valid fields are doc_id." named one column of six)
             shown = [n for n in source_schema.names if not is_marker(n) and not is_reserved_name(n)]
-            raise ValueError(f"{exc} ({self._table.name!r} has the columns {', '.join(shown)})") from None
+            said = re.sub(r"\s*Valid fields are [^()]*?\.(?=\s|$)", "", str(exc))
+            raise ValueError(f"{said} ({self._table.name!r} has the columns {', '.join(shown)})") from None
         return definition
 
     @property
