@@ -890,6 +890,61 @@ def test_backfill_of_a_column_a_view_does_not_read_costs_the_view_nothing(db, ca
     assert reads.plan_refresh(fragments=[0]).is_noop and blind.plan_refresh(fragments=[0]).is_noop
 
 
+def test_a_backfill_of_a_column_no_view_udf_reads_rewrites_the_view_rows_without_calling_its_udfs(db, call_log):
+    """A view selecting a source's computed column ``y`` beside a UDF of
+    other columns: a backfill of ``y`` with new code (values rewritten, no
+    row version moved) recomputed the view's UDF on every row (a model run
+    again over the whole view). Its rows are rewritten with the new values,
+    their UDF values kept; a UDF reading ``y`` is computed again; rows also
+    updated since are computed whole."""
+    t = db.create_table("t", _rows(20), primary_key="id")
+
+    @mv.udf
+    def model(s: str) -> str:
+        record_call(call_log, "model", s)
+        return s.upper()
+
+    @mv.udf
+    def of_y(y: float) -> float:
+        record_call(call_log, "of_y", y)
+        return -y
+
+    t.add_columns({"y": _plain})
+    t.backfill("y")
+    v = db.create_materialized_view("v", t.search(None).where("n != 3").select(
+        {"id": "id", "y": "y", "y2": "y * 2", "m": model}), with_no_data=False)
+    w = db.create_materialized_view("w", t.search(None).select({"id": "id", "m": model, "ny": of_y}),
+                                    with_no_data=False)
+    held = v.count_rows()
+    assert count_calls(call_log, "model") == held + 20 and count_calls(call_log, "of_y") == 20
+    t.alter_columns({"path": "y", "udf": mv.udf(lambda x: x + 100, data_type=pa.float64(), name="shifted",
+                                                input_columns=["x"])})
+    t.backfill("y")
+    t.update(where="id = 4", values={"s": "changed"})  # this row also changed: computed whole
+    plan = v.plan_refresh()
+    assert plan.udf_rows == {"m": 1} and plan.rows_to_update == held
+    r = v.refresh()
+    assert not r.full and r.udf_rows_computed == {"m": 1} and r.rows_updated == held
+    assert count_calls(call_log, "model") == held + 20 + 1
+    expected = {i: (i + 100.0, 2 * (i + 100.0), ("changed" if i == 4 else f"s{i}").upper())
+                for i in range(20) if i % 7 != 3}
+    assert _values(v, "y", "y2", "m") == expected
+    assert all(c.passed for c in v.check())
+    r = w.refresh()  # its UDF reads y: computed again; the other UDF of the row too (one task computes the row)
+    assert r.udf_rows_computed == {"m": 20, "ny": 20} and count_calls(call_log, "of_y") == 40
+    assert _values(w, "ny") == {i: (-(i + 100.0),) for i in range(20)}
+    assert v.refresh().nothing_done() and w.refresh().nothing_done()
+    # the same by fragment (a Dagster partition's refresh)
+    t.alter_columns({"path": "y", "udf": mv.udf(lambda x: x + 200, data_type=pa.float64(), name="shifted2",
+                                                input_columns=["x"])})
+    t.backfill("y")
+    calls = count_calls(call_log, "model")
+    r = v.refresh(fragments=[f.fragment_id for f in lance.dataset(t.uri).get_fragments()])
+    assert not any(r.udf_rows_computed.values()) and r.rows_updated == held and count_calls(call_log, "model") == calls
+    assert _values(v, "y", "m") == {i: (i + 200.0, m) for i, (_, _, m) in expected.items()}
+    assert all(c.passed for c in v.check())
+
+
 def test_rows_changed_while_a_backfill_computes_are_left_stale(db, tmp_path):
     t = db.create_table("t", _rows(30))
     once = tmp_path / "once"

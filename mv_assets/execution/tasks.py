@@ -231,8 +231,8 @@ def _compute_batches(
     overlap: bool = False,
     clock: StageClock | None = None,
 ):
-    """Yield view batches; with ``only``, just the key, version and those UDF
-    columns. With ``overlap``, source batches are read ahead in a thread while
+    """Yield view batches; with ``only``, just the key, version and those
+    columns (UDF columns computed again, or every other column read again). With ``overlap``, source batches are read ahead in a thread while
     the UDF columns are computed. With a ``clock``, the time reading and in the
     UDFs is added to its ``read_s`` and ``udf_s``."""
     if only is not None:
@@ -243,7 +243,7 @@ def _compute_batches(
         schema = pa.schema([f for f in schema if f.name in keep])
     inputs = definition.udf_input_columns(source_schema)
     computed_inputs = [c for c in inputs if computed_marker(c) in source_schema.names]
-    projection = _scan_projection(definition, schema, inputs, computed_inputs, whole=only is None)
+    projection = _scan_projection(definition, schema, inputs, computed_inputs)
     columns = with_filter_columns(projection, predicate)
     scanner = scanner_source.scanner(
         columns=columns,
@@ -290,17 +290,17 @@ def _compute_batches(
         yield _view_batch(schema, batch, row_ids, row_versions, udf_values, sql_markers)
 
 
-def _scan_projection(definition: ViewDefinition, schema: pa.Schema, inputs: list[str], computed_inputs: list[str],
-                     whole: bool) -> dict[str, str]:
-    """The columns :func:`_compute_batches` scans: (``whole``: all the view's
-    columns) the view's projection and the markers of computed source columns
-    it keeps, then the UDFs' inputs, the markers of those computed, and the row
-    version."""
-    projection = dict(definition.projection) if whole else {}
-    if whole:
-        for f in schema:
-            if f.name.startswith(SOURCE_MARKER_PREFIX):
-                projection[f.name] = f"`{computed_marker(f.name[len(SOURCE_MARKER_PREFIX):])}`"
+def _scan_projection(definition: ViewDefinition, schema: pa.Schema, inputs: list[str],
+                     computed_inputs: list[str]) -> dict[str, str]:
+    """The columns :func:`_compute_batches` scans: the projection of the
+    view's columns in ``definition`` and the markers of computed source
+    columns it keeps in ``schema`` (both the task's: only its ``recompute``
+    columns when it rewrites some), then the UDFs' inputs, the markers of
+    those computed, and the row version."""
+    projection = dict(definition.projection)
+    for f in schema:
+        if f.name.startswith(SOURCE_MARKER_PREFIX):
+            projection[f.name] = f"`{computed_marker(f.name[len(SOURCE_MARKER_PREFIX):])}`"
     for col in inputs:
         projection[_in_name(col)] = f"`{col}`"
     for col in computed_inputs:

@@ -47,7 +47,7 @@ from mv_assets.model.definition import (
     tracked_source_columns,
 )
 from mv_assets.model.errors import ConcurrentRefreshError, UdfError
-from mv_assets.model.names import Alias
+from mv_assets.model.names import SOURCE_MARKER_PREFIX, Alias
 from mv_assets.model.pacing import DEFAULT_SECONDS_PER_ROW, default_target_seconds
 from mv_assets.model.planning import (
     ChangeSet,
@@ -187,7 +187,8 @@ class RefreshPlan:
     def total_rows_pending(self) -> int:
         """Rows the refresh would insert, update or delete in the view, and
         rows it would recompute (``recompute=``)."""
-        recomputed = sum(t.rows for t in self.tasks if t.recompute)  # (copied rows: counted as updates)
+        # (copied rows, and rows read again with their UDF values kept: counted as updates)
+        recomputed = sum(t.rows for t in self.tasks if t.recompute and set(t.recompute) & set(self.udf_rows))
         return self.rows_to_insert + self.rows_to_update + self.rows_to_delete + recomputed
 
     @property
@@ -699,12 +700,16 @@ def _plan_work(place, src: lance.LanceDataset, view_ds: lance.LanceDataset, defi
         n_insert, udf_rows = int(len(keys.insert)), {}
     else:
         assert vk is not None
-        keys, rows, current_rows, vk, within = _changed_rows(
+        keys, rows, current_rows, vk, within, reread_rows = _changed_rows(
             src, src.uri, definition, how, v0, src.version, scope, scope_frags, vk, tracked, recompute, tainted, moved,
             view_ds if scoped else None, feed, merges,
         )
-        where = place(rows.num_rows + current_rows.num_rows)
+        where = place(rows.num_rows + current_rows.num_rows + reread_rows.num_rows)
         tasks, udf_rows = _tasks_for(where, rows, current_rows, recompute, within)
+        if reread_rows.num_rows:  # their UDF values kept, every other column read again
+            tasks += where.tasks(pieces_from_rows(_ids(reread_rows, "_rowaddr"), _ids(reread_rows),
+                                                  where.max_rows_per_task, within),
+                                 recompute=_reread_columns(definition, view_ds.schema))
         n_insert = int(len(keys.insert))
     return where, tasks, keys, n_insert, udf_rows, vk, counted
 
@@ -1029,11 +1034,12 @@ def _changed_rows(
     scoped_view: lance.LanceDataset | None = None,
     feed: np.ndarray | None = None,
     merges: list[int] | None = None,
-) -> "tuple[KeyPlan, pa.Table, pa.Table, pa.Table, tuple[np.ndarray, str | None] | None]":
+) -> "tuple[KeyPlan, pa.Table, pa.Table, pa.Table, tuple[np.ndarray, str | None] | None, pa.Table]":
     """The key plan, the source rows to compute, (``recompute``) the rows the
     view holds current whose UDF columns are computed again, the view's keys
-    the plan touches (an incremental refresh: only those of changed rows), and
-    the candidates the rows were chosen from (see ``pieces_from_rows``).
+    the plan touches (an incremental refresh: only those of changed rows), the
+    candidates the rows were chosen from (see ``pieces_from_rows``), and the
+    rows read again with their UDF values kept (:func:`_read_by_no_udf`).
     ``vk``: the view's keys, or (an incremental refresh without a limit) a
     :class:`ViewKeys` read once the changed source rows are known, keeping
     only theirs. ``scoped_view``: the view, when fragment-scoped refreshes
@@ -1078,13 +1084,24 @@ def _changed_rows(
         if how == "sync" and v0 is not None and tracked and src_version > v0:
             forced = _recomputed_since(src, src_uri, v0, src_version, tracked)
     assert not isinstance(vk, ViewKeys)  # (streamed keys were read above: an incremental refresh without a limit)
-    current_rows = passing.slice(0, 0)
+    current_rows = reread_rows = passing.slice(0, 0)
     if how != "full":
         current = _current(passing, view_keys, view_vers, vk, tracked)
         if tainted is not None and len(tainted):  # rows another tool wrote into the view: computed again
             current &= ~isin(_ids(passing), tainted)
         if len(forced):  # rows whose tracked columns were computed again since (same markers, new values)
             current &= ~isin(_ids(passing), forced)
+        plain = _read_by_no_udf(definition, src.schema, tracked)
+        if recompute is None and plain and definition.limit is None:
+            # Rows the view holds at their version whose only change is a computed column no UDF of
+            # the view reads (a backfill of it: new markers, no version moved): read again, UDF values kept.
+            reread = _current(passing, view_keys, view_vers, vk, [c for c in tracked if c not in plain]) & ~current
+            if tainted is not None and len(tainted):
+                reread &= ~isin(_ids(passing), tainted)
+            if len(forced):
+                reread &= ~isin(_ids(passing), forced)
+            reread_rows = passing.filter(pa.array(reread))
+            current |= reread
         if recompute is not None:
             current_rows = passing.filter(pa.array(current))
         elif merges and v0 is not None and not tracked and definition.limit is None:
@@ -1098,8 +1115,9 @@ def _changed_rows(
     if definition.limit is not None:
         candidates = _ids(src.to_table(columns=[], filter=base_filter, with_row_id=True))
     keys = plan_keys(view_keys, ChangeSet(_ids(passing), fail, deleted, candidates), definition.limit, definition.seed)
-    if current_rows.num_rows:  # rewritten in place: the old rows go, rewritten rows come
-        keys = KeyPlan(keys.insert, np.sort(np.concatenate([keys.update, _ids(current_rows)])), keys.delete)
+    if current_rows.num_rows or reread_rows.num_rows:  # rewritten in place: the old rows go, rewritten rows come
+        keys = KeyPlan(keys.insert, np.sort(np.concatenate([keys.update, _ids(current_rows), _ids(reread_rows)])),
+                       keys.delete)
 
     if definition.limit is not None:
         compute = keys.compute
@@ -1110,7 +1128,26 @@ def _changed_rows(
     else:
         rows = passing
 
-    return keys, rows, current_rows, vk, within
+    return keys, rows, current_rows, vk, within, reread_rows
+
+
+def _read_by_no_udf(definition: ViewDefinition, source_schema: pa.Schema, tracked: list[str]) -> list[str]:
+    """The computed source columns the view reads (``tracked``) that none of
+    its UDFs takes as input: a change of theirs alone leaves its UDF values as
+    they are (a UDF without ``input_columns`` takes every column)."""
+    if not tracked or not definition.udf_columns:
+        return []
+    inputs = set(definition.udf_input_columns(source_schema))
+    return [c for c in tracked if c not in inputs]
+
+
+def _reread_columns(definition: ViewDefinition, view_schema: pa.Schema) -> list[str]:
+    """The columns a task reads again for rows whose UDF values it keeps
+    (``TaskSpec.recompute``): every column but the UDF columns and their
+    markers, the computed source columns' markers among them."""
+    udfs = {c.name for c in definition.udf_columns}
+    return [*(c.name for c in definition.columns if c.name not in udfs),
+            *(n for n in view_schema.names if n.startswith(SOURCE_MARKER_PREFIX))]
 
 
 def _moved_by_merges_only(src: lance.LanceDataset, rows: pa.Table, view_keys: np.ndarray,
