@@ -802,8 +802,15 @@ def test_random_histories_keep_computed_columns_exact(tmp_path_factory, steps):
         record_call(calls, "blind", s)
         return s.upper()
 
+    @mv.udf
+    def mixed_udf(s: str) -> str:
+        record_call(calls, "mixed", s)
+        return s.upper()
+
     reads = db.create_materialized_view("reads", t.search(None).where("y > 40").select(["id", "y"]))
     blind = db.create_materialized_view("blind", t.search(None).select({"id": "id", "u": blind_udf}))
+    # selects y beside a UDF not reading it: backfills rewrite its rows, the UDF called as the blind one's
+    mixed = db.create_materialized_view("mixed", t.search(None).select({"id": "id", "y": "y", "u": mixed_udf}))
     dirty: set[int] = set(range(10))  # rows user writes touched since the blind view's last refresh
     computed_with: dict[int, tuple] = {}  # id -> (x, k) the value was computed from
     next_id = 10
@@ -837,8 +844,10 @@ def test_random_histories_keep_computed_columns_exact(tmp_path_factory, steps):
             assert sel <= {i for i in current if current[i]["n"] == arg}
         elif op == "refresh":
             before = count_calls(calls, "blind")
+            mixed_before = count_calls(calls, "mixed")
             reads.refresh(mode="full" if arg else "auto")
             blind.refresh()
+            mixed.refresh()
             src_now = {r["id"]: r for r in lance.dataset(t.uri).to_table(
                 columns=["id", "s", "y", "_row_last_updated_at_version"]).to_pylist()}
             assert _values(reads, "y") == {
@@ -847,6 +856,8 @@ def test_random_histories_keep_computed_columns_exact(tmp_path_factory, steps):
             assert _values(blind, "u") == {i: (r["s"].upper(),) for i, r in src_now.items()}
             # the blind view computed exactly the rows user writes touched: backfills are invisible to it
             assert count_calls(calls, "blind") - before == len(dirty & set(src_now))
+            assert count_calls(calls, "mixed") - mixed_before == len(dirty & set(src_now))
+            assert _values(mixed, "y", "u") == {i: (r["y"], r["s"].upper()) for i, r in src_now.items()}
             dirty = set()
         elif op == "backfill":
             assert t.plan_backfill("y").rows == len(stale)
