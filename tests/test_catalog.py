@@ -73,6 +73,36 @@ def test_create_from_schema_and_open_drop(db):
     db.drop_table("e", ignore_missing=True)  # as lancedb's (Geneva passes it through)
 
 
+def test_the_catalog_as_lancedb_lists_opens_counts_and_drops_its_tables(db):
+    """lancedb's catalog surface: ``db["name"]``, ``len(db)``, ``list_tables``
+    and ``table_names`` by pages, ``drop_all_tables`` (views before what they
+    read); each failed before (TypeError or AttributeError)."""
+    t = db.create_table("t", [{"id": i} for i in range(3)])
+    for name in ("a", "b", "c"):
+        db.create_table(name, [{"id": 1}])
+    db.create_materialized_view("v", t.search(None).where("id > 0"))
+    db.create_materialized_view("vv", db.open_table("v").search(None))
+    db.create_view("plain", t.search(None))
+    assert db["t"].count_rows() == 3 and isinstance(db["v"], mv.MaterializedView)
+    with pytest.raises(TableNotFoundError):
+        db["nope"]
+    assert len(db) == 6 and "plain" not in db.table_names()  # (tables and materialized views, as table_names)
+    assert db.table_names() == ["a", "b", "c", "t", "v", "vv"]
+    assert db.table_names(limit=2) == ["a", "b"] and db.table_names(page_token="b", limit=2) == ["c", "t"]
+    pages, token = [], None
+    while True:
+        page = db.list_tables(page_token=token, limit=4)
+        pages.append(page.tables)
+        token = page.page_token
+        if not token:
+            break
+    assert pages == [["a", "b", "c", "t"], ["v", "vv"]] and db.list_tables().tables == db.table_names()
+    with pytest.raises(ValueError, match="limit"):
+        db.table_names(limit=0)
+    db.drop_all_tables()
+    assert db.table_names() == [] and len(db) == 0 and db.view_names() == []
+
+
 def test_add_validation(db):
     t = db.create_table("raw", _rows(2), primary_key="id")
     v = t.version

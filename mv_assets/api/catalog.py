@@ -10,6 +10,7 @@ import time
 import typing
 import warnings
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, overload
 
 import pyarrow as pa
@@ -118,6 +119,14 @@ def _storage_options(options: dict | None) -> dict[str, str] | None:
 ROOT_LISTING_REUSE_S = 2.0
 
 
+
+@dataclass(frozen=True)
+class ListTablesResponse:
+    """A page of :meth:`Connection.list_tables`: the names, and the token of the next page (None: the last)."""
+
+    tables: list[str]
+    page_token: str | None = None
+
 class Connection:
     """A catalog of tables and materialized views rooted at ``uri``.
 
@@ -209,13 +218,56 @@ class Connection:
         self.layout.clear_stale_checkpoints(view, keep)
 
     # -- catalog ---------------------------------------------------------
-    def table_names(self) -> list[str]:
+    def table_names(self, page_token: str | None = None, limit: int | None = None) -> list[str]:
         """Tables and views, sorted: the datasets Lance's directory namespace
-        lists at the root (a dataset whose creation never committed is left out)."""
+        lists at the root (a dataset whose creation never committed is left out).
+        As lancedb's, by pages: the names after ``page_token`` (a name), at
+        most ``limit`` of them (None: all; lancedb's default is 10)."""
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+            raise ValueError(f"limit is a number of names >= 1 (None: all), got {limit!r}")
         found = self._listed()
+        if page_token is not None:
+            found = [n for n in found if n > page_token]
         # each a small read on an object store: concurrently
-        return [n for n, ok in zip(found, _concurrently(
-            lambda n: objects.is_dataset(self.table_uri(n)), found, "catalog-list", self.uri), strict=True) if ok]
+        names = []
+        for at in range(0, len(found), limit or max(1, len(found))):
+            batch = found[at:at + limit] if limit else found
+            names += [n for n, ok in zip(batch, _concurrently(
+                lambda n: objects.is_dataset(self.table_uri(n)), batch, "catalog-list", self.uri), strict=True) if ok]
+            if limit and len(names) >= limit:
+                return names[:limit]
+        return names
+
+    def list_tables(self, namespace_path: list[str] | None = None, page_token: str | None = None,
+                    limit: int | None = None) -> "ListTablesResponse":
+        """lancedb's listing by pages: ``.tables`` (as :meth:`table_names`
+        gives them) and ``.page_token`` to pass for the next page (None: no
+        more). The catalog has one namespace, the root."""
+        if namespace_path:
+            raise ValueError(f"the catalog has one namespace, the root ([]), got {namespace_path!r}")
+        tables = self.table_names(page_token=page_token, limit=limit)
+        more = limit is not None and len(tables) == limit and bool(self.table_names(page_token=tables[-1], limit=1))
+        return ListTablesResponse(tables=tables, page_token=tables[-1] if more else None)
+
+    def __getitem__(self, name: str) -> Table:
+        return self.open_table(name)
+
+    def __len__(self) -> int:
+        return len(self.table_names())
+
+    def drop_all_tables(self) -> None:
+        """Drop every table and view (materialized or not), each view before
+        what it reads."""
+        for name in self.view_names():
+            self.drop_table(name)
+        left = [n for n in self.table_names() if not is_join_under(n)]
+        while left:
+            leaves = [n for n in left if not self.dependents(n)]
+            if not leaves:  # (not reached: views form no cycle)
+                raise RuntimeError(f"cannot order the drop of {left}")
+            for name in leaves:
+                self.drop_table(name)
+            left = [n for n in left if n not in leaves]
 
     def _listed(self) -> list[str]:
         """The folders ``<name>.lance`` at the root, sorted, in one listing:
