@@ -75,7 +75,6 @@ from mv_assets.ops.schema_changes import SCHEMA_KEYS, drop_columns, rename_or_re
 from mv_assets.storage import keys, objects
 from mv_assets.storage.changes import FragmentChanges, data_version, fragment_changes, fragment_data_versions
 from mv_assets.storage.error_log import read_errors
-from mv_assets.storage.jobs import keep_failed_refresh
 from mv_assets.storage.layout import Layout
 from mv_assets.storage.refs import Ref, TableRef, ViewRef
 from mv_assets.storage.row_ids import require_stable_row_ids
@@ -85,6 +84,7 @@ from mv_assets.storage.status import (
     LOADING,
     ViewStatus,
     clear_load_state,
+    keep_failed_refresh,
     load_record,
     pending_source_versions,
     record_load_state,

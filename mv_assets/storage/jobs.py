@@ -288,7 +288,7 @@ def _failed(job: JobRecord, error: str, at: dt.datetime | None, **changes: Any) 
 
 # A backfill's record while it runs (and after it failed): state/jobs/<job_id>.json
 def _job_file(layout: Layout, job_id: str) -> str:
-    return layout.state("jobs", f"{job_id}.json")
+    return layout.job_file(job_id)
 
 
 @contextlib.contextmanager
@@ -309,20 +309,6 @@ def backfill_under_way(layout: Layout, job_id: str, table: str, column: str, loc
         objects.write_text(path, json.dumps(record), durable=False)
         raise
     objects.remove(path)
-
-
-def keep_failed_refresh(layout: Layout, view: str, record: dict) -> None:
-    """A failed refresh's job as the view's FAILED_LOAD ``record`` says it
-    (launched when it began, failed when it stopped, the error it stopped on),
-    kept before another refresh's record replaces that one or the view is
-    current again: it read from its error records after (launched at their
-    writing, their short message), or, without any, not at all."""
-    job_id = record.get("job_id")
-    if record.get("load_state") != FAILED_LOAD or not isinstance(job_id, str) or not job_id:
-        return
-    kept = {"job_id": job_id, "job_type": "refresh", "table": view, "launched_at": record.get("launched_at"),
-            "failed_at": record.get("state_since"), "error": record.get("last_error") or "the refresh failed"}
-    objects.write_text(_job_file(layout, job_id), json.dumps(kept), durable=False)
 
 
 def drop_job_records(layout: Layout, table: str) -> None:

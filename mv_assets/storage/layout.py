@@ -85,6 +85,11 @@ class Layout:
     def status_file(self, view: str) -> str:
         return objects.join(self.status_dir(), f"{view}.json")
 
+    def job_file(self, job_id: str) -> str:
+        """A job's own record (a backfill's while it runs or after it failed, a
+        failed refresh's once another refresh replaced its load state): storage.jobs."""
+        return self.state("jobs", f"{job_id}.json")
+
     def errors_uri(self) -> str:
         return self.state("errors.lance")
 

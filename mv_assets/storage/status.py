@@ -65,6 +65,7 @@ __all__ = [
     "unreadable_status",
     "record_load_state",
     "clear_load_state",
+    "keep_failed_refresh",
     "load_record",
     "recorded_views",
     "refresh_decision",
@@ -182,8 +183,6 @@ def record_load_state(
         return
     current = _read_file(layout, view)
     if current.get("load_state") == FAILED_LOAD and current.get("job_id") != job_id:
-        from mv_assets.storage.jobs import keep_failed_refresh  # (jobs reads this module)
-
         keep_failed_refresh(layout, view, current)  # another job's record replaces it: its job stays as it failed
     now = time.time()
     # (when the job began: its LOADING record's time, kept by its FAILED_LOAD)
@@ -194,6 +193,21 @@ def record_load_state(
         current["last_error"] = error
     # not fsynced: a load state describes a process (a LOADING one whose process is gone reads as failed)
     objects.write_record(layout.status_file(view), json.dumps(current))
+
+
+def keep_failed_refresh(layout: Layout, view: str, record: dict) -> None:
+    """A failed refresh's job as the view's FAILED_LOAD ``record`` says it
+    (launched when it began, failed when it stopped, the error it stopped on),
+    kept as that job's record (:meth:`Layout.job_file`, read by storage.jobs)
+    before another refresh's record replaces this one or the view is current
+    again: it read from its error records after (launched at their writing,
+    their short message), or, without any, not at all."""
+    job_id = record.get("job_id")
+    if record.get("load_state") != FAILED_LOAD or not isinstance(job_id, str) or not job_id:
+        return
+    kept = {"job_id": job_id, "job_type": "refresh", "table": view, "launched_at": record.get("launched_at"),
+            "failed_at": record.get("state_since"), "error": record.get("last_error") or "the refresh failed"}
+    objects.write_text(layout.job_file(job_id), json.dumps(kept), durable=False)
 
 
 def clear_load_state(layout: Layout, view: str) -> None:
