@@ -933,3 +933,35 @@ def test_a_failed_refresh_stays_as_it_failed_after_the_view_is_current_again(db,
     (_, again) = [j for j in db.list_jobs() if str(j.status) == "FAILED"]
     assert v.refresh(src_version=v.source_version).nothing_done() and str(v.status().load_state) != "FAILED_LOAD"
     assert [j for j in db.list_jobs() if str(j.status) == "FAILED"] == [failed, again]
+
+
+def test_jobs_and_status_read_while_another_process_cleans_up_old_versions(db, tmp_path):
+    """Another process adding rows and cleaning up old versions in a loop:
+    ``list_jobs()`` and ``status()`` failed now and then with Lance's "Not
+    found" (a manifest listed, then removed before it was read: ~1 call in
+    300). Each reads what is there."""
+    import subprocess
+    import sys
+
+    src = db.create_table("src", [{"id": i, "val": i} for i in range(100)], primary_key="id")
+    v = db.create_materialized_view("v", src.search(None).where("val < 50").select({"id": "id", "val": "val"}))
+    v.refresh()
+    writer = subprocess.Popen([sys.executable, "-c", f"""
+import datetime, mv_assets as mv
+t = mv.connect({db.uri!r}, runner=mv.InlineRunner()).open_table("src")
+for i in range(150):
+    t.add([{{"id": 1000 + i, "val": i}}])
+    t.cleanup_old_versions(older_than=datetime.timedelta(0), delete_unverified=True)
+"""])
+    calls = 0
+    try:
+        while writer.poll() is None:
+            db.list_jobs()
+            v.status()
+            calls += 1
+    finally:
+        writer.kill()
+        writer.wait()
+    assert writer.returncode == 0 and calls > 50
+    assert v.refresh().to_version == src.version and actual_view(v) == expected_view(
+        src.uri, src.version, lambda r: r["val"] < 50, lambda r: {"id": r["id"], "val": r["val"]})

@@ -91,7 +91,7 @@ from mv_assets.storage.status import (
     refresh_decision,
     view_status,
 )
-from mv_assets.storage.versions import dataset_at
+from mv_assets.storage.versions import dataset_at, listed_versions
 
 if TYPE_CHECKING:
     from mv_assets.execution.spark import Runner
@@ -494,7 +494,7 @@ class Table(Indexed):
                            fts_columns=fts_columns)
 
     def list_versions(self) -> list[dict]:
-        return [dict(v) for v in self._dataset().versions()]
+        return [dict(v) for v in listed_versions(self._dataset())]
 
     # -- computed columns ------------------------------------------------
     def _input_dataset(self) -> lance.LanceDataset:

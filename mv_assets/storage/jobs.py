@@ -34,6 +34,7 @@ from mv_assets.storage.changes import BACKFILL_KEY, STATE_KEY
 from mv_assets.storage.error_log import read_errors
 from mv_assets.storage.layout import Layout, lock_held
 from mv_assets.storage.status import FAILED_LOAD, LOADING, load_record, recorded_views
+from mv_assets.storage.versions import listed_versions
 
 __all__ = ["JobMetric", "JobRecord", "JobStatus", "job_record", "job_records", "LOAD_COLUMNS_KEY", "RUNNING",
            "DONE", "FAILED"]
@@ -237,7 +238,7 @@ def _committed(layout: Layout, table: str) -> list[JobRecord]:
         return []
     ds = objects.dataset(uri)
     out: dict[str, _Committed] = {}
-    for entry in ds.versions():
+    for entry in listed_versions(ds):
         version = int(entry["version"])
         try:
             txn = objects.read_transaction(ds, version)

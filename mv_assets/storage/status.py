@@ -48,6 +48,7 @@ from mv_assets.storage.identity import table_id
 from mv_assets.storage.layout import Layout
 from mv_assets.storage.refs import ViewRef
 from mv_assets.storage.state import read_refresh_state
+from mv_assets.storage.versions import listed_versions
 
 if TYPE_CHECKING:
     from mv_assets.storage.state import RefreshState
@@ -339,7 +340,7 @@ def _held_at(view_ds: lance.LanceDataset, ids) -> dict[int, int]:
 
 
 def _has_version(ds: lance.LanceDataset, version: int) -> bool:
-    return any(v["version"] == version for v in ds.versions())
+    return any(v["version"] == version for v in listed_versions(ds))
 
 
 def _held_gone(view_ds: lance.LanceDataset, column: str, src: lance.LanceDataset) -> int:

@@ -35,9 +35,25 @@ def version_list(versions: list[int]) -> str:
     return ", ".join(parts) or "none"
 
 
+def listed_versions(ds: lance.LanceDataset) -> list:
+    """``ds.versions()``, listed again when a manifest it listed was gone
+    before it was read: a cleanup of old versions meanwhile, by any process
+    (Lance's "Not found" then failed ``list_jobs()`` and ``status()``)."""
+    for attempt in range(_LIST_TRIES):
+        try:
+            return list(ds.versions())
+        except (ValueError, OSError) as exc:
+            if "not found" not in str(exc).lower() or attempt == _LIST_TRIES - 1:
+                raise
+    raise AssertionError("not reached")
+
+
+_LIST_TRIES = 8
+
+
 def existing_versions(latest: lance.LanceDataset) -> list[int]:
     """The versions of the dataset that can be opened (one listing of its manifests)."""
-    return sorted(int(v["version"]) for v in latest.versions())
+    return sorted(int(v["version"]) for v in listed_versions(latest))
 
 
 def versions_phrase(latest: lance.LanceDataset) -> str:
