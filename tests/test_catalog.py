@@ -260,6 +260,37 @@ def test_view_over_view_lineage_and_behind_check(db):
         db.drop_table("a")
 
 
+def test_a_chain_refreshed_in_order_never_fails_for_a_write_landing_inside_it(db, monkeypatch):
+    """``db.refresh("b", upstream=True)`` while an ingest job writes: a source
+    commit landing after the refresh of ``a`` and before that of ``b`` failed
+    the call with SourceBehindError telling to call upstream=True (~1 call in
+    120 beside a writer committing every 30 ms). ``b`` reflects ``a`` as
+    refreshed; the write is the next refresh's."""
+    t = db.create_table("raw", _rows(6))
+    a = db.create_materialized_view("a", t.search(None).where("id >= 2").select({"id": "id", "y": sq}))
+    b = db.create_materialized_view("b", a.search(None).where("y > 10").select({"id": "id", "y": "y"}))
+    real = mv.MaterializedView.refresh
+    landed = []
+
+    def refresh_then_a_write_lands(self, *args, **kwargs):
+        result = real(self, *args, **kwargs)
+        if self.name == "a":  # another process's commit, between the two refreshes
+            t.add(_rows(1, start=100 + len(landed)))
+            landed.append(t.version)
+        return result
+
+    monkeypatch.setattr(mv.MaterializedView, "refresh", refresh_then_a_write_lands)
+    results = db.refresh("b", upstream=True)
+    assert [r.view for r in results] == ["a", "b"] and landed
+    assert sorted(b.to_arrow().column("id").to_pylist()) == [4, 5]  # a's rows as its refresh left them
+    assert a.source_version == landed[0] - 1 and a.status().stale_count == 1
+    with pytest.raises(SourceBehindError):  # refreshed alone, b is still told a is behind
+        db.refresh("b")
+    monkeypatch.undo()
+    db.refresh("b", upstream=True)
+    assert sorted(b.to_arrow().column("id").to_pylist()) == [4, 5, 100]
+
+
 def test_plan_is_exact_dry_run(db):
     t = db.create_table("raw", _rows(10))
     v = db.create_materialized_view("v", t.search(None).where("id % 2 = 0").select({"id": "id", "y": sq}))

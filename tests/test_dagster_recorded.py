@@ -171,6 +171,36 @@ def test_a_view_over_a_view_run_records_the_upstream_partitions_it_brought_along
     assert actual_view(db.open_view("v")) == expect
 
 
+def test_a_view_over_a_view_run_succeeds_when_a_write_lands_after_its_upstream_is_brought_along(tmp_path,
+                                                                                                  monkeypatch):
+    """A run of w (over v over src) brings v up first; a source write
+    landing between v's refresh and w's (an ingest job writing all along)
+    failed the run with SourceBehindError. w reflects v as refreshed; the
+    write is the next run's."""
+    db = small_catalog(tmp_path / "cat")
+    defs = _defs(db)
+    src = db.open_table("src")
+    real = mv.MaterializedView.refresh
+
+    def refresh_then_a_write_lands(self, *args, **kwargs):
+        result = real(self, *args, **kwargs)
+        if self.name == "v":
+            mv.connect(db.uri, runner=mv.InlineRunner()).open_table("src").add([{"id": 77, "x": 77}])
+        return result
+
+    with dg.instance_for_test() as instance:
+        _, _, cursor = _tick(defs, instance, None)
+        src.add([{"id": 50, "x": 50}])
+        monkeypatch.setattr(mv.MaterializedView, "refresh", refresh_then_a_write_lands)
+        done = defs.resolve_job_def(job_name("src")).execute_in_process(
+            instance=instance, asset_selection=[K(["w"])], partition_key="0", raise_on_error=False)
+        monkeypatch.undo()
+        assert done.success
+        v = db.open_view("v")
+        assert v.source_version == src.version - 1  # the write landed after it
+        assert sorted(db.open_view("w").to_arrow().column("id").to_pylist()) == [4, 5, 6, 7, 8, 9, 50]
+
+
 def _join_catalog(tmp_path):
     """docs (4 rows) joined with authors (2) on aid: the view j (id, authors.name)."""
     db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())

@@ -120,6 +120,10 @@ ROOT_LISTING_REUSE_S = 2.0
 
 
 
+# (catalog uri, view) pairs a chain refreshed just before, in this thread (Connection.refreshing_after)
+_REFRESHED_UPSTREAM: contextvars.ContextVar[frozenset] = contextvars.ContextVar("mv_assets_refreshed_upstream",
+                                                                               default=frozenset())
+
 @dataclass(frozen=True)
 class ListTablesResponse:
     """A page of :meth:`Connection.list_tables`: the names, and the token of the next page (None: the last)."""
@@ -1027,7 +1031,24 @@ class Connection:
             if not is_join_under(source):  # (a join aggregate's own join: its refresh brings it up first)
                 self._check_one_source_current(view, source)
 
+    @contextlib.contextmanager
+    def refreshing_after(self, upstream: list[str]):
+        """Meanwhile (in this thread), a refresh of a view reading one of the
+        views ``upstream`` is not refused for it being behind its source: they
+        were just refreshed (or found current) by the caller, a chain refreshed
+        in lineage order, and a source commit landing since is the next
+        refresh's (an ingest job writing all along failed such chains now and
+        then). Used by :meth:`refresh` with ``upstream=True`` and Dagster's
+        runs of views over views."""
+        token = _REFRESHED_UPSTREAM.set(_REFRESHED_UPSTREAM.get() | {(self.uri, n) for n in upstream})
+        try:
+            yield
+        finally:
+            _REFRESHED_UPSTREAM.reset(token)
+
     def _check_one_source_current(self, view: MaterializedView, source: str) -> None:
+        if (self.uri, source) in _REFRESHED_UPSTREAM.get():
+            return  # refreshed by this chain just before (refreshing_after)
         uri = self.table_uri(source)
         if not objects.is_dataset(uri):
             return  # a source that is gone: the refresh's plan says so in its own words
@@ -1097,11 +1118,12 @@ class Connection:
                 todo = self.upstream(n) + todo
         order = self.lineage_order(list(dict.fromkeys(todo)))
         results = []
-        for n in order:
+        for i, n in enumerate(order):
             view = self.open_table(n)
             assert isinstance(view, MaterializedView)
             pinned = src_version if (n in names and len(names) == 1) else None
-            results.append(view.refresh(src_version=pinned, mode=mode, runner=runner, **kwargs))
+            with self.refreshing_after(order[:i]):  # (a write landing since: the next refresh's)
+                results.append(view.refresh(src_version=pinned, mode=mode, runner=runner, **kwargs))
         return results[0] if isinstance(name, str) and len(results) == 1 else results
 
     def refresh_async(self, name: str, **kwargs: Any) -> Job:

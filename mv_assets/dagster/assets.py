@@ -1195,13 +1195,15 @@ def _refresh_view(context, info: TableInfo, view, fragments: list[int] | None, r
         # upstream chain is brought up to date first (each refresh waits for a
         # running refresh of the same view, so concurrent runs line up).
         db = view.connection
-        for name in db.upstream(info.name):
+        chain = db.upstream(info.name)
+        for i, name in enumerate(chain):
             up = db.open_view(name)
             if up.pending_source_versions() or up.refresh_state().scoped_since_whole:
-                with _progress(context, f"{name} (upstream of {info.name}): refresh"):
+                with _progress(context, f"{name} (upstream of {info.name}): refresh"), db.refreshing_after(chain[:i]):
                     r = up.refresh()
                 context.log.info(f"brought upstream view {name} to source v{r.to_version} first")
-        with _progress(context, f"{info.name}: refresh"):
+        # (a source write landing since the chain was brought up is the next run's)
+        with _progress(context, f"{info.name}: refresh"), db.refreshing_after(chain):
             return view.refresh(recompute=recompute)
     pinned = _pinned_version(context, info, view)
     what = f"{info.name}: refresh" + (f" of {', '.join(recompute)}" if recompute else "")
