@@ -261,10 +261,10 @@ def _compute_batches(
         # batches no larger than the UDFs take in one call (no slicing and joining
         # again) and of OVERLAP_BATCH_BYTES: smaller batches fill and drain the
         # pipeline sooner.
-        read = paced(_scanned(scanner, definition), store, udf_batch_rows(specs), OVERLAP_BATCH_BYTES)
+        read = paced(_scanned(scanner, definition), store, udf_batch_rows(specs), OVERLAP_BATCH_BYTES, batch_size)
         source = prefetched(read if clock is None else clock.timed_iter(read, "read_s"))
     else:
-        read = paced(_scanned(scanner, definition), store)
+        read = paced(_scanned(scanner, definition), store, checkpoint_rows=batch_size)
         source = read if clock is None else clock.timed_iter(read, "read_s")
     for batch in source:
         if batch.num_rows == 0:
@@ -359,18 +359,26 @@ def udf_batch_rows(specs: list[ColumnSpec]) -> int | None:
     return min(sizes) if sizes else None
 
 
-def paced(batches, store: "RowStore | None", max_rows: int | None = None, max_bytes: int = COMPUTE_BATCH_BYTES):
+def paced(batches, store: "RowStore | None", max_rows: int | None = None, max_bytes: int = COMPUTE_BATCH_BYTES,
+          checkpoint_rows: int | None = None):
     """Scanner batches, joined into compute batches of up to the pacer's
     ``max_rows`` rows (and ``COMPUTE_BATCH_BYTES``: wide rows, images or
     embeddings, make smaller ones), then cut into slices as the pacer asks
     (checkpoints by time). Without a store, batches are joined the same way; a
-    store saving every batch (``checkpoint_size``) gets the scanner's batches.
+    store saving every batch (``checkpoint_size``) gets the scanner's batches,
+    cut to ``checkpoint_rows`` (a filtered scan's batches can be larger than
+    its batch size: 60 rows of a 50-row batch size, so 60-row checkpoints).
 
     Per batch, the engine pays a fixed Python cost (the UDF call, markers,
     casts): a cheap UDF over 8,192-row batches spent a quarter of its task
     time there."""
     if store is not None and not isinstance(store, PacedRowStore):
-        yield from batches
+        for batch in batches:
+            if checkpoint_rows is None or batch.num_rows <= checkpoint_rows:
+                yield batch
+                continue
+            for offset in range(0, batch.num_rows, checkpoint_rows):
+                yield batch.slice(offset, checkpoint_rows)
         return
     if store is None:
         yield from _coalesced(batches, min(CheckpointPacer().max_rows, max_rows or 2**62), max_bytes)
