@@ -20,7 +20,7 @@ import json
 import re
 import socket
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
@@ -354,28 +354,37 @@ def _no_rows(markers: list[str]) -> pa.Table:
     return pa.schema(fields).empty_table()
 
 
-def _recomputed_since(src: lance.LanceDataset, src_uri: str, v0: int, v1: int, tracked: list[str]) -> np.ndarray:
-    """Ids of rows whose ``tracked`` computed columns a backfill of their
-    inputs set stale in (v0, v1) and that hold markers again at v1 (computed
-    again: the same marker text, new values); none where the history cannot
-    be read (the refresh is then full when such columns are read:
-    :func:`_chained_reads`)."""
+def _recomputed_since(src: lance.LanceDataset, src_uri: str, v0: int, v1: int,
+                      tracked: list[str]) -> dict[str, np.ndarray]:
+    """Per ``tracked`` computed column, ids of rows a backfill in (v0, v1]
+    wrote its values of (:func:`_written_by_backfills`); none where the
+    history cannot be read (the refresh is then full when chained columns are
+    read: :func:`_chained_reads`)."""
     try:
-        between = _invalidating(backfill_commits(src, v0, v1, tracked), tracked, v1)
+        return _written_by_backfills(src_uri, backfill_commits(src, v0, v1, tracked), tracked)
     except (RuntimeError, ValueError, OSError):
-        return np.empty(0, np.int64)
-    if not between:
-        return np.empty(0, np.int64)
-    return _marker_changes(src_uri, v1, v1, tracked, between)
+        return {}
 
 
-def _invalidating(backfills: list, tracked: list[str], before: int) -> list[int]:
-    """The versions among ``backfills`` (``(version, transaction)``) before
-    ``before`` whose backfill set the markers of a ``tracked`` column NULL
-    (a column computed from the one it wrote: ops.backfill.dependent_markers)."""
-    markers = {computed_marker(c) for c in tracked}
-    return [v for v, txn in backfills if v < before and markers & set(
-        json.loads(txn.transaction_properties[BACKFILL_KEY]).get("invalidated") or [])]
+def _written_by_backfills(src_uri: str, backfills: list, tracked: list[str]) -> dict[str, np.ndarray]:
+    """Per ``tracked`` computed column, ids of rows one of ``backfills``
+    (``(version, transaction)``) wrote its values of: its marker differs from
+    the version before that backfill (set, or set again after a backfill of
+    its inputs cleared it). Their values changed with no row version moved,
+    whatever the markers are at both ends of the range: a marker cleared,
+    set and cleared again reads the same there (z = f(y): y, z, then y again
+    backfilled) while the values moved."""
+    out: dict[str, list[np.ndarray]] = {}
+    for version, txn in backfills:
+        written = json.loads(txn.transaction_properties[BACKFILL_KEY]).get("columns") or []
+        for column in (c for c in written if c in tracked):
+            out.setdefault(column, []).append(_marker_changes(src_uri, version - 1, version, [column]))
+    return {c: np.unique(np.concatenate(parts)) for c, parts in out.items()}
+
+
+def _union(parts) -> np.ndarray:
+    parts = [p for p in parts if len(p)]
+    return np.unique(np.concatenate(parts)) if parts else np.empty(0, np.int64)
 
 
 def _chained_reads(definition: ViewDefinition, src: lance.LanceDataset) -> list[str]:
@@ -390,11 +399,8 @@ def _chained_reads(definition: ViewDefinition, src: lance.LanceDataset) -> list[
             if c.name in reads and column_reads(c, [n for n in computed if n != c.name], src.schema.names)]
 
 
-def _marker_changes(src_uri: str, v0: int, v1: int, markers: list[str], between: Sequence[int] = ()) -> np.ndarray:
-    """Ids of rows whose computed markers differ between source versions v0 and
-    v1, or between v1 and one of ``between``: versions a backfill of a column
-    these are computed from set their markers NULL at (the backfill computing
-    them again after writes the same marker as before, with new values)."""
+def _marker_changes(src_uri: str, v0: int, v1: int, markers: list[str]) -> np.ndarray:
+    """Ids of rows whose computed markers differ between source versions v0 and v1."""
     def read(v: int) -> tuple[np.ndarray, list[np.ndarray]]:
         t = objects.dataset(src_uri, version=v).scanner(
             columns={f"m{i}": f"`{computed_marker(m)}`" for i, m in enumerate(markers)}, with_row_id=True
@@ -407,12 +413,11 @@ def _marker_changes(src_uri: str, v0: int, v1: int, markers: list[str], between:
 
     ids1, m1 = read(v1)
     changed = np.zeros(len(ids1), dtype=bool)
-    for v in [v0, *between]:
-        ids0, m0 = read(v)
-        pos = positions(ids1, ids0)
-        found = pos >= 0
-        for a, b in zip(m1, m0, strict=True):
-            changed[found] |= a[found] != b[pos[found]]
+    ids0, m0 = read(v0)
+    pos = positions(ids1, ids0)
+    found = pos >= 0
+    for a, b in zip(m1, m0, strict=True):
+        changed[found] |= a[found] != b[pos[found]]
     return ids1[changed]
 
 
@@ -1059,7 +1064,8 @@ def _changed_rows(
         view_keys, view_vers = _key_versions(vk)
     base_filter = definition.filter
     candidates = None
-    forced = np.empty(0, np.int64)  # (incremental: rows computed again after their inputs' backfill)
+    # per tracked computed column, rows a backfill wrote since v0 (their markers may read as the view holds them)
+    forced: dict[str, np.ndarray] = {}
     if how == "incremental":
         assert v0 is not None  # an incremental refresh starts from a reflected version
         passing, within, fail, deleted, forced = _changes_since(src, src_uri, base_filter, v0, src_version, tracked,
@@ -1077,6 +1083,8 @@ def _changed_rows(
         assert feed is not None and v0 is not None and scope_frags is not None
         passing, within, fail = _in_scope(src, base_filter, scope_frags, tracked)
         deleted = np.union1d(feed, _gone_since(vk.view_ds, src, v0, feed))
+        if tracked and src_version > v0:
+            forced = _recomputed_since(src, src_uri, v0, src_version, tracked)
         vk, view_keys, view_vers = _keys_touching(vk, view_keys, view_vers,
                                                   np.concatenate([_ids(passing), fail, deleted]))
     else:
@@ -1089,17 +1097,18 @@ def _changed_rows(
         current = _current(passing, view_keys, view_vers, vk, tracked)
         if tainted is not None and len(tainted):  # rows another tool wrote into the view: computed again
             current &= ~isin(_ids(passing), tainted)
-        if len(forced):  # rows whose tracked columns were computed again since (same markers, new values)
-            current &= ~isin(_ids(passing), forced)
         plain = _read_by_no_udf(definition, src.schema, tracked)
+        if forced:  # rows whose tracked columns a backfill wrote since (their markers may read the same)
+            current &= ~isin(_ids(passing), _union(forced.values()))
         if recompute is None and plain and definition.limit is None:
             # Rows the view holds at their version whose only change is a computed column no UDF of
             # the view reads (a backfill of it: new markers, no version moved): read again, UDF values kept.
             reread = _current(passing, view_keys, view_vers, vk, [c for c in tracked if c not in plain]) & ~current
             if tainted is not None and len(tainted):
                 reread &= ~isin(_ids(passing), tainted)
-            if len(forced):
-                reread &= ~isin(_ids(passing), forced)
+            by_udf = _union(ids for c, ids in forced.items() if c not in plain)  # (a UDF's input written: computed)
+            if len(by_udf):
+                reread &= ~isin(_ids(passing), by_udf)
             reread_rows = passing.filter(pa.array(reread))
             current |= reread
         if recompute is not None:
@@ -1202,13 +1211,13 @@ def _keys_touching(vk: "pa.Table | ViewKeys", view_keys: np.ndarray, view_vers: 
 
 def _changes_since(src: lance.LanceDataset, src_uri: str, base_filter: str | None, v0: int, src_version: int,
                    tracked: list[str], moved: list | None
-                   ) -> "tuple[pa.Table, tuple[np.ndarray, str | None] | None, np.ndarray, np.ndarray, np.ndarray]":
+                   ) -> "tuple[pa.Table, tuple[np.ndarray, str | None] | None, np.ndarray, np.ndarray, dict]":
     """An incremental refresh's source changes since ``v0``: the rows written
     since that pass the filter, the candidates they were chosen from (see
     ``pieces_from_rows``), the ids of changed rows that fail it, of the rows
-    deleted, and of the rows whose tracked computed columns were computed
-    again after a backfill of their inputs set them stale (their markers as
-    they were: the view may hold them so, with the old values)."""
+    deleted, and per tracked computed column the ids of rows a backfill
+    wrote its values of (:func:`_written_by_backfills`: the view may hold
+    their markers as they are now, with the old values)."""
     version_filter = f"_row_last_updated_at_version > {v0}"
     # rows written since v0 (``moved``: only in these fragments; [] none at all: deletes only)
     if moved is not None and not moved:
@@ -1221,15 +1230,14 @@ def _changes_since(src: lance.LanceDataset, src_uri: str, base_filter: str | Non
         fail = changed_all[~isin(changed_all, _ids(passing))]
     else:
         fail = np.empty(0, np.int64)
-    forced = np.empty(0, np.int64)
+    forced: dict[str, np.ndarray] = {}
     backfills = backfill_commits(src, v0, src_version, tracked) if tracked and src_version > v0 else []
     if backfills:
         # A backfill of a column the view reads rewrote values without moving
-        # row versions: rows whose markers changed are changed rows too.
-        invalidating = _invalidating(backfills, tracked, src_version)
-        remarked = _marker_changes(src_uri, v0, src_version, tracked, invalidating)
-        if invalidating:
-            forced = remarked
+        # row versions: rows whose markers changed are changed rows too, and
+        # so are those a backfill wrote between (their markers may read the same).
+        forced = _written_by_backfills(src_uri, backfills, tracked)
+        remarked = _union([_marker_changes(src_uri, v0, src_version, tracked), *forced.values()])
         remarked = remarked[~isin(remarked, _ids(passing))]
         if len(remarked):
             every = _scan(src, base_filter, markers=tracked)
