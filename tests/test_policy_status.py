@@ -946,22 +946,28 @@ def test_jobs_and_status_read_while_another_process_cleans_up_old_versions(db, t
     src = db.create_table("src", [{"id": i, "val": i} for i in range(100)], primary_key="id")
     v = db.create_materialized_view("v", src.search(None).where("val < 50").select({"id": "id", "val": "val"}))
     v.refresh()
+    stop = tmp_path / "stop"
     writer = subprocess.Popen([sys.executable, "-c", f"""
-import datetime, mv_assets as mv
+import datetime, os, mv_assets as mv
 t = mv.connect({db.uri!r}, runner=mv.InlineRunner()).open_table("src")
-for i in range(150):
+i = 0
+while not os.path.exists({str(stop)!r}):
     t.add([{{"id": 1000 + i, "val": i}}])
     t.cleanup_old_versions(older_than=datetime.timedelta(0), delete_unverified=True)
+    i += 1
 """])
-    calls = 0
     try:
-        while writer.poll() is None:
+        while src.version < 5 and writer.poll() is None:  # (the writer under way)
+            time.sleep(0.05)
+        for _ in range(150):
             db.list_jobs()
             v.status()
-            calls += 1
     finally:
-        writer.kill()
-        writer.wait()
-    assert writer.returncode == 0 and calls > 50
+        stop.write_text("1")
+        try:
+            writer.wait(timeout=60)
+        finally:
+            writer.kill()
+    assert writer.returncode == 0 and src.version > 10
     assert v.refresh().to_version == src.version and actual_view(v) == expected_view(
         src.uri, src.version, lambda r: r["val"] < 50, lambda r: {"id": r["id"], "val": r["val"]})

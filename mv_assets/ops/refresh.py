@@ -355,13 +355,13 @@ def _no_rows(markers: list[str]) -> pa.Table:
 
 
 def _recomputed_since(src: lance.LanceDataset, src_uri: str, v0: int, v1: int,
-                      tracked: list[str]) -> dict[str, np.ndarray]:
-    """Per ``tracked`` computed column, ids of rows a backfill in (v0, v1]
-    wrote its values of (:func:`_written_by_backfills`); none where the
-    history cannot be read (the refresh is then full when chained columns are
-    read: :func:`_chained_reads`)."""
+                      chained: list[str]) -> dict[str, np.ndarray]:
+    """Per computed column computed from another (``chained``), ids of rows a
+    backfill in (v0, v1] wrote its values of (:func:`_written_by_backfills`);
+    none where the history cannot be read (the refresh is then full when such
+    columns are read: :func:`_chained_reads`)."""
     try:
-        return _written_by_backfills(src_uri, backfill_commits(src, v0, v1, tracked), tracked)
+        return _written_by_backfills(src_uri, backfill_commits(src, v0, v1, chained), chained)
     except (RuntimeError, ValueError, OSError):
         return {}
 
@@ -1064,12 +1064,14 @@ def _changed_rows(
         view_keys, view_vers = _key_versions(vk)
     base_filter = definition.filter
     candidates = None
-    # per tracked computed column, rows a backfill wrote since v0 (their markers may read as the view holds them)
+    # per tracked computed column computed from another, rows a backfill wrote since v0 (their markers
+    # may read as the view holds them: cleared by a backfill of their inputs, set, and cleared again)
+    chained = _chained_reads(definition, src) if tracked else []
     forced: dict[str, np.ndarray] = {}
     if how == "incremental":
         assert v0 is not None  # an incremental refresh starts from a reflected version
         passing, within, fail, deleted, forced = _changes_since(src, src_uri, base_filter, v0, src_version, tracked,
-                                                                moved)
+                                                                moved, chained)
         if scoped_view is not None:
             deleted = np.union1d(deleted, _gone_since(scoped_view, src, v0, deleted))
         if definition.limit is None:
@@ -1083,14 +1085,14 @@ def _changed_rows(
         assert feed is not None and v0 is not None and scope_frags is not None
         passing, within, fail = _in_scope(src, base_filter, scope_frags, tracked)
         deleted = np.union1d(feed, _gone_since(vk.view_ds, src, v0, feed))
-        if tracked and src_version > v0:
-            forced = _recomputed_since(src, src_uri, v0, src_version, tracked)
+        if chained and src_version > v0:
+            forced = _recomputed_since(src, src_uri, v0, src_version, chained)
         vk, view_keys, view_vers = _keys_touching(vk, view_keys, view_vers,
                                                   np.concatenate([_ids(passing), fail, deleted]))
     else:
         passing, within, fail, deleted = _whole_changes(src, base_filter, scope, scope_frags, tracked, view_keys)
-        if how == "sync" and v0 is not None and tracked and src_version > v0:
-            forced = _recomputed_since(src, src_uri, v0, src_version, tracked)
+        if how == "sync" and v0 is not None and chained and src_version > v0:
+            forced = _recomputed_since(src, src_uri, v0, src_version, chained)
     assert not isinstance(vk, ViewKeys)  # (streamed keys were read above: an incremental refresh without a limit)
     current_rows = reread_rows = passing.slice(0, 0)
     if how != "full":
@@ -1210,14 +1212,16 @@ def _keys_touching(vk: "pa.Table | ViewKeys", view_keys: np.ndarray, view_vers: 
 
 
 def _changes_since(src: lance.LanceDataset, src_uri: str, base_filter: str | None, v0: int, src_version: int,
-                   tracked: list[str], moved: list | None
+                   tracked: list[str], moved: list | None, chained: list[str]
                    ) -> "tuple[pa.Table, tuple[np.ndarray, str | None] | None, np.ndarray, np.ndarray, dict]":
     """An incremental refresh's source changes since ``v0``: the rows written
     since that pass the filter, the candidates they were chosen from (see
     ``pieces_from_rows``), the ids of changed rows that fail it, of the rows
-    deleted, and per tracked computed column the ids of rows a backfill
-    wrote its values of (:func:`_written_by_backfills`: the view may hold
-    their markers as they are now, with the old values)."""
+    deleted, and per tracked computed column computed from another
+    (``chained``) the ids of rows a backfill wrote its values of
+    (:func:`_written_by_backfills`: the view may hold their markers as they
+    are now, with the old values; another column's markers at both ends say
+    whether its values moved)."""
     version_filter = f"_row_last_updated_at_version > {v0}"
     # rows written since v0 (``moved``: only in these fragments; [] none at all: deletes only)
     if moved is not None and not moved:
@@ -1236,7 +1240,7 @@ def _changes_since(src: lance.LanceDataset, src_uri: str, base_filter: str | Non
         # A backfill of a column the view reads rewrote values without moving
         # row versions: rows whose markers changed are changed rows too, and
         # so are those a backfill wrote between (their markers may read the same).
-        forced = _written_by_backfills(src_uri, backfills, tracked)
+        forced = _written_by_backfills(src_uri, backfills, chained)
         remarked = _union([_marker_changes(src_uri, v0, src_version, tracked), *forced.values()])
         remarked = remarked[~isin(remarked, _ids(passing))]
         if len(remarked):
