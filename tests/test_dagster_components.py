@@ -345,7 +345,7 @@ def test_a_declared_refresh_policy_is_followed_by_the_catalog(tmp_path):
     apply(db, "v", cron)
     assert db.open_table("v").refresh_policy == mv.RefreshPolicy.cron_schedule("0 6 * * *")  # type: ignore[attr-defined]
     assert reconcile(db, "v", cron).in_sync and reconcile(db, "v", query).in_sync  # a bare query says nothing of it
-    with pytest.raises(ValueError, match=r"DeclaredView\(refresh_policy=\) takes a RefreshPolicy, got str"):
+    with pytest.raises(ValueError, match=r"DeclaredView\(refresh_policy=\) takes a RefreshPolicy, got 'eager': build one with"):
         mv.DeclaredView(query, refresh_policy="eager")  # type: ignore[arg-type]
 
 
