@@ -682,6 +682,8 @@ def test_load_columns_from_data_in_memory(db):
     ext = pa.table({"id": [1, 2], "q": [10, 20]})
     t.load_columns(ext, "id", ["q"])
     assert _values(t, "q") == {i: ({1: 10, 2: 20}.get(i),) for i in range(6)}
+    ds = lance.dataset(t.uri)  # (its commit said "2 files": len() of a table is its rows)
+    assert "Table in memory, 2 rows" in ds.read_transaction(ds.version).transaction_properties["mv_assets.load_columns"]
     t.load_columns(pa.record_batch({"id": [3], "q": [30]}), "id", ["q"])
     t.load_columns(pa.table({"id": [4], "q": [40]}).to_pandas(), "id", ["q"])
     assert t.load_columns_async(pa.table({"id": [5], "q": [50]}), "id", ["q"]).result(timeout=60) == t.version

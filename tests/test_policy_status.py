@@ -91,8 +91,9 @@ def test_each_policy_is_built_by_its_name(db):
     policy = RefreshPolicy.cron("0 6 * * *")
     assert policy.kind == "cron" and policy.cron == "0 6 * * *" and RefreshPolicy().cron is None
     assert RefreshPolicy.from_json(policy.to_json()) == policy
-    with pytest.raises(ValueError, match="5-field cron"):
-        RefreshPolicy.cron("daily")
+    for bad in ("daily", "a b c d e", "99 99 99 99 99", "0 0 30 2 *", "0 6 * * * *"):  # (Dagster refuses each:
+        with pytest.raises(ValueError, match="5-field cron"):  # one stored failed the whole code location's load)
+            RefreshPolicy.cron(bad)
     t = db.create_table("raw", [{"id": i} for i in range(3)])
     v = db.create_materialized_view("v", t.search(None), refresh_policy=RefreshPolicy.cron("*/5 * * * *"))
     assert db.open_table("v").refresh_policy.cron == "*/5 * * * *"

@@ -225,10 +225,15 @@ class Connection:
     def table_names(self, page_token: str | None = None, limit: int | None = None) -> list[str]:
         """Tables and views, sorted: the datasets Lance's directory namespace
         lists at the root (a dataset whose creation never committed is left out).
-        As lancedb's, by pages: the names after ``page_token`` (a name), at
-        most ``limit`` of them (None: all; lancedb's default is 10)."""
-        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
-            raise ValueError(f"limit is a number of names >= 1 (None: all), got {limit!r}")
+        By pages, as lancedb's ``table_names``: the names after ``page_token``
+        (a name: the last of the page before), at most ``limit`` of them
+        (None: all; lancedb's default is 10)."""
+        if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 0):
+            raise ValueError(f"limit is a number of names >= 0 (None: all), got {limit!r}")
+        if page_token is not None and not isinstance(page_token, str):
+            raise ValueError(f"page_token is a table name (the last of the page before), got {page_token!r}")
+        if limit == 0:
+            return []
         found = self._listed()
         if page_token is not None:
             found = [n for n in found if n > page_token]
@@ -244,13 +249,15 @@ class Connection:
 
     def list_tables(self, namespace_path: list[str] | None = None, page_token: str | None = None,
                     limit: int | None = None) -> "ListTablesResponse":
-        """lancedb's listing by pages: ``.tables`` (as :meth:`table_names`
-        gives them) and ``.page_token`` to pass for the next page (None: no
-        more). The catalog has one namespace, the root."""
+        """Listing by pages: ``.tables`` (as :meth:`table_names` gives them)
+        and ``.page_token`` to pass for the next page (None: no more). The
+        token is the page's last name, where lancedb's is its directory entry
+        (``"b.lance/"``, from which lancedb lists ``b`` again): pass back the
+        token a page gave. The catalog has one namespace, the root."""
         if namespace_path:
             raise ValueError(f"the catalog has one namespace, the root ([]), got {namespace_path!r}")
         tables = self.table_names(page_token=page_token, limit=limit)
-        more = limit is not None and len(tables) == limit and bool(self.table_names(page_token=tables[-1], limit=1))
+        more = bool(limit and len(tables) == limit and self.table_names(page_token=tables[-1], limit=1))
         return ListTablesResponse(tables=tables, page_token=tables[-1] if more else None)
 
     def __getitem__(self, name: str) -> Table:

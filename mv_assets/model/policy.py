@@ -28,6 +28,18 @@ BUILD_HINT = ("build one with RefreshPolicy.eager(), RefreshPolicy.ttl(3600), Re
               "RefreshPolicy.staleness(5) or RefreshPolicy.manual()")
 
 
+def _valid_cron(expression: object) -> bool:
+    """Whether ``expression`` is a cron expression Dagster's schedules take:
+    five fields croniter reads, not the 30th or 31st of February (a bad one
+    stored in a view failed the load of every asset of the catalog)."""
+    from croniter import croniter
+
+    if not isinstance(expression, str) or len(expression.split()) != 5 or not croniter.is_valid(expression):
+        return False
+    fields = croniter.expand(expression)[0]
+    return not (len(fields[3]) == 1 and fields[3][0] == 2 and len(fields[2]) == 1 and fields[2][0] in (30, 31))
+
+
 class _FieldAndConstructor:
     """A field of the policy that is also, on the class, the constructor of
     its kind: ``RefreshPolicy.cron("0 6 * * *")`` builds a cron policy, and
@@ -59,8 +71,9 @@ class RefreshPolicy:
             raise ValueError(f"refresh policy must be one of {KINDS}, got {self.kind!r}")
         if self.kind == "ttl" and not (isinstance(self.ttl_seconds, (int, float)) and self.ttl_seconds > 0):
             raise ValueError("a ttl policy needs a positive ttl (seconds or timedelta)")
-        if self.kind == "cron" and (not isinstance(self.cron, str) or len(self.cron.split()) != 5):
-            raise ValueError(f"a cron policy needs a 5-field cron expression, got {self.cron!r}")
+        if self.kind == "cron" and not _valid_cron(self.cron):
+            raise ValueError(f"a cron policy needs a 5-field cron expression (minute hour day month weekday, as "
+                             f"Dagster's schedules take it, e.g. '0 6 * * *'), got {self.cron!r}")
         if self.kind == "staleness" and not (
             isinstance(self.max_staleness_pct, (int, float)) and 0 <= self.max_staleness_pct <= 100
         ):

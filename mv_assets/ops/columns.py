@@ -473,7 +473,8 @@ def load_columns(
         table, list(columns), _ids(rows), _ids(rows, "_row_last_updated_at_version"),
         _driver_writer(res, list(columns)), is_view=False, bump_versions=True, props={
         "job_id": job_id or uuid.uuid4().hex[:12], "started_at": started_at, "load_columns": {
-        "source": source if isinstance(source, str) else f"{len(source)} files", "pk": pk, "columns": columns,
+        "source": (source if isinstance(source, str) else f"{len(source)} files" if isinstance(source, list)
+                   else f"{type(source).__name__} in memory, {src.num_rows} rows"), "pk": pk, "columns": columns,
         "on_missing": on_missing, "rows": res.num_rows}})
     return version
 
