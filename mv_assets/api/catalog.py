@@ -118,11 +118,10 @@ def _storage_options(options: dict | None) -> dict[str, str] | None:
 # How long the root's listing taken by connect(create=False) serves the catalog's first listing (s)
 ROOT_LISTING_REUSE_S = 2.0
 
-
-
 # (catalog uri, view) pairs a chain refreshed just before, in this thread (Connection.refreshing_after)
 _REFRESHED_UPSTREAM: contextvars.ContextVar[frozenset] = contextvars.ContextVar("mv_assets_refreshed_upstream",
                                                                                default=frozenset())
+
 
 @dataclass(frozen=True)
 class ListTablesResponse:
@@ -130,6 +129,7 @@ class ListTablesResponse:
 
     tables: list[str]
     page_token: str | None = None
+
 
 class Connection:
     """A catalog of tables and materialized views rooted at ``uri``.
@@ -237,10 +237,11 @@ class Connection:
         found = self._listed()
         if page_token is not None:
             found = [n for n in found if n > page_token]
-        # each a small read on an object store: concurrently
-        names = []
-        for at in range(0, len(found), limit or max(1, len(found))):
-            batch = found[at:at + limit] if limit else found
+        # each a small read on an object store: concurrently, a page's worth at a time
+        step = limit or len(found) or 1
+        names: list[str] = []
+        for at in range(0, len(found), step):
+            batch = found[at:at + step]
             names += [n for n, ok in zip(batch, _concurrently(
                 lambda n: objects.is_dataset(self.table_uri(n)), batch, "catalog-list", self.uri), strict=True) if ok]
             if limit and len(names) >= limit:
@@ -256,9 +257,11 @@ class Connection:
         token a page gave. The catalog has one namespace, the root."""
         if namespace_path:
             raise ValueError(f"the catalog has one namespace, the root ([]), got {namespace_path!r}")
-        tables = self.table_names(page_token=page_token, limit=limit)
-        more = bool(limit and len(tables) == limit and self.table_names(page_token=tables[-1], limit=1))
-        return ListTablesResponse(tables=tables, page_token=tables[-1] if more else None)
+        if not limit:  # (None: every name; 0: none, as table_names)
+            return ListTablesResponse(tables=self.table_names(page_token=page_token, limit=limit))
+        names = self.table_names(page_token=page_token, limit=limit + 1)  # (one more says whether a page follows)
+        tables = names[:limit]
+        return ListTablesResponse(tables=tables, page_token=tables[-1] if len(names) > limit else None)
 
     def __getitem__(self, name: str) -> Table:
         return self.open_table(name)

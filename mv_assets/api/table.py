@@ -830,8 +830,8 @@ class Table(Indexed):
                             job_id=job_id)
 
     def load_columns_async(
-        self, source: "str | list[str] | pa.Table | pa.RecordBatch | Any", pk: str, columns: list[str], *, source_format: str | None = None,
-        on_missing: str = "carry", job_id: str | None = None, **geneva_only: Any,
+        self, source: "str | list[str] | pa.Table | pa.RecordBatch | Any", pk: str, columns: list[str], *,
+        source_format: str | None = None, on_missing: str = "carry", job_id: str | None = None, **geneva_only: Any,
     ) -> Job:
         """:meth:`load_columns` in a background thread; returns a job whose
         ``result()`` is the new version. Geneva's parameters as there."""
@@ -1797,7 +1797,7 @@ class MaterializedView(Table):
         # (no failed load to show; the next refresh records it). A FAILED_LOAD is still cleared.
         layout = self.connection.layout
         if plan.has_work or plan.full or plan.repaired:
-            # (a failed refresh's record it replaces is kept as that job's: storage.jobs.keep_failed_refresh)
+            # (a failed refresh's record it replaces is kept as that job's: storage.status.keep_failed_refresh)
             record_load_state(layout, self.name, LOADING, load_number=plan.load_number + 1, job_id=job_id)
         else:
             self._keep_failed_refresh()

@@ -232,8 +232,9 @@ def _compute_batches(
     clock: StageClock | None = None,
 ):
     """Yield view batches; with ``only``, just the key, version and those
-    columns (UDF columns computed again, or every other column read again). With ``overlap``, source batches are read ahead in a thread while
-    the UDF columns are computed. With a ``clock``, the time reading and in the
+    columns (UDF columns computed again, or every other column read again).
+    With ``overlap``, source batches are read ahead in a thread while the UDF
+    columns are computed. With a ``clock``, the time reading and in the
     UDFs is added to its ``read_s`` and ``udf_s``."""
     if only is not None:
         definition = ViewDefinition(

@@ -410,8 +410,8 @@ def load_columns(
     job_id: str | None = None,
 ) -> int | None:
     """Join ``columns`` from an external Parquet / Lance / Arrow IPC dataset
-    (or data in memory: :func:`_source_table`) into ``table`` by primary key ``pk``; one commit (recorded as job
-    ``job_id``). Returns the new version (None when nothing changed). All
+    (or data in memory: :func:`_source_table`) into ``table`` by primary key
+    ``pk``; one commit (recorded as job ``job_id``). Returns the new version (None when nothing changed). All
     checks run before anything is written."""
     started_at = time.time()
     if isinstance(table, ViewRef):

@@ -23,7 +23,8 @@ from mv_assets.storage import objects
 from mv_assets.storage.lance_compat import take_rows
 from mv_assets.storage.layout import Layout
 
-__all__ = ["ErrorRecord", "ERRORS_SCHEMA", "append_errors", "read_errors", "rename_errors", "record_failure", "failures_unrecorded"]
+__all__ = ["ErrorRecord", "ERRORS_SCHEMA", "append_errors", "read_errors", "rename_errors", "record_failure",
+           "failures_unrecorded"]
 
 ERRORS_SCHEMA = pa.schema(
     [
