@@ -1161,3 +1161,25 @@ def _check_view_rows(view, t, k: int, marker: str) -> None:
     rows = lance.dataset(view.uri).to_table(columns=["id", "y", marker]).to_pylist()
     assert sorted(r["id"] for r in rows) == sorted(i for i, r in src.items() if r["n"] != 3)
     assert all(r["y"] == src[r["id"]]["x"] * 10 + k for r in rows if r[marker] == fp)
+
+
+def test_load_columns_refuses_bad_columns_before_writing_and_says_what_a_new_column_committed(db):
+    """A column named twice, or a pandas column pyarrow cannot type, is refused
+    with a ValueError before anything is written (they failed with a KeyError
+    and an ArrowInvalid from inside); a new column whose source matches no row
+    is still added (all NULL), and the call returns that commit's version (it
+    returned None, as when nothing changed, after committing the column)."""
+    t = db.create_table("t", _rows(4), primary_key="id")
+    before = t.version
+    with pytest.raises(ValueError, match="named more than once"):
+        t.load_columns(pa.table({"id": [1], "q": [10]}), "id", ["q", "q"])
+    mixed = pa.table({"id": [1, 2]}).to_pandas()
+    mixed["q"] = [1, "a"]
+    with pytest.raises(ValueError, match="column 'q'.*cannot be read as one Arrow type"):
+        t.load_columns(mixed, "id", ["q"])
+    assert t.version == before and "q" not in t.schema.names
+    v = t.load_columns(pa.table({"id": [100], "q": [10]}), "id", ["q"])
+    assert v is not None and v == t.version > before
+    assert "q" in t.schema.names and _values(t, "q") == {i: (None,) for i in range(4)}
+    assert t.load_columns(pa.table({"id": [100], "q": [10]}), "id", ["q"]) is None  # nothing changed
+    assert t.version == v

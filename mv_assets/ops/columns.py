@@ -328,7 +328,14 @@ def _source_table(source: Any, source_format: str | None, columns: list[str], ca
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     elif type(data).__name__ == "DataFrame" and type(data).__module__.startswith("pandas"):
-        data = pa.Table.from_pandas(data, preserve_index=False)
+        frame = data
+        for c in [c for c in columns if c in frame.columns]:  # (a column of mixed Python types has no Arrow type)
+            try:
+                pa.array(frame[c], from_pandas=True)
+            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+                raise ValueError(f"load_columns: column {c!r} of the DataFrame cannot be read as one Arrow type "
+                                 f"({exc})") from exc
+        data = pa.Table.from_pandas(frame[[c for c in columns if c in frame.columns]], preserve_index=False)
     if isinstance(data, pa.Table):
         if source_format is not None:
             raise ValueError(f"load_columns: source_format={source_format!r} is for files; data in memory has none")
@@ -422,6 +429,9 @@ def load_columns(
         raise ValueError("load_columns: columns is a non-empty list of column names")
     if pk in columns:
         raise ValueError(f"the primary key {pk!r} cannot be loaded into itself")
+    twice = sorted({c for c in columns if columns.count(c) > 1})
+    if twice:
+        raise ValueError(f"load_columns: columns {twice} are named more than once")
     ds = table.dataset()
     if pk not in ds.schema.names:
         raise ValueError(f"primary key {pk!r} is not a column of {table.name!r}")
@@ -464,11 +474,14 @@ def load_columns(
         take = idx_arr
     values = {c: src.column(c).take(take) for c in columns}
     res = pa.table({c: values[c] for c in columns})
+    added = None
     if new_fields:
+        # (a commit of its own: Lance adds a column without writing its NULLs; the values follow)
         with table.lock():
             ds.add_columns(new_fields)
+            added = ds.version
     if res.num_rows == 0:
-        return None
+        return added  # the new columns, all NULL: no row matched
     version, _, _ = commit_column_values(
         table, list(columns), _ids(rows), _ids(rows, "_row_last_updated_at_version"),
         _driver_writer(res, list(columns)), is_view=False, bump_versions=True, props={
