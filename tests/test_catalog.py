@@ -534,6 +534,25 @@ def test_a_dropped_view_leaves_nothing_for_its_successor(db):
     assert t.get_errors() == []
 
 
+def test_a_view_dropped_and_created_again_gets_job_ids_of_its_own(db):
+    """The same view dropped and created again over the same source version:
+    its refresh's job id is not the dropped view's (both were
+    ``refresh-1-<plan>``, so an id kept from before the drop named the new
+    job); a job id of the dropped view is not found."""
+    t = db.create_table("raw", _rows(4))
+    query = t.search(None).select({"id": "id", "x": "x"})
+    v = db.create_materialized_view("v", query)
+    first = v.refresh().job_id
+    assert db.get_job(first).table_name == "v"
+    db.drop_table("v")
+    v = db.create_materialized_view("v", query)
+    second = v.refresh().job_id
+    assert second != first
+    assert [j.job_id for j in db.list_jobs("v")] == [second]
+    with pytest.raises(ValueError):
+        db.get_job(first)
+
+
 def test_with_no_data_false_that_fails_leaves_no_view_behind(db):
     t = db.create_table("raw", _rows(3))
 

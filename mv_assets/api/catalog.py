@@ -8,6 +8,7 @@ import os
 import re
 import time
 import typing
+import uuid
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -48,7 +49,7 @@ from mv_assets.ops.jobs import Job, process_jobs
 from mv_assets.ops.refresh import RefreshResult
 from mv_assets.storage import keys, objects
 from mv_assets.storage.error_log import drop_errors, failures_unrecorded
-from mv_assets.storage.identity import ensure_table_id, table_id
+from mv_assets.storage.identity import VIEW_ID_KEY, ensure_table_id, table_id
 from mv_assets.storage.jobs import JobRecord, drop_job_records, job_record, job_records
 from mv_assets.storage.layout import Layout
 from mv_assets.storage.row_ids import (
@@ -793,7 +794,8 @@ class Connection:
         and tags, then fill it unless ``with_no_data`` (a view that could not
         be populated is not left behind)."""
         policy = refresh_policy or RefreshPolicy.eager()
-        md = {**schema.metadata, POLICY_METADATA_KEY.encode(): policy.to_json().encode()}
+        md = {**(schema.metadata or {}), POLICY_METADATA_KEY.encode(): policy.to_json().encode(),
+              VIEW_ID_KEY.encode(): uuid.uuid4().hex.encode()}
         if ownership is not None and not ownership.empty:
             md[OWNERSHIP_METADATA_KEY.encode()] = ownership.to_json().encode()
         schema = schema.with_metadata(md)

@@ -114,7 +114,7 @@ def _agg_plan(view, start, max_rows_per_task: int | None, checkpoint_size: int |
         new_rows = changes.rows
         details.update(groups=len(changes.inserted) + len(gone), source_rows_read=changes.source_rows,
                        groups_recomputed=len(changes.recomputed))
-    where = _place(view, src, view_ds.version, f"aggregate|{v0}|{how}", max_rows_per_task or max(rows, 1),
+    where = _place(view, src, view_ds, f"aggregate|{v0}|{how}", max_rows_per_task or max(rows, 1),
                    checkpoint_size, balanced=False)
     tasks = []
     kind_args = None

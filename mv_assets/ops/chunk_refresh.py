@@ -87,7 +87,7 @@ def plan_chunk_refresh(
 
     largest = max((f.count_rows() for f in src.get_fragments()), default=0)
     per_task = max_rows_per_task or fit_to_fragments(task_rows(n, state.seconds_per_row, parallelism), largest)
-    where = _place(view, src, view_ds.version, f"chunker|{v0}|{how}|{scope}", per_task, checkpoint_size,
+    where = _place(view, src, view_ds, f"chunker|{v0}|{how}|{scope}", per_task, checkpoint_size,
                    balanced=max_rows_per_task is None)
     tasks = where.tasks(pieces_from_rows(_ids(parents, "_rowaddr"), _ids(parents), where.max_rows_per_task)) if n else []
     reuse_by_fragment = _reuse_by_fragment(reuse, parents)

@@ -487,7 +487,7 @@ def plan_join_refresh(
     changed = _input_changes(join, definition, deltas) if len(touched) else {}
     reason = ("incremental (" + ", ".join(f"{n} {reflected[n]} -> {v}" for n, v in moved.items()) + ")"
               if moved else "incremental (no source moved)")
-    where = _place(view, datasets[0], view_ds.version, f"join|{json.dumps(versions, sort_keys=True)}|incremental",
+    where = _place(view, datasets[0], view_ds, f"join|{json.dumps(versions, sort_keys=True)}|incremental",
                    per_task, checkpoint_size)
     # (first-table rows deleted since: their view rows go, nothing is computed for them; nor for those an
     # inner join's row deleted left with no match: _unmatched)
@@ -791,7 +791,7 @@ def _full_plan(view: ViewRef, definition, datasets, view_ds, state, reason: str,
                checkpoint_size: int | None, details: dict, exact: bool) -> RefreshPlan:
     """Every first-table row, by fragment groups of about ``per_task`` rows (a
     larger fragment in slices of ``per_task`` rows)."""
-    where = _place(view, datasets[0], view_ds.version, f"join|full|{json.dumps(details['sources'], sort_keys=True)}",
+    where = _place(view, datasets[0], view_ds, f"join|full|{json.dumps(details['sources'], sort_keys=True)}",
                    per_task, checkpoint_size)
     uris = [d.uri for d in datasets]
     tasks, group, rows, total = [], [], 0, 0

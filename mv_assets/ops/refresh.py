@@ -82,7 +82,7 @@ from mv_assets.storage.changes import (
     versions_before_merges,
     written_fragments,
 )
-from mv_assets.storage.identity import ensure_table_id, table_id
+from mv_assets.storage.identity import ensure_table_id, table_id, view_id
 from mv_assets.storage.lance_compat import CommitConflictError, delete_offsets, field_ids, take_rows
 from mv_assets.storage.refs import ViewRef
 from mv_assets.storage.row_ids import require_current_format
@@ -544,7 +544,7 @@ def plan_refresh(
         per_task = max_rows_per_task or fit_to_fragments(
             task_rows(rows_to_compute, state.seconds_per_row, parallelism), largest_fragment
         )
-        return _place(view, src, view_ds.version, f"{v0}|{def_fp}|{how}|{scope}|{recompute}", per_task,
+        return _place(view, src, view_ds, f"{v0}|{def_fp}|{how}|{scope}|{recompute}", per_task,
                       checkpoint_size, balanced=max_rows_per_task is None)
 
     appended = _appended_since(src, v0, commits, reads, state, definition) if commits is not None else None
@@ -898,12 +898,15 @@ def _already_current(view: ViewRef, src_version: int, view_version: int, state, 
 
 
 def _place(
-    view: ViewRef, src: lance.LanceDataset, view_version: int, how: str, per_task: int, checkpoint_size: int | None,
-    balanced: bool = False,
+    view: ViewRef, src: lance.LanceDataset, view_ds: lance.LanceDataset, how: str, per_task: int,
+    checkpoint_size: int | None, balanced: bool = False,
 ) -> "_TaskPlace":
-    """Where the tasks of a plan (named by everything that shapes them) read, write and checkpoint."""
+    """Where the tasks of a plan (named by everything that shapes them, the
+    view's identity too) read, write and checkpoint."""
+    view_version = view_ds.version
     plan_key = hashlib.sha256(
-        f"{view.uri}|{view_version}|{src.version}|{how}|{per_task}|{checkpoint_size}|{balanced}".encode()
+        f"{view.uri}|{view_id(view_ds)}|{view_version}|{src.version}|{how}|{per_task}|{checkpoint_size}|{balanced}"
+        .encode()
     ).hexdigest()[:16]
     checkpoints = view.layout.checkpoints(view.name)
     return _TaskPlace(

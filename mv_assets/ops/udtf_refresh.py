@@ -110,7 +110,7 @@ def plan_udtf_refresh(
 
     total = sum(counts.values())
     per_task = max_rows_per_task or task_rows(total, state.seconds_per_row, parallelism)
-    where = _place(view, src, view_ds.version, f"udtf|{v0}|{how}", per_task, checkpoint_size,
+    where = _place(view, src, view_ds, f"udtf|{v0}|{how}", per_task, checkpoint_size,
                    balanced=max_rows_per_task is None)
     tasks = []
     pieces = [[k, None, counts[k]] for k in keys]

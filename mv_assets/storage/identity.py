@@ -22,9 +22,19 @@ import lance
 
 from mv_assets.storage import objects
 
-__all__ = ["TABLE_ID_KEY", "table_id", "ensure_table_id", "restored_id"]
+__all__ = ["TABLE_ID_KEY", "VIEW_ID_KEY", "table_id", "view_id", "ensure_table_id", "restored_id"]
 
 TABLE_ID_KEY = "mv_assets.table_id"
+# A materialized view's identity: a random id in its schema's metadata, written
+# with the view's first (empty) version, so no commit of its own. It names the
+# view's refresh plans (their job ids and checkpoint folders), so a view dropped
+# and created again under the same name does not take the dropped one's job ids.
+VIEW_ID_KEY = "mv_assets.view_id"
+
+
+def view_id(ds: lance.LanceDataset) -> str:
+    """The view's identity ("" for a view created before views had one)."""
+    return (ds.schema.metadata or {}).get(VIEW_ID_KEY.encode(), b"").decode()
 
 
 def table_id(ds: lance.LanceDataset, recorded: str | None = None) -> str | None:
