@@ -1183,3 +1183,66 @@ def test_load_columns_refuses_bad_columns_before_writing_and_says_what_a_new_col
     assert "q" in t.schema.names and _values(t, "q") == {i: (None,) for i in range(4)}
     assert t.load_columns(pa.table({"id": [100], "q": [10]}), "id", ["q"]) is None  # nothing changed
     assert t.version == v
+
+
+def test_names_with_a_dot_and_legacy_tables_are_refused_in_words_before_writing(db):
+    """A column name with a '.' (add_columns, load_columns, alter_columns'
+    rename, a view's output, an aggregate's) and add_columns / load_columns on
+    a table in Lance's legacy file format raise ValueError naming the cause,
+    nothing written (they failed with an OSError from inside Lance's writer)."""
+    t = db.create_table("t", pa.table({"id": pa.array([1, 2], pa.int64()), "a": pa.array([1, 2], pa.int64())}),
+                        primary_key="id")
+    before = t.version
+    for call in (lambda: t.add_columns({"a.b": "a + 1"}),
+                 lambda: t.load_columns(pa.table({"id": [1], "l.x": [5]}), "id", ["l.x"]),
+                 lambda: t.alter_columns({"path": "a", "rename": "a.b"}),
+                 lambda: db.create_materialized_view("v", t.search(None).select({"id": "id", "v.x": "a"})),
+                 lambda: db.create_materialized_view("g", t.search(None).group_by("id").agg({"n.x": "count(*)"}))):
+        with pytest.raises(ValueError, match="'.'"):
+            call()
+    assert t.version == before and db.table_names() == ["t"]
+    lance.write_dataset(pa.table({"id": pa.array([0, 1], pa.int64()), "a": pa.array([0, 1], pa.int64())}),
+                        os.path.join(db.uri, "legacy.lance"), enable_stable_row_ids=True,
+                        data_storage_version="legacy")
+    legacy = db.open_table("legacy")
+    version = legacy.version
+    for call in (lambda: legacy.add_columns({"q": "a * 2"}), lambda: legacy.add_columns({"d": (dbl, ["a"])}),
+                 lambda: legacy.load_columns(pa.table({"id": [1], "q": [5]}), "id", ["q"])):
+        with pytest.raises(ValueError, match="legacy"):
+            call()
+    assert legacy.version == version
+
+
+def test_load_columns_refills_sql_columns_and_refuses_blob_columns(db):
+    """A SQL computed column reading a loaded column is computed again for
+    the rows loaded, as after update() (it kept its old value, stale, until
+    the next write); a blob column is refused (it was stored as plain
+    large_binary, its blob encoding dropped without a word)."""
+    t = db.create_table("t", pa.table({"id": pa.array([1, 2], pa.int64()), "lab": ["p", "q"]}), primary_key="id")
+    t.add_columns({"al": "concat(lab, '!')"})
+    t.load_columns(pa.table({"id": [1], "lab": ["NEW"]}), "id", ["lab"])
+    assert _values(t, "lab", "al") == {1: ("NEW", "NEW!"), 2: ("q", "q!")}
+    assert t.load_columns_async(pa.table({"id": [2], "lab": ["X"]}), "id", ["lab"]).result(timeout=60) == t.version
+    assert _values(t, "lab", "al") == {1: ("NEW", "NEW!"), 2: ("X", "X!")}
+    before = t.version
+    blob = pa.field("bl", pa.large_binary(), metadata={"lance-encoding:blob": "true"})
+    with pytest.raises(ValueError, match="blob"):
+        t.load_columns(pa.table([pa.array([1, 2], pa.int64()), pa.array([b"xx", b"yy"], pa.large_binary())],
+                                schema=pa.schema([pa.field("id", pa.int64()), blob])), "id", ["bl"])
+    assert t.version == before and "bl" not in t.schema.names
+
+
+def test_update_values_sql_that_does_not_fit_the_column_is_refused(db):
+    """update(values_sql={"a": "7.9"}) on an integer column is refused as
+    values={"a": 7.9} is (7 was stored); expressions that fit are written."""
+    t = db.create_table("t", pa.table({"id": pa.array([1, 2], pa.int64()), "a": pa.array([10, 20], pa.int64()),
+                                       "f": pa.array([0.5, 1.5])}), primary_key="id")
+    before = t.version
+    with pytest.raises(ValueError, match="do not fit column 'a'"):
+        t.update("id = 1", values_sql={"a": "7.9"})
+    with pytest.raises(ValueError, match="do not fit column 'a'"):
+        t.update(None, values_sql={"a": "f * 3"})  # (1.5 * 3: 4.5)
+    assert t.version == before
+    t.update("id = 1", values_sql={"a": "7.0", "f": "a + 1"})
+    t.update("id = 2", values_sql={"a": "a * 2"})
+    assert _values(t, "a", "f") == {1: (7, 11.0), 2: (40, 1.5)}

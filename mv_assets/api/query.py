@@ -23,7 +23,7 @@ from mv_assets.model.definition import (
     output_schema,
 )
 from mv_assets.model.kinds import kind_of
-from mv_assets.model.names import is_internal_column
+from mv_assets.model.names import check_column_name, is_internal_column
 from mv_assets.model.udf import UDF
 
 __all__ = ["Query", "QuerySource", "rows_in_process", "function_view_definition"]
@@ -255,10 +255,7 @@ class Query:
                         f"expression or a UDF, got {type(value).__name__}"
                     )
         for c in columns:
-            if is_reserved_name(c.name):
-                raise ValueError(
-                    f"output column name {c.name!r} is reserved (names starting with '__' and Lance's row columns)"
-                )
+            check_column_name(c.name, "output column name")
         definition = ViewDefinition(
             source=self._table.name,
             columns=tuple(columns),
@@ -329,9 +326,7 @@ class Query:
         join, outputs = self._join_parts()
         columns = []
         for name, kind, value in outputs:
-            if is_reserved_name(name):
-                raise ValueError(f"output column name {name!r} is reserved (names starting with '__' and Lance's "
-                                 "row columns)")
+            check_column_name(name, "output column name")
             columns.append(ColumnSpec(name, "udf", None, value) if kind == "udf" else ColumnSpec(name, kind, value))
         definition = ViewDefinition(source=self._table.name, columns=tuple(columns), filter=self._filter,
                                     function=json.dumps(join.to_spec()))

@@ -826,8 +826,18 @@ class Table(Indexed):
         """
         self._require_latest("load_columns()")
         geneva.accept("load_columns", geneva_only, geneva.LOAD_IGNORED)
-        return load_columns(self.ref(), source, pk, columns, source_format=source_format, on_missing=on_missing,
-                            job_id=job_id)
+        return self._load_columns(self.ref(), source, pk, columns, source_format=source_format,
+                                  on_missing=on_missing, job_id=job_id)
+
+    def _load_columns(self, ref: Ref, *args: Any, **kwargs: Any) -> int | None:
+        """Load the columns, then fill the SQL computed columns of the rows
+        loaded (as after an update: a SQL column reading a loaded column kept
+        its old value, stale, until the next write). The latest version, None
+        when nothing changed."""
+        version = load_columns(ref, *args, **kwargs)
+        if version is not None and any(c.kind == "sql" for c in self.computed_columns()):
+            return self._fill_sql_columns() or version
+        return version
 
     def load_columns_async(
         self, source: "str | list[str] | pa.Table | pa.RecordBatch | Any", pk: str, columns: list[str], *,
@@ -839,7 +849,7 @@ class Table(Indexed):
         geneva.accept("load_columns_async", geneva_only, geneva.LOAD_ASYNC_IGNORED)
         job_id = job_id or uuid.uuid4().hex[:12]
         ref = self.ref()
-        return Job(job_id, load_columns, (ref, source, pk, columns),
+        return Job(job_id, self._load_columns, (ref, source, pk, columns),
                    {"source_format": source_format, "on_missing": on_missing, "job_id": job_id},
                    job_type="load_columns", table=self.name, catalog=self.connection.layout.root, column=",".join(columns) if isinstance(columns, list)
                    else None)
@@ -1261,6 +1271,8 @@ class Table(Indexed):
             check_sql(ds, filter=where, columns=updates)
         except (ValueError, OSError) as exc:
             raise ValueError(f"invalid update: {short_error(exc)}") from exc
+        if values_sql is not None:
+            _check_sql_values_fit(ds, updates, where)
         ref = self.ref()
         assert isinstance(ref, TableRef)  # views refuse writes (_check_writable)
         update_rows(ref, updates, self._stale_markers(set(updates)), where)
@@ -1438,6 +1450,28 @@ class MergeInsertBuilder:
             geneva.warn("merge_insert().execute", "timeout", timeout, "the merge is one Lance commit, not cancelled")
         return self._table._merge(self._on, new_data, update=self._update, update_where=self._update_where,
                                   insert=self._insert, delete=self._delete, delete_where=self._delete_where)
+
+
+def _check_sql_values_fit(ds: lance.LanceDataset, updates: dict[str, str], where: str | None) -> None:
+    """``update(values_sql=)``: an expression whose values do not fit its
+    column exactly (``7.9`` into an integer column) is refused, as a Python
+    value is, before anything is written (Lance casts it: 7 was stored). Only
+    expressions whose type is not the column's are read, over the rows
+    ``where`` matches."""
+    exprs = {f"v{i}": (name, expr) for i, (name, expr) in enumerate(updates.items())}
+    # (Lance refuses a scan of literals alone: the row id is read beside them)
+    typed = ds.scanner(columns={k: e for k, (_, e) in exprs.items()}, filter=where,
+                       with_row_id=True).projected_schema
+    other = {k: v for k, v in exprs.items() if typed.field(k).type != ds.schema.field(v[0]).type}
+    if not other:
+        return
+    got = ds.scanner(columns={k: e for k, (_, e) in other.items()}, filter=where, with_row_id=True).to_table()
+    for k, (name, expr) in other.items():
+        try:
+            got.column(k).cast(ds.schema.field(name).type, safe=True)
+        except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError, OverflowError) as exc:
+            raise ValueError(f"values_sql {name!r}: {expr!r} gives values that do not fit column {name!r} "
+                             f"({ds.schema.field(name).type}) exactly: {exc}") from exc
 
 
 class MaterializedView(Table):

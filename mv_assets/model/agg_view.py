@@ -74,7 +74,7 @@ from mv_assets.model.definition import (
     read_field_ids,
     short_error,
 )
-from mv_assets.model.names import AGG_PREFIX, SOURCE_ROW_ID, is_reserved_name
+from mv_assets.model.names import AGG_PREFIX, SOURCE_ROW_ID, check_column_name
 from mv_assets.model.udtf_view import exact_key_type, partition_key
 
 __all__ = [
@@ -214,8 +214,7 @@ def parse_aggs(aggs: object) -> list[Agg]:
     for name, call in aggs.items():
         if not isinstance(name, str) or not name:
             raise ValueError(f"aggregate output names are non-empty strings, got {name!r}")
-        if is_reserved_name(name):
-            raise ValueError(f"output column name {name!r} is reserved (names starting with '__' and Lance's row columns)")
+        check_column_name(name, "output column name")
         if not isinstance(call, str):
             raise ValueError(f"aggregate {name!r}: give it as text, e.g. \"sum(x)\", got {type(call).__name__}")
         quantile = _QUANTILE.match(call)

@@ -130,6 +130,9 @@ class _TableFunction:
                     f"{self.label} {self.name!r}: output column {col!r} is a reserved name "
                     "(names starting with '__' and Lance's row columns belong to mv_assets)"
                 )
+            if "." in col:
+                raise ValueError(f"{self.label} {self.name!r}: output column {col!r} contains '.', which Lance "
+                                 "reads as the path of a nested field; choose a name without it")
             if col in seen:
                 raise ValueError(f"{self.label} {self.name!r}: output column {col!r} appears twice")
             seen.add(col)

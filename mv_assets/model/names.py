@@ -9,7 +9,7 @@ from enum import StrEnum
 __all__ = [
     "SOURCE_ROW_ID", "SOURCE_ROW_VERSION", "VIEW_KEY_COLUMNS", "CHUNK_INDEX", "CHUNK_INPUTS", "PARTITION", "AGG_PREFIX", "JOINED_ROW_ID_PREFIX", "is_internal_column", "COMPUTED_PREFIX", "SOURCE_MARKER_PREFIX",
     "LANCE_ROW_COLUMNS", "RESERVED_PREFIX", "Alias", "ColumnKind", "UdfKind", "computed_marker", "source_marker",
-    "is_marker", "is_reserved_name", "input_alias", "input_marker_alias", "nth_marker_alias", "PRIMARY_KEY_METADATA_KEY",
+    "is_marker", "is_reserved_name", "check_column_name", "input_alias", "input_marker_alias", "nth_marker_alias", "PRIMARY_KEY_METADATA_KEY",
 ]
 
 # -- stored in every view row --------------------------------------------------
@@ -111,6 +111,24 @@ def is_reserved_name(name: str) -> bool:
     (True, True, False)
     """
     return name.startswith(RESERVED_PREFIX) or name in LANCE_ROW_COLUMNS
+
+
+def check_column_name(name: str, what: str = "column name") -> None:
+    """Refuse a name no column of a table or view can take, in words, before
+    anything is written: a reserved one (:func:`is_reserved_name`), or one with
+    a ``.`` (Lance reads it as a nested field's path: its writer failed with
+    "Top level field a.b cannot contain `.`" after the checks had passed).
+
+    >>> check_column_name("a.b")
+    Traceback (most recent call last):
+    ...
+    ValueError: column name 'a.b' contains '.', which Lance reads as the path of a nested field; choose a name without it
+    """
+    if is_reserved_name(name):
+        raise ValueError(f"{what} {name!r} is reserved (names starting with '__' and Lance's row columns)")
+    if "." in name:
+        raise ValueError(f"{what} {name!r} contains '.', which Lance reads as the path of a nested field; "
+                         "choose a name without it")
 
 
 def input_alias(column: str) -> str:

@@ -35,7 +35,6 @@ from mv_assets.model.definition import (
     computed_marker,
     encode_columns,
     is_marker,
-    is_reserved_name,
     short_error,
     stored_columns,
     udf_column_type,
@@ -44,7 +43,7 @@ from mv_assets.model.definition import (
 from mv_assets.model.errors import SqlRowsError
 from mv_assets.model.kinds import kind_of
 from mv_assets.model.markers import marker_value
-from mv_assets.model.names import LANCE_ROW_COLUMNS
+from mv_assets.model.names import LANCE_ROW_COLUMNS, check_column_name
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.model.planning import positions
 from mv_assets.model.udf import UDF, UnpackedUDF, nested_type
@@ -58,6 +57,7 @@ from mv_assets.ops.backfill import (
 )
 from mv_assets.storage import objects
 from mv_assets.storage.refs import Ref, TableRef, ViewRef
+from mv_assets.storage.row_ids import require_current_format
 
 __all__ = ["parse_transforms", "add_columns", "alter_columns", "load_columns", "update_rows"]
 
@@ -131,8 +131,7 @@ def parse_transforms(transforms: Any, input_schema: pa.Schema, input_ds: lance.L
         if c.name in seen:
             raise ValueError(f"duplicate column name {c.name!r}")
         seen.add(c.name)
-        if is_reserved_name(c.name):
-            raise ValueError(f"column name {c.name!r} is reserved (names starting with '__' and Lance's row columns)")
+        check_column_name(c.name)
         if c.kind == "udf" and is_blob_field(udf_field(c)):
             raise ValueError(
                 f"column {c.name!r}: UDF {c.the_udf.name!r} returns a blob column (field_metadata "
@@ -160,6 +159,8 @@ def add_columns(table: Ref, transforms: Any) -> list[str]:
     input_ds = table.input_dataset()
     specs = parse_transforms(transforms, input_ds.schema, input_ds)
     ds = table.dataset()
+    # (Lance cannot add the empty column to v1 files: "Cannot add all-null columns to legacy dataset version")
+    require_current_format(ds, table.name, "a computed column")
     clash = [c.name for c in specs if c.name in ds.schema.names or computed_marker(c.name) in ds.schema.names]
     if clash:
         raise ValueError(f"columns {clash} already exist in {table.name!r}")
@@ -433,6 +434,10 @@ def load_columns(
     if twice:
         raise ValueError(f"load_columns: columns {twice} are named more than once")
     ds = table.dataset()
+    require_current_format(ds, table.name, "load_columns")
+    for c in columns:
+        if "." in c and c not in ds.schema.names:  # (a new column: Lance's writer refuses the name)
+            check_column_name(c, "load_columns: column name")
     if pk not in ds.schema.names:
         raise ValueError(f"primary key {pk!r} is not a column of {table.name!r}")
     computed = {c.name for c in table.computed_columns()}
@@ -444,6 +449,12 @@ def load_columns(
         raise ValueError(f"the source has NULL primary keys in {pk!r}")
     if len(pc.unique(src.column(pk))) != src.num_rows:  # pyright: ignore[reportAttributeAccessIssue]  (generated at import)
         raise ValueError(f"the source has duplicate primary keys in {pk!r}")
+    blobs = [c for c in columns if is_blob_field(src.schema.field(c))
+             or (c in ds.schema.names and is_blob_field(ds.schema.field(c)))]
+    if blobs:  # (the column was added as plain large_binary, its blob encoding dropped without a word)
+        raise ValueError(f"load_columns: {blobs} are blob columns (lance-encoding:blob), which cannot be written "
+                         "into rows already stored: Lance stores blob data only with whole rows. Add the rows with "
+                         "their blobs (add, merge_insert), or compute the column in a materialized view")
     new_fields = []
     for c in columns:
         st = src.schema.field(c).type

@@ -169,6 +169,9 @@ def rename_or_relax_columns(table: Ref, alterations: list[dict], views: dict[str
             if not isinstance(new, str) or not new or is_reserved_name(new):
                 raise ValueError(f"alter_columns: {new!r} is not a valid new name for {path!r} "
                                  "(names starting with '__' are reserved)")
+            if "." in new:
+                raise ValueError(f"alter_columns: {new!r} is not a valid new name for {path!r}: a '.' is read by "
+                                 "Lance as the path of a nested field")
             if new in names or new in renamed.values():
                 raise ValueError(f"alter_columns: {table.name!r} already has a column {new!r}")
             cased = [n for n in names if n.lower() == new.lower() and n != path]
