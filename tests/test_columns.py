@@ -1243,6 +1243,29 @@ def test_update_values_sql_that_does_not_fit_the_column_is_refused(db):
     with pytest.raises(ValueError, match="do not fit column 'a'"):
         t.update(None, values_sql={"a": "f * 3"})  # (1.5 * 3: 4.5)
     assert t.version == before
-    t.update("id = 1", values_sql={"a": "7.0", "f": "a + 1"})
+    t.update("id = 1", values_sql={"a": "7.0", "f": "f + 1"})
     t.update("id = 2", values_sql={"a": "a * 2"})
-    assert _values(t, "a", "f") == {1: (7, 11.0), 2: (40, 1.5)}
+    assert _values(t, "a", "f") == {1: (7, 1.5), 2: (40, 1.5)}
+
+
+def test_a_row_a_sql_column_fails_on_is_warned_of_by_the_write_that_wrote_it_only(db):
+    """A row a SQL column's expression fails on is named by the write that
+    wrote it; later writes of other rows try it again without a word (each
+    warned "fails on 1 row(s) (row ids [1] ...)" for a row it did not write);
+    it stays stale, and a write of it that still fails names it again."""
+    import warnings
+
+    t = db.create_table("t", pa.table({"id": pa.array([0, 1], pa.int64()), "s": ["1", "abc"]}), primary_key="id")
+    with pytest.warns(UserWarning, match=r"fails on 1 row\(s\) \(row ids \[1\]"):
+        t.add_columns({"n": "CAST(s AS BIGINT)"})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a warning fails the test
+        t.add([{"id": 2, "s": "2"}])
+        t.update("id = 0", {"s": "7"})
+        t.load_columns(pa.table({"id": [2], "s": ["5"]}), "id", ["s"])
+    assert _values(t, "s", "n") == {0: ("7", 7), 1: ("abc", None), 2: ("5", 5)}
+    assert t.column_status()[0]["stale"] == 1
+    with pytest.warns(UserWarning, match=r"fails on 1 row\(s\) \(row ids \[1\]"):
+        t.update("id = 1", {"s": "xyz"})
+    t.update("id = 1", {"s": "9"})
+    assert _values(t, "n") == {0: (7,), 1: (9,), 2: (5,)}

@@ -836,7 +836,7 @@ class Table(Indexed):
         when nothing changed."""
         version = load_columns(ref, *args, **kwargs)
         if version is not None and any(c.kind == "sql" for c in self.computed_columns()):
-            return self._fill_sql_columns() or version
+            return self._fill_sql_columns(written=version) or version
         return version
 
     def load_columns_async(
@@ -1077,7 +1077,8 @@ class Table(Indexed):
         if appended is not None and pk is not None:  # (the version the append made: nothing opened again)
             keys.remember_written(self.uri, written, pk, appended.column(pk).combine_chunks())
         # (its commits bring the key index up to date themselves; the schema the write left says whether any)
-        filled = self._fill_sql_columns() if any(c.kind == "sql" for c in stored_columns(written.schema)) else None
+        filled = (self._fill_sql_columns(written=written.version)
+                  if any(c.kind == "sql" for c in stored_columns(written.schema)) else None)
         if filled is not None:
             return filled
         return written.version if keys.upkeep(self.uri, written) is None else self.version
@@ -1182,12 +1183,15 @@ class Table(Indexed):
         return MergeInsertResult(version, int(stats.get("num_updated_rows", 0)), int(stats.get("num_inserted_rows", 0)),
                                  int(stats.get("num_deleted_rows", 0)), table.num_rows)
 
-    def _fill_sql_columns(self) -> int | None:
+    def _fill_sql_columns(self, written: int | None = None) -> int | None:
         """Compute SQL computed columns for rows that lack them (after add/update,
         committed already). Rows the expression fails on (a cast that does not
         hold for their values) are left out, stale, with a warning naming
         them: the write is not reported failed after its commit (a retry would
-        add the rows twice), and the rows written next are filled still."""
+        add the rows twice), and the rows written next are filled still.
+        ``written``: the version the write made; the warning names only rows
+        it wrote (a row that failed before is tried again, and stays stale
+        without a word: it was not this write's)."""
         version = None
         for c in self.computed_columns():
             if c.kind != "sql":
@@ -1195,12 +1199,22 @@ class Table(Indexed):
             try:
                 result = self.backfill(c.name, runner=InlineRunner())
             except SqlRowsError as exc:
-                warnings.warn(sql_failure_text(self.name, c, exc) + " The write itself was committed.", stacklevel=3)
+                mine = exc.rows if written is None else self._rows_written_since(exc.rows, written)
+                if mine:
+                    warnings.warn(sql_failure_text(self.name, c, SqlRowsError(str(exc), mine, exc.error))
+                                  + " The write itself was committed.", stacklevel=3)
                 with self.column_ref().lock():
                     version = fill_sql_rows(self.column_ref(), c, exc.rows) or version
                 continue
             version = result.version or version
         return version
+
+    def _rows_written_since(self, row_ids: list[int], version: int) -> list[int]:
+        """Those of ``row_ids`` written (added or updated) at ``version`` or later."""
+        got = self._dataset().to_table(columns=["_row_last_updated_at_version"], with_row_id=True,
+                                       filter=f"_rowid IN ({', '.join(str(int(i)) for i in row_ids)})")
+        at = got.column("_row_last_updated_at_version").to_numpy()
+        return sorted(int(i) for i, v in zip(got.column("_rowid").to_pylist(), at, strict=True) if v >= version)
 
     def _stale_markers(self, updated: set[str]) -> dict[str, str]:
         """Markers to clear when ``updated`` columns change: computed columns reading them."""
@@ -1275,8 +1289,8 @@ class Table(Indexed):
             _check_sql_values_fit(ds, updates, where)
         ref = self.ref()
         assert isinstance(ref, TableRef)  # views refuse writes (_check_writable)
-        update_rows(ref, updates, self._stale_markers(set(updates)), where)
-        return self._fill_sql_columns() or self.version
+        updated = update_rows(ref, updates, self._stale_markers(set(updates)), where)
+        return self._fill_sql_columns(written=updated) or self.version
 
     def optimize(self, *, cleanup_older_than: timedelta | None = None, delete_unverified: bool = False,
                  target_rows_per_fragment: int | None = None) -> int:
