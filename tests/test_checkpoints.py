@@ -213,3 +213,33 @@ def test_a_bad_checkpoint_seconds_is_refused_naming_the_variable_before_anything
     monkeypatch.delenv("MV_ASSETS_CHECKPOINT_SECONDS")
     view.refresh()
     assert view.count_rows() == 5
+
+
+def test_a_source_removed_and_made_again_takes_none_of_the_results_saved_for_its_predecessor(tmp_path):
+    """A refresh saving row checkpoints fails; the source is removed outside
+    mv_assets and made again with other values (row ids and versions start
+    again at 0 and 1): the next refresh computes every row from the new
+    values. It took the 25 rows saved before as the new rows' results (the
+    view held x*10 of the old x, with 5 UDF calls)."""
+    import shutil
+
+    db = mv.connect(str(tmp_path / "c"), runner=mv.InlineRunner())
+    @mv.udf
+    def f(x: int) -> int:
+        if x == 25:
+            raise RuntimeError("x is 25")
+        return x * 10
+
+    def make(xs):
+        return db.create_table("t", pa.table({"id": pa.array(range(30), pa.int64()), "x": pa.array(xs, pa.int64())}))
+
+    t = make(list(range(30)))
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": f}))
+    with pytest.raises(mv.UdfError):
+        v.refresh(checkpoint_size=5)
+    shutil.rmtree(t.uri)
+    make(list(range(100, 130)))
+    result = db.open_table("v").refresh(checkpoint_size=5)
+    rows = db.open_table("v").to_arrow().to_pylist()
+    assert sorted((r["id"], r["y"]) for r in rows) == [(i, (100 + i) * 10) for i in range(30)]
+    assert result.udf_rows_computed == {"y": 30} and not result.udf_rows_resumed.get("y")

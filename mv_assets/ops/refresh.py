@@ -904,14 +904,18 @@ def _place(
     """Where the tasks of a plan (named by everything that shapes them, the
     view's identity too) read, write and checkpoint."""
     view_version = view_ds.version
+    # The source's identity names its row checkpoints' folder: a source removed and made again
+    # (row ids and versions start again at 0 and 1) finds none of the results its predecessor's
+    # failed refresh saved (they were taken as its rows' results: the view held old values).
+    source = table_id(src) or "unstamped"
     plan_key = hashlib.sha256(
-        f"{view.uri}|{view_id(view_ds)}|{view_version}|{src.version}|{how}|{per_task}|{checkpoint_size}|{balanced}"
-        .encode()
+        f"{view.uri}|{view_id(view_ds)}|{view_version}|{src.version}|{source}|{how}|{per_task}|{checkpoint_size}|"
+        f"{balanced}".encode()
     ).hexdigest()[:16]
     checkpoints = view.layout.checkpoints(view.name)
     return _TaskPlace(
         src.uri, src.version, view.uri, view_version, objects.join(checkpoints, plan_key),
-        objects.join(checkpoints, "batches"), plan_key, per_task, checkpoint_size, balanced,
+        objects.join(checkpoints, "batches", source), plan_key, per_task, checkpoint_size, balanced,
     )
 
 
