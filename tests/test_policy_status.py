@@ -412,6 +412,28 @@ def test_a_view_whose_source_was_removed_shows_in_the_status_with_its_reason(db)
     assert db.status("orphan").column("load_state").to_pylist() == ["SOURCE_MISSING"]
 
 
+def test_a_join_view_whose_joined_table_was_removed_shows_source_missing(db):
+    """A join view's or join aggregate's joined table removed by another tool:
+    status says SOURCE_MISSING naming that table, with the rows the view holds
+    (it said UNREADABLE, Lance's "not found" as the error, no rows)."""
+    import shutil
+
+    import pyarrow as pa
+
+    f = db.create_table("f", pa.table({"id": pa.array([1, 2], pa.int64()), "k": pa.array([1, 2], pa.int64())}))
+    d = db.create_table("d", pa.table({"k": pa.array([1, 2], pa.int64()), "g": pa.array(["a", "b"])}))
+    db.create_materialized_view("j", f.search(None).join(d, on="k"))
+    db.create_materialized_view("ja", f.search(None).join(d, on="k").group_by("g").agg({"n": "count(*)"}))
+    db.refresh(["j", "ja"])
+    shutil.rmtree(d.uri)
+    rows = {r["name"]: r for r in db.status().to_pylist()}
+    for name in ("j", "ja"):
+        assert rows[name]["load_state"] == "SOURCE_MISSING" and not rows[name]["valid"]
+        assert rows[name]["cardinality"] == 2
+        assert f"source 'd' of view {name!r} is missing" in rows[name]["last_error"]
+        assert db.open_view(name).status().load_state == "SOURCE_MISSING"
+
+
 def test_a_view_whose_record_cannot_be_read_is_listed_as_unreadable(db):
     """A view written by a newer mv_assets (a definition format this one does not
     read) is listed as UNREADABLE with the reason; the other views show as usual."""

@@ -61,10 +61,13 @@ class ViewRef:
     def source_dataset(self, version: int | None = None) -> lance.LanceDataset:
         return objects.dataset(self.source_uri, version=version)
 
-    def source_missing(self) -> str:
-        """What to tell a user whose view's source dataset is gone."""
+    def source_missing(self, name: str | None = None) -> str:
+        """What to tell a user whose view's source dataset (or a join's
+        ``name``) is gone."""
+        name = name or self.source
+        uri = self.source_uri if name == self.source else self.layout.table_uri(name)
         return (
-            f"the source {self.source!r} of view {self.name!r} is missing: no Lance dataset at {self.source_uri} "
+            f"the source {name!r} of view {self.name!r} is missing: no Lance dataset at {uri} "
             "(removed outside mv_assets?); recreate it (the view is then rebuilt) or drop the view"
         )
 

@@ -445,9 +445,9 @@ def _shown_source(view: ViewRef) -> str:
     return sources[1] if is_join_under(view.source) and len(sources) > 1 else view.source
 
 
-def _source_missing(view: ViewRef, ds, state: "RefreshState", record: dict) -> ViewStatus:
-    """The record of a view whose source dataset is gone: what the view itself
-    holds, nothing measured against the source."""
+def _source_missing(view: ViewRef, ds, state: "RefreshState", record: dict, name: str | None = None) -> ViewStatus:
+    """The record of a view whose source dataset (or a join's table ``name``)
+    is gone: what the view itself holds, nothing measured against the source."""
     updated = state.refreshed_at
     return ViewStatus(
         name=view.name,
@@ -464,7 +464,7 @@ def _source_missing(view: ViewRef, ds, state: "RefreshState", record: dict) -> V
         stale_count=None,
         stale_pct=None,
         policy=RefreshPolicy.from_json((ds.schema.metadata or {}).get(POLICY_METADATA_KEY.encode())).kind,
-        last_error=view.source_missing(),
+        last_error=view.source_missing(name),
     )
 
 
@@ -496,6 +496,10 @@ def view_status(view: ViewRef, record: dict | None = None, source: "TableSummary
     ds = view.dataset()
     state = read_refresh_state(ds)
     file = load_record(view.layout, view.name) if record is None else record
+    if len(view.definition.sources) > 1:  # a join's other tables (its first is looked at below)
+        gone = [n for n in view.definition.sources[1:] if not objects.is_dataset(view.layout.table_uri(n))]
+        if gone:  # (it read as UNREADABLE, Lance's "not found" as its error)
+            return _source_missing(view, ds, state, file, gone[0])
     if source is not None and state.source_version is not None and source.version == state.source_version and (
             state.source_id is None or source.table_id == state.source_id):
         # nothing of the source is pending: only a join's other tables can be
