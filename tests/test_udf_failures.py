@@ -316,3 +316,34 @@ def test_a_renamed_columns_errors_follow_it(db):
     t.add_columns({"c": fresh})  # a new column under the old name starts clean
     assert t.get_failed_row_ids("c") == [] and t.get_errors(column_name="c") == []
     assert t.retry_errors("c").rows_written == 0
+
+
+def test_a_row_a_refresh_failed_on_reads_as_failing_while_the_view_holds_its_older_value(db):
+    """A row the view holds (its UDF computed at an older version) is updated
+    to a value the UDF fails on (on_error="fail"): after the failed refresh,
+    get_failed_row_ids, column_status and `mv-assets errors` say it fails (they
+    said fixed: the view held a current-looking value of the older version);
+    once an update makes it pass, it is fixed."""
+    import subprocess
+    import sys
+
+    t = db.create_table("t", pa.table({"id": pa.array(range(5), pa.int64()), "x": pa.array(range(5), pa.int64())}))
+
+    @mv.udf
+    def boom(x: int) -> int:
+        if x == 13:
+            raise ValueError("thirteen")
+        return x
+
+    v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": boom}))
+    v.refresh()
+    t.update("id = 2", values={"x": 13})
+    with pytest.raises(UdfError):
+        v.refresh()
+    assert v.get_failed_row_ids("y") == [2] and v.column_status()[0]["failed"] == 1
+    out = subprocess.run([sys.executable, "-m", "mv_assets", "--db", db.uri, "errors", "v"],
+                         capture_output=True, text=True, check=False).stdout
+    assert "1 still failing" in out and "FAILING" in out
+    t.update("id = 2", values={"x": 14})
+    v.refresh()
+    assert v.get_failed_row_ids("y") == [] and v.column_status()[0]["failed"] == 0

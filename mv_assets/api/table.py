@@ -30,6 +30,7 @@ from mv_assets.model.compaction import (
 )
 from mv_assets.model.definition import (
     SOURCE_ROW_ID,
+    SOURCE_ROW_VERSION,
     VIEW_METADATA_KEY,
     ColumnSpec,
     ViewDefinition,
@@ -868,11 +869,18 @@ class Table(Indexed):
         if self._function_name() == column:  # a chunk or table-function view's function
             return self._function_failing(sorted({e.row_id for e in self.get_errors(job_id=job_id,
                                                                                     column_name=column)}))
-        return self._still_failing(column, sorted({e.row_id for e in self.get_errors(job_id=job_id,
-                                                                                    column_name=column)}))
+        errors = self.get_errors(job_id=job_id, column_name=column)
+        failed_at: dict[int, int] = {}
+        for e in errors:
+            if e.row_version is not None:
+                failed_at[e.row_id] = max(failed_at.get(e.row_id, 0), int(e.row_version))
+        return self._still_failing(column, sorted({e.row_id for e in errors}), failed_at)
 
-    def _still_failing(self, column: str, ids: list[int]) -> list[int]:
-        """Of the stable row ids ``column`` failed on, those still not computed."""
+    def _still_failing(self, column: str, ids: list[int], failed_at: dict[int, int] | None = None) -> list[int]:
+        """Of the stable row ids ``column`` failed on, those still not computed.
+        ``failed_at``: the newest row version each failed at (a view still
+        holding a value of an older version of that row, its source row at
+        the version that failed, is still failing)."""
         if not ids:
             return []
         spec = _group_specs(self.column_ref(), column)[0]
@@ -887,7 +895,33 @@ class Table(Indexed):
         failing = {int(i) for i in still.column(Alias.KEY if id_col != "_rowid" else "_rowid").to_pylist()}
         if is_view:
             failing |= self._never_computed(ids)
+            failing |= self._held_behind_failure(failed_at or {})
         return sorted(failing)
+
+    def _held_behind_failure(self, failed_at: dict[int, int]) -> set[int]:
+        """Of source row ids a view's UDF failed on at the row versions
+        ``failed_at``, those the view holds at an older version while the
+        source row is still at the version that failed: the refresh that
+        failed committed nothing, so the view kept the value of the row as
+        it was (they read as fixed). Views of one row per source row of one table."""
+        if not failed_at or not isinstance(self, MaterializedView):
+            return set()
+        definition = self.definition
+        if len(definition.sources) != 1 or not kind_of(definition).row_per_source_row:
+            return set()
+        listed = ", ".join(map(str, failed_at))
+        held = self._dataset().to_table(columns=[SOURCE_ROW_ID, SOURCE_ROW_VERSION],
+                                        filter=f"{SOURCE_ROW_ID} IN ({listed})")
+        behind = [int(i) for i, v in zip(held.column(SOURCE_ROW_ID).to_pylist(),
+                                         held.column(SOURCE_ROW_VERSION).to_pylist(), strict=True)
+                  if v is not None and int(v) < failed_at[int(i)]]
+        if not behind:
+            return set()
+        now = self.ref().source_dataset().to_table(
+            columns={Alias.ROW_VERSION: "_row_last_updated_at_version"}, with_row_id=True,
+            filter=f"_rowid IN ({', '.join(map(str, behind))})")
+        return {int(i) for i, v in zip(now.column("_rowid").to_pylist(), now.column(Alias.ROW_VERSION).to_pylist(),
+                                       strict=True) if v is not None and int(v) == failed_at[int(i)]}
 
     def recompute_where(self, column: str) -> str | None:
         """The rows a recompute of ``column`` after its code changed takes
