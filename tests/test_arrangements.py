@@ -550,3 +550,21 @@ def test_the_arrangements_of_a_catalog_are_listed_with_the_views_sharing_them(tm
     assert "facts.code (hashed)" in out.output
     as_json = CliRunner().invoke(main, ["--db", db.uri, "arrangements", "--json"], catch_exceptions=False)
     assert sorted(a["name"] for a in json.loads(as_json.output)) == sorted(listed)
+
+
+def test_an_append_only_join_refresh_records_the_arrangement_it_kept(db):
+    """A join refresh of rows only appended to the first table keeps the
+    view's arrangement and brings it along after its commit: its commit says
+    so (`db.arrangements()` / `mv-assets arrangements` showed no last refresh
+    for any arrangement after it)."""
+    f = db.create_table("f", pa.table({"id": pa.array(range(50), pa.int64()),
+                                       "k": pa.array([i % 5 for i in range(50)], pa.int64())}))
+    d = db.create_table("d", pa.table({"k": pa.array(range(5), pa.int64()), "name": pa.array(list("abcde"))}))
+    j = db.create_materialized_view("j", f.search(None).join(d, on="k"))
+    j.refresh()
+    d.update("k = 2", values={"name": "zz"})
+    j.refresh()
+    f.add([{"id": 100, "k": 1}])
+    assert j.refresh().details["arrangements"]["view"]["how"] == "kept"
+    listed = {a["name"]: a for a in db.arrangements()}
+    assert listed["j (provenance)"]["last_refresh"] == {"j": {"how": "kept"}}

@@ -528,6 +528,9 @@ def _follow(follow: "arrangements.Follow | None", details: dict):
     brought to the commit (what was done in ``details["arrangements"]["view"]["after"]``)."""
     if follow is None:
         return None
+    # kept and followed: said before the commit, whose record names the arrangements used (an
+    # append-only refresh's said none: `mv-assets arrangements` showed no last refresh)
+    details.setdefault("arrangements", {}).setdefault("view", {"how": "kept"})
 
     def after(ds: lance.LanceDataset) -> None:
         try:
