@@ -25,7 +25,7 @@ from mv_assets.api.runners import InlineRunner, SparkRunner
 from mv_assets.api.table import MaterializedView
 from mv_assets.model.definition import short_error
 from mv_assets.model.errors import MvAssetsError, TableNotFoundError, UdfError
-from mv_assets.model.join_agg_view import is_join_under
+from mv_assets.model.join_agg_view import hidden_join_refusal, is_join_under
 from mv_assets.model.kinds import kind_of
 
 EXIT_FAILED = 1
@@ -121,6 +121,9 @@ class _Ctx:
         return self._db
 
     def view(self, name: str) -> MaterializedView:
+        refusal = hidden_join_refusal(name)
+        if refusal is not None:
+            raise click.BadParameter(refusal, param_hint="VIEW")
         t = self.db.open_table(name)
         if not isinstance(t, MaterializedView):
             raise click.BadParameter(f"{name!r} is a table, not a materialized view", param_hint="VIEW")

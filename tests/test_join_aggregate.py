@@ -432,3 +432,26 @@ def test_a_join_aggregate_refreshed_on_spark(tmp_path, spark_runner):
     db.open_table("orders").add(_orders(rng, 100, 10))
     assert not v.refresh().full
     assert _rows(v.to_arrow()) == _duckdb(db, _tables(v), "inner")
+
+
+def test_the_join_under_a_join_aggregate_is_never_shown_refreshed_or_planned_on_its_own(db):
+    """The join kept under a join aggregate: not in its source_versions (its
+    tables are), and naming it to status, refresh, plan or the CLI is refused
+    naming the aggregate (status showed it, refresh said it was a table)."""
+    import subprocess
+    import sys
+
+    f = db.create_table("f", pa.table({"id": pa.array([1, 2], pa.int64()), "k": pa.array([1, 2], pa.int64())}))
+    d = db.create_table("d", pa.table({"k": pa.array([1, 2], pa.int64()), "g": pa.array(["a", "b"])}))
+    ja = db.create_materialized_view("ja", f.search(None).join(d, on="k").group_by("g").agg({"n": "count(*)"}))
+    ja.refresh()
+    assert ja.source_versions == {"f": f.version, "d": d.version}
+    hidden = JOIN_UNDER_PREFIX + "ja"
+    for call in (lambda: db.status(hidden), lambda: db.refresh(hidden), lambda: db.refresh([hidden]),
+                 lambda: db.open_view(hidden), lambda: db.refresh_async(hidden), lambda: db.lineage_order([hidden])):
+        with pytest.raises(mv.TableNotFoundError, match="join aggregate 'ja'"):
+            call()
+    for args in (["status", hidden], ["refresh", hidden], ["plan", hidden]):
+        out = subprocess.run([sys.executable, "-m", "mv_assets", "--db", db.uri, "--runner", "inline", *args],
+                             capture_output=True, text=True, check=False)
+        assert out.returncode != 0 and "join aggregate 'ja'" in out.stderr, (args, out.stdout, out.stderr)

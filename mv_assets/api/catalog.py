@@ -39,7 +39,7 @@ from mv_assets.model.errors import (
     TableNotFoundError,
     UdfError,
 )
-from mv_assets.model.join_agg_view import in_users_words, is_join_under, join_under
+from mv_assets.model.join_agg_view import hidden_join_refusal, in_users_words, is_join_under, join_under
 from mv_assets.model.kinds import kind_of
 from mv_assets.model.names import JOIN_UNDER_PREFIX
 from mv_assets.model.ownership import OWNERSHIP_METADATA_KEY, Ownership
@@ -74,6 +74,14 @@ from mv_assets.storage.summaries import Newest, Summaries, TableSummary, newest_
 from mv_assets.storage.threads import pool
 
 __all__ = ["Connection", "connect", "validate_name"]
+
+
+def _refuse_hidden(name: str) -> None:
+    """The join kept under a join aggregate is never refreshed, planned or
+    shown on its own: TableNotFoundError naming the aggregate."""
+    refusal = hidden_join_refusal(name) if isinstance(name, str) else None
+    if refusal is not None:
+        raise TableNotFoundError(refusal)
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_][A-Za-z0-9_\-]{0,127}$")
 
@@ -456,6 +464,7 @@ class Connection:
 
     def open_view(self, name: str) -> MaterializedView:
         """Open a materialized view by name (ValueError if ``name`` is a table)."""
+        _refuse_hidden(name)
         t = self.open_table(name)
         if not isinstance(t, MaterializedView):
             raise ValueError(f"{name!r} is a table, not a materialized view")
@@ -660,6 +669,7 @@ class Connection:
         wanted = set(views) if names is None else set(names)
         for n in wanted:
             if n not in views:
+                _refuse_hidden(n)
                 self.open_table(n)  # TableNotFoundError when there is no such table at all
                 raise ValueError(f"{n!r} is a table, not a materialized view")
         order: list[str] = []
@@ -966,6 +976,7 @@ class Connection:
     def _one_view(self, name: str) -> tuple[list["MaterializedView"], dict[str, str], dict]:
         """:meth:`_open_views` of one view: ``name`` opened, or why its dataset
         cannot be (an unknown name, or a table, raises as :meth:`open_view` does)."""
+        _refuse_hidden(name)
         try:
             self.open_table(name)
         except TableNotFoundError:
@@ -1117,6 +1128,8 @@ class Connection:
         names = [name] if isinstance(name, str) else list(name)
         if src_version is not None and len(names) != 1:
             raise ValueError("src_version applies to a single view")
+        for n in names:
+            _refuse_hidden(n)
         if isinstance(name, str) and not upstream:  # one view: no lineage to order (nothing else is opened)
             view = self.open_table(name)
             if not isinstance(view, MaterializedView):
@@ -1140,6 +1153,7 @@ class Connection:
 
     def refresh_async(self, name: str, **kwargs: Any) -> Job:
         """:meth:`MaterializedView.refresh_async` of view ``name``."""
+        _refuse_hidden(name)
         view = self.open_table(name)
         if not isinstance(view, MaterializedView):
             raise ValueError(f"{name!r} is a table, not a materialized view")

@@ -43,7 +43,7 @@ from mv_assets.model.definition import (
     stored_columns,
 )
 from mv_assets.model.errors import SourceBehindError, SqlRowsError, TableNotFoundError
-from mv_assets.model.join_agg_view import JOIN_AGG_KIND
+from mv_assets.model.join_agg_view import JOIN_AGG_KIND, is_join_under
 from mv_assets.model.kinds import kind_of
 from mv_assets.model.markers import current_sql, stale_sql
 from mv_assets.model.names import PRIMARY_KEY_METADATA_KEY, Alias, is_internal_column
@@ -1631,8 +1631,8 @@ class MaterializedView(Table):
         """The version of every source the view reflects, by name ({} before
         the first refresh): a join view's sources, else its one source."""
         state = self.refresh_state()
-        if state.sources:
-            return dict(state.sources)
+        if state.sources:  # (a join aggregate's: its tables, not the join kept under it)
+            return {n: v for n, v in state.sources.items() if not is_join_under(n)}
         return {} if state.source_version is None else {self.source: state.source_version}
 
     @objects.reusing_handles()

@@ -50,6 +50,19 @@ def is_join_under(name: str) -> bool:
     return name.startswith(JOIN_UNDER_PREFIX)
 
 
+def hidden_join_refusal(name: str) -> str | None:
+    """What a user naming the join kept under a join aggregate is told (it
+    is never listed, refreshed or planned on its own); None for other names.
+
+    >>> hidden_join_refusal("__mvjoin__q3")
+    "no view named '__mvjoin__q3': it is the join the join aggregate 'q3' keeps under it; use 'q3'"
+    """
+    if not is_join_under(name):
+        return None
+    owner = name.removeprefix(JOIN_UNDER_PREFIX)
+    return f"no view named {name!r}: it is the join the join aggregate {owner!r} keeps under it; use {owner!r}"
+
+
 @dataclass(frozen=True)
 class JoinAggregate:
     """How a join query with ``group_by().agg()`` splits: the join's columns
