@@ -566,8 +566,12 @@ def test_with_no_data_false_that_fails_leaves_no_view_behind(db):
     # its remedy: not `mv-assets errors v` (no such view, and nothing recorded)
     assert "mv-assets errors" not in str(failed.value) and "get_errors" not in str(failed.value)
     assert "The view 'v' was not created" in str(failed.value) and "with_no_data=True" in str(failed.value)
+    # nothing of it left on disk (its refresh lock's file stayed: locks/v.lock)
+    assert [str(p.relative_to(db.uri)) for p in Path(db.uri).rglob("*") if p.name.split(".")[0] == "v"] == []
     v = db.create_materialized_view("v", t.search(None).select({"id": "id", "y": sq}), with_no_data=False)
     assert v.count_rows() == 3 and v.status().last_error is None
+    db.drop_table("v")
+    assert [str(p.relative_to(db.uri)) for p in Path(db.uri).rglob("*") if p.name.split(".")[0] == "v"] == []
 
 
 @pytest.mark.parametrize("name", ["__in__x", "__mv_assets_row_version", "__row_version", "__source_row_id", "_rowid"])

@@ -585,6 +585,10 @@ class Connection:
         objects.remove(self._state_dir("status", f"{name}.json.spare"))  # (its load record set aside: retire_record)
         drop_errors(self.layout, name)
         drop_job_records(self.layout, name)
+        # its refresh lock's file (a lease on an object store): left, it was the one file a view created and
+        # dropped left behind (a refresh of it, if any, fails: its dataset is gone)
+        objects.remove(self._state_dir("locks", f"{name}.lock"))
+        objects.remove(self._state_dir("locks", f"{name}.lease"))
 
     def views(self) -> list[MaterializedView]:
         """The materialized views. A dataset that cannot be opened (damaged
