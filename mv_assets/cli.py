@@ -581,6 +581,14 @@ def _job_block(r: Any) -> str:
     return "\n".join(lines)
 
 
+def _still_failing(t: Any, column: str) -> set[int]:
+    """The rows of ``column`` still failing; none for a column dropped since its errors were recorded."""
+    try:
+        return set(t.get_failed_row_ids(column))
+    except ValueError:  # (no such computed column any more)
+        return set()
+
+
 @main.command()
 @click.argument("table")
 @click.option("--column", default=None, help="Only this column.")
@@ -599,7 +607,7 @@ def errors(obj: _Ctx, table: str, column: str | None, job_id: str | None, failin
         raise click.BadParameter(f"{table!r} has no column {column!r} (its columns: {', '.join(t.schema.names)})",
                                  param_hint="--column")
     records = t.get_errors(job_id=job_id, column_name=column)
-    still = {c: set(t.get_failed_row_ids(c)) for c in sorted({r.column for r in records})}
+    still = {c: _still_failing(t, c) for c in sorted({r.column for r in records})}
     rows = [(r, r.row_id in still[r.column]) for r in records]
     if failing:
         rows = [(r, s) for r, s in rows if s]

@@ -347,3 +347,33 @@ def test_a_row_a_refresh_failed_on_reads_as_failing_while_the_view_holds_its_old
     t.update("id = 2", values={"x": 14})
     v.refresh()
     assert v.get_failed_row_ids("y") == [] and v.column_status()[0]["failed"] == 0
+
+
+def test_get_failed_row_ids_refuses_a_name_that_is_no_computed_column(db):
+    """get_failed_row_ids(job_id, column), the order get_failed_row_addresses
+    and get_errors take, read as "nothing failed" ([]): a name that is no
+    computed column is refused, naming the order; `mv-assets errors` after
+    the column is dropped (its records with it) still answers."""
+    import subprocess
+    import sys
+
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(5)], primary_key="id")
+
+    @mv.udf(on_error=mv.skip_on_error())
+    def fl(x: int) -> int:
+        if x == 2:
+            raise RuntimeError("nope")
+        return x
+
+    t.add_columns({"fl": fl})
+    job = t.backfill("fl").job_id
+    assert t.get_failed_row_ids("fl") == [2] == t.get_failed_row_ids("fl", job)
+    assert t.get_failed_row_addresses(job, "fl") == [2]
+    for call in (lambda: t.get_failed_row_ids(job, "fl"), lambda: t.get_failed_row_ids("nope"),
+                 lambda: t.get_failed_row_addresses(job, "nope")):
+        with pytest.raises(ValueError, match=r"no computed column .*takes \(column, job_id=None\)"):
+            call()
+    t.drop_columns(["fl"])
+    out = subprocess.run([sys.executable, "-m", "mv_assets", "--db", db.uri, "errors", "t"],
+                         capture_output=True, text=True, check=False)
+    assert out.returncode == 0 and "errors in t: none" in out.stdout, (out.stdout, out.stderr)

@@ -865,7 +865,14 @@ class Table(Indexed):
         """Stable row ids whose ``column`` failed and is still not computed.
 
         Ids stay valid across compaction (for a view: its source row ids).
+        A ``column`` that is no computed column is refused (the arguments
+        given as :meth:`get_failed_row_addresses` takes them, job id first,
+        read as "nothing failed").
         """
+        known = [c.name for c in self.computed_columns()] + [n for n in [self._function_name()] if n]
+        if column not in known:
+            raise ValueError(f"{self.name!r} has no computed column {column!r} (its computed columns: {known}); "
+                             "get_failed_row_ids takes (column, job_id=None)")
         if self._function_name() == column:  # a chunk or table-function view's function
             return self._function_failing(sorted({e.row_id for e in self.get_errors(job_id=job_id,
                                                                                     column_name=column)}))

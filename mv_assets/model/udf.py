@@ -304,12 +304,21 @@ def _columns_struct(tp: Any) -> pa.DataType | None:
     fields = getattr(inner, "_fields", None)
     if not fields:
         raise ValueError(f"Columns[...] takes a NamedTuple class, got {inner!r}")
-    hints = typing.get_type_hints(inner)
+    return _namedtuple_struct(inner, f"Columns[{getattr(inner, '__name__', inner)}]")
+
+
+def _is_namedtuple(tp: Any) -> bool:
+    return isinstance(tp, type) and issubclass(tp, tuple) and bool(getattr(tp, "_fields", None))
+
+
+def _namedtuple_struct(tp: Any, label: str) -> pa.DataType:
+    """The struct type of a NamedTuple class: a field per field, typed by its annotation."""
+    hints = typing.get_type_hints(tp)
     out = []
-    for name in fields:
+    for name in tp._fields:
         t = python_type_to_arrow(hints.get(name))
         if t is None:
-            raise ValueError(f"Columns[{getattr(inner, '__name__', inner)}]: field {name!r} needs a type annotation (int, float, str, ...)")
+            raise ValueError(f"{label}: field {name!r} needs a type annotation (int, float, str, ...)")
         out.append(pa.field(name, t))
     return pa.struct(out)
 
@@ -321,6 +330,8 @@ def python_type_to_arrow(tp: Any) -> pa.DataType | None:
     struct = _columns_struct(tp)
     if struct is not None:
         return struct
+    if _is_namedtuple(tp):  # (-> MyTuple: one struct column; -> Columns[MyTuple]: a column per field)
+        return _namedtuple_struct(tp, getattr(tp, "__name__", str(tp)))
     if tp in _PY_TO_ARROW:
         return _PY_TO_ARROW[tp]
     origin = typing.get_origin(tp)
@@ -573,11 +584,25 @@ def typed_array(values: list, t: pa.DataType) -> pa.Array:
     """Python values returned by user code as an array of type ``t``, none of
     them changed on the way: a float where ``t`` holds integers is cast safely
     (:func:`_safely_cast`); Arrow's errors are raised as they come."""
+    if pa.types.is_struct(t):
+        _check_struct_keys(values, t)
     if _holds_integers(t) and _may_hold_fractions(values, t):
         exact = _safely_cast(values, t)
         if exact is not None:
             return exact
     return pa.array(values, type=t)
+
+
+def _check_struct_keys(values: list, t: pa.StructType) -> None:
+    """A dict returned for a struct column names only its fields: Arrow drops
+    a key that is none of them without a word (a typo's value was lost, the
+    field NULL, the row counted computed)."""
+    names = {t.field(i).name for i in range(t.num_fields)}
+    for v in values:
+        if isinstance(v, dict) and not names.issuperset(v):
+            extra = sorted(str(k) for k in v if k not in names)
+            raise TypeError(f"returned a dict with keys {extra}, which are no field of its struct type {t} "
+                            f"(fields: {sorted(names)})")
 
 
 def _safely_cast(values: list, t: pa.DataType) -> "pa.Array | None":
