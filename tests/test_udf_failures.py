@@ -377,3 +377,27 @@ def test_get_failed_row_ids_refuses_a_name_that_is_no_computed_column(db):
     out = subprocess.run([sys.executable, "-m", "mv_assets", "--db", db.uri, "errors", "t"],
                          capture_output=True, text=True, check=False)
     assert out.returncode == 0 and "errors in t: none" in out.stdout, (out.stdout, out.stderr)
+
+
+def test_a_batched_udf_returning_text_for_a_number_column_is_refused(db):
+    """A batched UDF declared int64 that returns strings fails (Arrow parsed
+    "7" into 7 and it was written), as a scalar UDF returning str does;
+    dictionary-encoded or large strings for a string column are taken."""
+    import pyarrow.compute as pc
+
+    t = db.create_table("t", [{"id": i, "x": i} for i in range(3)], primary_key="id")
+
+    @mv.udf(data_type=pa.int64())
+    def as_text(x: pa.Array) -> pa.Array:
+        return pc.cast(pc.multiply(x, 7), pa.string())
+
+    @mv.udf(data_type=pa.string())
+    def label(x: pa.Array) -> pa.Array:
+        return pc.cast(pc.cast(x, pa.string()), pa.large_string()).dictionary_encode()
+
+    t.add_columns({"tx": as_text, "lb": label})
+    with pytest.raises(Exception, match="returned string; expected int64"):
+        t.backfill("tx")
+    t.backfill("lb")
+    assert sorted(t.to_arrow()["lb"].to_pylist()) == ["0", "1", "2"]
+    assert t.to_arrow()["tx"].to_pylist() == [None, None, None]

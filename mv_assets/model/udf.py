@@ -580,6 +580,12 @@ def _may_hold_fractions(values: list, t: pa.DataType) -> bool:
     return any(k is not type(None) for k in kinds)
 
 
+def _is_text(t: pa.DataType) -> bool:
+    if pa.types.is_dictionary(t):
+        t = t.value_type
+    return pa.types.is_string(t) or pa.types.is_large_string(t) or pa.types.is_string_view(t)
+
+
 def typed_array(values: list, t: pa.DataType) -> pa.Array:
     """Python values returned by user code as an array of type ``t``, none of
     them changed on the way: a float where ``t`` holds integers is cast safely
@@ -1266,6 +1272,9 @@ class UDF:
         if len(out) != n:
             raise fail(ValueError(f"UDF {self.name!r} returned {len(out)} values for a batch of {n} rows"))
         if out.type != self.data_type:
+            if _is_text(out.type) != _is_text(self.data_type):  # (Arrow would parse "7" as 7, or print 7 as "7")
+                raise fail(TypeError(f"UDF {self.name!r} returned {out.type}; expected {self.data_type} (text is "
+                                     "not converted to or from other types: return the declared type)"))
             try:
                 out = out.cast(self.data_type)
             except (pa.ArrowInvalid, pa.ArrowNotImplementedError, pa.ArrowTypeError) as exc:
