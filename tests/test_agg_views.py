@@ -320,7 +320,7 @@ def test_bad_aggregate_queries_are_refused_before_anything_is_written(db):
         (q.group_by("g").agg({"n": "count(*)"}).limit(3), r"group_by\(\) cannot be combined with limit"),
         (q.group_by("g").agg({"n": "count(*)"}).shuffle(1), r"group_by\(\) cannot be combined with shuffle"),
         (q.select(["g"]).group_by("g").agg({"n": "count(*)"}), r"cannot be combined with select"),
-        (q.where("nope > 1").group_by("g").agg({"n": "count(*)"}), "invalid view query over 'src'"),
+        (q.where("nope > 1").group_by("g").agg({"n": "count(*)"}), "invalid query over 'src'"),
     ]
     for query, message in bad:
         with pytest.raises(ValueError, match=message):

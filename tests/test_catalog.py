@@ -141,7 +141,7 @@ def test_update_and_delete(db):
     [
         (lambda q: q.select({"y": "nope + 1"}), "No field named nope"),
         (lambda q: q.where("nope > 1"), "No field named nope"),
-        (lambda q: q.where("id >"), "invalid view query"),
+        (lambda q: q.where("id >"), "invalid query"),
         (lambda q: q.select({"y": sq.with_inputs(["nope"])}), "does not have"),
         (lambda q: q.select({"y": sq.with_inputs(["s"])}), "expects float but column 's' is string"),
         (lambda q: q.select(["id", "id"]), "duplicate output column"),
@@ -636,7 +636,7 @@ def test_describe_reads_stored_metadata_without_unpickling(db, monkeypatch):
     before = _snapshot(db)
     q = db.describe_query("w", t.search(None).where("x > 1").select({"id": "id", "y": sq}))
     assert q.is_view and q.version is None and q.reads == [] and [n for n, _ in q.schema] == ["id", "y"]
-    with pytest.raises(ValueError, match="invalid view query over 'raw'"):
+    with pytest.raises(ValueError, match="invalid query over 'raw'"):
         db.describe_query("w", t.search(None).where("nope > 1"))
     assert _snapshot(db) == before and "w" not in db
 

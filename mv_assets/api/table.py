@@ -1420,10 +1420,10 @@ class Table(Indexed):
         columns' definitions come back. The handle follows the latest again.
         Views over a table notice the restore and rebuild on their next
         refresh. Returns the new version."""
+        self._check_restorable()  # (a view refuses it whatever it is given)
         target = version if version is not None else self._checked_out
         if target is None:
             raise ValueError("restore() needs a version, or a handle checked out at one (checkout(version))")
-        self._check_restorable()
         dataset_at(self.uri, self.name, target).restore()  # an unknown or cleaned-up version: said so
         self._checked_out = None
         self._changed()

@@ -396,7 +396,7 @@ def agg_view_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sc
     try:
         check_sql(ds, filter=definition.filter)
     except (ValueError, OSError) as exc:
-        raise ValueError(f"invalid view query over {definition.source!r}: {short_error(exc)}") from exc
+        raise ValueError(f"invalid query over {definition.source!r}: {short_error(exc)}") from exc
     fields = [pa.field(SOURCE_ROW_ID, pa.int64(), nullable=False), pa.field(GROUP, pa.string(), nullable=False)]
     fields += [src.field(k).with_nullable(True) for k in agg.keys]
     for a in agg.aggs:

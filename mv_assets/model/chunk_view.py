@@ -65,7 +65,7 @@ def chunk_view_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.
     try:
         projected = check_sql(ds, filter=definition.filter, columns=inherited)
     except (ValueError, OSError) as exc:
-        raise ValueError(f"invalid view query over {definition.source!r}: {short_error(exc)}") from exc
+        raise ValueError(f"invalid query over {definition.source!r}: {short_error(exc)}") from exc
     out = chunker.output_schema
     clash = [n for n in out.names if n in inherited]
     if clash:

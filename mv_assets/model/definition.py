@@ -475,7 +475,7 @@ def output_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.Sche
     try:
         projected = check_sql(ds, filter=definition.filter, columns=projection)
     except (ValueError, OSError) as exc:
-        raise ValueError(f"invalid view query over {definition.source!r}: {short_error(exc)}") from exc
+        raise ValueError(f"invalid query over {definition.source!r}: {short_error(exc)}") from exc
     fields = [
         pa.field(SOURCE_ROW_ID, pa.int64(), nullable=False),
         pa.field(SOURCE_ROW_VERSION, pa.int64(), nullable=False),

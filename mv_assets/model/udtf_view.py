@@ -118,7 +118,7 @@ def udtf_view_schema(definition: ViewDefinition, ds: lance.LanceDataset) -> pa.S
     try:
         check_sql(ds, filter=definition.filter)
     except (ValueError, OSError) as exc:
-        raise ValueError(f"invalid view query over {definition.source!r}: {short_error(exc)}") from exc
+        raise ValueError(f"invalid query over {definition.source!r}: {short_error(exc)}") from exc
     fields = [
         pa.field(SOURCE_ROW_ID, pa.int64(), nullable=False),
         pa.field(PARTITION, pa.string(), nullable=False),
