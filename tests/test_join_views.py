@@ -737,3 +737,38 @@ def test_timestamp_and_decimal_keys_match_through_the_key_filter(db, keys):
     got = sorted(v.to_arrow().to_pylist(), key=lambda r: r["id"])
     assert got == [{"id": i, "label": f"L{i}"} for i in range(4)]
     assert all(o.passed for o in v.check())
+
+
+def _swap(uri: str, a: str, b: str) -> None:
+    """Another tool swaps the names of columns ``a`` and ``b`` (three renames: no row version moves)."""
+    for path, name in ((a, "__tmp"), (b, a), ("__tmp", b)):
+        lance.dataset(uri).alter_columns({"path": path, "name": name})
+
+
+def test_columns_renamed_or_dropped_by_another_tool_under_a_join_view(db):
+    """Another tool swaps two columns' names on the first and the joined
+    table (no row version moves): the join view and the join aggregate are
+    rebuilt, their rows the oracle's (they kept the old values for good,
+    refresh after refresh, only check() telling). A column a join reads
+    dropped: plan and refresh refuse in our words (a KeyError from inside)."""
+    t = db.create_table("t", pa.table({"id": [1, 2], "dk": [1, 2], "x": [5, 6], "w": [500, 600]}), primary_key="id")
+    d = db.create_table("d", pa.table({"k": [1, 2], "name": ["p", "q"], "alt": ["P", "Q"]}), primary_key="k")
+    j = db.create_materialized_view(
+        "j", t.search(None).join(d, left_on="dk", right_on="k").select({"id": "t.id", "x": "x", "name": "name"}))
+    ja = db.create_materialized_view(
+        "ja", t.search(None).join(d, left_on="dk", right_on="k").group_by("name").agg({"s": "sum(x)"}))
+    db.refresh(["j", "ja"])
+    _swap(t.uri, "x", "w")
+    _swap(d.uri, "name", "alt")
+    r = j.refresh()
+    assert r.full
+    assert sorted((r["id"], r["x"], r["name"]) for r in j.to_arrow().to_pylist()) == [(1, 500, "P"), (2, 600, "Q")]
+    ja.refresh()
+    assert sorted((r["name"], r["s"]) for r in ja.to_arrow().to_pylist()) == [("P", 500), ("Q", 600)]
+    assert all(c.passed for c in [*j.check(), *ja.check()])
+    assert not j.refresh().full  # (rebuilt once: the ids it read are recorded)
+    lance.dataset(d.uri).drop_columns(["name"])
+    for call in (j.plan_refresh, j.refresh, ja.refresh):
+        with pytest.raises(ValueError, match=r"view '(j|ja)' reads column 'name' of 'd', which version \d+ does "
+                                             "not have"):
+            call()

@@ -49,7 +49,7 @@ from mv_assets.execution.join_tasks import key_filter, match_key, planned_calls
 from mv_assets.execution.tasks import TaskSpec
 from mv_assets.model.definition import computed_column_names, short_error
 from mv_assets.model.join_view import Join, JoinStep, row_id_column
-from mv_assets.model.names import JOINED_ROW_ID_PREFIX, SOURCE_ROW_ID, SOURCE_ROW_VERSION
+from mv_assets.model.names import JOIN_UNDER_PREFIX, JOINED_ROW_ID_PREFIX, SOURCE_ROW_ID, SOURCE_ROW_VERSION
 from mv_assets.model.planning import KeyPlan, Membership, distinct, isin, values_differ, without
 from mv_assets.model.planning import column_ids as _ids
 from mv_assets.ops import arrangements
@@ -87,6 +87,39 @@ def _open(view: ViewRef, name: str, uri: str) -> lance.LanceDataset:
     require_current_format(ds, name, f"join view {view.name!r}")
     require_stable_row_ids(ds, name, f"join view {view.name!r}")
     return ds
+
+
+def _read_fields(view_name: str, join: Join, datasets: list[lance.LanceDataset]) -> dict[str, dict[str, int]]:
+    """The Lance field ids of the columns the view reads of each source; a
+    column one of them no longer has (another tool dropped it) is refused in
+    our words before anything is written (it failed with a KeyError)."""
+    out: dict[str, dict[str, int]] = {}
+    shown = view_name.removeprefix(JOIN_UNDER_PREFIX)  # (a join aggregate's join: the view the user named)
+    for name, ds in zip(join.sources, datasets, strict=True):
+        reads = list(dict.fromkeys(c for i in join.occurrences(name) for c in join.reads(i)))
+        ids = {f.name(): f.id() for f in ds.lance_schema.fields()}
+        missing = [c for c in reads if c not in ids]
+        if missing:
+            raise ValueError(
+                f"view {shown!r} reads column{'s' if len(missing) > 1 else ''} {', '.join(map(repr, missing))} "
+                f"of {name!r}, which version {ds.version} does not have (dropped outside mv_assets?); nothing was "
+                "written. Add the column back, or drop the view and create it without the column")
+        out[name] = {c: ids[c] for c in reads}
+    return out
+
+
+def _fields_replaced(state, fields: dict[str, dict[str, int]]) -> str | None:
+    """Why values of columns the view reads may have changed with no row
+    version moving: another tool renamed columns (a swap) or dropped one and
+    added it again, so the name holds another field (None: none did, or the
+    newest refresh recorded no field ids)."""
+    changed = [f"{name}.{c}" for name, now in fields.items()
+               for c, i in ((state.source_fields or {}).get(name) or {}).items() if c in now and now[c] != i]
+    if not changed:
+        return None
+    return (f"column{'s' if len(changed) > 1 else ''} {', '.join(changed)} hold{'' if len(changed) > 1 else 's'} "
+            "another field than at the last refresh (renamed, or dropped and added again, outside mv_assets: new "
+            "values, no row versions moved): rebuilt")
 
 
 def _full_reason(view: ViewRef, join: Join, datasets: list[lance.LanceDataset], view_ds: lance.LanceDataset, state,
@@ -460,14 +493,15 @@ def plan_join_refresh(
         datasets[0] = datasets[0].checkout_version(src_version)
     view_ds = view.dataset()
     state = read_refresh_state(view_ds)
+    fields = _read_fields(view.name, join, datasets)
     versions = {n: ds.version for n, ds in zip(join.sources, datasets, strict=True)}
     ids = {n: table_id(ds, (state.source_ids or {}).get(n)) for n, ds in zip(join.sources, datasets, strict=True)}
-    why_full = _full_reason(view, join, datasets, view_ds, state, mode)
+    why_full = _full_reason(view, join, datasets, view_ds, state, mode) or _fields_replaced(state, fields)
     if why_full is not None and mode == "incremental_strict" and state.source_version is not None:
         raise ValueError(f"refresh of {view.name!r} cannot be incremental: {why_full}")
     recorded = state.sources or {}
     # each source's versions (reflected -> now) where they differ: what the refresh brings in
-    details: dict = {"sources": versions, "source_ids": ids,
+    details: dict = {"sources": versions, "source_ids": ids, "source_fields": fields,
                      "moved": {n: [recorded.get(n), v] for n, v in versions.items() if recorded.get(n) != v}}
     per_task = max_rows_per_task or ROWS_PER_TASK
     if why_full is not None:

@@ -1552,7 +1552,7 @@ def _state_record(
         "read_fields": plan.read_fields,
         "source_top_fragment": plan.source_top_fragment,
         # a view of several sources: every source's version and identity (ops.join_refresh)
-        **{k: plan.details[k] for k in ("sources", "source_ids") if k in plan.details},
+        **{k: plan.details[k] for k in ("sources", "source_ids", "source_fields") if k in plan.details},
         # a join view's refresh: each arrangement its plan probed, what was done to have it and its seconds
         # (mv-assets arrangements reads the newest)
         **({"arrangements": {name: {k: a[k] for k in ("how", "seconds") if k in a}

@@ -52,6 +52,9 @@ class RefreshState:
     # (by name) and each source's identity, as its newest refresh recorded them
     sources: dict[str, int] | None = None
     source_ids: dict[str, str | None] | None = None
+    # a join view: the Lance field ids of the columns it reads of each source (by name), as its newest
+    # refresh read them (a column renamed or dropped and added again has another id: rebuilt)
+    source_fields: dict[str, dict[str, int]] | None = None
     # a join view's newest refresh: the arrangements its plan probed (name -> what was done, seconds)
     arrangements: dict[str, dict] | None = None
 
@@ -100,6 +103,7 @@ def read_refresh_state(view_ds: lance.LanceDataset) -> RefreshState:
                     source_top_fragment=latest.get("source_top_fragment") if whole and latest["view_version"] == v else None,
                     sources=latest.get("sources"),
                     source_ids=latest.get("source_ids"),
+                    source_fields=latest.get("source_fields"),
                     arrangements=latest.get("arrangements"),
                 )
         v -= 1
