@@ -762,3 +762,22 @@ def test_a_delete_or_update_that_matches_no_row_leaves_the_view_current(db):
     assert not view.plan_refresh().has_work
     lance.dataset(t.uri).delete("x = 3")  # one that matches
     assert view.status().versions_behind == 1 and view.pending_source_versions() == [lance.dataset(t.uri).version]
+
+
+def test_check_says_in_words_when_the_source_version_the_view_reflects_was_cleaned_up(db):
+    """Another tool cleans up the source's history past the version the view
+    reflects: check() (full or last_refresh) says so and what to do (Lance's
+    "not found" of that manifest came out); after a refresh the checks pass."""
+    import datetime
+
+    t = db.create_table("t", pa.table({"id": [1, 2, 3], "x": [5, 6, 7]}), primary_key="id")
+    q = db.create_materialized_view("q", t.search(None).where("x > 5").select({"id": "id", "x": "x"}))
+    q.refresh()
+    t.add(pa.table({"id": [4], "x": [9]}))
+    lance.dataset(t.uri).cleanup_old_versions(older_than=datetime.timedelta(0), delete_unverified=True)
+    for scope in ("full", "last_refresh"):
+        with pytest.raises(ValueError, match=r"cannot check view 'q': version \d+ of 't', which the view reflects, "
+                                             "is no longer in its history"):
+            q.check(scope)
+    q.refresh()
+    assert all(c.passed for c in q.check())

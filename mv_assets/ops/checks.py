@@ -62,6 +62,7 @@ def check_view(view: ViewRef, scope: str = "full", since_version: int | None = N
         raise ValueError(f"scope must be one of {', '.join(map(repr, SCOPES))}, not {scope!r}")
     if since_version is not None and scope != "last_refresh":
         raise ValueError('since_version goes with scope="last_refresh"')
+    _require_reflected_versions(view)
     if scope == "last_refresh" and view.definition.kind == "join":
         window = last_refresh_window(view, since_version)
         if isinstance(window, RefreshWindow):
@@ -78,6 +79,25 @@ def check_view(view: ViewRef, scope: str = "full", since_version: int | None = N
             return check_last_refresh(view, window)
         return [_full_because(o, window) for o in _check_all(view)]
     return _check_all(view)
+
+
+def _require_reflected_versions(view: ViewRef) -> None:
+    """The checks read each source at the version the view reflects: one
+    another tool's cleanup removed is said in our words (Lance's "not found"
+    of its manifest came out): refresh the view, then check it."""
+    state = read_refresh_state(view.dataset())
+    reflected = dict(state.sources or {}) or ({view.source: state.source_version}
+                                               if state.source_version is not None else {})
+    for name, version in reflected.items():
+        uri = view.layout.table_uri(name)
+        try:
+            objects.dataset(uri, version=version)
+        except (ValueError, OSError) as exc:
+            if not objects.is_dataset(uri):
+                return  # (a source gone: the checks say so themselves)
+            raise ValueError(
+                f"cannot check view {view.name!r}: version {version} of {name!r}, which the view reflects, is no "
+                "longer in its history (cleaned up outside mv_assets?); refresh the view, then check it") from exc
 
 
 def _full_because(outcome: CheckOutcome, why: str) -> CheckOutcome:
