@@ -564,7 +564,8 @@ def _follow(follow: "arrangements.Follow | None", details: dict):
         return None
     # kept and followed: said before the commit, whose record names the arrangements used (an
     # append-only refresh's said none: `mv-assets arrangements` showed no last refresh)
-    details.setdefault("arrangements", {}).setdefault("view", {"how": "kept"})
+    if details.get("sources_moved"):  # (nothing moved: nothing probed, nothing to follow but the commit)
+        details.setdefault("arrangements", {}).setdefault("view", {"how": "kept"})
 
     def after(ds: lance.LanceDataset) -> None:
         try:
