@@ -781,3 +781,36 @@ def test_check_says_in_words_when_the_source_version_the_view_reflects_was_clean
             q.check(scope)
     q.refresh()
     assert all(c.passed for c in q.check())
+
+
+@pytest.mark.parametrize("change", ["add", "drop", "drop_udf"])
+def test_columns_another_tool_adds_to_or_drops_from_a_views_dataset_are_said_and_refused(db, change):
+    """Another tool adds a column to a view's own dataset (every refresh then
+    failed with a KeyError) or drops one (refreshes went on without it):
+    status says the view is not valid and why, a refresh is refused in our
+    words with nothing written; restoring the view's dataset undoes it."""
+    @mv.udf
+    def f(x: int) -> int:
+        return x * 3 + 1
+
+    t = db.create_table("t", pa.table({"id": [1, 2, 3], "x": [15, 25, 35]}), primary_key="id")
+    q = db.create_materialized_view("q", t.search(None).select({"id": "id", "x": "x", "u": f}))
+    q.refresh()
+    before = lance.dataset(q.uri).version
+    ds = lance.dataset(q.uri)
+    if change == "add":
+        ds.add_columns({"extra": "x + 1"})
+    else:
+        ds.drop_columns(["x" if change == "drop" else "u"])
+    t.add(pa.table({"id": [4], "x": [45]}))
+    status = q.status()
+    assert not status.valid and "another tool changed the columns of the view's dataset" in status.last_error
+    changed = lance.dataset(q.uri).version
+    with pytest.raises(ValueError, match="cannot refresh view 'q': another tool changed the columns"):
+        q.refresh()
+    assert lance.dataset(q.uri).version == changed
+    lance.dataset(q.uri).checkout_version(before).restore()
+    q.refresh()
+    assert sorted((r["id"], r["x"], r["u"]) for r in q.to_arrow().to_pylist()) == [
+        (i, x, x * 3 + 1) for i, x in ((1, 15), (2, 25), (3, 35), (4, 45))]
+    assert q.status().valid

@@ -28,6 +28,7 @@ from mv_assets.model.names import (
     Alias,
     ColumnKind,
     computed_marker,
+    is_internal_column,
     is_marker,
     is_reserved_name,
     source_marker,
@@ -37,7 +38,7 @@ from mv_assets.model.udf import UDF, field_metadata_of
 
 __all__ = [
     "ColumnSpec", "ViewDefinition", "SOURCE_ROW_ID", "SOURCE_ROW_VERSION", "VIEW_METADATA_KEY",
-    "computed_marker", "source_marker", "sql_literals", "is_marker", "is_reserved_name", "output_schema", "check_sql", "short_error",
+    "computed_marker", "source_marker", "foreign_columns", "sql_literals", "is_marker", "is_reserved_name", "output_schema", "check_sql", "short_error",
     "read_field_ids", "READ_FIELDS_METADATA_KEY",
     "sql_literal", "tracked_source_columns", "computed_column_names", "definition_reads", "column_reads", "shape_fingerprint",
     "udf_column_type", "udf_field", "quote_ident", "COLUMNS_METADATA_KEY", "stored_columns", "encode_columns",
@@ -460,6 +461,25 @@ def _sql_keywords() -> frozenset[str]:
 
 
 READ_FIELDS_METADATA_KEY = "mv_assets.read_fields"  # the source columns a view read when created, by field id
+
+
+def foreign_columns(definition: ViewDefinition, names: list[str]) -> str | None:
+    """Of a query view (one row per source row, no function), columns of its
+    own dataset (``names``) that its definition does not have, or that it
+    has and the dataset lacks: another tool's ``add_columns`` /
+    ``drop_columns`` / ``merge`` on the view (None: none). Its refreshes write
+    the definition's columns: an extra one failed every refresh with a
+    KeyError, a dropped one was silently no longer written."""
+    if definition.function:
+        return None
+    mine = {c.name for c in definition.columns}
+    extra = [n for n in names if n not in mine and not is_internal_column(n) and not n.startswith("_")]
+    gone = [n for n in mine if n not in names]
+    if not extra and not gone:
+        return None
+    parts = ([f"added {', '.join(map(repr, extra))}"] if extra else []) + (
+        [f"dropped {', '.join(map(repr, gone))}"] if gone else [])
+    return f"another tool changed the columns of the view's dataset ({'; '.join(parts)})"
 
 
 def read_field_ids(definition: ViewDefinition, ds: lance.LanceDataset) -> dict[str, int]:

@@ -40,6 +40,7 @@ from mv_assets.model.definition import (
     check_sql,
     column_reads,
     computed_marker,
+    foreign_columns,
     read_field_ids,
     short_error,
     source_marker,
@@ -521,6 +522,11 @@ def plan_refresh(
     if replaced is not None:
         fragments = recompute = None  # nothing the view holds matches the new table: the whole view is rebuilt
     # rows written into the view by another tool since its last refresh: repaired over the whole view
+    changed_columns = foreign_columns(definition, view_ds.schema.names)
+    if changed_columns is not None:
+        raise ValueError(f"cannot refresh view {view.name!r}: {changed_columns}, which its refreshes cannot write; "
+                         "nothing was written. Undo it (restore the view's dataset to the version before), or drop "
+                         "the view and create it again (add a column to a view with its add_columns)")
     foreign = foreign_writes(view_ds, state.view_version)
     tainted = None
     if foreign is not None:

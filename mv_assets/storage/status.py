@@ -38,6 +38,7 @@ from mv_assets.model.definition import (
     VIEW_METADATA_KEY,
     ViewDefinition,
     computed_column_names,
+    foreign_columns,
 )
 from mv_assets.model.join_agg_view import is_join_under
 from mv_assets.model.join_view import Join, row_id_column
@@ -536,6 +537,9 @@ def view_status(view: ViewRef, record: dict | None = None, source: "TableSummary
     foreign = foreign_writes(ds, state.view_version)
     if foreign is not None:
         last_error = f"{foreign.describe()}: the next refresh repairs it"
+    changed_columns = foreign_columns(view.definition, ds.schema.names)
+    if changed_columns is not None:  # (its refreshes are refused until it is undone)
+        last_error = f"{changed_columns}: refreshes are refused until it is undone or the view is made again"
     if load_state == LOADING and _dead(standing):
         # the process that was loading it is gone (killed): not loading any more
         load_state = FAILED_LOAD
@@ -550,7 +554,7 @@ def view_status(view: ViewRef, record: dict | None = None, source: "TableSummary
         name=view.name,
         source=_shown_source(view),
         load_state=load_state,
-        valid=state.source_version is not None and not replaced and foreign is None,
+        valid=state.source_version is not None and not replaced and foreign is None and changed_columns is None,
         cardinality=cardinality,
         load_number=state.load_number,
         updated=dt.datetime.fromtimestamp(updated, tz=dt.timezone.utc) if updated else None,
