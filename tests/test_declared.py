@@ -326,3 +326,40 @@ def test_declared_chunk_join_and_aggregate_views_reconcile_and_apply(tmp_path):
     assert reconcile(db, "words", DeclaredView(docs.search(None).select(["id", "text"]), function=upper_words)).problems
     with pytest.raises(ValueError, match="takes a @chunker or @udtf"):
         DeclaredView(docs.search(None), function=len)
+
+
+MANUAL_MODULE = '''
+import mv_assets as mv
+
+
+@mv.udf
+def tenfold(x: int) -> int:
+    return x * 10
+
+
+def views(db):
+    src = db.open_table("src")
+    return {{"v": mv.DeclaredView(src.search(None).select({{"id": "id", "s": tenfold}}),
+                                  refresh_policy=mv.RefreshPolicy.{policy})}}
+'''
+
+
+@pytest.mark.parametrize("policy", ["manual()", "cron('0 6 * * *')"])
+def test_a_declared_view_whose_policy_is_manual_or_cron_is_not_created_by_the_sensor(catalog, tmp_path, policy):
+    """A view declared in code with a manual (or cron) policy, not created
+    yet: the sensor's tick requests no run of it (its first tick created it
+    and computed every UDF row, though the asset said "refresh only on
+    request"); materializing it creates it."""
+    db, _ = catalog
+    module = tmp_path / "manual_views.py"
+    module.write_text(MANUAL_MODULE.format(policy=policy))
+    defs = _defs(db, str(module))
+    with dg.instance_for_test() as instance:
+        tick = evaluate_sensor(defs.get_repository_def().get_sensor_def("src_changes"), instance=instance,
+                               definitions=defs, resources=defs.resources)
+        assert not [r for r in (tick.run_requests or []) if K(["v"]) in (r.asset_selection or [])]
+        assert "v" not in db
+        tags = _all_partitions(db, instance)
+        job = defs.resolve_implicit_global_asset_job_def()
+        assert job.execute_in_process(instance=instance, asset_selection=[K(["v"]), K(["v", "s"])], tags=tags).success
+        assert sorted(r["s"] for r in db.open_table("v").to_arrow().to_pylist()) == [10 * i for i in range(10)]

@@ -196,6 +196,10 @@ def _due_views(context, db, tree: list[TableInfo], watched: dict[str, int | None
     due_at: float | None = None
     for v in tree:
         if watched.get(v.name) is None:  # declared in code, not created yet: its first run creates it
+            if v.policy.kind in ("manual", "cron"):  # (on request only, or its schedule: it computed every row)
+                context.log.info(f"{v.name}: declared in code, not created yet; its policy ({v.policy.kind}) "
+                                 "leaves its first run to a request")
+                continue
             due[v.name], loads[v.name] = "declared in code, not created yet", 0
             continue
         view = db.open_view(v.name)
