@@ -195,6 +195,11 @@ def catalog_tables(db: Connection, declared: dict | None = None,
             info.joined_reads = {s: reads[s] for s in dict.fromkeys(join.sources[1:]) if s in out}
         elif src.is_view:  # which UDF columns of the upstream view it reads
             info.reads = definition_reads(info.definition, src.computed, names[src.name])
+        else:  # a table's computed columns it reads, whatever its kind (only a query view keeps copies of
+            # their markers: an aggregate's were none, so it was no downstream of their assets, and a run
+            # backfilling one refreshed it at the version before the backfill)
+            info.reads = list(dict.fromkeys([*info.reads, *definition_reads(info.definition, src.computed,
+                                                                             names[src.name])]))
         root, seen = src, {info.name}
         while root.is_view and root.source in out and root.name not in seen:
             seen.add(root.name)
