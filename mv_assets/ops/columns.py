@@ -329,14 +329,14 @@ def _source_table(source: Any, source_format: str | None, columns: list[str], ca
     if isinstance(data, pa.RecordBatch):
         data = pa.Table.from_batches([data])
     elif type(data).__name__ == "DataFrame" and type(data).__module__.startswith("pandas"):
-        frame = data
-        for c in [c for c in columns if c in frame.columns]:  # (a column of mixed Python types has no Arrow type)
-            try:
-                pa.array(frame[c], from_pandas=True)
-            except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
-                raise ValueError(f"load_columns: column {c!r} of the DataFrame cannot be read as one Arrow type "
-                                 f"({exc})") from exc
-        data = pa.Table.from_pandas(frame[[c for c in columns if c in frame.columns]], preserve_index=False)
+        frame = data[[c for c in columns if c in data.columns]]
+        try:
+            data = pa.Table.from_pandas(frame, preserve_index=False)
+        except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError) as exc:
+            # (a column of mixed Python types has no Arrow type: which one, found only then)
+            bad = next((c for c in frame.columns if not _converts(frame[c])), None)
+            raise ValueError(f"load_columns: column {bad!r} of the DataFrame cannot be read as one Arrow type "
+                             f"({exc})") from exc
     if isinstance(data, pa.Table):
         if source_format is not None:
             raise ValueError(f"load_columns: source_format={source_format!r} is for files; data in memory has none")
@@ -349,6 +349,14 @@ def _source_table(source: Any, source_format: str | None, columns: list[str], ca
                          f"or data in memory (a pyarrow Table or RecordBatch, a pandas DataFrame), got "
                          f"{type(source).__name__}")
     return _read_source(source, _detect_format(source, source_format), columns, catalog)
+
+
+def _converts(series: Any) -> bool:
+    try:
+        pa.array(series, from_pandas=True)
+    except (pa.ArrowInvalid, pa.ArrowTypeError, pa.ArrowNotImplementedError):
+        return False
+    return True
 
 
 def _read_source(source: str | list[str], fmt: str, columns: list[str], catalog: str | None = None) -> pa.Table:
