@@ -423,6 +423,49 @@ def test_a_code_change_shows_on_the_asset_and_its_lineage_node_not_in_the_catalo
             "has a new code version"]
 
 
+def test_a_code_change_applied_by_a_sensors_run_of_an_append_records_every_partition_it_recomputed(tmp_path):
+    """Edit the UDF, reload, and let the source take an append before anyone
+    materializes: the sensor's run of the new fragment applies the code and
+    recomputes the column's rows everywhere, so every partition, not only the
+    run's, is recorded with the current code version and reads FRESH (before:
+    the others stayed "has a new code version" for good, their rows current)."""
+    from dagster_helpers import run_log, run_requested, ui_graphql
+    from test_declared import _defs, _write
+
+    db, module, calls = _declared(tmp_path)
+    defs = _defs(db, str(module))
+    sensor = defs.get_repository_def().get_sensor_def("src_changes")
+    with dg.instance_for_test() as instance:
+        first = evaluate_sensor(sensor, instance=instance, definitions=defs, resources=defs.resources)
+        assert all(r.success for r in run_requested(defs, instance, first))
+        before = _latest_by_partition(instance, K(["v", "score"]))
+        _write(module, calls, body="x * 10 + 7")  # the user edits the UDF, clicks "Reload definitions"
+        defs = _defs(db, str(module))
+        sensor = defs.get_repository_def().get_sensor_def("src_changes")
+        db.open_table("src").add([{"id": 100, "x": 100}])
+        tick = evaluate_sensor(sensor, instance=instance, cursor=first.cursor, definitions=defs,
+                               resources=defs.resources)
+        (run,) = run_requested(defs, instance, tick)
+        assert run.success
+        new = sorted(set(_frags(db)) - set(before), key=int)
+        assert new and run.dagster_run.tags.get("dagster/partition") in (None, *new)
+        old = sorted(before, key=int)
+        assert (f"v: score recomputed in {len(old)} partition(s) outside the run ({', '.join(old)}): recorded "
+                "with its current code") in "\n".join(run_log(instance, run))
+        view = db.open_view("v")
+        assert view.to_arrow().sort_by("id").column("score").to_pylist() == [10 * x + 7 for x in [*range(10), 100]]
+        parts = _latest_by_partition(instance, K(["v", "score"]))
+        assert sorted(parts, key=int) == old + new
+        own = view.rows_by_fragment(db.open_table("src").version, [int(p) for p in old])
+        assert {p: parts[p]["udf_rows_computed"] for p in old} == {str(f): n for f, n in own.items()}
+        assert all(parts[p]["scope"].endswith("rows computed by other code (the UDF code changed)") for p in old)
+        with ui_graphql(instance, tmp_path, db.uri, str(module)) as query:
+            for p in old + new:
+                (node,) = query("""query($p: String) { assetNodes(assetKeys: [{path: ["v", "score"]}]) {
+                    staleStatus(partition: $p) staleCauses(partition: $p) { reason } } }""", p=p)["assetNodes"]
+                assert node == {"staleStatus": "FRESH", "staleCauses": []}, (p, node)
+
+
 def test_a_table_columns_backfill_records_each_partitions_own_rows(tmp_path):
     """A computed column of a table, backfilled in a run over every partition:
     each partition records the rows of its own fragment; the backfill's totals
