@@ -73,6 +73,7 @@ from mv_assets.api.runners import InlineRunner, Runner, SparkRunner
 from mv_assets.api.table import MaterializedView
 from mv_assets.model.errors import CatalogNotFoundError
 from mv_assets.model.kinds import kind_of
+from mv_assets.model.markers import recompute_words
 
 __all__ = ["PipesRequest", "PipesExtrasError", "main", "run"]
 
@@ -227,8 +228,9 @@ def _recompute(pipes: PipesContext, view: MaterializedView, columns: list[str]) 
         plan = view.plan_backfill(name, where=where)
         if not plan.rows:
             continue
-        pipes.log.info(f"{view.name}: recomputing {name} (UDF code changed): {plan.rows:,} rows computed by "
-                       "other code")
+        what, rows = recompute_words(plan.rows, view.rows_never_computed(name, where))
+        verb, why = what.split(" ", 1)
+        pipes.log.info(f"{view.name}: {verb} {name} {why}: {rows}")
         with progress.listen(lambda p, n=name: pipes.log.info(f"{view.name}: recomputing {n}: {p}")):
             done.append(view.backfill(name, where=where))
     return done

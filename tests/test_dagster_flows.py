@@ -466,6 +466,45 @@ def test_a_code_change_applied_by_a_sensors_run_of_an_append_records_every_parti
                 assert node == {"staleStatus": "FRESH", "staleCauses": []}, (p, node)
 
 
+def test_a_new_udf_column_declared_in_code_is_said_to_be_new_not_changed(tmp_path):
+    """A UDF column added to a view's code, reloaded: its check says no row
+    is computed yet, and the run that fills it says it computes a new
+    column's rows never computed (before: "the UDF code changed", "rows
+    computed by other code", which no code had computed)."""
+    from dagster_helpers import run_log, run_requested
+    from test_declared import _all_partitions, _defs
+
+    db, module, calls = _declared(tmp_path)
+    defs = _defs(db, str(module))
+    sensor = defs.get_repository_def().get_sensor_def("src_changes")
+    with dg.instance_for_test() as instance:
+        first = evaluate_sensor(sensor, instance=instance, definitions=defs, resources=defs.resources)
+        assert all(r.success for r in run_requested(defs, instance, first))
+        text = module.read_text()
+        module.write_text(text.replace('"other": other}', '"other": other, "third": third}').replace(
+            "def views(db):", "@mv.udf\ndef third(x: int) -> int:\n    return x + 3\n\n\ndef views(db):"))
+        defs = _defs(db, str(module))
+        sensor = defs.get_repository_def().get_sensor_def("src_changes")
+        tick = evaluate_sensor(sensor, instance=instance, cursor=first.cursor, definitions=defs,
+                               resources=defs.resources)
+        (check,) = [e for e in tick.asset_events if isinstance(e, dg.AssetCheckEvaluation)
+                    and e.asset_key == K(["v", "third"])]
+        assert not check.passed
+        assert check.description.startswith("a new UDF column (") and "none of the 10 rows is computed yet" in (
+            check.description)
+        run = _job(defs).execute_in_process(instance=instance, asset_selection=[K(["v", "third"])],
+                                            tags=_all_partitions(db, instance))
+        assert run.success
+        lines = [line for line in run_log(instance, run) if line.startswith("v: ")]
+        assert "v: computing third (a new UDF column): 10 rows never computed" in lines
+        assert "v: computed third (a new UDF column): 10 rows never computed written (10 computed, 0 failed)" in lines
+        assert not any("code changed" in line or "other code" in line for line in lines)
+        parts = _latest_by_partition(instance, K(["v", "third"]))
+        assert {md["scope"] for md in parts.values()} == {"rows never computed (a new UDF column)"}
+        assert sum(md["udf_rows_computed"] for md in parts.values()) == 10
+        assert db.open_view("v").to_arrow().sort_by("id").column("third").to_pylist() == [x + 3 for x in range(10)]
+
+
 def test_a_table_columns_backfill_records_each_partitions_own_rows(tmp_path):
     """A computed column of a table, backfilled in a run over every partition:
     each partition records the rows of its own fragment; the backfill's totals

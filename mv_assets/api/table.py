@@ -953,6 +953,13 @@ class Table(Indexed):
         return (f"{stale_sql(column, spec.fingerprint, versioned=not is_view)} "
                 f"AND NOT ({marker} IS NULL AND {id_col} IN ({', '.join(map(str, ids))}))")
 
+    def rows_never_computed(self, column: str, where: str | None = None) -> int:
+        """Of the rows ``where`` selects (None: every row), those whose
+        ``column`` no code has computed (its marker NULL: rows there before the
+        column was added, or whose every attempt failed)."""
+        marker = quote_ident(computed_marker(column))
+        return self.count_rows(f"{marker} IS NULL" if where is None else f"({where}) AND {marker} IS NULL")
+
     def _function_name(self) -> str | None:
         """The name of a chunk or table-function view's function (its errors are recorded under it)."""
         if not isinstance(self, MaterializedView) or not self.definition.function:

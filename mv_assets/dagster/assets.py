@@ -43,6 +43,7 @@ from mv_assets.dagster.resource import MvAssetsResource
 from mv_assets.model.agg_view import agg_text
 from mv_assets.model.errors import UdfError
 from mv_assets.model.kinds import kind_of
+from mv_assets.model.markers import recompute_words
 from mv_assets.model.policy import RefreshPolicy
 from mv_assets.model.sql_names import columns_read
 
@@ -822,7 +823,8 @@ def code_check_evaluations(info: TableInfo, db) -> dict[dg.AssetKey, tuple[bool,
             # the catalog holds other code (or no column yet): no row is computed by the declared code
             current, failed = 0, 0
             text = (f"the UDF code changed (now {fingerprint}): {rows} of {rows} rows are stale, computed by "
-                    "other code; materialize the column")
+                    "other code; materialize the column") if col["name"] in diff.altered else (
+                f"a new UDF column ({fingerprint}): none of the {rows} rows is computed yet; materialize the column")
         else:
             current, failed = status[col["name"]]["current"], status[col["name"]]["failed"]
             stale = rows - current
@@ -1260,21 +1262,21 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
         # (what the view holds is recorded; a refresh would go against its policy, or its upstream's)
         context.log.info(f"{info.name}: recording {len(keys)} partition(s) as the view holds them (refreshed "
                          "outside the runs that named them); not refreshed")
-        result, recomputed = None, {}
+        result, recomputed, never = None, {}, {}
     elif view_key not in context.selected_asset_keys and view.refresh_state().load_number == 0:
         _never_refreshed(info, columns)
     elif pipes is None:
-        result, recomputed = _compute(context, info, view, view_key, columns, fragments, whole)
+        result, recomputed, never = _compute(context, info, view, view_key, columns, fragments, whole)
     else:
         report = view_key if view_key in selected else col_keys[columns[0]]  # (a key the step selected)
-        result, recomputed, checks = _launch(context, pipes, info, view, view_key, columns, fragments, whole, since,
+        result, recomputed, never, checks = _launch(context, pipes, info, view, view_key, columns, fragments, whole, since,
                                              report)
         view = db.open_view(info.name)  # as the Pipes process left it
     duration = time.perf_counter() - started
-    _log_outcome(context, info, result, recomputed, columns, duration, launched=pipes is not None)
+    _log_outcome(context, info, result, recomputed, columns, duration, launched=pipes is not None, never=never)
     _record_run(
         context, info, db, view, view_key, col_keys, columns, keys if partitioned else [], fragments, whole, result,
-        recomputed, duration, tables=tables or {},
+        recomputed, duration, tables=tables or {}, never=never,
         unchanged=_unchanged_partitions(context, info, view_key, result, keys) if partitioned else {},
     )
     return checks
@@ -1310,9 +1312,11 @@ def _unchanged_partitions(context, info: TableInfo, view_key, result, keys: list
 
 def _compute(context, info: TableInfo, view, view_key, columns: list[str], fragments: list[int], whole: bool):
     """In this process: the refresh, and the recompute of UDF columns whose
-    code changed. The refresh's result (None: none) and the recomputes by column."""
+    code changed (or added since). The refresh's result (None: none), the
+    recomputes by column, and how many rows of each no code had computed."""
     result = None
     recomputed: dict[str, Any] = {}  # column -> the backfill that recomputed its stale rows
+    never: dict[str, int] = {}
     if view_key in context.selected_asset_keys:
         result = _refresh_view(context, info, view, None if whole else fragments, None)
     elif not whole:  # only UDF columns of some partitions: recompute them there
@@ -1327,13 +1331,16 @@ def _compute(context, info: TableInfo, view, view_key, columns: list[str], fragm
             if plan.rows:
                 resuming = (f"; {plan.rows_checkpointed:,} of them have results checkpointed by an interrupted run"
                             if plan.rows_checkpointed else "")
-                context.log.info(f"{info.name}: recomputing {name} (UDF code changed): {plan.rows:,} rows computed "
-                                 f"by other code{resuming}")
+                never[name] = view.rows_never_computed(name, where)
+                what, rows = recompute_words(plan.rows, never[name])
+                verb, why = what.split(" ", 1)
+                context.log.info(f"{info.name}: {verb} {name} {why}: {rows}{resuming}")
                 with _progress(context, f"{info.name}: recomputing {name}"):
                     done = view.backfill(name, where=where)
                 for sibling in done.columns:  # a multi-column UDF fills its siblings too
                     recomputed[sibling] = done
-    return result, recomputed
+                    never[sibling] = never[name]
+    return result, recomputed, never
 
 
 def _never_refreshed(info: TableInfo, columns: list[str]) -> NoReturn:
@@ -1354,7 +1361,8 @@ def _launch(context, pipes: PipesLauncher, info: TableInfo, view, view_key, colu
     refresh = view_key in context.selected_asset_keys or not whole
     stale = [n for n in columns if view.plan_backfill(n, where=view.recompute_where(n)).rows] if whole else []
     if not refresh and not stale:
-        return None, {}, None
+        return None, {}, {}, None
+    never = {n: view.rows_never_computed(n, view.recompute_where(n)) for n in stale}
     request = {
         "fragments": None if whole else fragments,
         "src_version": None if info.over_view else _pinned_version(context, info, view),
@@ -1369,7 +1377,7 @@ def _launch(context, pipes: PipesLauncher, info: TableInfo, view, view_key, colu
             description=f"{info.name}: the Pipes launch ended without reporting a refresh: nothing says the view was "
                         f"refreshed (does the launched process run `python -m mv_assets.pipes`, with the extras "
                         f"the client passes?)", metadata={"view": info.name})
-    return done.result, done.recomputed, done.checks
+    return done.result, done.recomputed, never, done.checks
 
 
 def _pipes_checks(context, pipes: PipesLauncher, info: TableInfo, view_key, names: set[str],
@@ -1385,7 +1393,7 @@ def _pipes_checks(context, pipes: PipesLauncher, info: TableInfo, view_key, name
 
 
 def _log_outcome(context, info: TableInfo, result, recomputed: dict, columns: list[str], duration: float,
-                 launched: bool = False) -> None:
+                 launched: bool = False, never: dict[str, int] | None = None) -> None:
     """The run's lines of what it did (``launched``: through Pipes, whose
     process logged the refresh's line already)."""
     if result is not None and not launched:
@@ -1399,10 +1407,14 @@ def _log_outcome(context, info: TableInfo, result, recomputed: dict, columns: li
         )
     for done in {id(r): r for r in recomputed.values()}.values():
         resumed = f", {done.rows_resumed:,} from checkpoints" if done.rows_resumed else ""
+        what, _ = _recompute_words(done, never)
+        verb, why = what.split(" ", 1)
+        new = min((never or {}).get(done.columns[0], 0), done.rows_written)
+        rows = ", ".join(([f"{done.rows_written - new:,} rows computed by other code rewritten"]
+                          if done.rows_written > new else []) + ([f"{new:,} rows never computed written"] if new else []))
         context.log.info(
-            f"{info.name}: recomputed {', '.join(done.columns)} (UDF code changed): {done.rows_written:,} rows "
-            f"computed by other code rewritten ({done.udf_rows_computed:,} computed{resumed}, "
-            f"{done.rows_failed:,} failed)"
+            f"{info.name}: {verb[:-3]}ed {', '.join(done.columns)} {why}: {rows or '0 rows written'} "
+            f"({done.udf_rows_computed:,} computed{resumed}, {done.rows_failed:,} failed)"
         )
     if result is None and not recomputed:
         context.log.info(f"{info.name}: {', '.join(columns)}: every row is current: nothing to compute")
@@ -1411,13 +1423,19 @@ def _log_outcome(context, info: TableInfo, result, recomputed: dict, columns: li
 SCOPE_CHANGES = "changes since the last refresh"
 SCOPE_FRAGMENTS = "selected fragments"
 SCOPE_RECOMPUTE = "rows computed by other code (the UDF code changed)"
+SCOPE_NEW = "rows never computed (a new UDF column)"
+
+
+def _recompute_words(done, never: dict[str, int] | None) -> tuple[str, str]:
+    """:func:`recompute_words` of a recompute that wrote ``done.rows_written`` rows."""
+    return recompute_words(done.rows_written, min((never or {}).get(done.columns[0], 0), done.rows_written))
 SCOPE_NOTHING = "nothing to compute: every row is current"
 
 
 def _record_run(
     context, info: TableInfo, db, view, view_key, col_keys: dict, columns: list[str], keys: list[str],
     fragments: list[int], whole: bool, result, recomputed: dict, duration: float, *,
-    tables: dict[str, TableInfo], unchanged: dict[str, str] | None = None,
+    tables: dict[str, TableInfo], unchanged: dict[str, str] | None = None, never: dict[str, int] | None = None,
 ) -> None:
     """Materialization events of the run: one per asset, or one per partition.
 
@@ -1440,7 +1458,7 @@ def _record_run(
     base_md, run_md, computed_key = _run_metadata(info, view, result, duration)
     # rows by source fragment: a partition's own only for views refreshed per fragment
     by_fragment = result.rows_by_fragment if result is not None and info.scoped else {}
-    column_md = functools.partial(_column_metadata, info=info, result=result, recomputed=recomputed,
+    column_md = functools.partial(_column_metadata, info=info, result=result, recomputed=recomputed, never=never,
                                   view_scope=view_scope, base_md=base_md, by_fragment=by_fragment)
     fingerprints = {c["name"]: c["udf"]["fingerprint"] for c in info.udf_columns}
     view_inputs, partition_inputs = _run_inputs(context, info, db, view, result, fragments, keys, tables=tables)
@@ -1611,12 +1629,14 @@ def _run_metadata(info: TableInfo, view, result, duration: float) -> tuple[dict,
 
 
 def _column_metadata(name: str, fid: int | None, *, info: TableInfo, result, recomputed: dict, view_scope: str,
-                     base_md: dict, by_fragment: dict) -> dict:
+                     base_md: dict, by_fragment: dict, never: dict[str, int] | None = None) -> dict:
     """The metadata of a UDF column's materialization (of partition ``fid``;
     None: of the run): what the run computed and recomputed of it."""
     refreshed = result is not None and name in result.udf_rows_computed
     done = recomputed.get(name)
-    scope = "; ".join([view_scope] * refreshed + [SCOPE_RECOMPUTE] * (done is not None)) or SCOPE_NOTHING
+    redone = SCOPE_NEW if done is not None and _recompute_words(done, never)[0].startswith("computing ") else (
+        SCOPE_RECOMPUTE)
+    scope = "; ".join([view_scope] * refreshed + [redone] * (done is not None)) or SCOPE_NOTHING
     md: dict[str, Any] = {**base_md, "scope": scope}
     if result is not None and refreshed:
         md["run_udf_rows_computed"] = result.udf_rows_computed[name] + (done.udf_rows_computed if done else 0)

@@ -67,3 +67,15 @@ def stale_sql(column: str, fingerprint: str, *, versioned: bool) -> str:
     if versioned:
         return f"({m} IS NULL OR {m} != concat('{fingerprint}@', CAST({ROW_VERSION_COLUMN} AS STRING)))"
     return f"({m} IS NULL OR {m} != '{fingerprint}')"
+
+
+def recompute_words(rows: int, never: int) -> tuple[str, str]:
+    """How a run that recomputes a UDF column's stale rows names them: (what
+    it does, with its reason, and the rows), e.g. ``("recomputing (UDF code
+    changed)", "10 rows computed by other code")``. ``never``: how many of the
+    ``rows`` no code has computed (``Table.rows_never_computed``): all of them,
+    a column just added."""
+    if rows and never >= rows:
+        return "computing (a new UDF column)", f"{rows:,} rows never computed"
+    other = f"{rows - never:,} rows computed by other code"
+    return "recomputing (UDF code changed)", other + (f", {never:,} never computed" if never else "")
