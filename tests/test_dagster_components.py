@@ -215,6 +215,42 @@ def test_scaffold_check_list_load_and_materialize_views_declared_in_yaml(tmp_pat
     assert f"column 'y': module '{module}.udfs' has no 'triple' (UDF '{module}.udfs:triple')" in text
 
 
+def test_a_view_mistake_only_the_catalog_shows_fails_that_views_defs_yaml(tmp_path):
+    """A ViewComponent naming a column its source lacks (found only against
+    the catalog): `dg check defs` marks that view's defs.yaml as the error,
+    whether its folder comes before or after the catalog's (before: the
+    CatalogComponent's defs.yaml was blamed, the view's shown as built)."""
+    db = _catalog(tmp_path / "cat")
+    for view in ("aaa", "zzz"):  # (folders built before, and after, the catalog's)
+        project, module = tmp_path / f"proj_{view}", f"mv_components_{view}"
+        pkg = _project(project, module)
+        for kind, name in (("CatalogComponent", "catalog"), ("ViewComponent", view)):
+            out = _dg(project, "scaffold", "defs", f"mv_assets.{kind}", name, uri=db.uri)
+            assert out.returncode == 0, out.stdout + out.stderr
+        _fill(pkg / "defs" / "catalog" / "defs.yaml", """
+            type: mv_assets.CatalogComponent
+            attributes:
+              runner: inline
+        """)
+        _fill(pkg / "defs" / view / "defs.yaml", f"""
+            type: mv_assets.ViewComponent
+            attributes:
+              name: {view}
+              source: src
+              columns:
+                id: id
+                z: no_such_column + 1
+        """)
+        bad = _dg(project, "check", "defs", uri=db.uri)
+        text = bad.stdout + bad.stderr
+        assert bad.returncode != 0
+        assert f"Error while building definitions for {view}" in text, text
+        assert "defs.yaml (ViewComponent) (error)" in text and "defs.yaml (CatalogComponent) (error)" not in text
+        assert f"view '{view}' (mv_assets.ViewComponent): invalid query over 'src'" in text
+        assert "No field named no_such_column" in text
+    assert db.table_names() == ["src"]
+
+
 def _view(**kw) -> ViewComponent:
     return ViewComponent(**{"name": "v", "source": "src", **kw})
 

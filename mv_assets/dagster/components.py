@@ -30,6 +30,7 @@ from typing import Any
 
 import dagster as dg
 from dagster.components.component_scaffolding import scaffold_component
+from pydantic import PrivateAttr
 
 from mv_assets.api.catalog import Connection, connect
 from mv_assets.api.declare import DeclaredView, load_declared
@@ -219,6 +220,9 @@ class ViewComponent(dg.Component, dg.Resolvable, dg.Model):
     owners: list[str] | None = None
     tags: dict[str, str] | None = None
     catalog: str | None = None  # default: the project's CatalogComponent (the only one), else $MV_ASSETS_DB
+    # the view as declared, checked against its catalog by its own build_defs (so that `dg check defs`
+    # blames this view's defs.yaml for a mistake only the catalog shows), for the CatalogComponent
+    _checked: tuple[str, DeclaredView] | None = PrivateAttr(default=None)
 
     def _where(self) -> str:
         return f"view {self.name!r} (mv_assets.ViewComponent)"
@@ -296,7 +300,26 @@ class ViewComponent(dg.Component, dg.Resolvable, dg.Model):
                 f"{self._where()} at {context.path}: no mv_assets.CatalogComponent for catalog {uri!r} in this "
                 "project builds its assets: scaffold one (`dg scaffold defs mv_assets.CatalogComponent catalog`)"
                 + (f"; the project's catalogs are {sorted(c.uri() for c in catalogs)}" if catalogs else ""))
+        try:
+            db = connect(uri, create=False)
+        except CatalogNotFoundError:
+            return dg.Definitions()  # (the CatalogComponent says so)
+        if self.source in db.table_names():  # (over a view declared here and not created yet: see the catalog's)
+            self._checked = (uri, self.declared(db))
         return dg.Definitions()  # its assets are the CatalogComponent's (see the module docstring)
+
+
+def _build_views_first(context: dg.ComponentLoadContext) -> None:
+    """Build each ViewComponent before the catalog's assets: each checks its
+    view against its catalog there, so a mistake only the catalog shows (a
+    column the source lacks) fails that view's defs.yaml, not the catalog's,
+    whichever order the project's folders come in (built once: Dagster keeps
+    what a component built)."""
+    tree = context.component_tree
+    for loc, decl in tree.find_root_decl().iterate_loc_component_decl_pairs():
+        kind = getattr(decl, "component_type", None)
+        if isinstance(kind, type) and issubclass(kind, ViewComponent):
+            tree.build_defs_at_path(loc)
 
 
 @dg.scaffold_with(CatalogComponentScaffolder)
@@ -336,6 +359,7 @@ class CatalogComponent(dg.Component, dg.Resolvable, dg.Model):
             db = connect(uri, create=False)
         except CatalogNotFoundError as exc:
             raise ComponentError(f"{where}: {exc}") from exc
+        _build_views_first(context)
         views = [v for v in context.component_tree.get_all_components(of_type=ViewComponent)
                  if _view_catalog(v, catalogs) == uri]
         module = self.views_module
@@ -351,7 +375,8 @@ class CatalogComponent(dg.Component, dg.Resolvable, dg.Model):
                 log.warning(f"view {view.name!r} is not loaded: its source view {view.source!r} is not created yet "
                             "(materialize it first, then reload)")
                 continue
-            declared[view.name] = view.declared(db)
+            checked = view._checked
+            declared[view.name] = checked[1] if checked is not None and checked[0] == uri else view.declared(db)
         resource = None
         if self.runner:
             options = db.storage_options if db.storage_options_given else None
