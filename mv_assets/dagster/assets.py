@@ -1269,8 +1269,8 @@ def _materialize(context, info: TableInfo, view_key, col_keys: dict, partitioned
         result, recomputed, never = _compute(context, info, view, view_key, columns, fragments, whole)
     else:
         report = view_key if view_key in selected else col_keys[columns[0]]  # (a key the step selected)
-        result, recomputed, never, checks = _launch(context, pipes, info, view, view_key, columns, fragments, whole, since,
-                                             report)
+        result, recomputed, never, checks = _launch(context, pipes, info, view, view_key, columns, fragments,
+                                                    whole, since, report)
         view = db.open_view(info.name)  # as the Pipes process left it
     duration = time.perf_counter() - started
     _log_outcome(context, info, result, recomputed, columns, duration, launched=pipes is not None, never=never)
@@ -1424,12 +1424,12 @@ SCOPE_CHANGES = "changes since the last refresh"
 SCOPE_FRAGMENTS = "selected fragments"
 SCOPE_RECOMPUTE = "rows computed by other code (the UDF code changed)"
 SCOPE_NEW = "rows never computed (a new UDF column)"
+SCOPE_NOTHING = "nothing to compute: every row is current"
 
 
 def _recompute_words(done, never: dict[str, int] | None) -> tuple[str, str]:
     """:func:`recompute_words` of a recompute that wrote ``done.rows_written`` rows."""
     return recompute_words(done.rows_written, min((never or {}).get(done.columns[0], 0), done.rows_written))
-SCOPE_NOTHING = "nothing to compute: every row is current"
 
 
 def _record_run(
