@@ -97,3 +97,58 @@ print("status:", st.load_state, v.count_rows())
     assert "spark_remote / MV_ASSETS_SPARK_REMOTE" in refused[0]
     assert lines[-1] == "status: FAILED_LOAD 0"
     assert "no Spark Connect server answers" in lines[-2]
+
+
+def test_a_spark_connect_token_is_never_stored_or_said_and_a_bad_timeout_is_named(tmp_path):
+    """A Spark Connect URL carrying its token (``;token=...``, pyspark's way)
+    and no server there: the error says where (host, port, the other
+    parameters) with the token as ***, and neither the view's status nor any
+    file of the catalog holds the token (before: the whole URL, token and all,
+    in the error and in the status file). $MV_ASSETS_SPARK_CONNECT_TIMEOUT
+    written with a unit is named in words (before: "could not convert string
+    to float: '10s'"), nothing committed."""
+    port = free_port()  # nothing listens there
+    code = f"""
+import os, sys, mv_assets as mv
+db = mv.connect(sys.argv[1], runner=mv.InlineRunner())
+t = db.create_table("t", [{{"id": i, "x": i}} for i in range(10)])
+db.create_materialized_view("v", t.search(None).select({{"id": "id", "y": "x * 2"}}))
+db = mv.connect(sys.argv[1], runner=mv.SparkRunner(remote="sc://127.0.0.1:{port}/;use_ssl=true;token=SECRET123",
+                                                  local_below_rows=0))
+v = db.open_view("v")
+try:
+    v.refresh(lock_timeout=5)
+except ConnectionError as exc:
+    print("refused:", exc)
+print("error:", v.status().last_error)
+os.environ["MV_ASSETS_SPARK_CONNECT_TIMEOUT"] = "10s"
+try:
+    v.refresh(lock_timeout=5)
+except ValueError as exc:
+    print("timeout:", exc)
+print("status:", v.status().load_state, v.count_rows(), v.version)
+"""
+    out = subprocess.run([sys.executable, "-c", code, str(tmp_path / "cat")], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "SECRET123" not in out.stdout + out.stderr
+    lines = out.stdout.splitlines()
+    (refused,) = [line for line in lines if line.startswith("refused:")]
+    assert f"no Spark Connect server answers at sc://127.0.0.1:{port}/;use_ssl=true;token=*** " in refused
+    (error,) = [line for line in lines if line.startswith("error:")]
+    assert "token=***" in error
+    (timeout,) = [line for line in lines if line.startswith("timeout:")]
+    assert "$MV_ASSETS_SPARK_CONNECT_TIMEOUT must be a number of seconds above 0 (e.g. 10 or 2.5), got '10s'" in timeout
+    assert lines[-1] == "status: FAILED_LOAD 0 1"
+    for path in (tmp_path / "cat").rglob("*"):
+        if path.is_file():
+            assert b"SECRET123" not in path.read_bytes(), path
+
+
+def test_redact_hides_credential_values_only():
+    from mv_assets.model.secrets import redact
+
+    assert redact("sc://h:1/;use_ssl=true;token=abc;user_id=me") == "sc://h:1/;use_ssl=true;token=***;user_id=me"
+    assert redact("s3://b/k?aws_secret_access_key=XYZ&region=us") == "s3://b/k?aws_secret_access_key=***&region=us"
+    assert redact("PASSWORD=hunter2 and Token=t") == "PASSWORD=*** and Token=***"
+    assert redact("no secrets: tokens counted 3") == "no secrets: tokens counted 3"

@@ -51,6 +51,7 @@ from mv_assets.execution.resources import ResourceRequest
 from mv_assets.execution.tasks import TaskResult, TaskSpec, run_task
 from mv_assets.model.errors import UdfError
 from mv_assets.model.idle import resolve_keep
+from mv_assets.model.secrets import redact
 from mv_assets.storage import objects
 
 __all__ = ["Runner", "SparkRunner", "InlineRunner", "as_runner", "default_runner", "set_default_runner"]
@@ -146,22 +147,36 @@ def check_reachable(remote: str, timeout: float | None = None) -> None:
 
     if not remote.startswith("sc://"):
         return
+    shown = redact(remote)  # (its token, if any, is said as ***: errors end up in the view's status)
     url = urlparse(remote)
     host = url.hostname or "localhost"
     try:
         port = url.port or CONNECT_PORT
     except ValueError as exc:
-        raise ValueError(f"bad Spark Connect URL {remote!r}: {exc}") from None
+        raise ValueError(f"bad Spark Connect URL {shown!r}: {redact(str(exc))}") from None
     if timeout is None:
-        timeout = float(os.environ.get("MV_ASSETS_SPARK_CONNECT_TIMEOUT") or 10)
+        timeout = connect_timeout()
     import socket
 
     try:
         socket.create_connection((host, port), timeout=timeout).close()
     except OSError as exc:
         raise ConnectionError(
-            f"no Spark Connect server answers at {remote} ({host}:{port}: {exc.strerror or exc}): start it, or "
+            f"no Spark Connect server answers at {shown} ({host}:{port}: {exc.strerror or exc}): start it, or "
             f"fix the URL (spark_remote / MV_ASSETS_SPARK_REMOTE / spark.remote)") from None
+
+
+def connect_timeout() -> float:
+    """``$MV_ASSETS_SPARK_CONNECT_TIMEOUT``: seconds to wait for a Spark Connect server to answer (default 10)."""
+    raw = os.environ.get("MV_ASSETS_SPARK_CONNECT_TIMEOUT") or "10"
+    try:
+        seconds = float(raw)
+    except ValueError:
+        seconds = float("nan")
+    if not seconds > 0 or seconds == float("inf"):
+        raise ValueError(f"$MV_ASSETS_SPARK_CONNECT_TIMEOUT must be a number of seconds above 0 (e.g. 10 or 2.5), "
+                         f"got {raw!r}")
+    return seconds
 
 
 @dataclass(frozen=True)

@@ -43,6 +43,7 @@ from mv_assets.model.definition import (
 from mv_assets.model.join_agg_view import is_join_under
 from mv_assets.model.join_view import Join, row_id_column
 from mv_assets.model.policy import POLICY_METADATA_KEY, Decision, RefreshPolicy, decide
+from mv_assets.model.secrets import redact
 from mv_assets.storage import objects
 from mv_assets.storage.changes import BACKFILL_KEY, commit_matters, commits_since, foreign_writes, pending_versions
 from mv_assets.storage.identity import table_id
@@ -192,7 +193,7 @@ def record_load_state(
     current.update(load_state=state, state_since=now, node=socket.gethostname(), pid=os.getpid(),
                    load_number=load_number, job_id=job_id, launched_at=launched or now)
     if state == FAILED_LOAD:
-        current["last_error"] = error
+        current["last_error"] = redact(error) if error else error  # (never a credential an error repeated)
     # not fsynced: a load state describes a process (a LOADING one whose process is gone reads as failed)
     objects.write_record(layout.status_file(view), json.dumps(current))
 
