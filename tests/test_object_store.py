@@ -499,3 +499,35 @@ def test_the_status_of_many_views_over_one_source_on_s3_reads_each_truly(s3_serv
         assert [(r["name"], r["load_state"], r["last_error"]) for r in records] == [
             (f"v{k}", "LOADED", None) for k in range(6)]
         assert {r["name"]: (r["versions_behind"], r["stale_count"]) for r in records} == alone
+
+
+def test_a_connect_that_fails_leaves_the_connections_before_it_as_they_were(s3_server, s3_catalog):
+    """One set of storage options per catalog in a process: a connect(create=
+    False) that fails (a wrong endpoint or secret, no catalog there) put its
+    options in for every connection to the catalog before failing, so the
+    earlier, working one failed from then on. Now it changes nothing, and says
+    nothing of replacing them; a per-table storage option a table cannot take
+    is named in its warning without its value (a key or a secret)."""
+    import warnings
+
+    from mv_assets.dagster.devserver import free_port
+
+    uri, _ = s3_catalog
+    good = s3_server.options
+    db = mv.connect(uri, storage_options=good, runner=mv.InlineRunner())
+    db.create_table("t", [{"id": i} for i in range(10)])
+    wrong = {**good, "aws_endpoint": f"http://127.0.0.1:{free_port()}", "client_max_retries": "0",
+             "client_retry_timeout": "1"}
+    with warnings.catch_warnings(record=True) as said:
+        warnings.simplefilter("always")
+        with pytest.raises(Exception):  # noqa: B017 (the object store's own error: connection refused)
+            mv.connect(uri, storage_options=wrong, create=False)
+        with pytest.raises(mv.CatalogNotFoundError):
+            mv.connect(uri + "_none", storage_options=good, create=False)
+    assert not [w for w in said if "now uses these" in str(w.message)]
+    assert objects.options_for(uri) == {k: str(v) for k, v in good.items()}
+    assert db.table_names() == ["t"] and db.open_table("t").count_rows() == 10  # the first connection still works
+    with pytest.warns(mv.GenevaCompatWarning) as told:
+        db.create_table("u", [{"id": 1}], storage_options={"aws_secret_access_key": "RotatedSecretKey555"})
+    (text,) = [str(w.message) for w in told]
+    assert "storage_options['aws_secret_access_key']=<value not shown>" in text and "RotatedSecretKey555" not in text

@@ -176,19 +176,26 @@ class Connection:
         self.uri = uri
         self.storage_options = _storage_options(storage_options)
         self.storage_options_given = storage_options is not None  # else from the environment (or none)
-        if objects.register(uri, self.storage_options) is not None:
-            # (one set of options per catalog URI in a process: the connections made before use these too)
-            warnings.warn(f"connect({uri!r}) with storage options other than an earlier connection's: every "
-                          "connection to it in this process now uses these (endpoint and credentials included)",
-                          stacklevel=3)
+        previous = objects.registered_at(uri)
+        replaced = objects.register(uri, self.storage_options)
         self.layout = Layout(uri)
         # (when, names): the root's listing taken here to tell a catalog is there, reused once (_root_names)
         self._root_listing: tuple[float, list[str]] | None = None
         if not create:
-            names = objects.listdir(uri)
-            if not self.layout.holds_catalog(names):
-                raise CatalogNotFoundError(f"no catalog at {uri}")
+            try:
+                names = objects.listdir(uri)
+                if not self.layout.holds_catalog(names):
+                    raise CatalogNotFoundError(f"no catalog at {uri}")
+            except BaseException:
+                # a connect that fails changes nothing: the connections made before keep their options
+                objects.restore(uri, previous)
+                raise
             self._root_listing = (time.monotonic(), names)
+        if replaced is not None:
+            # (one set of options per catalog URI in a process: the connections made before use these too)
+            warnings.warn(f"connect({uri!r}) with storage options other than an earlier connection's: every "
+                          "connection to it in this process now uses these (endpoint and credentials included)",
+                          stacklevel=3)
         self._runner = runner
 
     def __repr__(self) -> str:
@@ -1269,6 +1276,16 @@ def connect(
 _STABLE_ROW_IDS = "new_table_enable_stable_row_ids"
 
 
+class _Hidden:
+    """A value not to be said (its repr in a warning)."""
+
+    def __repr__(self) -> str:
+        return "<value not shown>"
+
+
+_HIDDEN = _Hidden()
+
+
 def _check_table_storage_options(given: dict[str, str] | None, catalog: dict[str, str] | None) -> None:
     """Geneva's ``create_table(storage_options=)``: stable row ids are what every
     table has; the catalog's own options change nothing; others warn."""
@@ -1282,8 +1299,9 @@ def _check_table_storage_options(given: dict[str, str] | None, catalog: dict[str
                 geneva.warn("create_table", f"storage_options[{key!r}]", value, "every table here is created with "
                             "stable row ids (views and incremental refreshes need them)", stacklevel=4)
         elif (catalog or {}).get(key) != value:
-            geneva.warn("create_table", f"storage_options[{key!r}]", value, "a catalog's tables share its storage "
-                        "options: pass them to connect(storage_options=)", stacklevel=4)
+            # (the value is not said: it may be a key or a secret)
+            geneva.warn("create_table", f"storage_options[{key!r}]", _HIDDEN, "a catalog's tables share its "
+                        "storage options: pass them to connect(storage_options=)", stacklevel=4)
 
 
 def _one_of(name: str, value: Any, geneva_name: str, geneva_value: Any) -> Any:

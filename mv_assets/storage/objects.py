@@ -79,6 +79,22 @@ def register(root: str, options: dict[str, str] | None) -> dict[str, str] | None
     return before if before is not None and before != given else None
 
 
+def registered_at(root: str) -> dict[str, str] | None:
+    """The options registered for exactly ``root`` (None: none)."""
+    with _LOCK:
+        opts = _OPTIONS.get(root.rstrip("/"))
+    return dict(opts) if opts is not None else None
+
+
+def restore(root: str, options: dict[str, str] | None) -> None:
+    """Put back what :func:`registered_at` read for ``root`` before a :func:`register`."""
+    with _LOCK:
+        if options is None:
+            _OPTIONS.pop(root.rstrip("/"), None)
+        else:
+            _OPTIONS[root.rstrip("/")] = dict(options)
+
+
 def registered() -> dict[str, dict[str, str]]:
     """The registry, to ship to executors with a job."""
     with _LOCK:
