@@ -247,10 +247,10 @@ def _print_status(rows: list[dict]) -> None:
                       padding=(0, 1), collapse_padding=True, show_edge=False)
     for name, justify, wrap in (("view", "left", False), ("state", "left", False), ("rows", "right", False),
                                 ("load", "right", False), ("source", "right", False), ("behind", "right", False),
-                                ("stale", "right", False), ("policy", "left", True), ("updated", "left", False)):
+                                ("stale", "right", False), ("policy", "left", False), ("updated", "left", True)):
         table.add_column(name, justify=justify, no_wrap=not wrap, overflow="fold")  # type: ignore[arg-type]
     for r in rows:
-        state = r["load_state"] + ("" if r["valid"] or r["load_state"] == "NEVER_LOADED" else " (invalid)")
+        state = r["load_state"] + ("" if _valid_or_never(r) else "*")  # (a short mark: one line at 80 columns)
         table.add_row(
             r["name"], state, _n(r["cardinality"]), _n(r["load_number"]),
             "" if r["source_version"] is None else f"v{r['source_version']}", _n(r["versions_behind"]),
@@ -262,8 +262,14 @@ def _print_status(rows: list[dict]) -> None:
         if r["last_error"]:
             console.print(f"{r['name']}: last error: {r['last_error']}", highlight=False, soft_wrap=False)
     console.print("behind: source versions since the view's that change what it reads\n"
-                  "stale: source rows written or deleted since (some may not pass the view's filter)",
+                  "stale: source rows written or deleted since (some may not pass the view's filter)"
+                  + ("" if all(_valid_or_never(r) for r in rows) else
+                     "\n*: invalid: its rows are the query's at no source version (see its last error)"),
                   style="dim", highlight=False)
+
+
+def _valid_or_never(r: dict) -> bool:
+    return bool(r["valid"]) or r["load_state"] == "NEVER_LOADED"
 
 
 def _n(value: Any) -> str:
@@ -330,7 +336,9 @@ def plan(obj: _Ctx, view: str, src_version: int | None, mode: str, as_json: bool
         return
     moved = _moved(p.details)
     head = (f"{s['view']}: {moved} ({s['reason']})" if moved is not None else
-            f"{s['view']}: source {s['source']} v{s['from_version']} -> v{s['to_version']} ({s['reason']})")
+            f"{s['view']}: source {s['source']} "
+            + (f"v{s['from_version']} -> " if s["from_version"] is not None else "(never refreshed) -> ")
+            + f"v{s['to_version']} ({s['reason']})")
     click.echo(
         f"{head}\n"
         f"  insert {s['rows_to_insert']:,}, update {s['rows_to_update']:,}, delete {s['rows_to_delete']:,}\n"
@@ -437,8 +445,8 @@ def _refreshed(r) -> str:
     if moved is not None:  # a join view: every source it reads, and how it was refreshed
         how = "full" if r.full else "incremental" if (r.tasks or r.rows_deleted) else "no-op"
         computed = ", ".join(f"{c} {n:,}" for c, n in r.udf_rows_computed.items()) or "none"
-        return (f"{r.view}: {moved}: {how}: +{r.rows_inserted:,} -{r.rows_deleted:,}, UDF rows computed: {computed}"
-                f"; {r.seconds:.2f}s")
+        return (f"{r.view}: {moved}: {how}: +{r.rows_inserted:,} ~{r.rows_updated:,} -{r.rows_deleted:,}, UDF rows "
+                f"computed: {computed}; {r.seconds:.2f}s")
     nothing = r.nothing_done()
     if nothing is not None:
         return nothing
@@ -456,7 +464,8 @@ def _refreshed(r) -> str:
 @click.option("--retry-failed", is_flag=True, help="Only the rows whose COLUMN failed (see `errors`).")
 @click.option("--checkpoint-size", type=int, default=None,
               help="Rows per checkpoint batch (staged). Default: UDF columns in one pass, checkpointed by time.")
-@click.option("--max-rows-per-task", type=int, default=65_536, show_default=True, help="Rows per Spark task.")
+@click.option("--max-rows-per-task", type=click.IntRange(min=1), default=65_536, show_default=True,
+              help="Rows per Spark task.")
 @click.option("--dry-run", is_flag=True, help="Print the plan (rows, batches, checkpoints done) and stop.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @click.pass_obj
@@ -483,8 +492,9 @@ def backfill(obj: _Ctx, table: str, column: str, where: str | None, retry_failed
         else:
             how = "one pass" if s["one_pass"] else f"{s['batches']} batches ({s['batches_checkpointed']} checkpointed)"
             click.echo(
-                f"{table}.{','.join(s['columns'])}: {s['rows']} rows in {how}, {s['tasks']} tasks; "
-                f"{s['rows_checkpointed']} rows already checkpointed -> {s['rows_to_compute']} rows to compute"
+                f"{table}.{','.join(s['columns'])}: {_count(s['rows'], 'row')} in {how}, {_count(s['tasks'], 'task')}; "
+                f"{_count(s['rows_checkpointed'], 'row')} already checkpointed -> {_count(s['rows_to_compute'], 'row')} "
+                "to compute"
             )
         return
     if plan.rows_checkpointed and not as_json:
@@ -607,6 +617,8 @@ def errors(obj: _Ctx, table: str, column: str | None, job_id: str | None, failin
         raise click.BadParameter(f"{table!r} has no column {column!r} (its columns: {', '.join(t.schema.names)})",
                                  param_hint="--column")
     records = t.get_errors(job_id=job_id, column_name=column)
+    if job_id is not None and not records:
+        obj.db.get_job(job_id)  # (a job id nobody ran: refused in words, as `jobs JOB_ID` does, not "none")
     still = {c: _still_failing(t, c) for c in sorted({r.column for r in records})}
     rows = [(r, r.row_id in still[r.column]) for r in records]
     if failing:
@@ -622,6 +634,11 @@ def errors(obj: _Ctx, table: str, column: str | None, job_id: str | None, failin
     width = max(40, min(Console().width, 120))
     for r, s in rows:
         click.echo(_error_block(r, s, width))
+
+
+def _count(n: int, noun: str) -> str:
+    """``n`` ``noun`` s, in words (``1 row``, ``2 rows``)."""
+    return f"{n:,} {noun}{'' if n == 1 else 's'}"
 
 
 def _error_block(r: Any, still_failing: bool, width: int) -> str:

@@ -368,7 +368,8 @@ def test_plan_after_a_killed_one_pass_backfill_counts_its_checkpointed_rows(tmp_
     s = json.loads(r.output)
     assert (s["rows"], s["rows_checkpointed"], s["rows_to_compute"]) == (N, plan.rows_checkpointed, plan.rows_to_compute)
     r = CliRunner().invoke(main, cli, catch_exceptions=False)
-    assert f"{plan.rows_checkpointed} rows already checkpointed -> {plan.rows_to_compute} rows to compute" in r.output
+    assert (f"{plan.rows_checkpointed:,} row{'s' * (plan.rows_checkpointed != 1)} already checkpointed -> "
+            f"{plan.rows_to_compute:,} row{'s' * (plan.rows_to_compute != 1)} to compute") in r.output
 
     result = t.backfill("y")
     assert (result.rows_resumed, result.udf_rows_computed) == (plan.rows_checkpointed, plan.rows_to_compute)

@@ -269,7 +269,7 @@ def test_status_is_readable_at_80_columns(catalog):
     assert "…" not in r.output
     by_view = {line.split()[0]: line.split() for line in lines if line.split() and line.split()[0] in ("a", "b", "bad")}
     assert by_view["a"][:6] == ["a", "LOADED", "5", "1", "v2", "0"]
-    assert by_view["b"][1] == "NEVER_LOADED" and by_view["bad"][1] == "FAILED_LOAD"
+    assert by_view["b"][1] == "NEVER_LOADED" and by_view["bad"][1] == "FAILED_LOAD*"
     assert any(line.startswith("bad: last error: ") and "no model today" in r.output for line in lines)
 
 
@@ -428,3 +428,45 @@ def test_a_refresh_is_told_without_vnone_and_first_only_when_it_was():
     assert result(tasks=1).since() == "at source v4"
     assert result(tasks=1, first=True).since() == "first refresh, at source v4"
     assert result(tasks=1, from_version=2).since() == "source v2 -> v4"
+
+
+def test_status_keeps_every_column_of_a_failed_view_with_a_long_name_on_one_line(catalog):
+    """A view that never loaded, with a long name: its state and policy on
+    its line at 80 columns (its state "FAILED_LOAD (invalid)" left the policy
+    no room: blank, or one letter a line), the invalid mark explained below."""
+    src = catalog.open_table("src")
+    catalog.create_materialized_view("a_failing_view_name", src.search(None).select({"id": "id", "z": boom}))
+    assert run(catalog, "refresh", "a_failing_view_name").exit_code == 1
+    r = CliRunner().invoke(main, ["--db", catalog.uri, "status"], env={"COLUMNS": "80"}, catch_exceptions=False)
+    lines = r.output.splitlines()
+    assert all(len(line) <= 80 for line in lines), r.output
+    (line,) = [line for line in lines if line.startswith("a_failing_view_name ")]
+    assert line.split()[:2] == ["a_failing_view_name", "FAILED_LOAD*"] and " eager " in line, r.output
+    assert "*: invalid: its rows are the query's at no source version (see its last error)" in r.output
+
+
+def test_a_join_refresh_line_counts_its_updates_and_a_first_plan_says_so(tmp_path):
+    """A join view's refresh line said "+0 -0" for a refresh that updated 10
+    rows (its JSON said rows_updated 10); the plan of a view never refreshed
+    said "vNone"; `errors --job` with a job id nobody ran said "none", exit 0;
+    --max-rows-per-task 0 was refused in the Python parameter's name."""
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    t = db.create_table("t", [{"id": i, "k": i % 10} for i in range(100)], primary_key="id")
+    d = db.create_table("d", [{"k": i, "name": f"n{i}"} for i in range(10)], primary_key="k")
+    db.create_materialized_view("j", t.search(None).join(d, on="k", how="inner").select(
+        {"id": "t.id", "name": "d.name"}))
+    first = run(db, "plan", "j")
+    assert first.exit_code == 0 and "vNone" not in first.output
+    db.create_materialized_view("v", t.search(None).select({"id": "id", "n": (neg, ["k"])}))
+    plan = run(db, "plan", "v")
+    assert plan.output.startswith(f"v: source t (never refreshed) -> v{t.version} (first refresh)"), plan.output
+    db.refresh("j")
+    d.merge_insert([{"k": 0, "name": "renamed"}])
+    r = run(db, "refresh", "j")
+    assert r.exit_code == 0 and ": +0 ~10 -0, UDF rows computed: none;" in r.output, r.output
+    bad = run(db, "errors", "j", "--job", "no-such-job")
+    assert bad.exit_code == 2 and "no-such-job" in bad.output and "none" not in bad.output, bad.output
+    zero = run(db, "backfill", "v", "n", "--max-rows-per-task", "0")
+    assert zero.exit_code == 2 and "--max-rows-per-task" in zero.output, zero.output
+    dry = run(db, "backfill", "v", "n", "--dry-run")
+    assert "rows in" in dry.output or "row in" in dry.output
