@@ -1300,3 +1300,36 @@ def test_a_namedtuple_return_annotation_is_a_struct_column_and_a_dict_key_no_fie
     with pytest.raises(Exception, match=r"keys \['bb'\], which are no field"):
         t.backfill("q")
     assert t.plan_backfill("q").total_rows_pending == 3
+
+
+def test_a_column_added_to_a_source_leaves_its_views_zero_versions_behind(tmp_path):
+    """A column added to a source (add_columns here, a SQL one and an empty
+    one, or pylance's add_columns beside) is a Lance Merge that changes no row
+    and nothing a view reads: the view's status said "behind 1" (the legend:
+    "source versions since the view's that change what it reads") where its
+    plan and refresh said nothing changed. Now 0, and the table's data version
+    (what Dagster compares) stays; an append after still counts."""
+    db = mv.connect(str(tmp_path / "cat"), runner=mv.InlineRunner())
+    t = db.create_table("t", [{"id": i, "k": i % 10} for i in range(100)], primary_key="id")
+    v = db.create_materialized_view("v", t.search(None).where("k < 5").select(["id", "k"]))
+    v.refresh()
+    data_version = t.data_version()
+    t.add_columns({"extra": "k * 3"})
+    t.add_columns({"empty": mv.udf(lambda k: k + 1, data_type=pa.int64(), name="inc", input_columns=["k"])})
+    st = v.status()
+    assert (st.versions_behind, st.stale_count) == (0, 0), st
+    assert t.data_version() == data_version
+    plan = v.plan_refresh()
+    assert (plan.rows_to_insert, plan.rows_to_update, plan.rows_to_delete) == (0, 0, 0)
+    # another tool's add_columns moves every row's version (Lance's): the view's next refresh rewrites its
+    # rows, and its status says so (one version behind, the rows stale), as its plan does
+    lance.dataset(t.uri).add_columns({"other": "k + 100"})
+    t = db.open_table("t")
+    st = v.status()
+    assert (st.versions_behind, st.stale_count) == (1, 100), st
+    assert v.plan_refresh().rows_to_update == 50
+    t.add([{"id": 100, "k": 1, "extra": 3, "other": 101}])
+    assert v.status().versions_behind == 2 and t.data_version() > data_version
+    v.refresh()
+    want = sorted((r["id"], r["k"]) for r in lance.dataset(t.uri).to_table().to_pylist() if r["k"] < 5)
+    assert sorted(zip(*v.to_arrow().select(["id", "k"]).to_pydict().values(), strict=True)) == want

@@ -224,6 +224,45 @@ def _read_txn(ds: lance.LanceDataset, version: int):
         return False, None
 
 
+def _columns_only_added(ds: lance.LanceDataset, version: int, txn, reads: Collection[str] | None) -> bool:
+    """Whether commit ``version`` (``txn``) of ``ds`` is a ``Merge`` that only
+    added columns none of ``reads`` names (None: a reader of every column,
+    which a new column changes): every fragment of the version before is
+    there with the same data files, deletions, row ids and row versions, no
+    fragment came or went, and each data file it added holds only fields the
+    version before had not (this engine's ``add_columns``; pylance's moves
+    every row's version, which a refresh reads as updated rows, so it
+    matters). Anything else a Merge can do (rewrite a column's files, change
+    rows) is not this."""
+    if reads is None or txn is None or type(txn.operation).__name__ != "Merge" or version < 2:
+        return False
+    try:
+        before = ds.checkout_version(version - 1)
+        after = ds.checkout_version(version)
+    except Exception:
+        return False
+    added = set(after.schema.names) - set(before.schema.names)
+    if not added or added & set(reads) or not set(before.schema.names) <= set(after.schema.names):
+        return False
+    old = {f.metadata.id: f.metadata for f in before.get_fragments()}
+    new = {f.metadata.id: f.metadata for f in after.get_fragments()}  # (as committed: row versions included)
+    if set(old) != set(new):
+        return False
+    known = {i for m in old.values() for d in m.data_files() for i in d.fields}
+    known |= {f.id() for f in before.lance_schema.fields()}
+    same = ("physical_rows", "deletion_file", "row_id_meta", "last_updated_at_version_meta", "overlays")
+    for fid, m in new.items():
+        prev = old[fid]
+        a, b = prev.to_json(), m.to_json()
+        if any(a.get(k) != b.get(k) for k in same):  # (rows, deletions, row ids and row versions as they were)
+            return False
+        had = {(d.path, tuple(d.fields)) for d in prev.data_files()}
+        has = {(d.path, tuple(d.fields)) for d in m.data_files()}
+        if not had <= has or any(set(fields) & known for _, fields in has - had):
+            return False
+    return True
+
+
 def pending_versions(
     uri: str, since: int | None, reads: Collection[str] | None = None, latest: int | None = None,
     ds: lance.LanceDataset | None = None,
@@ -237,7 +276,7 @@ def pending_versions(
     out = []
     for v in range(start + 1, latest + 1):
         ok, txn = _read_txn(ds, v)
-        if not ok or commit_matters(txn, reads):
+        if not ok or (commit_matters(txn, reads) and not _columns_only_added(ds, v, txn, reads)):
             out.append(v)
     return out
 
@@ -250,7 +289,7 @@ def data_version(uri: str, reads: Collection[str] | None = None) -> int:
     v = ds.version
     while v > 1:
         ok, txn = _read_txn(ds, v)
-        if not ok or commit_matters(txn, reads):
+        if not ok or (commit_matters(txn, reads) and not _columns_only_added(ds, v, txn, reads)):
             return v
         v -= 1
     return v
