@@ -311,17 +311,25 @@ def _declared(tmp_path):
     return db, module, str(calls)
 
 
+def _loaded(db, module):
+    """The definitions of the views in ``module`` as loading them (or "Reload
+    definitions") makes them, and the source's sensor."""
+    from test_declared import _defs as declared_defs
+
+    defs = declared_defs(db, str(module))
+    return defs, defs.get_repository_def().get_sensor_def("src_changes")
+
+
 def test_a_code_change_recompute_records_each_partitions_own_rows_and_reads_right(tmp_path):
     """Edit the UDF, reload, "Materialize" the column over every partition:
     each partition records the rows of its own fragment the run recomputed
     (before: 0 everywhere, the total only as a run number), the scope says it
     was a recompute, and descriptions, checks and the run log read right."""
     from dagster_helpers import run_log, run_requested, ui_graphql
-    from test_declared import _all_partitions, _defs, _write
+    from test_declared import _all_partitions, _write
 
     db, module, calls = _declared(tmp_path)
-    defs = _defs(db, str(module))
-    sensor = defs.get_repository_def().get_sensor_def("src_changes")
+    defs, sensor = _loaded(db, module)
     with dg.instance_for_test() as instance:
         first = evaluate_sensor(sensor, instance=instance, definitions=defs, resources=defs.resources)
         (run,) = run_requested(defs, instance, first)
@@ -332,8 +340,7 @@ def test_a_code_change_recompute_records_each_partitions_own_rows_and_reads_righ
         assert "1 task on inline" in first_line and "None" not in first_line
         # the user edits the UDF and clicks "Reload definitions"
         _write(module, calls, body="x * 10 + 7")
-        defs = _defs(db, str(module))
-        sensor = defs.get_repository_def().get_sensor_def("src_changes")
+        defs, sensor = _loaded(db, module)
         graph = defs.get_repository_def().asset_graph
         for key in (K(["v"]), K(["v", "score"])):  # true after the recompute too: no state as of the load
             assert "differed" not in graph.get(key).description and "changed for" not in graph.get(key).description
@@ -391,17 +398,15 @@ def test_a_code_change_shows_on_the_asset_and_its_lineage_node_not_in_the_catalo
     partitioned asset, stay as they were: every partition materialized, none
     failed."""
     from dagster_helpers import run_requested, ui_graphql
-    from test_declared import _defs, _write
+    from test_declared import _write
 
     db, module, calls = _declared(tmp_path)
-    defs = _defs(db, str(module))
-    sensor = defs.get_repository_def().get_sensor_def("src_changes")
+    defs, sensor = _loaded(db, module)
     with dg.instance_for_test() as instance:
         first = evaluate_sensor(sensor, instance=instance, definitions=defs, resources=defs.resources)
         assert all(r.success for r in run_requested(defs, instance, first))
         _write(module, calls, body="x * 10 + 7")  # the user edits the UDF, clicks "Reload definitions"
-        defs = _defs(db, str(module))
-        sensor = defs.get_repository_def().get_sensor_def("src_changes")
+        defs, sensor = _loaded(db, module)
         tick = evaluate_sensor(sensor, instance=instance, cursor=first.cursor, definitions=defs,
                                resources=defs.resources)
         assert not run_requested(defs, instance, tick)  # nothing runs by itself: the user materializes
@@ -430,18 +435,16 @@ def test_a_code_change_applied_by_a_sensors_run_of_an_append_records_every_parti
     run's, is recorded with the current code version and reads FRESH (before:
     the others stayed "has a new code version" for good, their rows current)."""
     from dagster_helpers import run_log, run_requested, ui_graphql
-    from test_declared import _defs, _write
+    from test_declared import _write
 
     db, module, calls = _declared(tmp_path)
-    defs = _defs(db, str(module))
-    sensor = defs.get_repository_def().get_sensor_def("src_changes")
+    defs, sensor = _loaded(db, module)
     with dg.instance_for_test() as instance:
         first = evaluate_sensor(sensor, instance=instance, definitions=defs, resources=defs.resources)
         assert all(r.success for r in run_requested(defs, instance, first))
         before = _latest_by_partition(instance, K(["v", "score"]))
         _write(module, calls, body="x * 10 + 7")  # the user edits the UDF, clicks "Reload definitions"
-        defs = _defs(db, str(module))
-        sensor = defs.get_repository_def().get_sensor_def("src_changes")
+        defs, sensor = _loaded(db, module)
         db.open_table("src").add([{"id": 100, "x": 100}])
         tick = evaluate_sensor(sensor, instance=instance, cursor=first.cursor, definitions=defs,
                                resources=defs.resources)
@@ -472,19 +475,17 @@ def test_a_new_udf_column_declared_in_code_is_said_to_be_new_not_changed(tmp_pat
     column's rows never computed (before: "the UDF code changed", "rows
     computed by other code", which no code had computed)."""
     from dagster_helpers import run_log, run_requested
-    from test_declared import _all_partitions, _defs
+    from test_declared import _all_partitions
 
     db, module, calls = _declared(tmp_path)
-    defs = _defs(db, str(module))
-    sensor = defs.get_repository_def().get_sensor_def("src_changes")
+    defs, sensor = _loaded(db, module)
     with dg.instance_for_test() as instance:
         first = evaluate_sensor(sensor, instance=instance, definitions=defs, resources=defs.resources)
         assert all(r.success for r in run_requested(defs, instance, first))
         text = module.read_text()
         module.write_text(text.replace('"other": other}', '"other": other, "third": third}').replace(
             "def views(db):", "@mv.udf\ndef third(x: int) -> int:\n    return x + 3\n\n\ndef views(db):"))
-        defs = _defs(db, str(module))
-        sensor = defs.get_repository_def().get_sensor_def("src_changes")
+        defs, sensor = _loaded(db, module)
         tick = evaluate_sensor(sensor, instance=instance, cursor=first.cursor, definitions=defs,
                                resources=defs.resources)
         (check,) = [e for e in tick.asset_events if isinstance(e, dg.AssetCheckEvaluation)

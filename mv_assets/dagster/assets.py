@@ -1359,10 +1359,11 @@ def _launch(context, pipes: PipesLauncher, info: TableInfo, view, view_key, colu
     mv_assets.pipes`` where the client launches it, with the view's selected
     checks. Nothing to do (UDF columns alone, every row current): no launch."""
     refresh = view_key in context.selected_asset_keys or not whole
-    stale = [n for n in columns if view.plan_backfill(n, where=view.recompute_where(n)).rows] if whole else []
+    wheres = {n: view.recompute_where(n) for n in columns} if whole else {}
+    stale = [n for n, where in wheres.items() if view.plan_backfill(n, where=where).rows]
     if not refresh and not stale:
         return None, {}, {}, None
-    never = {n: view.rows_never_computed(n, view.recompute_where(n)) for n in stale}
+    never = {n: view.rows_never_computed(n, wheres[n]) for n in stale}
     request = {
         "fragments": None if whole else fragments,
         "src_version": None if info.over_view else _pinned_version(context, info, view),
@@ -1409,7 +1410,7 @@ def _log_outcome(context, info: TableInfo, result, recomputed: dict, columns: li
         resumed = f", {done.rows_resumed:,} from checkpoints" if done.rows_resumed else ""
         what, _ = _recompute_words(done, never)
         verb, why = what.split(" ", 1)
-        new = min((never or {}).get(done.columns[0], 0), done.rows_written)
+        new = _never_in(done, never)
         rows = ", ".join(([f"{done.rows_written - new:,} rows computed by other code rewritten"]
                           if done.rows_written > new else []) + ([f"{new:,} rows never computed written"] if new else []))
         context.log.info(
@@ -1427,9 +1428,14 @@ SCOPE_NEW = "rows never computed (a new UDF column)"
 SCOPE_NOTHING = "nothing to compute: every row is current"
 
 
+def _never_in(done, never: dict[str, int] | None) -> int:
+    """Of the rows a recompute wrote, those no code had computed before."""
+    return min((never or {}).get(done.columns[0], 0), done.rows_written)
+
+
 def _recompute_words(done, never: dict[str, int] | None) -> tuple[str, str]:
     """:func:`recompute_words` of a recompute that wrote ``done.rows_written`` rows."""
-    return recompute_words(done.rows_written, min((never or {}).get(done.columns[0], 0), done.rows_written))
+    return recompute_words(done.rows_written, _never_in(done, never))
 
 
 def _record_run(
@@ -1634,8 +1640,8 @@ def _column_metadata(name: str, fid: int | None, *, info: TableInfo, result, rec
     None: of the run): what the run computed and recomputed of it."""
     refreshed = result is not None and name in result.udf_rows_computed
     done = recomputed.get(name)
-    redone = SCOPE_NEW if done is not None and _recompute_words(done, never)[0].startswith("computing ") else (
-        SCOPE_RECOMPUTE)
+    # (every row it wrote never computed: a new column's first fill)
+    redone = SCOPE_NEW if done is not None and 0 < done.rows_written == _never_in(done, never) else SCOPE_RECOMPUTE
     scope = "; ".join([view_scope] * refreshed + [redone] * (done is not None)) or SCOPE_NOTHING
     md: dict[str, Any] = {**base_md, "scope": scope}
     if result is not None and refreshed:

@@ -263,6 +263,13 @@ def _columns_only_added(ds: lance.LanceDataset, version: int, txn, reads: Collec
     return True
 
 
+def _version_matters(ds: lance.LanceDataset, version: int, reads: Collection[str] | None) -> bool:
+    """Whether commit ``version`` of ``ds`` can change what a reader of ``reads``
+    sees (:func:`commit_matters`, less columns only added); unreadable: it may."""
+    ok, txn = _read_txn(ds, version)
+    return not ok or (commit_matters(txn, reads) and not _columns_only_added(ds, version, txn, reads))
+
+
 def pending_versions(
     uri: str, since: int | None, reads: Collection[str] | None = None, latest: int | None = None,
     ds: lance.LanceDataset | None = None,
@@ -273,12 +280,7 @@ def pending_versions(
     ds = ds if ds is not None else objects.dataset(uri)
     latest = ds.version if latest is None else latest
     start = 0 if since is None else since
-    out = []
-    for v in range(start + 1, latest + 1):
-        ok, txn = _read_txn(ds, v)
-        if not ok or (commit_matters(txn, reads) and not _columns_only_added(ds, v, txn, reads)):
-            out.append(v)
-    return out
+    return [v for v in range(start + 1, latest + 1) if _version_matters(ds, v, reads)]
 
 
 def data_version(uri: str, reads: Collection[str] | None = None) -> int:
@@ -287,10 +289,7 @@ def data_version(uri: str, reads: Collection[str] | None = None) -> int:
     other columns and state-only view commits do not move it)."""
     ds = objects.dataset(uri)
     v = ds.version
-    while v > 1:
-        ok, txn = _read_txn(ds, v)
-        if not ok or (commit_matters(txn, reads) and not _columns_only_added(ds, v, txn, reads)):
-            return v
+    while v > 1 and not _version_matters(ds, v, reads):
         v -= 1
     return v
 
