@@ -506,6 +506,46 @@ def test_a_new_udf_column_declared_in_code_is_said_to_be_new_not_changed(tmp_pat
         assert db.open_view("v").to_arrow().sort_by("id").column("third").to_pylist() == [x + 3 for x in range(10)]
 
 
+def test_a_new_udf_column_filled_by_a_sensors_run_of_an_append_is_recorded_in_every_partition(tmp_path):
+    """Add a UDF column in code, reload, and let the source take an append
+    before anyone materializes it: the sensor's run of the new fragment
+    computes the column's rows everywhere, so every partition of the column
+    is recorded materialized and reads FRESH (before: only the run's
+    partition; the others showed "Missing" in the UI, their rows computed)."""
+    from dagster_helpers import run_log, run_requested, ui_graphql
+
+    db, module, calls = _declared(tmp_path)
+    defs, sensor = _loaded(db, module)
+    with dg.instance_for_test() as instance:
+        first = evaluate_sensor(sensor, instance=instance, definitions=defs, resources=defs.resources)
+        assert all(r.success for r in run_requested(defs, instance, first))
+        old = sorted(_latest_by_partition(instance, K(["v", "score"])), key=int)
+        text = module.read_text()
+        module.write_text(text.replace('"other": other}', '"other": other, "third": third}').replace(
+            "def views(db):", "@mv.udf\ndef third(x: int) -> int:\n    return x + 3\n\n\ndef views(db):"))
+        defs, sensor = _loaded(db, module)
+        db.open_table("src").add([{"id": 100, "x": 100}])
+        tick = evaluate_sensor(sensor, instance=instance, cursor=first.cursor, definitions=defs,
+                               resources=defs.resources)
+        (run,) = run_requested(defs, instance, tick)
+        assert run.success
+        new = sorted(set(_frags(db)) - set(old), key=int)
+        view = db.open_view("v")
+        assert view.to_arrow().sort_by("id").column("third").to_pylist() == [x + 3 for x in [*range(10), 100]]
+        assert (f"v: third computed in {len(old)} partition(s) outside the run ({', '.join(old)}): recorded "
+                "with its current code") in "\n".join(run_log(instance, run))
+        parts = _latest_by_partition(instance, K(["v", "third"]))
+        assert sorted(parts, key=int) == old + new
+        own = view.rows_by_fragment(db.open_table("src").version, [int(p) for p in old])
+        assert {p: parts[p]["udf_rows_computed"] for p in old} == {str(f): n for f, n in own.items()}
+        assert all(parts[p]["scope"].endswith("rows never computed (a new UDF column)") for p in old)
+        with ui_graphql(instance, tmp_path, db.uri, str(module)) as query:
+            for p in old + new:
+                (node,) = query("""query($p: String) { assetNodes(assetKeys: [{path: ["v", "third"]}]) {
+                    staleStatus(partition: $p) staleCauses(partition: $p) { reason } } }""", p=p)["assetNodes"]
+                assert node == {"staleStatus": "FRESH", "staleCauses": []}, (p, node)
+
+
 def test_a_table_columns_backfill_records_each_partitions_own_rows(tmp_path):
     """A computed column of a table, backfilled in a run over every partition:
     each partition records the rows of its own fragment; the backfill's totals

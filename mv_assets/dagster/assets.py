@@ -1513,29 +1513,32 @@ def _record_run(
 
 def _record_recomputed_elsewhere(context, info: TableInfo, view_key, col_keys: dict, columns: list[str],
                                  keys: list[str], fingerprints: dict, column_md, batch: list) -> None:
-    """UDF columns whose code changed, recomputed over the whole view by a
-    run of a few partitions (a sensor's run of the new fragments): every other
-    partition whose latest materialization was by other code is current now
-    too, and is recorded with the current code version (else Dagster shows it
-    "has a new code version" until someone materializes it again, which would
-    compute nothing). Its data version follows the view's partition as last
-    recorded; its numbers are the rows of its fragment the recompute wrote."""
+    """UDF columns whose code changed, or added since, recomputed over the
+    whole view by a run of a few partitions (a sensor's run of the new
+    fragments): every other partition whose latest materialization was by
+    other code, or that has none (a new column's), is current now too, and is
+    recorded with the current code version (else Dagster shows it "has a new
+    code version", or "Missing", until someone materializes it again, which
+    would compute nothing). Its data version follows the view's partition as
+    last recorded; its numbers are the rows of its fragment the recompute
+    wrote."""
     if not columns:
         return
-    current = set(context.instance.get_dynamic_partitions(partitions_def_name(info.root)))
+    current = context.instance.get_dynamic_partitions(partitions_def_name(info.root))
     ran = set(keys)
     for name in columns:
         # (a column partition's data version is "<the view partition's>@<code version>": the only tag
         # of the latest by partition Dagster lets one read, besides a few of its own)
         had = context.instance.event_log_storage.get_latest_tags_by_partition(
             col_keys[name], DagsterEventType.ASSET_MATERIALIZATION, [DATA_VERSION_TAG])
-        by_other_code = [p for p, tags in had.items() if p not in ran and p in current
-                         and not str(tags.get(DATA_VERSION_TAG, "")).endswith(f"@{fingerprints[name]}")]
+        by_other_code = [p for p in current if p not in ran and not str(
+            had.get(p, {}).get(DATA_VERSION_TAG, "")).endswith(f"@{fingerprints[name]}")]
         stale = sorted(by_other_code, key=int)
         if not stale:
             continue
         held = _view_recorded(context, view_key, stale)
-        context.log.info(f"{info.name}: {name} recomputed in {len(stale)} partition(s) outside the run "
+        verb = "computed" if not had else "recomputed"
+        context.log.info(f"{info.name}: {name} {verb} in {len(stale)} partition(s) outside the run "
                          f"({', '.join(stale[:20])}{', ...' if len(stale) > 20 else ''}): recorded with its current "
                          f"code ({fingerprints[name]})")
         for key_str in stale:
